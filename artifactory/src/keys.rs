@@ -1,0 +1,272 @@
+//! Record signing keys (ed25519).
+//!
+//! A key is a 32-byte seed, stored as 64 hex characters (a file, or an environment variable).
+//! Its id is the hex of the first 8 bytes of SHA-256 of the public key.
+
+use std::path::Path;
+
+use ed25519_dalek::{Signer as _, SigningKey, Verifier as _, VerifyingKey};
+use sha2::{Digest as _, Sha256};
+
+use crate::error::{Error, ErrorKind, Result};
+use crate::mmr::Hash;
+
+/// Signs record roots.
+#[derive(Clone)]
+pub struct RecordSigner {
+    key: SigningKey,
+    id: String,
+}
+
+impl std::fmt::Debug for RecordSigner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RecordSigner")
+            .field("key_id", &self.id)
+            .finish()
+    }
+}
+
+/// The message a root signature covers: domain, partition, leaf count, root.
+pub fn signed_message(partition: &str, leaf_count: u64, root: &Hash) -> Vec<u8> {
+    let mut m = Vec::with_capacity(64 + partition.len());
+    m.extend_from_slice(b"turnpike-record-root-v1\0");
+    m.extend_from_slice(&(partition.len() as u64).to_be_bytes());
+    m.extend_from_slice(partition.as_bytes());
+    m.extend_from_slice(&leaf_count.to_be_bytes());
+    m.extend_from_slice(root);
+    m
+}
+
+/// The id of a public key.
+pub fn key_id(key: &VerifyingKey) -> String {
+    let digest = Sha256::digest(key.as_bytes());
+    hex::encode(&digest[..8])
+}
+
+impl RecordSigner {
+    /// A fresh random key.
+    pub fn generate() -> Result<Self> {
+        let mut seed = [0u8; 32];
+        getrandom::getrandom(&mut seed)
+            .map_err(|e| Error::new(ErrorKind::Key, format!("no randomness for a new key: {e}")))?;
+        Ok(Self::from_seed(seed))
+    }
+
+    /// The key with this seed.
+    pub fn from_seed(seed: [u8; 32]) -> Self {
+        let key = SigningKey::from_bytes(&seed);
+        let id = key_id(&key.verifying_key());
+        Self { key, id }
+    }
+
+    /// Parses 64 hex characters (surrounding whitespace ignored).
+    pub fn from_hex(text: &str) -> Result<Self> {
+        let bytes = hex::decode(text.trim()).map_err(|_| {
+            Error::new(
+                ErrorKind::Key,
+                "a signing key must be 64 hex characters (a 32-byte seed)",
+            )
+        })?;
+        let seed: [u8; 32] = bytes.try_into().map_err(|_| {
+            Error::new(
+                ErrorKind::Key,
+                "a signing key must be 64 hex characters (a 32-byte seed)",
+            )
+        })?;
+        Ok(Self::from_seed(seed))
+    }
+
+    /// Reads a key file.
+    pub fn load(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            Error::with_source(
+                ErrorKind::Key,
+                format!("cannot read the signing key {}: {e}", path.display()),
+                e,
+            )
+        })?;
+        Self::from_hex(&text)
+            .map_err(|e| Error::new(ErrorKind::Key, format!("{}: {e}", path.display())))
+    }
+
+    /// Reads the key file at `path`, creating it (mode 0600) with a fresh key if absent.
+    pub fn load_or_create(path: &Path) -> Result<Self> {
+        if path.exists() {
+            return Self::load(path);
+        }
+        let signer = Self::generate()?;
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir).map_err(|e| {
+                Error::with_source(
+                    ErrorKind::Key,
+                    format!("cannot create {}: {e}", dir.display()),
+                    e,
+                )
+            })?;
+        }
+        write_private(path, &signer.to_hex()).map_err(|e| {
+            Error::with_source(
+                ErrorKind::Key,
+                format!("cannot write the signing key {}: {e}", path.display()),
+                e,
+            )
+        })?;
+        Ok(signer)
+    }
+
+    /// The seed as hex, for writing to a key file.
+    pub fn to_hex(&self) -> String {
+        hex::encode(self.key.to_bytes())
+    }
+
+    /// The key id.
+    pub fn key_id(&self) -> &str {
+        &self.id
+    }
+
+    /// The public half.
+    pub fn verifying_key(&self) -> VerifyingKey {
+        self.key.verifying_key()
+    }
+
+    /// Signs a root of `partition` covering `leaf_count` leaves.
+    pub fn sign(&self, partition: &str, leaf_count: u64, root: &Hash) -> [u8; 64] {
+        self.key
+            .sign(&signed_message(partition, leaf_count, root))
+            .to_bytes()
+    }
+}
+
+/// The public keys a verifier trusts (several during a key rotation).
+#[derive(Debug, Clone, Default)]
+pub struct TrustedKeys {
+    keys: Vec<(String, VerifyingKey)>,
+}
+
+impl TrustedKeys {
+    /// Trusts these keys.
+    pub fn new(keys: impl IntoIterator<Item = VerifyingKey>) -> Self {
+        Self {
+            keys: keys.into_iter().map(|k| (key_id(&k), k)).collect(),
+        }
+    }
+
+    /// Parses a public key from 64 hex characters.
+    pub fn parse_public(text: &str) -> Result<VerifyingKey> {
+        let bytes: [u8; 32] = hex::decode(text.trim())
+            .ok()
+            .and_then(|b| b.try_into().ok())
+            .ok_or_else(|| Error::new(ErrorKind::Key, "a public key must be 64 hex characters"))?;
+        VerifyingKey::from_bytes(&bytes)
+            .map_err(|e| Error::with_source(ErrorKind::Key, "not a valid ed25519 public key", e))
+    }
+
+    /// Whether a signature by key `key_id` over this root is valid.
+    pub fn verify(
+        &self,
+        key_id: &str,
+        partition: &str,
+        leaf_count: u64,
+        root: &Hash,
+        signature: &[u8],
+    ) -> SignatureCheck {
+        let Some((_, key)) = self.keys.iter().find(|(id, _)| id == key_id) else {
+            return SignatureCheck::UnknownKey;
+        };
+        let Ok(signature) = ed25519_dalek::Signature::from_slice(signature) else {
+            return SignatureCheck::Invalid;
+        };
+        match key.verify(&signed_message(partition, leaf_count, root), &signature) {
+            Ok(()) => SignatureCheck::Valid,
+            Err(_) => SignatureCheck::Invalid,
+        }
+    }
+}
+
+/// The outcome of checking one signature.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SignatureCheck {
+    Valid,
+    /// Signed by a key that is not trusted.
+    UnknownKey,
+    /// Not a valid signature of this message by the named key.
+    Invalid,
+}
+
+#[cfg(unix)]
+fn write_private(path: &Path, text: &str) -> std::io::Result<()> {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)?;
+    file.write_all(text.as_bytes())?;
+    file.write_all(b"\n")?;
+    file.sync_all()
+}
+
+#[cfg(not(unix))]
+fn write_private(path: &Path, text: &str) -> std::io::Result<()> {
+    std::fs::write(path, format!("{text}\n"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn signs_and_verifies_and_tells_keys_apart() {
+        let a = RecordSigner::from_seed([1; 32]);
+        let b = RecordSigner::from_seed([2; 32]);
+        let trusted = TrustedKeys::new([a.verifying_key()]);
+        let root = [7u8; 32];
+        let sig = a.sign("conv-x", 3, &root);
+        assert_eq!(
+            trusted.verify(a.key_id(), "conv-x", 3, &root, &sig),
+            SignatureCheck::Valid
+        );
+        assert_eq!(
+            trusted.verify(a.key_id(), "conv-y", 3, &root, &sig),
+            SignatureCheck::Invalid
+        );
+        assert_eq!(
+            trusted.verify(a.key_id(), "conv-x", 4, &root, &sig),
+            SignatureCheck::Invalid
+        );
+        let forged = b.sign("conv-x", 3, &root);
+        assert_eq!(
+            trusted.verify(b.key_id(), "conv-x", 3, &root, &forged),
+            SignatureCheck::UnknownKey
+        );
+        assert_eq!(
+            trusted.verify(a.key_id(), "conv-x", 3, &root, &forged),
+            SignatureCheck::Invalid
+        );
+        assert_eq!(
+            trusted.verify(a.key_id(), "conv-x", 3, &root, b"short"),
+            SignatureCheck::Invalid
+        );
+    }
+
+    #[test]
+    fn key_files_round_trip_and_bad_ones_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("keys/record.key");
+        let created = RecordSigner::load_or_create(&path).unwrap();
+        let loaded = RecordSigner::load_or_create(&path).unwrap();
+        assert_eq!(created.key_id(), loaded.key_id());
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt as _;
+            let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+            assert_eq!(mode & 0o777, 0o600);
+        }
+        std::fs::write(&path, "not hex").unwrap();
+        let err = RecordSigner::load(&path).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Key);
+        assert!(err.to_string().contains("64 hex"), "{err}");
+        assert!(RecordSigner::load(&dir.path().join("missing")).is_err());
+    }
+}

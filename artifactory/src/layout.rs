@@ -1,0 +1,118 @@
+//! Where things live in the object store. Every key is built here and nowhere else.
+//!
+//! ```text
+//! tenants/{tenant}/conversations/{conv}/record/{batch:020}
+//! tenants/{tenant}/conversations/{conv}/turns/turn_{n}/log.json
+//! tenants/{tenant}/conversations/{conv}/turns/turn_{n}/files/{path}
+//! tenants/{tenant}/conversations/{conv}/attachments/{id}/{name}
+//! directory/conversations/{conv}.json
+//! ```
+
+use object_store::path::Path;
+use turnpike_schemas::{ConversationId, RefPath, TenantId, TurnId};
+
+/// The store prefix of one conversation: `tenants/{tenant}/conversations/{conv}`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ConversationPrefix {
+    tenant: TenantId,
+    conversation: ConversationId,
+}
+
+impl ConversationPrefix {
+    /// The prefix of `conversation`, owned by `tenant`.
+    pub fn new(tenant: TenantId, conversation: ConversationId) -> Self {
+        Self {
+            tenant,
+            conversation,
+        }
+    }
+
+    /// The owning tenant.
+    pub fn tenant(&self) -> &TenantId {
+        &self.tenant
+    }
+
+    /// The conversation.
+    pub fn conversation(&self) -> ConversationId {
+        self.conversation
+    }
+
+    /// The record's partition id, `conv-{id}`, as signed into every root.
+    pub fn partition(&self) -> String {
+        format!("conv-{}", self.conversation)
+    }
+
+    fn base(&self) -> String {
+        format!(
+            "tenants/{}/conversations/{}",
+            self.tenant, self.conversation
+        )
+    }
+
+    /// The folder holding the record's batches.
+    pub fn record_dir(&self) -> Path {
+        Path::from(format!("{}/record", self.base()))
+    }
+
+    /// The object of batch `seq`, zero-padded so that listing order is numeric order.
+    pub fn record_batch(&self, seq: u64) -> Path {
+        Path::from(format!("{}/record/{seq:020}", self.base()))
+    }
+
+    /// The batch number of a key inside [`Self::record_dir`], if it is one.
+    pub fn batch_seq(&self, path: &Path) -> Option<u64> {
+        let name = path.filename()?;
+        if name.len() != 20 || !name.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
+        }
+        if path.as_ref() != self.record_batch(name.parse().ok()?).as_ref() {
+            return None;
+        }
+        name.parse().ok()
+    }
+
+    /// Where repaired batches' originals are kept.
+    pub fn repaired_batch(&self, stamp_ms: u64, seq: u64) -> Path {
+        Path::from(format!(
+            "{}/record-repaired/{stamp_ms}/{seq:020}",
+            self.base()
+        ))
+    }
+
+    /// The log of one turn.
+    pub fn turn_log(&self, turn: TurnId) -> Path {
+        Path::from(format!("{}/turns/{turn}/log.json", self.base()))
+    }
+
+    /// A file hosted by a turn. The path was validated by the reference grammar.
+    pub fn hosted_file(&self, turn: TurnId, path: &RefPath) -> Path {
+        let mut out = format!("{}/turns/{turn}/files", self.base());
+        for segment in path.segments() {
+            out.push('/');
+            out.push_str(segment);
+        }
+        Path::from(out)
+    }
+}
+
+/// Where the directory entry of a conversation lives.
+pub fn directory_entry(conversation: ConversationId) -> Path {
+    Path::from(format!("directory/conversations/{conversation}.json"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn batch_keys_sort_numerically_and_parse_back() {
+        let prefix = ConversationPrefix::new("acme".parse().unwrap(), ConversationId::new());
+        let a = prefix.record_batch(9);
+        let b = prefix.record_batch(10);
+        assert!(a.as_ref() < b.as_ref());
+        assert_eq!(prefix.batch_seq(&b), Some(10));
+        assert_eq!(prefix.batch_seq(&prefix.turn_log(TurnId::FIRST)), None);
+        let other = ConversationPrefix::new("acme".parse().unwrap(), ConversationId::new());
+        assert_eq!(prefix.batch_seq(&other.record_batch(3)), None);
+    }
+}

@@ -1,0 +1,27 @@
+//! Turnpike's durable side: the signed conversation record, turn logs and the directory.
+//!
+//! # Layout
+//! - [`record`]: the append-only, signed, verifiable record of one conversation
+//! - [`mmr`]: the Merkle Mountain Range under the record's roots
+//! - [`keys`]: ed25519 signing keys and trusted public keys
+//! - [`turnlogs`]: one object per turn
+//! - [`directory`]: which tenant owns a conversation, and who may see it
+//! - [`layout`]: every object key, built in one place
+//! - [`store`]: opening an object store (memory, local filesystem, S3-compatible)
+
+pub mod directory;
+pub mod error;
+pub mod keys;
+pub mod layout;
+pub mod mmr;
+pub mod record;
+pub mod store;
+pub mod turnlogs;
+
+pub use directory::{Directory, DirectoryEntry};
+pub use error::{Error, ErrorKind, Result};
+pub use keys::{RecordSigner, TrustedKeys};
+pub use layout::ConversationPrefix;
+pub use record::{Checkpoint, Head, Record, RecordEntry, Transcript, Verdict};
+pub use store::open_store;
+pub use turnlogs::TurnLogs;

@@ -1,0 +1,334 @@
+//! The conversation record: one signed, append-only partition per conversation.
+//!
+//! Each committed batch is one object, `record/{batch:020}`, written only if absent — the
+//! store's create-if-absent is the compare-and-set. Every entry is a leaf of a Merkle Mountain
+//! Range and every batch ends with a `signed_root` entry: an ed25519 signature over the
+//! partition id, the leaf count and the root of all leaves before it. The `signed_root` entry is
+//! itself a leaf, so the next batch's root covers it.
+//!
+//! # Contract
+//! - [`Record::append`] writes a batch at exactly the [`Head`] the caller observed. If another
+//!   appender got there first it fails with [`ErrorKind::HeadMoved`] and writes nothing.
+//! - A [`Head`] can only come from reading the record (or from a successful append), so an
+//!   appender cannot invent a position.
+//! - Appending costs one list from the head's batch on (usually empty) and one put, whatever the
+//!   record's length; reading the head costs one list and one get.
+
+mod format;
+mod repair;
+mod transcript;
+mod verify;
+
+use std::sync::Arc;
+
+use futures::{StreamExt as _, TryStreamExt as _};
+use object_store::path::Path;
+use object_store::{ObjectStore, ObjectStoreExt as _, PutMode, PutOptions, PutPayload};
+use turnpike_schemas::entry::SignedRoot;
+use turnpike_schemas::{EntryBody, EntryKind};
+
+pub use format::{StoredBatch, StoredEntry, BATCH_FORMAT};
+pub use repair::{Removed, RepairReport};
+pub use transcript::{Transcript, TurnView};
+pub use verify::{Checkpoint, Problem, Verdict, VerifyFailure, VerifyReport};
+
+use crate::error::{Error, ErrorKind, Result};
+use crate::keys::RecordSigner;
+use crate::layout::ConversationPrefix;
+use crate::mmr::{leaf_hash, Mmr};
+
+/// How many batch objects are fetched at once when reading a record.
+const READ_CONCURRENCY: usize = 16;
+/// The most entries one batch may hold.
+pub const MAX_BATCH_ENTRIES: usize = 4096;
+
+/// A decoded record entry.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RecordEntry {
+    pub position: u64,
+    pub body: EntryBody,
+}
+
+/// The end of a record as observed by a reader: where the next batch goes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Head {
+    batches: u64,
+    mmr: Mmr,
+}
+
+impl Head {
+    fn empty() -> Self {
+        Head {
+            batches: 0,
+            mmr: Mmr::new(),
+        }
+    }
+
+    /// How many batches are committed; the next batch gets this number.
+    pub fn batches(&self) -> u64 {
+        self.batches
+    }
+
+    /// How many entries are committed; the next entry gets this position.
+    pub fn leaves(&self) -> u64 {
+        self.mmr.leaves()
+    }
+
+    /// Whether the record has no batch yet.
+    pub fn is_empty(&self) -> bool {
+        self.batches == 0
+    }
+}
+
+/// One conversation's record in an object store.
+#[derive(Debug, Clone)]
+pub struct Record {
+    store: Arc<dyn ObjectStore>,
+    prefix: ConversationPrefix,
+}
+
+impl Record {
+    /// The record of the conversation at `prefix`.
+    pub fn new(store: Arc<dyn ObjectStore>, prefix: ConversationPrefix) -> Self {
+        Self { store, prefix }
+    }
+
+    /// The conversation's prefix.
+    pub fn prefix(&self) -> &ConversationPrefix {
+        &self.prefix
+    }
+
+    /// Reads the current head: one list and one get.
+    ///
+    /// Fails with [`ErrorKind::Corrupt`] when the last batch cannot be read; `repair` fixes that.
+    pub async fn head(&self) -> Result<Head> {
+        self.head_after(None).await
+    }
+
+    /// Reads the current head, listing only from `known` on (a head observed earlier).
+    pub async fn head_after(&self, known: Option<&Head>) -> Result<Head> {
+        let from = known.map(|h| h.batches).unwrap_or(0);
+        let seqs = self.list_batches(from).await?;
+        let Some(&last) = seqs.last() else {
+            return Ok(match known {
+                Some(h) => h.clone(),
+                None => Head::empty(),
+            });
+        };
+        let batch = self.read_stored(last).await?;
+        let corrupt = |why: &str| {
+            Error::new(
+                ErrorKind::Corrupt,
+                format!(
+                    "the last batch ({last}) of {} {why}; run `turnpike conversation repair`",
+                    self.prefix.partition()
+                ),
+            )
+        };
+        let closing = batch.entries.last().ok_or_else(|| corrupt("is empty"))?;
+        let root = closing
+            .signed_root()
+            .ok_or_else(|| corrupt("does not end with a signed root"))?;
+        let peaks =
+            format::decode_hashes(&root.peaks).ok_or_else(|| corrupt("has malformed peaks"))?;
+        let mut mmr = Mmr::from_peaks(root.leaf_count, peaks)
+            .ok_or_else(|| corrupt("has peaks that do not fit its leaf count"))?;
+        if hex::encode(mmr.root()) != root.root || closing.position != root.leaf_count {
+            return Err(corrupt("has a root that does not match its peaks"));
+        }
+        mmr.push(closing.computed_hash());
+        Ok(Head {
+            batches: last + 1,
+            mmr,
+        })
+    }
+
+    /// Appends one atomic batch at `head`, closed by a signed root. Returns the new head.
+    ///
+    /// The first batch of a record must start with `conversation_opened`, and no other may hold
+    /// one. `signed_root` entries are added here, never by callers.
+    pub async fn append(
+        &self,
+        signer: &RecordSigner,
+        head: &Head,
+        bodies: &[EntryBody],
+    ) -> Result<Head> {
+        self.check_bodies(head, bodies)?;
+        let (batch, new_head) = self.seal(signer, head, bodies);
+        let path = self.prefix.record_batch(head.batches);
+        let opts = PutOptions {
+            mode: PutMode::Create,
+            ..Default::default()
+        };
+        match self
+            .store
+            .put_opts(&path, PutPayload::from(batch.to_bytes()), opts)
+            .await
+        {
+            Ok(_) => Ok(new_head),
+            Err(
+                object_store::Error::AlreadyExists { .. }
+                | object_store::Error::Precondition { .. },
+            ) => Err(Error::new(
+                ErrorKind::HeadMoved,
+                format!(
+                    "the head of {} moved: batch {} exists already; nothing was written",
+                    self.prefix.partition(),
+                    head.batches
+                ),
+            )),
+            Err(e) => Err(Error::store(
+                &format!("appending to {}", self.prefix.partition()),
+                e,
+            )),
+        }
+    }
+
+    fn check_bodies(&self, head: &Head, bodies: &[EntryBody]) -> Result<()> {
+        let invalid = |why: String| Err(Error::new(ErrorKind::InvalidInput, why));
+        if bodies.is_empty() {
+            return invalid("a batch needs at least one entry".into());
+        }
+        if bodies.len() > MAX_BATCH_ENTRIES {
+            return invalid(format!("a batch holds at most {MAX_BATCH_ENTRIES} entries"));
+        }
+        for (i, body) in bodies.iter().enumerate() {
+            let first = head.is_empty() && i == 0;
+            match body.kind() {
+                EntryKind::SignedRoot => {
+                    return invalid("signed roots are added by the record, not by callers".into())
+                }
+                EntryKind::ConversationOpened if !first => {
+                    return invalid(
+                        "only the first entry of a record may open the conversation".into(),
+                    )
+                }
+                kind if first && kind != EntryKind::ConversationOpened => {
+                    return invalid(
+                        "the first entry of a record must be conversation_opened".into(),
+                    )
+                }
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// Builds the stored batch and the head after it, signing the root.
+    fn seal(
+        &self,
+        signer: &RecordSigner,
+        head: &Head,
+        bodies: &[EntryBody],
+    ) -> (StoredBatch, Head) {
+        let mut mmr = head.mmr.clone();
+        let mut entries = Vec::with_capacity(bodies.len() + 1);
+        for body in bodies {
+            let entry = StoredEntry::encode(mmr.leaves(), body);
+            mmr.push(entry.computed_hash());
+            entries.push(entry);
+        }
+        let root = mmr.root();
+        let partition = self.prefix.partition();
+        let signed = EntryBody::SignedRoot(SignedRoot {
+            leaf_count: mmr.leaves(),
+            root: hex::encode(root),
+            peaks: mmr.peaks().iter().map(hex::encode).collect(),
+            key_id: signer.key_id().to_owned(),
+            signature: hex::encode(signer.sign(&partition, mmr.leaves(), &root)),
+        });
+        let closing = StoredEntry::encode(mmr.leaves(), &signed);
+        mmr.push(leaf_hash(
+            closing.position,
+            &closing.kind,
+            closing.payload.get().as_bytes(),
+        ));
+        entries.push(closing);
+        let batch = StoredBatch {
+            format: BATCH_FORMAT,
+            partition,
+            batch: head.batches,
+            first_position: head.leaves(),
+            entries,
+        };
+        (
+            batch,
+            Head {
+                batches: head.batches + 1,
+                mmr,
+            },
+        )
+    }
+
+    /// The batch numbers present from `from` on, in order.
+    pub(crate) async fn list_batches(&self, from: u64) -> Result<Vec<u64>> {
+        let dir = self.prefix.record_dir();
+        let listing = if from == 0 {
+            self.store.list(Some(&dir))
+        } else {
+            let offset = self.prefix.record_batch(from - 1);
+            self.store.list_with_offset(Some(&dir), &offset)
+        };
+        let metas: Vec<_> = listing
+            .try_collect()
+            .await
+            .map_err(|e| Error::store(&format!("listing {}", self.prefix.partition()), e))?;
+        let mut seqs: Vec<u64> = metas
+            .iter()
+            .filter_map(|m| self.prefix.batch_seq(&m.location))
+            .filter(|s| *s >= from)
+            .collect();
+        seqs.sort_unstable();
+        Ok(seqs)
+    }
+
+    pub(crate) async fn read_bytes(&self, seq: u64) -> Result<bytes::Bytes> {
+        let path: Path = self.prefix.record_batch(seq);
+        let what = format!("reading batch {seq} of {}", self.prefix.partition());
+        self.store
+            .get(&path)
+            .await
+            .map_err(|e| Error::store(&what, e))?
+            .bytes()
+            .await
+            .map_err(|e| Error::store(&what, e))
+    }
+
+    async fn read_stored(&self, seq: u64) -> Result<StoredBatch> {
+        let bytes = self.read_bytes(seq).await?;
+        StoredBatch::parse(&bytes).map_err(|e| {
+            Error::new(
+                ErrorKind::Corrupt,
+                format!("batch {seq} of {}: {e}", self.prefix.partition()),
+            )
+        })
+    }
+
+    /// Reads and decodes every entry from batch `from` on, without verifying signatures.
+    ///
+    /// Use [`Record::verify`] to check integrity; this is the fast path for rebuilding state.
+    pub async fn entries_from(&self, from: u64) -> Result<Vec<RecordEntry>> {
+        let seqs = self.list_batches(from).await?;
+        let batches: Vec<StoredBatch> = futures::stream::iter(seqs)
+            .map(|seq| self.read_stored(seq))
+            .buffered(READ_CONCURRENCY)
+            .try_collect()
+            .await?;
+        let mut out = Vec::new();
+        for batch in batches {
+            for entry in batch.entries {
+                let body = entry.decode()?;
+                out.push(RecordEntry {
+                    position: entry.position,
+                    body,
+                });
+            }
+        }
+        Ok(out)
+    }
+
+    /// Reads and decodes every entry.
+    pub async fn entries(&self) -> Result<Vec<RecordEntry>> {
+        self.entries_from(0).await
+    }
+}

@@ -1,0 +1,61 @@
+//! Turn logs: one object per turn, so reading a turn is one fetch.
+
+use std::sync::Arc;
+
+use object_store::{ObjectStore, ObjectStoreExt as _, PutPayload};
+use turnpike_schemas::turnlog::TURN_LOG_VERSION;
+use turnpike_schemas::{TurnId, TurnLog};
+
+use crate::error::{Error, ErrorKind, Result};
+use crate::layout::ConversationPrefix;
+
+/// Reads and writes turn logs.
+#[derive(Debug, Clone)]
+pub struct TurnLogs {
+    store: Arc<dyn ObjectStore>,
+}
+
+impl TurnLogs {
+    pub fn new(store: Arc<dyn ObjectStore>) -> Self {
+        Self { store }
+    }
+
+    /// Writes a turn's log. A retried turn overwrites the log of its failed attempt; the log
+    /// counts only once the record holds the turn's `turn_complete`.
+    pub async fn write(&self, prefix: &ConversationPrefix, log: &TurnLog) -> Result<()> {
+        if log.conversation != prefix.conversation() {
+            return Err(Error::new(
+                ErrorKind::InvalidInput,
+                "the turn log belongs to another conversation",
+            ));
+        }
+        let bytes = serde_json::to_vec(log).expect("turn logs serialise");
+        self.store
+            .put(&prefix.turn_log(log.turn), PutPayload::from(bytes))
+            .await
+            .map_err(|e| Error::store(&format!("writing the log of {}", log.turn), e))?;
+        Ok(())
+    }
+
+    /// Reads a turn's log: one fetch.
+    pub async fn read(&self, prefix: &ConversationPrefix, turn: TurnId) -> Result<TurnLog> {
+        let what = format!("reading the log of {turn} of {}", prefix.conversation());
+        let bytes = self
+            .store
+            .get(&prefix.turn_log(turn))
+            .await
+            .map_err(|e| Error::store(&what, e))?
+            .bytes()
+            .await
+            .map_err(|e| Error::store(&what, e))?;
+        let log: TurnLog = serde_json::from_slice(&bytes)
+            .map_err(|e| Error::with_source(ErrorKind::Corrupt, format!("{what}: {e}"), e))?;
+        if log.version != TURN_LOG_VERSION {
+            return Err(Error::new(
+                ErrorKind::Corrupt,
+                format!("{what}: unsupported version {}", log.version),
+            ));
+        }
+        Ok(log)
+    }
+}

@@ -1,0 +1,28 @@
+//! Turnpike's pure types: ids, identities, events, record entries, references and turn logs.
+//!
+//! No I/O and no async here: every other crate depends on this one, so it stays light.
+//!
+//! # Layout
+//! - [`ids`]: typed ids (`conv_<ulid>`, `turn_<n>`, slugs for tenants, apps and agents)
+//! - [`identity`]: `provider:scope:external_id` identities
+//! - [`event`]: the versioned, addressed event envelope
+//! - [`entry`]: record entry kinds and their payloads
+//! - [`reference`]: the reference grammar v1
+//! - [`turnlog`]: the one-object-per-turn log format
+//! - [`error`]: the crate's error type
+
+pub mod entry;
+pub mod error;
+pub mod event;
+pub mod identity;
+pub mod ids;
+pub mod reference;
+pub mod turnlog;
+
+pub use entry::{EntryBody, EntryKind};
+pub use error::{SchemaError, SchemaErrorKind};
+pub use event::{Address, Event, EventBody};
+pub use identity::Identity;
+pub use ids::{AgentId, AppId, ConversationId, EventId, RequestId, TenantId, TurnId, WorkerId};
+pub use reference::{Family, RefPath, Reference};
+pub use turnlog::{Block, TurnLog};

@@ -1,0 +1,75 @@
+//! Turn logs: one object per turn with its ordered blocks, so reading a turn is one fetch.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::entry::TurnOutcome;
+use crate::ids::{AgentId, ConversationId, TurnId};
+use crate::reference::Reference;
+
+/// The turn log format this build writes.
+pub const TURN_LOG_VERSION: u16 = 1;
+/// Artifacts up to this size are inlined in the log; larger ones are hosted files.
+pub const MAX_INLINE_ARTIFACT_BYTES: usize = 16 * 1024;
+
+/// Everything a turn did, in order.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TurnLog {
+    pub version: u16,
+    pub conversation: ConversationId,
+    pub turn: TurnId,
+    pub agent: AgentId,
+    pub outcome: TurnOutcome,
+    pub blocks: Vec<Block>,
+}
+
+/// One step of a turn.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Block {
+    UserMessage {
+        text: String,
+    },
+    FollowUp {
+        text: String,
+    },
+    Steer {
+        text: String,
+    },
+    AssistantMessage {
+        text: String,
+    },
+    ToolCall {
+        call_id: String,
+        tool: String,
+        arguments: Value,
+    },
+    ToolResult {
+        call_id: String,
+        ok: bool,
+        output: Value,
+    },
+    /// A file the turn made or changed; the bytes stay in the store.
+    File {
+        path: String,
+        reference: Reference,
+        size: u64,
+        media_type: String,
+    },
+    /// A small artifact, inlined (base64) so the log is self-contained.
+    Artifact {
+        name: String,
+        media_type: String,
+        data_base64: String,
+    },
+    /// A compaction summary of earlier turns.
+    Summary {
+        through: TurnId,
+        text: String,
+    },
+    Attachment {
+        name: String,
+        media_type: String,
+        reference: Reference,
+    },
+}

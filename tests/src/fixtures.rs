@@ -1,0 +1,108 @@
+//! Small builders for conversations and records.
+
+use std::sync::Arc;
+
+use object_store::ObjectStore;
+use turnpike_artifactory::{ConversationPrefix, Head, Record, RecordSigner};
+use turnpike_schemas::entry::{
+    AssistantMessage, ConversationOpened, TurnComplete, TurnDispatched, TurnOutcome,
+};
+use turnpike_schemas::{
+    Address, ConversationId, EntryBody, Event, EventBody, Identity, TurnId, WorkerId,
+};
+
+/// The tenant every fixture uses.
+pub fn tenant() -> turnpike_schemas::TenantId {
+    "acme".parse().unwrap()
+}
+
+/// The owner every fixture uses.
+pub fn owner() -> Identity {
+    "oidc:acme:u-17".parse().unwrap()
+}
+
+/// A fixed signing key, so tests can sign like the runtime does.
+pub fn signer() -> RecordSigner {
+    RecordSigner::from_seed([42; 32])
+}
+
+/// The opening entry of a fresh conversation.
+pub fn opened() -> EntryBody {
+    EntryBody::ConversationOpened(ConversationOpened {
+        tenant: tenant(),
+        owner: owner(),
+        app: "support".parse().unwrap(),
+        agent: "helper".parse().unwrap(),
+        at_ms: 1,
+    })
+}
+
+/// A user message on `conversation`.
+pub fn message(conversation: ConversationId, text: &str) -> EntryBody {
+    let address = Address {
+        tenant: tenant(),
+        app: "support".parse().unwrap(),
+        agent: "helper".parse().unwrap(),
+        conversation,
+        identity: owner(),
+    };
+    EntryBody::input(
+        Event::new(address, EventBody::Message { text: text.into() }, 2),
+        None,
+    )
+}
+
+/// Batch one of turn `n`: the input and the dispatch marker.
+pub fn batch_one(conversation: ConversationId, n: u64, text: &str) -> Vec<EntryBody> {
+    vec![
+        message(conversation, text),
+        EntryBody::TurnDispatched(TurnDispatched {
+            turn: TurnId::new(n).unwrap(),
+            worker: WorkerId::new(),
+            agent: "helper".parse().unwrap(),
+            epoch: 1,
+            at_ms: 3,
+        }),
+    ]
+}
+
+/// Batch two of turn `n`: a reply and the completion marker.
+pub fn batch_two(n: u64, reply: &str) -> Vec<EntryBody> {
+    let turn = TurnId::new(n).unwrap();
+    vec![
+        EntryBody::AssistantMessage(AssistantMessage {
+            turn,
+            text: reply.into(),
+        }),
+        EntryBody::TurnComplete(TurnComplete {
+            turn,
+            outcome: TurnOutcome::Replied,
+            log: None,
+            at_ms: 4,
+        }),
+    ]
+}
+
+/// A record with an opening batch and `turns` complete turns (2 batches each).
+pub async fn record_with_turns(store: Arc<dyn ObjectStore>, turns: u64) -> (Record, Head) {
+    let conversation = ConversationId::new();
+    let record = Record::new(store, ConversationPrefix::new(tenant(), conversation));
+    let signer = signer();
+    let mut head = record.head().await.unwrap();
+    head = record.append(&signer, &head, &[opened()]).await.unwrap();
+    for n in 1..=turns {
+        head = record
+            .append(
+                &signer,
+                &head,
+                &batch_one(conversation, n, &format!("question {n}")),
+            )
+            .await
+            .unwrap();
+        head = record
+            .append(&signer, &head, &batch_two(n, &format!("answer {n}")))
+            .await
+            .unwrap();
+    }
+    (record, head)
+}

@@ -1,0 +1,92 @@
+//! Real services as child processes on free loopback ports.
+//!
+//! A service started here is wrapped in a small watchdog shell that stops it when the test
+//! process exits, however it exits, so a failing test never leaves a server behind.
+
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context as _, Result};
+
+/// A free TCP port on 127.0.0.1 (free when asked; the service binds it right after).
+pub fn free_port() -> Result<u16> {
+    let listener = TcpListener::bind("127.0.0.1:0").context("binding a free loopback port")?;
+    Ok(listener.local_addr()?.port())
+}
+
+/// Finds a program: `$ENV_VAR` if set, else the name on `PATH`.
+pub fn program(name: &str, env_var: &str) -> Result<String> {
+    if let Ok(path) = std::env::var(env_var) {
+        return Ok(path);
+    }
+    let found = std::env::var_os("PATH")
+        .map(|paths| std::env::split_paths(&paths).any(|dir| dir.join(name).is_file()))
+        .unwrap_or(false);
+    if !found {
+        bail!(
+            "`{name}` is not installed: run `scripts/services install` (or set {env_var}) — the tests use the real service"
+        );
+    }
+    Ok(name.to_owned())
+}
+
+/// A child process that dies with the test process.
+pub struct Service {
+    child: Child,
+    pub addr: SocketAddr,
+}
+
+impl Service {
+    /// Starts `program args…` under a watchdog and waits until `addr` accepts connections.
+    pub fn start(
+        program: &str,
+        args: &[String],
+        addr: SocketAddr,
+        timeout: Duration,
+    ) -> Result<Self> {
+        let script = r#"p="$1"; shift; "$@" & c=$!; trap 'kill $c 2>/dev/null' EXIT TERM; while kill -0 "$p" 2>/dev/null && kill -0 "$c" 2>/dev/null; do sleep 0.2; done"#;
+        let mut command = Command::new("sh");
+        command
+            .arg("-c")
+            .arg(script)
+            .arg("sh")
+            .arg(std::process::id().to_string())
+            .arg(program)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        let child = command
+            .spawn()
+            .with_context(|| format!("starting {program}"))?;
+        let mut service = Service { child, addr };
+        service
+            .wait_ready(timeout)
+            .with_context(|| format!("{program} did not start on {addr}"))?;
+        Ok(service)
+    }
+
+    fn wait_ready(&mut self, timeout: Duration) -> Result<()> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if TcpStream::connect_timeout(&self.addr, Duration::from_millis(200)).is_ok() {
+                return Ok(());
+            }
+            if let Some(status) = self.child.try_wait()? {
+                bail!("exited early with {status}");
+            }
+            if Instant::now() > deadline {
+                bail!("not listening after {timeout:?}");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Service {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

@@ -1,0 +1,569 @@
+//! The record suite: one set of cases, run against every object store backend
+//! (in-memory, local filesystem, and S3 on a real S3-compatible server).
+
+use std::sync::Arc;
+
+use object_store::{ObjectStore, ObjectStoreExt as _, PutPayload};
+use serde_json::Value;
+use turnpike_artifactory::mmr::leaf_hash;
+use turnpike_artifactory::record::Problem;
+use turnpike_artifactory::{ErrorKind, Record, RecordSigner, Transcript, TrustedKeys};
+use turnpike_schemas::entry::{TurnAmbiguous, TurnDispatched};
+use turnpike_schemas::{EntryBody, TurnId, WorkerId};
+use turnpike_tests::fixtures::{self, batch_one, batch_two, record_with_turns, signer};
+
+fn trusted() -> TrustedKeys {
+    TrustedKeys::new([signer().verifying_key()])
+}
+
+/// Rewrites batch `seq` through a JSON edit, as an attacker with store access would.
+async fn tamper(
+    record: &Record,
+    store: &Arc<dyn ObjectStore>,
+    seq: u64,
+    edit: impl FnOnce(&mut Value),
+) {
+    let path = record.prefix().record_batch(seq);
+    let bytes = store.get(&path).await.unwrap().bytes().await.unwrap();
+    let mut batch: Value = serde_json::from_slice(&bytes).unwrap();
+    edit(&mut batch);
+    store
+        .put(&path, PutPayload::from(serde_json::to_vec(&batch).unwrap()))
+        .await
+        .unwrap();
+}
+
+/// Recomputes an entry's digest so that only the batch root can catch the change.
+fn rehash(entry: &mut Value) {
+    let position = entry["position"].as_u64().unwrap();
+    let kind = entry["kind"].as_str().unwrap().to_owned();
+    let payload = serde_json::to_vec(&entry["payload"]).unwrap();
+    entry["digest"] = Value::String(hex_encode(&leaf_hash(position, &kind, &payload)));
+}
+
+fn hex_encode(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+async fn failure(record: &Record) -> turnpike_artifactory::record::VerifyFailure {
+    record
+        .verify(&trusted(), None)
+        .await
+        .unwrap()
+        .expect_err("tampering must be detected")
+}
+
+macro_rules! record_suite {
+    ($backend:ident, $make:expr) => {
+        mod $backend {
+            use super::*;
+
+            fn store() -> (turnpike_tests::stores::TestStore, Arc<dyn ObjectStore>) {
+                let t = $make;
+                let s = t.store.clone();
+                (t, s)
+            }
+
+            #[tokio::test]
+            async fn appends_read_back_and_verify() {
+                let (_keep, store) = store();
+                let (record, head) = record_with_turns(store, 3).await;
+                // 1 opening batch + 2 per turn; each batch adds its entries plus a signed root.
+                assert_eq!(head.batches(), 7);
+                assert_eq!(head.leaves(), 2 + 6 * 3);
+                assert_eq!(record.head().await.unwrap(), head);
+                let entries = record.entries().await.unwrap();
+                assert_eq!(entries.len() as u64, head.leaves());
+                assert!(entries
+                    .iter()
+                    .enumerate()
+                    .all(|(i, e)| e.position == i as u64));
+                let report = record.verify(&trusted(), None).await.unwrap().unwrap();
+                assert_eq!(report.entries_checked, head.leaves());
+                assert_eq!(report.checkpoint.batches, 7);
+            }
+
+            #[tokio::test]
+            async fn concurrent_appenders_at_one_head_exactly_one_wins() {
+                let (_keep, store) = store();
+                let (record, head) = record_with_turns(store, 1).await;
+                let conversation = record.prefix().conversation();
+                let mut tasks = Vec::new();
+                for i in 0..8u64 {
+                    let record = record.clone();
+                    let head = head.clone();
+                    tasks.push(tokio::spawn(async move {
+                        record
+                            .append(
+                                &signer(),
+                                &head,
+                                &batch_one(conversation, 2, &format!("racer {i}")),
+                            )
+                            .await
+                    }));
+                }
+                let mut wins = 0;
+                for task in tasks {
+                    match task.await.unwrap() {
+                        Ok(_) => wins += 1,
+                        Err(e) => assert_eq!(e.kind(), ErrorKind::HeadMoved, "{e}"),
+                    }
+                }
+                assert_eq!(wins, 1);
+                let after = record.head().await.unwrap();
+                assert_eq!(after.batches(), head.batches() + 1);
+                record.verify(&trusted(), None).await.unwrap().unwrap();
+                let transcript = Transcript::from_entries(&record.entries().await.unwrap());
+                assert_eq!(
+                    transcript.incomplete.len(),
+                    1,
+                    "exactly one turn 2 was opened"
+                );
+            }
+
+            #[tokio::test]
+            async fn a_stale_head_fails_and_writes_nothing() {
+                let (_keep, store) = store();
+                let (record, head) = record_with_turns(store, 1).await;
+                let stale = record.head().await.unwrap();
+                let conversation = record.prefix().conversation();
+                record
+                    .append(&signer(), &head, &batch_one(conversation, 2, "first"))
+                    .await
+                    .unwrap();
+                let before = record.entries().await.unwrap();
+                let err = record
+                    .append(&signer(), &stale, &batch_one(conversation, 2, "late"))
+                    .await
+                    .unwrap_err();
+                assert_eq!(err.kind(), ErrorKind::HeadMoved);
+                assert_eq!(record.entries().await.unwrap(), before);
+            }
+
+            #[tokio::test]
+            async fn bad_batches_are_refused() {
+                let (_keep, store) = store();
+                let (record, head) = record_with_turns(store.clone(), 0).await;
+                for bodies in [vec![], vec![fixtures::opened()]] {
+                    let err = record.append(&signer(), &head, &bodies).await.unwrap_err();
+                    assert_eq!(err.kind(), ErrorKind::InvalidInput);
+                }
+                let fresh = Record::new(
+                    store,
+                    turnpike_artifactory::ConversationPrefix::new(
+                        fixtures::tenant(),
+                        turnpike_schemas::ConversationId::new(),
+                    ),
+                );
+                let empty = fresh.head().await.unwrap();
+                let err = fresh
+                    .append(&signer(), &empty, &batch_two(1, "x"))
+                    .await
+                    .unwrap_err();
+                assert!(err.to_string().contains("conversation_opened"), "{err}");
+            }
+
+            #[tokio::test]
+            async fn an_edited_entry_is_found_at_its_position() {
+                let (_keep, store) = store();
+                let (record, _) = record_with_turns(store.clone(), 3).await;
+                // Batch 3 is turn 2's batch one; its first entry is at position 2 + 6 = 8.
+                tamper(&record, &store, 3, |b| {
+                    b["entries"][0]["payload"]["event"]["body"]["text"] = "forged".into();
+                })
+                .await;
+                let f = failure(&record).await;
+                assert_eq!((f.position, f.batch, f.problem), (8, 3, Problem::Edited));
+            }
+
+            #[tokio::test]
+            async fn an_edit_with_recomputed_digest_breaks_the_root() {
+                let (_keep, store) = store();
+                let (record, _) = record_with_turns(store.clone(), 3).await;
+                tamper(&record, &store, 4, |b| {
+                    b["entries"][0]["payload"]["text"] = "forged".into();
+                    rehash(&mut b["entries"][0]);
+                })
+                .await;
+                let f = failure(&record).await;
+                // The whole batch (starting at position 11) is no longer trusted.
+                assert_eq!(
+                    (f.position, f.batch, f.problem),
+                    (11, 4, Problem::RootMismatch)
+                );
+            }
+
+            #[tokio::test]
+            async fn reordered_entries_are_detected() {
+                let (_keep, store) = store();
+                let (record, _) = record_with_turns(store.clone(), 2).await;
+                tamper(&record, &store, 1, |b| {
+                    let entries = b["entries"].as_array_mut().unwrap();
+                    entries.swap(0, 1);
+                })
+                .await;
+                let f = failure(&record).await;
+                assert_eq!(
+                    (f.position, f.problem),
+                    (2, Problem::OutOfOrder { found: 3 })
+                );
+            }
+
+            #[tokio::test]
+            async fn an_inserted_entry_is_detected() {
+                let (_keep, store) = store();
+                let (record, _) = record_with_turns(store.clone(), 2).await;
+                tamper(&record, &store, 2, |b| {
+                    let entries = b["entries"].as_array_mut().unwrap();
+                    let mut extra = entries[0].clone();
+                    extra["payload"]["text"] = "inserted".into();
+                    rehash(&mut extra);
+                    entries.insert(1, extra);
+                })
+                .await;
+                let f = failure(&record).await;
+                // Batch 2 starts at position 5; the inserted copy claims position 5 again at 6.
+                assert_eq!(
+                    (f.position, f.batch, f.problem),
+                    (6, 2, Problem::OutOfOrder { found: 5 })
+                );
+            }
+
+            #[tokio::test]
+            async fn a_dropped_entry_is_detected() {
+                let (_keep, store) = store();
+                let (record, _) = record_with_turns(store.clone(), 2).await;
+                tamper(&record, &store, 2, |b| {
+                    b["entries"].as_array_mut().unwrap().remove(0);
+                    b["first_position"] = 6.into();
+                })
+                .await;
+                let f = failure(&record).await;
+                assert_eq!(
+                    (f.position, f.batch, f.problem),
+                    (5, 2, Problem::OutOfOrder { found: 6 })
+                );
+            }
+
+            #[tokio::test]
+            async fn a_dropped_batch_is_detected() {
+                let (_keep, store) = store();
+                let (record, _) = record_with_turns(store.clone(), 2).await;
+                store
+                    .delete(&record.prefix().record_batch(2))
+                    .await
+                    .unwrap();
+                let f = failure(&record).await;
+                assert_eq!(
+                    (f.position, f.batch, f.problem),
+                    (5, 2, Problem::MissingBatch { found: 3 })
+                );
+            }
+
+            #[tokio::test]
+            async fn truncation_is_detected_against_a_checkpoint() {
+                let (_keep, store) = store();
+                let (record, head) = record_with_turns(store.clone(), 2).await;
+                let known = record
+                    .verify(&trusted(), None)
+                    .await
+                    .unwrap()
+                    .unwrap()
+                    .checkpoint;
+                store
+                    .delete(&record.prefix().record_batch(head.batches() - 1))
+                    .await
+                    .unwrap();
+                let full = record
+                    .verify(&trusted(), Some(&known))
+                    .await
+                    .unwrap()
+                    .unwrap_err();
+                assert_eq!(
+                    full.problem,
+                    Problem::Truncated {
+                        expected_leaves: head.leaves()
+                    }
+                );
+                assert_eq!(full.position, head.leaves() - 3);
+                let incremental = record
+                    .verify_from(&trusted(), &known)
+                    .await
+                    .unwrap()
+                    .unwrap_err();
+                assert_eq!(
+                    incremental.problem,
+                    Problem::Truncated {
+                        expected_leaves: head.leaves()
+                    }
+                );
+            }
+
+            #[tokio::test]
+            async fn a_batch_cut_short_is_detected() {
+                let (_keep, store) = store();
+                let (record, _) = record_with_turns(store.clone(), 2).await;
+                tamper(&record, &store, 4, |b| {
+                    b["entries"].as_array_mut().unwrap().pop();
+                })
+                .await;
+                let f = failure(&record).await;
+                assert_eq!(
+                    (f.position, f.batch, f.problem),
+                    (13, 4, Problem::MissingSignedRoot)
+                );
+            }
+
+            #[tokio::test]
+            async fn a_forged_root_is_detected() {
+                let (_keep, store) = store();
+                let (record, _) = record_with_turns(store.clone(), 2).await;
+                tamper(&record, &store, 2, |b| {
+                    let closing = b["entries"].as_array_mut().unwrap().last_mut().unwrap();
+                    closing["payload"]["root"] = "00".repeat(32).into();
+                    rehash(closing);
+                })
+                .await;
+                let f = failure(&record).await;
+                assert_eq!(
+                    (f.position, f.batch, f.problem),
+                    (5, 2, Problem::RootMismatch)
+                );
+            }
+
+            #[tokio::test]
+            async fn a_bad_signature_is_detected() {
+                let (_keep, store) = store();
+                let (record, _) = record_with_turns(store.clone(), 2).await;
+                tamper(&record, &store, 3, |b| {
+                    let closing = b["entries"].as_array_mut().unwrap().last_mut().unwrap();
+                    let sig = closing["payload"]["signature"].as_str().unwrap().to_owned();
+                    let flipped = if sig.starts_with('0') { "1" } else { "0" };
+                    closing["payload"]["signature"] = format!("{flipped}{}", &sig[1..]).into();
+                    rehash(closing);
+                })
+                .await;
+                let f = failure(&record).await;
+                assert_eq!(
+                    (f.position, f.batch, f.problem),
+                    (10, 3, Problem::BadSignature)
+                );
+            }
+
+            #[tokio::test]
+            async fn a_root_signed_by_another_key_is_detected() {
+                let (_keep, store) = store();
+                let (record, head) = record_with_turns(store.clone(), 1).await;
+                let intruder = RecordSigner::from_seed([9; 32]);
+                let conversation = record.prefix().conversation();
+                record
+                    .append(&intruder, &head, &batch_one(conversation, 2, "intruder"))
+                    .await
+                    .unwrap();
+                let f = failure(&record).await;
+                assert_eq!(f.position, head.leaves() + 2);
+                assert_eq!(f.problem, Problem::UnknownKey(intruder.key_id().to_owned()));
+                // Trusting both keys (a rotation) accepts it.
+                let both = TrustedKeys::new([signer().verifying_key(), intruder.verifying_key()]);
+                record.verify(&both, None).await.unwrap().unwrap();
+            }
+
+            #[tokio::test]
+            async fn incremental_verify_agrees_with_full_verify() {
+                let (_keep, store) = store();
+                let (record, mut head) = record_with_turns(store.clone(), 3).await;
+                let early = record.verify(&trusted(), None).await.unwrap().unwrap();
+                let conversation = record.prefix().conversation();
+                for n in 4..=6 {
+                    head = record
+                        .append(&signer(), &head, &batch_one(conversation, n, "q"))
+                        .await
+                        .unwrap();
+                    head = record
+                        .append(&signer(), &head, &batch_two(n, "a"))
+                        .await
+                        .unwrap();
+                }
+                let full = record.verify(&trusted(), None).await.unwrap().unwrap();
+                let incremental = record
+                    .verify_from(&trusted(), &early.checkpoint)
+                    .await
+                    .unwrap()
+                    .unwrap();
+                assert_eq!(incremental.checkpoint, full.checkpoint);
+                assert_eq!(
+                    incremental.entries_checked,
+                    full.entries_checked - early.entries_checked
+                );
+                assert_eq!(incremental.batches_checked, 6);
+                // Nothing new: nothing checked, same checkpoint.
+                let again = record
+                    .verify_from(&trusted(), &full.checkpoint)
+                    .await
+                    .unwrap()
+                    .unwrap();
+                assert_eq!(
+                    (again.entries_checked, again.checkpoint),
+                    (0, full.checkpoint.clone())
+                );
+                // A tamper in the new part is found at the same position by both.
+                tamper(&record, &store, 9, |b| {
+                    b["entries"][0]["payload"]["text"] = "forged".into();
+                })
+                .await;
+                let f_full = record.verify(&trusted(), None).await.unwrap().unwrap_err();
+                let f_inc = record
+                    .verify_from(&trusted(), &early.checkpoint)
+                    .await
+                    .unwrap()
+                    .unwrap_err();
+                assert_eq!(f_full, f_inc);
+                assert_eq!(f_full.problem, Problem::Edited);
+                // A full verify against the old checkpoint notices rewritten history.
+                let mut rewritten = early.checkpoint.clone();
+                rewritten.root = full.checkpoint.root.clone();
+                let bad = record
+                    .verify_from(&trusted(), &rewritten)
+                    .await
+                    .unwrap()
+                    .unwrap_err();
+                assert_eq!(bad.problem, Problem::BadCheckpoint);
+            }
+
+            #[tokio::test]
+            async fn transcripts_show_only_turns_with_both_markers() {
+                let (_keep, store) = store();
+                let (record, mut head) = record_with_turns(store, 2).await;
+                let conversation = record.prefix().conversation();
+                // Turn 3: dispatched, never completed (its worker died between the batches).
+                head = record
+                    .append(&signer(), &head, &batch_one(conversation, 3, "lost"))
+                    .await
+                    .unwrap();
+                // Turn 4: quarantined.
+                let turn = TurnId::new(4).unwrap();
+                head = record
+                    .append(
+                        &signer(),
+                        &head,
+                        &[
+                            EntryBody::TurnDispatched(TurnDispatched {
+                                turn,
+                                worker: WorkerId::new(),
+                                agent: "helper".parse().unwrap(),
+                                epoch: 2,
+                                at_ms: 5,
+                            }),
+                            EntryBody::TurnAmbiguous(TurnAmbiguous {
+                                turn,
+                                tool: "send_email".into(),
+                                call_id: "c1".into(),
+                                reason: "worker died".into(),
+                            }),
+                        ],
+                    )
+                    .await
+                    .unwrap();
+                // An input waiting for the next turn.
+                record
+                    .append(&signer(), &head, &[fixtures::message(conversation, "next")])
+                    .await
+                    .unwrap();
+                let t = Transcript::from_entries(&record.entries().await.unwrap());
+                let turns = |v: &[turnpike_artifactory::record::TurnView]| {
+                    v.iter().map(|t| t.turn.number()).collect::<Vec<_>>()
+                };
+                assert_eq!(turns(&t.committed), [1, 2]);
+                assert_eq!(turns(&t.incomplete), [3]);
+                assert_eq!(turns(&t.quarantined), [4]);
+                assert_eq!(t.pending.len(), 1);
+                assert_eq!(t.next_turn().number(), 5);
+                assert!(t.opened.is_some());
+                // A committed turn carries its input, its reply and both markers.
+                assert_eq!(t.committed[0].entries.len(), 4);
+            }
+
+            #[tokio::test]
+            async fn repair_removes_unreadable_entries_and_re_signs() {
+                let (_keep, store) = store();
+                let (record, _) = record_with_turns(store.clone(), 3).await;
+                let path = record.prefix().record_batch(3);
+                store
+                    .put(&path, PutPayload::from_static(b"{not json"))
+                    .await
+                    .unwrap();
+                tamper(&record, &store, 6, |b| {
+                    b["entries"][0]["payload"]["text"] = "forged".into();
+                })
+                .await;
+                assert!(record.verify(&trusted(), None).await.unwrap().is_err());
+                let report = record.repair(&signer(), 77).await.unwrap();
+                assert_eq!(report.removed.len(), 2, "{report:?}");
+                assert_eq!(report.removed[0].batch, 3);
+                assert_eq!(report.removed[0].position, None);
+                assert_eq!(
+                    (report.removed[1].batch, report.removed[1].position),
+                    (6, Some(17))
+                );
+                assert_eq!(report.batches_after, 6);
+                record.verify(&trusted(), None).await.unwrap().unwrap();
+                let t = Transcript::from_entries(&record.entries().await.unwrap());
+                assert_eq!(
+                    t.committed
+                        .iter()
+                        .map(|v| v.turn.number())
+                        .collect::<Vec<_>>(),
+                    [1, 3]
+                );
+                // The originals were kept.
+                let kept = store
+                    .get(&record.prefix().repaired_batch(77, 3))
+                    .await
+                    .unwrap()
+                    .bytes()
+                    .await
+                    .unwrap();
+                assert_eq!(&kept[..], b"{not json");
+                // And the record can be appended to again.
+                let head = record.head().await.unwrap();
+                record
+                    .append(&signer(), &head, &batch_two(4, "after repair"))
+                    .await
+                    .unwrap();
+            }
+
+            #[tokio::test]
+            async fn turn_logs_are_one_object_per_turn() {
+                use turnpike_schemas::{Block, TurnLog};
+                let (_keep, store) = store();
+                let (record, _) = record_with_turns(store.clone(), 1).await;
+                let logs = turnpike_artifactory::TurnLogs::new(store.clone());
+                let log = TurnLog {
+                    version: 1,
+                    conversation: record.prefix().conversation(),
+                    turn: TurnId::FIRST,
+                    agent: "helper".parse().unwrap(),
+                    outcome: turnpike_schemas::entry::TurnOutcome::Replied,
+                    blocks: vec![
+                        Block::UserMessage { text: "q".into() },
+                        Block::AssistantMessage { text: "a".into() },
+                    ],
+                };
+                logs.write(record.prefix(), &log).await.unwrap();
+                assert_eq!(
+                    logs.read(record.prefix(), TurnId::FIRST).await.unwrap(),
+                    log
+                );
+                let missing = logs
+                    .read(record.prefix(), TurnId::new(2).unwrap())
+                    .await
+                    .unwrap_err();
+                assert_eq!(missing.kind(), ErrorKind::NotFound);
+            }
+        }
+    };
+}
+
+record_suite!(memory, turnpike_tests::stores::memory());
+record_suite!(local_fs, turnpike_tests::stores::local());
+record_suite!(s3, turnpike_tests::stores::s3());
