@@ -5,10 +5,12 @@
 //! - [`mmr`]: the Merkle Mountain Range under the record's roots
 //! - [`keys`]: ed25519 signing keys and trusted public keys
 //! - [`turnlogs`]: one object per turn
+//! - [`conversations`]: creating and opening conversations as an identity
 //! - [`directory`]: which tenant owns a conversation, and who may see it
 //! - [`layout`]: every object key, built in one place
 //! - [`store`]: opening an object store (memory, local filesystem, S3-compatible)
 
+pub mod conversations;
 pub mod directory;
 pub mod error;
 pub mod keys;
@@ -18,6 +20,7 @@ pub mod record;
 pub mod store;
 pub mod turnlogs;
 
+pub use conversations::{Conversations, NewConversation};
 pub use directory::{Directory, DirectoryEntry};
 pub use error::{Error, ErrorKind, Result};
 pub use keys::{RecordSigner, TrustedKeys};

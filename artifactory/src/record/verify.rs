@@ -154,6 +154,7 @@ impl Record {
     /// that checkpoint's history unchanged (which is how truncation is caught).
     ///
     /// Store failures are errors; integrity failures are a [`VerifyFailure`] in the verdict.
+    #[tracing::instrument(level = "debug", skip_all, fields(conversation = %self.prefix.conversation()))]
     pub async fn verify(&self, keys: &TrustedKeys, known: Option<&Checkpoint>) -> Result<Verdict> {
         let mut walk = Walk::new(self, keys, 0, Mmr::new());
         walk.known = known;
@@ -161,6 +162,7 @@ impl Record {
     }
 
     /// Verifies only what was appended after a trusted checkpoint: O(new entries).
+    #[tracing::instrument(level = "debug", skip_all, fields(conversation = %self.prefix.conversation(), from = from.batches))]
     pub async fn verify_from(&self, keys: &TrustedKeys, from: &Checkpoint) -> Result<Verdict> {
         let Some(mmr) = from.mmr() else {
             return Ok(Err(VerifyFailure {

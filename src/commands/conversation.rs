@@ -1,0 +1,161 @@
+//! `turnpike conversation verify | replay | repair`.
+
+use std::process::ExitCode;
+
+use anyhow::Result;
+use turnpike_artifactory::record::TurnView;
+use turnpike_artifactory::{DirectoryEntry, Transcript};
+use turnpike_schemas::{ConversationId, EntryBody, EventBody, Identity};
+
+use crate::cli::ConversationCommand;
+use crate::env::{now_ms, Env};
+
+pub async fn run(env: &Env, command: ConversationCommand) -> Result<ExitCode> {
+    match command {
+        ConversationCommand::Verify {
+            conversation,
+            actor,
+            incremental,
+        } => verify(env, conversation, &actor.identity, incremental).await,
+        ConversationCommand::Replay {
+            conversation,
+            actor,
+        } => replay(env, conversation, &actor.identity).await,
+        ConversationCommand::Repair {
+            conversation,
+            actor,
+        } => repair(env, conversation, &actor.identity).await,
+    }
+}
+
+/// Verifies and prints the verdict; exit 0 when intact, 1 when not.
+pub async fn verify(
+    env: &Env,
+    conversation: ConversationId,
+    actor: &Identity,
+    incremental: bool,
+) -> Result<ExitCode> {
+    let (_, record) = env.conversations.open(conversation, actor).await?;
+    let known = env.checkpoint(conversation)?;
+    let verdict = match (&known, incremental) {
+        (Some(known), true) => record.verify_from(&env.trusted, known).await?,
+        (known, _) => record.verify(&env.trusted, known.as_ref()).await?,
+    };
+    match verdict {
+        Ok(report) => {
+            println!(
+                "verified {conversation}: {} entries in {} batches checked; {} entries, root {}",
+                report.entries_checked,
+                report.batches_checked,
+                report.checkpoint.leaves,
+                report.checkpoint.root
+            );
+            env.save_checkpoint(conversation, &report.checkpoint)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(failure) => {
+            println!("FAILED {conversation}: {failure}");
+            Ok(ExitCode::from(1))
+        }
+    }
+}
+
+async fn replay(env: &Env, conversation: ConversationId, actor: &Identity) -> Result<ExitCode> {
+    let (entry, record) = env.conversations.open(conversation, actor).await?;
+    let transcript = Transcript::from_entries(&record.entries().await?);
+    print_transcript(&entry, &transcript);
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn repair(env: &Env, conversation: ConversationId, actor: &Identity) -> Result<ExitCode> {
+    let (_, record) = env.conversations.open(conversation, actor).await?;
+    let report = record.repair(&env.signer, now_ms()).await?;
+    for removed in &report.removed {
+        match removed.position {
+            Some(p) => println!(
+                "removed entry {p} of batch {}: {}",
+                removed.batch, removed.reason
+            ),
+            None => println!("removed batch {}: {}", removed.batch, removed.reason),
+        }
+    }
+    println!(
+        "repaired {conversation}: {} entries kept in {} batches (was {} batches); originals kept under record-repaired/{}/",
+        report.kept_entries, report.batches_after, report.batches_before, report.backup_stamp
+    );
+    // History was rewritten on purpose: the old checkpoint no longer applies.
+    env.forget_checkpoint(conversation)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Prints committed turns, then incomplete and quarantined ones apart.
+pub fn print_transcript(entry: &DirectoryEntry, transcript: &Transcript) {
+    println!(
+        "conversation {} (tenant {}, owner {}, app {}, agent {})",
+        entry.conversation, entry.tenant, entry.owner, entry.app, entry.agent
+    );
+    if transcript.committed.is_empty() {
+        println!("  no committed turns");
+    }
+    for view in &transcript.committed {
+        print_turn(view);
+    }
+    if !transcript.incomplete.is_empty() {
+        println!("incomplete turns (dispatched, not completed; recovery retries them):");
+        for view in &transcript.incomplete {
+            print_turn(view);
+        }
+    }
+    if !transcript.quarantined.is_empty() {
+        println!("quarantined turns (side effects unknown; need a decision):");
+        for view in &transcript.quarantined {
+            print_turn(view);
+        }
+    }
+    if !transcript.pending.is_empty() {
+        println!(
+            "{} input(s) waiting for the next turn",
+            transcript.pending.len()
+        );
+    }
+}
+
+fn print_turn(view: &TurnView) {
+    let status = match (&view.complete, &view.ambiguous) {
+        (_, Some(a)) => format!("ambiguous: {} call {} — {}", a.tool, a.call_id, a.reason),
+        (Some(c), None) => format!("{:?}", c.outcome).to_lowercase(),
+        (None, None) => "not completed".to_owned(),
+    };
+    println!("{} [{status}]", view.turn);
+    for entry in &view.entries {
+        if let Some(line) = describe(&entry.body) {
+            println!("  {line}");
+        }
+    }
+}
+
+fn describe(body: &EntryBody) -> Option<String> {
+    if let Some(input) = body.as_input() {
+        let who = &input.event.address.identity;
+        return Some(match &input.event.body {
+            EventBody::Message { text } => format!("user ({who}): {text}"),
+            EventBody::FollowUp { text } => format!("follow-up ({who}): {text}"),
+            EventBody::Steer { text } => format!("steer ({who}): {text}"),
+            other => format!("{} ({who})", other.kind_name()),
+        });
+    }
+    match body {
+        EntryBody::AssistantMessage(m) => Some(format!("assistant: {}", m.text)),
+        EntryBody::ToolCall(c) => Some(format!(
+            "tool call {} {}({})",
+            c.call_id, c.tool, c.arguments
+        )),
+        EntryBody::ToolResult(r) => Some(format!("tool result {} ok={}", r.call_id, r.ok)),
+        EntryBody::Error(e) => Some(format!("error: {}", e.message)),
+        EntryBody::Cancelled(c) => Some(format!(
+            "cancelled: {}",
+            c.reason.as_deref().unwrap_or("stop")
+        )),
+        _ => None,
+    }
+}

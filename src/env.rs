@@ -1,0 +1,105 @@
+//! The environment commands run in: the store, the signing key and the trusted checkpoints.
+
+use anyhow::{bail, Context as _, Result};
+use std::path::PathBuf;
+use turnpike_artifactory::{open_store, Checkpoint, Conversations, RecordSigner, TrustedKeys};
+use turnpike_schemas::ConversationId;
+
+use crate::cli::Global;
+
+/// Everything a command needs from the configuration.
+pub struct Env {
+    pub conversations: Conversations,
+    pub signer: RecordSigner,
+    pub trusted: TrustedKeys,
+    data_dir: PathBuf,
+}
+
+impl Env {
+    /// Opens the configured store and signing key.
+    ///
+    /// The embedded default (no `--store`) keeps a key under the data directory, creating it on
+    /// first use. A fleet store requires a key from the environment or a file: the binary refuses
+    /// to invent one there, since every worker must sign with a key the verifiers trust.
+    pub fn open(global: &Global) -> Result<Self> {
+        let embedded = global.store.is_none();
+        let store_location = match &global.store {
+            Some(s) => s.clone(),
+            None => global.data_dir.join("store").to_string_lossy().into_owned(),
+        };
+        let store = open_store(&store_location)?;
+        let signer = if let Ok(hex) = std::env::var("TURNPIKE_SIGNING_KEY") {
+            RecordSigner::from_hex(&hex).context("TURNPIKE_SIGNING_KEY")?
+        } else if let Some(path) = &global.signing_key {
+            RecordSigner::load(path)?
+        } else if embedded {
+            RecordSigner::load_or_create(&global.data_dir.join("keys/record-signing.key"))?
+        } else {
+            bail!(
+                "a record signing key is required with --store: set TURNPIKE_SIGNING_KEY (64 hex characters) or pass --signing-key FILE"
+            );
+        };
+        let mut keys = vec![signer.verifying_key()];
+        for text in &global.trusted_keys {
+            keys.push(
+                TrustedKeys::parse_public(text).with_context(|| format!("--trusted-key {text}"))?,
+            );
+        }
+        Ok(Env {
+            conversations: Conversations::new(store.clone()),
+            signer,
+            trusted: TrustedKeys::new(keys),
+            data_dir: global.data_dir.clone(),
+        })
+    }
+
+    fn checkpoint_path(&self, conversation: ConversationId) -> PathBuf {
+        self.data_dir
+            .join("trust")
+            .join(format!("{conversation}.json"))
+    }
+
+    /// The last checkpoint this machine verified for a conversation.
+    pub fn checkpoint(&self, conversation: ConversationId) -> Result<Option<Checkpoint>> {
+        let path = self.checkpoint_path(conversation);
+        match std::fs::read(&path) {
+            Ok(bytes) => Ok(Some(
+                serde_json::from_slice(&bytes)
+                    .with_context(|| format!("reading {}", path.display()))?,
+            )),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e).with_context(|| format!("reading {}", path.display())),
+        }
+    }
+
+    /// Keeps a verified checkpoint (written to a temporary file, then renamed).
+    pub fn save_checkpoint(
+        &self,
+        conversation: ConversationId,
+        checkpoint: &Checkpoint,
+    ) -> Result<()> {
+        let path = self.checkpoint_path(conversation);
+        let dir = path.parent().expect("checkpoints live in a directory");
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        let tmp = path.with_extension("json.tmp");
+        std::fs::write(&tmp, serde_json::to_vec_pretty(checkpoint)?)?;
+        std::fs::rename(&tmp, &path).with_context(|| format!("writing {}", path.display()))?;
+        Ok(())
+    }
+
+    /// Forgets the checkpoint (after a repair rewrote history on purpose).
+    pub fn forget_checkpoint(&self, conversation: ConversationId) -> Result<()> {
+        match std::fs::remove_file(self.checkpoint_path(conversation)) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e.into()),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// Milliseconds since the Unix epoch.
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}

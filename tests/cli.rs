@@ -1,0 +1,261 @@
+//! The command line, run as a user would: the real binary on a real data directory.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+struct Cli {
+    data: tempfile::TempDir,
+}
+
+impl Cli {
+    fn new() -> Self {
+        Cli {
+            data: tempfile::tempdir().unwrap(),
+        }
+    }
+
+    fn run(&self, args: &[&str]) -> Output {
+        Command::new(env!("CARGO_BIN_EXE_turnpike"))
+            .arg("--data-dir")
+            .arg(self.data.path())
+            .args(args)
+            .env_remove("TURNPIKE_SIGNING_KEY")
+            .env_remove("TURNPIKE_STORE")
+            .output()
+            .expect("the turnpike binary runs")
+    }
+
+    /// Creates a conversation with one echo turn; returns its id.
+    fn conversation(&self, actor: &str) -> String {
+        let out = self.run(&["record", "append", "--actor", actor, "--message", "hello"]);
+        assert!(out.status.success(), "{}", text(&out));
+        let stdout = String::from_utf8(out.stdout).unwrap();
+        stdout
+            .lines()
+            .find_map(|l| l.strip_prefix("created "))
+            .expect("the new conversation's id")
+            .trim()
+            .to_owned()
+    }
+
+    fn batch_path(&self, conversation: &str, seq: u64) -> PathBuf {
+        self.data
+            .path()
+            .join("store/tenants/default/conversations")
+            .join(conversation)
+            .join(format!("record/{seq:020}"))
+    }
+}
+
+fn text(out: &Output) -> String {
+    format!(
+        "status {:?}\nstdout:\n{}\nstderr:\n{}",
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+fn edit(path: &Path, from: &str, to: &str) {
+    let content = std::fs::read_to_string(path).unwrap();
+    assert!(content.contains(from), "{from:?} not in {}", path.display());
+    std::fs::write(path, content.replacen(from, to, 1)).unwrap();
+}
+
+const ACTOR: &str = "oidc:acme:u-17";
+
+#[test]
+fn demo_runs_turns_verifies_and_replays() {
+    let cli = Cli::new();
+    let out = cli.run(&["demo"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("turn_3 [replied]"), "{stdout}");
+    assert!(
+        stdout.contains("assistant: echo: hello, turnpike"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("verified conv_"), "{stdout}");
+    assert!(cli.data.path().join("keys/record-signing.key").is_file());
+}
+
+#[test]
+fn verify_passes_on_a_good_record_and_fails_on_a_tampered_one() {
+    let cli = Cli::new();
+    let conv = cli.conversation(ACTOR);
+    let more = cli.run(&[
+        "record",
+        "append",
+        "--actor",
+        ACTOR,
+        "--conversation",
+        &conv,
+        "--message",
+        "again",
+    ]);
+    assert!(more.status.success(), "{}", text(&more));
+
+    let ok = cli.run(&["conversation", "verify", &conv, "--actor", ACTOR]);
+    assert_eq!(ok.status.code(), Some(0), "{}", text(&ok));
+    assert!(String::from_utf8_lossy(&ok.stdout).contains("verified"));
+
+    let replay = cli.run(&["conversation", "replay", &conv, "--actor", ACTOR]);
+    assert_eq!(replay.status.code(), Some(0), "{}", text(&replay));
+    let transcript = String::from_utf8_lossy(&replay.stdout);
+    assert!(
+        transcript.contains("turn_1 [replied]") && transcript.contains("turn_2 [replied]"),
+        "{transcript}"
+    );
+    assert!(
+        transcript.contains("user (oidc:acme:u-17): again"),
+        "{transcript}"
+    );
+
+    // Batch 3 is turn 2's batch one: its user message sits at position 2 + 6 = 8.
+    edit(&cli.batch_path(&conv, 3), "again", "AGAIN");
+    let bad = cli.run(&["conversation", "verify", &conv, "--actor", ACTOR]);
+    assert_eq!(bad.status.code(), Some(1), "{}", text(&bad));
+    let stdout = String::from_utf8_lossy(&bad.stdout);
+    assert!(
+        stdout.contains("FAILED")
+            && stdout.contains("position 8 (batch 3)")
+            && stdout.contains("edited"),
+        "{stdout}"
+    );
+
+    // Repair removes the edited entry and re-signs; the record verifies again.
+    let repair = cli.run(&["conversation", "repair", &conv, "--actor", ACTOR]);
+    assert_eq!(repair.status.code(), Some(0), "{}", text(&repair));
+    assert!(
+        String::from_utf8_lossy(&repair.stdout).contains("removed entry 8 of batch 3"),
+        "{}",
+        text(&repair)
+    );
+    let again = cli.run(&["conversation", "verify", &conv, "--actor", ACTOR]);
+    assert_eq!(again.status.code(), Some(0), "{}", text(&again));
+}
+
+#[test]
+fn truncation_is_caught_by_the_kept_checkpoint() {
+    let cli = Cli::new();
+    let conv = cli.conversation(ACTOR);
+    let more = cli.run(&[
+        "record",
+        "append",
+        "--actor",
+        ACTOR,
+        "--conversation",
+        &conv,
+        "--message",
+        "again",
+    ]);
+    assert!(more.status.success(), "{}", text(&more));
+    let ok = cli.run(&["conversation", "verify", &conv, "--actor", ACTOR]);
+    assert_eq!(ok.status.code(), Some(0), "{}", text(&ok));
+    std::fs::remove_file(cli.batch_path(&conv, 4)).unwrap();
+    for extra in [&[][..], &["--incremental"][..]] {
+        let mut args = vec!["conversation", "verify", &conv, "--actor", ACTOR];
+        args.extend_from_slice(extra);
+        let bad = cli.run(&args);
+        assert_eq!(bad.status.code(), Some(1), "{}", text(&bad));
+        assert!(
+            String::from_utf8_lossy(&bad.stdout).contains("truncated"),
+            "{}",
+            text(&bad)
+        );
+    }
+}
+
+#[test]
+fn incremental_verify_checks_only_new_entries() {
+    let cli = Cli::new();
+    let conv = cli.conversation(ACTOR);
+    assert!(cli
+        .run(&["conversation", "verify", &conv, "--actor", ACTOR])
+        .status
+        .success());
+    let more = cli.run(&[
+        "record",
+        "append",
+        "--actor",
+        ACTOR,
+        "--conversation",
+        &conv,
+        "--message",
+        "again",
+    ]);
+    assert!(more.status.success());
+    let inc = cli.run(&[
+        "conversation",
+        "verify",
+        &conv,
+        "--actor",
+        ACTOR,
+        "--incremental",
+    ]);
+    assert_eq!(inc.status.code(), Some(0), "{}", text(&inc));
+    // Turn 2 adds two batches of 2 entries and a signed root each.
+    assert!(
+        String::from_utf8_lossy(&inc.stdout).contains("6 entries in 2 batches checked"),
+        "{}",
+        text(&inc)
+    );
+}
+
+#[test]
+fn a_malformed_actor_is_refused_with_a_clear_message() {
+    let cli = Cli::new();
+    let conv = cli.conversation(ACTOR);
+    for bad in ["octocat", "a:b:c:d", "GitHub:octocat", "oidc::x"] {
+        let out = cli.run(&["conversation", "verify", &conv, "--actor", bad]);
+        assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            stderr.contains("invalid identity") && stderr.contains("--actor"),
+            "{stderr}"
+        );
+    }
+}
+
+#[test]
+fn another_identity_cannot_tell_a_conversation_exists() {
+    let cli = Cli::new();
+    let conv = cli.conversation(ACTOR);
+    let missing = "conv_01HZY3W5R8G7V2T6Q4M9K0JX1C";
+    let theirs = cli.run(&["conversation", "replay", &conv, "--actor", "oidc:acme:u-18"]);
+    let nothing = cli.run(&[
+        "conversation",
+        "replay",
+        missing,
+        "--actor",
+        "oidc:acme:u-18",
+    ]);
+    assert_eq!(theirs.status.code(), Some(2));
+    assert_eq!(nothing.status.code(), Some(2));
+    let a = String::from_utf8_lossy(&theirs.stderr).replace(&conv, "<id>");
+    let b = String::from_utf8_lossy(&nothing.stderr).replace(missing, "<id>");
+    assert_eq!(a, b);
+    assert!(a.contains("not found"), "{a}");
+    assert!(theirs.stdout.is_empty());
+}
+
+#[test]
+fn a_fleet_store_without_a_signing_key_is_refused() {
+    let cli = Cli::new();
+    let out = cli.run(&[
+        "--store",
+        "memory://",
+        "record",
+        "append",
+        "--actor",
+        ACTOR,
+        "--message",
+        "hi",
+    ]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("signing key is required"),
+        "{}",
+        text(&out)
+    );
+}
