@@ -141,6 +141,54 @@ macro_rules! record_suite {
             }
 
             #[tokio::test]
+            async fn entries_that_break_the_rules_are_refused_and_nothing_is_written() {
+                let (_keep, store) = store();
+                let (record, head) = record_with_turns(store, 1).await;
+                let conversation = record.prefix().conversation();
+                let before = record.entries().await.unwrap();
+                // A second completion of turn 1.
+                let err = record
+                    .append(&signer(), &head, &batch_two(1, "again"))
+                    .await
+                    .unwrap_err();
+                assert_eq!(err.kind(), ErrorKind::InvalidInput);
+                assert!(err.to_string().contains("turn_1 is not open"), "{err}");
+                // Turn 1 again.
+                let err = record
+                    .append(&signer(), &head, &batch_one(conversation, 1, "again"))
+                    .await
+                    .unwrap_err();
+                assert!(
+                    err.to_string().contains("turn_1 is not after turn_1"),
+                    "{err}"
+                );
+                assert_eq!(record.entries().await.unwrap(), before);
+                // Lane inputs only in increasing lane order.
+                let head = record
+                    .append(
+                        &signer(),
+                        &head,
+                        &[fixtures::message_at(conversation, "five", Some(5))],
+                    )
+                    .await
+                    .unwrap();
+                assert_eq!(head.state().lane_through, 5);
+                assert_eq!(record.head().await.unwrap().state().lane_through, 5);
+                for seq in [5, 4] {
+                    let err = record
+                        .append(
+                            &signer(),
+                            &head,
+                            &[fixtures::message_at(conversation, "dup", Some(seq))],
+                        )
+                        .await
+                        .unwrap_err();
+                    assert!(err.to_string().contains("applied twice"), "{err}");
+                }
+                record.verify(&trusted(), None).await.unwrap().unwrap();
+            }
+
+            #[tokio::test]
             async fn bad_batches_are_refused() {
                 let (_keep, store) = store();
                 let (record, head) = record_with_turns(store.clone(), 0).await;
@@ -435,13 +483,8 @@ macro_rules! record_suite {
                 let (_keep, store) = store();
                 let (record, mut head) = record_with_turns(store, 2).await;
                 let conversation = record.prefix().conversation();
-                // Turn 3: dispatched, never completed (its worker died between the batches).
-                head = record
-                    .append(&signer(), &head, &batch_one(conversation, 3, "lost"))
-                    .await
-                    .unwrap();
-                // Turn 4: quarantined.
-                let turn = TurnId::new(4).unwrap();
+                // Turn 3: quarantined (a side-effecting call's outcome is unknown).
+                let turn = TurnId::new(3).unwrap();
                 head = record
                     .append(
                         &signer(),
@@ -464,6 +507,11 @@ macro_rules! record_suite {
                     )
                     .await
                     .unwrap();
+                // Turn 4: dispatched, never completed (its worker died between the batches).
+                head = record
+                    .append(&signer(), &head, &batch_one(conversation, 4, "lost"))
+                    .await
+                    .unwrap();
                 // An input waiting for the next turn.
                 record
                     .append(&signer(), &head, &[fixtures::message(conversation, "next")])
@@ -474,9 +522,11 @@ macro_rules! record_suite {
                     v.iter().map(|t| t.turn.number()).collect::<Vec<_>>()
                 };
                 assert_eq!(turns(&t.committed), [1, 2]);
-                assert_eq!(turns(&t.incomplete), [3]);
-                assert_eq!(turns(&t.quarantined), [4]);
-                assert_eq!(t.pending.len(), 1);
+                assert_eq!(turns(&t.incomplete), [4]);
+                assert_eq!(turns(&t.quarantined), [3]);
+                // An input committed while turn 4 is open belongs to turn 4.
+                assert!(t.pending.is_empty());
+                assert_eq!(t.incomplete[0].entries.len(), 3);
                 assert_eq!(t.next_turn().number(), 5);
                 assert!(t.opened.is_some());
                 // A committed turn carries its input, its reply and both markers.
@@ -498,14 +548,19 @@ macro_rules! record_suite {
                 .await;
                 assert!(record.verify(&trusted(), None).await.unwrap().is_err());
                 let report = record.repair(&signer(), 77).await.unwrap();
-                assert_eq!(report.removed.len(), 2, "{report:?}");
-                assert_eq!(report.removed[0].batch, 3);
-                assert_eq!(report.removed[0].position, None);
+                // Batch 3 (turn 2's input and dispatch) is gone, so turn 2's reply and completion
+                // (positions 11, 12) no longer fit the record's rules; entry 17 was edited.
+                let removed: Vec<_> = report
+                    .removed
+                    .iter()
+                    .map(|r| (r.batch, r.position))
+                    .collect();
                 assert_eq!(
-                    (report.removed[1].batch, report.removed[1].position),
-                    (6, Some(17))
+                    removed,
+                    [(3, None), (4, Some(11)), (4, Some(12)), (6, Some(17))],
+                    "{report:?}"
                 );
-                assert_eq!(report.batches_after, 6);
+                assert_eq!(report.batches_after, 5);
                 record.verify(&trusted(), None).await.unwrap().unwrap();
                 let t = Transcript::from_entries(&record.entries().await.unwrap());
                 assert_eq!(
@@ -526,8 +581,13 @@ macro_rules! record_suite {
                 assert_eq!(&kept[..], b"{not json");
                 // And the record can be appended to again.
                 let head = record.head().await.unwrap();
+                let conversation = record.prefix().conversation();
                 record
-                    .append(&signer(), &head, &batch_two(4, "after repair"))
+                    .append(
+                        &signer(),
+                        &head,
+                        &batch_one(conversation, 4, "after repair"),
+                    )
                     .await
                     .unwrap();
             }

@@ -455,10 +455,24 @@ pub struct SignedRoot {
     /// The MMR peaks the root bags (hex, highest first), so an appender can resume from the
     /// last batch alone.
     pub peaks: Vec<String>,
+    /// What the entries so far add up to, so a reader can resume from the last batch alone.
+    pub state: RecordState,
     /// Which key signed: hex of the first 8 bytes of SHA-256 of the public key.
     pub key_id: String,
     /// The ed25519 signature, hex.
     pub signature: String,
+}
+
+/// The state a record's entries add up to (a pure function of them; see the artifactory).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RecordState {
+    /// The highest lane sequence of any committed input (0: none).
+    pub lane_through: u64,
+    /// The highest turn number dispatched (0: none).
+    pub last_turn: u64,
+    /// Whether the last turn is dispatched and neither completed nor marked ambiguous.
+    pub turn_open: bool,
 }
 
 #[cfg(test)]

@@ -16,6 +16,7 @@
 
 mod format;
 mod repair;
+pub mod state;
 mod transcript;
 mod verify;
 
@@ -24,7 +25,7 @@ use std::sync::Arc;
 use futures::{StreamExt as _, TryStreamExt as _};
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt as _, PutMode, PutOptions, PutPayload};
-use turnpike_schemas::entry::SignedRoot;
+use turnpike_schemas::entry::{RecordState, SignedRoot};
 use turnpike_schemas::{EntryBody, EntryKind};
 
 pub use format::{StoredBatch, StoredEntry, BATCH_FORMAT};
@@ -54,6 +55,7 @@ pub struct RecordEntry {
 pub struct Head {
     batches: u64,
     mmr: Mmr,
+    state: RecordState,
 }
 
 impl Head {
@@ -61,7 +63,13 @@ impl Head {
         Head {
             batches: 0,
             mmr: Mmr::new(),
+            state: RecordState::default(),
         }
+    }
+
+    /// What the committed entries add up to: lane position and turn state.
+    pub fn state(&self) -> &RecordState {
+        &self.state
     }
 
     /// How many batches are committed; the next batch gets this number.
@@ -140,6 +148,7 @@ impl Record {
         Ok(Head {
             batches: last + 1,
             mmr,
+            state: root.state,
         })
     }
 
@@ -211,6 +220,18 @@ impl Record {
                 _ => {}
             }
         }
+        let mut state = head.state;
+        for body in bodies {
+            state::apply(&mut state, body).map_err(|why| {
+                Error::new(
+                    ErrorKind::InvalidInput,
+                    format!(
+                        "refused by the record of {}: {why}",
+                        self.prefix.partition()
+                    ),
+                )
+            })?;
+        }
         Ok(())
     }
 
@@ -222,8 +243,11 @@ impl Record {
         bodies: &[EntryBody],
     ) -> (StoredBatch, Head) {
         let mut mmr = head.mmr.clone();
+        let mut state = head.state;
         let mut entries = Vec::with_capacity(bodies.len() + 1);
         for body in bodies {
+            // Callers check the rules first (`check_bodies`); repair seals what it checked.
+            let _ = state::apply(&mut state, body);
             let entry = StoredEntry::encode(mmr.leaves(), body);
             mmr.push(entry.computed_hash());
             entries.push(entry);
@@ -234,6 +258,7 @@ impl Record {
             leaf_count: mmr.leaves(),
             root: hex::encode(root),
             peaks: mmr.peaks().iter().map(hex::encode).collect(),
+            state,
             key_id: signer.key_id().to_owned(),
             signature: hex::encode(signer.sign(&partition, mmr.leaves(), &root)),
         });
@@ -256,6 +281,7 @@ impl Record {
             Head {
                 batches: head.batches + 1,
                 mmr,
+                state,
             },
         )
     }

@@ -9,7 +9,10 @@
 use object_store::{ObjectStoreExt as _, PutPayload};
 use turnpike_schemas::{EntryBody, EntryKind};
 
+use turnpike_schemas::entry::RecordState;
+
 use super::format::StoredBatch;
+use super::state;
 use super::{Head, Record};
 use crate::error::{Error, ErrorKind, Result};
 use crate::keys::RecordSigner;
@@ -41,6 +44,7 @@ impl Record {
         let mut removed = Vec::new();
         let mut groups: Vec<Vec<EntryBody>> = Vec::new();
         let mut seen_opening = false;
+        let mut rules = RecordState::default();
         for &seq in &seqs {
             let bytes = self.read_bytes(seq).await?;
             self.store
@@ -97,6 +101,16 @@ impl Record {
                             self.prefix.partition()
                         ),
                     ));
+                }
+                if let Err(why) = state::apply(&mut rules, &body) {
+                    removed.push(Removed {
+                        batch: seq,
+                        position: Some(entry.position),
+                        reason: format!(
+                            "breaks the record's rules once earlier entries are gone: {why}"
+                        ),
+                    });
+                    continue;
                 }
                 seen_opening |= opening;
                 kept.push(body);

@@ -16,7 +16,10 @@ use futures::{StreamExt as _, TryStreamExt as _};
 use serde::{Deserialize, Serialize};
 use turnpike_schemas::{EntryBody, EntryKind};
 
+use turnpike_schemas::entry::RecordState;
+
 use super::format::{decode_hashes, StoredBatch};
+use super::state;
 use super::Record;
 use crate::error::{ErrorKind, Result};
 use crate::keys::{SignatureCheck, TrustedKeys};
@@ -33,15 +36,19 @@ pub struct Checkpoint {
     pub peaks: Vec<String>,
     /// The MMR root after those entries (hex).
     pub root: String,
+    /// What the entries add up to.
+    #[serde(default)]
+    pub state: RecordState,
 }
 
 impl Checkpoint {
-    fn of(batches: u64, mmr: &Mmr) -> Self {
+    fn of(batches: u64, mmr: &Mmr, state: RecordState) -> Self {
         Checkpoint {
             batches,
             leaves: mmr.leaves(),
             peaks: mmr.peaks().iter().map(hex::encode).collect(),
             root: hex::encode(mmr.root()),
+            state,
         }
     }
 
@@ -95,6 +102,8 @@ pub enum Problem {
     BadOpening,
     /// The checkpoint given is not self-consistent.
     BadCheckpoint,
+    /// The entry breaks the record's rules (order of lane inputs, turn markers).
+    BrokenRule(String),
 }
 
 /// The first position of a record that can no longer be trusted, and why.
@@ -142,6 +151,7 @@ impl fmt::Display for VerifyFailure {
                 "only the first entry may be conversation_opened, and it must be"
             ),
             Problem::BadCheckpoint => write!(f, "the checkpoint is not self-consistent"),
+            Problem::BrokenRule(why) => write!(f, "entry breaks the record's rules: {why}"),
         }
     }
 }
@@ -186,7 +196,9 @@ impl Record {
                 }));
             }
         }
-        Walk::new(self, keys, from.batches, mmr).run().await
+        let mut walk = Walk::new(self, keys, from.batches, mmr);
+        walk.state = from.state;
+        walk.run().await
     }
 }
 
@@ -197,6 +209,7 @@ struct Walk<'a> {
     partition: String,
     next_batch: u64,
     mmr: Mmr,
+    state: RecordState,
     known: Option<&'a Checkpoint>,
     entries_checked: u64,
     batches_checked: u64,
@@ -210,6 +223,7 @@ impl<'a> Walk<'a> {
             partition: record.prefix.partition(),
             next_batch,
             mmr,
+            state: RecordState::default(),
             known: None,
             entries_checked: 0,
             batches_checked: 0,
@@ -262,7 +276,7 @@ impl<'a> Walk<'a> {
         Ok(Ok(VerifyReport {
             entries_checked: self.entries_checked,
             batches_checked: self.batches_checked,
-            checkpoint: Checkpoint::of(self.next_batch, &self.mmr),
+            checkpoint: Checkpoint::of(self.next_batch, &self.mmr, self.state),
         }))
     }
 
@@ -314,6 +328,9 @@ impl<'a> Walk<'a> {
             };
             if (position == 0) != (body.kind() == EntryKind::ConversationOpened) {
                 return Err(self.failure(position, Problem::BadOpening));
+            }
+            if let Err(why) = state::apply(&mut self.state, &body) {
+                return Err(self.failure(position, Problem::BrokenRule(why)));
             }
             match (&body, i == last) {
                 (EntryBody::SignedRoot(root), true) => {

@@ -39,6 +39,11 @@ pub fn opened() -> EntryBody {
 
 /// A user message on `conversation`.
 pub fn message(conversation: ConversationId, text: &str) -> EntryBody {
+    message_at(conversation, text, None)
+}
+
+/// A user message on `conversation`, taken from its lane at `lane_seq`.
+pub fn message_at(conversation: ConversationId, text: &str, lane_seq: Option<u64>) -> EntryBody {
     let address = Address {
         tenant: tenant(),
         app: "support".parse().unwrap(),
@@ -48,7 +53,7 @@ pub fn message(conversation: ConversationId, text: &str) -> EntryBody {
     };
     EntryBody::input(
         Event::new(address, EventBody::Message { text: text.into() }, 2),
-        None,
+        lane_seq,
     )
 }
 

@@ -1,0 +1,126 @@
+//! The record's state machine: what a sequence of entries adds up to, and which entries may
+//! follow. A pure function of the entries, so `verify` can recompute it and `append` can refuse
+//! an entry that would break an invariant before anything is written.
+//!
+//! Rules:
+//! - inputs from a lane carry strictly increasing lane sequences (none applied twice, in order);
+//! - `turn_dispatched` opens a turn numbered above every earlier one (workers use
+//!   `last_turn + 1`; a repaired record may have gaps), and only when no turn is open;
+//! - `turn_complete` and `turn_ambiguous` close the open turn, with its id (exactly once);
+//! - entries of a turn (`assistant_message`, `tool_call`, …) name the open turn.
+
+use turnpike_schemas::entry::RecordState;
+use turnpike_schemas::EntryBody;
+
+/// Applies one entry, or says why it may not follow.
+pub fn apply(state: &mut RecordState, body: &EntryBody) -> Result<(), String> {
+    if let Some(input) = body.as_input() {
+        if let Some(seq) = input.lane_seq {
+            if seq <= state.lane_through {
+                return Err(format!(
+                    "lane sequence {seq} is not after {} (out of order or applied twice)",
+                    state.lane_through
+                ));
+            }
+            state.lane_through = seq;
+        }
+        return Ok(());
+    }
+    match body {
+        EntryBody::TurnDispatched(d) => {
+            if state.turn_open {
+                return Err(format!(
+                    "turn_{} is still open; {} cannot be dispatched",
+                    state.last_turn, d.turn
+                ));
+            }
+            if d.turn.number() <= state.last_turn {
+                return Err(format!("{} is not after turn_{}", d.turn, state.last_turn));
+            }
+            state.last_turn = d.turn.number();
+            state.turn_open = true;
+        }
+        EntryBody::TurnComplete(_) | EntryBody::TurnAmbiguous(_) => {
+            let turn = body.turn().expect("closing entries name their turn");
+            if !state.turn_open || turn.number() != state.last_turn {
+                return Err(format!("{turn} is not open; it cannot be closed"));
+            }
+            state.turn_open = false;
+        }
+        other => {
+            if let Some(turn) = other.turn() {
+                if !state.turn_open || turn.number() != state.last_turn {
+                    return Err(format!(
+                        "{turn} is not open; its {} entry cannot be appended",
+                        other.kind()
+                    ));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use turnpike_schemas::entry::{AssistantMessage, TurnComplete, TurnDispatched, TurnOutcome};
+    use turnpike_schemas::{TurnId, WorkerId};
+
+    fn dispatch(n: u64) -> EntryBody {
+        EntryBody::TurnDispatched(TurnDispatched {
+            turn: TurnId::new(n).unwrap(),
+            worker: WorkerId::new(),
+            agent: "a".parse().unwrap(),
+            epoch: 0,
+            at_ms: 0,
+        })
+    }
+
+    fn complete(n: u64) -> EntryBody {
+        EntryBody::TurnComplete(TurnComplete {
+            turn: TurnId::new(n).unwrap(),
+            outcome: TurnOutcome::Replied,
+            log: None,
+            at_ms: 0,
+        })
+    }
+
+    fn say(n: u64) -> EntryBody {
+        EntryBody::AssistantMessage(AssistantMessage {
+            turn: TurnId::new(n).unwrap(),
+            text: "x".into(),
+        })
+    }
+
+    #[test]
+    fn turns_open_and_close_once_in_order() {
+        let mut s = RecordState::default();
+        apply(&mut s, &dispatch(1)).unwrap();
+        assert!(
+            apply(&mut s.clone(), &dispatch(2)).is_err(),
+            "one open turn at a time"
+        );
+        apply(&mut s, &say(1)).unwrap();
+        assert!(apply(&mut s.clone(), &say(2)).is_err());
+        apply(&mut s, &complete(1)).unwrap();
+        assert!(
+            apply(&mut s.clone(), &complete(1)).is_err(),
+            "exactly one completion"
+        );
+        assert!(apply(&mut s.clone(), &say(1)).is_err());
+        assert!(
+            apply(&mut s.clone(), &dispatch(1)).is_err(),
+            "no reused turn numbers"
+        );
+        apply(&mut s, &dispatch(2)).unwrap();
+        assert_eq!(
+            s,
+            RecordState {
+                lane_through: 0,
+                last_turn: 2,
+                turn_open: true
+            }
+        );
+    }
+}
