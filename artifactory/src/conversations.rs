@@ -42,6 +42,11 @@ impl Conversations {
         &self.store
     }
 
+    /// The directory of conversations.
+    pub fn directory(&self) -> &Directory {
+        &self.directory
+    }
+
     /// The turn logs in the same store.
     pub fn turn_logs(&self) -> TurnLogs {
         TurnLogs::new(self.store.clone())

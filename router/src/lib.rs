@@ -1,1 +1,23 @@
-//! Placeholder: built by a later issue.
+//! How an event reaches a worker: lanes, wakes and leases on a bus, with two backends.
+//!
+//! # Layout
+//! - [`bus`]: the [`Bus`] trait and its contract; wakes and leases
+//! - [`jetstream`]: the NATS JetStream backend (fleet)
+//! - [`embedded`]: the in-process backend, durable on local disk (`turnpike serve`)
+//! - [`subject`]: every name on the bus, built in one place
+//! - [`ingress`]: validating, authorising and publishing events
+//! - [`error`]: the crate's error type
+
+pub mod bus;
+pub mod embedded;
+pub mod error;
+pub mod ingress;
+pub mod jetstream;
+pub mod subject;
+
+pub use bus::{Bus, Lease, LaneMessage, Published, Wake};
+pub use embedded::EmbeddedBus;
+pub use error::{Error, ErrorKind, Result};
+pub use ingress::Ingress;
+pub use jetstream::{JetStreamBus, JetStreamConfig};
+pub use subject::Shards;

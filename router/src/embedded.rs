@@ -1,0 +1,367 @@
+//! The embedded backend: the bus's semantics in one process, durable on local disk.
+//!
+//! Lanes and idempotency keys live in a `redb` database (an accepted event survives a restart).
+//! Wakes and leases live in memory: at open, one wake per lane is queued again, and the record
+//! decides what is already done; leases need no durability when every holder is in this process.
+//!
+//! One task does not own this state: callers share it through `Arc<EmbeddedBus>`. The wake
+//! queue is a `std::sync::Mutex` around plain data, never held across an await.
+
+use std::collections::{HashMap, VecDeque};
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use redb::{Database, ReadableDatabase as _, ReadableTable as _, TableDefinition};
+use tokio::sync::Notify;
+use tokio::time::Instant;
+use turnpike_schemas::{ConversationId, Event, TenantId, WorkerId};
+
+use crate::bus::{dedupe_id, may_claim, now_ms, Bus, LaneMessage, Lease, LeaseValue, Published, Wake, WakeAck};
+use crate::error::{Error, ErrorKind, Result};
+
+/// (conversation, seq) → event JSON.
+const LANES: TableDefinition<(&str, u64), &[u8]> = TableDefinition::new("lanes");
+/// conversation → (tenant, last seq).
+const HEADS: TableDefinition<&str, (&str, u64)> = TableDefinition::new("lane_heads");
+/// dedupe id → (seq, accepted at ms).
+const DEDUPE: TableDefinition<&str, (u64, u64)> = TableDefinition::new("dedupe");
+
+/// Settings of the embedded bus.
+#[derive(Debug, Clone)]
+pub struct EmbeddedConfig {
+    pub ack_wait: Duration,
+    pub duplicate_window: Duration,
+}
+
+impl Default for EmbeddedConfig {
+    fn default() -> Self {
+        Self {
+            ack_wait: Duration::from_secs(30),
+            duplicate_window: Duration::from_secs(120),
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Pending {
+    conversation: ConversationId,
+    tenant: TenantId,
+    seq: u64,
+    deliveries: u64,
+}
+
+#[derive(Default)]
+struct Queue {
+    ready: VecDeque<Pending>,
+    delayed: Vec<(Instant, Pending)>,
+    inflight: HashMap<u64, (Instant, Pending)>,
+    next_id: u64,
+}
+
+impl Queue {
+    /// Moves ripe delayed and expired in-flight wakes back to ready; returns the next deadline.
+    fn ripen(&mut self, now: Instant) -> Option<Instant> {
+        let mut i = 0;
+        while i < self.delayed.len() {
+            if self.delayed[i].0 <= now {
+                let (_, p) = self.delayed.swap_remove(i);
+                self.ready.push_back(p);
+            } else {
+                i += 1;
+            }
+        }
+        let expired: Vec<u64> = self
+            .inflight
+            .iter()
+            .filter(|(_, (deadline, _))| *deadline <= now)
+            .map(|(id, _)| *id)
+            .collect();
+        for id in expired {
+            if let Some((_, p)) = self.inflight.remove(&id) {
+                self.ready.push_back(p);
+            }
+        }
+        self.delayed
+            .iter()
+            .map(|(t, _)| *t)
+            .chain(self.inflight.values().map(|(t, _)| *t))
+            .min()
+    }
+}
+
+struct Wakes {
+    queue: Mutex<Queue>,
+    notify: Notify,
+    ack_wait: Duration,
+}
+
+/// The bus in one process, durable on local disk.
+pub struct EmbeddedBus {
+    db: Database,
+    wakes: Arc<Wakes>,
+    leases: Mutex<HashMap<ConversationId, (LeaseValue, u64)>>,
+    lease_revisions: std::sync::atomic::AtomicU64,
+    config: EmbeddedConfig,
+}
+
+fn storage(what: &str, e: impl std::fmt::Display) -> Error {
+    Error::new(ErrorKind::Unavailable, format!("embedded bus, {what}: {e}"))
+}
+
+impl EmbeddedBus {
+    /// Opens (or creates) the bus database at `path` and queues a wake for every lane.
+    pub fn open(path: &Path, config: EmbeddedConfig) -> Result<Arc<Self>> {
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir).map_err(|e| storage("creating its directory", e))?;
+        }
+        let db = Database::create(path).map_err(|e| storage(&format!("opening {}", path.display()), e))?;
+        let txn = db.begin_write().map_err(|e| storage("starting", e))?;
+        {
+            txn.open_table(LANES).map_err(|e| storage("creating tables", e))?;
+            txn.open_table(HEADS).map_err(|e| storage("creating tables", e))?;
+            txn.open_table(DEDUPE).map_err(|e| storage("creating tables", e))?;
+        }
+        txn.commit().map_err(|e| storage("creating tables", e))?;
+        let bus = Arc::new(Self {
+            db,
+            wakes: Arc::new(Wakes {
+                queue: Mutex::new(Queue::default()),
+                notify: Notify::new(),
+                ack_wait: config.ack_wait,
+            }),
+            leases: Mutex::new(HashMap::new()),
+            lease_revisions: std::sync::atomic::AtomicU64::new(0),
+            config,
+        });
+        bus.requeue_all()?;
+        Ok(bus)
+    }
+
+    /// Queues one wake per lane, at its last sequence: the record decides what is done.
+    fn requeue_all(&self) -> Result<()> {
+        let txn = self.db.begin_read().map_err(|e| storage("reading", e))?;
+        let heads = txn.open_table(HEADS).map_err(|e| storage("reading", e))?;
+        let mut queue = self.wakes.queue.lock().expect("wake queue lock");
+        for row in heads.iter().map_err(|e| storage("reading", e))? {
+            let (conv, value) = row.map_err(|e| storage("reading", e))?;
+            let (tenant, seq) = value.value();
+            let (Ok(conversation), Ok(tenant)) = (conv.value().parse(), tenant.parse()) else {
+                continue;
+            };
+            queue.ready.push_back(Pending {
+                conversation,
+                tenant,
+                seq,
+                deliveries: 0,
+            });
+        }
+        drop(queue);
+        self.wakes.notify.notify_waiters();
+        Ok(())
+    }
+
+    fn push_wake(&self, pending: Pending) {
+        self.wakes.queue.lock().expect("wake queue lock").ready.push_back(pending);
+        self.wakes.notify.notify_one();
+    }
+}
+
+struct EmbeddedAck {
+    wakes: Arc<Wakes>,
+    id: u64,
+}
+
+#[async_trait]
+impl WakeAck for EmbeddedAck {
+    async fn ack(&self) -> Result<()> {
+        self.wakes.queue.lock().expect("wake queue lock").inflight.remove(&self.id);
+        Ok(())
+    }
+
+    async fn nak(&self, delay: Duration) -> Result<()> {
+        let mut queue = self.wakes.queue.lock().expect("wake queue lock");
+        if let Some((_, p)) = queue.inflight.remove(&self.id) {
+            queue.delayed.push((Instant::now() + delay, p));
+        }
+        drop(queue);
+        self.wakes.notify.notify_one();
+        Ok(())
+    }
+
+    async fn progress(&self) -> Result<()> {
+        let mut queue = self.wakes.queue.lock().expect("wake queue lock");
+        if let Some((deadline, _)) = queue.inflight.get_mut(&self.id) {
+            *deadline = Instant::now() + self.wakes.ack_wait;
+        }
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl Bus for EmbeddedBus {
+    async fn publish(&self, event: &Event) -> Result<Published> {
+        let conversation = event.address.conversation;
+        let conv = conversation.to_string();
+        let dedupe = dedupe_id(event);
+        let payload = serde_json::to_vec(event).expect("events serialise");
+        let now = now_ms();
+        let window = self.config.duplicate_window.as_millis() as u64;
+        let txn = self.db.begin_write().map_err(|e| storage("publishing", e))?;
+        let published = {
+            let mut seen = txn.open_table(DEDUPE).map_err(|e| storage("publishing", e))?;
+            let earlier = seen
+                .get(dedupe.as_str())
+                .map_err(|e| storage("publishing", e))?
+                .map(|v| v.value());
+            match earlier {
+                Some((seq, at)) if now.saturating_sub(at) < window => Published { seq, duplicate: true },
+                _ => {
+                    let mut heads = txn.open_table(HEADS).map_err(|e| storage("publishing", e))?;
+                    let last = heads
+                        .get(conv.as_str())
+                        .map_err(|e| storage("publishing", e))?
+                        .map(|v| v.value().1)
+                        .unwrap_or(0);
+                    let seq = last + 1;
+                    let mut lanes = txn.open_table(LANES).map_err(|e| storage("publishing", e))?;
+                    lanes
+                        .insert((conv.as_str(), seq), payload.as_slice())
+                        .map_err(|e| storage("publishing", e))?;
+                    heads
+                        .insert(conv.as_str(), (event.address.tenant.as_str(), seq))
+                        .map_err(|e| storage("publishing", e))?;
+                    seen.insert(dedupe.as_str(), (seq, now)).map_err(|e| storage("publishing", e))?;
+                    Published { seq, duplicate: false }
+                }
+            }
+        };
+        txn.commit().map_err(|e| storage("publishing", e))?;
+        if !published.duplicate {
+            self.push_wake(Pending {
+                conversation,
+                tenant: event.address.tenant.clone(),
+                seq: published.seq,
+                deliveries: 0,
+            });
+        }
+        Ok(published)
+    }
+
+    async fn read_lane(&self, conversation: ConversationId, after: u64, limit: usize) -> Result<Vec<LaneMessage>> {
+        let conv = conversation.to_string();
+        let txn = self.db.begin_read().map_err(|e| storage("reading a lane", e))?;
+        let lanes = txn.open_table(LANES).map_err(|e| storage("reading a lane", e))?;
+        let mut out = Vec::new();
+        let range = lanes
+            .range((conv.as_str(), after.saturating_add(1))..=(conv.as_str(), u64::MAX))
+            .map_err(|e| storage("reading a lane", e))?;
+        for row in range.take(limit) {
+            let (key, value) = row.map_err(|e| storage("reading a lane", e))?;
+            let seq = key.value().1;
+            let event: Event = serde_json::from_slice(value.value()).map_err(|e| {
+                Error::with_source(ErrorKind::Corrupt, format!("lane message {seq} of {conv} is unreadable"), e)
+            })?;
+            out.push(LaneMessage { seq, event });
+        }
+        Ok(out)
+    }
+
+    async fn lane_last(&self, conversation: ConversationId) -> Result<u64> {
+        let txn = self.db.begin_read().map_err(|e| storage("reading a lane head", e))?;
+        let heads = txn.open_table(HEADS).map_err(|e| storage("reading a lane head", e))?;
+        Ok(heads
+            .get(conversation.to_string().as_str())
+            .map_err(|e| storage("reading a lane head", e))?
+            .map(|v| v.value().1)
+            .unwrap_or(0))
+    }
+
+    async fn next_wake(&self) -> Result<Wake> {
+        loop {
+            let notified = self.wakes.notify.notified();
+            let deadline = {
+                let mut queue = self.wakes.queue.lock().expect("wake queue lock");
+                let now = Instant::now();
+                let deadline = queue.ripen(now);
+                if let Some(mut pending) = queue.ready.pop_front() {
+                    pending.deliveries += 1;
+                    let id = queue.next_id;
+                    queue.next_id += 1;
+                    queue.inflight.insert(id, (now + self.wakes.ack_wait, pending.clone()));
+                    return Ok(Wake::new(
+                        pending.conversation,
+                        pending.tenant,
+                        pending.seq,
+                        pending.deliveries,
+                        Box::new(EmbeddedAck {
+                            wakes: self.wakes.clone(),
+                            id,
+                        }),
+                    ));
+                }
+                deadline
+            };
+            match deadline {
+                Some(at) => {
+                    tokio::select! {
+                        _ = notified => {}
+                        _ = tokio::time::sleep_until(at) => {}
+                    }
+                }
+                None => notified.await,
+            }
+        }
+    }
+
+    async fn claim(&self, conversation: ConversationId, worker: WorkerId, ttl: Duration) -> Result<Option<Lease>> {
+        let now = now_ms();
+        let mut leases = self.leases.lock().expect("lease lock");
+        let current = leases.get(&conversation).map(|(v, _)| v);
+        if !may_claim(current, worker, now) {
+            return Ok(None);
+        }
+        let revision = self.lease_revisions.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+        let value = LeaseValue {
+            owner: Some(worker),
+            expires_ms: now + ttl.as_millis() as u64,
+        };
+        let expires_ms = value.expires_ms;
+        leases.insert(conversation, (value, revision));
+        Ok(Some(Lease {
+            conversation,
+            owner: worker,
+            revision,
+            expires_ms,
+        }))
+    }
+
+    async fn renew(&self, lease: &Lease, ttl: Duration) -> Result<Lease> {
+        let mut leases = self.leases.lock().expect("lease lock");
+        match leases.get_mut(&lease.conversation) {
+            Some((value, revision)) if *revision == lease.revision => {
+                let new_revision = self.lease_revisions.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+                value.expires_ms = now_ms() + ttl.as_millis() as u64;
+                *revision = new_revision;
+                Ok(Lease {
+                    revision: new_revision,
+                    expires_ms: value.expires_ms,
+                    ..lease.clone()
+                })
+            }
+            _ => Err(Error::new(
+                ErrorKind::LeaseLost,
+                format!("the lease of {} was taken over", lease.conversation),
+            )),
+        }
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<()> {
+        let mut leases = self.leases.lock().expect("lease lock");
+        if matches!(leases.get(&lease.conversation), Some((_, rev)) if *rev == lease.revision) {
+            leases.remove(&lease.conversation);
+        }
+        Ok(())
+    }
+}

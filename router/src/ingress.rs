@@ -1,0 +1,56 @@
+//! Ingress: the one way an event reaches a lane. It validates the event, checks that the
+//! conversation exists and belongs to the caller, binds the caller's identity, and publishes.
+//! A refused event never reaches a lane.
+
+use std::sync::Arc;
+
+use turnpike_artifactory::Conversations;
+use turnpike_schemas::{Address, ConversationId, Event, EventBody, Identity};
+
+use crate::bus::{now_ms, Bus, Published};
+use crate::error::{Error, ErrorKind, Result};
+
+/// Publishes events on behalf of authenticated callers.
+#[derive(Clone)]
+pub struct Ingress {
+    bus: Arc<dyn Bus>,
+    conversations: Conversations,
+}
+
+impl Ingress {
+    pub fn new(bus: Arc<dyn Bus>, conversations: Conversations) -> Self {
+        Self { bus, conversations }
+    }
+
+    /// Submits `body` to `conversation` as `caller`. A retry with the same idempotency key is
+    /// accepted once.
+    pub async fn submit(
+        &self,
+        caller: &Identity,
+        conversation: ConversationId,
+        body: EventBody,
+        idempotency_key: Option<String>,
+    ) -> Result<(Event, Published)> {
+        let entry = self
+            .conversations
+            .directory()
+            .lookup(conversation, caller)
+            .await
+            .map_err(|e| Error::with_source(ErrorKind::NotFound, e.to_string(), e))?;
+        let mut event = Event::new(
+            Address {
+                tenant: entry.tenant,
+                app: entry.app,
+                agent: entry.agent,
+                conversation,
+                identity: caller.clone(),
+            },
+            body,
+            now_ms(),
+        );
+        event.idempotency_key = idempotency_key;
+        event.validate()?;
+        let published = self.bus.publish(&event).await?;
+        Ok((event, published))
+    }
+}

@@ -1,0 +1,379 @@
+//! The JetStream backend: lanes as sharded streams, wakes through a shared durable pull
+//! consumer per shard, leases in a key-value bucket.
+//!
+//! Everything is created idempotently at connect with explicit settings. Lanes are read in order
+//! by direct get (`next_by_subj`), so no consumer is created per conversation.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_nats::jetstream::consumer::{pull, AckPolicy, DeliverPolicy, PullConsumer};
+use async_nats::jetstream::message::PublishMessage;
+use async_nats::jetstream::kv;
+use async_nats::jetstream::message::AckKind;
+use async_nats::jetstream::stream::{self, DiscardPolicy, RetentionPolicy, StorageType};
+use async_nats::jetstream;
+use async_trait::async_trait;
+use futures::StreamExt as _;
+use tokio::sync::{mpsc, Mutex, OnceCell};
+use tokio::task::JoinHandle;
+use tracing::{debug, warn};
+use turnpike_schemas::{ConversationId, Event, WorkerId};
+
+use crate::bus::{dedupe_id, may_claim, now_ms, Bus, LaneMessage, Lease, LeaseValue, Published, Wake, WakeAck};
+use crate::error::{Error, ErrorKind, Result};
+use crate::subject::{Shards, DISPATCH_CONSUMER, LEASE_BUCKET};
+
+/// How a JetStream deployment is laid out. Defaults suit one server; raise `replicas` on a
+/// cluster.
+#[derive(Debug, Clone)]
+pub struct JetStreamConfig {
+    pub url: String,
+    pub shards: Shards,
+    pub replicas: usize,
+    /// How long a retried publish with the same idempotency key is recognised.
+    pub duplicate_window: Duration,
+    /// How long lane messages are kept (the record is the long-term truth).
+    pub max_age: Duration,
+    /// How long a delivered wake may go without an ack or progress before redelivery.
+    pub ack_wait: Duration,
+    pub max_ack_pending: i64,
+}
+
+impl Default for JetStreamConfig {
+    fn default() -> Self {
+        Self {
+            url: "nats://127.0.0.1:4222".into(),
+            shards: Shards::default(),
+            replicas: 1,
+            duplicate_window: Duration::from_secs(120),
+            max_age: Duration::from_secs(7 * 24 * 3600),
+            ack_wait: Duration::from_secs(30),
+            max_ack_pending: 50_000,
+        }
+    }
+}
+
+/// The bus on NATS JetStream.
+pub struct JetStreamBus {
+    js: jetstream::Context,
+    config: JetStreamConfig,
+    streams: Vec<stream::Stream>,
+    leases: kv::Store,
+    wakes: OnceCell<Mutex<mpsc::Receiver<Wake>>>,
+    feeders: std::sync::Mutex<Vec<JoinHandle<()>>>,
+}
+
+fn unavailable(what: &str, e: impl std::fmt::Display) -> Error {
+    Error::new(ErrorKind::Unavailable, format!("{what}: {e}"))
+}
+
+impl JetStreamBus {
+    /// Connects and creates (or checks) the streams, consumers and lease bucket.
+    pub async fn connect(config: JetStreamConfig) -> Result<Arc<Self>> {
+        let client = async_nats::ConnectOptions::new()
+            .connection_timeout(Duration::from_secs(5))
+            .retry_on_initial_connect()
+            .max_reconnects(None)
+            .connect(&config.url)
+            .await
+            .map_err(|e| unavailable(&format!("connecting to NATS at {}", config.url), e))?;
+        let js = jetstream::new(client);
+        let mut streams = Vec::new();
+        for k in 0..config.shards.count() {
+            let stream = js
+                .get_or_create_stream(stream::Config {
+                    name: config.shards.stream(k),
+                    subjects: vec![config.shards.stream_subjects(k)],
+                    retention: RetentionPolicy::Limits,
+                    storage: StorageType::File,
+                    discard: DiscardPolicy::Old,
+                    max_age: config.max_age,
+                    duplicate_window: config.duplicate_window,
+                    num_replicas: config.replicas,
+                    allow_direct: true,
+                    ..Default::default()
+                })
+                .await
+                .map_err(|e| unavailable("creating a lane stream", e))?;
+            stream
+                .get_or_create_consumer::<pull::Config>(
+                    DISPATCH_CONSUMER,
+                    pull::Config {
+                        durable_name: Some(DISPATCH_CONSUMER.into()),
+                        ack_policy: AckPolicy::Explicit,
+                        deliver_policy: DeliverPolicy::All,
+                        ack_wait: config.ack_wait,
+                        max_deliver: -1,
+                        max_ack_pending: config.max_ack_pending,
+                        num_replicas: config.replicas,
+                        ..Default::default()
+                    },
+                )
+                .await
+                .map_err(|e| unavailable("creating the dispatch consumer", e))?;
+            streams.push(stream);
+        }
+        let leases = match js.get_key_value(LEASE_BUCKET).await {
+            Ok(store) => store,
+            Err(_) => js
+                .create_key_value(kv::Config {
+                    bucket: LEASE_BUCKET.into(),
+                    history: 1,
+                    num_replicas: config.replicas,
+                    storage: StorageType::File,
+                    ..Default::default()
+                })
+                .await
+                .map_err(|e| unavailable("creating the lease bucket", e))?,
+        };
+        Ok(Arc::new(Self {
+            js,
+            config,
+            streams,
+            leases,
+            wakes: OnceCell::new(),
+            feeders: std::sync::Mutex::new(Vec::new()),
+        }))
+    }
+
+    fn stream_of(&self, conversation: ConversationId) -> &stream::Stream {
+        &self.streams[self.config.shards.shard_of(conversation) as usize]
+    }
+
+    /// Starts one feeder per shard, pulling wakes from the shared dispatch consumers.
+    async fn start_feeders(&self) -> Mutex<mpsc::Receiver<Wake>> {
+        let (tx, rx) = mpsc::channel(16);
+        let mut feeders = self.feeders.lock().expect("feeder list lock");
+        for stream in &self.streams {
+            feeders.push(tokio::spawn(feed(stream.clone(), tx.clone())));
+        }
+        Mutex::new(rx)
+    }
+}
+
+impl Drop for JetStreamBus {
+    fn drop(&mut self) {
+        if let Ok(feeders) = self.feeders.lock() {
+            for f in feeders.iter() {
+                f.abort();
+            }
+        }
+    }
+}
+
+/// Pulls wakes from one shard's dispatch consumer until the receiver is gone, reconnecting
+/// with backoff when NATS is away.
+async fn feed(stream: stream::Stream, tx: mpsc::Sender<Wake>) {
+    let mut backoff = Duration::from_millis(100);
+    loop {
+        let consumer: std::result::Result<PullConsumer, _> = stream.get_consumer(DISPATCH_CONSUMER).await;
+        let messages = match consumer {
+            Ok(c) => c.stream().max_messages_per_batch(16).heartbeat(Duration::from_secs(2)).messages().await,
+            Err(e) => {
+                warn!(error = %e, "dispatch consumer unavailable");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(2));
+                continue;
+            }
+        };
+        let mut messages = match messages {
+            Ok(m) => m,
+            Err(e) => {
+                warn!(error = %e, "cannot pull wakes");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(2));
+                continue;
+            }
+        };
+        backoff = Duration::from_millis(100);
+        while let Some(item) = messages.next().await {
+            let message = match item {
+                Ok(m) => m,
+                Err(e) => {
+                    debug!(error = %e, "wake stream interrupted");
+                    break;
+                }
+            };
+            let Ok(info) = message.info() else { continue };
+            let (seq, deliveries) = (info.stream_sequence, info.delivered.max(1) as u64);
+            let (message, acker) = message.split();
+            let event: Event = match serde_json::from_slice(&message.payload) {
+                Ok(e) => e,
+                Err(e) => {
+                    warn!(seq, error = %e, "unreadable lane message; terminating its wake");
+                    let _ = acker.ack_with(AckKind::Term).await;
+                    continue;
+                }
+            };
+            let wake = Wake::new(
+                event.address.conversation,
+                event.address.tenant.clone(),
+                seq,
+                deliveries,
+                Box::new(JsAck(acker)),
+            );
+            if tx.send(wake).await.is_err() {
+                return;
+            }
+        }
+        tokio::time::sleep(backoff).await;
+    }
+}
+
+struct JsAck(async_nats::jetstream::message::Acker);
+
+#[async_trait]
+impl WakeAck for JsAck {
+    async fn ack(&self) -> Result<()> {
+        self.0.ack().await.map_err(|e| unavailable("acking a wake", e))
+    }
+
+    async fn nak(&self, delay: Duration) -> Result<()> {
+        self.0
+            .ack_with(AckKind::Nak(Some(delay)))
+            .await
+            .map_err(|e| unavailable("naking a wake", e))
+    }
+
+    async fn progress(&self) -> Result<()> {
+        self.0
+            .ack_with(AckKind::Progress)
+            .await
+            .map_err(|e| unavailable("extending a wake", e))
+    }
+}
+
+#[async_trait]
+impl Bus for JetStreamBus {
+    async fn publish(&self, event: &Event) -> Result<Published> {
+        let payload = serde_json::to_vec(event).expect("events serialise");
+        let subject = self.config.shards.lane_subject(event.address.conversation);
+        let ack = self
+            .js
+            .send_publish(subject, PublishMessage::build().payload(payload.into()).message_id(dedupe_id(event)))
+            .await
+            .map_err(|e| unavailable("publishing to a lane", e))?
+            .await
+            .map_err(|e| unavailable("publishing to a lane (no acknowledgement)", e))?;
+        Ok(Published {
+            seq: ack.sequence,
+            duplicate: ack.duplicate,
+        })
+    }
+
+    async fn read_lane(&self, conversation: ConversationId, after: u64, limit: usize) -> Result<Vec<LaneMessage>> {
+        let stream = self.stream_of(conversation);
+        let subject = self.config.shards.lane_subject(conversation);
+        let mut out = Vec::new();
+        let mut next = after + 1;
+        while out.len() < limit {
+            let message = match stream.direct_get_next_for_subject(subject.as_str(), Some(next)).await {
+                Ok(m) => m,
+                Err(e) if e.kind() == stream::DirectGetErrorKind::NotFound => break,
+                Err(e) => return Err(unavailable("reading a lane", e)),
+            };
+            let event: Event = serde_json::from_slice(&message.payload).map_err(|e| {
+                Error::with_source(ErrorKind::Corrupt, format!("lane message {} is unreadable", message.sequence), e)
+            })?;
+            next = message.sequence + 1;
+            out.push(LaneMessage {
+                seq: message.sequence,
+                event,
+            });
+        }
+        Ok(out)
+    }
+
+    async fn lane_last(&self, conversation: ConversationId) -> Result<u64> {
+        let subject = self.config.shards.lane_subject(conversation);
+        match self.stream_of(conversation).direct_get_last_for_subject(subject).await {
+            Ok(m) => Ok(m.sequence),
+            Err(e) if e.kind() == stream::DirectGetErrorKind::NotFound => Ok(0),
+            Err(e) => Err(unavailable("reading a lane head", e)),
+        }
+    }
+
+    async fn next_wake(&self) -> Result<Wake> {
+        let wakes = self.wakes.get_or_init(|| self.start_feeders()).await;
+        wakes
+            .lock()
+            .await
+            .recv()
+            .await
+            .ok_or_else(|| Error::new(ErrorKind::Unavailable, "the wake feed stopped"))
+    }
+
+    async fn claim(&self, conversation: ConversationId, worker: WorkerId, ttl: Duration) -> Result<Option<Lease>> {
+        let key = conversation.to_string();
+        let now = now_ms();
+        let value = LeaseValue {
+            owner: Some(worker),
+            expires_ms: now + ttl.as_millis() as u64,
+        };
+        let bytes = bytes::Bytes::from(serde_json::to_vec(&value).expect("lease values serialise"));
+        let current = self
+            .leases
+            .entry(&key)
+            .await
+            .map_err(|e| unavailable("reading a lease", e))?
+            .filter(|e| e.operation == kv::Operation::Put);
+        let revision = match current {
+            None => match self.leases.create(&key, bytes).await {
+                Ok(rev) => rev,
+                Err(e) if e.kind() == kv::CreateErrorKind::AlreadyExists => return Ok(None),
+                Err(e) => return Err(unavailable("creating a lease", e)),
+            },
+            Some(entry) => {
+                let held: Option<LeaseValue> = serde_json::from_slice(&entry.value).ok();
+                if !may_claim(held.as_ref(), worker, now) {
+                    return Ok(None);
+                }
+                match self.leases.update(&key, bytes, entry.revision).await {
+                    Ok(rev) => rev,
+                    Err(e) if e.kind() == kv::UpdateErrorKind::WrongLastRevision => return Ok(None),
+                    Err(e) => return Err(unavailable("taking a lease", e)),
+                }
+            }
+        };
+        Ok(Some(Lease {
+            conversation,
+            owner: worker,
+            revision,
+            expires_ms: value.expires_ms,
+        }))
+    }
+
+    async fn renew(&self, lease: &Lease, ttl: Duration) -> Result<Lease> {
+        let value = LeaseValue {
+            owner: Some(lease.owner),
+            expires_ms: now_ms() + ttl.as_millis() as u64,
+        };
+        let bytes = bytes::Bytes::from(serde_json::to_vec(&value).expect("lease values serialise"));
+        match self.leases.update(lease.conversation.to_string(), bytes, lease.revision).await {
+            Ok(revision) => Ok(Lease {
+                revision,
+                expires_ms: value.expires_ms,
+                ..lease.clone()
+            }),
+            Err(e) if e.kind() == kv::UpdateErrorKind::WrongLastRevision => Err(Error::new(
+                ErrorKind::LeaseLost,
+                format!("the lease of {} was taken over", lease.conversation),
+            )),
+            Err(e) => Err(unavailable("renewing a lease", e)),
+        }
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<()> {
+        let value = LeaseValue {
+            owner: None,
+            expires_ms: 0,
+        };
+        let bytes = bytes::Bytes::from(serde_json::to_vec(&value).expect("lease values serialise"));
+        match self.leases.update(lease.conversation.to_string(), bytes, lease.revision).await {
+            Ok(_) => Ok(()),
+            Err(e) if e.kind() == kv::UpdateErrorKind::WrongLastRevision => Ok(()),
+            Err(e) => Err(unavailable("releasing a lease", e)),
+        }
+    }
+}
