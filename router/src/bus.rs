@@ -137,7 +137,12 @@ pub trait Bus: Send + Sync + 'static {
     async fn publish(&self, event: &Event) -> Result<Published>;
 
     /// Up to `limit` messages of one lane with sequences above `after`, in order.
-    async fn read_lane(&self, conversation: ConversationId, after: u64, limit: usize) -> Result<Vec<LaneMessage>>;
+    async fn read_lane(
+        &self,
+        conversation: ConversationId,
+        after: u64,
+        limit: usize,
+    ) -> Result<Vec<LaneMessage>>;
 
     /// The last sequence on a lane (0 when empty).
     async fn lane_last(&self, conversation: ConversationId) -> Result<u64>;
@@ -146,7 +151,12 @@ pub trait Bus: Send + Sync + 'static {
     async fn next_wake(&self) -> Result<Wake>;
 
     /// Takes the lease of a conversation for `ttl`, if free, expired or already ours.
-    async fn claim(&self, conversation: ConversationId, worker: WorkerId, ttl: Duration) -> Result<Option<Lease>>;
+    async fn claim(
+        &self,
+        conversation: ConversationId,
+        worker: WorkerId,
+        ttl: Duration,
+    ) -> Result<Option<Lease>>;
 
     /// Extends a held lease; fails with `LeaseLost` if someone else took it.
     async fn renew(&self, lease: &Lease, ttl: Duration) -> Result<Lease>;

@@ -18,7 +18,9 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 use turnpike_schemas::{ConversationId, Event, TenantId, WorkerId};
 
-use crate::bus::{dedupe_id, may_claim, now_ms, Bus, LaneMessage, Lease, LeaseValue, Published, Wake, WakeAck};
+use crate::bus::{
+    dedupe_id, may_claim, now_ms, Bus, LaneMessage, Lease, LeaseValue, Published, Wake, WakeAck,
+};
 use crate::error::{Error, ErrorKind, Result};
 
 /// (conversation, seq) → event JSON.
@@ -116,12 +118,16 @@ impl EmbeddedBus {
         if let Some(dir) = path.parent() {
             std::fs::create_dir_all(dir).map_err(|e| storage("creating its directory", e))?;
         }
-        let db = Database::create(path).map_err(|e| storage(&format!("opening {}", path.display()), e))?;
+        let db = Database::create(path)
+            .map_err(|e| storage(&format!("opening {}", path.display()), e))?;
         let txn = db.begin_write().map_err(|e| storage("starting", e))?;
         {
-            txn.open_table(LANES).map_err(|e| storage("creating tables", e))?;
-            txn.open_table(HEADS).map_err(|e| storage("creating tables", e))?;
-            txn.open_table(DEDUPE).map_err(|e| storage("creating tables", e))?;
+            txn.open_table(LANES)
+                .map_err(|e| storage("creating tables", e))?;
+            txn.open_table(HEADS)
+                .map_err(|e| storage("creating tables", e))?;
+            txn.open_table(DEDUPE)
+                .map_err(|e| storage("creating tables", e))?;
         }
         txn.commit().map_err(|e| storage("creating tables", e))?;
         let bus = Arc::new(Self {
@@ -163,7 +169,12 @@ impl EmbeddedBus {
     }
 
     fn push_wake(&self, pending: Pending) {
-        self.wakes.queue.lock().expect("wake queue lock").ready.push_back(pending);
+        self.wakes
+            .queue
+            .lock()
+            .expect("wake queue lock")
+            .ready
+            .push_back(pending);
         self.wakes.notify.notify_one();
     }
 }
@@ -176,7 +187,12 @@ struct EmbeddedAck {
 #[async_trait]
 impl WakeAck for EmbeddedAck {
     async fn ack(&self) -> Result<()> {
-        self.wakes.queue.lock().expect("wake queue lock").inflight.remove(&self.id);
+        self.wakes
+            .queue
+            .lock()
+            .expect("wake queue lock")
+            .inflight
+            .remove(&self.id);
         Ok(())
     }
 
@@ -208,32 +224,48 @@ impl Bus for EmbeddedBus {
         let payload = serde_json::to_vec(event).expect("events serialise");
         let now = now_ms();
         let window = self.config.duplicate_window.as_millis() as u64;
-        let txn = self.db.begin_write().map_err(|e| storage("publishing", e))?;
+        let txn = self
+            .db
+            .begin_write()
+            .map_err(|e| storage("publishing", e))?;
         let published = {
-            let mut seen = txn.open_table(DEDUPE).map_err(|e| storage("publishing", e))?;
+            let mut seen = txn
+                .open_table(DEDUPE)
+                .map_err(|e| storage("publishing", e))?;
             let earlier = seen
                 .get(dedupe.as_str())
                 .map_err(|e| storage("publishing", e))?
                 .map(|v| v.value());
             match earlier {
-                Some((seq, at)) if now.saturating_sub(at) < window => Published { seq, duplicate: true },
+                Some((seq, at)) if now.saturating_sub(at) < window => Published {
+                    seq,
+                    duplicate: true,
+                },
                 _ => {
-                    let mut heads = txn.open_table(HEADS).map_err(|e| storage("publishing", e))?;
+                    let mut heads = txn
+                        .open_table(HEADS)
+                        .map_err(|e| storage("publishing", e))?;
                     let last = heads
                         .get(conv.as_str())
                         .map_err(|e| storage("publishing", e))?
                         .map(|v| v.value().1)
                         .unwrap_or(0);
                     let seq = last + 1;
-                    let mut lanes = txn.open_table(LANES).map_err(|e| storage("publishing", e))?;
+                    let mut lanes = txn
+                        .open_table(LANES)
+                        .map_err(|e| storage("publishing", e))?;
                     lanes
                         .insert((conv.as_str(), seq), payload.as_slice())
                         .map_err(|e| storage("publishing", e))?;
                     heads
                         .insert(conv.as_str(), (event.address.tenant.as_str(), seq))
                         .map_err(|e| storage("publishing", e))?;
-                    seen.insert(dedupe.as_str(), (seq, now)).map_err(|e| storage("publishing", e))?;
-                    Published { seq, duplicate: false }
+                    seen.insert(dedupe.as_str(), (seq, now))
+                        .map_err(|e| storage("publishing", e))?;
+                    Published {
+                        seq,
+                        duplicate: false,
+                    }
                 }
             }
         };
@@ -249,10 +281,20 @@ impl Bus for EmbeddedBus {
         Ok(published)
     }
 
-    async fn read_lane(&self, conversation: ConversationId, after: u64, limit: usize) -> Result<Vec<LaneMessage>> {
+    async fn read_lane(
+        &self,
+        conversation: ConversationId,
+        after: u64,
+        limit: usize,
+    ) -> Result<Vec<LaneMessage>> {
         let conv = conversation.to_string();
-        let txn = self.db.begin_read().map_err(|e| storage("reading a lane", e))?;
-        let lanes = txn.open_table(LANES).map_err(|e| storage("reading a lane", e))?;
+        let txn = self
+            .db
+            .begin_read()
+            .map_err(|e| storage("reading a lane", e))?;
+        let lanes = txn
+            .open_table(LANES)
+            .map_err(|e| storage("reading a lane", e))?;
         let mut out = Vec::new();
         let range = lanes
             .range((conv.as_str(), after.saturating_add(1))..=(conv.as_str(), u64::MAX))
@@ -261,7 +303,11 @@ impl Bus for EmbeddedBus {
             let (key, value) = row.map_err(|e| storage("reading a lane", e))?;
             let seq = key.value().1;
             let event: Event = serde_json::from_slice(value.value()).map_err(|e| {
-                Error::with_source(ErrorKind::Corrupt, format!("lane message {seq} of {conv} is unreadable"), e)
+                Error::with_source(
+                    ErrorKind::Corrupt,
+                    format!("lane message {seq} of {conv} is unreadable"),
+                    e,
+                )
             })?;
             out.push(LaneMessage { seq, event });
         }
@@ -269,8 +315,13 @@ impl Bus for EmbeddedBus {
     }
 
     async fn lane_last(&self, conversation: ConversationId) -> Result<u64> {
-        let txn = self.db.begin_read().map_err(|e| storage("reading a lane head", e))?;
-        let heads = txn.open_table(HEADS).map_err(|e| storage("reading a lane head", e))?;
+        let txn = self
+            .db
+            .begin_read()
+            .map_err(|e| storage("reading a lane head", e))?;
+        let heads = txn
+            .open_table(HEADS)
+            .map_err(|e| storage("reading a lane head", e))?;
         Ok(heads
             .get(conversation.to_string().as_str())
             .map_err(|e| storage("reading a lane head", e))?
@@ -289,7 +340,9 @@ impl Bus for EmbeddedBus {
                     pending.deliveries += 1;
                     let id = queue.next_id;
                     queue.next_id += 1;
-                    queue.inflight.insert(id, (now + self.wakes.ack_wait, pending.clone()));
+                    queue
+                        .inflight
+                        .insert(id, (now + self.wakes.ack_wait, pending.clone()));
                     return Ok(Wake::new(
                         pending.conversation,
                         pending.tenant,
@@ -315,14 +368,22 @@ impl Bus for EmbeddedBus {
         }
     }
 
-    async fn claim(&self, conversation: ConversationId, worker: WorkerId, ttl: Duration) -> Result<Option<Lease>> {
+    async fn claim(
+        &self,
+        conversation: ConversationId,
+        worker: WorkerId,
+        ttl: Duration,
+    ) -> Result<Option<Lease>> {
         let now = now_ms();
         let mut leases = self.leases.lock().expect("lease lock");
         let current = leases.get(&conversation).map(|(v, _)| v);
         if !may_claim(current, worker, now) {
             return Ok(None);
         }
-        let revision = self.lease_revisions.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+        let revision = self
+            .lease_revisions
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst)
+            + 1;
         let value = LeaseValue {
             owner: Some(worker),
             expires_ms: now + ttl.as_millis() as u64,
@@ -341,7 +402,10 @@ impl Bus for EmbeddedBus {
         let mut leases = self.leases.lock().expect("lease lock");
         match leases.get_mut(&lease.conversation) {
             Some((value, revision)) if *revision == lease.revision => {
-                let new_revision = self.lease_revisions.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+                let new_revision = self
+                    .lease_revisions
+                    .fetch_add(1, std::sync::atomic::Ordering::SeqCst)
+                    + 1;
                 value.expires_ms = now_ms() + ttl.as_millis() as u64;
                 *revision = new_revision;
                 Ok(Lease {

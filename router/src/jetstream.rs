@@ -7,12 +7,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_nats::jetstream::consumer::{pull, AckPolicy, DeliverPolicy, PullConsumer};
-use async_nats::jetstream::message::PublishMessage;
-use async_nats::jetstream::kv;
-use async_nats::jetstream::message::AckKind;
-use async_nats::jetstream::stream::{self, DiscardPolicy, RetentionPolicy, StorageType};
 use async_nats::jetstream;
+use async_nats::jetstream::consumer::{pull, AckPolicy, DeliverPolicy, PullConsumer};
+use async_nats::jetstream::message::AckKind;
+use async_nats::jetstream::message::PublishMessage;
+use async_nats::jetstream::stream::{self, DiscardPolicy, RetentionPolicy, StorageType};
 use async_trait::async_trait;
 use futures::StreamExt as _;
 use tokio::sync::{mpsc, Mutex, OnceCell};
@@ -20,9 +19,11 @@ use tokio::task::JoinHandle;
 use tracing::{debug, warn};
 use turnpike_schemas::{ConversationId, Event, WorkerId};
 
-use crate::bus::{dedupe_id, may_claim, now_ms, Bus, LaneMessage, Lease, LeaseValue, Published, Wake, WakeAck};
+use crate::bus::{
+    dedupe_id, may_claim, now_ms, Bus, LaneMessage, Lease, LeaseValue, Published, Wake, WakeAck,
+};
 use crate::error::{Error, ErrorKind, Result};
-use crate::subject::{Shards, DISPATCH_CONSUMER, LEASE_BUCKET};
+use crate::subject::{lease_subject, Shards, DISPATCH_CONSUMER, LEASE_STREAM, LEASE_SUBJECTS};
 
 /// How a JetStream deployment is laid out. Defaults suit one server; raise `replicas` on a
 /// cluster.
@@ -59,7 +60,7 @@ pub struct JetStreamBus {
     js: jetstream::Context,
     config: JetStreamConfig,
     streams: Vec<stream::Stream>,
-    leases: kv::Store,
+    leases: stream::Stream,
     wakes: OnceCell<Mutex<mpsc::Receiver<Wake>>>,
     feeders: std::sync::Mutex<Vec<JoinHandle<()>>>,
 }
@@ -114,19 +115,23 @@ impl JetStreamBus {
                 .map_err(|e| unavailable("creating the dispatch consumer", e))?;
             streams.push(stream);
         }
-        let leases = match js.get_key_value(LEASE_BUCKET).await {
-            Ok(store) => store,
-            Err(_) => js
-                .create_key_value(kv::Config {
-                    bucket: LEASE_BUCKET.into(),
-                    history: 1,
-                    num_replicas: config.replicas,
-                    storage: StorageType::File,
-                    ..Default::default()
-                })
-                .await
-                .map_err(|e| unavailable("creating the lease bucket", e))?,
-        };
+        // Leases live on a stream of their own, one message per conversation, updated with
+        // compare-and-set on the subject's last sequence (what a KV bucket does underneath,
+        // without depending on the KV API of a particular server version).
+        let leases = js
+            .get_or_create_stream(stream::Config {
+                name: LEASE_STREAM.into(),
+                subjects: vec![LEASE_SUBJECTS.into()],
+                retention: RetentionPolicy::Limits,
+                storage: StorageType::File,
+                max_messages_per_subject: 1,
+                discard: DiscardPolicy::Old,
+                num_replicas: config.replicas,
+                allow_direct: true,
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| unavailable("creating the lease stream", e))?;
         Ok(Arc::new(Self {
             js,
             config,
@@ -135,6 +140,58 @@ impl JetStreamBus {
             wakes: OnceCell::new(),
             feeders: std::sync::Mutex::new(Vec::new()),
         }))
+    }
+
+    /// The lease of a conversation and its revision, if one was ever written.
+    async fn read_lease(&self, conversation: ConversationId) -> Result<Option<(LeaseValue, u64)>> {
+        match self
+            .leases
+            .direct_get_last_for_subject(lease_subject(conversation))
+            .await
+        {
+            Ok(m) => {
+                let value: LeaseValue = serde_json::from_slice(&m.payload).map_err(|e| {
+                    Error::with_source(
+                        ErrorKind::Corrupt,
+                        format!("the lease of {conversation} is unreadable"),
+                        e,
+                    )
+                })?;
+                Ok(Some((value, m.sequence)))
+            }
+            Err(e) if e.kind() == stream::DirectGetErrorKind::NotFound => Ok(None),
+            Err(e) => Err(unavailable("reading a lease", e)),
+        }
+    }
+
+    /// Writes a lease if its last revision is still `last` (0: never written). Returns the new
+    /// revision, or `None` when someone else wrote in between.
+    async fn write_lease(
+        &self,
+        conversation: ConversationId,
+        value: &LeaseValue,
+        last: u64,
+    ) -> Result<Option<u64>> {
+        let payload = serde_json::to_vec(value).expect("lease values serialise");
+        let message = PublishMessage::build()
+            .payload(payload.into())
+            .expected_last_subject_sequence(last);
+        let ack = self
+            .js
+            .send_publish(lease_subject(conversation), message)
+            .await
+            .map_err(|e| unavailable("writing a lease", e))?
+            .await;
+        match ack {
+            Ok(ack) => Ok(Some(ack.sequence)),
+            Err(e)
+                if e.kind()
+                    == async_nats::jetstream::context::PublishErrorKind::WrongLastSequence =>
+            {
+                Ok(None)
+            }
+            Err(e) => Err(unavailable("writing a lease", e)),
+        }
     }
 
     fn stream_of(&self, conversation: ConversationId) -> &stream::Stream {
@@ -167,9 +224,16 @@ impl Drop for JetStreamBus {
 async fn feed(stream: stream::Stream, tx: mpsc::Sender<Wake>) {
     let mut backoff = Duration::from_millis(100);
     loop {
-        let consumer: std::result::Result<PullConsumer, _> = stream.get_consumer(DISPATCH_CONSUMER).await;
+        let consumer: std::result::Result<PullConsumer, _> =
+            stream.get_consumer(DISPATCH_CONSUMER).await;
         let messages = match consumer {
-            Ok(c) => c.stream().max_messages_per_batch(16).heartbeat(Duration::from_secs(2)).messages().await,
+            Ok(c) => {
+                c.stream()
+                    .max_messages_per_batch(16)
+                    .heartbeat(Duration::from_secs(2))
+                    .messages()
+                    .await
+            }
             Err(e) => {
                 warn!(error = %e, "dispatch consumer unavailable");
                 tokio::time::sleep(backoff).await;
@@ -226,7 +290,10 @@ struct JsAck(async_nats::jetstream::message::Acker);
 #[async_trait]
 impl WakeAck for JsAck {
     async fn ack(&self) -> Result<()> {
-        self.0.ack().await.map_err(|e| unavailable("acking a wake", e))
+        self.0
+            .ack()
+            .await
+            .map_err(|e| unavailable("acking a wake", e))
     }
 
     async fn nak(&self, delay: Duration) -> Result<()> {
@@ -251,7 +318,12 @@ impl Bus for JetStreamBus {
         let subject = self.config.shards.lane_subject(event.address.conversation);
         let ack = self
             .js
-            .send_publish(subject, PublishMessage::build().payload(payload.into()).message_id(dedupe_id(event)))
+            .send_publish(
+                subject,
+                PublishMessage::build()
+                    .payload(payload.into())
+                    .message_id(dedupe_id(event)),
+            )
             .await
             .map_err(|e| unavailable("publishing to a lane", e))?
             .await
@@ -262,19 +334,31 @@ impl Bus for JetStreamBus {
         })
     }
 
-    async fn read_lane(&self, conversation: ConversationId, after: u64, limit: usize) -> Result<Vec<LaneMessage>> {
+    async fn read_lane(
+        &self,
+        conversation: ConversationId,
+        after: u64,
+        limit: usize,
+    ) -> Result<Vec<LaneMessage>> {
         let stream = self.stream_of(conversation);
         let subject = self.config.shards.lane_subject(conversation);
         let mut out = Vec::new();
         let mut next = after + 1;
         while out.len() < limit {
-            let message = match stream.direct_get_next_for_subject(subject.as_str(), Some(next)).await {
+            let message = match stream
+                .direct_get_next_for_subject(subject.as_str(), Some(next))
+                .await
+            {
                 Ok(m) => m,
                 Err(e) if e.kind() == stream::DirectGetErrorKind::NotFound => break,
                 Err(e) => return Err(unavailable("reading a lane", e)),
             };
             let event: Event = serde_json::from_slice(&message.payload).map_err(|e| {
-                Error::with_source(ErrorKind::Corrupt, format!("lane message {} is unreadable", message.sequence), e)
+                Error::with_source(
+                    ErrorKind::Corrupt,
+                    format!("lane message {} is unreadable", message.sequence),
+                    e,
+                )
             })?;
             next = message.sequence + 1;
             out.push(LaneMessage {
@@ -287,7 +371,11 @@ impl Bus for JetStreamBus {
 
     async fn lane_last(&self, conversation: ConversationId) -> Result<u64> {
         let subject = self.config.shards.lane_subject(conversation);
-        match self.stream_of(conversation).direct_get_last_for_subject(subject).await {
+        match self
+            .stream_of(conversation)
+            .direct_get_last_for_subject(subject)
+            .await
+        {
             Ok(m) => Ok(m.sequence),
             Err(e) if e.kind() == stream::DirectGetErrorKind::NotFound => Ok(0),
             Err(e) => Err(unavailable("reading a lane head", e)),
@@ -304,44 +392,31 @@ impl Bus for JetStreamBus {
             .ok_or_else(|| Error::new(ErrorKind::Unavailable, "the wake feed stopped"))
     }
 
-    async fn claim(&self, conversation: ConversationId, worker: WorkerId, ttl: Duration) -> Result<Option<Lease>> {
-        let key = conversation.to_string();
+    async fn claim(
+        &self,
+        conversation: ConversationId,
+        worker: WorkerId,
+        ttl: Duration,
+    ) -> Result<Option<Lease>> {
         let now = now_ms();
+        let current = self.read_lease(conversation).await?;
+        if !may_claim(current.as_ref().map(|(v, _)| v), worker, now) {
+            return Ok(None);
+        }
         let value = LeaseValue {
             owner: Some(worker),
             expires_ms: now + ttl.as_millis() as u64,
         };
-        let bytes = bytes::Bytes::from(serde_json::to_vec(&value).expect("lease values serialise"));
-        let current = self
-            .leases
-            .entry(&key)
-            .await
-            .map_err(|e| unavailable("reading a lease", e))?
-            .filter(|e| e.operation == kv::Operation::Put);
-        let revision = match current {
-            None => match self.leases.create(&key, bytes).await {
-                Ok(rev) => rev,
-                Err(e) if e.kind() == kv::CreateErrorKind::AlreadyExists => return Ok(None),
-                Err(e) => return Err(unavailable("creating a lease", e)),
-            },
-            Some(entry) => {
-                let held: Option<LeaseValue> = serde_json::from_slice(&entry.value).ok();
-                if !may_claim(held.as_ref(), worker, now) {
-                    return Ok(None);
-                }
-                match self.leases.update(&key, bytes, entry.revision).await {
-                    Ok(rev) => rev,
-                    Err(e) if e.kind() == kv::UpdateErrorKind::WrongLastRevision => return Ok(None),
-                    Err(e) => return Err(unavailable("taking a lease", e)),
-                }
-            }
-        };
-        Ok(Some(Lease {
-            conversation,
-            owner: worker,
-            revision,
-            expires_ms: value.expires_ms,
-        }))
+        let last = current.map(|(_, rev)| rev).unwrap_or(0);
+        match self.write_lease(conversation, &value, last).await? {
+            Some(revision) => Ok(Some(Lease {
+                conversation,
+                owner: worker,
+                revision,
+                expires_ms: value.expires_ms,
+            })),
+            None => Ok(None),
+        }
     }
 
     async fn renew(&self, lease: &Lease, ttl: Duration) -> Result<Lease> {
@@ -349,18 +424,19 @@ impl Bus for JetStreamBus {
             owner: Some(lease.owner),
             expires_ms: now_ms() + ttl.as_millis() as u64,
         };
-        let bytes = bytes::Bytes::from(serde_json::to_vec(&value).expect("lease values serialise"));
-        match self.leases.update(lease.conversation.to_string(), bytes, lease.revision).await {
-            Ok(revision) => Ok(Lease {
+        match self
+            .write_lease(lease.conversation, &value, lease.revision)
+            .await?
+        {
+            Some(revision) => Ok(Lease {
                 revision,
                 expires_ms: value.expires_ms,
                 ..lease.clone()
             }),
-            Err(e) if e.kind() == kv::UpdateErrorKind::WrongLastRevision => Err(Error::new(
+            None => Err(Error::new(
                 ErrorKind::LeaseLost,
                 format!("the lease of {} was taken over", lease.conversation),
             )),
-            Err(e) => Err(unavailable("renewing a lease", e)),
         }
     }
 
@@ -369,11 +445,8 @@ impl Bus for JetStreamBus {
             owner: None,
             expires_ms: 0,
         };
-        let bytes = bytes::Bytes::from(serde_json::to_vec(&value).expect("lease values serialise"));
-        match self.leases.update(lease.conversation.to_string(), bytes, lease.revision).await {
-            Ok(_) => Ok(()),
-            Err(e) if e.kind() == kv::UpdateErrorKind::WrongLastRevision => Ok(()),
-            Err(e) => Err(unavailable("releasing a lease", e)),
-        }
+        self.write_lease(lease.conversation, &value, lease.revision)
+            .await?;
+        Ok(())
     }
 }

@@ -15,7 +15,7 @@ pub mod ingress;
 pub mod jetstream;
 pub mod subject;
 
-pub use bus::{Bus, Lease, LaneMessage, Published, Wake};
+pub use bus::{Bus, LaneMessage, Lease, Published, Wake};
 pub use embedded::EmbeddedBus;
 pub use error::{Error, ErrorKind, Result};
 pub use ingress::Ingress;

@@ -10,8 +10,15 @@ use turnpike_schemas::ConversationId;
 pub const DEFAULT_SHARDS: u32 = 8;
 /// The durable pull consumer every worker shares, one per lane stream.
 pub const DISPATCH_CONSUMER: &str = "dispatch";
-/// The key-value bucket of conversation leases.
-pub const LEASE_BUCKET: &str = "TP_LEASES";
+/// The stream of conversation leases (one message per conversation).
+pub const LEASE_STREAM: &str = "TP_LEASES";
+/// The subjects of the lease stream.
+pub const LEASE_SUBJECTS: &str = "tp.lease.>";
+
+/// The lease subject of a conversation: `tp.lease.{conv}`.
+pub fn lease_subject(conversation: ConversationId) -> String {
+    format!("tp.lease.{conversation}")
+}
 
 /// The lane layout of a deployment.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

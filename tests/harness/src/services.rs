@@ -45,7 +45,9 @@ impl Service {
         addr: SocketAddr,
         timeout: Duration,
     ) -> Result<Self> {
-        let script = r#"p="$1"; shift; "$@" & c=$!; trap 'kill $c 2>/dev/null' EXIT TERM; while kill -0 "$p" 2>/dev/null && kill -0 "$c" 2>/dev/null; do sleep 0.2; done"#;
+        // The shell watches the test process and stops the service when it is gone; a TERM
+        // (from `Drop`) stops it at once.
+        let script = r#"p="$1"; shift; "$@" & c=$!; trap 'kill $c 2>/dev/null; wait $c; exit 0' TERM INT; trap 'kill $c 2>/dev/null' EXIT; while kill -0 "$p" 2>/dev/null && kill -0 "$c" 2>/dev/null; do sleep 0.2; done"#;
         let mut command = Command::new("sh");
         command
             .arg("-c")
@@ -86,7 +88,22 @@ impl Service {
 
 impl Drop for Service {
     fn drop(&mut self) {
-        let _ = self.child.kill();
+        // TERM the watchdog, which stops the service and waits for it.
+        let _ = Command::new("kill")
+            .arg(self.child.id().to_string())
+            .status();
         let _ = self.child.wait();
     }
+}
+
+/// Waits until nothing listens on `addr` any more.
+pub fn wait_closed(addr: SocketAddr, timeout: Duration) -> Result<()> {
+    let deadline = Instant::now() + timeout;
+    while TcpStream::connect_timeout(&addr, Duration::from_millis(100)).is_ok() {
+        if Instant::now() > deadline {
+            bail!("{addr} still accepts connections after {timeout:?}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Ok(())
 }

@@ -1,0 +1,343 @@
+//! The bus suite: one set of cases, run against both backends (JetStream on a real
+//! nats-server, and the embedded backend on local disk).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use turnpike_router::bus::Bus;
+use turnpike_router::embedded::{EmbeddedBus, EmbeddedConfig};
+use turnpike_router::{ErrorKind, JetStreamBus, JetStreamConfig};
+use turnpike_schemas::{Address, ConversationId, Event, EventBody, WorkerId};
+use turnpike_tests::nats::NatsServer;
+
+/// A backend under test and what keeps it alive.
+struct Backend {
+    bus: Arc<dyn Bus>,
+    _nats: Option<NatsServer>,
+    _dir: Option<tempfile::TempDir>,
+}
+
+const ACK_WAIT: Duration = Duration::from_secs(1);
+
+async fn jetstream() -> Backend {
+    let nats = NatsServer::start().expect("nats-server");
+    let bus = JetStreamBus::connect(JetStreamConfig {
+        url: nats.url(),
+        ack_wait: ACK_WAIT,
+        ..Default::default()
+    })
+    .await
+    .expect("connecting to nats");
+    Backend {
+        bus,
+        _nats: Some(nats),
+        _dir: None,
+    }
+}
+
+async fn embedded() -> Backend {
+    let dir = tempfile::tempdir().unwrap();
+    let bus = EmbeddedBus::open(
+        &dir.path().join("bus.redb"),
+        EmbeddedConfig {
+            ack_wait: ACK_WAIT,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    Backend {
+        bus,
+        _nats: None,
+        _dir: Some(dir),
+    }
+}
+
+fn event(conversation: ConversationId, text: &str) -> Event {
+    Event::new(
+        Address {
+            tenant: "acme".parse().unwrap(),
+            app: "support".parse().unwrap(),
+            agent: "helper".parse().unwrap(),
+            conversation,
+            identity: "oidc:acme:u-17".parse().unwrap(),
+        },
+        EventBody::Message { text: text.into() },
+        1,
+    )
+}
+
+fn text(e: &Event) -> &str {
+    match &e.body {
+        EventBody::Message { text } => text,
+        _ => "",
+    }
+}
+
+/// The next wake, or `None` if none arrives within `wait`.
+async fn wake_within(bus: &Arc<dyn Bus>, wait: Duration) -> Option<turnpike_router::Wake> {
+    tokio::time::timeout(wait, bus.next_wake())
+        .await
+        .ok()
+        .map(|w| w.unwrap())
+}
+
+macro_rules! bus_suite {
+    ($backend:ident) => {
+        mod $backend {
+            use super::*;
+
+            #[tokio::test]
+            async fn lanes_keep_order_per_conversation() {
+                let b = super::$backend().await;
+                let (a, c) = (ConversationId::new(), ConversationId::new());
+                let mut seqs = Vec::new();
+                for i in 0..3 {
+                    seqs.push(
+                        b.bus
+                            .publish(&event(a, &format!("a{i}")))
+                            .await
+                            .unwrap()
+                            .seq,
+                    );
+                    b.bus.publish(&event(c, &format!("c{i}"))).await.unwrap();
+                }
+                assert!(seqs.windows(2).all(|w| w[0] < w[1]), "{seqs:?}");
+                let lane = b.bus.read_lane(a, 0, 100).await.unwrap();
+                assert_eq!(
+                    lane.iter().map(|m| text(&m.event)).collect::<Vec<_>>(),
+                    ["a0", "a1", "a2"]
+                );
+                assert_eq!(lane.iter().map(|m| m.seq).collect::<Vec<_>>(), seqs);
+                let rest = b.bus.read_lane(a, seqs[0], 100).await.unwrap();
+                assert_eq!(rest.len(), 2);
+                assert_eq!(b.bus.read_lane(a, seqs[0], 1).await.unwrap().len(), 1);
+                assert_eq!(b.bus.lane_last(a).await.unwrap(), seqs[2]);
+                let nobody = ConversationId::new();
+                assert!(b.bus.read_lane(nobody, 0, 10).await.unwrap().is_empty());
+                assert_eq!(b.bus.lane_last(nobody).await.unwrap(), 0);
+            }
+
+            #[tokio::test]
+            async fn a_retried_publish_is_stored_once() {
+                let b = super::$backend().await;
+                let conv = ConversationId::new();
+                let mut first = None;
+                for attempt in 0..3 {
+                    // Each retry is a new event object (new id) with the same key.
+                    let mut e = event(conv, "once");
+                    e.idempotency_key = Some("client-key-1".into());
+                    let published = b.bus.publish(&e).await.unwrap();
+                    assert_eq!(published.duplicate, attempt > 0);
+                    assert_eq!(*first.get_or_insert(published.seq), published.seq);
+                }
+                // The same key on another conversation is another event.
+                let mut other = event(ConversationId::new(), "elsewhere");
+                other.idempotency_key = Some("client-key-1".into());
+                assert!(!b.bus.publish(&other).await.unwrap().duplicate);
+                // Without a key, the event id deduplicates.
+                let plain = event(conv, "plain");
+                b.bus.publish(&plain).await.unwrap();
+                assert!(b.bus.publish(&plain).await.unwrap().duplicate);
+                let lane = b.bus.read_lane(conv, 0, 100).await.unwrap();
+                assert_eq!(
+                    lane.iter().map(|m| text(&m.event)).collect::<Vec<_>>(),
+                    ["once", "plain"]
+                );
+            }
+
+            #[tokio::test]
+            async fn wakes_come_back_until_acked() {
+                let b = super::$backend().await;
+                let conv = ConversationId::new();
+                let seq = b.bus.publish(&event(conv, "wake me")).await.unwrap().seq;
+                let wake = wake_within(&b.bus, Duration::from_secs(30))
+                    .await
+                    .expect("a wake");
+                assert_eq!(
+                    (wake.conversation, wake.seq, wake.deliveries),
+                    (conv, seq, 1)
+                );
+                // Nak: delivered again.
+                wake.nak(Duration::from_millis(10)).await.unwrap();
+                let again = wake_within(&b.bus, Duration::from_secs(30))
+                    .await
+                    .expect("the wake again");
+                assert_eq!((again.seq, again.deliveries), (seq, 2));
+                // Neither acked nor extended: delivered again after the ack wait.
+                drop(again);
+                let third = wake_within(&b.bus, Duration::from_secs(30))
+                    .await
+                    .expect("redelivery after the ack wait");
+                assert_eq!(third.seq, seq);
+                assert!(third.deliveries >= 3);
+                // Acked: gone for good (waiting three ack waits).
+                third.ack().await.unwrap();
+                assert!(wake_within(&b.bus, ACK_WAIT * 3).await.is_none());
+            }
+
+            #[tokio::test]
+            async fn progress_keeps_a_wake_from_coming_back() {
+                let b = super::$backend().await;
+                let conv = ConversationId::new();
+                b.bus.publish(&event(conv, "long turn")).await.unwrap();
+                let wake = wake_within(&b.bus, Duration::from_secs(30))
+                    .await
+                    .expect("a wake");
+                for _ in 0..4 {
+                    // Another receiver sees nothing while the owner reports progress.
+                    assert!(wake_within(&b.bus, ACK_WAIT / 2).await.is_none());
+                    wake.progress().await.unwrap();
+                }
+                wake.ack().await.unwrap();
+            }
+
+            #[tokio::test]
+            async fn a_lease_has_one_holder_and_expires() {
+                let b = super::$backend().await;
+                let conv = ConversationId::new();
+                let (w1, w2) = (WorkerId::new(), WorkerId::new());
+                let ttl = Duration::from_secs(60);
+                let l1 = b
+                    .bus
+                    .claim(conv, w1, ttl)
+                    .await
+                    .unwrap()
+                    .expect("free lease");
+                assert!(b.bus.claim(conv, w2, ttl).await.unwrap().is_none());
+                let renewed = b.bus.renew(&l1, ttl).await.unwrap();
+                assert!(renewed.revision > l1.revision, "the epoch moves on");
+                // The stale lease handle can no longer renew.
+                assert_eq!(
+                    b.bus.renew(&l1, ttl).await.unwrap_err().kind(),
+                    ErrorKind::LeaseLost
+                );
+                b.bus.release(&renewed).await.unwrap();
+                let l2 = b
+                    .bus
+                    .claim(conv, w2, Duration::from_millis(200))
+                    .await
+                    .unwrap()
+                    .expect("released lease");
+                assert!(l2.revision > renewed.revision);
+                // Not renewed within its TTL: anyone may take it, and the old holder is fenced.
+                let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+                let l3 = loop {
+                    if let Some(l) = b.bus.claim(conv, w1, ttl).await.unwrap() {
+                        break l;
+                    }
+                    assert!(
+                        tokio::time::Instant::now() < deadline,
+                        "the lease never expired"
+                    );
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                };
+                assert_eq!(l3.owner, w1);
+                assert_eq!(
+                    b.bus.renew(&l2, ttl).await.unwrap_err().kind(),
+                    ErrorKind::LeaseLost
+                );
+                // Releasing a lost lease is harmless and does not free the new holder's.
+                b.bus.release(&l2).await.unwrap();
+                assert!(b.bus.claim(conv, w2, ttl).await.unwrap().is_none());
+            }
+
+            #[tokio::test]
+            async fn concurrent_claims_have_one_winner() {
+                let b = super::$backend().await;
+                let conv = ConversationId::new();
+                let mut tasks = Vec::new();
+                for _ in 0..8 {
+                    let bus = b.bus.clone();
+                    tasks.push(tokio::spawn(async move {
+                        bus.claim(conv, WorkerId::new(), Duration::from_secs(60))
+                            .await
+                            .unwrap()
+                    }));
+                }
+                let mut winners = 0;
+                for t in tasks {
+                    winners += t.await.unwrap().is_some() as usize;
+                }
+                assert_eq!(winners, 1);
+            }
+        }
+    };
+}
+
+bus_suite!(jetstream);
+bus_suite!(embedded);
+
+#[tokio::test]
+async fn the_embedded_bus_keeps_accepted_events_across_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bus.redb");
+    let conv = ConversationId::new();
+    {
+        let bus = EmbeddedBus::open(&path, EmbeddedConfig::default()).unwrap();
+        for i in 0..3 {
+            bus.publish(&event(conv, &format!("m{i}"))).await.unwrap();
+        }
+    }
+    let bus: Arc<dyn Bus> = EmbeddedBus::open(&path, EmbeddedConfig::default()).unwrap();
+    let lane = bus.read_lane(conv, 0, 10).await.unwrap();
+    assert_eq!(
+        lane.iter().map(|m| text(&m.event)).collect::<Vec<_>>(),
+        ["m0", "m1", "m2"]
+    );
+    // One wake per lane is queued again at open, at the lane's last sequence.
+    let wake = wake_within(&bus, Duration::from_secs(5))
+        .await
+        .expect("a wake after restart");
+    assert_eq!((wake.conversation, wake.seq), (conv, 3));
+    // Idempotency keys survive too.
+    let mut e = event(conv, "keyed");
+    e.idempotency_key = Some("k".into());
+    assert!(!bus.publish(&e).await.unwrap().duplicate);
+    drop(bus);
+    let bus = EmbeddedBus::open(&path, EmbeddedConfig::default()).unwrap();
+    let mut retry = event(conv, "keyed");
+    retry.idempotency_key = Some("k".into());
+    assert!(bus.publish(&retry).await.unwrap().duplicate);
+}
+
+#[tokio::test]
+async fn ingress_fails_loudly_while_nats_is_down_and_recovers() {
+    let mut nats = NatsServer::start().unwrap();
+    let bus = JetStreamBus::connect(JetStreamConfig {
+        url: nats.url(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let conv = ConversationId::new();
+    bus.publish(&event(conv, "before")).await.unwrap();
+    nats.stop().unwrap();
+    let mut e = event(conv, "during");
+    e.idempotency_key = Some("retry-me".into());
+    let err = bus.publish(&e).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
+    nats.restart().unwrap();
+    // The client reconnects by itself; the retried publish is accepted once.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        match bus.publish(&e).await {
+            Ok(p) => {
+                assert!(!p.duplicate);
+                break;
+            }
+            Err(err) => {
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "no reconnect: {err}"
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+    assert!(bus.publish(&e).await.unwrap().duplicate);
+    let lane = bus.read_lane(conv, 0, 10).await.unwrap();
+    assert_eq!(
+        lane.iter().map(|m| text(&m.event)).collect::<Vec<_>>(),
+        ["before", "during"]
+    );
+}
