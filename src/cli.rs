@@ -51,6 +51,14 @@ pub struct Global {
     #[arg(long, global = true, env = "TURNPIKE_LOG")]
     pub log: Option<String>,
 
+    /// NATS for a fleet (JetStream lanes). Without it, the embedded bus under the data directory.
+    #[arg(long, global = true, env = "TURNPIKE_NATS_URL")]
+    pub nats_url: Option<String>,
+
+    /// Lane streams in a fleet (fixed for a deployment).
+    #[arg(long, global = true, env = "TURNPIKE_SHARDS", default_value_t = 8)]
+    pub shards: u32,
+
     /// Log format.
     #[arg(long, global = true, env = "TURNPIKE_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
@@ -72,9 +80,90 @@ pub enum Command {
     /// Writes to a conversation record directly (until lanes and turns exist).
     #[command(subcommand)]
     Record(RecordCommand),
+    /// The embedded default: router and workers in one process, data under `--data-dir`.
+    Serve(ServeArgs),
+    /// A fleet router: creates the lane streams, consumers and lease stream, then stays up.
+    Router,
+    /// A fleet worker: claims lanes from NATS and runs their turns.
+    Worker(WorkerArgs),
+    /// Puts an event on a conversation's lane.
+    Send(SendArgs),
+    /// Prints a conversation's committed rows from the record, optionally following it.
+    Tail(TailArgs),
     /// Benchmarks.
     #[command(subcommand)]
     Bench(BenchCommand),
+}
+
+/// Settings of the workers a process runs.
+#[derive(Debug, Args)]
+pub struct WorkerArgs {
+    /// Conversations owned at once per worker (turn slots).
+    #[arg(long, default_value_t = 64)]
+    pub slots: usize,
+    /// Lease time-to-live in milliseconds (renewed at a third of it).
+    #[arg(long, default_value_t = 15_000)]
+    pub lease_ttl_ms: u64,
+    /// How long a delivered wake may go unacknowledged before redelivery, in milliseconds.
+    #[arg(long, default_value_t = 30_000)]
+    pub ack_wait_ms: u64,
+    /// Grace period for running turns at shutdown, in milliseconds.
+    #[arg(long, default_value_t = 20_000)]
+    pub grace_ms: u64,
+    /// Injects a fault (tests only).
+    #[arg(long, hide = true, value_enum)]
+    pub fault: Option<FaultArg>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum FaultArg {
+    HangAfterBatchOne,
+}
+
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// Workers in this process.
+    #[arg(long, default_value_t = 2)]
+    pub workers: usize,
+    #[command(flatten)]
+    pub worker: WorkerArgs,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum EventKindArg {
+    Message,
+    FollowUp,
+    Steer,
+    Stop,
+}
+
+#[derive(Debug, Args)]
+pub struct SendArgs {
+    /// The conversation; `new` creates one (its id is printed first).
+    pub conversation: String,
+    #[command(flatten)]
+    pub actor: Actor,
+    /// The text of the event.
+    #[arg(long, default_value = "")]
+    pub text: String,
+    #[arg(long, value_enum, default_value_t = EventKindArg::Message)]
+    pub kind: EventKindArg,
+    /// The client's idempotency key: a retried send with the same key is accepted once.
+    #[arg(long)]
+    pub idempotency_key: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct TailArgs {
+    pub conversation: ConversationId,
+    #[command(flatten)]
+    pub actor: Actor,
+    /// Keep printing rows as they are committed.
+    #[arg(long)]
+    pub follow: bool,
+    /// Exit once the record holds this many completed turns (with --follow).
+    #[arg(long)]
+    pub until_turns: Option<u64>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -93,6 +182,17 @@ pub enum ConversationCommand {
         conversation: ConversationId,
         #[command(flatten)]
         actor: Actor,
+    },
+    /// Creates a conversation owned by the actor and prints its id.
+    Create {
+        #[command(flatten)]
+        actor: Actor,
+        #[arg(long, default_value = "default")]
+        tenant: turnpike_schemas::TenantId,
+        #[arg(long, default_value = "demo")]
+        app: turnpike_schemas::AppId,
+        #[arg(long, default_value = "echo")]
+        agent: turnpike_schemas::AgentId,
     },
     /// Removes unreadable entries and re-signs the rest; reports what it removed.
     Repair {

@@ -10,6 +10,12 @@ use std::process::ExitCode;
 use clap::Parser as _;
 
 fn main() -> ExitCode {
+    // A closed pipe (`turnpike … | head`) ends the process quietly, as it does for other tools.
+    #[cfg(unix)]
+    // SAFETY: restoring the default disposition of SIGPIPE before any thread starts.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
     let cli = cli::Cli::parse();
     if let Err(e) = logging::init(&cli.global) {
         eprintln!("error: {e:#}");

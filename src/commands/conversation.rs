@@ -21,6 +21,23 @@ pub async fn run(env: &Env, command: ConversationCommand) -> Result<ExitCode> {
             conversation,
             actor,
         } => replay(env, conversation, &actor.identity).await,
+        ConversationCommand::Create {
+            actor,
+            tenant,
+            app,
+            agent,
+        } => {
+            let new = turnpike_artifactory::NewConversation {
+                tenant,
+                owner: actor.identity,
+                app,
+                agent,
+                at_ms: now_ms(),
+            };
+            let (entry, _, _) = env.conversations.create(&env.signer, new).await?;
+            println!("{}", entry.conversation);
+            Ok(ExitCode::SUCCESS)
+        }
         ConversationCommand::Repair {
             conversation,
             actor,
@@ -134,7 +151,7 @@ fn print_turn(view: &TurnView) {
     }
 }
 
-fn describe(body: &EntryBody) -> Option<String> {
+pub fn describe(body: &EntryBody) -> Option<String> {
     if let Some(input) = body.as_input() {
         let who = &input.event.address.identity;
         return Some(match &input.event.body {

@@ -3,7 +3,9 @@
 mod bench;
 mod conversation;
 mod demo;
+mod lanes;
 mod record;
+mod runtime;
 
 use std::process::ExitCode;
 
@@ -21,5 +23,10 @@ pub async fn run(cli: Cli) -> Result<ExitCode> {
         }
         Command::Record(command) => record::run(&Env::open(&cli.global)?, command).await,
         Command::Bench(command) => bench::run(command).await,
+        Command::Serve(args) => runtime::serve(&cli.global, args).await,
+        Command::Router => runtime::router(&cli.global).await,
+        Command::Worker(args) => runtime::worker(&cli.global, args).await,
+        Command::Send(args) => lanes::send(&cli.global, args).await,
+        Command::Tail(args) => lanes::tail(&cli.global, args).await,
     }
 }

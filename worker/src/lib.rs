@@ -1,1 +1,20 @@
-//! Placeholder: built by a later issue.
+//! Claiming lanes and running turns.
+//!
+//! # Layout
+//! - [`worker`]: the claim loop — wakes in, conversation owners out, bounded by turn slots
+//! - [`owner`]: one conversation's owner: lease, recovery, turns, wake acknowledgement
+//! - [`turn`]: one turn through batch one, the agent, and batch two
+//! - [`agent`]: the [`Agent`] trait and the built-in echo agent
+//! - [`config`]: worker settings and fault injection for tests
+
+pub mod agent;
+pub mod config;
+pub mod error;
+pub mod owner;
+pub mod turn;
+pub mod worker;
+
+pub use agent::{Agent, EchoAgent};
+pub use config::{Fault, WorkerConfig};
+pub use error::{Error, Result};
+pub use worker::Worker;

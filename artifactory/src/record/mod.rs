@@ -26,7 +26,7 @@ use futures::{StreamExt as _, TryStreamExt as _};
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt as _, PutMode, PutOptions, PutPayload};
 use turnpike_schemas::entry::{RecordState, SignedRoot};
-use turnpike_schemas::{EntryBody, EntryKind};
+use turnpike_schemas::{EntryBody, EntryKind, TurnId};
 
 pub use format::{StoredBatch, StoredEntry, BATCH_FORMAT};
 pub use repair::{Removed, RepairReport};
@@ -351,6 +351,43 @@ impl Record {
             }
         }
         Ok(out)
+    }
+
+    /// The entries of the open turn — its batch one (inputs and `turn_dispatched`) and
+    /// everything after — read backwards from the head, so the cost is the turn's length, not
+    /// the record's. `None` when no turn is open.
+    pub async fn open_turn(&self, head: &Head) -> Result<Option<(TurnId, Vec<RecordEntry>)>> {
+        if !head.state.turn_open {
+            return Ok(None);
+        }
+        let turn = TurnId::new(head.state.last_turn)
+            .ok_or_else(|| Error::new(ErrorKind::Corrupt, "an open turn with number 0"))?;
+        let mut collected: Vec<RecordEntry> = Vec::new();
+        for seq in (0..head.batches).rev() {
+            let batch = self.read_stored(seq).await?;
+            let mut entries = Vec::with_capacity(batch.entries.len());
+            let mut dispatched = false;
+            for entry in batch.entries {
+                let body = entry.decode()?;
+                dispatched |= matches!(&body, EntryBody::TurnDispatched(d) if d.turn == turn);
+                entries.push(RecordEntry {
+                    position: entry.position,
+                    body,
+                });
+            }
+            entries.append(&mut collected);
+            collected = entries;
+            if dispatched {
+                return Ok(Some((turn, collected)));
+            }
+        }
+        Err(Error::new(
+            ErrorKind::Corrupt,
+            format!(
+                "{} says {turn} is open but holds no dispatch for it",
+                self.prefix.partition()
+            ),
+        ))
     }
 
     /// Reads and decodes every entry.

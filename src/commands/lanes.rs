@@ -1,0 +1,105 @@
+//! `turnpike send` and `turnpike tail`: an event onto a lane; committed rows off the record.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Result;
+use turnpike_artifactory::{NewConversation, Transcript};
+use turnpike_router::Ingress;
+use turnpike_schemas::{ConversationId, EntryBody, EventBody};
+
+use crate::cli::{EventKindArg, Global, SendArgs, TailArgs};
+use crate::commands::conversation::describe;
+use crate::commands::runtime::open_bus;
+use crate::env::{now_ms, Env};
+
+pub async fn send(global: &Global, args: SendArgs) -> Result<ExitCode> {
+    let env = Env::open(global)?;
+    let bus = open_bus(global, Duration::from_secs(30)).await?;
+    let conversation: ConversationId = if args.conversation == "new" {
+        let (entry, _, _) = env
+            .conversations
+            .create(
+                &env.signer,
+                NewConversation {
+                    tenant: "default".parse()?,
+                    owner: args.actor.identity.clone(),
+                    app: "demo".parse()?,
+                    agent: "echo".parse()?,
+                    at_ms: now_ms(),
+                },
+            )
+            .await?;
+        println!("{}", entry.conversation);
+        entry.conversation
+    } else {
+        args.conversation.parse()?
+    };
+    let body = match args.kind {
+        EventKindArg::Message => EventBody::Message { text: args.text },
+        EventKindArg::FollowUp => EventBody::FollowUp { text: args.text },
+        EventKindArg::Steer => EventBody::Steer { text: args.text },
+        EventKindArg::Stop => EventBody::Stop {
+            reason: (!args.text.is_empty()).then_some(args.text),
+        },
+    };
+    let ingress = Ingress::new(bus, env.conversations.clone());
+    let (event, published) = ingress
+        .submit(
+            &args.actor.identity,
+            conversation,
+            body,
+            args.idempotency_key,
+        )
+        .await?;
+    println!(
+        "accepted {} at lane sequence {}{}",
+        event.id,
+        published.seq,
+        if published.duplicate {
+            " (duplicate: accepted before)"
+        } else {
+            ""
+        }
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+pub async fn tail(global: &Global, args: TailArgs) -> Result<ExitCode> {
+    let env = Env::open(global)?;
+    let (_, record) = env
+        .conversations
+        .open(args.conversation, &args.actor.identity)
+        .await?;
+    let mut printed = 0u64;
+    loop {
+        let entries = record.entries().await?;
+        let from = printed;
+        for entry in entries.iter().filter(|e| e.position >= from) {
+            if let Some(line) = describe(&entry.body).or_else(|| marker(&entry.body)) {
+                println!("{:>6}  {line}", entry.position);
+            }
+            printed = entry.position + 1;
+        }
+        if !args.follow {
+            return Ok(ExitCode::SUCCESS);
+        }
+        if let Some(n) = args.until_turns {
+            if Transcript::from_entries(&entries).committed.len() as u64 >= n {
+                return Ok(ExitCode::SUCCESS);
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+fn marker(body: &EntryBody) -> Option<String> {
+    match body {
+        EntryBody::TurnDispatched(d) => Some(format!("{} dispatched to {}", d.turn, d.worker)),
+        EntryBody::TurnComplete(c) => {
+            Some(format!("{} complete ({:?})", c.turn, c.outcome).to_lowercase())
+        }
+        EntryBody::TurnAmbiguous(a) => Some(format!("{} ambiguous: {}", a.turn, a.reason)),
+        _ => None,
+    }
+}

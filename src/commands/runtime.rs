@@ -1,0 +1,153 @@
+//! `turnpike serve`, `router` and `worker`: the bus, the workers, and shutdown on signals.
+
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context as _, Result};
+use tracing::info;
+use turnpike_router::embedded::{EmbeddedBus, EmbeddedConfig};
+use turnpike_router::{Bus, JetStreamBus, JetStreamConfig, Shards};
+use turnpike_worker::{EchoAgent, Fault, Worker, WorkerConfig};
+
+use crate::cli::{FaultArg, Global, ServeArgs, WorkerArgs};
+use crate::env::Env;
+
+/// Opens the bus the flags select: JetStream with `--nats-url`, else the embedded bus.
+pub async fn open_bus(global: &Global, ack_wait: Duration) -> Result<Arc<dyn Bus>> {
+    match &global.nats_url {
+        Some(url) => {
+            let bus = JetStreamBus::connect(JetStreamConfig {
+                url: url.clone(),
+                shards: Shards::new(global.shards),
+                ack_wait,
+                ..Default::default()
+            })
+            .await
+            .with_context(|| format!("connecting to NATS at {url}"))?;
+            Ok(bus)
+        }
+        None => {
+            let path = global.data_dir.join("bus.redb");
+            let bus = EmbeddedBus::open(
+                &path,
+                EmbeddedConfig {
+                    ack_wait,
+                    ..Default::default()
+                },
+            )
+            .with_context(|| {
+                format!(
+                    "opening the embedded bus {} (is `turnpike serve` running on this data directory?)",
+                    path.display()
+                )
+            })?;
+            Ok(bus)
+        }
+    }
+}
+
+fn worker_config(args: &WorkerArgs) -> WorkerConfig {
+    let ttl = Duration::from_millis(args.lease_ttl_ms.max(300));
+    WorkerConfig {
+        slots: args.slots.max(1),
+        lease_ttl: ttl,
+        renew_every: ttl / 3,
+        grace: Duration::from_millis(args.grace_ms),
+        fault: args
+            .fault
+            .map(|FaultArg::HangAfterBatchOne| Fault::HangAfterBatchOne),
+        ..Default::default()
+    }
+}
+
+/// Resolves on SIGINT or SIGTERM.
+pub async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(_) => return ctrl_c.await.unwrap_or(()),
+            };
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    ctrl_c.await.unwrap_or(());
+}
+
+async fn run_workers(
+    env: &Env,
+    bus: Arc<dyn Bus>,
+    count: usize,
+    args: &WorkerArgs,
+) -> Result<ExitCode> {
+    let config = worker_config(args);
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let mut handles = Vec::new();
+    for _ in 0..count.max(1) {
+        let worker = Worker::new(
+            bus.clone(),
+            env.conversations.clone(),
+            env.signer.clone(),
+            Arc::new(EchoAgent),
+            config.clone(),
+        );
+        let mut stop = stop_rx.clone();
+        eprintln!("worker {} ready", worker.id());
+        handles.push(tokio::spawn(async move {
+            worker
+                .run(async move {
+                    let _ = stop.wait_for(|s| *s).await;
+                })
+                .await
+        }));
+    }
+    shutdown_signal().await;
+    info!("shutting down: no new claims, running turns get their grace period");
+    let _ = stop_tx.send(true);
+    for h in handles {
+        let _ = h.await;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `turnpike serve`: the embedded default.
+pub async fn serve(global: &Global, args: ServeArgs) -> Result<ExitCode> {
+    anyhow::ensure!(
+        global.nats_url.is_none(),
+        "`serve` is the embedded default; for NATS run `turnpike router` and `turnpike worker`"
+    );
+    let env = Env::open(global)?;
+    let bus = open_bus(global, Duration::from_millis(args.worker.ack_wait_ms)).await?;
+    eprintln!("serving from {}", global.data_dir.display());
+    run_workers(&env, bus, args.workers, &args.worker).await
+}
+
+/// `turnpike worker`: one fleet worker.
+pub async fn worker(global: &Global, args: WorkerArgs) -> Result<ExitCode> {
+    anyhow::ensure!(
+        global.nats_url.is_some(),
+        "a fleet worker needs --nats-url (or TURNPIKE_NATS_URL)"
+    );
+    let env = Env::open(global)?;
+    let bus = open_bus(global, Duration::from_millis(args.ack_wait_ms)).await?;
+    run_workers(&env, bus, 1, &args).await
+}
+
+/// `turnpike router`: makes sure the bus topology exists, then stays up until signalled.
+/// (The HTTP edge will live here.)
+pub async fn router(global: &Global) -> Result<ExitCode> {
+    anyhow::ensure!(
+        global.nats_url.is_some(),
+        "a fleet router needs --nats-url (or TURNPIKE_NATS_URL)"
+    );
+    let _bus = open_bus(global, Duration::from_secs(30)).await?;
+    eprintln!("router ready: {} lane streams", global.shards);
+    shutdown_signal().await;
+    Ok(ExitCode::SUCCESS)
+}

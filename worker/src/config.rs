@@ -1,0 +1,43 @@
+//! Worker settings.
+
+use std::time::Duration;
+
+/// Faults a test can inject into a worker process (hidden from users).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// After batch one of a turn commits, announce it on stderr and hang until killed.
+    HangAfterBatchOne,
+}
+
+/// How a worker behaves.
+#[derive(Debug, Clone)]
+pub struct WorkerConfig {
+    /// Conversations owned at once (turn slots).
+    pub slots: usize,
+    /// How long a lease lasts without renewal.
+    pub lease_ttl: Duration,
+    /// How often an owner renews its lease and reports progress on its wakes.
+    pub renew_every: Duration,
+    /// The delay of a nak for a wake whose conversation another worker owns (grows with
+    /// deliveries, up to eight times this).
+    pub busy_delay: Duration,
+    /// Model and tool rounds per turn.
+    pub max_rounds: u32,
+    /// How long a shutdown waits for running turns before leaving them to recovery.
+    pub grace: Duration,
+    pub fault: Option<Fault>,
+}
+
+impl Default for WorkerConfig {
+    fn default() -> Self {
+        Self {
+            slots: 64,
+            lease_ttl: Duration::from_secs(15),
+            renew_every: Duration::from_secs(5),
+            busy_delay: Duration::from_millis(250),
+            max_rounds: 8,
+            grace: Duration::from_secs(20),
+            fault: None,
+        }
+    }
+}

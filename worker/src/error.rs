@@ -1,0 +1,29 @@
+//! The worker's error type.
+
+use thiserror::Error;
+
+/// Why a turn or an owner stopped.
+#[derive(Debug, Error)]
+pub enum Error {
+    /// Another worker took the conversation over: our effects are fenced.
+    #[error("fenced: {0}")]
+    Fenced(String),
+    #[error(transparent)]
+    Bus(#[from] turnpike_router::Error),
+    #[error(transparent)]
+    Artifactory(#[from] turnpike_artifactory::Error),
+}
+
+impl Error {
+    /// Maps an append failure: a moved head or a refused turn marker means someone else wrote.
+    pub fn from_append(e: turnpike_artifactory::Error) -> Self {
+        match e.kind() {
+            turnpike_artifactory::ErrorKind::HeadMoved
+            | turnpike_artifactory::ErrorKind::InvalidInput => Error::Fenced(e.to_string()),
+            _ => Error::Artifactory(e),
+        }
+    }
+}
+
+/// This crate's result type.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

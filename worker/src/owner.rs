@@ -1,0 +1,255 @@
+//! One conversation's owner: it holds the lease, keeps its wakes in progress, recovers a turn
+//! left open, runs turns until the lane is drained, acks wakes once the record has committed
+//! past them, then releases the lease and re-reads the lane head (DESIGN, steps 3–9).
+
+use std::sync::Arc;
+
+use tokio::sync::{Mutex, OwnedSemaphorePermit};
+use tracing::{debug, warn};
+use turnpike_artifactory::{ConversationPrefix, Head, Record};
+use turnpike_router::bus::{Lease, Wake};
+use turnpike_router::{ErrorKind, LaneMessage};
+use turnpike_schemas::{EntryBody, EventBody, TenantId};
+
+use crate::error::{Error, Result};
+use crate::turn::{recover_turn, run_new_turn, TurnEnv};
+use crate::worker::Inner;
+
+/// The wakes an owner holds, shared with the claim loop that hands them over.
+#[derive(Default)]
+pub(crate) struct OwnerSlot {
+    held: Mutex<Held>,
+}
+
+#[derive(Default)]
+struct Held {
+    wakes: Vec<Wake>,
+    closed: bool,
+}
+
+impl OwnerSlot {
+    /// Hands a wake to the owner; gives it back when the owner is closing.
+    pub(crate) async fn offer(&self, wake: Wake) -> Option<Wake> {
+        let mut held = self.held.lock().await;
+        if held.closed {
+            return Some(wake);
+        }
+        held.wakes.push(wake);
+        None
+    }
+
+    /// Acks every held wake the record has committed past.
+    async fn settle(&self, lane_through: u64) {
+        let mut held = self.held.lock().await;
+        let (done, waiting): (Vec<Wake>, Vec<Wake>) = std::mem::take(&mut held.wakes)
+            .into_iter()
+            .partition(|w| w.seq <= lane_through);
+        held.wakes = waiting;
+        drop(held);
+        for wake in done {
+            if let Err(e) = wake.ack().await {
+                debug!(error = %e, "ack failed; the wake will come back and be acked then");
+            }
+        }
+    }
+
+    /// Keeps every held wake from being redelivered.
+    async fn progress(&self) {
+        let held = self.held.lock().await;
+        for wake in &held.wakes {
+            let _ = wake.progress().await;
+        }
+    }
+
+    /// Stops taking wakes; acks what is done and returns the rest.
+    async fn close(&self, lane_through: u64) -> Vec<Wake> {
+        self.settle(lane_through).await;
+        let mut held = self.held.lock().await;
+        held.closed = true;
+        std::mem::take(&mut held.wakes)
+    }
+}
+
+/// Splits the pending lane messages into the next unit of work: a run of stops with no turn to
+/// stop (recorded on their own), or a turn's inputs — one event and the non-message events
+/// after it, up to the next message.
+fn next_inputs(pending: Vec<LaneMessage>) -> (bool, Vec<LaneMessage>) {
+    let stops_only = matches!(pending[0].event.body, EventBody::Stop { .. });
+    let mut out = Vec::new();
+    for (i, m) in pending.into_iter().enumerate() {
+        let is_stop = matches!(m.event.body, EventBody::Stop { .. });
+        let is_message = matches!(m.event.body, EventBody::Message { .. });
+        if (stops_only && !is_stop) || (!stops_only && i > 0 && is_message) {
+            break;
+        }
+        out.push(m);
+    }
+    (stops_only, out)
+}
+
+/// Runs turns until the lane is drained; returns the final head.
+async fn drain(env: &TurnEnv, slot: &OwnerSlot, epoch: u64) -> Result<Head> {
+    let conversation = env.record.prefix().conversation();
+    let mut head = env.record.head().await?;
+    loop {
+        slot.settle(head.state().lane_through).await;
+        if head.state().turn_open {
+            head = recover_turn(env, head).await?;
+            continue;
+        }
+        let pending = env
+            .bus
+            .read_lane(conversation, head.state().lane_through, 64)
+            .await?;
+        if pending.is_empty() {
+            return Ok(head);
+        }
+        let (stops_only, inputs) = next_inputs(pending);
+        if stops_only {
+            let bodies: Vec<EntryBody> = inputs
+                .into_iter()
+                .map(|m| EntryBody::input(m.event, Some(m.seq)))
+                .collect();
+            head = env
+                .record
+                .append(&env.signer, &head, &bodies)
+                .await
+                .map_err(Error::from_append)?;
+            continue;
+        }
+        head = run_new_turn(env, head, inputs, epoch).await?;
+    }
+}
+
+/// Owns a conversation from a claimed lease until its lane is drained and no one else holds it.
+pub(crate) async fn own(
+    worker: Arc<Inner>,
+    tenant: TenantId,
+    mut lease: Lease,
+    slot: Arc<OwnerSlot>,
+    _permit: OwnedSemaphorePermit,
+) {
+    let conversation = lease.conversation;
+    let env = TurnEnv {
+        worker: worker.id,
+        bus: worker.bus.clone(),
+        record: Record::new(
+            worker.conversations.store().clone(),
+            ConversationPrefix::new(tenant.clone(), conversation),
+        ),
+        turn_logs: worker.conversations.turn_logs(),
+        signer: worker.signer.clone(),
+        agent: worker.agent.clone(),
+        config: worker.config.clone(),
+    };
+    let mut slot = slot;
+    loop {
+        let epoch = lease.revision;
+        let outcome = {
+            let work = drain(&env, &slot, epoch);
+            tokio::pin!(work);
+            let mut tick = tokio::time::interval(worker.config.renew_every);
+            tick.tick().await;
+            loop {
+                tokio::select! {
+                    result = &mut work => break result,
+                    _ = tick.tick() => {
+                        match worker.bus.renew(&lease, worker.config.lease_ttl).await {
+                            Ok(renewed) => lease = renewed,
+                            Err(e) if e.kind() == ErrorKind::LeaseLost => break Err(Error::Fenced(e.to_string())),
+                            Err(e) => warn!(%conversation, error = %e, "lease renewal failed; retrying"),
+                        }
+                        slot.progress().await;
+                    }
+                }
+            }
+        };
+        let lane_through = match &outcome {
+            Ok(head) => head.state().lane_through,
+            Err(Error::Fenced(why)) => {
+                warn!(%conversation, worker = %worker.id, why, "fenced: another worker owns the conversation");
+                0
+            }
+            Err(e) => {
+                warn!(%conversation, worker = %worker.id, error = %e, "owner stopped; the lane will be retried");
+                0
+            }
+        };
+        // Step 9: stop taking wakes, give up the lease, then re-read the lane head.
+        let leftovers = slot.close(lane_through).await;
+        worker.forget_owner(conversation, &slot);
+        for wake in leftovers {
+            let _ = wake.nak(std::time::Duration::ZERO).await;
+        }
+        let _ = worker.bus.release(&lease).await;
+        if outcome.is_err() {
+            return;
+        }
+        let last = match worker.bus.lane_last(conversation).await {
+            Ok(last) => last,
+            Err(_) => return,
+        };
+        if last <= lane_through || worker.is_stopping() {
+            return;
+        }
+        match worker
+            .bus
+            .claim(conversation, worker.id, worker.config.lease_ttl)
+            .await
+        {
+            Ok(Some(again)) => {
+                lease = again;
+                slot = Arc::new(OwnerSlot::default());
+                if !worker.register_owner(conversation, slot.clone()) {
+                    let _ = worker.bus.release(&lease).await;
+                    return;
+                }
+            }
+            _ => return,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use turnpike_schemas::{Address, ConversationId, Event};
+
+    fn lane(kinds: &[&str]) -> Vec<LaneMessage> {
+        let address = Address {
+            tenant: "t".parse().unwrap(),
+            app: "a".parse().unwrap(),
+            agent: "g".parse().unwrap(),
+            conversation: ConversationId::new(),
+            identity: "x:y".parse().unwrap(),
+        };
+        kinds
+            .iter()
+            .enumerate()
+            .map(|(i, k)| {
+                let body = match *k {
+                    "m" => EventBody::Message { text: "m".into() },
+                    "f" => EventBody::FollowUp { text: "f".into() },
+                    _ => EventBody::Stop { reason: None },
+                };
+                LaneMessage {
+                    seq: i as u64 + 1,
+                    event: Event::new(address.clone(), body, 0),
+                }
+            })
+            .collect()
+    }
+
+    fn split(kinds: &[&str]) -> (bool, Vec<u64>) {
+        let (stops, inputs) = next_inputs(lane(kinds));
+        (stops, inputs.iter().map(|m| m.seq).collect())
+    }
+
+    #[test]
+    fn a_turn_takes_one_message_and_what_follows_it() {
+        assert_eq!(split(&["m", "m"]), (false, vec![1]));
+        assert_eq!(split(&["m", "f", "s", "m"]), (false, vec![1, 2, 3]));
+        assert_eq!(split(&["f", "m"]), (false, vec![1]));
+        assert_eq!(split(&["s", "s", "m"]), (true, vec![1, 2]));
+    }
+}

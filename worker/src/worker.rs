@@ -1,0 +1,204 @@
+//! The claim loop: wakes in, conversation owners out, bounded by turn slots.
+//!
+//! A wake for a conversation this worker owns goes to its owner, which keeps it in progress
+//! until the record has committed past it. Otherwise the worker tries to take the lease: if it
+//! gets it, it becomes the owner; if another worker holds it, the wake is acked when the record
+//! is already past it and nak'd with a delay otherwise.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::{Notify, Semaphore};
+use tracing::{debug, info, warn};
+use turnpike_artifactory::{ConversationPrefix, Conversations, Record, RecordSigner};
+use turnpike_router::bus::{Bus, Wake};
+use turnpike_schemas::{ConversationId, WorkerId};
+
+use crate::agent::Agent;
+use crate::config::WorkerConfig;
+use crate::owner::{own, OwnerSlot};
+
+/// State shared by the claim loop and the owners it spawns.
+pub(crate) struct Inner {
+    pub(crate) id: WorkerId,
+    pub(crate) bus: Arc<dyn Bus>,
+    pub(crate) conversations: Conversations,
+    pub(crate) signer: RecordSigner,
+    pub(crate) agent: Arc<dyn Agent>,
+    pub(crate) config: WorkerConfig,
+    slots: Arc<Semaphore>,
+    /// A plain mutex: held only to look up or change the map, never across an await.
+    owners: Mutex<HashMap<ConversationId, Arc<OwnerSlot>>>,
+    owner_gone: Notify,
+    stopping: AtomicBool,
+}
+
+impl Inner {
+    pub(crate) fn forget_owner(&self, conversation: ConversationId, slot: &Arc<OwnerSlot>) {
+        let mut owners = self.owners.lock().expect("owner map lock");
+        if owners
+            .get(&conversation)
+            .is_some_and(|s| Arc::ptr_eq(s, slot))
+        {
+            owners.remove(&conversation);
+        }
+        drop(owners);
+        self.owner_gone.notify_waiters();
+    }
+
+    /// Registers an owner; false if one is registered already.
+    pub(crate) fn register_owner(
+        &self,
+        conversation: ConversationId,
+        slot: Arc<OwnerSlot>,
+    ) -> bool {
+        let mut owners = self.owners.lock().expect("owner map lock");
+        if owners.contains_key(&conversation) {
+            return false;
+        }
+        owners.insert(conversation, slot);
+        true
+    }
+
+    pub(crate) fn is_stopping(&self) -> bool {
+        self.stopping.load(Ordering::Relaxed)
+    }
+}
+
+/// A worker: claims lanes and runs their turns.
+#[derive(Clone)]
+pub struct Worker {
+    inner: Arc<Inner>,
+}
+
+impl Worker {
+    pub fn new(
+        bus: Arc<dyn Bus>,
+        conversations: Conversations,
+        signer: RecordSigner,
+        agent: Arc<dyn Agent>,
+        config: WorkerConfig,
+    ) -> Self {
+        Worker {
+            inner: Arc::new(Inner {
+                id: WorkerId::new(),
+                slots: Arc::new(Semaphore::new(config.slots.max(1))),
+                bus,
+                conversations,
+                signer,
+                agent,
+                config,
+                owners: Mutex::new(HashMap::new()),
+                owner_gone: Notify::new(),
+                stopping: AtomicBool::new(false),
+            }),
+        }
+    }
+
+    pub fn id(&self) -> WorkerId {
+        self.inner.id
+    }
+
+    /// Claims and runs until `shutdown` resolves; then stops claiming, lets running turns
+    /// finish within the grace period, and leaves the rest to recovery.
+    pub async fn run(&self, shutdown: impl Future<Output = ()>) {
+        info!(worker = %self.inner.id, "worker started");
+        tokio::pin!(shutdown);
+        let mut backoff = Duration::from_millis(50);
+        loop {
+            tokio::select! {
+                _ = &mut shutdown => break,
+                wake = self.inner.bus.next_wake() => match wake {
+                    Ok(wake) => {
+                        backoff = Duration::from_millis(50);
+                        self.handle(wake).await;
+                    }
+                    Err(e) => {
+                        warn!(worker = %self.inner.id, error = %e, "no wakes; retrying");
+                        tokio::time::sleep(backoff).await;
+                        backoff = (backoff * 2).min(Duration::from_secs(2));
+                    }
+                },
+            }
+        }
+        self.inner.stopping.store(true, Ordering::Relaxed);
+        let drained = tokio::time::timeout(self.inner.config.grace, self.idle())
+            .await
+            .is_ok();
+        info!(worker = %self.inner.id, drained, "worker stopped");
+    }
+
+    /// Waits until no conversation is owned.
+    pub async fn idle(&self) {
+        loop {
+            let gone = self.inner.owner_gone.notified();
+            if self.inner.owners.lock().expect("owner map lock").is_empty() {
+                return;
+            }
+            gone.await;
+        }
+    }
+
+    /// Handles one wake (public so tests can deliver wakes by hand).
+    pub async fn handle(&self, wake: Wake) {
+        let inner = &self.inner;
+        let existing = inner
+            .owners
+            .lock()
+            .expect("owner map lock")
+            .get(&wake.conversation)
+            .cloned();
+        let wake = match existing {
+            Some(slot) => match slot.offer(wake).await {
+                None => return,
+                Some(wake) => wake,
+            },
+            None => wake,
+        };
+        let busy = inner.config.busy_delay * (wake.deliveries.clamp(1, 8) as u32);
+        let Ok(permit) = inner.slots.clone().try_acquire_owned() else {
+            let _ = wake.nak(inner.config.busy_delay).await;
+            return;
+        };
+        match inner
+            .bus
+            .claim(wake.conversation, inner.id, inner.config.lease_ttl)
+            .await
+        {
+            Ok(Some(lease)) => {
+                let slot = Arc::new(OwnerSlot::default());
+                if !inner.register_owner(wake.conversation, slot.clone()) {
+                    let _ = inner.bus.release(&lease).await;
+                    let _ = wake.nak(busy).await;
+                    return;
+                }
+                let tenant = wake.tenant.clone();
+                debug!(conversation = %wake.conversation, worker = %inner.id, epoch = lease.revision, "lease taken");
+                let _ = slot.offer(wake).await;
+                tokio::spawn(own(inner.clone(), tenant, lease, slot, permit));
+            }
+            Ok(None) => {
+                drop(permit);
+                let record = Record::new(
+                    inner.conversations.store().clone(),
+                    ConversationPrefix::new(wake.tenant.clone(), wake.conversation),
+                );
+                match record.head().await {
+                    Ok(head) if head.state().lane_through >= wake.seq => {
+                        let _ = wake.ack().await;
+                    }
+                    _ => {
+                        let _ = wake.nak(busy).await;
+                    }
+                }
+            }
+            Err(e) => {
+                warn!(conversation = %wake.conversation, error = %e, "cannot claim");
+                let _ = wake.nak(busy).await;
+            }
+        }
+    }
+}
