@@ -118,6 +118,7 @@ pub struct WorkerArgs {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum FaultArg {
     HangAfterBatchOne,
+    HangAfterClaim,
 }
 
 #[derive(Debug, Args)]

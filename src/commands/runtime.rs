@@ -54,9 +54,10 @@ fn worker_config(args: &WorkerArgs) -> WorkerConfig {
         lease_ttl: ttl,
         renew_every: ttl / 3,
         grace: Duration::from_millis(args.grace_ms),
-        fault: args
-            .fault
-            .map(|FaultArg::HangAfterBatchOne| Fault::HangAfterBatchOne),
+        fault: args.fault.map(|f| match f {
+            FaultArg::HangAfterBatchOne => Fault::HangAfterBatchOne,
+            FaultArg::HangAfterClaim => Fault::HangAfterClaim,
+        }),
         ..Default::default()
     }
 }

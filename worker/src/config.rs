@@ -7,6 +7,8 @@ use std::time::Duration;
 pub enum Fault {
     /// After batch one of a turn commits, announce it on stderr and hang until killed.
     HangAfterBatchOne,
+    /// After taking a lease, announce it on stderr and hang (holding it) until killed.
+    HangAfterClaim,
 }
 
 /// How a worker behaves.

@@ -142,6 +142,10 @@ pub(crate) async fn own(
         agent: worker.agent.clone(),
         config: worker.config.clone(),
     };
+    if worker.config.fault == Some(crate::config::Fault::HangAfterClaim) {
+        eprintln!("fault: hanging after claiming {conversation}");
+        std::future::pending::<()>().await;
+    }
     let mut slot = slot;
     loop {
         let epoch = lease.revision;

@@ -3,10 +3,14 @@
 //! # Layout
 //! - [`services`]: child processes on free loopback ports (moto's S3 server, …)
 //! - [`nats`]: a JetStream server per test
+//! - [`process`]: turnpike processes, killable on demand
 //! - [`stores`]: object store backends for the shared suites (memory, local filesystem, S3)
 //! - [`fixtures`]: small builders for conversations and records
+//! - [`lanes`]: publishing many events and checking they were committed in order, once
 
 pub mod fixtures;
+pub mod lanes;
 pub mod nats;
+pub mod process;
 pub mod services;
 pub mod stores;

@@ -1,0 +1,114 @@
+//! Turnpike processes for multi-process tests: killed with the thread that started them, and
+//! killable on demand (SIGKILL, no goodbye) to test crashes.
+
+use std::io::{BufRead as _, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context as _, Result};
+
+/// A running `turnpike` process whose stderr lines can be waited on.
+pub struct Process {
+    child: Child,
+    lines: mpsc::Receiver<String>,
+    seen: Vec<String>,
+}
+
+impl Process {
+    /// Starts `binary args…` with `envs`. The process is killed when the starting thread ends.
+    pub fn start(binary: &Path, args: &[String], envs: &[(&str, String)]) -> Result<Self> {
+        let mut command = Command::new(binary);
+        command
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        for (k, v) in envs {
+            command.env(k, v);
+        }
+        #[cfg(target_os = "linux")]
+        {
+            use std::os::unix::process::CommandExt as _;
+            // SAFETY: prctl is async-signal-safe; it only sets this child's parent-death signal.
+            unsafe {
+                command.pre_exec(|| {
+                    libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                    Ok(())
+                });
+            }
+        }
+        let mut child = command
+            .spawn()
+            .with_context(|| format!("starting {}", binary.display()))?;
+        let stderr = child.stderr.take().expect("stderr is piped");
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(|l| l.ok()) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Ok(Process {
+            child,
+            lines,
+            seen: Vec::new(),
+        })
+    }
+
+    /// Waits for a stderr line containing `needle`; returns it.
+    pub fn wait_for_line(&mut self, needle: &str, timeout: Duration) -> Result<String> {
+        if let Some(line) = self.seen.iter().find(|l| l.contains(needle)) {
+            return Ok(line.clone());
+        }
+        let deadline = Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) => {
+                    self.seen.push(line.clone());
+                    if line.contains(needle) {
+                        return Ok(line);
+                    }
+                }
+                Err(_) => bail!(
+                    "no line containing {needle:?} within {timeout:?}; stderr so far:\n{}",
+                    self.seen.join("\n")
+                ),
+            }
+        }
+    }
+
+    /// Kills the process at once (SIGKILL) and reaps it.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Asks the process to stop (SIGTERM) and waits for it to exit.
+    pub fn terminate(&mut self, timeout: Duration) -> Result<std::process::ExitStatus> {
+        // SAFETY: sending a signal to our own child.
+        unsafe {
+            libc::kill(self.child.id() as i32, libc::SIGTERM);
+        }
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.child.try_wait()? {
+                return Ok(status);
+            }
+            if Instant::now() > deadline {
+                self.kill();
+                bail!("did not stop within {timeout:?} of SIGTERM");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}

@@ -1,0 +1,373 @@
+//! Lanes end to end: a real nats-server, worker processes killed for real, records checked.
+//! The same scenarios run on the embedded backend (in-process workers, and a `serve` process
+//! killed and restarted).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use turnpike_artifactory::{Conversations, RecordSigner};
+use turnpike_router::bus::{Bus, Wake, WakeAck};
+use turnpike_router::embedded::{EmbeddedBus, EmbeddedConfig};
+use turnpike_router::{JetStreamBus, JetStreamConfig};
+use turnpike_schemas::EntryBody;
+use turnpike_tests::fixtures::{self, signer};
+use turnpike_tests::lanes::{check_conversation, create_conversations, publish, wait_for_turns};
+use turnpike_tests::nats::NatsServer;
+use turnpike_tests::process::Process;
+use turnpike_worker::{EchoAgent, Worker, WorkerConfig};
+
+const LONG: Duration = Duration::from_secs(240);
+
+fn binary() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_turnpike"))
+}
+
+/// A fleet: one nats-server, a shared local-filesystem store, worker processes.
+struct Fleet {
+    nats: NatsServer,
+    store: tempfile::TempDir,
+    data: tempfile::TempDir,
+    conversations: Conversations,
+    bus: Arc<JetStreamBus>,
+}
+
+impl Fleet {
+    async fn start() -> Fleet {
+        let nats = NatsServer::start().expect("nats-server");
+        let store = tempfile::tempdir().unwrap();
+        let conversations = Conversations::new(
+            turnpike_artifactory::open_store(store.path().to_str().unwrap()).unwrap(),
+        );
+        let bus = JetStreamBus::connect(JetStreamConfig {
+            url: nats.url(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+        Fleet {
+            nats,
+            store,
+            data: tempfile::tempdir().unwrap(),
+            conversations,
+            bus,
+        }
+    }
+
+    /// Starts a worker process and waits until it is ready; returns it and its worker id.
+    fn worker(&self, extra: &[&str]) -> (Process, String) {
+        let mut args: Vec<String> = vec![
+            "--data-dir".into(),
+            self.data.path().to_string_lossy().into_owned(),
+            "--store".into(),
+            format!("file://{}", self.store.path().display()),
+            "--nats-url".into(),
+            self.nats.url(),
+            "worker".into(),
+            "--lease-ttl-ms".into(),
+            "2000".into(),
+            "--ack-wait-ms".into(),
+            "4000".into(),
+        ];
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let mut process = Process::start(
+            &binary(),
+            &args,
+            &[
+                ("TURNPIKE_SIGNING_KEY", signer().to_hex()),
+                ("TURNPIKE_LOG", "warn".into()),
+            ],
+        )
+        .expect("a worker process");
+        let line = process
+            .wait_for_line("ready", Duration::from_secs(60))
+            .expect("worker ready");
+        let id = line
+            .split_whitespace()
+            .nth(1)
+            .unwrap_or_default()
+            .to_owned();
+        (process, id)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_conversations_on_four_worker_processes_keep_order_and_lose_nothing() {
+    let fleet = Fleet::start().await;
+    let workers: Vec<_> = (0..4).map(|_| fleet.worker(&[])).collect();
+    let convs = create_conversations(&fleet.conversations, &signer(), 200).await;
+    publish(fleet.bus.clone(), &fleet.conversations, &convs, 0, 20, LONG)
+        .await
+        .unwrap();
+    wait_for_turns(&fleet.conversations, &convs, 20, LONG)
+        .await
+        .unwrap();
+    for (i, conv) in convs.iter().enumerate() {
+        check_conversation(&fleet.conversations, &signer(), *conv, i, 20)
+            .await
+            .unwrap();
+    }
+    // Work was spread: more than one worker dispatched turns.
+    let mut dispatchers = std::collections::HashSet::new();
+    for conv in convs.iter().take(50) {
+        let record = turnpike_artifactory::Record::new(
+            fleet.conversations.store().clone(),
+            turnpike_artifactory::ConversationPrefix::new(fixtures::tenant(), *conv),
+        );
+        for e in record.entries().await.unwrap() {
+            if let EntryBody::TurnDispatched(d) = e.body {
+                dispatchers.insert(d.worker.to_string());
+            }
+        }
+    }
+    assert!(
+        dispatchers.len() > 1,
+        "one worker did everything: {dispatchers:?}"
+    );
+    assert!(dispatchers
+        .iter()
+        .all(|d| workers.iter().any(|(_, id)| id == d)));
+}
+
+/// A wake delivered by hand, acknowledged nowhere.
+struct HandAck;
+
+#[async_trait]
+impl WakeAck for HandAck {
+    async fn ack(&self) -> turnpike_router::Result<()> {
+        Ok(())
+    }
+    async fn nak(&self, _: Duration) -> turnpike_router::Result<()> {
+        Ok(())
+    }
+    async fn progress(&self) -> turnpike_router::Result<()> {
+        Ok(())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_workers_woken_for_one_conversation_open_one_turn() {
+    let fleet = Fleet::start().await;
+    let convs = create_conversations(&fleet.conversations, &signer(), 1).await;
+    publish(fleet.bus.clone(), &fleet.conversations, &convs, 0, 1, LONG)
+        .await
+        .unwrap();
+    let seq = fleet.bus.lane_last(convs[0]).await.unwrap();
+    let make = || {
+        Worker::new(
+            fleet.bus.clone(),
+            fleet.conversations.clone(),
+            signer(),
+            Arc::new(EchoAgent),
+            WorkerConfig::default(),
+        )
+    };
+    let (a, b) = (make(), make());
+    let wake = || Wake::new(convs[0], fixtures::tenant(), seq, 1, Box::new(HandAck));
+    tokio::join!(a.handle(wake()), b.handle(wake()));
+    wait_for_turns(&fleet.conversations, &convs, 1, LONG)
+        .await
+        .unwrap();
+    tokio::join!(a.idle(), b.idle());
+    check_conversation(&fleet.conversations, &signer(), convs[0], 0, 1)
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_killed_between_the_batches_is_recovered_under_the_same_turn_id() {
+    let fleet = Fleet::start().await;
+    let convs = create_conversations(&fleet.conversations, &signer(), 1).await;
+    let (mut doomed, doomed_id) = fleet.worker(&["--fault", "hang-after-batch-one"]);
+    publish(fleet.bus.clone(), &fleet.conversations, &convs, 0, 3, LONG)
+        .await
+        .unwrap();
+    doomed
+        .wait_for_line("hanging after batch one", LONG)
+        .unwrap();
+    doomed.kill();
+    let (_rescuer, rescuer_id) = fleet.worker(&[]);
+    wait_for_turns(&fleet.conversations, &convs, 3, LONG)
+        .await
+        .unwrap();
+    check_conversation(&fleet.conversations, &signer(), convs[0], 0, 3)
+        .await
+        .unwrap();
+    // Turn 1 was dispatched by the killed worker and completed by the other.
+    let record = turnpike_artifactory::Record::new(
+        fleet.conversations.store().clone(),
+        turnpike_artifactory::ConversationPrefix::new(fixtures::tenant(), convs[0]),
+    );
+    let entries = record.entries().await.unwrap();
+    let first_dispatch = entries
+        .iter()
+        .find_map(|e| match &e.body {
+            EntryBody::TurnDispatched(d) => Some(d.clone()),
+            _ => None,
+        })
+        .unwrap();
+    assert_eq!(first_dispatch.turn.number(), 1);
+    assert_eq!(first_dispatch.worker.to_string(), doomed_id);
+    assert_ne!(doomed_id, rescuer_id);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_held_by_a_killed_worker_is_taken_over_after_its_ttl() {
+    let fleet = Fleet::start().await;
+    let convs = create_conversations(&fleet.conversations, &signer(), 1).await;
+    let (mut doomed, _) = fleet.worker(&["--fault", "hang-after-claim"]);
+    publish(fleet.bus.clone(), &fleet.conversations, &convs, 0, 5, LONG)
+        .await
+        .unwrap();
+    doomed
+        .wait_for_line("hanging after claiming", LONG)
+        .unwrap();
+    doomed.kill();
+    let (_rescuer, _) = fleet.worker(&[]);
+    wait_for_turns(&fleet.conversations, &convs, 5, LONG)
+        .await
+        .unwrap();
+    check_conversation(&fleet.conversations, &signer(), convs[0], 0, 5)
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_nats_restart_in_the_middle_of_a_run_loses_and_duplicates_nothing() {
+    let mut fleet = Fleet::start().await;
+    let _workers: Vec<_> = (0..2).map(|_| fleet.worker(&[])).collect();
+    let convs = create_conversations(&fleet.conversations, &signer(), 30).await;
+    publish(fleet.bus.clone(), &fleet.conversations, &convs, 0, 5, LONG)
+        .await
+        .unwrap();
+    wait_for_turns(&fleet.conversations, &convs[..1], 1, LONG)
+        .await
+        .unwrap();
+    fleet.nats.restart().unwrap();
+    // Publishers retry with the same idempotency keys until NATS is back.
+    publish(fleet.bus.clone(), &fleet.conversations, &convs, 5, 10, LONG)
+        .await
+        .unwrap();
+    wait_for_turns(&fleet.conversations, &convs, 10, LONG)
+        .await
+        .unwrap();
+    for (i, conv) in convs.iter().enumerate() {
+        check_conversation(&fleet.conversations, &signer(), *conv, i, 10)
+            .await
+            .unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_same_idempotency_key_sent_three_times_is_one_event() {
+    let fleet = Fleet::start().await;
+    let convs = create_conversations(&fleet.conversations, &signer(), 1).await;
+    for _ in 0..3 {
+        // `publish` sends event j with key `k{j}`: three sends of event 0.
+        publish(fleet.bus.clone(), &fleet.conversations, &convs, 0, 1, LONG)
+            .await
+            .unwrap();
+    }
+    assert_eq!(fleet.bus.read_lane(convs[0], 0, 10).await.unwrap().len(), 1);
+    let (_w, _) = fleet.worker(&[]);
+    wait_for_turns(&fleet.conversations, &convs, 1, LONG)
+        .await
+        .unwrap();
+    check_conversation(&fleet.conversations, &signer(), convs[0], 0, 1)
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn embedded_workers_keep_order_and_lose_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let bus: Arc<dyn Bus> =
+        EmbeddedBus::open(&dir.path().join("bus.redb"), EmbeddedConfig::default()).unwrap();
+    let conversations = Conversations::new(
+        turnpike_artifactory::open_store(dir.path().join("store").to_str().unwrap()).unwrap(),
+    );
+    let convs = create_conversations(&conversations, &signer(), 100).await;
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let mut handles = Vec::new();
+    for _ in 0..4 {
+        let worker = Worker::new(
+            bus.clone(),
+            conversations.clone(),
+            signer(),
+            Arc::new(EchoAgent),
+            WorkerConfig::default(),
+        );
+        let mut stopped = stopped.clone();
+        handles.push(tokio::spawn(async move {
+            worker
+                .run(async move {
+                    let _ = stopped.wait_for(|s| *s).await;
+                })
+                .await
+        }));
+    }
+    publish(bus.clone(), &conversations, &convs, 0, 10, LONG)
+        .await
+        .unwrap();
+    wait_for_turns(&conversations, &convs, 10, LONG)
+        .await
+        .unwrap();
+    stop.send(true).unwrap();
+    for h in handles {
+        h.await.unwrap();
+    }
+    for (i, conv) in convs.iter().enumerate() {
+        check_conversation(&conversations, &signer(), *conv, i, 10)
+            .await
+            .unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn embedded_serve_killed_and_restarted_loses_and_duplicates_nothing() {
+    let data = tempfile::tempdir().unwrap();
+    let key = signer().to_hex();
+    let conversations = Conversations::new(
+        turnpike_artifactory::open_store(data.path().join("store").to_str().unwrap()).unwrap(),
+    );
+    let convs =
+        create_conversations(&conversations, &RecordSigner::from_hex(&key).unwrap(), 20).await;
+    // Accepted while nothing runs: the events wait, durable, in the embedded bus.
+    {
+        let bus: Arc<dyn Bus> =
+            EmbeddedBus::open(&data.path().join("bus.redb"), EmbeddedConfig::default()).unwrap();
+        publish(bus, &conversations, &convs, 0, 10, LONG)
+            .await
+            .unwrap();
+    }
+    let serve = || {
+        let args: Vec<String> = vec![
+            "--data-dir".into(),
+            data.path().to_string_lossy().into_owned(),
+            "serve".into(),
+            "--workers".into(),
+            "2".into(),
+            "--lease-ttl-ms".into(),
+            "2000".into(),
+        ];
+        let mut p =
+            Process::start(&binary(), &args, &[("TURNPIKE_SIGNING_KEY", key.clone())]).unwrap();
+        p.wait_for_line("ready", Duration::from_secs(60)).unwrap();
+        p
+    };
+    let mut first = serve();
+    wait_for_turns(&conversations, &convs[..1], 2, LONG)
+        .await
+        .unwrap();
+    first.kill();
+    let _second = serve();
+    wait_for_turns(&conversations, &convs, 10, LONG)
+        .await
+        .unwrap();
+    for (i, conv) in convs.iter().enumerate() {
+        check_conversation(&conversations, &signer(), *conv, i, 10)
+            .await
+            .unwrap();
+    }
+}
