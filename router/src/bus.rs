@@ -194,7 +194,8 @@ mod tests {
             let held = LeaseValue { owner: Some(a), expires_ms: expires };
             prop_assert_eq!(may_claim(Some(&held), b, now), expires <= now);
             prop_assert!(may_claim(Some(&held), a, now));
-            prop_assert!(may_claim(Some(&LeaseValue { owner: None, expires_ms: expires }), b, now));
+            let released = LeaseValue { owner: None, expires_ms: expires };
+            prop_assert!(may_claim(Some(&released), b, now));
             prop_assert!(may_claim(None, b, now));
         }
     }
