@@ -229,6 +229,25 @@ pub enum RecordCommand {
 
 #[derive(Debug, Subcommand)]
 pub enum BenchCommand {
+    /// Accept → turn start latency and turns per second, beside raw JetStream, on JetStream and
+    /// on the embedded backend.
+    Lanes {
+        /// NATS to measure against; default: a nats-server started for the run.
+        #[arg(long)]
+        nats: Option<String>,
+        /// Conversations in the throughput run.
+        #[arg(long, default_value_t = 1000)]
+        conversations: usize,
+        /// Turns per conversation in the throughput run.
+        #[arg(long, default_value_t = 10)]
+        turns: usize,
+        /// Events in the latency runs (one at a time).
+        #[arg(long, default_value_t = 300)]
+        samples: usize,
+        /// Workers in the process.
+        #[arg(long, default_value_t = 4)]
+        workers: usize,
+    },
     /// Record appends per second and verify throughput on the local filesystem.
     Record {
         /// How many 1-entry batches to append (16-entry batches: a sixteenth of it).

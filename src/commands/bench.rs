@@ -17,6 +17,13 @@ use crate::cli::BenchCommand;
 pub async fn run(command: BenchCommand) -> Result<ExitCode> {
     match command {
         BenchCommand::Record { appends, dir } => record(appends.max(16), dir).await,
+        BenchCommand::Lanes {
+            nats,
+            conversations,
+            turns,
+            samples,
+            workers,
+        } => super::bench_lanes::run(nats, conversations.max(1), turns.max(1), samples.max(1), workers.max(1)).await,
     }
 }
 

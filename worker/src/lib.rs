@@ -17,4 +17,5 @@ pub mod worker;
 pub use agent::{Agent, EchoAgent};
 pub use config::{Fault, WorkerConfig};
 pub use error::{Error, Result};
+pub use turn::TurnContext;
 pub use worker::Worker;

@@ -1,0 +1,293 @@
+//! `turnpike bench lanes`: what turnpike adds over raw JetStream, measured in one run.
+//!
+//! - the floor: raw JetStream publish → pull-consume latency, and messages per second;
+//! - turnpike on JetStream and on the embedded bus: accept (publish acknowledged) → turn start
+//!   (the agent is called, after batch one committed), and turns per second over many
+//!   conversations, with a no-op agent.
+
+use std::collections::HashMap;
+use std::net::TcpListener;
+use std::process::ExitCode;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, Result};
+use async_nats::jetstream::{self, consumer::pull, stream};
+use async_trait::async_trait;
+use futures::StreamExt as _;
+use turnpike_artifactory::{open_store, Conversations, NewConversation, RecordSigner};
+use turnpike_router::embedded::{EmbeddedBus, EmbeddedConfig};
+use turnpike_router::{Bus, Ingress, JetStreamBus, JetStreamConfig};
+use turnpike_schemas::entry::TurnOutcome;
+use turnpike_schemas::{ConversationId, EventBody, EventId, Identity};
+use turnpike_worker::turn::TurnContext;
+use turnpike_worker::{Agent, Worker, WorkerConfig};
+
+/// Records when each turn's agent started, by input event.
+#[derive(Default)]
+struct Starts {
+    at: Mutex<HashMap<EventId, Instant>>,
+    notify: tokio::sync::Notify,
+}
+
+struct NoopAgent(Arc<Starts>);
+
+#[async_trait]
+impl Agent for NoopAgent {
+    async fn run(&self, turn: &mut TurnContext) -> turnpike_worker::Result<TurnOutcome> {
+        let now = Instant::now();
+        let mut at = self.0.at.lock().expect("starts lock");
+        for e in turn.inputs() {
+            at.entry(e.id).or_insert(now);
+        }
+        drop(at);
+        self.0.notify.notify_waiters();
+        Ok(TurnOutcome::Replied)
+    }
+}
+
+fn percentile(samples: &mut [Duration], p: f64) -> Duration {
+    samples.sort_unstable();
+    samples[((samples.len() as f64 - 1.0) * p).round() as usize]
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+struct Nats {
+    _child: tokio::process::Child,
+    _dir: tempfile::TempDir,
+    url: String,
+}
+
+async fn start_nats() -> Result<Nats> {
+    let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+    let dir = tempfile::tempdir()?;
+    let child = tokio::process::Command::new("nats-server")
+        .args(["-js", "-a", "127.0.0.1", "-p", &port.to_string(), "-sd"])
+        .arg(dir.path())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .context("starting nats-server (scripts/services install, or pass --nats URL)")?;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while tokio::net::TcpStream::connect(("127.0.0.1", port)).await.is_err() {
+        anyhow::ensure!(Instant::now() < deadline, "nats-server did not start");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Ok(Nats {
+        _child: child,
+        _dir: dir,
+        url: format!("nats://127.0.0.1:{port}"),
+    })
+}
+
+/// The floor: raw JetStream publish → pull-consume.
+async fn raw_jetstream(url: &str, samples: usize, burst: usize) -> Result<(Vec<Duration>, f64)> {
+    let client = async_nats::connect(url).await?;
+    let js = jetstream::new(client);
+    let stream = js
+        .get_or_create_stream(stream::Config {
+            name: "BENCH_RAW".into(),
+            subjects: vec!["bench.raw".into()],
+            ..Default::default()
+        })
+        .await?;
+    let consumer = stream
+        .get_or_create_consumer(
+            "bench",
+            pull::Config {
+                durable_name: Some("bench".into()),
+                ..Default::default()
+            },
+        )
+        .await?;
+    let mut messages = consumer.messages().await?;
+    let mut latencies = Vec::with_capacity(samples);
+    for _ in 0..samples {
+        let start = Instant::now();
+        js.publish("bench.raw", "x".into()).await?.await?;
+        let m = messages.next().await.context("consumer ended")??;
+        m.ack().await.map_err(|e| anyhow::anyhow!("{e}"))?;
+        latencies.push(start.elapsed());
+    }
+    let start = Instant::now();
+    let publisher = {
+        let js = js.clone();
+        tokio::spawn(async move {
+            let mut acks = Vec::with_capacity(burst);
+            for _ in 0..burst {
+                acks.push(js.publish("bench.raw", "x".into()).await?);
+            }
+            for a in acks {
+                a.await?;
+            }
+            anyhow::Ok(())
+        })
+    };
+    for _ in 0..burst {
+        let m = messages.next().await.context("consumer ended")??;
+        m.ack().await.map_err(|e| anyhow::anyhow!("{e}"))?;
+    }
+    publisher.await??;
+    Ok((latencies, burst as f64 / start.elapsed().as_secs_f64()))
+}
+
+struct Measured {
+    latencies: Vec<Duration>,
+    turns_per_second: f64,
+}
+
+/// Turnpike on a bus: latency one event at a time, then throughput over many conversations.
+async fn turnpike(bus: Arc<dyn Bus>, store_dir: &std::path::Path, workers: usize, samples: usize, conversations: usize, turns: usize) -> Result<Measured> {
+    let store = open_store(store_dir.to_str().context("a UTF-8 path")?)?;
+    let convs_store = Conversations::new(store);
+    let signer = RecordSigner::generate()?;
+    let starts = Arc::new(Starts::default());
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let mut handles = Vec::new();
+    for _ in 0..workers {
+        let worker = Worker::new(
+            bus.clone(),
+            convs_store.clone(),
+            signer.clone(),
+            Arc::new(NoopAgent(starts.clone())),
+            WorkerConfig::default(),
+        );
+        let mut stopped = stopped.clone();
+        handles.push(tokio::spawn(async move {
+            worker.run(async move { let _ = stopped.wait_for(|s| *s).await; }).await
+        }));
+    }
+    let owner: Identity = "local:bench".parse()?;
+    let create = |n: usize| {
+        let convs_store = convs_store.clone();
+        let signer = signer.clone();
+        let owner = owner.clone();
+        async move {
+            let mut out: Vec<ConversationId> = Vec::with_capacity(n);
+            for _ in 0..n {
+                let (entry, _, _) = convs_store
+                    .create(
+                        &signer,
+                        NewConversation {
+                            tenant: "bench".parse()?,
+                            owner: owner.clone(),
+                            app: "bench".parse()?,
+                            agent: "noop".parse()?,
+                            at_ms: 0,
+                        },
+                    )
+                    .await?;
+                out.push(entry.conversation);
+            }
+            anyhow::Ok(out)
+        }
+    };
+    let ingress = Ingress::new(bus.clone(), convs_store.clone());
+
+    // Latency: one event at a time, each on a fresh conversation.
+    let convs = create(samples).await?;
+    let mut latencies = Vec::with_capacity(samples);
+    for conv in &convs {
+        let body = EventBody::Message { text: "hi".into() };
+        let (event, _) = ingress.submit(&owner, *conv, body, None).await?;
+        let accepted = Instant::now();
+        loop {
+            let notified = starts.notify.notified();
+            if let Some(at) = starts.at.lock().expect("starts lock").get(&event.id) {
+                latencies.push(at.saturating_duration_since(accepted));
+                break;
+            }
+            tokio::time::timeout(Duration::from_secs(30), notified).await.context("a turn never started")?;
+        }
+    }
+
+    // Throughput: every conversation gets `turns` messages at once.
+    let convs = create(conversations).await?;
+    let already = starts.at.lock().expect("starts lock").len();
+    let start = Instant::now();
+    let mut publishers = Vec::new();
+    for chunk in convs.chunks(conversations.div_ceil(16).max(1)) {
+        let chunk = chunk.to_vec();
+        let ingress = ingress.clone();
+        let owner = owner.clone();
+        publishers.push(tokio::spawn(async move {
+            for t in 0..turns {
+                for conv in &chunk {
+                    let body = EventBody::Message { text: format!("m{t}") };
+                    ingress.submit(&owner, *conv, body, None).await?;
+                }
+            }
+            anyhow::Ok(())
+        }));
+    }
+    for p in publishers {
+        p.await??;
+    }
+    let want = already + conversations * turns;
+    loop {
+        let notified = starts.notify.notified();
+        if starts.at.lock().expect("starts lock").len() >= want {
+            break;
+        }
+        tokio::time::timeout(Duration::from_secs(60), notified).await.context("turns stalled")?;
+    }
+    let turns_per_second = (conversations * turns) as f64 / start.elapsed().as_secs_f64();
+    let _ = stop.send(true);
+    for h in handles {
+        let _ = h.await;
+    }
+    Ok(Measured {
+        latencies,
+        turns_per_second,
+    })
+}
+
+pub async fn run(nats: Option<String>, conversations: usize, turns: usize, samples: usize, workers: usize) -> Result<ExitCode> {
+    let started;
+    let url = match nats {
+        Some(url) => url,
+        None => {
+            started = start_nats().await?;
+            started.url.clone()
+        }
+    };
+    println!("turnpike bench lanes: {workers} workers in-process, {conversations} conversations x {turns} turns, {samples} latency samples, NATS at {url}");
+    let (mut floor, floor_rate) = raw_jetstream(&url, samples, conversations * turns).await?;
+
+    let dir = tempfile::tempdir()?;
+    let js_bus = JetStreamBus::connect(JetStreamConfig {
+        url: url.clone(),
+        ..Default::default()
+    })
+    .await?;
+    let mut js = turnpike(js_bus, &dir.path().join("js-store"), workers, samples, conversations, turns).await?;
+    let embedded_bus = EmbeddedBus::open(&dir.path().join("bus.redb"), EmbeddedConfig::default())?;
+    let mut emb = turnpike(embedded_bus, &dir.path().join("emb-store"), workers, samples, conversations, turns).await?;
+
+    println!("\n{:<44} {:>10} {:>10} {:>14}", "", "p50 ms", "p99 ms", "per second");
+    println!(
+        "{:<44} {:>10.3} {:>10.3} {:>14.0}",
+        "raw JetStream publish -> pull-consume",
+        ms(percentile(&mut floor, 0.5)),
+        ms(percentile(&mut floor, 0.99)),
+        floor_rate
+    );
+    for (name, m) in [("turnpike JetStream accept -> turn start", &mut js), ("turnpike embedded accept -> turn start", &mut emb)] {
+        println!(
+            "{:<44} {:>10.3} {:>10.3} {:>14.0}",
+            name,
+            ms(percentile(&mut m.latencies, 0.5)),
+            ms(percentile(&mut m.latencies, 0.99)),
+            m.turns_per_second
+        );
+    }
+    let added = ms(percentile(&mut js.latencies, 0.5)) - ms(percentile(&mut floor, 0.5));
+    let share = 100.0 * js.turns_per_second / floor_rate;
+    println!("\nturnpike on JetStream adds {added:.3} ms at p50 over raw JetStream (goal: at most 2 ms)");
+    println!("turnpike on JetStream reaches {share:.1}% of raw JetStream's message rate as turns per second (goal: at least 10%)");
+    Ok(ExitCode::SUCCESS)
+}
