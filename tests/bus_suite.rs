@@ -102,18 +102,26 @@ macro_rules! bus_suite {
                     b.bus.publish(&event(c, &format!("c{i}"))).await.unwrap();
                 }
                 assert!(seqs.windows(2).all(|w| w[0] < w[1]), "{seqs:?}");
-                let lane = b.bus.read_lane(a, 0, 100).await.unwrap();
+                let lane = b.bus.read_lane(a, 0, None, 100).await.unwrap();
                 assert_eq!(
                     lane.iter().map(|m| text(&m.event)).collect::<Vec<_>>(),
                     ["a0", "a1", "a2"]
                 );
                 assert_eq!(lane.iter().map(|m| m.seq).collect::<Vec<_>>(), seqs);
-                let rest = b.bus.read_lane(a, seqs[0], 100).await.unwrap();
+                let rest = b.bus.read_lane(a, seqs[0], None, 100).await.unwrap();
                 assert_eq!(rest.len(), 2);
-                assert_eq!(b.bus.read_lane(a, seqs[0], 1).await.unwrap().len(), 1);
+                assert_eq!(b.bus.read_lane(a, seqs[0], None, 1).await.unwrap().len(), 1);
+                // Reading up to a known sequence returns at least everything up to it.
+                let upto = b.bus.read_lane(a, 0, Some(seqs[1]), 100).await.unwrap();
+                assert!(upto.len() >= 2 && upto[1].seq == seqs[1], "{upto:?}");
                 assert_eq!(b.bus.lane_last(a).await.unwrap(), seqs[2]);
                 let nobody = ConversationId::new();
-                assert!(b.bus.read_lane(nobody, 0, 10).await.unwrap().is_empty());
+                assert!(b
+                    .bus
+                    .read_lane(nobody, 0, None, 10)
+                    .await
+                    .unwrap()
+                    .is_empty());
                 assert_eq!(b.bus.lane_last(nobody).await.unwrap(), 0);
             }
 
@@ -138,7 +146,7 @@ macro_rules! bus_suite {
                 let plain = event(conv, "plain");
                 b.bus.publish(&plain).await.unwrap();
                 assert!(b.bus.publish(&plain).await.unwrap().duplicate);
-                let lane = b.bus.read_lane(conv, 0, 100).await.unwrap();
+                let lane = b.bus.read_lane(conv, 0, None, 100).await.unwrap();
                 assert_eq!(
                     lane.iter().map(|m| text(&m.event)).collect::<Vec<_>>(),
                     ["once", "plain"]
@@ -279,7 +287,7 @@ async fn the_embedded_bus_keeps_accepted_events_across_a_restart() {
         }
     }
     let bus: Arc<dyn Bus> = EmbeddedBus::open(&path, EmbeddedConfig::default()).unwrap();
-    let lane = bus.read_lane(conv, 0, 10).await.unwrap();
+    let lane = bus.read_lane(conv, 0, None, 10).await.unwrap();
     assert_eq!(
         lane.iter().map(|m| text(&m.event)).collect::<Vec<_>>(),
         ["m0", "m1", "m2"]
@@ -335,7 +343,7 @@ async fn ingress_fails_loudly_while_nats_is_down_and_recovers() {
         }
     }
     assert!(bus.publish(&e).await.unwrap().duplicate);
-    let lane = bus.read_lane(conv, 0, 10).await.unwrap();
+    let lane = bus.read_lane(conv, 0, None, 10).await.unwrap();
     assert_eq!(
         lane.iter().map(|m| text(&m.event)).collect::<Vec<_>>(),
         ["before", "during"]

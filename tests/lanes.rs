@@ -269,7 +269,15 @@ async fn the_same_idempotency_key_sent_three_times_is_one_event() {
             .await
             .unwrap();
     }
-    assert_eq!(fleet.bus.read_lane(convs[0], 0, 10).await.unwrap().len(), 1);
+    assert_eq!(
+        fleet
+            .bus
+            .read_lane(convs[0], 0, None, 10)
+            .await
+            .unwrap()
+            .len(),
+        1
+    );
     let (_w, _) = fleet.worker(&[]);
     wait_for_turns(&fleet.conversations, &convs, 1, LONG)
         .await

@@ -122,6 +122,41 @@ macro_rules! record_suite {
             }
 
             #[tokio::test]
+            async fn the_head_is_found_whatever_the_hint_says() {
+                let (_keep, store) = store();
+                let (record, head) = record_with_turns(store.clone(), 12).await;
+                let hint = record.prefix().record_hint();
+                for text in [
+                    None,
+                    Some("0"),
+                    Some("3"),
+                    Some("999"),
+                    Some("not a number"),
+                ] {
+                    match text {
+                        None => {
+                            let _ = store.delete(&hint).await;
+                        }
+                        Some(t) => {
+                            store
+                                .put(&hint, PutPayload::from(t.as_bytes().to_vec()))
+                                .await
+                                .unwrap();
+                        }
+                    }
+                    assert_eq!(record.head().await.unwrap(), head, "hint {text:?}");
+                }
+                // From a known head: unchanged, and after more appends.
+                assert_eq!(record.head_after(Some(&head)).await.unwrap(), head);
+                let conversation = record.prefix().conversation();
+                let newer = record
+                    .append(&signer(), &head, &batch_one(conversation, 13, "q"))
+                    .await
+                    .unwrap();
+                assert_eq!(record.head_after(Some(&head)).await.unwrap(), newer);
+            }
+
+            #[tokio::test]
             async fn a_stale_head_fails_and_writes_nothing() {
                 let (_keep, store) = store();
                 let (record, head) = record_with_turns(store, 1).await;

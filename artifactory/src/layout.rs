@@ -2,6 +2,7 @@
 //!
 //! ```text
 //! tenants/{tenant}/conversations/{conv}/record/{batch:020}
+//! tenants/{tenant}/conversations/{conv}/record-head        a hint: a recent batch number
 //! tenants/{tenant}/conversations/{conv}/turns/turn_{n}/log.json
 //! tenants/{tenant}/conversations/{conv}/turns/turn_{n}/files/{path}
 //! tenants/{tenant}/conversations/{conv}/attachments/{id}/{name}
@@ -69,6 +70,11 @@ impl ConversationPrefix {
             return None;
         }
         name.parse().ok()
+    }
+
+    /// The head hint: the number of a recent batch, written after appends. Never authoritative.
+    pub fn record_hint(&self) -> Path {
+        Path::from(format!("{}/record-head", self.base()))
     }
 
     /// Where repaired batches' originals are kept.

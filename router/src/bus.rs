@@ -136,11 +136,14 @@ pub trait Bus: Send + Sync + 'static {
     /// Appends an event to its conversation's lane; accepted means durable.
     async fn publish(&self, event: &Event) -> Result<Published>;
 
-    /// Up to `limit` messages of one lane with sequences above `after`, in order.
+    /// Up to `limit` messages of one lane with sequences above `after`, in order. With `until`
+    /// (a sequence known to be on the lane, e.g. from a wake), reading may stop there instead of
+    /// asking for one more message to learn that there is none.
     async fn read_lane(
         &self,
         conversation: ConversationId,
         after: u64,
+        until: Option<u64>,
         limit: usize,
     ) -> Result<Vec<LaneMessage>>;
 

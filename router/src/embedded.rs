@@ -285,6 +285,7 @@ impl Bus for EmbeddedBus {
         &self,
         conversation: ConversationId,
         after: u64,
+        _until: Option<u64>,
         limit: usize,
     ) -> Result<Vec<LaneMessage>> {
         let conv = conversation.to_string();

@@ -4,6 +4,7 @@
 //! Everything is created idempotently at connect with explicit settings. Lanes are read in order
 //! by direct get (`next_by_subj`), so no consumer is created per conversation.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -62,6 +63,8 @@ pub struct JetStreamBus {
     streams: Vec<stream::Stream>,
     leases: stream::Stream,
     wakes: OnceCell<Mutex<mpsc::Receiver<Wake>>>,
+    /// The last lease revision and value this process wrote or read, per conversation.
+    lease_cache: std::sync::Mutex<HashMap<ConversationId, (u64, LeaseValue)>>,
     feeders: std::sync::Mutex<Vec<JoinHandle<()>>>,
 }
 
@@ -138,12 +141,13 @@ impl JetStreamBus {
             streams,
             leases,
             wakes: OnceCell::new(),
+            lease_cache: std::sync::Mutex::new(HashMap::new()),
             feeders: std::sync::Mutex::new(Vec::new()),
         }))
     }
 
-    /// The lease of a conversation and its revision, if one was ever written.
-    async fn read_lease(&self, conversation: ConversationId) -> Result<Option<(LeaseValue, u64)>> {
+    /// The revision and value of a conversation's lease, if one was ever written.
+    async fn read_lease(&self, conversation: ConversationId) -> Result<Option<(u64, LeaseValue)>> {
         match self
             .leases
             .direct_get_last_for_subject(lease_subject(conversation))
@@ -157,10 +161,46 @@ impl JetStreamBus {
                         e,
                     )
                 })?;
-                Ok(Some((value, m.sequence)))
+                Ok(Some((m.sequence, value)))
             }
             Err(e) if e.kind() == stream::DirectGetErrorKind::NotFound => Ok(None),
             Err(e) => Err(unavailable("reading a lease", e)),
+        }
+    }
+
+    fn cached_lease(&self, conversation: ConversationId) -> Option<(u64, LeaseValue)> {
+        self.lease_cache
+            .lock()
+            .expect("lease cache lock")
+            .get(&conversation)
+            .cloned()
+    }
+
+    fn remember_lease(&self, conversation: ConversationId, revision: u64, value: LeaseValue) {
+        /// A bound on the cache: past it, start over (it is only an optimisation).
+        const MAX_CACHED: usize = 100_000;
+        let mut cache = self.lease_cache.lock().expect("lease cache lock");
+        if cache.len() >= MAX_CACHED {
+            cache.clear();
+        }
+        cache.insert(conversation, (revision, value));
+    }
+
+    /// Builds a held lease and remembers it.
+    fn lease(
+        &self,
+        conversation: ConversationId,
+        owner: WorkerId,
+        revision: u64,
+        value: LeaseValue,
+    ) -> Lease {
+        let expires_ms = value.expires_ms;
+        self.remember_lease(conversation, revision, value);
+        Lease {
+            conversation,
+            owner,
+            revision,
+            expires_ms,
         }
     }
 
@@ -338,13 +378,14 @@ impl Bus for JetStreamBus {
         &self,
         conversation: ConversationId,
         after: u64,
+        until: Option<u64>,
         limit: usize,
     ) -> Result<Vec<LaneMessage>> {
         let stream = self.stream_of(conversation);
         let subject = self.config.shards.lane_subject(conversation);
         let mut out = Vec::new();
         let mut next = after + 1;
-        while out.len() < limit {
+        while out.len() < limit && until.is_none_or(|u| next <= u) {
             let message = match stream
                 .direct_get_next_for_subject(subject.as_str(), Some(next))
                 .await
@@ -399,24 +440,32 @@ impl Bus for JetStreamBus {
         ttl: Duration,
     ) -> Result<Option<Lease>> {
         let now = now_ms();
-        let current = self.read_lease(conversation).await?;
-        if !may_claim(current.as_ref().map(|(v, _)| v), worker, now) {
-            return Ok(None);
-        }
         let value = LeaseValue {
             owner: Some(worker),
             expires_ms: now + ttl.as_millis() as u64,
         };
-        let last = current.map(|(_, rev)| rev).unwrap_or(0);
-        match self.write_lease(conversation, &value, last).await? {
-            Some(revision) => Ok(Some(Lease {
-                conversation,
-                owner: worker,
-                revision,
-                expires_ms: value.expires_ms,
-            })),
-            None => Ok(None),
+        // Fast path: a compare-and-set at what this process saw last (nothing, for a lease it
+        // never saw). It succeeds only if that is still the current value, which may_claim
+        // allows: one round trip for the common case.
+        let cached = self.cached_lease(conversation);
+        if may_claim(cached.as_ref().map(|(_, v)| v), worker, now) {
+            let last = cached.map(|(rev, _)| rev).unwrap_or(0);
+            if let Some(revision) = self.write_lease(conversation, &value, last).await? {
+                return Ok(Some(self.lease(conversation, worker, revision, value)));
+            }
         }
+        let current = self.read_lease(conversation).await?;
+        if let Some((revision, held)) = &current {
+            self.remember_lease(conversation, *revision, held.clone());
+        }
+        if !may_claim(current.as_ref().map(|(_, v)| v), worker, now) {
+            return Ok(None);
+        }
+        let last = current.map(|(rev, _)| rev).unwrap_or(0);
+        Ok(self
+            .write_lease(conversation, &value, last)
+            .await?
+            .map(|revision| self.lease(conversation, worker, revision, value)))
     }
 
     async fn renew(&self, lease: &Lease, ttl: Duration) -> Result<Lease> {
@@ -428,11 +477,7 @@ impl Bus for JetStreamBus {
             .write_lease(lease.conversation, &value, lease.revision)
             .await?
         {
-            Some(revision) => Ok(Lease {
-                revision,
-                expires_ms: value.expires_ms,
-                ..lease.clone()
-            }),
+            Some(revision) => Ok(self.lease(lease.conversation, lease.owner, revision, value)),
             None => Err(Error::new(
                 ErrorKind::LeaseLost,
                 format!("the lease of {} was taken over", lease.conversation),
@@ -445,8 +490,12 @@ impl Bus for JetStreamBus {
             owner: None,
             expires_ms: 0,
         };
-        self.write_lease(lease.conversation, &value, lease.revision)
-            .await?;
+        if let Some(revision) = self
+            .write_lease(lease.conversation, &value, lease.revision)
+            .await?
+        {
+            self.remember_lease(lease.conversation, revision, value);
+        }
         Ok(())
     }
 }

@@ -23,7 +23,16 @@ pub async fn run(command: BenchCommand) -> Result<ExitCode> {
             turns,
             samples,
             workers,
-        } => super::bench_lanes::run(nats, conversations.max(1), turns.max(1), samples.max(1), workers.max(1)).await,
+        } => {
+            super::bench_lanes::run(
+                nats,
+                conversations.max(1),
+                turns.max(1),
+                samples.max(1),
+                workers.max(1),
+            )
+            .await
+        }
     }
 }
 

@@ -73,7 +73,10 @@ async fn start_nats() -> Result<Nats> {
         .spawn()
         .context("starting nats-server (scripts/services install, or pass --nats URL)")?;
     let deadline = Instant::now() + Duration::from_secs(20);
-    while tokio::net::TcpStream::connect(("127.0.0.1", port)).await.is_err() {
+    while tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .is_err()
+    {
         anyhow::ensure!(Instant::now() < deadline, "nats-server did not start");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
@@ -141,7 +144,14 @@ struct Measured {
 }
 
 /// Turnpike on a bus: latency one event at a time, then throughput over many conversations.
-async fn turnpike(bus: Arc<dyn Bus>, store_dir: &std::path::Path, workers: usize, samples: usize, conversations: usize, turns: usize) -> Result<Measured> {
+async fn turnpike(
+    bus: Arc<dyn Bus>,
+    store_dir: &std::path::Path,
+    workers: usize,
+    samples: usize,
+    conversations: usize,
+    turns: usize,
+) -> Result<Measured> {
     let store = open_store(store_dir.to_str().context("a UTF-8 path")?)?;
     let convs_store = Conversations::new(store);
     let signer = RecordSigner::generate()?;
@@ -158,7 +168,11 @@ async fn turnpike(bus: Arc<dyn Bus>, store_dir: &std::path::Path, workers: usize
         );
         let mut stopped = stopped.clone();
         handles.push(tokio::spawn(async move {
-            worker.run(async move { let _ = stopped.wait_for(|s| *s).await; }).await
+            worker
+                .run(async move {
+                    let _ = stopped.wait_for(|s| *s).await;
+                })
+                .await
         }));
     }
     let owner: Identity = "local:bench".parse()?;
@@ -201,7 +215,9 @@ async fn turnpike(bus: Arc<dyn Bus>, store_dir: &std::path::Path, workers: usize
                 latencies.push(at.saturating_duration_since(accepted));
                 break;
             }
-            tokio::time::timeout(Duration::from_secs(30), notified).await.context("a turn never started")?;
+            tokio::time::timeout(Duration::from_secs(30), notified)
+                .await
+                .context("a turn never started")?;
         }
     }
 
@@ -217,7 +233,9 @@ async fn turnpike(bus: Arc<dyn Bus>, store_dir: &std::path::Path, workers: usize
         publishers.push(tokio::spawn(async move {
             for t in 0..turns {
                 for conv in &chunk {
-                    let body = EventBody::Message { text: format!("m{t}") };
+                    let body = EventBody::Message {
+                        text: format!("m{t}"),
+                    };
                     ingress.submit(&owner, *conv, body, None).await?;
                 }
             }
@@ -233,7 +251,9 @@ async fn turnpike(bus: Arc<dyn Bus>, store_dir: &std::path::Path, workers: usize
         if starts.at.lock().expect("starts lock").len() >= want {
             break;
         }
-        tokio::time::timeout(Duration::from_secs(60), notified).await.context("turns stalled")?;
+        tokio::time::timeout(Duration::from_secs(60), notified)
+            .await
+            .context("turns stalled")?;
     }
     let turns_per_second = (conversations * turns) as f64 / start.elapsed().as_secs_f64();
     let _ = stop.send(true);
@@ -246,7 +266,13 @@ async fn turnpike(bus: Arc<dyn Bus>, store_dir: &std::path::Path, workers: usize
     })
 }
 
-pub async fn run(nats: Option<String>, conversations: usize, turns: usize, samples: usize, workers: usize) -> Result<ExitCode> {
+pub async fn run(
+    nats: Option<String>,
+    conversations: usize,
+    turns: usize,
+    samples: usize,
+    workers: usize,
+) -> Result<ExitCode> {
     let started;
     let url = match nats {
         Some(url) => url,
@@ -264,11 +290,30 @@ pub async fn run(nats: Option<String>, conversations: usize, turns: usize, sampl
         ..Default::default()
     })
     .await?;
-    let mut js = turnpike(js_bus, &dir.path().join("js-store"), workers, samples, conversations, turns).await?;
+    let mut js = turnpike(
+        js_bus,
+        &dir.path().join("js-store"),
+        workers,
+        samples,
+        conversations,
+        turns,
+    )
+    .await?;
     let embedded_bus = EmbeddedBus::open(&dir.path().join("bus.redb"), EmbeddedConfig::default())?;
-    let mut emb = turnpike(embedded_bus, &dir.path().join("emb-store"), workers, samples, conversations, turns).await?;
+    let mut emb = turnpike(
+        embedded_bus,
+        &dir.path().join("emb-store"),
+        workers,
+        samples,
+        conversations,
+        turns,
+    )
+    .await?;
 
-    println!("\n{:<44} {:>10} {:>10} {:>14}", "", "p50 ms", "p99 ms", "per second");
+    println!(
+        "\n{:<44} {:>10} {:>10} {:>14}",
+        "", "p50 ms", "p99 ms", "per second"
+    );
     println!(
         "{:<44} {:>10.3} {:>10.3} {:>14.0}",
         "raw JetStream publish -> pull-consume",
@@ -276,7 +321,10 @@ pub async fn run(nats: Option<String>, conversations: usize, turns: usize, sampl
         ms(percentile(&mut floor, 0.99)),
         floor_rate
     );
-    for (name, m) in [("turnpike JetStream accept -> turn start", &mut js), ("turnpike embedded accept -> turn start", &mut emb)] {
+    for (name, m) in [
+        ("turnpike JetStream accept -> turn start", &mut js),
+        ("turnpike embedded accept -> turn start", &mut emb),
+    ] {
         println!(
             "{:<44} {:>10.3} {:>10.3} {:>14.0}",
             name,
@@ -287,7 +335,9 @@ pub async fn run(nats: Option<String>, conversations: usize, turns: usize, sampl
     }
     let added = ms(percentile(&mut js.latencies, 0.5)) - ms(percentile(&mut floor, 0.5));
     let share = 100.0 * js.turns_per_second / floor_rate;
-    println!("\nturnpike on JetStream adds {added:.3} ms at p50 over raw JetStream (goal: at most 2 ms)");
+    println!(
+        "\nturnpike on JetStream adds {added:.3} ms at p50 over raw JetStream (goal: at most 2 ms)"
+    );
     println!("turnpike on JetStream reaches {share:.1}% of raw JetStream's message rate as turns per second (goal: at least 10%)");
     Ok(ExitCode::SUCCESS)
 }

@@ -53,6 +53,18 @@ impl OwnerSlot {
         }
     }
 
+    /// The highest lane sequence among the held wakes (0: none).
+    async fn max_seq(&self) -> u64 {
+        self.held
+            .lock()
+            .await
+            .wakes
+            .iter()
+            .map(|w| w.seq)
+            .max()
+            .unwrap_or(0)
+    }
+
     /// Keeps every held wake from being redelivered.
     async fn progress(&self) {
         let held = self.held.lock().await;
@@ -87,8 +99,10 @@ fn next_inputs(pending: Vec<LaneMessage>) -> (bool, Vec<LaneMessage>) {
     (stops_only, out)
 }
 
-/// Runs turns until the lane is drained; returns the final head.
-async fn drain(env: &TurnEnv, slot: &OwnerSlot, epoch: u64) -> Result<Head> {
+/// Runs turns until every lane message known to exist (from the held wakes, or `known_last`)
+/// is committed; returns the final head. Messages whose wakes went elsewhere are found by the
+/// lane head re-read after release.
+async fn drain(env: &TurnEnv, slot: &OwnerSlot, epoch: u64, known_last: u64) -> Result<Head> {
     let conversation = env.record.prefix().conversation();
     let mut head = env.record.head().await?;
     loop {
@@ -97,9 +111,13 @@ async fn drain(env: &TurnEnv, slot: &OwnerSlot, epoch: u64) -> Result<Head> {
             head = recover_turn(env, head).await?;
             continue;
         }
+        let until = slot.max_seq().await.max(known_last);
+        if until <= head.state().lane_through {
+            return Ok(head);
+        }
         let pending = env
             .bus
-            .read_lane(conversation, head.state().lane_through, 64)
+            .read_lane(conversation, head.state().lane_through, Some(until), 64)
             .await?;
         if pending.is_empty() {
             return Ok(head);
@@ -147,10 +165,11 @@ pub(crate) async fn own(
         std::future::pending::<()>().await;
     }
     let mut slot = slot;
+    let mut known_last = 0;
     loop {
         let epoch = lease.revision;
         let outcome = {
-            let work = drain(&env, &slot, epoch);
+            let work = drain(&env, &slot, epoch, known_last);
             tokio::pin!(work);
             let mut tick = tokio::time::interval(worker.config.renew_every);
             tick.tick().await;
@@ -196,6 +215,7 @@ pub(crate) async fn own(
         if last <= lane_through || worker.is_stopping() {
             return;
         }
+        known_last = last;
         match worker
             .bus
             .claim(conversation, worker.id, worker.config.lease_ttl)

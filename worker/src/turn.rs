@@ -72,7 +72,7 @@ impl TurnContext<'_> {
         let arrived = self
             .env
             .bus
-            .read_lane(conversation, self.head.state().lane_through, 64)
+            .read_lane(conversation, self.head.state().lane_through, None, 64)
             .await?;
         let folded: Vec<LaneMessage> = arrived
             .into_iter()

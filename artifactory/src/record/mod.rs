@@ -11,8 +11,12 @@
 //!   appender got there first it fails with [`ErrorKind::HeadMoved`] and writes nothing.
 //! - A [`Head`] can only come from reading the record (or from a successful append), so an
 //!   appender cannot invent a position.
-//! - Appending costs one list from the head's batch on (usually empty) and one put, whatever the
-//!   record's length; reading the head costs one list and one get.
+//! - Appending costs one put (and a background put of the head hint), whatever the record's
+//!   length. Reading the head costs a few point reads, whatever the record's length: the hint
+//!   names a recent batch, probes find the last one after it, and that batch's signed root
+//!   carries everything needed to continue (MMR peaks, lane position, turn state). The hint is
+//!   never ahead of the record (it is written after the batch), so probing forward from it
+//!   always finds the true head; without a hint the record is listed.
 
 mod format;
 mod repair;
@@ -113,16 +117,21 @@ impl Record {
         self.head_after(None).await
     }
 
-    /// Reads the current head, listing only from `known` on (a head observed earlier).
+    /// Reads the current head, starting from `known` (a head observed earlier) instead of the
+    /// hint; returns `known` itself after one probe when nothing was appended since.
     pub async fn head_after(&self, known: Option<&Head>) -> Result<Head> {
-        let from = known.map(|h| h.batches).unwrap_or(0);
-        let seqs = self.list_batches(from).await?;
-        let Some(&last) = seqs.last() else {
-            return Ok(match known {
-                Some(h) => h.clone(),
-                None => Head::empty(),
-            });
+        let guess = match known {
+            Some(h) if h.batches > 0 => Some(h.batches - 1),
+            _ => self.read_hint().await,
         };
+        let Some(last) = self.locate_last(guess).await? else {
+            return Ok(Head::empty());
+        };
+        if let Some(h) = known {
+            if h.batches == last + 1 {
+                return Ok(h.clone());
+            }
+        }
         let batch = self.read_stored(last).await?;
         let corrupt = |why: &str| {
             Error::new(
@@ -174,7 +183,10 @@ impl Record {
             .put_opts(&path, PutPayload::from(batch.to_bytes()), opts)
             .await
         {
-            Ok(_) => Ok(new_head),
+            Ok(_) => {
+                self.write_hint(head.batches);
+                Ok(new_head)
+            }
             Err(
                 object_store::Error::AlreadyExists { .. }
                 | object_store::Error::Precondition { .. },
@@ -284,6 +296,65 @@ impl Record {
                 state,
             },
         )
+    }
+
+    /// The last batch number, probing forward from `guess` (a batch known or hinted to exist),
+    /// or listing when there is no usable guess.
+    async fn locate_last(&self, guess: Option<u64>) -> Result<Option<u64>> {
+        /// Past this many probes, listing from the guess is cheaper.
+        const MAX_PROBES: usize = 16;
+        if let Some(mut last) = guess {
+            if self.exists(last).await? {
+                for _ in 0..MAX_PROBES {
+                    if !self.exists(last + 1).await? {
+                        return Ok(Some(last));
+                    }
+                    last += 1;
+                }
+                return Ok(self
+                    .list_batches(last)
+                    .await?
+                    .last()
+                    .copied()
+                    .or(Some(last)));
+            }
+        }
+        Ok(self.list_batches(0).await?.last().copied())
+    }
+
+    async fn exists(&self, seq: u64) -> Result<bool> {
+        match self.store.head(&self.prefix.record_batch(seq)).await {
+            Ok(_) => Ok(true),
+            Err(object_store::Error::NotFound { .. }) => Ok(false),
+            Err(e) => Err(Error::store(
+                &format!("probing {}", self.prefix.partition()),
+                e,
+            )),
+        }
+    }
+
+    /// The head hint, if present and readable (it is only ever a hint).
+    async fn read_hint(&self) -> Option<u64> {
+        let bytes = self
+            .store
+            .get(&self.prefix.record_hint())
+            .await
+            .ok()?
+            .bytes()
+            .await
+            .ok()?;
+        std::str::from_utf8(&bytes).ok()?.trim().parse().ok()
+    }
+
+    /// Writes the head hint in the background: it is never needed for correctness.
+    fn write_hint(&self, seq: u64) {
+        let store = self.store.clone();
+        let path = self.prefix.record_hint();
+        tokio::spawn(async move {
+            let _ = store
+                .put(&path, PutPayload::from(seq.to_string().into_bytes()))
+                .await;
+        });
     }
 
     /// The batch numbers present from `from` on, in order.

@@ -142,6 +142,20 @@ impl Record {
                 .await
                 .map_err(|e| Error::store("removing a surplus batch", e))?;
         }
+        // The hint may now be ahead of the record: point it at the new last batch, or drop it.
+        let hint = self.prefix.record_hint();
+        let hinted = match written.checked_sub(1) {
+            Some(last) => self
+                .store
+                .put(&hint, PutPayload::from(last.to_string().into_bytes()))
+                .await
+                .map(|_| ()),
+            None => self.store.delete(&hint).await,
+        };
+        match hinted {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+            Err(e) => return Err(Error::store("resetting the head hint", e)),
+        }
         Ok(RepairReport {
             removed,
             kept_entries,
