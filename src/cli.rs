@@ -8,7 +8,7 @@ use turnpike_schemas::{ConversationId, Identity};
 /// Turnpike: a runtime that hosts many apps' AI agents for many users on one shared pool of
 /// workers.
 #[derive(Debug, Parser)]
-#[command(name = "turnpike", version, about)]
+#[command(name = "turnpike", version, about, args_override_self = true)]
 pub struct Cli {
     #[command(flatten)]
     pub global: Global,
@@ -165,6 +165,9 @@ pub struct TailArgs {
     /// Exit once the record holds this many completed turns (with --follow).
     #[arg(long)]
     pub until_turns: Option<u64>,
+    /// Give up following after this many seconds (exit code 1).
+    #[arg(long)]
+    pub timeout_secs: Option<u64>,
 }
 
 #[derive(Debug, Subcommand)]

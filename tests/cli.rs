@@ -259,3 +259,78 @@ fn a_fleet_store_without_a_signing_key_is_refused() {
         text(&out)
     );
 }
+
+#[test]
+fn send_serve_and_tail_run_turns_on_the_embedded_default() {
+    let cli = Cli::new();
+    // Accepted while nothing serves: durable in the embedded bus.
+    let sent = cli.run(&["send", "new", "--actor", ACTOR, "--text", "hello lanes"]);
+    assert!(sent.status.success(), "{}", text(&sent));
+    let stdout = String::from_utf8_lossy(&sent.stdout).into_owned();
+    let conv = stdout.lines().next().unwrap().trim().to_owned();
+    assert!(stdout.contains("accepted evt_"), "{stdout}");
+    let again = cli.run(&[
+        "send",
+        &conv,
+        "--actor",
+        ACTOR,
+        "--text",
+        "twice",
+        "--idempotency-key",
+        "k1",
+    ]);
+    let dup = cli.run(&[
+        "send",
+        &conv,
+        "--actor",
+        ACTOR,
+        "--text",
+        "twice",
+        "--idempotency-key",
+        "k1",
+    ]);
+    assert!(again.status.success() && dup.status.success());
+    assert!(
+        String::from_utf8_lossy(&dup.stdout).contains("duplicate"),
+        "{}",
+        text(&dup)
+    );
+    let bad = cli.run(&["send", &conv, "--actor", ACTOR, "--text", ""]);
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&bad.stderr).contains("empty"),
+        "{}",
+        text(&bad)
+    );
+
+    let mut serve = Command::new(env!("CARGO_BIN_EXE_turnpike"))
+        .arg("--data-dir")
+        .arg(cli.data.path())
+        .args(["serve", "--workers", "2"])
+        .env_remove("TURNPIKE_SIGNING_KEY")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // tail --follow exits once two turns are committed.
+    let tail = cli.run(&[
+        "tail",
+        &conv,
+        "--actor",
+        ACTOR,
+        "--follow",
+        "--until-turns",
+        "2",
+        "--timeout-secs",
+        "120",
+    ]);
+    let _ = serve.kill();
+    let _ = serve.wait();
+    assert!(tail.status.success(), "{}", text(&tail));
+    let rows = String::from_utf8_lossy(&tail.stdout);
+    assert!(rows.contains("assistant: echo: hello lanes"), "{rows}");
+    assert!(rows.contains("assistant: echo: twice"), "{rows}");
+    assert_eq!(rows.matches("echo: twice").count(), 1, "{rows}");
+    let verify = cli.run(&["conversation", "verify", &conv, "--actor", ACTOR]);
+    assert_eq!(verify.status.code(), Some(0), "{}", text(&verify));
+}

@@ -379,3 +379,89 @@ async fn embedded_serve_killed_and_restarted_loses_and_duplicates_nothing() {
             .unwrap();
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_events_are_refused_at_ingress_and_never_reach_a_lane() {
+    use turnpike_router::{ErrorKind, Ingress};
+    use turnpike_schemas::EventBody;
+    let fleet = Fleet::start().await;
+    let convs = create_conversations(&fleet.conversations, &signer(), 1).await;
+    let ingress = Ingress::new(fleet.bus.clone(), fleet.conversations.clone());
+    let owner = fixtures::owner();
+    let too_long = EventBody::Message {
+        text: "x".repeat(turnpike_schemas::event::MAX_TEXT_BYTES + 1),
+    };
+    let err = ingress
+        .submit(&owner, convs[0], too_long, None)
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Invalid);
+    assert!(err.to_string().contains("limit"), "{err}");
+    let empty = EventBody::Message { text: " ".into() };
+    assert_eq!(
+        ingress
+            .submit(&owner, convs[0], empty, None)
+            .await
+            .unwrap_err()
+            .kind(),
+        ErrorKind::Invalid
+    );
+    let bad_key = Some("has spaces".to_owned());
+    let hi = || EventBody::Message { text: "hi".into() };
+    assert_eq!(
+        ingress
+            .submit(&owner, convs[0], hi(), bad_key)
+            .await
+            .unwrap_err()
+            .kind(),
+        ErrorKind::Invalid
+    );
+    // Someone else's conversation, and one that does not exist, look the same.
+    let stranger: turnpike_schemas::Identity = "oidc:acme:u-99".parse().unwrap();
+    let theirs = ingress
+        .submit(&stranger, convs[0], hi(), None)
+        .await
+        .unwrap_err();
+    let missing = ingress
+        .submit(&owner, turnpike_schemas::ConversationId::new(), hi(), None)
+        .await
+        .unwrap_err();
+    assert_eq!(
+        (theirs.kind(), missing.kind()),
+        (ErrorKind::NotFound, ErrorKind::NotFound)
+    );
+    assert!(fleet
+        .bus
+        .read_lane(convs[0], 0, None, 10)
+        .await
+        .unwrap()
+        .is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_stops_a_worker_cleanly_and_another_continues_without_waiting_for_leases() {
+    let fleet = Fleet::start().await;
+    let convs = create_conversations(&fleet.conversations, &signer(), 5).await;
+    // A long lease: if the stopping worker did not release, the next one would wait a minute.
+    let (mut first, _) = fleet.worker(&["--lease-ttl-ms", "60000"]);
+    publish(fleet.bus.clone(), &fleet.conversations, &convs, 0, 2, LONG)
+        .await
+        .unwrap();
+    wait_for_turns(&fleet.conversations, &convs, 2, LONG)
+        .await
+        .unwrap();
+    let status = first.terminate(Duration::from_secs(60)).unwrap();
+    assert!(status.success(), "{status:?}");
+    let (_second, _) = fleet.worker(&[]);
+    publish(fleet.bus.clone(), &fleet.conversations, &convs, 2, 4, LONG)
+        .await
+        .unwrap();
+    wait_for_turns(&fleet.conversations, &convs, 4, Duration::from_secs(50))
+        .await
+        .unwrap();
+    for (i, conv) in convs.iter().enumerate() {
+        check_conversation(&fleet.conversations, &signer(), *conv, i, 4)
+            .await
+            .unwrap();
+    }
+}

@@ -166,6 +166,11 @@ pub trait Bus: Send + Sync + 'static {
 
     /// Gives a lease up (a lease already lost is not an error).
     async fn release(&self, lease: &Lease) -> Result<()>;
+
+    /// Announces that `worker` is alive and owns `owned` conversations (advisory, best effort).
+    async fn heartbeat(&self, worker: WorkerId, owned: usize) {
+        let _ = (worker, owned);
+    }
 }
 
 /// Milliseconds since the Unix epoch.

@@ -24,7 +24,9 @@ use crate::bus::{
     dedupe_id, may_claim, now_ms, Bus, LaneMessage, Lease, LeaseValue, Published, Wake, WakeAck,
 };
 use crate::error::{Error, ErrorKind, Result};
-use crate::subject::{lease_subject, Shards, DISPATCH_CONSUMER, LEASE_STREAM, LEASE_SUBJECTS};
+use crate::subject::{
+    heartbeat_subject, lease_subject, Shards, DISPATCH_CONSUMER, LEASE_STREAM, LEASE_SUBJECTS,
+};
 
 /// How a JetStream deployment is laid out. Defaults suit one server; raise `replicas` on a
 /// cluster.
@@ -58,6 +60,7 @@ impl Default for JetStreamConfig {
 
 /// The bus on NATS JetStream.
 pub struct JetStreamBus {
+    client: async_nats::Client,
     js: jetstream::Context,
     config: JetStreamConfig,
     streams: Vec<stream::Stream>,
@@ -82,7 +85,7 @@ impl JetStreamBus {
             .connect(&config.url)
             .await
             .map_err(|e| unavailable(&format!("connecting to NATS at {}", config.url), e))?;
-        let js = jetstream::new(client);
+        let js = jetstream::new(client.clone());
         let mut streams = Vec::new();
         for k in 0..config.shards.count() {
             let stream = js
@@ -136,6 +139,7 @@ impl JetStreamBus {
             .await
             .map_err(|e| unavailable("creating the lease stream", e))?;
         Ok(Arc::new(Self {
+            client,
             js,
             config,
             streams,
@@ -483,6 +487,15 @@ impl Bus for JetStreamBus {
                 format!("the lease of {} was taken over", lease.conversation),
             )),
         }
+    }
+
+    async fn heartbeat(&self, worker: WorkerId, owned: usize) {
+        let beat = serde_json::json!({ "worker": worker, "owned": owned, "at_ms": now_ms() });
+        let payload = serde_json::to_vec(&beat).expect("heartbeats serialise");
+        let _ = self
+            .client
+            .publish(heartbeat_subject(worker), payload.into())
+            .await;
     }
 
     async fn release(&self, lease: &Lease) -> Result<()> {

@@ -71,6 +71,11 @@ impl Default for Shards {
     }
 }
 
+/// A worker's heartbeats: `tp.heartbeat.{worker}` (core NATS, advisory).
+pub fn heartbeat_subject(worker: turnpike_schemas::WorkerId) -> String {
+    format!("tp.heartbeat.{worker}")
+}
+
 /// Advisory live deltas of a conversation: `tp.live.{conv}`.
 pub fn live_subject(conversation: ConversationId) -> String {
     format!("tp.live.{conversation}")

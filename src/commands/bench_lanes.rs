@@ -120,9 +120,15 @@ async fn raw_jetstream(url: &str, samples: usize, burst: usize) -> Result<(Vec<D
     let publisher = {
         let js = js.clone();
         tokio::spawn(async move {
-            let mut acks = Vec::with_capacity(burst);
+            // A window of acknowledgements in flight: the client bounds how many it keeps.
+            let mut acks = std::collections::VecDeque::with_capacity(256);
             for _ in 0..burst {
-                acks.push(js.publish("bench.raw", "x".into()).await?);
+                if acks.len() == 256 {
+                    let ack: jetstream::context::PublishAckFuture =
+                        acks.pop_front().expect("a pending ack");
+                    ack.await?;
+                }
+                acks.push_back(js.publish("bench.raw", "x".into()).await?);
             }
             for a in acks {
                 a.await?;

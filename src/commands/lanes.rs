@@ -72,6 +72,9 @@ pub async fn tail(global: &Global, args: TailArgs) -> Result<ExitCode> {
         .open(args.conversation, &args.actor.identity)
         .await?;
     let mut printed = 0u64;
+    let deadline = args
+        .timeout_secs
+        .map(|s| std::time::Instant::now() + Duration::from_secs(s));
     loop {
         let entries = record.entries().await?;
         let from = printed;
@@ -88,6 +91,13 @@ pub async fn tail(global: &Global, args: TailArgs) -> Result<ExitCode> {
             if Transcript::from_entries(&entries).committed.len() as u64 >= n {
                 return Ok(ExitCode::SUCCESS);
             }
+        }
+        if deadline.is_some_and(|d| std::time::Instant::now() > d) {
+            eprintln!(
+                "tail: gave up after {}s",
+                args.timeout_secs.unwrap_or_default()
+            );
+            return Ok(ExitCode::from(1));
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }

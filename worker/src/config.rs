@@ -27,6 +27,8 @@ pub struct WorkerConfig {
     pub max_rounds: u32,
     /// How long a shutdown waits for running turns before leaving them to recovery.
     pub grace: Duration,
+    /// How often the worker announces itself (owned conversations) on the bus.
+    pub heartbeat_every: Duration,
     pub fault: Option<Fault>,
 }
 
@@ -39,6 +41,7 @@ impl Default for WorkerConfig {
             busy_delay: Duration::from_millis(250),
             max_rounds: 8,
             grace: Duration::from_secs(20),
+            heartbeat_every: Duration::from_secs(5),
             fault: None,
         }
     }

@@ -99,25 +99,35 @@ fn next_inputs(pending: Vec<LaneMessage>) -> (bool, Vec<LaneMessage>) {
     (stops_only, out)
 }
 
-/// Runs turns until every lane message known to exist (from the held wakes, or `known_last`)
-/// is committed; returns the final head. Messages whose wakes went elsewhere are found by the
-/// lane head re-read after release.
-async fn drain(env: &TurnEnv, slot: &OwnerSlot, epoch: u64, known_last: u64) -> Result<Head> {
+/// Runs turns until the lane is drained; returns the final head. The first read stops at the
+/// highest sequence known from the held wakes (or `known_last`), which saves a round trip before
+/// the first turn starts; later reads go to the end of the lane.
+async fn drain(
+    env: &TurnEnv,
+    slot: &OwnerSlot,
+    epoch: u64,
+    known_last: u64,
+    stopping: &std::sync::atomic::AtomicBool,
+) -> Result<Head> {
     let conversation = env.record.prefix().conversation();
     let mut head = env.record.head().await?;
+    let mut first = true;
     loop {
         slot.settle(head.state().lane_through).await;
         if head.state().turn_open {
             head = recover_turn(env, head).await?;
             continue;
         }
-        let until = slot.max_seq().await.max(known_last);
-        if until <= head.state().lane_through {
+        if stopping.load(std::sync::atomic::Ordering::Relaxed) {
+            // Shutting down: no new turn; what is left goes to the next owner.
             return Ok(head);
         }
+        let known = slot.max_seq().await.max(known_last);
+        let until = (first && known > head.state().lane_through).then_some(known);
+        first = false;
         let pending = env
             .bus
-            .read_lane(conversation, head.state().lane_through, Some(until), 64)
+            .read_lane(conversation, head.state().lane_through, until, 64)
             .await?;
         if pending.is_empty() {
             return Ok(head);
@@ -169,12 +179,13 @@ pub(crate) async fn own(
     loop {
         let epoch = lease.revision;
         let outcome = {
-            let work = drain(&env, &slot, epoch, known_last);
+            let work = drain(&env, &slot, epoch, known_last, &worker.stopping);
             tokio::pin!(work);
-            let mut tick = tokio::time::interval(worker.config.renew_every);
-            tick.tick().await;
+            let every = worker.config.renew_every;
+            let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
             loop {
                 tokio::select! {
+                    biased;
                     result = &mut work => break result,
                     _ = tick.tick() => {
                         match worker.bus.renew(&lease, worker.config.lease_ttl).await {

@@ -33,7 +33,7 @@ pub(crate) struct Inner {
     /// A plain mutex: held only to look up or change the map, never across an await.
     owners: Mutex<HashMap<ConversationId, Arc<OwnerSlot>>>,
     owner_gone: Notify,
-    stopping: AtomicBool,
+    pub(crate) stopping: AtomicBool,
 }
 
 impl Inner {
@@ -108,9 +108,16 @@ impl Worker {
         info!(worker = %self.inner.id, "worker started");
         tokio::pin!(shutdown);
         let mut backoff = Duration::from_millis(50);
+        let every = self.inner.config.heartbeat_every;
+        let mut heartbeat = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
         loop {
             tokio::select! {
                 _ = &mut shutdown => break,
+                _ = heartbeat.tick() => {
+                    let owned = self.inner.owners.lock().expect("owner map lock").len();
+                    debug!(worker = %self.inner.id, owned, "heartbeat");
+                    self.inner.bus.heartbeat(self.inner.id, owned).await;
+                }
                 wake = self.inner.bus.next_wake() => match wake {
                     Ok(wake) => {
                         backoff = Duration::from_millis(50);

@@ -11,8 +11,8 @@
 //!   appender got there first it fails with [`ErrorKind::HeadMoved`] and writes nothing.
 //! - A [`Head`] can only come from reading the record (or from a successful append), so an
 //!   appender cannot invent a position.
-//! - Appending costs one put (and a background put of the head hint), whatever the record's
-//!   length. Reading the head costs a few point reads, whatever the record's length: the hint
+//! - Appending costs one put (and, every eighth batch, a background put of the head hint),
+//!   whatever the record's length. Reading the head costs a few point reads, whatever the record's length: the hint
 //!   names a recent batch, probes find the last one after it, and that batch's signed root
 //!   carries everything needed to continue (MMR peaks, lane position, turn state). The hint is
 //!   never ahead of the record (it is written after the batch), so probing forward from it
@@ -44,6 +44,10 @@ use crate::mmr::{leaf_hash, Mmr};
 
 /// How many batch objects are fetched at once when reading a record.
 const READ_CONCURRENCY: usize = 16;
+/// The head hint is rewritten every this many batches: often enough that finding the head
+/// takes a handful of probes, rarely enough that appends do not pay for a second write each
+/// (on a local filesystem every overwrite allocates and frees an inode).
+const HINT_EVERY: u64 = 8;
 /// The most entries one batch may hold.
 pub const MAX_BATCH_ENTRIES: usize = 4096;
 
@@ -184,7 +188,9 @@ impl Record {
             .await
         {
             Ok(_) => {
-                self.write_hint(head.batches);
+                if head.batches % HINT_EVERY == 0 {
+                    self.write_hint(head.batches);
+                }
                 Ok(new_head)
             }
             Err(
@@ -301,8 +307,8 @@ impl Record {
     /// The last batch number, probing forward from `guess` (a batch known or hinted to exist),
     /// or listing when there is no usable guess.
     async fn locate_last(&self, guess: Option<u64>) -> Result<Option<u64>> {
-        /// Past this many probes, listing from the guess is cheaper.
-        const MAX_PROBES: usize = 16;
+        /// Past this many probes, listing from the guess is cheaper (the hint lags by fewer).
+        const MAX_PROBES: usize = 2 * HINT_EVERY as usize;
         if let Some(mut last) = guess {
             if self.exists(last).await? {
                 for _ in 0..MAX_PROBES {
