@@ -188,7 +188,7 @@ impl Record {
             .await
         {
             Ok(_) => {
-                if head.batches % HINT_EVERY == 0 {
+                if head.batches.is_multiple_of(HINT_EVERY) {
                     self.write_hint(head.batches);
                 }
                 Ok(new_head)
