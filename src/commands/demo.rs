@@ -6,19 +6,17 @@
 //! verifies the signed record. Later issues grow the agent (tools, files, a real model).
 
 use std::process::ExitCode;
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{bail, Result};
 use turnpike_artifactory::Transcript;
 use turnpike_router::Ingress;
 use turnpike_schemas::{EventBody, Identity};
-use turnpike_worker::{EchoAgent, Worker, WorkerConfig};
 
 use crate::cli::Global;
 use crate::commands::conversation::{print_transcript, verify};
 use crate::commands::record::create;
-use crate::commands::runtime::open_bus;
+use crate::commands::runtime::{open_bus, run_until_committed};
 use crate::env::Env;
 
 pub async fn run(global: &Global) -> Result<ExitCode> {
@@ -32,69 +30,61 @@ pub async fn run(global: &Global) -> Result<ExitCode> {
     let (entry, record, _) = create(&env, owner.clone()).await?;
     println!("created {} for {owner}", entry.conversation);
 
-    let (stop, stopped) = tokio::sync::watch::channel(false);
-    let mut workers = Vec::new();
-    for _ in 0..2 {
-        let worker = Worker::new(
-            bus.clone(),
-            env.conversations.clone(),
-            env.signer.clone(),
-            Arc::new(EchoAgent),
-            WorkerConfig::default(),
-        );
-        println!("worker {} started", worker.id());
-        let mut stopped = stopped.clone();
-        workers.push(tokio::spawn(async move {
-            worker
-                .run(async move {
-                    let _ = stopped.wait_for(|s| *s).await;
-                })
-                .await
-        }));
-    }
-
-    let ingress = Ingress::new(bus, env.conversations.clone());
+    let ingress = Ingress::new(bus.clone(), env.conversations.clone());
     let events = [
-        EventBody::Message { text: "hello, turnpike".into() },
-        EventBody::FollowUp { text: "and a follow-up right behind it".into() },
-        EventBody::Message { text: "what did I say first?".into() },
-        EventBody::Message { text: "thanks, that's all".into() },
+        EventBody::Message {
+            text: "hello, turnpike".into(),
+        },
+        EventBody::FollowUp {
+            text: "and a follow-up right behind it".into(),
+        },
+        EventBody::Message {
+            text: "what did I say first?".into(),
+        },
+        EventBody::Message {
+            text: "thanks, that's all".into(),
+        },
     ];
     let mut last_seq = 0;
     for (i, body) in events.into_iter().enumerate() {
         let key = format!("demo-{i}");
-        let (event, published) = ingress.submit(&owner, entry.conversation, body.clone(), Some(key.clone())).await?;
+        let (event, published) = ingress
+            .submit(&owner, entry.conversation, body.clone(), Some(key.clone()))
+            .await?;
         last_seq = published.seq;
-        println!("sent {} {} (lane sequence {})", body.kind_name(), event.id, published.seq);
+        println!(
+            "sent {} {} (lane sequence {})",
+            body.kind_name(),
+            event.id,
+            published.seq
+        );
         if i == 0 {
             // A client retrying the same request: accepted once.
-            let (_, again) = ingress.submit(&owner, entry.conversation, body, Some(key)).await?;
-            println!("  retried with the same idempotency key: duplicate={}", again.duplicate);
+            let (_, again) = ingress
+                .submit(&owner, entry.conversation, body, Some(key))
+                .await?;
+            println!(
+                "  retried with the same idempotency key: duplicate={}",
+                again.duplicate
+            );
         }
     }
 
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let head = record.head().await?;
-        if head.state().lane_through >= last_seq && !head.state().turn_open {
-            break;
-        }
-        if Instant::now() > deadline {
-            bail!("the workers did not finish within a minute (last state {:?})", head.state());
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let _ = stop.send(true);
-    for w in workers {
-        let _ = w.await;
-    }
+    println!("running two workers until every event is committed");
+    run_until_committed(&env, bus, &record, last_seq, 2).await?;
 
     println!();
     let transcript = Transcript::from_entries(&record.entries().await?);
     print_transcript(&entry, &transcript);
     println!();
     let code = verify(&env, entry.conversation, &owner, false).await?;
-    println!("\ntry: turnpike conversation replay {} --actor {owner}", entry.conversation);
-    println!("     turnpike send {} --actor {owner} --text hi && turnpike serve", entry.conversation);
+    println!(
+        "\ntry: turnpike conversation replay {} --actor {owner}",
+        entry.conversation
+    );
+    println!(
+        "     turnpike send {} --actor {owner} --text hi && turnpike serve",
+        entry.conversation
+    );
     Ok(code)
 }

@@ -22,7 +22,7 @@ pub async fn run(cli: Cli) -> Result<ExitCode> {
         Command::Conversation(command) => {
             conversation::run(&Env::open(&cli.global)?, command).await
         }
-        Command::Record(command) => record::run(&Env::open(&cli.global)?, command).await,
+        Command::Record(command) => record::run(&cli.global, command).await,
         Command::Bench(command) => bench::run(command).await,
         Command::Serve(args) => runtime::serve(&cli.global, args).await,
         Command::Router => runtime::router(&cli.global).await,

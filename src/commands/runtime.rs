@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use anyhow::{Context as _, Result};
 use tracing::info;
+use turnpike_artifactory::{Head, Record};
 use turnpike_router::embedded::{EmbeddedBus, EmbeddedConfig};
 use turnpike_router::{Bus, JetStreamBus, JetStreamConfig, Shards};
 use turnpike_worker::{EchoAgent, Fault, Worker, WorkerConfig};
@@ -115,6 +116,56 @@ async fn run_workers(
         let _ = h.await;
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Runs `workers` in-process workers until `record` has committed its lane through `seq` with
+/// no turn open; returns the head then.
+pub async fn run_until_committed(
+    env: &Env,
+    bus: Arc<dyn Bus>,
+    record: &Record,
+    seq: u64,
+    workers: usize,
+) -> Result<Head> {
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let mut handles = Vec::new();
+    for _ in 0..workers.max(1) {
+        let worker = Worker::new(
+            bus.clone(),
+            env.conversations.clone(),
+            env.signer.clone(),
+            Arc::new(EchoAgent),
+            WorkerConfig::default(),
+        );
+        let mut stopped = stopped.clone();
+        handles.push(tokio::spawn(async move {
+            worker
+                .run(async move {
+                    let _ = stopped.wait_for(|s| *s).await;
+                })
+                .await
+        }));
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let head = loop {
+        let head = record.head().await?;
+        if head.state().lane_through >= seq && !head.state().turn_open {
+            break head;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = stop.send(true);
+            anyhow::bail!(
+                "the workers did not commit the lane within a minute (state {:?})",
+                head.state()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let _ = stop.send(true);
+    for h in handles {
+        let _ = h.await;
+    }
+    Ok(head)
 }
 
 /// `turnpike serve`: the embedded default.
