@@ -59,6 +59,10 @@ pub struct Global {
     #[arg(long, global = true, env = "TURNPIKE_SHARDS", default_value_t = 8)]
     pub shards: u32,
 
+    /// Replicas of every stream in a fleet (raise on a NATS cluster).
+    #[arg(long, global = true, env = "TURNPIKE_REPLICAS", default_value_t = 1)]
+    pub replicas: usize,
+
     /// Log format.
     #[arg(long, global = true, env = "TURNPIKE_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
@@ -119,6 +123,7 @@ pub struct WorkerArgs {
 pub enum FaultArg {
     HangAfterBatchOne,
     HangAfterClaim,
+    PauseAfterBatchOne,
 }
 
 #[derive(Debug, Args)]

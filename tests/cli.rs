@@ -15,14 +15,21 @@ impl Cli {
     }
 
     fn run(&self, args: &[&str]) -> Output {
-        Command::new(env!("CARGO_BIN_EXE_turnpike"))
-            .arg("--data-dir")
-            .arg(self.data.path())
-            .args(args)
-            .env_remove("TURNPIKE_SIGNING_KEY")
-            .env_remove("TURNPIKE_STORE")
+        self.command(args)
             .output()
             .expect("the turnpike binary runs")
+    }
+
+    /// The binary on this data directory, with no configuration from the environment.
+    fn command(&self, args: &[&str]) -> Command {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_turnpike"));
+        command.arg("--data-dir").arg(self.data.path()).args(args);
+        for (key, _) in std::env::vars() {
+            if key.starts_with("TURNPIKE_") || key.starts_with("AWS_") {
+                command.env_remove(key);
+            }
+        }
+        command
     }
 
     /// Creates a conversation with one echo turn; returns its id.
@@ -303,11 +310,8 @@ fn send_serve_and_tail_run_turns_on_the_embedded_default() {
         text(&bad)
     );
 
-    let mut serve = Command::new(env!("CARGO_BIN_EXE_turnpike"))
-        .arg("--data-dir")
-        .arg(cli.data.path())
-        .args(["serve", "--workers", "2"])
-        .env_remove("TURNPIKE_SIGNING_KEY")
+    let mut serve = cli
+        .command(&["serve", "--workers", "2"])
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .spawn()

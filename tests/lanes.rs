@@ -465,3 +465,35 @@ async fn sigterm_stops_a_worker_cleanly_and_another_continues_without_waiting_fo
             .unwrap();
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_zombie_owner_that_wakes_up_after_a_takeover_is_fenced() {
+    let fleet = Fleet::start().await;
+    let convs = create_conversations(&fleet.conversations, &signer(), 1).await;
+    let (mut zombie, _) = fleet.worker(&["--fault", "pause-after-batch-one"]);
+    publish(fleet.bus.clone(), &fleet.conversations, &convs, 0, 1, LONG)
+        .await
+        .unwrap();
+    zombie
+        .wait_for_line("pausing after batch one", LONG)
+        .unwrap();
+    // Frozen mid-turn: its lease is not renewed and expires; another worker takes over and
+    // completes turn 1 under the same turn id.
+    zombie.freeze();
+    let (_rescuer, _) = fleet.worker(&[]);
+    wait_for_turns(&fleet.conversations, &convs, 1, LONG)
+        .await
+        .unwrap();
+    // The zombie wakes up and tries batch two: the record refuses it, and it stops.
+    zombie.thaw();
+    zombie.wait_for_line("fenced", LONG).unwrap();
+    publish(fleet.bus.clone(), &fleet.conversations, &convs, 1, 3, LONG)
+        .await
+        .unwrap();
+    wait_for_turns(&fleet.conversations, &convs, 3, LONG)
+        .await
+        .unwrap();
+    check_conversation(&fleet.conversations, &signer(), convs[0], 0, 3)
+        .await
+        .unwrap();
+}

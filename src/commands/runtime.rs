@@ -21,6 +21,7 @@ pub async fn open_bus(global: &Global, ack_wait: Duration) -> Result<Arc<dyn Bus
             let bus = JetStreamBus::connect(JetStreamConfig {
                 url: url.clone(),
                 shards: Shards::new(global.shards),
+                replicas: global.replicas.max(1),
                 ack_wait,
                 ..Default::default()
             })
@@ -58,6 +59,7 @@ fn worker_config(args: &WorkerArgs) -> WorkerConfig {
         fault: args.fault.map(|f| match f {
             FaultArg::HangAfterBatchOne => Fault::HangAfterBatchOne,
             FaultArg::HangAfterClaim => Fault::HangAfterClaim,
+            FaultArg::PauseAfterBatchOne => Fault::PauseAfterBatchOne,
         }),
         ..Default::default()
     }

@@ -9,6 +9,9 @@ pub enum Fault {
     HangAfterBatchOne,
     /// After taking a lease, announce it on stderr and hang (holding it) until killed.
     HangAfterClaim,
+    /// After batch one of a turn commits, announce it on stderr and pause three seconds before
+    /// going on (a test stops the process meanwhile to make it a zombie owner).
+    PauseAfterBatchOne,
 }
 
 /// How a worker behaves.

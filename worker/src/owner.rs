@@ -202,6 +202,7 @@ pub(crate) async fn own(
             Ok(head) => head.state().lane_through,
             Err(Error::Fenced(why)) => {
                 warn!(%conversation, worker = %worker.id, why, "fenced: another worker owns the conversation");
+                eprintln!("fenced: {conversation}: {why}");
                 0
             }
             Err(e) => {
@@ -212,8 +213,14 @@ pub(crate) async fn own(
         // Step 9: stop taking wakes, give up the lease, then re-read the lane head.
         let leftovers = slot.close(lane_through).await;
         worker.forget_owner(conversation, &slot);
+        // After a clean drain the rest is for whoever comes next, at once; after a failure,
+        // later, so that a persistent fault does not spin.
+        let delay = match outcome {
+            Ok(_) => std::time::Duration::ZERO,
+            Err(_) => worker.config.busy_delay * 4,
+        };
         for wake in leftovers {
-            let _ = wake.nak(std::time::Duration::ZERO).await;
+            let _ = wake.nak(delay).await;
         }
         let _ = worker.bus.release(&lease).await;
         if outcome.is_err() {

@@ -139,12 +139,22 @@ pub async fn run_new_turn(
         .await
         .map_err(Error::from_append)?;
     info!(conversation = %env.record.prefix().conversation(), %turn, worker = %env.worker, "turn dispatched");
-    if env.config.fault == Some(Fault::HangAfterBatchOne) {
-        eprintln!(
-            "fault: hanging after batch one of {} {turn}",
-            env.record.prefix().conversation()
-        );
-        std::future::pending::<()>().await;
+    match env.config.fault {
+        Some(Fault::HangAfterBatchOne) => {
+            eprintln!(
+                "fault: hanging after batch one of {} {turn}",
+                env.record.prefix().conversation()
+            );
+            std::future::pending::<()>().await;
+        }
+        Some(Fault::PauseAfterBatchOne) => {
+            eprintln!(
+                "fault: pausing after batch one of {} {turn}",
+                env.record.prefix().conversation()
+            );
+            tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+        }
+        _ => {}
     }
     let events = inputs.into_iter().map(|m| m.event).collect();
     finish_turn(env, head, turn, agent, events).await

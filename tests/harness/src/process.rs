@@ -25,6 +25,12 @@ impl Process {
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped());
+        // Only what the test says: no configuration leaks in from the test's environment.
+        for (key, _) in std::env::vars() {
+            if key.starts_with("TURNPIKE_") || key.starts_with("AWS_") {
+                command.env_remove(key);
+            }
+        }
         for (k, v) in envs {
             command.env(k, v);
         }
@@ -85,6 +91,22 @@ impl Process {
     pub fn kill(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+
+    /// Freezes the process (SIGSTOP): it holds what it held, and does nothing.
+    pub fn freeze(&self) {
+        // SAFETY: sending a signal to our own child.
+        unsafe {
+            libc::kill(self.child.id() as i32, libc::SIGSTOP);
+        }
+    }
+
+    /// Lets a frozen process go on (SIGCONT).
+    pub fn thaw(&self) {
+        // SAFETY: sending a signal to our own child.
+        unsafe {
+            libc::kill(self.child.id() as i32, libc::SIGCONT);
+        }
     }
 
     /// Asks the process to stop (SIGTERM) and waits for it to exit.
