@@ -212,6 +212,8 @@ macro_rules! bus_suite {
                     .unwrap()
                     .expect("free lease");
                 assert!(b.bus.claim(conv, w2, ttl).await.unwrap().is_none());
+                // Not even its holder takes a live lease twice.
+                assert!(b.bus.claim(conv, w1, ttl).await.unwrap().is_none());
                 let renewed = b.bus.renew(&l1, ttl).await.unwrap();
                 assert!(renewed.revision > l1.revision, "the epoch moves on");
                 // The stale lease handle can no longer renew.

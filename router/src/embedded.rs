@@ -378,7 +378,7 @@ impl Bus for EmbeddedBus {
         let now = now_ms();
         let mut leases = self.leases.lock().expect("lease lock");
         let current = leases.get(&conversation).map(|(v, _)| v);
-        if !may_claim(current, worker, now) {
+        if !may_claim(current, now) {
             return Ok(None);
         }
         let revision = self

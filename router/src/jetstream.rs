@@ -452,7 +452,7 @@ impl Bus for JetStreamBus {
         // never saw). It succeeds only if that is still the current value, which may_claim
         // allows: one round trip for the common case.
         let cached = self.cached_lease(conversation);
-        if may_claim(cached.as_ref().map(|(_, v)| v), worker, now) {
+        if may_claim(cached.as_ref().map(|(_, v)| v), now) {
             let last = cached.map(|(rev, _)| rev).unwrap_or(0);
             if let Some(revision) = self.write_lease(conversation, &value, last).await? {
                 return Ok(Some(self.lease(conversation, worker, revision, value)));
@@ -462,7 +462,7 @@ impl Bus for JetStreamBus {
         if let Some((revision, held)) = &current {
             self.remember_lease(conversation, *revision, held.clone());
         }
-        if !may_claim(current.as_ref().map(|(_, v)| v), worker, now) {
+        if !may_claim(current.as_ref().map(|(_, v)| v), now) {
             return Ok(None);
         }
         let last = current.map(|(rev, _)| rev).unwrap_or(0);
