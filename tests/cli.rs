@@ -338,3 +338,28 @@ fn send_serve_and_tail_run_turns_on_the_embedded_default() {
     let verify = cli.run(&["conversation", "verify", &conv, "--actor", ACTOR]);
     assert_eq!(verify.status.code(), Some(0), "{}", text(&verify));
 }
+
+/// The benchmarks run (their numbers are for the closing notes, not for tests).
+#[test]
+fn the_benchmarks_run() {
+    let cli = Cli::new();
+    let record = cli.run(&["bench", "record", "--appends", "64"]);
+    assert!(record.status.success(), "{}", text(&record));
+    assert!(String::from_utf8_lossy(&record.stdout).contains("incremental verify takes"));
+    let lanes = cli.run(&[
+        "bench",
+        "lanes",
+        "--conversations",
+        "4",
+        "--turns",
+        "2",
+        "--samples",
+        "4",
+        "--workers",
+        "2",
+    ]);
+    assert!(lanes.status.success(), "{}", text(&lanes));
+    assert!(
+        String::from_utf8_lossy(&lanes.stdout).contains("turnpike embedded accept -> turn start")
+    );
+}
