@@ -24,7 +24,7 @@ use std::str::FromStr;
 use crate::error::{truncate, SchemaError, SchemaErrorKind};
 use crate::ids::{string_serde, ConversationId, TurnId};
 
-/// The longest path accepted, in bytes of the textual (encoded) form.
+/// The longest path accepted, in bytes of its canonical (encoded) form.
 pub const MAX_PATH_LEN: usize = 1024;
 /// The most segments a path may have.
 pub const MAX_SEGMENTS: usize = 64;
@@ -137,6 +137,14 @@ impl RefPath {
     fn validate(&self, text: &str) -> Result<(), SchemaError> {
         if self.0.is_empty() {
             return Err(invalid(text, "the path is empty"));
+        }
+        // The limit applies to the canonical (encoded) form, so that whatever is accepted
+        // prints as something that is accepted again.
+        if self.to_string().len() > MAX_PATH_LEN {
+            return Err(invalid(
+                text,
+                "the path is longer than 1024 bytes once encoded",
+            ));
         }
         if self.0.len() > MAX_SEGMENTS {
             return Err(invalid(text, "the path has more than 64 segments"));
@@ -426,6 +434,16 @@ mod tests {
         for input in hostile_whole {
             assert!(input.parse::<Reference>().is_err(), "{input:?} accepted");
         }
+    }
+
+    #[test]
+    fn the_length_limit_applies_to_the_canonical_form() {
+        // 400 raw bytes, 1,200 once encoded: refused, since it could not be printed and read back.
+        let raw = "é".repeat(200);
+        assert!(reference(&raw).parse::<Reference>().is_err());
+        let fits = "é".repeat(170);
+        let r: Reference = reference(&fits).parse().unwrap();
+        assert_eq!(r.to_string().parse::<Reference>().unwrap(), r);
     }
 
     #[test]
