@@ -128,8 +128,8 @@ pub enum FaultArg {
 
 #[derive(Debug, Args)]
 pub struct ServeArgs {
-    /// Workers in this process.
-    #[arg(long, default_value_t = 2)]
+    /// Workers in this process (each has `--slots` turn slots; one is usually right).
+    #[arg(long, default_value_t = 1)]
     pub workers: usize,
     #[command(flatten)]
     pub worker: WorkerArgs,
@@ -252,8 +252,8 @@ pub enum BenchCommand {
         /// Events in the latency runs (one at a time).
         #[arg(long, default_value_t = 300)]
         samples: usize,
-        /// Workers in the process.
-        #[arg(long, default_value_t = 4)]
+        /// Workers in the process (one is what a fleet runs per process; each has its turn slots).
+        #[arg(long, default_value_t = 1)]
         workers: usize,
     },
     /// Record appends per second and verify throughput on the local filesystem.
