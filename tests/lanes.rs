@@ -16,7 +16,7 @@ use turnpike_tests::fixtures::{self, signer};
 use turnpike_tests::lanes::{check_conversation, create_conversations, publish, wait_for_turns};
 use turnpike_tests::nats::NatsServer;
 use turnpike_tests::process::Process;
-use turnpike_worker::{EchoAgent, Worker, WorkerConfig};
+use turnpike_worker::{EchoAgent, Worker, WorkerConfig, WorkerPool};
 
 const LONG: Duration = Duration::from_secs(240);
 
@@ -296,35 +296,22 @@ async fn embedded_workers_keep_order_and_lose_nothing() {
         turnpike_artifactory::open_store(dir.path().join("store").to_str().unwrap()).unwrap(),
     );
     let convs = create_conversations(&conversations, &signer(), 100).await;
-    let (stop, stopped) = tokio::sync::watch::channel(false);
-    let mut handles = Vec::new();
-    for _ in 0..4 {
-        let worker = Worker::new(
+    let pool = WorkerPool::start((0..4).map(|_| {
+        Worker::new(
             bus.clone(),
             conversations.clone(),
             signer(),
             Arc::new(EchoAgent),
             WorkerConfig::default(),
-        );
-        let mut stopped = stopped.clone();
-        handles.push(tokio::spawn(async move {
-            worker
-                .run(async move {
-                    let _ = stopped.wait_for(|s| *s).await;
-                })
-                .await
-        }));
-    }
+        )
+    }));
     publish(bus.clone(), &conversations, &convs, 0, 10, LONG)
         .await
         .unwrap();
     wait_for_turns(&conversations, &convs, 10, LONG)
         .await
         .unwrap();
-    stop.send(true).unwrap();
-    for h in handles {
-        h.await.unwrap();
-    }
+    pool.stop().await;
     for (i, conv) in convs.iter().enumerate() {
         check_conversation(&conversations, &signer(), *conv, i, 10)
             .await

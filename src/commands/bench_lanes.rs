@@ -21,7 +21,7 @@ use turnpike_router::{Bus, Ingress, JetStreamBus, JetStreamConfig};
 use turnpike_schemas::entry::TurnOutcome;
 use turnpike_schemas::{ConversationId, EventBody, EventId, Identity};
 use turnpike_worker::turn::TurnContext;
-use turnpike_worker::{Agent, Worker, WorkerConfig};
+use turnpike_worker::{Agent, Worker, WorkerConfig, WorkerPool};
 
 /// Records when each turn's agent started, by input event.
 #[derive(Default)]
@@ -162,25 +162,15 @@ async fn turnpike(
     let convs_store = Conversations::new(store);
     let signer = RecordSigner::generate()?;
     let starts = Arc::new(Starts::default());
-    let (stop, stopped) = tokio::sync::watch::channel(false);
-    let mut handles = Vec::new();
-    for _ in 0..workers {
-        let worker = Worker::new(
+    let pool = WorkerPool::start((0..workers).map(|_| {
+        Worker::new(
             bus.clone(),
             convs_store.clone(),
             signer.clone(),
             Arc::new(NoopAgent(starts.clone())),
             WorkerConfig::default(),
-        );
-        let mut stopped = stopped.clone();
-        handles.push(tokio::spawn(async move {
-            worker
-                .run(async move {
-                    let _ = stopped.wait_for(|s| *s).await;
-                })
-                .await
-        }));
-    }
+        )
+    }));
     let owner: Identity = "local:bench".parse()?;
     let create = |n: usize| {
         let convs_store = convs_store.clone();
@@ -262,10 +252,7 @@ async fn turnpike(
             .context("turns stalled")?;
     }
     let turns_per_second = (conversations * turns) as f64 / start.elapsed().as_secs_f64();
-    let _ = stop.send(true);
-    for h in handles {
-        let _ = h.await;
-    }
+    pool.stop().await;
     Ok(Measured {
         latencies,
         turns_per_second,

@@ -9,7 +9,7 @@ use tracing::info;
 use turnpike_artifactory::{Head, Record};
 use turnpike_router::embedded::{EmbeddedBus, EmbeddedConfig};
 use turnpike_router::{Bus, JetStreamBus, JetStreamConfig, Shards};
-use turnpike_worker::{EchoAgent, Fault, Worker, WorkerConfig};
+use turnpike_worker::{EchoAgent, Fault, Worker, WorkerConfig, WorkerPool};
 
 use crate::cli::{FaultArg, Global, ServeArgs, WorkerArgs};
 use crate::env::Env;
@@ -84,39 +84,33 @@ pub async fn shutdown_signal() {
     ctrl_c.await.unwrap_or(());
 }
 
+fn echo_workers(env: &Env, bus: &Arc<dyn Bus>, count: usize, config: &WorkerConfig) -> Vec<Worker> {
+    (0..count.max(1))
+        .map(|_| {
+            Worker::new(
+                bus.clone(),
+                env.conversations.clone(),
+                env.signer.clone(),
+                Arc::new(EchoAgent),
+                config.clone(),
+            )
+        })
+        .collect()
+}
+
 async fn run_workers(
     env: &Env,
     bus: Arc<dyn Bus>,
     count: usize,
     args: &WorkerArgs,
 ) -> Result<ExitCode> {
-    let config = worker_config(args);
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let mut handles = Vec::new();
-    for _ in 0..count.max(1) {
-        let worker = Worker::new(
-            bus.clone(),
-            env.conversations.clone(),
-            env.signer.clone(),
-            Arc::new(EchoAgent),
-            config.clone(),
-        );
-        let mut stop = stop_rx.clone();
-        eprintln!("worker {} ready", worker.id());
-        handles.push(tokio::spawn(async move {
-            worker
-                .run(async move {
-                    let _ = stop.wait_for(|s| *s).await;
-                })
-                .await
-        }));
+    let pool = WorkerPool::start(echo_workers(env, &bus, count, &worker_config(args)));
+    for id in pool.ids() {
+        eprintln!("worker {id} ready");
     }
     shutdown_signal().await;
     info!("shutting down: no new claims, running turns get their grace period");
-    let _ = stop_tx.send(true);
-    for h in handles {
-        let _ = h.await;
-    }
+    pool.stop().await;
     Ok(ExitCode::SUCCESS)
 }
 
@@ -129,25 +123,7 @@ pub async fn run_until_committed(
     seq: u64,
     workers: usize,
 ) -> Result<Head> {
-    let (stop, stopped) = tokio::sync::watch::channel(false);
-    let mut handles = Vec::new();
-    for _ in 0..workers.max(1) {
-        let worker = Worker::new(
-            bus.clone(),
-            env.conversations.clone(),
-            env.signer.clone(),
-            Arc::new(EchoAgent),
-            WorkerConfig::default(),
-        );
-        let mut stopped = stopped.clone();
-        handles.push(tokio::spawn(async move {
-            worker
-                .run(async move {
-                    let _ = stopped.wait_for(|s| *s).await;
-                })
-                .await
-        }));
-    }
+    let pool = WorkerPool::start(echo_workers(env, &bus, workers, &WorkerConfig::default()));
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
     let head = loop {
         let head = record.head().await?;
@@ -155,7 +131,7 @@ pub async fn run_until_committed(
             break head;
         }
         if std::time::Instant::now() > deadline {
-            let _ = stop.send(true);
+            pool.stop().await;
             anyhow::bail!(
                 "the workers did not commit the lane within a minute (state {:?})",
                 head.state()
@@ -163,10 +139,7 @@ pub async fn run_until_committed(
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
-    let _ = stop.send(true);
-    for h in handles {
-        let _ = h.await;
-    }
+    pool.stop().await;
     Ok(head)
 }
 

@@ -1,0 +1,49 @@
+//! Workers running in one process, started together and stopped together.
+
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use turnpike_schemas::WorkerId;
+
+use crate::worker::Worker;
+
+/// A set of running workers sharing one stop signal.
+pub struct WorkerPool {
+    stop: watch::Sender<bool>,
+    handles: Vec<JoinHandle<()>>,
+    ids: Vec<WorkerId>,
+}
+
+impl WorkerPool {
+    /// Starts every worker on its own task.
+    pub fn start(workers: impl IntoIterator<Item = Worker>) -> Self {
+        let (stop, stopped) = watch::channel(false);
+        let mut handles = Vec::new();
+        let mut ids = Vec::new();
+        for worker in workers {
+            ids.push(worker.id());
+            let mut stopped = stopped.clone();
+            handles.push(tokio::spawn(async move {
+                worker
+                    .run(async move {
+                        let _ = stopped.wait_for(|s| *s).await;
+                    })
+                    .await
+            }));
+        }
+        WorkerPool { stop, handles, ids }
+    }
+
+    /// The workers' ids.
+    pub fn ids(&self) -> &[WorkerId] {
+        &self.ids
+    }
+
+    /// Stops every worker (each lets its running turns finish within its grace period) and
+    /// waits for them.
+    pub async fn stop(self) {
+        let _ = self.stop.send(true);
+        for handle in self.handles {
+            let _ = handle.await;
+        }
+    }
+}
