@@ -1,1 +1,151 @@
-//! Placeholder: built by a later issue.
+//! The resolver: (bound identity, reference) → bytes, or a typed denial.
+//!
+//! A reference only locates; it never authorises. Resolution first authorises the identity for
+//! the reference's conversation — producing an [`AuthorizedReference`], which only this crate
+//! can construct — and then hands it to the resolver registered for its family. Another
+//! identity's object yields exactly the same [`ResolveError::NotFound`] as a missing one: same
+//! variant, same message, no bytes, no existence oracle.
+//!
+//! # Layout
+//! - [`Resolver`]: authorisation and dispatch by family
+//! - [`families`]: the built-in families — `fi` (files a turn hosted), `tl` (turn logs)
+
+pub mod families;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use thiserror::Error;
+use turnpike_artifactory::{ConversationPrefix, Directory};
+use turnpike_schemas::{Family, Identity, Reference};
+
+/// Why a reference did not resolve.
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum ResolveError {
+    /// Missing, or not visible to the caller: the two are never told apart.
+    #[error("not found: {0}")]
+    NotFound(String),
+    /// The text is not a reference (says what is wrong; reveals nothing about any object).
+    #[error("{0}")]
+    Invalid(String),
+    /// A store failed; retry later.
+    #[error("the store failed while resolving: {0}")]
+    Unavailable(String),
+}
+
+impl ResolveError {
+    pub(crate) fn not_found(reference: &Reference) -> Self {
+        ResolveError::NotFound(reference.to_string())
+    }
+}
+
+/// What a reference resolved to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Resolved {
+    pub bytes: Bytes,
+    pub media_type: String,
+}
+
+/// A reference the caller's identity may read. Private fields and one constructor
+/// ([`Resolver::authorize`]): a family resolver cannot be handed an unchecked reference.
+#[derive(Debug, Clone)]
+pub struct AuthorizedReference {
+    reference: Reference,
+    prefix: ConversationPrefix,
+}
+
+impl AuthorizedReference {
+    /// The reference.
+    pub fn reference(&self) -> &Reference {
+        &self.reference
+    }
+
+    /// Where the conversation's objects are.
+    pub fn prefix(&self) -> &ConversationPrefix {
+        &self.prefix
+    }
+}
+
+/// Resolves the references of one family.
+#[async_trait]
+pub trait FamilyResolver: Send + Sync + 'static {
+    /// The family this resolver serves.
+    fn family(&self) -> Family;
+
+    /// The bytes of an authorised reference, or `NotFound` when there are none.
+    async fn resolve(&self, reference: &AuthorizedReference) -> Result<Resolved, ResolveError>;
+}
+
+/// Authorises and dispatches references to the resolver of their family.
+#[derive(Clone)]
+pub struct Resolver {
+    directory: Directory,
+    families: HashMap<Family, Arc<dyn FamilyResolver>>,
+}
+
+impl Resolver {
+    /// A resolver with no families registered.
+    pub fn new(directory: Directory) -> Self {
+        Self {
+            directory,
+            families: HashMap::new(),
+        }
+    }
+
+    /// Registers (or replaces) the resolver of a family.
+    pub fn register(mut self, family: Arc<dyn FamilyResolver>) -> Self {
+        self.families.insert(family.family(), family);
+        self
+    }
+
+    /// Checks that `identity` may read `reference`'s conversation.
+    pub async fn authorize(
+        &self,
+        identity: &Identity,
+        reference: &Reference,
+    ) -> Result<AuthorizedReference, ResolveError> {
+        match self
+            .directory
+            .lookup(reference.conversation(), identity)
+            .await
+        {
+            Ok(entry) => Ok(AuthorizedReference {
+                reference: reference.clone(),
+                prefix: entry.prefix(),
+            }),
+            Err(e) if e.kind() == turnpike_artifactory::ErrorKind::NotFound => {
+                Err(ResolveError::not_found(reference))
+            }
+            Err(e) => Err(ResolveError::Unavailable(e.to_string())),
+        }
+    }
+
+    /// Resolves reference text as `identity`.
+    pub async fn resolve_str(
+        &self,
+        identity: &Identity,
+        text: &str,
+    ) -> Result<Resolved, ResolveError> {
+        let reference: Reference = text
+            .parse()
+            .map_err(|e: turnpike_schemas::SchemaError| ResolveError::Invalid(e.to_string()))?;
+        self.resolve(identity, &reference).await
+    }
+
+    /// Resolves a reference as `identity`.
+    pub async fn resolve(
+        &self,
+        identity: &Identity,
+        reference: &Reference,
+    ) -> Result<Resolved, ResolveError> {
+        let authorized = self.authorize(identity, reference).await?;
+        match self.families.get(reference.family()) {
+            Some(family) => family.resolve(&authorized).await,
+            // An unknown family locates nothing.
+            None => Err(ResolveError::not_found(reference)),
+        }
+    }
+}

@@ -1,0 +1,135 @@
+//! The built-in families.
+//!
+//! - `fi`: a file a turn hosted, `conv:fi:<conv>/turn_<n>/<path>` → `turns/turn_<n>/files/<path>`
+//! - `tl`: a turn log, `conv:tl:<conv>/turn_<n>/log.json` → the whole log, or
+//!   `…/turn_<n>/blocks/<i>` → one block as JSON
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use object_store::{ObjectStore, ObjectStoreExt as _};
+use turnpike_artifactory::TurnLogs;
+use turnpike_schemas::Family;
+
+use crate::{AuthorizedReference, FamilyResolver, ResolveError, Resolved};
+
+fn store_error(e: object_store::Error, reference: &AuthorizedReference) -> ResolveError {
+    match e {
+        object_store::Error::NotFound { .. } => ResolveError::not_found(reference.reference()),
+        other => ResolveError::Unavailable(other.to_string()),
+    }
+}
+
+/// Files hosted by turns.
+pub struct HostedFiles {
+    store: Arc<dyn ObjectStore>,
+}
+
+impl HostedFiles {
+    pub fn new(store: Arc<dyn ObjectStore>) -> Self {
+        Self { store }
+    }
+}
+
+/// A media type from a file name's extension (the store keeps bytes only).
+pub fn media_type_of(name: &str) -> &'static str {
+    let ext = name
+        .rsplit_once('.')
+        .map(|(_, e)| e.to_ascii_lowercase())
+        .unwrap_or_default();
+    match ext.as_str() {
+        "txt" | "md" | "log" => "text/plain",
+        "csv" => "text/csv",
+        "json" => "application/json",
+        "png" => "image/png",
+        "jpg" | "jpeg" => "image/jpeg",
+        "pdf" => "application/pdf",
+        "py" => "text/x-python",
+        "html" => "text/html",
+        _ => "application/octet-stream",
+    }
+}
+
+#[async_trait]
+impl FamilyResolver for HostedFiles {
+    fn family(&self) -> Family {
+        Family::hosted_file()
+    }
+
+    async fn resolve(&self, reference: &AuthorizedReference) -> Result<Resolved, ResolveError> {
+        let r = reference.reference();
+        let path = reference.prefix().hosted_file(r.turn(), r.path());
+        let bytes = self
+            .store
+            .get(&path)
+            .await
+            .map_err(|e| store_error(e, reference))?
+            .bytes()
+            .await
+            .map_err(|e| store_error(e, reference))?;
+        let name = r
+            .path()
+            .segments()
+            .last()
+            .map(String::as_str)
+            .unwrap_or_default();
+        Ok(Resolved {
+            bytes,
+            media_type: media_type_of(name).to_owned(),
+        })
+    }
+}
+
+/// Turn logs and their blocks.
+pub struct TurnLogBlocks {
+    logs: TurnLogs,
+}
+
+impl TurnLogBlocks {
+    pub fn new(logs: TurnLogs) -> Self {
+        Self { logs }
+    }
+}
+
+#[async_trait]
+impl FamilyResolver for TurnLogBlocks {
+    fn family(&self) -> Family {
+        Family::turn_log()
+    }
+
+    async fn resolve(&self, reference: &AuthorizedReference) -> Result<Resolved, ResolveError> {
+        let r = reference.reference();
+        let segments = r.path().segments();
+        let block = match segments {
+            [log] if log == "log.json" => None,
+            [blocks, i] if blocks == "blocks" => match i.parse::<usize>() {
+                Ok(i) => Some(i),
+                Err(_) => return Err(ResolveError::not_found(r)),
+            },
+            _ => return Err(ResolveError::not_found(r)),
+        };
+        let log = self
+            .logs
+            .read(reference.prefix(), r.turn())
+            .await
+            .map_err(|e| {
+                if e.kind() == turnpike_artifactory::ErrorKind::NotFound {
+                    ResolveError::not_found(r)
+                } else {
+                    ResolveError::Unavailable(e.to_string())
+                }
+            })?;
+        let json = match block {
+            None => serde_json::to_vec(&log),
+            Some(i) => match log.blocks.get(i) {
+                Some(b) => serde_json::to_vec(b),
+                None => return Err(ResolveError::not_found(r)),
+            },
+        }
+        .expect("turn logs serialise");
+        Ok(Resolved {
+            bytes: json.into(),
+            media_type: "application/json".into(),
+        })
+    }
+}
