@@ -302,7 +302,10 @@ async fn embedded_workers_keep_order_and_lose_nothing() {
             conversations.clone(),
             signer(),
             Arc::new(EchoAgent),
-            WorkerConfig::default(),
+            WorkerConfig {
+                workspace_root: dir.path().join("workspaces"),
+                ..WorkerConfig::default()
+            },
         )
     }));
     publish(bus.clone(), &conversations, &convs, 0, 10, LONG)
@@ -312,6 +315,11 @@ async fn embedded_workers_keep_order_and_lose_nothing() {
         .await
         .unwrap();
     pool.stop().await;
+    // Every turn had a workspace, and none is left behind.
+    let left: Vec<_> = std::fs::read_dir(dir.path().join("workspaces"))
+        .unwrap()
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
     for (i, conv) in convs.iter().enumerate() {
         check_conversation(&conversations, &signer(), *conv, i, 10)
             .await

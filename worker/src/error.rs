@@ -8,6 +8,9 @@ pub enum Error {
     /// Another worker took the conversation over: our effects are fenced.
     #[error("fenced: {0}")]
     Fenced(String),
+    /// The turn's workspace could not be set up.
+    #[error("{0}")]
+    Workspace(String),
     #[error(transparent)]
     Bus(#[from] turnpike_router::Error),
     #[error(transparent)]

@@ -6,6 +6,7 @@
 //! - [`pool`]: workers of one process, started and stopped together
 //! - [`turn`]: one turn through batch one, the agent, and batch two
 //! - [`agent`]: the [`Agent`] trait and the built-in echo agent
+//! - [`workspace`]: a fresh directory per turn, deleted however the turn ends
 //! - [`config`]: worker settings and fault injection for tests
 
 pub mod agent;
@@ -15,6 +16,7 @@ pub mod owner;
 pub mod pool;
 pub mod turn;
 pub mod worker;
+pub mod workspace;
 
 pub use agent::{Agent, EchoAgent};
 pub use config::{Fault, WorkerConfig};
@@ -22,3 +24,4 @@ pub use error::{Error, Result};
 pub use pool::WorkerPool;
 pub use turn::TurnContext;
 pub use worker::Worker;
+pub use workspace::Workspace;

@@ -19,6 +19,7 @@ use turnpike_schemas::{
 use crate::agent::Agent;
 use crate::config::{Fault, WorkerConfig};
 use crate::error::{Error, Result};
+use crate::workspace::Workspace;
 
 /// What a turn needs from its owner.
 pub struct TurnEnv {
@@ -35,6 +36,7 @@ pub struct TurnEnv {
 pub struct TurnContext<'a> {
     env: &'a TurnEnv,
     turn: TurnId,
+    workspace: Workspace,
     inputs: Vec<Event>,
     head: Head,
     replies: Vec<String>,
@@ -45,6 +47,11 @@ impl TurnContext<'_> {
     /// The turn being run.
     pub fn turn(&self) -> TurnId {
         self.turn
+    }
+
+    /// The turn's private directory, deleted when the turn ends.
+    pub fn workspace(&self) -> &std::path::Path {
+        self.workspace.path()
     }
 
     /// The events committed in batch one.
@@ -188,9 +195,18 @@ async fn finish_turn(
     inputs: Vec<Event>,
 ) -> Result<Head> {
     let blocks = inputs.iter().filter_map(|e| input_block(&e.body)).collect();
+    let conversation = env.record.prefix().conversation();
+    let workspace =
+        Workspace::create(&env.config.workspace_root, conversation, turn).map_err(|e| {
+            Error::Workspace(format!(
+                "cannot create a workspace under {}: {e}",
+                env.config.workspace_root.display()
+            ))
+        })?;
     let mut ctx = TurnContext {
         env,
         turn,
+        workspace,
         inputs,
         head,
         replies: Vec::new(),
@@ -205,9 +221,12 @@ async fn finish_turn(
         head,
         replies,
         blocks,
+        workspace,
         ..
     } = ctx;
-    let conversation = env.record.prefix().conversation();
+    if let Err(e) = workspace.remove().await {
+        warn!(%conversation, %turn, error = %e, "could not remove the turn's workspace");
+    }
     let log = TurnLog {
         version: TURN_LOG_VERSION,
         conversation,
