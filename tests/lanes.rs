@@ -13,7 +13,9 @@ use turnpike_router::embedded::{EmbeddedBus, EmbeddedConfig};
 use turnpike_router::{JetStreamBus, JetStreamConfig};
 use turnpike_schemas::EntryBody;
 use turnpike_tests::fixtures::{self, signer};
-use turnpike_tests::lanes::{check_conversation, create_conversations, publish, wait_for_turns};
+use turnpike_tests::lanes::{
+    check_conversation, create_conversations, publish, record, wait_for_turns,
+};
 use turnpike_tests::nats::NatsServer;
 use turnpike_tests::process::Process;
 use turnpike_worker::{EchoAgent, Worker, WorkerConfig, WorkerPool};
@@ -111,10 +113,7 @@ async fn many_conversations_on_four_worker_processes_keep_order_and_lose_nothing
     // Work was spread: more than one worker dispatched turns.
     let mut dispatchers = std::collections::HashSet::new();
     for conv in convs.iter().take(50) {
-        let record = turnpike_artifactory::Record::new(
-            fleet.conversations.store().clone(),
-            turnpike_artifactory::ConversationPrefix::new(fixtures::tenant(), *conv),
-        );
+        let record = record(&fleet.conversations, *conv);
         for e in record.entries().await.unwrap() {
             if let EntryBody::TurnDispatched(d) = e.body {
                 dispatchers.insert(d.worker.to_string());
@@ -195,10 +194,7 @@ async fn a_worker_killed_between_the_batches_is_recovered_under_the_same_turn_id
         .await
         .unwrap();
     // Turn 1 was dispatched by the killed worker and completed by the other.
-    let record = turnpike_artifactory::Record::new(
-        fleet.conversations.store().clone(),
-        turnpike_artifactory::ConversationPrefix::new(fixtures::tenant(), convs[0]),
-    );
+    let record = record(&fleet.conversations, convs[0]);
     let entries = record.entries().await.unwrap();
     let first_dispatch = entries
         .iter()

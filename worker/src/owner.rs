@@ -138,11 +138,7 @@ async fn drain(
                 .into_iter()
                 .map(|m| EntryBody::input(m.event, Some(m.seq)))
                 .collect();
-            head = env
-                .record
-                .append(&env.signer, &head, &bodies)
-                .await
-                .map_err(Error::from_append)?;
+            head = env.append(&head, &bodies).await?;
             continue;
         }
         head = run_new_turn(env, head, inputs, epoch).await?;

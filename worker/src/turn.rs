@@ -32,6 +32,17 @@ pub struct TurnEnv {
     pub config: WorkerConfig,
 }
 
+impl TurnEnv {
+    /// Appends a batch at `head`; a moved head or a refused entry means another owner wrote:
+    /// this one is fenced.
+    pub async fn append(&self, head: &Head, bodies: &[EntryBody]) -> Result<Head> {
+        self.record
+            .append(&self.signer, head, bodies)
+            .await
+            .map_err(Error::from_append)
+    }
+}
+
 /// The turn as the agent sees it.
 pub struct TurnContext<'a> {
     env: &'a TurnEnv,
@@ -92,12 +103,7 @@ impl TurnContext<'_> {
             .iter()
             .map(|m| EntryBody::input(m.event.clone(), Some(m.seq)))
             .collect();
-        self.head = self
-            .env
-            .record
-            .append(&self.env.signer, &self.head, &bodies)
-            .await
-            .map_err(Error::from_append)?;
+        self.head = self.env.append(&self.head, &bodies).await?;
         let events: Vec<Event> = folded.into_iter().map(|m| m.event).collect();
         for event in &events {
             if let Some(block) = input_block(&event.body) {
@@ -140,11 +146,7 @@ pub async fn run_new_turn(
         epoch,
         at_ms: now_ms(),
     }));
-    let head = env
-        .record
-        .append(&env.signer, &head, &bodies)
-        .await
-        .map_err(Error::from_append)?;
+    let head = env.append(&head, &bodies).await?;
     info!(conversation = %env.record.prefix().conversation(), %turn, worker = %env.worker, "turn dispatched");
     match env.config.fault {
         Some(Fault::HangAfterBatchOne) => {
@@ -261,11 +263,7 @@ async fn finish_turn(
         )),
         at_ms: now_ms(),
     }));
-    let head = env
-        .record
-        .append(&env.signer, &head, &bodies)
-        .await
-        .map_err(Error::from_append)?;
+    let head = env.append(&head, &bodies).await?;
     info!(%conversation, %turn, ?outcome, "turn complete");
     Ok(head)
 }

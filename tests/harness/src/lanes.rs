@@ -88,7 +88,8 @@ pub async fn publish(
     Ok(())
 }
 
-fn record(conversations: &Conversations, conv: ConversationId) -> Record {
+/// The record of a fixture-tenant conversation.
+pub fn record(conversations: &Conversations, conv: ConversationId) -> Record {
     Record::new(
         conversations.store().clone(),
         ConversationPrefix::new(fixtures::tenant(), conv),
