@@ -18,7 +18,7 @@ use turnpike_tests::lanes::{
 };
 use turnpike_tests::nats::NatsServer;
 use turnpike_tests::process::Process;
-use turnpike_worker::{EchoAgent, Worker, WorkerConfig, WorkerPool};
+use turnpike_worker::{Apps, EchoAgent, Worker, WorkerConfig, WorkerPool};
 
 const LONG: Duration = Duration::from_secs(240);
 
@@ -158,7 +158,7 @@ async fn two_workers_woken_for_one_conversation_open_one_turn() {
             fleet.bus.clone(),
             fleet.conversations.clone(),
             signer(),
-            Arc::new(EchoAgent),
+            Arc::new(Apps::new().with_fallback(Arc::new(EchoAgent))),
             WorkerConfig::default(),
         )
     };
@@ -297,7 +297,7 @@ async fn embedded_workers_keep_order_and_lose_nothing() {
             bus.clone(),
             conversations.clone(),
             signer(),
-            Arc::new(EchoAgent),
+            Arc::new(Apps::new().with_fallback(Arc::new(EchoAgent))),
             WorkerConfig {
                 workspace_root: dir.path().join("workspaces"),
                 ..WorkerConfig::default()

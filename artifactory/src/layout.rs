@@ -5,7 +5,7 @@
 //! tenants/{tenant}/conversations/{conv}/record-head        a hint: a recent batch number
 //! tenants/{tenant}/conversations/{conv}/turns/turn_{n}/log.json
 //! tenants/{tenant}/conversations/{conv}/turns/turn_{n}/files/{path}
-//! tenants/{tenant}/conversations/{conv}/attachments/{id}/{name}
+//! tenants/{tenant}/conversations/{conv}/attachments/turn_{n}/{id}/{name}
 //! directory/conversations/{conv}.json
 //! ```
 
@@ -93,6 +93,16 @@ impl ConversationPrefix {
     /// A file hosted by a turn. The path was validated by the reference grammar.
     pub fn hosted_file(&self, turn: TurnId, path: &RefPath) -> Path {
         let mut out = format!("{}/turns/{turn}/files", self.base());
+        for segment in path.segments() {
+            out.push('/');
+            out.push_str(segment);
+        }
+        Path::from(out)
+    }
+
+    /// A file the user attached before `turn`: `attachments/turn_{n}/{path}`.
+    pub fn attachment(&self, turn: TurnId, path: &RefPath) -> Path {
+        let mut out = format!("{}/attachments/{turn}", self.base());
         for segment in path.segments() {
             out.push('/');
             out.push_str(segment);

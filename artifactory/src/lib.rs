@@ -5,6 +5,7 @@
 //! - [`mmr`]: the Merkle Mountain Range under the record's roots
 //! - [`keys`]: ed25519 signing keys and trusted public keys
 //! - [`turnlogs`]: one object per turn
+//! - [`files`]: files turns hosted and files users attached
 //! - [`conversations`]: creating and opening conversations as an identity
 //! - [`directory`]: which tenant owns a conversation, and who may see it
 //! - [`layout`]: every object key, built in one place
@@ -13,6 +14,7 @@
 pub mod conversations;
 pub mod directory;
 pub mod error;
+pub mod files;
 pub mod keys;
 pub mod layout;
 pub mod mmr;
@@ -23,6 +25,7 @@ pub mod turnlogs;
 pub use conversations::{Conversations, NewConversation};
 pub use directory::{Directory, DirectoryEntry};
 pub use error::{Error, ErrorKind, Result};
+pub use files::Files;
 pub use keys::{RecordSigner, TrustedKeys};
 pub use layout::ConversationPrefix;
 pub use record::{Checkpoint, Head, Record, RecordEntry, Transcript, Verdict};

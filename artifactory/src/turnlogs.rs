@@ -22,7 +22,8 @@ impl TurnLogs {
 
     /// Writes a turn's log. A retried turn overwrites the log of its failed attempt; the log
     /// counts only once the record holds the turn's `turn_complete`.
-    pub async fn write(&self, prefix: &ConversationPrefix, log: &TurnLog) -> Result<()> {
+    /// Returns the SHA-256 (hex) of the bytes written.
+    pub async fn write(&self, prefix: &ConversationPrefix, log: &TurnLog) -> Result<String> {
         if log.conversation != prefix.conversation() {
             return Err(Error::new(
                 ErrorKind::InvalidInput,
@@ -30,11 +31,12 @@ impl TurnLogs {
             ));
         }
         let bytes = serde_json::to_vec(log).expect("turn logs serialise");
+        let digest = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(&bytes));
         self.store
             .put(&prefix.turn_log(log.turn), PutPayload::from(bytes))
             .await
             .map_err(|e| Error::store(&format!("writing the log of {}", log.turn), e))?;
-        Ok(())
+        Ok(digest)
     }
 
     /// Reads a turn's log: one fetch.

@@ -1,6 +1,8 @@
 //! The built-in families.
 //!
 //! - `fi`: a file a turn hosted, `conv:fi:<conv>/turn_<n>/<path>` → `turns/turn_<n>/files/<path>`
+//! - `at`: a file a user attached, `conv:at:<conv>/turn_<n>/<id>/<name>` →
+//!   `attachments/turn_<n>/<id>/<name>`
 //! - `tl`: a turn log, `conv:tl:<conv>/turn_<n>/log.json` → the whole log, or
 //!   `…/turn_<n>/blocks/<i>` → one block as JSON
 
@@ -20,14 +22,28 @@ fn store_error(e: object_store::Error, reference: &AuthorizedReference) -> Resol
     }
 }
 
-/// Files hosted by turns.
+/// Files hosted by turns (`fi`) or attached by users (`at`): bytes at a key the layout derives
+/// from the reference.
 pub struct HostedFiles {
     store: Arc<dyn ObjectStore>,
+    family: Family,
 }
 
 impl HostedFiles {
+    /// Files hosted by turns: `conv:fi:…`.
     pub fn new(store: Arc<dyn ObjectStore>) -> Self {
-        Self { store }
+        Self {
+            store,
+            family: Family::hosted_file(),
+        }
+    }
+
+    /// Files users attached: `conv:at:…`.
+    pub fn attachments(store: Arc<dyn ObjectStore>) -> Self {
+        Self {
+            store,
+            family: Family::attachment(),
+        }
     }
 }
 
@@ -53,12 +69,16 @@ pub fn media_type_of(name: &str) -> &'static str {
 #[async_trait]
 impl FamilyResolver for HostedFiles {
     fn family(&self) -> Family {
-        Family::hosted_file()
+        self.family.clone()
     }
 
     async fn resolve(&self, reference: &AuthorizedReference) -> Result<Resolved, ResolveError> {
         let r = reference.reference();
-        let path = reference.prefix().hosted_file(r.turn(), r.path());
+        let path = if self.family == Family::attachment() {
+            reference.prefix().attachment(r.turn(), r.path())
+        } else {
+            reference.prefix().hosted_file(r.turn(), r.path())
+        };
         let bytes = self
             .store
             .get(&path)

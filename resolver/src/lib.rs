@@ -95,6 +95,16 @@ impl Resolver {
         }
     }
 
+    /// A resolver with the built-in families (`fi`, `at`, `tl`) over one object store.
+    pub fn standard(directory: Directory, store: Arc<dyn object_store::ObjectStore>) -> Self {
+        Self::new(directory)
+            .register(Arc::new(families::HostedFiles::new(store.clone())))
+            .register(Arc::new(families::HostedFiles::attachments(store.clone())))
+            .register(Arc::new(families::TurnLogBlocks::new(
+                turnpike_artifactory::TurnLogs::new(store),
+            )))
+    }
+
     /// Registers (or replaces) the resolver of a family.
     pub fn register(mut self, family: Arc<dyn FamilyResolver>) -> Self {
         self.families.insert(family.family(), family);

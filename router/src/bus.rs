@@ -18,6 +18,8 @@ use std::fmt;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use bytes::Bytes;
+use futures::stream::BoxStream;
 use serde::{Deserialize, Serialize};
 use turnpike_schemas::{ConversationId, Event, TenantId, WorkerId};
 
@@ -170,6 +172,16 @@ pub trait Bus: Send + Sync + 'static {
     async fn heartbeat(&self, worker: WorkerId, owned: usize) {
         let _ = (worker, owned);
     }
+
+    /// Publishes an advisory message (a token delta, a "new rows" tick) on `tp.live.{conv}`.
+    /// Best effort and never durable: it carries nothing the record lacks.
+    async fn live(&self, conversation: ConversationId, payload: Bytes);
+
+    /// The advisory messages of a conversation from now on. Slow subscribers may miss some.
+    async fn subscribe_live(
+        &self,
+        conversation: ConversationId,
+    ) -> Result<BoxStream<'static, Bytes>>;
 }
 
 /// Milliseconds since the Unix epoch.

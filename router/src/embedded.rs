@@ -106,6 +106,7 @@ pub struct EmbeddedBus {
     leases: Mutex<HashMap<ConversationId, (LeaseValue, u64)>>,
     lease_revisions: std::sync::atomic::AtomicU64,
     config: EmbeddedConfig,
+    live: tokio::sync::broadcast::Sender<(ConversationId, bytes::Bytes)>,
 }
 
 fn storage(what: &str, e: impl std::fmt::Display) -> Error {
@@ -140,6 +141,7 @@ impl EmbeddedBus {
             leases: Mutex::new(HashMap::new()),
             lease_revisions: std::sync::atomic::AtomicU64::new(0),
             config,
+            live: tokio::sync::broadcast::channel(4096).0,
         });
         bus.requeue_all()?;
         Ok(bus)
@@ -217,6 +219,28 @@ impl WakeAck for EmbeddedAck {
 
 #[async_trait]
 impl Bus for EmbeddedBus {
+    async fn live(&self, conversation: ConversationId, payload: bytes::Bytes) {
+        let _ = self.live.send((conversation, payload));
+    }
+
+    async fn subscribe_live(
+        &self,
+        conversation: ConversationId,
+    ) -> Result<futures::stream::BoxStream<'static, bytes::Bytes>> {
+        use futures::StreamExt as _;
+        let rx = self.live.subscribe();
+        let stream = futures::stream::unfold(rx, move |mut rx| async move {
+            loop {
+                match rx.recv().await {
+                    Ok((conv, payload)) if conv == conversation => return Some((payload, rx)),
+                    Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
+                    Err(tokio::sync::broadcast::error::RecvError::Closed) => return None,
+                }
+            }
+        });
+        Ok(stream.boxed())
+    }
+
     async fn publish(&self, event: &Event) -> Result<Published> {
         let conversation = event.address.conversation;
         let conv = conversation.to_string();

@@ -489,6 +489,31 @@ impl Bus for JetStreamBus {
         }
     }
 
+    async fn live(&self, conversation: ConversationId, payload: bytes::Bytes) {
+        let _ = self
+            .client
+            .publish(crate::subject::live_subject(conversation), payload)
+            .await;
+    }
+
+    async fn subscribe_live(
+        &self,
+        conversation: ConversationId,
+    ) -> Result<futures::stream::BoxStream<'static, bytes::Bytes>> {
+        use futures::StreamExt as _;
+        let subscriber = self
+            .client
+            .subscribe(crate::subject::live_subject(conversation))
+            .await
+            .map_err(|e| unavailable("subscribing to live messages", e))?;
+        // The subscription is registered once the server has seen it.
+        self.client
+            .flush()
+            .await
+            .map_err(|e| unavailable("subscribing to live messages", e))?;
+        Ok(subscriber.map(|m| m.payload).boxed())
+    }
+
     async fn heartbeat(&self, worker: WorkerId, owned: usize) {
         let beat = serde_json::json!({ "worker": worker, "owned": owned, "at_ms": now_ms() });
         let payload = serde_json::to_vec(&beat).expect("heartbeats serialise");

@@ -339,6 +339,9 @@ pub struct TurnComplete {
     /// Where the turn log is.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub log: Option<Reference>,
+    /// SHA-256 (hex) of the turn log's bytes, so the signed record vouches for the log too.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub log_sha256: Option<String>,
     pub at_ms: u64,
 }
 
@@ -473,6 +476,14 @@ pub struct RecordState {
     pub last_turn: u64,
     /// Whether the last turn is dispatched and neither completed nor marked ambiguous.
     pub turn_open: bool,
+    /// The turn whose log holds the latest compaction summary (0: none), so a timeline can be
+    /// rebuilt from that log and the turns after it without scanning the record.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub summary_turn: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 #[cfg(test)]

@@ -48,6 +48,10 @@ pub struct Event {
     pub idempotency_key: Option<String>,
     /// When the edge accepted it, in milliseconds since the Unix epoch.
     pub accepted_at_ms: u64,
+    /// Limits the edge places on the turn this event opens (set by ingress, never by a client);
+    /// recorded as an `ingress_directive` entry in batch one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub directive: Option<crate::entry::IngressDirective>,
     pub body: EventBody,
 }
 
@@ -117,6 +121,7 @@ impl Event {
             address,
             idempotency_key: None,
             accepted_at_ms,
+            directive: None,
             body,
         }
     }

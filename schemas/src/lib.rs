@@ -9,6 +9,8 @@
 //! - [`entry`]: record entry kinds and their payloads
 //! - [`reference`]: the reference grammar v1
 //! - [`turnlog`]: the one-object-per-turn log format
+//! - [`live`]: advisory frames on `tp.live.{conv}`
+//! - [`timeline`]: the rows an agent is fed, each with a stable reference
 //! - [`error`]: the crate's error type
 
 pub mod entry;
@@ -16,7 +18,9 @@ pub mod error;
 pub mod event;
 pub mod identity;
 pub mod ids;
+pub mod live;
 pub mod reference;
+pub mod timeline;
 pub mod turnlog;
 
 pub use entry::{EntryBody, EntryKind};
@@ -25,4 +29,5 @@ pub use event::{Address, Event, EventBody};
 pub use identity::Identity;
 pub use ids::{AgentId, AppId, ConversationId, EventId, RequestId, TenantId, TurnId, WorkerId};
 pub use reference::{Family, RefPath, Reference};
+pub use timeline::Row;
 pub use turnlog::{Block, TurnLog};

@@ -36,6 +36,11 @@ pub enum Block {
     Steer {
         text: String,
     },
+    /// A stop cancelled the turn here.
+    Stop {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        reason: Option<String>,
+    },
     AssistantMessage {
         text: String,
     },
@@ -72,4 +77,23 @@ pub enum Block {
         media_type: String,
         reference: Reference,
     },
+}
+
+impl Block {
+    /// The block's kind name (as in the log's `kind` field).
+    pub fn kind_name(&self) -> &'static str {
+        match self {
+            Block::UserMessage { .. } => "user_message",
+            Block::FollowUp { .. } => "follow_up",
+            Block::Steer { .. } => "steer",
+            Block::Stop { .. } => "stop",
+            Block::AssistantMessage { .. } => "assistant_message",
+            Block::ToolCall { .. } => "tool_call",
+            Block::ToolResult { .. } => "tool_result",
+            Block::File { .. } => "file",
+            Block::Artifact { .. } => "artifact",
+            Block::Summary { .. } => "summary",
+            Block::Attachment { .. } => "attachment",
+        }
+    }
 }

@@ -21,7 +21,7 @@ use turnpike_router::{Bus, Ingress, JetStreamBus, JetStreamConfig};
 use turnpike_schemas::entry::TurnOutcome;
 use turnpike_schemas::{ConversationId, EventBody, EventId, Identity};
 use turnpike_worker::turn::TurnContext;
-use turnpike_worker::{Agent, Worker, WorkerConfig, WorkerPool};
+use turnpike_worker::{App, Apps, Worker, WorkerConfig, WorkerPool};
 
 /// Records when each turn's agent started, by input event.
 #[derive(Default)]
@@ -33,8 +33,11 @@ struct Starts {
 struct NoopAgent(Arc<Starts>);
 
 #[async_trait]
-impl Agent for NoopAgent {
-    async fn run(&self, turn: &mut TurnContext) -> turnpike_worker::Result<TurnOutcome> {
+impl App for NoopAgent {
+    async fn on_reactive_event(
+        &self,
+        turn: &TurnContext<'_>,
+    ) -> turnpike_worker::Result<TurnOutcome> {
         let now = Instant::now();
         let mut at = self.0.at.lock().expect("starts lock");
         for e in turn.inputs() {
@@ -167,7 +170,7 @@ async fn turnpike(
             bus.clone(),
             convs_store.clone(),
             signer.clone(),
-            Arc::new(NoopAgent(starts.clone())),
+            Arc::new(Apps::new().with_fallback(Arc::new(NoopAgent(starts.clone())))),
             WorkerConfig::default(),
         )
     }));

@@ -9,7 +9,7 @@ use tracing::info;
 use turnpike_artifactory::{Head, Record};
 use turnpike_router::embedded::{EmbeddedBus, EmbeddedConfig};
 use turnpike_router::{Bus, JetStreamBus, JetStreamConfig, Shards};
-use turnpike_worker::{EchoAgent, Fault, Worker, WorkerConfig, WorkerPool};
+use turnpike_worker::{Apps, EchoAgent, Fault, Worker, WorkerConfig, WorkerPool};
 
 use crate::cli::{FaultArg, Global, ServeArgs, WorkerArgs};
 use crate::env::Env;
@@ -91,7 +91,7 @@ fn echo_workers(env: &Env, bus: &Arc<dyn Bus>, count: usize, config: &WorkerConf
                 bus.clone(),
                 env.conversations.clone(),
                 env.signer.clone(),
-                Arc::new(EchoAgent),
+                Arc::new(Apps::new().with_fallback(Arc::new(EchoAgent))),
                 config.clone(),
             )
         })

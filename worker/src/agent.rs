@@ -1,19 +1,13 @@
-//! Agents: what runs inside a turn. The built-in echo agent stands in until the agent loop
-//! exists; it still goes through both batches of the record.
+//! The echo app: a native app that replies `echo: <text>` without a model. It stands in where
+//! lanes and the record are tested on their own, and still goes through both batches.
 
 use async_trait::async_trait;
 use turnpike_schemas::entry::TurnOutcome;
 use turnpike_schemas::EventBody;
 
+use crate::apps::App;
 use crate::error::Result;
 use crate::turn::TurnContext;
-
-/// Runs the work of one turn between batch one and batch two.
-#[async_trait]
-pub trait Agent: Send + Sync + 'static {
-    /// Does the turn's work through `turn` and says how it ended.
-    async fn run(&self, turn: &mut TurnContext) -> Result<TurnOutcome>;
-}
 
 /// Replies `echo: <text>` to every message and follow-up, folding in what arrives on the lane
 /// between rounds; a stop cancels the turn.
@@ -21,8 +15,8 @@ pub trait Agent: Send + Sync + 'static {
 pub struct EchoAgent;
 
 #[async_trait]
-impl Agent for EchoAgent {
-    async fn run(&self, turn: &mut TurnContext) -> Result<TurnOutcome> {
+impl App for EchoAgent {
+    async fn on_reactive_event(&self, turn: &TurnContext<'_>) -> Result<TurnOutcome> {
         let mut events: Vec<EventBody> = turn.inputs().iter().map(|e| e.body.clone()).collect();
         for _ in 0..turn.max_rounds() {
             for body in &events {

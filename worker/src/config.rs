@@ -32,6 +32,8 @@ pub struct WorkerConfig {
     pub grace: Duration,
     /// How often the worker announces itself (owned conversations) on the bus.
     pub heartbeat_every: Duration,
+    /// How often a running turn looks at its lane for follow-ups and stops.
+    pub lane_poll: Duration,
     /// Where turns' workspaces are created (each is deleted when its turn ends).
     pub workspace_root: std::path::PathBuf,
     pub fault: Option<Fault>,
@@ -47,6 +49,7 @@ impl Default for WorkerConfig {
             max_rounds: 8,
             grace: Duration::from_secs(20),
             heartbeat_every: Duration::from_secs(5),
+            lane_poll: Duration::from_millis(50),
             workspace_root: crate::workspace::default_root(),
             fault: None,
         }

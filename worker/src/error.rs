@@ -11,6 +11,12 @@ pub enum Error {
     /// The turn's workspace could not be set up.
     #[error("{0}")]
     Workspace(String),
+    /// No app or agent is hosted for the turn's address.
+    #[error("{0}")]
+    Route(String),
+    /// The model call failed.
+    #[error(transparent)]
+    Model(#[from] crate::model::ModelError),
     #[error(transparent)]
     Bus(#[from] turnpike_router::Error),
     #[error(transparent)]

@@ -4,24 +4,38 @@
 //! - [`worker`]: the claim loop — wakes in, conversation owners out, bounded by turn slots
 //! - [`owner`]: one conversation's owner: lease, recovery, turns, wake acknowledgement
 //! - [`pool`]: workers of one process, started and stopped together
-//! - [`turn`]: one turn through batch one, the agent, and batch two
-//! - [`agent`]: the [`Agent`] trait and the built-in echo agent
+//! - [`turn`]: one turn through batch one, the app's callback, and batch two
+//! - [`apps`]: manifests, the [`App`] trait (`on_reactive_event`) and routing
+//! - [`agent_loop`]: the built-in agent loop (rounds, closing call, folding, stop)
+//! - [`model`]: model providers — `openai`, `script`, `replay`
+//! - [`tools`]: the tool registry and the built-in tools
+//! - [`timeline`]: the context rebuilt from the latest summary and the turn logs after it
+//! - [`replay`]: re-running recorded turns, and what-ifs
+//! - [`agent`]: the echo app (no model)
 //! - [`workspace`]: a fresh directory per turn, deleted however the turn ends
 //! - [`config`]: worker settings and fault injection for tests
 
 pub mod agent;
+pub mod agent_loop;
+pub mod apps;
 pub mod config;
 pub mod error;
+pub mod model;
 pub mod owner;
 pub mod pool;
+pub mod replay;
+pub mod timeline;
+pub mod tools;
 pub mod turn;
 pub mod worker;
 pub mod workspace;
 
-pub use agent::{Agent, EchoAgent};
+pub use agent::EchoAgent;
+pub use apps::{AgentLoopApp, AgentSpec, App, Apps, Manifest};
 pub use config::{Fault, WorkerConfig};
 pub use error::{Error, Result};
 pub use pool::WorkerPool;
+pub use tools::Registry;
 pub use turn::TurnContext;
 pub use worker::Worker;
 pub use workspace::Workspace;

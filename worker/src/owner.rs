@@ -162,8 +162,11 @@ pub(crate) async fn own(
             ConversationPrefix::new(tenant.clone(), conversation),
         ),
         turn_logs: worker.conversations.turn_logs(),
+        files: worker.files.clone(),
+        resolver: worker.resolver.clone(),
+        search: worker.search.clone(),
         signer: worker.signer.clone(),
-        agent: worker.agent.clone(),
+        apps: worker.apps.clone(),
         config: worker.config.clone(),
     };
     if worker.config.fault == Some(crate::config::Fault::HangAfterClaim) {

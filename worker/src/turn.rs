@@ -1,24 +1,32 @@
-//! One turn: batch one (its inputs and `turn_dispatched`) commits before anything runs; the
-//! agent works, folding in what arrives on the lane (committed before it is seen); the turn
-//! log is written; batch two (replies and `turn_complete`) closes the turn.
+//! One turn: batch one (its inputs, any `ingress_directive`, and `turn_dispatched`) commits
+//! before anything runs; the app's callback works, folding in what arrives on the lane
+//! (committed before it is seen); the turn log is written; batch two (replies, tool calls and
+//! results, and `turn_complete` with the log's digest) closes the turn.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
+use tokio::sync::{mpsc, watch};
 use tracing::{info, warn};
-use turnpike_artifactory::{Head, Record, RecordSigner, TurnLogs};
+use turnpike_artifactory::{Files, Head, Record, RecordSigner, TurnLogs};
+use turnpike_resolver::Resolver;
 use turnpike_router::bus::{now_ms, Bus, LaneMessage};
 use turnpike_schemas::entry::{
-    AssistantMessage, Cancelled, ErrorEntry, TurnComplete, TurnDispatched, TurnOutcome,
+    AssistantMessage, Cancelled, ErrorEntry, IngressDirective, ToolCall, ToolResult, TurnComplete,
+    TurnDispatched, TurnOutcome,
 };
+use turnpike_schemas::live::LiveFrame;
 use turnpike_schemas::turnlog::TURN_LOG_VERSION;
 use turnpike_schemas::{
-    AgentId, Block, EntryBody, Event, EventBody, Family, RefPath, Reference, TurnId, TurnLog,
-    WorkerId,
+    AgentId, AppId, Block, EntryBody, Event, EventBody, Family, Identity, RefPath, Reference,
+    TurnId, TurnLog, WorkerId,
 };
 
-use crate::agent::Agent;
+use crate::apps::{AgentSpec, Apps};
 use crate::config::{Fault, WorkerConfig};
 use crate::error::{Error, Result};
+use crate::timeline::Timeline;
+use crate::tools::{SearchIndex, ToolContext};
 use crate::workspace::Workspace;
 
 /// What a turn needs from its owner.
@@ -27,8 +35,11 @@ pub struct TurnEnv {
     pub bus: Arc<dyn Bus>,
     pub record: Record,
     pub turn_logs: TurnLogs,
+    pub files: Files,
+    pub resolver: Resolver,
+    pub search: Option<Arc<dyn SearchIndex>>,
     pub signer: RecordSigner,
-    pub agent: Arc<dyn Agent>,
+    pub apps: Arc<Apps>,
     pub config: WorkerConfig,
 }
 
@@ -43,21 +54,97 @@ impl TurnEnv {
     }
 }
 
-/// The turn as the agent sees it.
+/// Watches the lane while a turn runs: counts arrivals and notices a stop.
+struct LaneWatch {
+    arrivals: watch::Receiver<u64>,
+    stop: watch::Receiver<bool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl LaneWatch {
+    fn start(bus: Arc<dyn Bus>, env: &TurnEnv, after: u64) -> Self {
+        let conversation = env.record.prefix().conversation();
+        let every = env.config.lane_poll;
+        let (count_tx, arrivals) = watch::channel(0u64);
+        let (stop_tx, stop) = watch::channel(false);
+        let task = tokio::spawn(async move {
+            let mut cursor = after;
+            let mut count = 0;
+            loop {
+                tokio::time::sleep(every).await;
+                let Ok(messages) = bus.read_lane(conversation, cursor, None, 64).await else {
+                    continue;
+                };
+                for m in messages {
+                    // A new message belongs to the next turn: nothing after it concerns this one.
+                    if matches!(m.event.body, EventBody::Message { .. }) {
+                        return;
+                    }
+                    cursor = m.seq;
+                    count += 1;
+                    let _ = count_tx.send(count);
+                    if matches!(m.event.body, EventBody::Stop { .. }) {
+                        let _ = stop_tx.send(true);
+                        return;
+                    }
+                }
+            }
+        });
+        Self {
+            arrivals,
+            stop,
+            task,
+        }
+    }
+}
+
+impl Drop for LaneWatch {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// The turn as an app's callback sees it. Methods take `&self`: tools, the agent loop and the
+/// lane can all use the turn at once.
 pub struct TurnContext<'a> {
     env: &'a TurnEnv,
     turn: TurnId,
+    app: AppId,
+    agent: AgentId,
+    spec: Option<Arc<AgentSpec>>,
+    identity: Identity,
     workspace: Workspace,
     inputs: Vec<Event>,
-    head: Head,
-    replies: Vec<String>,
-    blocks: Vec<Block>,
+    directive: Option<IngressDirective>,
+    head: Mutex<Head>,
+    blocks: Mutex<Vec<Block>>,
+    watch: LaneWatch,
+    deltas: mpsc::UnboundedSender<String>,
 }
 
 impl TurnContext<'_> {
     /// The turn being run.
     pub fn turn(&self) -> TurnId {
         self.turn
+    }
+
+    /// The app and agent the turn runs for.
+    pub fn app(&self) -> &AppId {
+        &self.app
+    }
+
+    pub fn agent_id(&self) -> &AgentId {
+        &self.agent
+    }
+
+    /// The agent's spec (from its app's manifest), when it has one.
+    pub fn agent(&self) -> Option<&Arc<AgentSpec>> {
+        self.spec.as_ref()
+    }
+
+    /// The identity the turn is bound to (the authenticated caller of its first input).
+    pub fn identity(&self) -> &Identity {
+        &self.identity
     }
 
     /// The turn's private directory, deleted when the turn ends.
@@ -70,27 +157,49 @@ impl TurnContext<'_> {
         &self.inputs
     }
 
-    /// How many model and tool rounds the turn may take.
+    /// How many model and tool rounds the turn may take: the lowest of the deployment's limit,
+    /// the agent's budget and the ingress directive's.
     pub fn max_rounds(&self) -> u32 {
-        self.env.config.max_rounds
+        let mut rounds = self.env.config.max_rounds;
+        if let Some(spec) = &self.spec {
+            rounds = rounds.min(spec.max_rounds);
+        }
+        if let Some(limit) = self.directive.as_ref().and_then(|d| d.max_rounds) {
+            rounds = rounds.min(limit);
+        }
+        rounds
     }
 
     /// Adds a reply to the turn.
-    pub fn say(&mut self, text: String) {
-        self.blocks
-            .push(Block::AssistantMessage { text: text.clone() });
-        self.replies.push(text);
+    pub fn say(&self, text: String) {
+        self.push(Block::AssistantMessage { text });
+    }
+
+    /// Adds a block to the turn log.
+    pub fn push(&self, block: Block) {
+        self.blocks.lock().expect("blocks lock").push(block);
+    }
+
+    /// The turn's blocks so far.
+    pub fn blocks(&self) -> Vec<Block> {
+        self.blocks.lock().expect("blocks lock").clone()
+    }
+
+    /// Replaces the turn's blocks (an agent loop that kept its own).
+    pub fn set_blocks(&self, blocks: Vec<Block>) {
+        *self.blocks.lock().expect("blocks lock") = blocks;
     }
 
     /// The events that arrived on the lane since the last commit — follow-ups, steers, stops —
     /// committed to the record before they are returned. A new `message` is not folded in: it
-    /// starts the next turn.
-    pub async fn fold_arrivals(&mut self) -> Result<Vec<Event>> {
+    /// starts the next turn. Does not add blocks; see [`Self::fold_arrivals`].
+    pub async fn commit_arrivals(&self) -> Result<Vec<Event>> {
         let conversation = self.env.record.prefix().conversation();
+        let head = self.head.lock().expect("head lock").clone();
         let arrived = self
             .env
             .bus
-            .read_lane(conversation, self.head.state().lane_through, None, 64)
+            .read_lane(conversation, head.state().lane_through, None, 64)
             .await?;
         let folded: Vec<LaneMessage> = arrived
             .into_iter()
@@ -103,22 +212,83 @@ impl TurnContext<'_> {
             .iter()
             .map(|m| EntryBody::input(m.event.clone(), Some(m.seq)))
             .collect();
-        self.head = self.env.append(&self.head, &bodies).await?;
-        let events: Vec<Event> = folded.into_iter().map(|m| m.event).collect();
+        let head = self.env.append(&head, &bodies).await?;
+        *self.head.lock().expect("head lock") = head;
+        Ok(folded.into_iter().map(|m| m.event).collect())
+    }
+
+    /// [`Self::commit_arrivals`], adding their blocks to the turn log.
+    pub async fn fold_arrivals(&self) -> Result<Vec<Event>> {
+        let events = self.commit_arrivals().await?;
         for event in &events {
             if let Some(block) = input_block(&event.body) {
-                self.blocks.push(block);
+                self.push(block);
             }
         }
         Ok(events)
     }
+
+    /// Resolves once a stop for this turn is waiting on the lane (cancel-safe).
+    pub async fn stop_requested(&self) {
+        let mut stop = self.watch.stop.clone();
+        let _ = stop.wait_for(|s| *s).await;
+    }
+
+    /// Counts events reaching the lane during the turn (for a model that waits on input).
+    pub fn arrivals(&self) -> watch::Receiver<u64> {
+        self.watch.arrivals.clone()
+    }
+
+    /// Where streamed text goes: advisory deltas on `tp.live.{conv}`.
+    pub fn deltas(&self) -> mpsc::UnboundedSender<String> {
+        self.deltas.clone()
+    }
+
+    /// The timeline of the turns before this one (latest summary onwards).
+    pub async fn timeline(&self) -> Result<Timeline> {
+        let state = *self.head.lock().expect("head lock").state();
+        crate::timeline::rebuild(
+            &self.env.turn_logs,
+            self.env.record.prefix(),
+            &state,
+            self.turn,
+        )
+        .await
+    }
+
+    /// What a tool call of this turn can reach.
+    pub fn tool_context(&self) -> ToolContext<'_> {
+        ToolContext {
+            workspace: self.workspace.path(),
+            identity: &self.identity,
+            prefix: self.env.record.prefix(),
+            turn: self.turn,
+            resolver: &self.env.resolver,
+            files: &self.env.files,
+            search: self.env.search.as_ref(),
+        }
+    }
 }
 
-fn input_block(body: &EventBody) -> Option<Block> {
+/// The turn-log block of an input event.
+pub fn input_block(body: &EventBody) -> Option<Block> {
     match body {
         EventBody::Message { text } => Some(Block::UserMessage { text: text.clone() }),
         EventBody::FollowUp { text } => Some(Block::FollowUp { text: text.clone() }),
         EventBody::Steer { text } => Some(Block::Steer { text: text.clone() }),
+        EventBody::Stop { reason } => Some(Block::Stop {
+            reason: reason.clone(),
+        }),
+        EventBody::Attachment {
+            name,
+            media_type,
+            reference,
+            ..
+        } => Some(Block::Attachment {
+            name: name.clone(),
+            media_type: media_type.clone(),
+            reference: reference.clone(),
+        }),
         _ => None,
     }
 }
@@ -139,6 +309,9 @@ pub async fn run_new_turn(
         .iter()
         .map(|m| EntryBody::input(m.event.clone(), Some(m.seq)))
         .collect();
+    if let Some(directive) = inputs.iter().find_map(|m| m.event.directive.clone()) {
+        bodies.push(EntryBody::IngressDirective(directive));
+    }
     bodies.push(EntryBody::TurnDispatched(TurnDispatched {
         turn,
         worker: env.worker,
@@ -161,12 +334,16 @@ pub async fn run_new_turn(
                 "fault: pausing after batch one of {} {turn}",
                 env.record.prefix().conversation()
             );
-            tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+            tokio::time::sleep(Duration::from_secs(3)).await;
         }
         _ => {}
     }
     let events = inputs.into_iter().map(|m| m.event).collect();
-    finish_turn(env, head, turn, agent, events).await
+    let directive = bodies.iter().find_map(|b| match b {
+        EntryBody::IngressDirective(d) => Some(d.clone()),
+        _ => None,
+    });
+    finish_turn(env, head, turn, agent, events, directive).await
 }
 
 /// Re-runs the open turn under the same turn id (its worker died between the batches).
@@ -185,8 +362,12 @@ pub async fn recover_turn(env: &TurnEnv, head: Head) -> Result<Head> {
         .iter()
         .filter_map(|e| e.body.as_input().map(|i| i.event.clone()))
         .collect();
+    let directive = entries.iter().find_map(|e| match &e.body {
+        EntryBody::IngressDirective(d) => Some(d.clone()),
+        _ => None,
+    });
     warn!(conversation = %env.record.prefix().conversation(), %turn, "recovering a turn left open");
-    finish_turn(env, head, turn, agent, events).await
+    finish_turn(env, head, turn, agent, events, directive).await
 }
 
 async fn finish_turn(
@@ -195,9 +376,13 @@ async fn finish_turn(
     turn: TurnId,
     agent: AgentId,
     inputs: Vec<Event>,
+    directive: Option<IngressDirective>,
 ) -> Result<Head> {
-    let blocks = inputs.iter().filter_map(|e| input_block(&e.body)).collect();
     let conversation = env.record.prefix().conversation();
+    let first = inputs.first().expect("a turn has at least one input");
+    let app = first.address.app.clone();
+    let identity = first.address.identity.clone();
+    let route = env.apps.route(env.record.prefix().tenant(), &app, &agent);
     let workspace =
         Workspace::create(&env.config.workspace_root, conversation, turn).map_err(|e| {
             Error::Workspace(format!(
@@ -205,30 +390,64 @@ async fn finish_turn(
                 env.config.workspace_root.display()
             ))
         })?;
-    let mut ctx = TurnContext {
+    let blocks: Vec<Block> = inputs.iter().filter_map(|e| input_block(&e.body)).collect();
+    let input_count = blocks.len();
+    let (delta_tx, mut delta_rx) = mpsc::unbounded_channel::<String>();
+    let forwarder = {
+        let bus = env.bus.clone();
+        tokio::spawn(async move {
+            while let Some(text) = delta_rx.recv().await {
+                let frame = LiveFrame::Delta { turn, text };
+                bus.live(conversation, frame.to_bytes().into()).await;
+            }
+        })
+    };
+    let lane_through = head.state().lane_through;
+    let ctx = TurnContext {
         env,
         turn,
+        app,
+        agent: agent.clone(),
+        spec: route.as_ref().ok().and_then(|r| r.agent.clone()),
+        identity,
         workspace,
         inputs,
-        head,
-        replies: Vec::new(),
-        blocks,
+        directive,
+        head: Mutex::new(head),
+        blocks: Mutex::new(blocks),
+        watch: LaneWatch::start(env.bus.clone(), env, lane_through),
+        deltas: delta_tx,
     };
-    let (outcome, failure) = match env.agent.run(&mut ctx).await {
+    let result = match &route {
+        Ok(route) => route.callbacks.on_reactive_event(&ctx).await,
+        Err(why) => Err(Error::Route(why.clone())),
+    };
+    let (outcome, failure) = match result {
         Ok(outcome) => (outcome, None),
         Err(Error::Fenced(why)) => return Err(Error::Fenced(why)),
         Err(e) => (TurnOutcome::Failed, Some(e.to_string())),
     };
     let TurnContext {
         head,
-        replies,
         blocks,
         workspace,
+        watch,
+        deltas,
         ..
     } = ctx;
+    drop(watch);
+    drop(deltas);
+    let _ = forwarder.await;
+    let head = head.into_inner().expect("head lock");
+    let blocks = blocks.into_inner().expect("blocks lock");
     if let Err(e) = workspace.remove().await {
         warn!(%conversation, %turn, error = %e, "could not remove the turn's workspace");
     }
+    let mut bodies: Vec<EntryBody> = blocks
+        .iter()
+        .skip(input_count)
+        .filter_map(|b| turn_entry(turn, b))
+        .collect();
     let log = TurnLog {
         version: TURN_LOG_VERSION,
         conversation,
@@ -237,11 +456,7 @@ async fn finish_turn(
         outcome,
         blocks,
     };
-    env.turn_logs.write(env.record.prefix(), &log).await?;
-    let mut bodies: Vec<EntryBody> = replies
-        .into_iter()
-        .map(|text| EntryBody::AssistantMessage(AssistantMessage { turn, text }))
-        .collect();
+    let digest = env.turn_logs.write(env.record.prefix(), &log).await?;
     match (outcome, failure) {
         (_, Some(message)) => bodies.push(EntryBody::Error(ErrorEntry {
             turn: Some(turn),
@@ -261,9 +476,52 @@ async fn finish_turn(
             turn,
             RefPath::parse("log.json").expect("a valid path"),
         )),
+        log_sha256: Some(digest),
         at_ms: now_ms(),
     }));
     let head = env.append(&head, &bodies).await?;
+    env.bus
+        .live(
+            conversation,
+            LiveFrame::Rows {
+                through: head.leaves(),
+            }
+            .to_bytes()
+            .into(),
+        )
+        .await;
     info!(%conversation, %turn, ?outcome, "turn complete");
     Ok(head)
+}
+
+/// The record entry of a block the turn produced, for those that have one.
+fn turn_entry(turn: TurnId, block: &Block) -> Option<EntryBody> {
+    match block {
+        Block::AssistantMessage { text } => Some(EntryBody::AssistantMessage(AssistantMessage {
+            turn,
+            text: text.clone(),
+        })),
+        Block::ToolCall {
+            call_id,
+            tool,
+            arguments,
+        } => Some(EntryBody::ToolCall(ToolCall {
+            turn,
+            call_id: call_id.clone(),
+            tool: tool.clone(),
+            arguments: arguments.clone(),
+            side_effects: false,
+        })),
+        Block::ToolResult {
+            call_id,
+            ok,
+            output,
+        } => Some(EntryBody::ToolResult(ToolResult {
+            turn,
+            call_id: call_id.clone(),
+            ok: *ok,
+            output: output.clone(),
+        })),
+        _ => None,
+    }
 }

@@ -17,9 +17,10 @@ use turnpike_artifactory::{ConversationPrefix, Conversations, Record, RecordSign
 use turnpike_router::bus::{Bus, Wake};
 use turnpike_schemas::{ConversationId, WorkerId};
 
-use crate::agent::Agent;
+use crate::apps::Apps;
 use crate::config::WorkerConfig;
 use crate::owner::{own, OwnerSlot};
+use crate::tools::SearchIndex;
 
 /// State shared by the claim loop and the owners it spawns.
 pub(crate) struct Inner {
@@ -27,7 +28,10 @@ pub(crate) struct Inner {
     pub(crate) bus: Arc<dyn Bus>,
     pub(crate) conversations: Conversations,
     pub(crate) signer: RecordSigner,
-    pub(crate) agent: Arc<dyn Agent>,
+    pub(crate) apps: Arc<Apps>,
+    pub(crate) resolver: turnpike_resolver::Resolver,
+    pub(crate) files: turnpike_artifactory::Files,
+    pub(crate) search: Option<Arc<dyn SearchIndex>>,
     pub(crate) config: WorkerConfig,
     slots: Arc<Semaphore>,
     /// A plain mutex: held only to look up or change the map, never across an await.
@@ -79,9 +83,14 @@ impl Worker {
         bus: Arc<dyn Bus>,
         conversations: Conversations,
         signer: RecordSigner,
-        agent: Arc<dyn Agent>,
+        apps: Arc<Apps>,
         config: WorkerConfig,
     ) -> Self {
+        let resolver = turnpike_resolver::Resolver::standard(
+            conversations.directory().clone(),
+            conversations.store().clone(),
+        );
+        let files = turnpike_artifactory::Files::new(conversations.store().clone());
         Worker {
             inner: Arc::new(Inner {
                 id: WorkerId::new(),
@@ -89,7 +98,10 @@ impl Worker {
                 bus,
                 conversations,
                 signer,
-                agent,
+                apps,
+                resolver,
+                files,
+                search: None,
                 config,
                 owners: Mutex::new(HashMap::new()),
                 owner_gone: Notify::new(),

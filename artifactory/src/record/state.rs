@@ -48,6 +48,15 @@ pub fn apply(state: &mut RecordState, body: &EntryBody) -> Result<(), String> {
             state.turn_open = false;
         }
         other => {
+            if let EntryBody::CompactionMarker(marker) = other {
+                if marker.through >= marker.turn {
+                    return Err(format!(
+                        "a compaction in {} cannot summarise {} (only earlier turns)",
+                        marker.turn, marker.through
+                    ));
+                }
+                state.summary_turn = marker.turn.number();
+            }
             if let Some(turn) = other.turn() {
                 if !state.turn_open || turn.number() != state.last_turn {
                     return Err(format!(
@@ -82,6 +91,7 @@ mod tests {
             turn: TurnId::new(n).unwrap(),
             outcome: TurnOutcome::Replied,
             log: None,
+            log_sha256: None,
             at_ms: 0,
         })
     }
@@ -119,7 +129,8 @@ mod tests {
             RecordState {
                 lane_through: 0,
                 last_turn: 2,
-                turn_open: true
+                turn_open: true,
+                summary_turn: 0,
             }
         );
     }

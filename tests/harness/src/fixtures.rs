@@ -83,6 +83,7 @@ pub fn batch_two(n: u64, reply: &str) -> Vec<EntryBody> {
             turn,
             outcome: TurnOutcome::Replied,
             log: None,
+            log_sha256: None,
             at_ms: 4,
         }),
     ]

@@ -1,0 +1,72 @@
+//! Hosted files and attachments: bytes a turn published or a user attached, stored under the
+//! conversation's prefix and located by references (`conv:fi:…`, `conv:at:…`).
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use object_store::{ObjectStore, ObjectStoreExt as _, PutPayload};
+use turnpike_schemas::{EventId, Family, RefPath, Reference, TurnId};
+
+use crate::error::{Error, Result};
+use crate::layout::ConversationPrefix;
+
+/// Writes hosted files and attachments.
+#[derive(Debug, Clone)]
+pub struct Files {
+    store: Arc<dyn ObjectStore>,
+}
+
+impl Files {
+    pub fn new(store: Arc<dyn ObjectStore>) -> Self {
+        Self { store }
+    }
+
+    /// Hosts `bytes` as `path` of `turn`; returns `conv:fi:<conv>/turn_<n>/<path>`. A retried
+    /// turn overwrites what its failed attempt hosted.
+    pub async fn host(
+        &self,
+        prefix: &ConversationPrefix,
+        turn: TurnId,
+        path: &RefPath,
+        bytes: Bytes,
+    ) -> Result<Reference> {
+        self.store
+            .put(&prefix.hosted_file(turn, path), PutPayload::from(bytes))
+            .await
+            .map_err(|e| Error::store(&format!("hosting {path} of {turn}"), e))?;
+        Ok(Reference::new(
+            Family::hosted_file(),
+            prefix.conversation(),
+            turn,
+            path.clone(),
+        ))
+    }
+
+    /// Stores an attachment for the turn `turn` (the next one when it was uploaded); returns
+    /// `conv:at:<conv>/turn_<n>/<id>/<name>`. `name` must be a valid path segment.
+    pub async fn attach(
+        &self,
+        prefix: &ConversationPrefix,
+        turn: TurnId,
+        name: &str,
+        bytes: Bytes,
+    ) -> Result<Reference> {
+        let path =
+            RefPath::from_segments([EventId::new().to_string(), name.to_owned()]).map_err(|e| {
+                Error::new(
+                    crate::ErrorKind::InvalidInput,
+                    format!("attachment name {name:?}: {e}"),
+                )
+            })?;
+        self.store
+            .put(&prefix.attachment(turn, &path), PutPayload::from(bytes))
+            .await
+            .map_err(|e| Error::store(&format!("storing attachment {name}"), e))?;
+        Ok(Reference::new(
+            Family::attachment(),
+            prefix.conversation(),
+            turn,
+            path,
+        ))
+    }
+}

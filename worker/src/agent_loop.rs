@@ -1,0 +1,285 @@
+//! The built-in agent loop: model and tool rounds until the model replies.
+//!
+//! Contract:
+//! - at the start of every round, what arrived on the lane (follow-ups, steers, stops) is
+//!   committed and folded into the turn; a stop there ends the turn `cancelled`;
+//! - a round is one model call plus the tool calls it asked for; at most `max_rounds` rounds;
+//! - a stop while the model streams or a tool runs cancels it (the future is dropped) and the
+//!   turn ends `cancelled`, with what it did so far;
+//! - when the rounds run out without a reply, one closing call (no tools) asks for a reply that
+//!   says what was tried; if that is empty too, the user gets [`FALLBACK_REPLY`];
+//! - the history is trimmed, oldest first, to fit the agent's context length minus the reply
+//!   reserve (estimated tokens; see [`crate::timeline`]).
+//!
+//! The loop is written against three small traits — [`Inbox`], [`ToolRunner`] and the
+//! [`ModelProvider`] — so the same code runs live turns and replays recorded ones.
+
+use async_trait::async_trait;
+use serde_json::json;
+use turnpike_schemas::entry::TurnOutcome;
+use turnpike_schemas::Block;
+
+use crate::error::{Error, Result};
+use crate::model::{
+    CallContext, Message, ModelProvider, ModelReply, ModelRequest, Role, ToolCallRequest, ToolSpec,
+};
+use crate::timeline::{estimate_tokens, messages};
+use crate::tools::{run_call, ToolOutput, Toolset};
+use crate::turn::{input_block, TurnContext};
+
+/// What the closing call asks for.
+pub const CLOSING_PROMPT: &str = "You have used every tool round this turn allows. Do not call \
+tools. Reply to the user now: say what you tried, what you found, and what is left to do.";
+
+/// What the user gets when even the closing call says nothing.
+pub const FALLBACK_REPLY: &str = "I could not finish this within the steps one turn allows, and \
+I have nothing useful to report yet. Please retry, or rephrase the request in smaller steps.";
+
+/// What a result says when a stop cancelled its tool.
+pub const CANCELLED_RESULT: &str = "cancelled: the user stopped the turn";
+
+/// One agent's settings for one turn.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub model: String,
+    pub system_prompt: String,
+    pub max_rounds: u32,
+    /// Tokens the history may take (context length minus the reply reserve).
+    pub history_budget: u64,
+}
+
+/// Where a turn's arrivals come from.
+#[async_trait]
+pub trait Inbox: Send {
+    /// The blocks of what arrived since the last call, committed before they are returned.
+    async fn arrivals(&mut self) -> Result<Vec<Block>>;
+    /// Resolves once a stop is waiting (cancel-safe; may never resolve).
+    async fn stop_requested(&mut self);
+}
+
+/// Runs tool calls.
+#[async_trait]
+pub trait ToolRunner: Send + Sync {
+    fn specs(&self) -> Vec<ToolSpec>;
+    async fn run(&self, call: &ToolCallRequest) -> (bool, ToolOutput);
+}
+
+/// Runs the loop over `blocks` (the turn's blocks so far, its inputs first) after `history`
+/// (the timeline's blocks), appending what the turn does to `blocks`.
+pub async fn run(
+    settings: &Settings,
+    history: &[Block],
+    blocks: &mut Vec<Block>,
+    model: &dyn ModelProvider,
+    tools: &dyn ToolRunner,
+    inbox: &mut dyn Inbox,
+    cx: &mut CallContext,
+) -> Result<TurnOutcome> {
+    let history = fit(messages(history), settings.history_budget);
+    if blocks.iter().any(|b| matches!(b, Block::Stop { .. })) {
+        return Ok(TurnOutcome::Cancelled);
+    }
+    let specs = tools.specs();
+    let mut round = 0;
+    loop {
+        let arrived = inbox.arrivals().await?;
+        let stopped = arrived.iter().any(|b| matches!(b, Block::Stop { .. }));
+        blocks.extend(arrived);
+        if stopped {
+            return Ok(TurnOutcome::Cancelled);
+        }
+        if round >= settings.max_rounds {
+            break;
+        }
+        round += 1;
+        let request = request(settings, &history, blocks, &specs, false);
+        let reply = tokio::select! {
+            biased;
+            _ = inbox.stop_requested() => return cancel(inbox, blocks).await,
+            reply = model.complete(&request, cx) => reply.map_err(Error::Model)?,
+        };
+        let ModelReply {
+            text, tool_calls, ..
+        } = reply;
+        if tool_calls.is_empty() {
+            if text.trim().is_empty() {
+                break;
+            }
+            blocks.push(Block::AssistantMessage { text });
+            return Ok(TurnOutcome::Replied);
+        }
+        if !text.trim().is_empty() {
+            blocks.push(Block::AssistantMessage { text });
+        }
+        for call in &tool_calls {
+            blocks.push(Block::ToolCall {
+                call_id: call.id.clone(),
+                tool: call.name.clone(),
+                arguments: call.arguments.clone(),
+            });
+        }
+        for call in &tool_calls {
+            let (ok, out) = tokio::select! {
+                biased;
+                _ = inbox.stop_requested() => {
+                    blocks.push(Block::ToolResult {
+                        call_id: call.id.clone(),
+                        ok: false,
+                        output: json!({ "error": CANCELLED_RESULT }),
+                    });
+                    return cancel(inbox, blocks).await;
+                }
+                result = tools.run(call) => result,
+            };
+            blocks.push(Block::ToolResult {
+                call_id: call.id.clone(),
+                ok,
+                output: out.output,
+            });
+            blocks.extend(out.blocks);
+        }
+    }
+    // The rounds ran out (or the model said nothing): one closing call, without tools.
+    let mut request = request(settings, &history, blocks, &[], true);
+    request
+        .messages
+        .push(Message::new(Role::System, CLOSING_PROMPT));
+    let reply = tokio::select! {
+        biased;
+        _ = inbox.stop_requested() => return cancel(inbox, blocks).await,
+        reply = model.complete(&request, cx) => reply.map_err(Error::Model)?,
+    };
+    let text = if reply.text.trim().is_empty() {
+        FALLBACK_REPLY.to_owned()
+    } else {
+        reply.text
+    };
+    blocks.push(Block::AssistantMessage { text });
+    Ok(TurnOutcome::Replied)
+}
+
+async fn cancel(inbox: &mut dyn Inbox, blocks: &mut Vec<Block>) -> Result<TurnOutcome> {
+    blocks.extend(inbox.arrivals().await?);
+    Ok(TurnOutcome::Cancelled)
+}
+
+fn request(
+    settings: &Settings,
+    history: &[Message],
+    blocks: &[Block],
+    specs: &[ToolSpec],
+    closing: bool,
+) -> ModelRequest {
+    let mut all = Vec::with_capacity(history.len() + blocks.len() + 1);
+    if !settings.system_prompt.is_empty() {
+        all.push(Message::new(Role::System, settings.system_prompt.clone()));
+    }
+    all.extend_from_slice(history);
+    let turn_start = all.len();
+    all.extend(messages(blocks));
+    ModelRequest {
+        model: settings.model.clone(),
+        messages: all,
+        tools: specs.to_vec(),
+        turn_start,
+        closing,
+        max_tokens: None,
+    }
+}
+
+/// Keeps the newest messages that fit `budget` estimated tokens, never starting on a tool
+/// result (whose call would be cut off).
+fn fit(history: Vec<Message>, budget: u64) -> Vec<Message> {
+    let mut total = 0;
+    let mut start = history.len();
+    for (i, m) in history.iter().enumerate().rev() {
+        total += estimate_tokens(m);
+        if total > budget {
+            break;
+        }
+        start = i;
+    }
+    while start < history.len() && history[start].role == Role::Tool {
+        start += 1;
+    }
+    history[start..].to_vec()
+}
+
+/// The live inbox: the conversation's lane, through the turn.
+struct LaneInbox<'t, 'a> {
+    turn: &'t TurnContext<'a>,
+}
+
+#[async_trait]
+impl Inbox for LaneInbox<'_, '_> {
+    async fn arrivals(&mut self) -> Result<Vec<Block>> {
+        let events = self.turn.commit_arrivals().await?;
+        Ok(events.iter().filter_map(|e| input_block(&e.body)).collect())
+    }
+
+    async fn stop_requested(&mut self) {
+        self.turn.stop_requested().await
+    }
+}
+
+/// The live tools: the agent's allowlist, over the turn's workspace and bound identity.
+struct LiveTools<'t, 'a> {
+    turn: &'t TurnContext<'a>,
+    tools: Toolset,
+}
+
+#[async_trait]
+impl ToolRunner for LiveTools<'_, '_> {
+    fn specs(&self) -> Vec<ToolSpec> {
+        self.tools.specs()
+    }
+
+    async fn run(&self, call: &ToolCallRequest) -> (bool, ToolOutput) {
+        let cx = self.turn.tool_context();
+        run_call(
+            &self.tools,
+            &cx,
+            &call.id,
+            &call.name,
+            call.arguments.clone(),
+        )
+        .await
+    }
+}
+
+/// Runs a live turn of the turn's agent (see [`crate::apps::AgentLoopApp`]).
+pub async fn run_live(turn: &TurnContext<'_>) -> Result<TurnOutcome> {
+    let Some(spec) = turn.agent().cloned() else {
+        return Err(Error::Route(format!(
+            "agent {} of app {} has no manifest: the agent loop needs one",
+            turn.agent_id(),
+            turn.app()
+        )));
+    };
+    let timeline = turn.timeline().await?;
+    let settings = Settings {
+        model: spec.model.clone(),
+        system_prompt: spec.system_prompt.clone(),
+        max_rounds: turn.max_rounds(),
+        history_budget: u64::from(spec.context_length - spec.reply_reserve),
+    };
+    let mut blocks = turn.blocks();
+    let mut inbox = LaneInbox { turn };
+    let tools = LiveTools {
+        turn,
+        tools: spec.tools.clone(),
+    };
+    let mut cx = CallContext::new(Some(turn.deltas()), turn.arrivals());
+    let result = run(
+        &settings,
+        &timeline.blocks(),
+        &mut blocks,
+        spec.provider.as_ref(),
+        &tools,
+        &mut inbox,
+        &mut cx,
+    )
+    .await;
+    turn.set_blocks(blocks);
+    result
+}

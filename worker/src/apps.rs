@@ -1,0 +1,426 @@
+//! Apps: what a worker hosts. An app is a TOML manifest naming its agents, plus optional native
+//! callbacks through the [`App`] trait; the default callback runs the built-in agent loop.
+//! One worker hosts many apps; a turn routes by (tenant, app, agent).
+//!
+//! ```toml
+//! app = "demo"
+//! tenants = ["acme"]            # optional: only these tenants (default: any)
+//!
+//! [agents.assistant]
+//! provider = "openai"           # "openai" | "script"
+//! model = "gpt-4o-mini"
+//! base_url = "https://api.openai.com/v1"   # openai only
+//! api_key_env = "OPENAI_API_KEY"           # openai only; the variable holding the key
+//! script = "assistant.script.toml"         # script only; relative to the manifest
+//! system_prompt = "You are a careful assistant."
+//! tools = ["read_file", "write_file", "publish"]
+//! max_rounds = 8                # model and tool rounds per turn (lowered, never raised, by
+//!                               # deployment config and ingress directives)
+//! context_length = 128000       # tokens the model takes
+//! reply_reserve = 4096          # tokens kept free for the reply
+//! stall_timeout_secs = 60       # openai: the longest gap between streamed chunks
+//! deadline_secs = 600           # openai: the longest a model call may take
+//! ```
+//!
+//! A manifest that does not fit is refused at start with the file, the field and the reason.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde::Deserialize;
+use turnpike_schemas::entry::TurnOutcome;
+use turnpike_schemas::{AgentId, AppId, TenantId};
+
+use crate::error::Result;
+use crate::model::openai::{OpenAi, OpenAiConfig};
+use crate::model::script::{Script, ScriptModel};
+use crate::model::ModelProvider;
+use crate::tools::{Registry, Toolset};
+use crate::turn::TurnContext;
+
+/// The most rounds any agent may take.
+pub const DEFAULT_MAX_ROUNDS: u32 = 8;
+
+/// An app's native callbacks.
+#[async_trait]
+pub trait App: Send + Sync + 'static {
+    /// Does the work of one turn (between batch one and batch two) and says how it ended.
+    async fn on_reactive_event(&self, turn: &TurnContext<'_>) -> Result<TurnOutcome>;
+}
+
+/// The default callback: the built-in agent loop over the turn's agent.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct AgentLoopApp;
+
+#[async_trait]
+impl App for AgentLoopApp {
+    async fn on_reactive_event(&self, turn: &TurnContext<'_>) -> Result<TurnOutcome> {
+        crate::agent_loop::run_live(turn).await
+    }
+}
+
+/// One agent, ready to run.
+pub struct AgentSpec {
+    pub name: AgentId,
+    pub provider: Arc<dyn ModelProvider>,
+    pub model: String,
+    pub system_prompt: String,
+    pub tools: Toolset,
+    pub max_rounds: u32,
+    pub context_length: u32,
+    pub reply_reserve: u32,
+}
+
+struct HostedApp {
+    tenants: Vec<TenantId>,
+    agents: BTreeMap<AgentId, Arc<AgentSpec>>,
+    callbacks: Arc<dyn App>,
+}
+
+/// Where a turn goes.
+pub struct Route {
+    pub callbacks: Arc<dyn App>,
+    /// The agent's spec; `None` for a native app without a manifest.
+    pub agent: Option<Arc<AgentSpec>>,
+}
+
+/// The apps a worker hosts.
+#[derive(Default)]
+pub struct Apps {
+    apps: HashMap<AppId, HostedApp>,
+    fallback: Option<Arc<dyn App>>,
+}
+
+impl Apps {
+    /// No apps: every turn fails with a clear error until some are added.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Hosts `callbacks` for every app and agent not otherwise hosted.
+    pub fn with_fallback(mut self, callbacks: Arc<dyn App>) -> Self {
+        self.fallback = Some(callbacks);
+        self
+    }
+
+    /// Hosts a native app with no manifest.
+    pub fn with_native(mut self, app: AppId, callbacks: Arc<dyn App>) -> Self {
+        self.apps.insert(
+            app,
+            HostedApp {
+                tenants: Vec::new(),
+                agents: BTreeMap::new(),
+                callbacks,
+            },
+        );
+        self
+    }
+
+    /// Hosts an app from its manifest, with the built-in agent loop as its callback (or
+    /// `callbacks`).
+    pub fn with_manifest(mut self, manifest: Manifest, callbacks: Option<Arc<dyn App>>) -> Self {
+        self.apps.insert(
+            manifest.app,
+            HostedApp {
+                tenants: manifest.tenants,
+                agents: manifest.agents,
+                callbacks: callbacks.unwrap_or_else(|| Arc::new(AgentLoopApp)),
+            },
+        );
+        self
+    }
+
+    /// Loads every `*.toml` manifest of a folder (scripts named `*.script.toml` are skipped).
+    pub fn load_dir(mut self, dir: &Path, tools: &Registry) -> Result<Self, String> {
+        let mut paths: Vec<PathBuf> = std::fs::read_dir(dir)
+            .map_err(|e| format!("cannot read the apps folder {}: {e}", dir.display()))?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| {
+                let name = p.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+                name.ends_with(".toml") && !name.ends_with(".script.toml")
+            })
+            .collect();
+        paths.sort();
+        for path in paths {
+            let manifest = Manifest::load(&path, tools)?;
+            if self.apps.contains_key(&manifest.app) {
+                return Err(format!(
+                    "{}: app: {} is declared twice",
+                    path.display(),
+                    manifest.app
+                ));
+            }
+            self = self.with_manifest(manifest, None);
+        }
+        Ok(self)
+    }
+
+    /// The app ids hosted (not counting the fallback).
+    pub fn ids(&self) -> Vec<&AppId> {
+        let mut ids: Vec<_> = self.apps.keys().collect();
+        ids.sort();
+        ids
+    }
+
+    /// The callbacks and agent for a turn of (tenant, app, agent), or why there are none.
+    pub fn route(&self, tenant: &TenantId, app: &AppId, agent: &AgentId) -> Result<Route, String> {
+        match self.apps.get(app) {
+            Some(hosted) => {
+                if !hosted.tenants.is_empty() && !hosted.tenants.contains(tenant) {
+                    return Err(format!("app {app} is not offered to tenant {tenant}"));
+                }
+                if hosted.agents.is_empty() {
+                    return Ok(Route {
+                        callbacks: hosted.callbacks.clone(),
+                        agent: None,
+                    });
+                }
+                match hosted.agents.get(agent) {
+                    Some(spec) => Ok(Route {
+                        callbacks: hosted.callbacks.clone(),
+                        agent: Some(spec.clone()),
+                    }),
+                    None => Err(format!(
+                        "app {app} has no agent {agent} (it has: {})",
+                        hosted
+                            .agents
+                            .keys()
+                            .map(|a| a.to_string())
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    )),
+                }
+            }
+            None => match &self.fallback {
+                Some(callbacks) => Ok(Route {
+                    callbacks: callbacks.clone(),
+                    agent: None,
+                }),
+                None => Err(format!("no app {app} is hosted on this worker")),
+            },
+        }
+    }
+}
+
+/// A validated manifest.
+pub struct Manifest {
+    pub app: AppId,
+    pub tenants: Vec<TenantId>,
+    pub agents: BTreeMap<AgentId, Arc<AgentSpec>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawManifest {
+    app: String,
+    #[serde(default)]
+    tenants: Vec<String>,
+    #[serde(default)]
+    agents: BTreeMap<String, RawAgent>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawAgent {
+    provider: String,
+    #[serde(default)]
+    model: Option<String>,
+    #[serde(default)]
+    base_url: Option<String>,
+    #[serde(default)]
+    api_key_env: Option<String>,
+    #[serde(default)]
+    script: Option<PathBuf>,
+    #[serde(default)]
+    system_prompt: String,
+    #[serde(default)]
+    tools: Vec<String>,
+    #[serde(default)]
+    max_rounds: Option<u32>,
+    #[serde(default)]
+    context_length: Option<u32>,
+    #[serde(default)]
+    reply_reserve: Option<u32>,
+    #[serde(default)]
+    stall_timeout_secs: Option<u64>,
+    #[serde(default)]
+    deadline_secs: Option<u64>,
+}
+
+impl Manifest {
+    /// Reads and validates a manifest file.
+    pub fn load(path: &Path, tools: &Registry) -> Result<Self, String> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| format!("cannot read the manifest {}: {e}", path.display()))?;
+        let base = path.parent().unwrap_or(Path::new("."));
+        Self::parse(&text, base, tools).map_err(|e| format!("{}: {e}", path.display()))
+    }
+
+    /// Parses and validates manifest text; files it names are relative to `base`. The error
+    /// names the field and the reason.
+    pub fn parse(text: &str, base: &Path, tools: &Registry) -> Result<Self, String> {
+        let raw: RawManifest = toml::from_str(text).map_err(|e| e.to_string())?;
+        let app: AppId = raw.app.parse().map_err(|e| format!("app: {e}"))?;
+        let tenants = raw
+            .tenants
+            .iter()
+            .enumerate()
+            .map(|(i, t)| t.parse().map_err(|e| format!("tenants[{i}]: {e}")))
+            .collect::<Result<Vec<TenantId>, String>>()?;
+        if raw.agents.is_empty() {
+            return Err("agents: an app needs at least one agent".into());
+        }
+        let mut agents = BTreeMap::new();
+        for (name, agent) in raw.agents {
+            let field = |f: &str| format!("agents.{name}.{f}");
+            let id: AgentId = name.parse().map_err(|e| format!("agents.{name}: {e}"))?;
+            let toolset = tools
+                .allow(&agent.tools)
+                .map_err(|e| format!("{}: {e}", field("tools")))?;
+            let max_rounds = agent.max_rounds.unwrap_or(DEFAULT_MAX_ROUNDS);
+            if max_rounds == 0 || max_rounds > DEFAULT_MAX_ROUNDS {
+                return Err(format!(
+                    "{}: must be 1–{DEFAULT_MAX_ROUNDS}, not {max_rounds}",
+                    field("max_rounds")
+                ));
+            }
+            let context_length = agent.context_length.unwrap_or(128_000);
+            let reply_reserve = agent.reply_reserve.unwrap_or(4_096);
+            if reply_reserve >= context_length {
+                return Err(format!(
+                    "{}: {reply_reserve} leaves nothing of a context of {context_length}",
+                    field("reply_reserve")
+                ));
+            }
+            let (provider, model): (Arc<dyn ModelProvider>, String) = match agent.provider.as_str()
+            {
+                "script" => {
+                    let Some(script) = agent.script else {
+                        return Err(format!(
+                            "{}: the script provider needs a script file",
+                            field("script")
+                        ));
+                    };
+                    let script = Script::load(&base.join(script))
+                        .map_err(|e| format!("{}: {e}", field("script")))?;
+                    (
+                        Arc::new(ScriptModel::new(script)),
+                        agent.model.unwrap_or_else(|| "script".into()),
+                    )
+                }
+                "openai" => {
+                    let Some(model) = agent.model else {
+                        return Err(format!(
+                            "{}: the openai provider needs a model",
+                            field("model")
+                        ));
+                    };
+                    let mut config = OpenAiConfig::default();
+                    if let Some(url) = agent.base_url {
+                        url::Url::parse(&url).map_err(|e| {
+                            format!("{}: {url:?} is not a URL: {e}", field("base_url"))
+                        })?;
+                        config.base_url = url;
+                    }
+                    if agent.api_key_env.is_some() {
+                        config.api_key_env = agent.api_key_env;
+                    }
+                    if let Some(s) = agent.stall_timeout_secs {
+                        config.stall_timeout = Duration::from_secs(s.max(1));
+                    }
+                    if let Some(s) = agent.deadline_secs {
+                        config.deadline = Duration::from_secs(s.max(1));
+                    }
+                    let provider =
+                        OpenAi::new(config).map_err(|e| format!("{}: {e}", field("provider")))?;
+                    (Arc::new(provider), model)
+                }
+                other => {
+                    return Err(format!(
+                        "{}: unknown provider {other:?} (known: openai, script)",
+                        field("provider")
+                    ))
+                }
+            };
+            agents.insert(
+                id.clone(),
+                Arc::new(AgentSpec {
+                    name: id,
+                    provider,
+                    model,
+                    system_prompt: agent.system_prompt,
+                    tools: toolset,
+                    max_rounds,
+                    context_length,
+                    reply_reserve,
+                }),
+            );
+        }
+        Ok(Manifest {
+            app,
+            tenants,
+            agents,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<Manifest, String> {
+        Manifest::parse(text, Path::new("."), &Registry::builtin())
+    }
+
+    #[test]
+    fn bad_manifests_name_the_field_and_the_reason() {
+        let cases = [
+            ("app = \"x\"\n", "agents"),
+            ("app = \"Bad App\"\n[agents.a]\nprovider = \"openai\"\nmodel = \"m\"\n", "app:"),
+            ("app = \"x\"\n[agents.a]\nprovider = \"nope\"\n", "agents.a.provider: unknown provider \"nope\""),
+            ("app = \"x\"\n[agents.a]\nprovider = \"openai\"\n", "agents.a.model"),
+            ("app = \"x\"\n[agents.a]\nprovider = \"openai\"\nmodel = \"m\"\ntools = [\"rm\"]\n", "agents.a.tools: unknown tool \"rm\""),
+            ("app = \"x\"\n[agents.a]\nprovider = \"openai\"\nmodel = \"m\"\nmax_rounds = 20\n", "agents.a.max_rounds"),
+            ("app = \"x\"\n[agents.a]\nprovider = \"openai\"\nmodel = \"m\"\nbase_url = \"not a url\"\n", "agents.a.base_url"),
+            ("app = \"x\"\n[agents.a]\nprovider = \"script\"\nscript = \"missing.toml\"\n", "agents.a.script"),
+            ("app = \"x\"\n[agents.a]\nprovider = \"openai\"\nmodel = \"m\"\ncolour = 1\n", "colour"),
+        ];
+        for (text, expected) in cases {
+            match parse(text) {
+                Ok(_) => panic!("accepted {text:?}"),
+                Err(e) => assert!(e.contains(expected), "{text:?}: {e}"),
+            }
+        }
+    }
+
+    #[test]
+    fn routes_by_app_tenant_and_agent() {
+        let manifest = parse(
+            "app = \"x\"\ntenants = [\"acme\"]\n[agents.a]\nprovider = \"openai\"\nmodel = \"m\"\n",
+        )
+        .unwrap();
+        let apps = Apps::new().with_manifest(manifest, None);
+        let acme: TenantId = "acme".parse().unwrap();
+        let x: AppId = "x".parse().unwrap();
+        assert!(apps
+            .route(&acme, &x, &"a".parse().unwrap())
+            .unwrap()
+            .agent
+            .is_some());
+        let e = apps.route(&acme, &x, &"b".parse().unwrap()).err().unwrap();
+        assert!(e.contains("no agent b"), "{e}");
+        let e = apps
+            .route(&"other".parse().unwrap(), &x, &"a".parse().unwrap())
+            .err()
+            .unwrap();
+        assert!(e.contains("not offered"), "{e}");
+        let e = apps
+            .route(&acme, &"y".parse().unwrap(), &"a".parse().unwrap())
+            .err()
+            .unwrap();
+        assert!(e.contains("no app y"), "{e}");
+    }
+}

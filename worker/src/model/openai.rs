@@ -1,0 +1,412 @@
+//! `openai`: any OpenAI-compatible `/v1/chat/completions` endpoint, streamed over SSE.
+//!
+//! Contract:
+//! - requests stream (`stream: true`, usage included); text deltas go to the call context as
+//!   they arrive; tool calls are assembled from their streamed fragments (parallel calls by
+//!   `index`, arguments concatenated, then parsed as JSON);
+//! - the API key comes from the environment variable the config names, read at each call, and
+//!   is sent as a bearer token;
+//! - connecting is bounded by `connect_timeout`; after the response starts, every gap between
+//!   two chunks is bounded by `stall_timeout`, and the whole call by `deadline`;
+//! - a call is retried, with exponential backoff (or the server's `Retry-After`), only while
+//!   nothing of it has been streamed: connection failures, 408, 429 and 5xx. Any other 4xx is a
+//!   `Rejected` error carrying the server's message; it is not retried.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use eventsource_stream::Eventsource as _;
+use futures::StreamExt as _;
+use serde::Deserialize;
+use serde_json::{json, Value};
+use tokio::time::Instant;
+
+use super::{
+    CallContext, Message, ModelError, ModelErrorKind, ModelProvider, ModelReply, ModelRequest,
+    Role, ToolCallRequest, Usage,
+};
+
+/// How to reach an endpoint.
+#[derive(Debug, Clone)]
+pub struct OpenAiConfig {
+    /// The API base, e.g. `https://api.openai.com/v1`; `/chat/completions` is appended.
+    pub base_url: String,
+    /// The environment variable holding the API key; none sends no key.
+    pub api_key_env: Option<String>,
+    pub connect_timeout: Duration,
+    /// The longest gap between two streamed chunks.
+    pub stall_timeout: Duration,
+    /// The longest a whole call may take, retries included.
+    pub deadline: Duration,
+    /// Retries after the first attempt, for failures that are safe to retry.
+    pub max_retries: u32,
+    /// The first backoff; doubled per retry.
+    pub backoff: Duration,
+}
+
+impl Default for OpenAiConfig {
+    fn default() -> Self {
+        Self {
+            base_url: "https://api.openai.com/v1".into(),
+            api_key_env: Some("OPENAI_API_KEY".into()),
+            connect_timeout: Duration::from_secs(10),
+            stall_timeout: Duration::from_secs(60),
+            deadline: Duration::from_secs(600),
+            max_retries: 3,
+            backoff: Duration::from_millis(500),
+        }
+    }
+}
+
+/// The provider.
+pub struct OpenAi {
+    config: OpenAiConfig,
+    client: reqwest::Client,
+}
+
+impl OpenAi {
+    pub fn new(config: OpenAiConfig) -> Result<Self, ModelError> {
+        let client = reqwest::Client::builder()
+            .connect_timeout(config.connect_timeout)
+            .build()
+            .map_err(|e| ModelError::new(ModelErrorKind::Config, format!("http client: {e}")))?;
+        Ok(Self { config, client })
+    }
+
+    fn url(&self) -> String {
+        format!(
+            "{}/chat/completions",
+            self.config.base_url.trim_end_matches('/')
+        )
+    }
+
+    fn body(request: &ModelRequest) -> Value {
+        let messages: Vec<Value> = request.messages.iter().map(message_json).collect();
+        let mut body = json!({
+            "model": request.model,
+            "messages": messages,
+            "stream": true,
+            "stream_options": {"include_usage": true},
+        });
+        if !request.tools.is_empty() && !request.closing {
+            body["tools"] = request
+                .tools
+                .iter()
+                .map(|t| {
+                    json!({"type": "function", "function": {
+                        "name": t.name, "description": t.description, "parameters": t.parameters}})
+                })
+                .collect();
+        }
+        if let Some(max) = request.max_tokens {
+            body["max_tokens"] = json!(max);
+        }
+        body
+    }
+}
+
+fn message_json(m: &Message) -> Value {
+    let role = match m.role {
+        Role::System => "system",
+        Role::User => "user",
+        Role::Assistant => "assistant",
+        Role::Tool => "tool",
+    };
+    let mut v = json!({"role": role, "content": m.content});
+    if !m.tool_calls.is_empty() {
+        v["tool_calls"] = m
+            .tool_calls
+            .iter()
+            .map(|c| {
+                let arguments = match &c.arguments {
+                    Value::String(s) => s.clone(),
+                    other => other.to_string(),
+                };
+                json!({"id": c.id, "type": "function",
+                       "function": {"name": c.name, "arguments": arguments}})
+            })
+            .collect();
+    }
+    if let Some(id) = &m.tool_call_id {
+        v["tool_call_id"] = json!(id);
+    }
+    v
+}
+
+/// Why one attempt failed, and whether another is safe.
+struct Attempt {
+    error: ModelError,
+    retry: bool,
+    retry_after: Option<Duration>,
+}
+
+#[async_trait]
+impl ModelProvider for OpenAi {
+    async fn complete(
+        &self,
+        request: &ModelRequest,
+        cx: &mut CallContext,
+    ) -> Result<ModelReply, ModelError> {
+        let deadline = Instant::now() + self.config.deadline;
+        let body = Self::body(request);
+        let mut attempt = 0;
+        loop {
+            let call = self.attempt(&body, cx);
+            let result = match tokio::time::timeout_at(deadline, call).await {
+                Ok(r) => r,
+                Err(_) => {
+                    return Err(ModelError::new(
+                        ModelErrorKind::Timeout,
+                        format!(
+                            "the call ran past its deadline of {:?}",
+                            self.config.deadline
+                        ),
+                    ))
+                }
+            };
+            match result {
+                Ok(reply) => return Ok(reply),
+                Err(a) if a.retry && attempt < self.config.max_retries => {
+                    let wait = a
+                        .retry_after
+                        .unwrap_or(self.config.backoff * 2u32.saturating_pow(attempt))
+                        .min(Duration::from_secs(30));
+                    tracing::warn!(error = %a.error, attempt, ?wait, "model call failed; retrying");
+                    if Instant::now() + wait >= deadline {
+                        return Err(a.error);
+                    }
+                    tokio::time::sleep(wait).await;
+                    attempt += 1;
+                }
+                Err(a) => return Err(a.error),
+            }
+        }
+    }
+}
+
+impl OpenAi {
+    async fn attempt(&self, body: &Value, cx: &mut CallContext) -> Result<ModelReply, Attempt> {
+        let mut req = self.client.post(self.url()).json(body);
+        if let Some(var) = &self.config.api_key_env {
+            let key = std::env::var(var).map_err(|_| Attempt {
+                error: ModelError::new(
+                    ModelErrorKind::Config,
+                    format!("the API key variable {var} is not set"),
+                ),
+                retry: false,
+                retry_after: None,
+            })?;
+            req = req.bearer_auth(key);
+        }
+        let response = tokio::time::timeout(self.config.stall_timeout, req.send())
+            .await
+            .map_err(|_| Attempt {
+                error: ModelError::new(
+                    ModelErrorKind::Timeout,
+                    format!(
+                        "no response within {:?} from {}",
+                        self.config.stall_timeout,
+                        self.url()
+                    ),
+                ),
+                retry: true,
+                retry_after: None,
+            })?
+            .map_err(|e| Attempt {
+                error: ModelError::new(
+                    ModelErrorKind::Unavailable,
+                    format!("cannot reach {}: {e}", self.url()),
+                ),
+                retry: true,
+                retry_after: None,
+            })?;
+        let status = response.status();
+        if !status.is_success() {
+            let retry_after = response
+                .headers()
+                .get(reqwest::header::RETRY_AFTER)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.trim().parse::<u64>().ok())
+                .map(Duration::from_secs);
+            let text = tokio::time::timeout(self.config.stall_timeout, response.text())
+                .await
+                .ok()
+                .and_then(|r| r.ok())
+                .unwrap_or_default();
+            let message = serde_json::from_str::<Value>(&text)
+                .ok()
+                .and_then(|v| v["error"]["message"].as_str().map(str::to_owned))
+                .unwrap_or_else(|| text.chars().take(500).collect());
+            let retry =
+                status.as_u16() == 408 || status.as_u16() == 429 || status.is_server_error();
+            let kind = if retry {
+                ModelErrorKind::Unavailable
+            } else {
+                ModelErrorKind::Rejected
+            };
+            return Err(Attempt {
+                error: ModelError::new(kind, format!("the endpoint answered {status}: {message}")),
+                retry,
+                retry_after,
+            });
+        }
+        let mut events = response.bytes_stream().eventsource();
+        let mut assembly = Assembly::default();
+        loop {
+            let next = tokio::time::timeout(self.config.stall_timeout, events.next())
+                .await
+                .map_err(|_| Attempt {
+                    error: ModelError::new(
+                        ModelErrorKind::Timeout,
+                        format!("the stream stalled for {:?}", self.config.stall_timeout),
+                    ),
+                    retry: false,
+                    retry_after: None,
+                })?;
+            let Some(event) = next else { break };
+            let event = event.map_err(|e| Attempt {
+                error: ModelError::new(
+                    ModelErrorKind::Unavailable,
+                    format!("the stream broke: {e}"),
+                ),
+                retry: false,
+                retry_after: None,
+            })?;
+            if event.data.trim() == "[DONE]" {
+                break;
+            }
+            let chunk: Chunk = serde_json::from_str(&event.data).map_err(|e| Attempt {
+                error: ModelError::new(
+                    ModelErrorKind::Protocol,
+                    format!("a streamed chunk is not a chat-completion chunk: {e}"),
+                ),
+                retry: false,
+                retry_after: None,
+            })?;
+            assembly.add(chunk, cx);
+        }
+        assembly.finish().map_err(|error| Attempt {
+            error,
+            retry: false,
+            retry_after: None,
+        })
+    }
+}
+
+#[derive(Deserialize)]
+struct Chunk {
+    #[serde(default)]
+    choices: Vec<Choice>,
+    #[serde(default)]
+    usage: Option<Usage>,
+}
+
+#[derive(Deserialize)]
+struct Choice {
+    #[serde(default)]
+    delta: Delta,
+    #[serde(default)]
+    finish_reason: Option<String>,
+}
+
+#[derive(Deserialize, Default)]
+struct Delta {
+    #[serde(default)]
+    content: Option<String>,
+    #[serde(default)]
+    tool_calls: Vec<ToolCallDelta>,
+}
+
+#[derive(Deserialize)]
+struct ToolCallDelta {
+    #[serde(default)]
+    index: usize,
+    #[serde(default)]
+    id: Option<String>,
+    #[serde(default)]
+    function: Option<FunctionDelta>,
+}
+
+#[derive(Deserialize)]
+struct FunctionDelta {
+    #[serde(default)]
+    name: Option<String>,
+    #[serde(default)]
+    arguments: Option<String>,
+}
+
+/// A reply being assembled from streamed chunks.
+#[derive(Default)]
+struct Assembly {
+    text: String,
+    calls: BTreeMap<usize, (String, String, String)>,
+    usage: Option<Usage>,
+    finish_reason: Option<String>,
+}
+
+impl Assembly {
+    fn add(&mut self, chunk: Chunk, cx: &CallContext) {
+        if chunk.usage.is_some() {
+            self.usage = chunk.usage;
+        }
+        for choice in chunk.choices {
+            if let Some(text) = choice.delta.content {
+                if !text.is_empty() {
+                    cx.delta(&text);
+                    self.text.push_str(&text);
+                }
+            }
+            for call in choice.delta.tool_calls {
+                let entry = self.calls.entry(call.index).or_default();
+                if let Some(id) = call.id {
+                    entry.0.push_str(&id);
+                }
+                if let Some(f) = call.function {
+                    if let Some(name) = f.name {
+                        entry.1.push_str(&name);
+                    }
+                    if let Some(args) = f.arguments {
+                        entry.2.push_str(&args);
+                    }
+                }
+            }
+            if choice.finish_reason.is_some() {
+                self.finish_reason = choice.finish_reason;
+            }
+        }
+    }
+
+    fn finish(self) -> Result<ModelReply, ModelError> {
+        let mut tool_calls = Vec::new();
+        for (index, (id, name, args)) in self.calls {
+            if name.is_empty() {
+                return Err(ModelError::new(
+                    ModelErrorKind::Protocol,
+                    format!("streamed tool call {index} has no function name"),
+                ));
+            }
+            let arguments = if args.trim().is_empty() {
+                json!({})
+            } else {
+                serde_json::from_str(&args).unwrap_or(Value::String(args))
+            };
+            let id = if id.is_empty() {
+                format!("call_{index}")
+            } else {
+                id
+            };
+            tool_calls.push(ToolCallRequest {
+                id,
+                name,
+                arguments,
+            });
+        }
+        Ok(ModelReply {
+            text: self.text,
+            tool_calls,
+            usage: self.usage,
+            finish_reason: self.finish_reason,
+        })
+    }
+}

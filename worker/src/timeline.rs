@@ -1,0 +1,261 @@
+//! The context timeline: what an agent is fed, rebuilt for every turn from durable state.
+//!
+//! Contract: [`rebuild`] reads the log of the turn holding the latest compaction summary (the
+//! record's signed state names it) and the logs of the turns after the summary — one fetch per
+//! turn, never a scan of the record — so its cost does not grow with the conversation's length.
+//! Rows keep their order and carry stable references (`conv:tl:<conv>/turn_<n>/blocks/<i>`);
+//! file rows say where a file is, never its bytes.
+//!
+//! Token accounting: [`estimate_tokens`] is the documented estimate used where no tokenizer is
+//! configured for the model family — one token per four bytes of UTF-8, rounded up, plus four
+//! per message for role and framing (OpenAI's rule of thumb for English text; it overestimates
+//! code slightly, which errs on the safe side of a context limit).
+
+use futures::{StreamExt as _, TryStreamExt as _};
+use serde_json::Value;
+use turnpike_artifactory::{ConversationPrefix, ErrorKind, TurnLogs};
+use turnpike_schemas::entry::RecordState;
+use turnpike_schemas::{Block, Row, TurnId};
+
+use crate::error::Result;
+use crate::model::{Message, Role, ToolCallRequest};
+
+/// How many turn logs are fetched at once.
+const FETCH_CONCURRENCY: usize = 16;
+
+/// The rows of the turns before the running one.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Timeline {
+    pub rows: Vec<Row>,
+    /// How many turn logs the rebuild read.
+    pub logs_read: usize,
+}
+
+impl Timeline {
+    /// The rows' blocks, in order.
+    pub fn blocks(&self) -> Vec<Block> {
+        self.rows.iter().map(|r| r.block.clone()).collect()
+    }
+}
+
+/// Rebuilds the timeline of the turns before `before` from the latest summary onwards.
+pub async fn rebuild(
+    logs: &TurnLogs,
+    prefix: &ConversationPrefix,
+    state: &RecordState,
+    before: TurnId,
+) -> Result<Timeline> {
+    let mut first = 1;
+    let mut logs_read = 0;
+    if state.summary_turn > 0 && state.summary_turn < before.number() {
+        let turn = TurnId::new(state.summary_turn).expect("non-zero");
+        if let Some(log) = read_optional(logs, prefix, turn).await? {
+            logs_read += 1;
+            if let Some(through) = log.blocks.iter().find_map(|b| match b {
+                Block::Summary { through, .. } => Some(*through),
+                _ => None,
+            }) {
+                first = through.number() + 1;
+            }
+        }
+    }
+    let turns: Vec<TurnId> = (first..before.number()).filter_map(TurnId::new).collect();
+    let fetched: Vec<_> = futures::stream::iter(turns)
+        .map(|turn| async move { read_optional(logs, prefix, turn).await })
+        .buffered(FETCH_CONCURRENCY)
+        .try_collect()
+        .await?;
+    let mut rows = Vec::new();
+    for log in fetched.into_iter().flatten() {
+        logs_read += 1;
+        for (i, block) in log.blocks.into_iter().enumerate() {
+            rows.push(Row::new(prefix.conversation(), log.turn, i, block));
+        }
+    }
+    Ok(Timeline { rows, logs_read })
+}
+
+async fn read_optional(
+    logs: &TurnLogs,
+    prefix: &ConversationPrefix,
+    turn: TurnId,
+) -> Result<Option<turnpike_schemas::TurnLog>> {
+    match logs.read(prefix, turn).await {
+        Ok(log) => Ok(Some(log)),
+        // A quarantined turn has no log.
+        Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// The estimated tokens of one message (see the module docs).
+pub fn estimate_tokens(message: &Message) -> u64 {
+    let mut bytes = message.content.len();
+    for call in &message.tool_calls {
+        bytes += call.name.len() + call.arguments.to_string().len();
+    }
+    bytes.div_ceil(4) as u64 + 4
+}
+
+/// The model messages for a sequence of blocks: text as user/assistant messages, tool calls
+/// grouped onto the assistant message that made them and each answered by its result (a call
+/// left without one — the turn was stopped — is answered as such), and files, attachments and
+/// summaries as short system notes with their references.
+pub fn messages(blocks: &[Block]) -> Vec<Message> {
+    let answered: std::collections::HashSet<&str> = blocks
+        .iter()
+        .filter_map(|b| match b {
+            Block::ToolResult { call_id, .. } => Some(call_id.as_str()),
+            _ => None,
+        })
+        .collect();
+    let mut out: Vec<Message> = Vec::new();
+    let mut pending_unanswered: Vec<String> = Vec::new();
+    let flush = |out: &mut Vec<Message>, pending: &mut Vec<String>| {
+        for id in pending.drain(..) {
+            let mut m = Message::new(
+                Role::Tool,
+                r#"{"error":"no result: the turn ended before the tool finished"}"#,
+            );
+            m.tool_call_id = Some(id);
+            out.push(m);
+        }
+    };
+    for block in blocks {
+        if !matches!(block, Block::ToolCall { .. } | Block::ToolResult { .. }) {
+            flush(&mut out, &mut pending_unanswered);
+        }
+        match block {
+            Block::UserMessage { text } | Block::FollowUp { text } => {
+                out.push(Message::new(Role::User, text.clone()))
+            }
+            Block::Steer { text } => out.push(Message::new(
+                Role::User,
+                format!("[steer: change course] {text}"),
+            )),
+            Block::Stop { .. } => out.push(Message::new(
+                Role::System,
+                "The user stopped the turn here.",
+            )),
+            Block::AssistantMessage { text } => {
+                out.push(Message::new(Role::Assistant, text.clone()))
+            }
+            Block::ToolCall {
+                call_id,
+                tool,
+                arguments,
+            } => {
+                let call = ToolCallRequest {
+                    id: call_id.clone(),
+                    name: tool.clone(),
+                    arguments: arguments.clone(),
+                };
+                match out.last_mut() {
+                    Some(m) if m.role == Role::Assistant => m.tool_calls.push(call),
+                    _ => {
+                        let mut m = Message::new(Role::Assistant, "");
+                        m.tool_calls.push(call);
+                        out.push(m);
+                    }
+                }
+                if !answered.contains(call_id.as_str()) {
+                    pending_unanswered.push(call_id.clone());
+                }
+            }
+            Block::ToolResult {
+                call_id, output, ..
+            } => {
+                let content = match output {
+                    Value::String(s) => s.clone(),
+                    other => other.to_string(),
+                };
+                let mut m = Message::new(Role::Tool, content);
+                m.tool_call_id = Some(call_id.clone());
+                out.push(m);
+            }
+            Block::File {
+                path,
+                reference,
+                size,
+                media_type,
+            } => out.push(Message::new(
+                Role::System,
+                format!("File published: {path} ({size} bytes, {media_type}) at {reference}"),
+            )),
+            Block::Artifact {
+                name, media_type, ..
+            } => out.push(Message::new(
+                Role::System,
+                format!("Artifact made: {name} ({media_type})"),
+            )),
+            Block::Summary { through, text } => out.push(Message::new(
+                Role::System,
+                format!("Summary of the conversation through {through}:\n{text}"),
+            )),
+            Block::Attachment {
+                name,
+                media_type,
+                reference,
+            } => out.push(Message::new(
+                Role::System,
+                format!("The user attached {name} ({media_type}) at {reference}"),
+            )),
+        }
+    }
+    flush(&mut out, &mut pending_unanswered);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn tool_calls_group_onto_their_message_and_unanswered_calls_are_closed() {
+        let blocks = vec![
+            Block::UserMessage { text: "hi".into() },
+            Block::AssistantMessage {
+                text: "looking".into(),
+            },
+            Block::ToolCall {
+                call_id: "a".into(),
+                tool: "read_file".into(),
+                arguments: json!({"path": "x"}),
+            },
+            Block::ToolCall {
+                call_id: "b".into(),
+                tool: "list_files".into(),
+                arguments: json!({}),
+            },
+            Block::ToolResult {
+                call_id: "a".into(),
+                ok: true,
+                output: json!({"text": "x"}),
+            },
+            Block::Stop { reason: None },
+        ];
+        let m = messages(&blocks);
+        let roles: Vec<Role> = m.iter().map(|m| m.role).collect();
+        assert_eq!(
+            roles,
+            [
+                Role::User,
+                Role::Assistant,
+                Role::Tool,
+                Role::Tool,
+                Role::System
+            ]
+        );
+        assert_eq!(m[1].tool_calls.len(), 2);
+        assert_eq!(m[2].tool_call_id.as_deref(), Some("a"));
+        assert_eq!(m[3].tool_call_id.as_deref(), Some("b"));
+        assert!(m[3].content.contains("no result"));
+    }
+
+    #[test]
+    fn the_estimate_counts_four_bytes_per_token_plus_framing() {
+        assert_eq!(estimate_tokens(&Message::new(Role::User, "")), 4);
+        assert_eq!(estimate_tokens(&Message::new(Role::User, "abcde")), 6);
+    }
+}

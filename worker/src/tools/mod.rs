@@ -1,0 +1,231 @@
+//! Tools: a registry of everything an agent may call, and the per-agent allowlist over it.
+//!
+//! Contract of a [`Tool`]: it works only through its [`ToolContext`] — the turn's workspace,
+//! the resolver as the turn's bound identity, the conversation's hosted files — and returns a
+//! JSON result or an error message for the model. Results larger than
+//! [`MAX_RESULT_BYTES`] are hosted as a file; the model gets a preview and the reference.
+
+mod files;
+mod refs;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use serde_json::{json, Value};
+use turnpike_artifactory::{ConversationPrefix, Files};
+use turnpike_resolver::Resolver;
+use turnpike_schemas::{Block, Identity, RefPath, TurnId};
+
+use crate::model::ToolSpec;
+
+pub use files::{ListFiles, ReadFile, WriteFile};
+pub use refs::{Exec, Publish, Pull, Search, SearchIndex};
+
+/// The largest tool result handed to the model inline, in bytes of JSON.
+pub const MAX_RESULT_BYTES: usize = 8 * 1024;
+/// How much of a large result the model sees inline.
+const PREVIEW_BYTES: usize = 1024;
+
+/// What a tool call can reach.
+pub struct ToolContext<'a> {
+    pub workspace: &'a Path,
+    /// The identity the turn is bound to; every resolution runs as it.
+    pub identity: &'a Identity,
+    pub prefix: &'a ConversationPrefix,
+    pub turn: TurnId,
+    pub resolver: &'a Resolver,
+    pub files: &'a Files,
+    pub search: Option<&'a Arc<dyn SearchIndex>>,
+}
+
+/// What a tool returned.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ToolOutput {
+    pub output: Value,
+    /// Blocks for the turn log besides the result (files the call hosted).
+    pub blocks: Vec<Block>,
+}
+
+impl From<Value> for ToolOutput {
+    fn from(output: Value) -> Self {
+        Self {
+            output,
+            blocks: Vec::new(),
+        }
+    }
+}
+
+/// One tool.
+#[async_trait]
+pub trait Tool: Send + Sync + 'static {
+    /// Name, description and argument schema, as the model sees them.
+    fn spec(&self) -> ToolSpec;
+
+    /// Whether a call has effects outside the turn's workspace.
+    fn side_effects(&self) -> bool {
+        false
+    }
+
+    /// Runs one call. An `Err` is a message for the model, not a failure of the turn.
+    async fn call(&self, cx: &ToolContext<'_>, arguments: Value) -> Result<ToolOutput, String>;
+}
+
+/// Every tool a worker knows, by name.
+#[derive(Clone, Default)]
+pub struct Registry {
+    tools: BTreeMap<String, Arc<dyn Tool>>,
+}
+
+impl Registry {
+    /// The built-in tools: `read_file`, `list_files`, `write_file`, `pull`, `publish`,
+    /// `search` and `exec`.
+    pub fn builtin() -> Self {
+        Self::default()
+            .with(Arc::new(ReadFile))
+            .with(Arc::new(ListFiles))
+            .with(Arc::new(WriteFile))
+            .with(Arc::new(Pull))
+            .with(Arc::new(Publish))
+            .with(Arc::new(Search))
+            .with(Arc::new(Exec))
+    }
+
+    /// Adds (or replaces) a tool, e.g. an app's native one.
+    pub fn with(mut self, tool: Arc<dyn Tool>) -> Self {
+        self.tools.insert(tool.spec().name, tool);
+        self
+    }
+
+    /// Whether a tool of this name exists.
+    pub fn contains(&self, name: &str) -> bool {
+        self.tools.contains_key(name)
+    }
+
+    /// The names of every tool.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.tools.keys().map(String::as_str)
+    }
+
+    /// The tools an allowlist names, in its order; unknown names are an error naming them.
+    pub fn allow(&self, names: &[String]) -> Result<Toolset, String> {
+        let mut tools = Vec::new();
+        for name in names {
+            match self.tools.get(name) {
+                Some(t) => tools.push(t.clone()),
+                None => {
+                    return Err(format!(
+                        "unknown tool {name:?} (known: {})",
+                        self.names().collect::<Vec<_>>().join(", ")
+                    ))
+                }
+            }
+        }
+        Ok(Toolset { tools })
+    }
+}
+
+/// The tools one agent may call.
+#[derive(Clone, Default)]
+pub struct Toolset {
+    tools: Vec<Arc<dyn Tool>>,
+}
+
+impl Toolset {
+    pub fn specs(&self) -> Vec<ToolSpec> {
+        self.tools.iter().map(|t| t.spec()).collect()
+    }
+
+    pub fn get(&self, name: &str) -> Option<&Arc<dyn Tool>> {
+        self.tools.iter().find(|t| t.spec().name == name)
+    }
+}
+
+/// Runs a call of an allowed tool and bounds its result. A call of a tool outside the
+/// allowlist is an error result, never a call.
+pub async fn run_call(
+    tools: &Toolset,
+    cx: &ToolContext<'_>,
+    call_id: &str,
+    name: &str,
+    arguments: Value,
+) -> (bool, ToolOutput) {
+    let Some(tool) = tools.get(name) else {
+        return (
+            false,
+            json!({"error": format!("no tool named {name:?} is available to this agent")}).into(),
+        );
+    };
+    match tool.call(cx, arguments).await {
+        Ok(out) => (true, bound(cx, call_id, out).await),
+        Err(message) => (false, json!({ "error": message }).into()),
+    }
+}
+
+async fn bound(cx: &ToolContext<'_>, call_id: &str, mut out: ToolOutput) -> ToolOutput {
+    let text = out.output.to_string();
+    if text.len() <= MAX_RESULT_BYTES {
+        return out;
+    }
+    let name = format!("{}.json", sanitize(call_id));
+    let path = RefPath::from_segments(["tool-output".to_owned(), name]).expect("a valid path");
+    let size = text.len();
+    let preview: String = text.chars().take(PREVIEW_BYTES).collect();
+    match cx
+        .files
+        .host(cx.prefix, cx.turn, &path, Bytes::from(text))
+        .await
+    {
+        Ok(reference) => {
+            out.blocks.push(Block::File {
+                path: path.to_relative_path(),
+                reference: reference.clone(),
+                size: size as u64,
+                media_type: "application/json".into(),
+            });
+            out.output = json!({
+                "truncated": true,
+                "size": size,
+                "preview": preview,
+                "reference": reference.to_string(),
+            });
+        }
+        Err(e) => {
+            out.output = json!({
+                "truncated": true,
+                "size": size,
+                "preview": preview,
+                "error": format!("the full result could not be stored: {e}"),
+            });
+        }
+    }
+    out
+}
+
+fn sanitize(id: &str) -> String {
+    let s: String = id
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .take(64)
+        .collect();
+    if s.is_empty() {
+        "call".into()
+    } else {
+        s
+    }
+}
+
+/// A string argument, or an error naming it.
+pub(crate) fn str_arg<'v>(args: &'v Value, name: &str) -> Result<&'v str, String> {
+    args.get(name)
+        .and_then(Value::as_str)
+        .ok_or_else(|| format!("the argument {name:?} (a string) is required"))
+}

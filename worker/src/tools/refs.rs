@@ -1,0 +1,177 @@
+//! Tools that cross the workspace's edge, always host-side and as the turn's bound identity:
+//! `pull` (a reference into the workspace), `publish` (a workspace file as a hosted artifact),
+//! `search` (the hybrid index) and `exec` (generated code in the cell).
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use serde_json::{json, Value};
+use turnpike_resolver::ResolveError;
+use turnpike_schemas::{Block, Identity};
+
+use super::files::{read_bounded, workspace_path, write_file};
+use super::{str_arg, Tool, ToolContext, ToolOutput};
+use crate::model::ToolSpec;
+
+/// The largest file `publish` hosts.
+const MAX_PUBLISH_BYTES: u64 = 64 * 1024 * 1024;
+
+/// `pull {reference, path?}`: resolves a reference as the bound identity into the workspace.
+pub struct Pull;
+
+#[async_trait]
+impl Tool for Pull {
+    fn spec(&self) -> ToolSpec {
+        ToolSpec {
+            name: "pull".into(),
+            description: "Copy the bytes a reference (conv:…) locates into the workspace.".into(),
+            parameters: json!({"type": "object", "properties": {
+                "reference": {"type": "string"},
+                "path": {"type": "string", "description": "where in the workspace; default: the reference's file name"}},
+                "required": ["reference"]}),
+        }
+    }
+
+    async fn call(&self, cx: &ToolContext<'_>, args: Value) -> Result<ToolOutput, String> {
+        let text = str_arg(&args, "reference")?;
+        let resolved = cx
+            .resolver
+            .resolve_str(cx.identity, text)
+            .await
+            .map_err(|e| match e {
+                ResolveError::Unavailable(m) => format!("the store failed; retry later: {m}"),
+                other => other.to_string(),
+            })?;
+        let reference: turnpike_schemas::Reference = text.parse().map_err(|e| format!("{e}"))?;
+        let default_name = reference
+            .path()
+            .segments()
+            .last()
+            .cloned()
+            .unwrap_or_else(|| "pulled".into());
+        let target = args
+            .get("path")
+            .and_then(Value::as_str)
+            .unwrap_or(&default_name);
+        let (rel, full) = workspace_path(cx.workspace, target)?;
+        let size = resolved.bytes.len();
+        write_file(full, resolved.bytes.to_vec())
+            .await
+            .map_err(|e| format!("cannot write {rel}: {e}"))?;
+        Ok(json!({"path": rel.to_relative_path(), "size": size, "media_type": resolved.media_type}).into())
+    }
+}
+
+/// `publish {path}`: hosts a workspace file; the user gets a reference and a download path.
+pub struct Publish;
+
+#[async_trait]
+impl Tool for Publish {
+    fn spec(&self) -> ToolSpec {
+        ToolSpec {
+            name: "publish".into(),
+            description:
+                "Publish a workspace file so the user can download it; returns its reference."
+                    .into(),
+            parameters: json!({"type": "object", "properties": {"path": {"type": "string"}},
+                "required": ["path"]}),
+        }
+    }
+
+    async fn call(&self, cx: &ToolContext<'_>, args: Value) -> Result<ToolOutput, String> {
+        let raw = str_arg(&args, "path")?;
+        let (rel, full) = workspace_path(cx.workspace, raw)?;
+        let (bytes, size) =
+            tokio::task::spawn_blocking(move || read_bounded(&full, MAX_PUBLISH_BYTES + 1))
+                .await
+                .map_err(|e| e.to_string())?
+                .map_err(|e| format!("cannot read {rel}: {e}"))?;
+        if size > MAX_PUBLISH_BYTES {
+            return Err(format!(
+                "{rel} is {size} bytes, more than the {MAX_PUBLISH_BYTES} a file may have"
+            ));
+        }
+        let reference = cx
+            .files
+            .host(cx.prefix, cx.turn, &rel, Bytes::from(bytes))
+            .await
+            .map_err(|e| format!("the store failed; retry later: {e}"))?;
+        let name = rel.segments().last().cloned().unwrap_or_default();
+        let media_type = turnpike_resolver::families::media_type_of(&name).to_owned();
+        Ok(ToolOutput {
+            output: json!({
+                "reference": reference.to_string(),
+                "download": format!("/v1/files/{reference}"),
+                "size": size,
+            }),
+            blocks: vec![Block::File {
+                path: rel.to_relative_path(),
+                reference,
+                size,
+                media_type,
+            }],
+        })
+    }
+}
+
+/// The hybrid index as tools see it (implemented by the index; scoped to `identity`).
+#[async_trait]
+pub trait SearchIndex: Send + Sync + 'static {
+    /// Ranked hits (references, snippets, scores) for `query`, only ever `identity`'s own.
+    async fn search(&self, identity: &Identity, query: &str, limit: usize)
+        -> Result<Value, String>;
+}
+
+/// `search {query, limit?}`.
+pub struct Search;
+
+#[async_trait]
+impl Tool for Search {
+    fn spec(&self) -> ToolSpec {
+        ToolSpec {
+            name: "search".into(),
+            description: "Search all of the user's conversations by meaning and by words.".into(),
+            parameters: json!({"type": "object", "properties": {
+                "query": {"type": "string"}, "limit": {"type": "integer", "minimum": 1, "maximum": 50}},
+                "required": ["query"]}),
+        }
+    }
+
+    async fn call(&self, cx: &ToolContext<'_>, args: Value) -> Result<ToolOutput, String> {
+        let query = str_arg(&args, "query")?;
+        let limit = args
+            .get("limit")
+            .and_then(Value::as_u64)
+            .unwrap_or(10)
+            .clamp(1, 50) as usize;
+        let Some(index) = cx.search else {
+            return Err("search is not available: this worker has no index configured".into());
+        };
+        Ok(index.search(cx.identity, query, limit).await?.into())
+    }
+}
+
+/// `exec {code, language?}`: generated code in the cell. Fails closed until a cell is
+/// configured: code never runs outside one.
+pub struct Exec;
+
+#[async_trait]
+impl Tool for Exec {
+    fn spec(&self) -> ToolSpec {
+        ToolSpec {
+            name: "exec".into(),
+            description: "Run Python 3 code in an isolated cell over the workspace.".into(),
+            parameters: json!({"type": "object", "properties": {
+                "code": {"type": "string"}, "language": {"type": "string", "enum": ["python"]}},
+                "required": ["code"]}),
+        }
+    }
+
+    fn side_effects(&self) -> bool {
+        false
+    }
+
+    async fn call(&self, _cx: &ToolContext<'_>, args: Value) -> Result<ToolOutput, String> {
+        str_arg(&args, "code")?;
+        Err("exec is not available: no sandbox (cell) is set up on this worker, and code never runs outside one".into())
+    }
+}
