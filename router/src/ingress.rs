@@ -5,6 +5,7 @@
 use std::sync::Arc;
 
 use turnpike_artifactory::Conversations;
+use turnpike_schemas::entry::IngressDirective;
 use turnpike_schemas::{Address, ConversationId, Event, EventBody, Identity};
 
 use crate::bus::{now_ms, Bus, Published};
@@ -15,11 +16,23 @@ use crate::error::{Error, ErrorKind, Result};
 pub struct Ingress {
     bus: Arc<dyn Bus>,
     conversations: Conversations,
+    directive: Option<IngressDirective>,
 }
 
 impl Ingress {
     pub fn new(bus: Arc<dyn Bus>, conversations: Conversations) -> Self {
-        Self { bus, conversations }
+        Self {
+            bus,
+            conversations,
+            directive: None,
+        }
+    }
+
+    /// Attaches `directive` to every event this ingress accepts (a deployment's policy: it can
+    /// only lower an agent's budgets or add a required approver).
+    pub fn with_directive(mut self, directive: IngressDirective) -> Self {
+        self.directive = Some(directive);
+        self
     }
 
     /// Submits `body` to `conversation` as `caller`. A retry with the same idempotency key is
@@ -49,6 +62,7 @@ impl Ingress {
             now_ms(),
         );
         event.idempotency_key = idempotency_key;
+        event.directive = self.directive.clone();
         event.validate()?;
         let published = self.bus.publish(&event).await?;
         Ok((event, published))

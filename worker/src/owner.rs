@@ -83,17 +83,21 @@ impl OwnerSlot {
 }
 
 /// Splits the pending lane messages into the next unit of work: a run of stops with no turn to
-/// stop (recorded on their own), or a turn's inputs — one event and the non-message events
-/// after it, up to the next message.
+/// stop (recorded on their own), or a turn's inputs — the first message, any other events
+/// before it (an attachment sent ahead of its message joins it), and the non-message events
+/// after it, up to the next message. Events with no message behind them yet make a turn of
+/// their own.
 fn next_inputs(pending: Vec<LaneMessage>) -> (bool, Vec<LaneMessage>) {
     let stops_only = matches!(pending[0].event.body, EventBody::Stop { .. });
     let mut out = Vec::new();
-    for (i, m) in pending.into_iter().enumerate() {
+    let mut seen_message = false;
+    for m in pending {
         let is_stop = matches!(m.event.body, EventBody::Stop { .. });
         let is_message = matches!(m.event.body, EventBody::Message { .. });
-        if (stops_only && !is_stop) || (!stops_only && i > 0 && is_message) {
+        if (stops_only && !is_stop) || (!stops_only && seen_message && is_message) {
             break;
         }
+        seen_message |= is_message;
         out.push(m);
     }
     (stops_only, out)
@@ -290,7 +294,10 @@ mod tests {
     fn a_turn_takes_one_message_and_what_follows_it() {
         assert_eq!(split(&["m", "m"]), (false, vec![1]));
         assert_eq!(split(&["m", "f", "s", "m"]), (false, vec![1, 2, 3]));
-        assert_eq!(split(&["f", "m"]), (false, vec![1]));
+        // Events ahead of a message (an attachment, a late follow-up) join its turn.
+        assert_eq!(split(&["f", "m"]), (false, vec![1, 2]));
+        assert_eq!(split(&["f", "m", "f", "m"]), (false, vec![1, 2, 3]));
+        assert_eq!(split(&["f", "f"]), (false, vec![1, 2]));
         assert_eq!(split(&["s", "s", "m"]), (true, vec![1, 2]));
     }
 }

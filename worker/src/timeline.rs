@@ -46,28 +46,35 @@ pub async fn rebuild(
     before: TurnId,
 ) -> Result<Timeline> {
     let mut first = 1;
-    let mut logs_read = 0;
+    let mut summary_log = None;
     if state.summary_turn > 0 && state.summary_turn < before.number() {
         let turn = TurnId::new(state.summary_turn).expect("non-zero");
         if let Some(log) = read_optional(logs, prefix, turn).await? {
-            logs_read += 1;
             if let Some(through) = log.blocks.iter().find_map(|b| match b {
                 Block::Summary { through, .. } => Some(*through),
                 _ => None,
             }) {
+                // The summary replaces the turns through `through`; its own turn follows.
                 first = through.number() + 1;
+                summary_log = Some(log);
             }
         }
     }
-    let turns: Vec<TurnId> = (first..before.number()).filter_map(TurnId::new).collect();
+    let summary_turn = summary_log.as_ref().map(|l| l.turn);
+    let turns: Vec<TurnId> = (first..before.number())
+        .filter_map(TurnId::new)
+        .filter(|t| Some(*t) != summary_turn)
+        .collect();
     let fetched: Vec<_> = futures::stream::iter(turns)
         .map(|turn| async move { read_optional(logs, prefix, turn).await })
         .buffered(FETCH_CONCURRENCY)
         .try_collect()
         .await?;
+    let mut all: Vec<_> = fetched.into_iter().flatten().chain(summary_log).collect();
+    all.sort_by_key(|l| l.turn);
+    let logs_read = all.len();
     let mut rows = Vec::new();
-    for log in fetched.into_iter().flatten() {
-        logs_read += 1;
+    for log in all {
         for (i, block) in log.blocks.into_iter().enumerate() {
             rows.push(Row::new(prefix.conversation(), log.turn, i, block));
         }

@@ -5,9 +5,11 @@
 //! - [`nats`]: a JetStream server per test
 //! - [`process`]: turnpike processes, killable on demand
 //! - [`stores`]: object store backends for the shared suites (memory, local filesystem, S3)
+//! - [`counting`]: an object store that counts reads, for bounded-cost tests
 //! - [`fixtures`]: small builders for conversations and records
 //! - [`lanes`]: publishing many events and checking they were committed in order, once
 
+pub mod counting;
 pub mod fixtures;
 pub mod lanes;
 pub mod nats;

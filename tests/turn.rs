@@ -1,0 +1,739 @@
+//! The turn end to end on the embedded bus: the agent loop with the `script` provider, tools,
+//! folding, steering, stopping, budgets, live deltas, the timeline's bounded reads, and replay.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use futures::StreamExt as _;
+use object_store::memory::InMemory;
+use object_store::ObjectStore;
+use serde_json::{json, Value};
+use tempfile::TempDir;
+use tokio::sync::Notify;
+use turnpike_artifactory::{ConversationPrefix, Conversations, Files, Record, TurnLogs};
+use turnpike_router::embedded::{EmbeddedBus, EmbeddedConfig};
+use turnpike_router::{Bus, Ingress};
+use turnpike_schemas::entry::{CompactionMarker, IngressDirective, TurnOutcome};
+use turnpike_schemas::live::LiveFrame;
+use turnpike_schemas::turnlog::TURN_LOG_VERSION;
+use turnpike_schemas::{Block, ConversationId, EntryBody, EntryKind, EventBody, TurnId, TurnLog};
+use turnpike_tests::counting::CountingStore;
+use turnpike_tests::fixtures::{batch_one, batch_two, opened, owner, signer, tenant};
+use turnpike_tests::lanes::{create_conversations, wait_for_turns};
+use turnpike_worker::agent_loop::{CANCELLED_RESULT, CLOSING_PROMPT, FALLBACK_REPLY};
+use turnpike_worker::model::ToolSpec;
+use turnpike_worker::tools::{Tool, ToolContext, ToolOutput};
+use turnpike_worker::{Apps, Manifest, Registry, Worker, WorkerConfig, WorkerPool};
+
+const LONG: Duration = Duration::from_secs(30);
+
+/// What the blocking test tool saw.
+#[derive(Default)]
+struct Probe {
+    started: Notify,
+    running: AtomicBool,
+    dropped: AtomicBool,
+}
+
+/// `block`: a tool that runs until it is cancelled.
+struct Block_(Arc<Probe>);
+
+struct DropFlag(Arc<Probe>);
+
+impl Drop for DropFlag {
+    fn drop(&mut self) {
+        self.0.dropped.store(true, Ordering::SeqCst);
+    }
+}
+
+#[async_trait]
+impl Tool for Block_ {
+    fn spec(&self) -> ToolSpec {
+        ToolSpec {
+            name: "block".into(),
+            description: "runs until cancelled".into(),
+            parameters: json!({"type": "object"}),
+        }
+    }
+
+    async fn call(&self, _cx: &ToolContext<'_>, _args: Value) -> Result<ToolOutput, String> {
+        let _flag = DropFlag(self.0.clone());
+        self.0.running.store(true, Ordering::SeqCst);
+        self.0.started.notify_waiters();
+        std::future::pending::<()>().await;
+        unreachable!()
+    }
+}
+
+struct Rig {
+    make_worker: Box<dyn Fn() -> Worker + Send + Sync>,
+    _dir: TempDir,
+    bus: Arc<dyn Bus>,
+    conversations: Conversations,
+    pool: Option<WorkerPool>,
+    conv: ConversationId,
+    ingress: Ingress,
+    probe: Arc<Probe>,
+    workspaces: std::path::PathBuf,
+}
+
+impl Rig {
+    async fn start(script: &str, max_rounds: u32) -> Rig {
+        Self::start_with(script, max_rounds, None).await
+    }
+
+    /// A rig whose worker is not running yet (see [`Self::run`]).
+    async fn paused(script: &str, max_rounds: u32) -> Rig {
+        let mut rig = Self::start_with(script, max_rounds, None).await;
+        rig.pool.take().unwrap().stop().await;
+        rig
+    }
+
+    fn run(&mut self) {
+        self.pool = Some(WorkerPool::start([(self.make_worker)()]));
+    }
+
+    async fn start_with(script: &str, max_rounds: u32, directive: Option<IngressDirective>) -> Rig {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("helper.script.toml"), script).unwrap();
+        let manifest = format!(
+            "app = \"support\"\n[agents.helper]\nprovider = \"script\"\nscript = \"helper.script.toml\"\n\
+             system_prompt = \"You help.\"\nmax_rounds = {max_rounds}\n\
+             tools = [\"read_file\", \"list_files\", \"write_file\", \"pull\", \"publish\", \"block\"]\n"
+        );
+        std::fs::write(dir.path().join("support.toml"), manifest).unwrap();
+        let probe = Arc::new(Probe::default());
+        let registry = Registry::builtin().with(Arc::new(Block_(probe.clone())));
+        let apps = Arc::new(Apps::new().load_dir(dir.path(), &registry).unwrap());
+        let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+        let conversations = Conversations::new(store);
+        let bus: Arc<dyn Bus> =
+            EmbeddedBus::open(&dir.path().join("bus.redb"), EmbeddedConfig::default()).unwrap();
+        let workspaces = dir.path().join("workspaces");
+        let make_worker = {
+            let (bus, conversations, workspaces) =
+                (bus.clone(), conversations.clone(), workspaces.clone());
+            move || {
+                Worker::new(
+                    bus.clone(),
+                    conversations.clone(),
+                    signer(),
+                    apps.clone(),
+                    WorkerConfig {
+                        workspace_root: workspaces.clone(),
+                        lane_poll: Duration::from_millis(10),
+                        ..WorkerConfig::default()
+                    },
+                )
+            }
+        };
+        let worker = make_worker();
+        let conv = create_conversations(&conversations, &signer(), 1).await[0];
+        let mut ingress = Ingress::new(bus.clone(), conversations.clone());
+        if let Some(d) = directive {
+            ingress = ingress.with_directive(d);
+        }
+        Rig {
+            make_worker: Box::new(make_worker),
+            _dir: dir,
+            bus,
+            conversations,
+            pool: Some(WorkerPool::start([worker])),
+            conv,
+            ingress,
+            probe,
+            workspaces,
+        }
+    }
+
+    async fn send(&self, body: EventBody) {
+        self.ingress
+            .submit(&owner(), self.conv, body, None)
+            .await
+            .unwrap();
+    }
+
+    async fn say(&self, text: &str) {
+        self.send(EventBody::Message { text: text.into() }).await
+    }
+
+    async fn wait_turns(&self, n: u64) {
+        wait_for_turns(&self.conversations, &[self.conv], n, LONG)
+            .await
+            .unwrap();
+    }
+
+    fn prefix(&self) -> ConversationPrefix {
+        ConversationPrefix::new(tenant(), self.conv)
+    }
+
+    fn record(&self) -> Record {
+        Record::new(self.conversations.store().clone(), self.prefix())
+    }
+
+    async fn log(&self, n: u64) -> TurnLog {
+        TurnLogs::new(self.conversations.store().clone())
+            .read(&self.prefix(), TurnId::new(n).unwrap())
+            .await
+            .unwrap()
+    }
+
+    /// Waits until turn `n` is dispatched (batch one committed).
+    async fn wait_dispatched(&self, n: u64) {
+        let deadline = Instant::now() + LONG;
+        loop {
+            let head = self.record().head().await.unwrap();
+            if head.state().last_turn >= n {
+                return;
+            }
+            assert!(Instant::now() < deadline, "turn {n} was never dispatched");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    async fn stop(mut self) {
+        if let Some(pool) = self.pool.take() {
+            pool.stop().await;
+        }
+        let left: Vec<_> = std::fs::read_dir(&self.workspaces)
+            .map(|d| d.filter_map(|e| e.ok()).collect())
+            .unwrap_or_default();
+        assert!(left.is_empty(), "workspaces left behind: {left:?}");
+    }
+}
+
+fn replies(log: &TurnLog) -> Vec<String> {
+    log.blocks
+        .iter()
+        .filter_map(|b| match b {
+            Block::AssistantMessage { text } => Some(text.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+fn tool_calls(log: &TurnLog) -> Vec<String> {
+    log.blocks
+        .iter()
+        .filter_map(|b| match b {
+            Block::ToolCall { tool, .. } => Some(tool.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+const LOOPING: &str = r#"
+[[turn]]
+closing = "I listed the workspace {last_user} and found nothing to report."
+[[turn.step]]
+tool_calls = [{ name = "list_files" }]
+"#;
+
+#[tokio::test]
+async fn budget_exhaustion_ends_with_a_closing_reply() {
+    let rig = Rig::start(LOOPING, 3).await;
+    rig.say("again and again").await;
+    rig.wait_turns(1).await;
+    let log = rig.log(1).await;
+    assert_eq!(log.outcome, TurnOutcome::Replied);
+    assert_eq!(
+        tool_calls(&log),
+        ["list_files"; 3],
+        "three rounds, then the closing call"
+    );
+    assert_eq!(
+        replies(&log),
+        ["I listed the workspace again and again and found nothing to report."]
+    );
+    rig.stop().await;
+}
+
+#[tokio::test]
+async fn an_empty_closing_reply_becomes_the_fallback() {
+    let rig = Rig::start(
+        "[[turn]]\n[[turn.step]]\ntool_calls = [{ name = \"list_files\" }]\n",
+        2,
+    )
+    .await;
+    rig.say("loop").await;
+    rig.wait_turns(1).await;
+    let log = rig.log(1).await;
+    assert_eq!(tool_calls(&log).len(), 2);
+    assert_eq!(replies(&log), [FALLBACK_REPLY]);
+    assert!(!CLOSING_PROMPT.is_empty());
+    rig.stop().await;
+}
+
+#[tokio::test]
+async fn an_ingress_directive_lowers_the_budget_and_never_raises_it() {
+    let low = Rig::start_with(
+        LOOPING,
+        3,
+        Some(IngressDirective {
+            max_rounds: Some(1),
+            required_approver: None,
+        }),
+    )
+    .await;
+    low.say("x").await;
+    low.wait_turns(1).await;
+    assert_eq!(tool_calls(&low.log(1).await).len(), 1);
+    let entries = low.record().entries().await.unwrap();
+    assert!(entries
+        .iter()
+        .any(|e| e.body.kind() == EntryKind::IngressDirective));
+    low.stop().await;
+
+    let high = Rig::start_with(
+        LOOPING,
+        3,
+        Some(IngressDirective {
+            max_rounds: Some(50),
+            required_approver: None,
+        }),
+    )
+    .await;
+    high.say("x").await;
+    high.wait_turns(1).await;
+    assert_eq!(tool_calls(&high.log(1).await).len(), 3);
+    high.stop().await;
+}
+
+const WAITING: &str = r#"
+[[turn]]
+[[turn.step]]
+wait_for_input = true
+tool_calls = [{ name = "list_files" }]
+[[turn.step]]
+text = "now answering: {last_user}"
+"#;
+
+#[tokio::test]
+async fn a_follow_up_during_a_turn_is_folded_in_before_the_next_round() {
+    let rig = Rig::start(WAITING, 8).await;
+    rig.say("first question").await;
+    rig.wait_dispatched(1).await;
+    rig.send(EventBody::FollowUp {
+        text: "and one more thing".into(),
+    })
+    .await;
+    rig.wait_turns(1).await;
+    let log = rig.log(1).await;
+    assert_eq!(replies(&log), ["now answering: and one more thing"]);
+    let kinds: Vec<&str> = log.blocks.iter().map(|b| b.kind_name()).collect();
+    assert_eq!(
+        kinds,
+        [
+            "user_message",
+            "tool_call",
+            "tool_result",
+            "follow_up",
+            "assistant_message"
+        ]
+    );
+    // Committed to the record inside the turn, before the round that saw it.
+    let kinds: Vec<EntryKind> = rig
+        .record()
+        .entries()
+        .await
+        .unwrap()
+        .iter()
+        .map(|e| e.body.kind())
+        .filter(|k| *k != EntryKind::SignedRoot)
+        .collect();
+    let dispatched = kinds
+        .iter()
+        .position(|k| *k == EntryKind::TurnDispatched)
+        .unwrap();
+    let follow = kinds
+        .iter()
+        .position(|k| *k == EntryKind::FollowUp)
+        .unwrap();
+    let complete = kinds
+        .iter()
+        .position(|k| *k == EntryKind::TurnComplete)
+        .unwrap();
+    assert!(dispatched < follow && follow < complete, "{kinds:?}");
+    rig.stop().await;
+}
+
+#[tokio::test]
+async fn a_steer_redirects_the_next_round() {
+    let rig = Rig::start(WAITING, 8).await;
+    rig.say("write about cats").await;
+    rig.wait_dispatched(1).await;
+    rig.send(EventBody::Steer {
+        text: "dogs instead".into(),
+    })
+    .await;
+    rig.wait_turns(1).await;
+    let log = rig.log(1).await;
+    assert_eq!(
+        replies(&log),
+        ["now answering: [steer: change course] dogs instead"]
+    );
+    assert!(log
+        .blocks
+        .iter()
+        .any(|b| matches!(b, Block::Steer { text } if text == "dogs instead")));
+    rig.stop().await;
+}
+
+#[tokio::test]
+async fn a_stop_cancels_the_model_stream_and_the_turn_is_committed_cancelled() {
+    let rig = Rig::start(
+        "[[turn]]\n[[turn.step]]\ndelay_ms = 600000\ntext = \"never\"\n",
+        8,
+    )
+    .await;
+    rig.say("take your time").await;
+    rig.wait_dispatched(1).await;
+    rig.send(EventBody::Stop {
+        reason: Some("changed my mind".into()),
+    })
+    .await;
+    rig.wait_turns(1).await;
+    let log = rig.log(1).await;
+    assert_eq!(log.outcome, TurnOutcome::Cancelled);
+    assert!(replies(&log).is_empty());
+    assert!(matches!(log.blocks.last(), Some(Block::Stop { .. })));
+    let kinds: Vec<EntryKind> = rig
+        .record()
+        .entries()
+        .await
+        .unwrap()
+        .iter()
+        .map(|e| e.body.kind())
+        .collect();
+    assert!(kinds.contains(&EntryKind::Stop));
+    assert!(kinds.contains(&EntryKind::Cancelled));
+    // The conversation goes on.
+    rig.say("hello again").await;
+    rig.wait_dispatched(2).await;
+    rig.send(EventBody::Stop { reason: None }).await;
+    rig.wait_turns(2).await;
+    rig.stop().await;
+}
+
+#[tokio::test]
+async fn a_stop_while_a_tool_runs_cancels_the_tool() {
+    let rig = Rig::start(
+        "[[turn]]\n[[turn.step]]\ntool_calls = [{ name = \"block\" }]\n",
+        8,
+    )
+    .await;
+    let started = rig.probe.started.notified();
+    rig.say("run the long tool").await;
+    tokio::time::timeout(LONG, started).await.unwrap();
+    assert!(rig.probe.running.load(Ordering::SeqCst));
+    rig.send(EventBody::Stop { reason: None }).await;
+    rig.wait_turns(1).await;
+    assert!(
+        rig.probe.dropped.load(Ordering::SeqCst),
+        "the tool was not cancelled"
+    );
+    let log = rig.log(1).await;
+    assert_eq!(log.outcome, TurnOutcome::Cancelled);
+    let kinds: Vec<&str> = log.blocks.iter().map(|b| b.kind_name()).collect();
+    assert_eq!(kinds, ["user_message", "tool_call", "tool_result", "stop"]);
+    assert!(
+        matches!(&log.blocks[2], Block::ToolResult { ok: false, output, .. }
+        if output["error"] == CANCELLED_RESULT)
+    );
+    rig.stop().await;
+}
+
+const FILES: &str = r##"
+[[turn]]
+when = "summarise"
+[[turn.step]]
+tool_calls = [{ name = "pull", arguments = { reference = "{attachment}", path = "notes.txt" } }]
+[[turn.step]]
+tool_calls = [{ name = "write_file", arguments = { path = "out/report.md", content = "# Report\nfrom the notes" } }]
+[[turn.step]]
+tool_calls = [{ name = "publish", arguments = { path = "out/report.md" } }]
+[[turn.step]]
+text = "Your report: {file:report.md}"
+
+[[turn]]
+when = "report again"
+[[turn.step]]
+tool_calls = [{ name = "pull", arguments = { reference = "{turn_file:report.md}" } }]
+[[turn.step]]
+tool_calls = [{ name = "read_file", arguments = { path = "report.md" } }]
+[[turn.step]]
+text = "It still says what it said."
+
+[[turn]]
+when = "conv:fi:"
+[[turn.step]]
+tool_calls = [{ name = "pull", arguments = { reference = "{last_user}" } }, { name = "read_file", arguments = { path = "../x" } }]
+[[turn.step]]
+text = "done"
+"##;
+
+#[tokio::test]
+async fn files_flow_through_pull_write_publish_and_a_later_turn_by_reference() {
+    let mut rig = Rig::paused(FILES, 8).await;
+    let files = Files::new(rig.conversations.store().clone());
+    let attachment = files
+        .attach(
+            &rig.prefix(),
+            TurnId::FIRST,
+            "notes.txt",
+            "meeting notes".into(),
+        )
+        .await
+        .unwrap();
+    let mut live = rig.bus.subscribe_live(rig.conv).await.unwrap();
+    rig.send(EventBody::Attachment {
+        name: "notes.txt".into(),
+        media_type: "text/plain".into(),
+        size: 13,
+        reference: attachment.clone(),
+    })
+    .await;
+    rig.say("please summarise the attached notes").await;
+    rig.run();
+    rig.wait_turns(1).await;
+    let log = rig.log(1).await;
+    assert_eq!(tool_calls(&log), ["pull", "write_file", "publish"]);
+    let results: Vec<&Value> = log
+        .blocks
+        .iter()
+        .filter_map(|b| match b {
+            Block::ToolResult {
+                ok: true, output, ..
+            } => Some(output),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(results.len(), 3, "{:?}", log.blocks);
+    assert_eq!(results[0]["size"], 13);
+    let published = results[2]["reference"].as_str().unwrap().to_owned();
+    assert_eq!(
+        published,
+        format!("conv:fi:{}/turn_1/out/report.md", rig.conv)
+    );
+    assert_eq!(results[2]["download"], format!("/v1/files/{published}"));
+    assert!(log
+        .blocks
+        .iter()
+        .any(|b| matches!(b, Block::File { path, .. } if path == "out/report.md")));
+    assert_eq!(replies(&log), [format!("Your report: {published}")]);
+
+    // The streamed words of the reply arrived as advisory deltas, then a "new rows" tick.
+    let mut streamed = String::new();
+    let deadline = Instant::now() + LONG;
+    while Instant::now() < deadline {
+        let frame = tokio::time::timeout(LONG, live.next())
+            .await
+            .unwrap()
+            .unwrap();
+        match serde_json::from_slice::<LiveFrame>(&frame).unwrap() {
+            LiveFrame::Delta { text, .. } => streamed.push_str(&text),
+            LiveFrame::Rows { .. } => break,
+        }
+    }
+    assert_eq!(streamed, format!("Your report: {published}"));
+
+    // Turn two sees turn one's file by reference and pulls it.
+    rig.say("show the report again").await;
+    rig.wait_turns(2).await;
+    let log = rig.log(2).await;
+    let read = log
+        .blocks
+        .iter()
+        .find_map(|b| match b {
+            Block::ToolResult { output, .. } if output.get("text").is_some() => Some(output),
+            _ => None,
+        })
+        .expect("read_file answered");
+    assert_eq!(read["text"], "# Report\nfrom the notes");
+
+    // Another user's reference is the same "not found" as a missing one; paths cannot escape.
+    let other = Conversations::new(rig.conversations.store().clone());
+    let stranger: turnpike_schemas::Identity = "oidc:acme:u-99".parse().unwrap();
+    let (theirs, _, _) = other
+        .create(
+            &signer(),
+            turnpike_artifactory::NewConversation {
+                tenant: tenant(),
+                owner: stranger,
+                app: "support".parse().unwrap(),
+                agent: "helper".parse().unwrap(),
+                at_ms: 1,
+            },
+        )
+        .await
+        .unwrap();
+    let secret = files
+        .host(
+            &ConversationPrefix::new(tenant(), theirs.conversation),
+            TurnId::FIRST,
+            &turnpike_schemas::RefPath::parse("secret.txt").unwrap(),
+            "secret".into(),
+        )
+        .await
+        .unwrap();
+    rig.say(&secret.to_string()).await;
+    rig.wait_turns(3).await;
+    let log = rig.log(3).await;
+    let errors: Vec<String> = log
+        .blocks
+        .iter()
+        .filter_map(|b| match b {
+            Block::ToolResult {
+                ok: false, output, ..
+            } => Some(output["error"].to_string()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(errors.len(), 2, "{:?}", log.blocks);
+    assert!(errors[0].contains("not found"), "{}", errors[0]);
+    assert!(
+        !errors[0].contains("secret\""),
+        "no bytes leak: {}",
+        errors[0]
+    );
+    assert!(errors[1].contains("../x"), "{}", errors[1]);
+
+    // Replay reproduces every turn without models or tools.
+    let logs = vec![rig.log(1).await, rig.log(2).await, rig.log(3).await];
+    let replays = turnpike_worker::replay::replay(&logs, None).await;
+    for r in &replays {
+        assert_eq!(r.divergence, None, "{}", r.turn);
+    }
+    rig.stop().await;
+}
+
+/// Writes `turns` committed turns straight to a record (no workers), with a compaction summary
+/// in turn `summary_at` when given.
+async fn build_conversation(
+    store: Arc<dyn ObjectStore>,
+    turns: u64,
+    summary_at: Option<u64>,
+) -> (ConversationPrefix, Record) {
+    let conv = ConversationId::new();
+    let prefix = ConversationPrefix::new(tenant(), conv);
+    let record = Record::new(store.clone(), prefix.clone());
+    let store_ref = store.clone();
+    let logs = TurnLogs::new(store);
+    let mut head = record.head().await.unwrap();
+    head = record.append(&signer(), &head, &[opened()]).await.unwrap();
+    for n in 1..=turns {
+        head = record
+            .append(
+                &signer(),
+                &head,
+                &batch_one(conv, n, &format!("question {n}")),
+            )
+            .await
+            .unwrap();
+        let turn = TurnId::new(n).unwrap();
+        let mut blocks = vec![Block::UserMessage {
+            text: format!("question {n}"),
+        }];
+        let mut two = Vec::new();
+        if summary_at == Some(n) {
+            let through = TurnId::new(n - 1).unwrap();
+            blocks.insert(
+                0,
+                Block::Summary {
+                    through,
+                    text: format!("turns 1..{} in short", n - 1),
+                },
+            );
+            two.push(EntryBody::CompactionMarker(CompactionMarker {
+                turn,
+                through,
+                summary: format!("turns 1..{} in short", n - 1),
+                model: "script".into(),
+                prompt: "summarise".into(),
+            }));
+        }
+        blocks.push(Block::AssistantMessage {
+            text: format!("answer {n}"),
+        });
+        logs.write(
+            &prefix,
+            &TurnLog {
+                version: TURN_LOG_VERSION,
+                conversation: conv,
+                turn,
+                agent: "helper".parse().unwrap(),
+                outcome: TurnOutcome::Replied,
+                blocks,
+            },
+        )
+        .await
+        .unwrap();
+        two.extend(batch_two(n, &format!("answer {n}")));
+        head = record.append(&signer(), &head, &two).await.unwrap();
+    }
+    // The head hint is written in the background; wait until it is there.
+    let deadline = Instant::now() + LONG;
+    let hint = object_store::path::Path::from(format!(
+        "tenants/{}/conversations/{conv}/record-head",
+        tenant()
+    ));
+    while object_store::ObjectStoreExt::get(store_ref.as_ref(), &hint)
+        .await
+        .is_err()
+    {
+        assert!(Instant::now() < deadline, "the head hint was never written");
+        tokio::task::yield_now().await;
+    }
+    (prefix, record)
+}
+
+#[tokio::test]
+async fn the_context_at_turn_200_reads_a_bounded_number_of_objects() {
+    let counting = CountingStore::new(Arc::new(InMemory::new()));
+    let store: Arc<dyn ObjectStore> = counting.clone();
+    let logs = TurnLogs::new(store.clone());
+    let (prefix, record) = build_conversation(store.clone(), 199, Some(195)).await;
+
+    counting.reset();
+    let head = record.head().await.unwrap();
+    let head_reads = counting.gets();
+    let timeline =
+        turnpike_worker::timeline::rebuild(&logs, &prefix, head.state(), TurnId::new(200).unwrap())
+            .await
+            .unwrap();
+    let log_reads = counting.gets() - head_reads;
+    assert_eq!(head.state().summary_turn, 195);
+    let turns: Vec<u64> = timeline.rows.iter().map(|r| r.turn().number()).collect();
+    assert_eq!(
+        timeline.logs_read, 5,
+        "the summary's turn and the four after it: {turns:?}"
+    );
+    assert_eq!(log_reads, 5);
+    assert_eq!(counting.lists(), 0, "no listing of the record");
+    assert!(
+        head_reads <= 10,
+        "finding the head read {head_reads} objects"
+    );
+    assert!(
+        matches!(&timeline.rows[0].block, Block::Summary { through, .. } if through.number() == 194)
+    );
+    assert_eq!(
+        timeline.rows[0].reference.to_string(),
+        format!("conv:tl:{}/turn_195/blocks/0", prefix.conversation())
+    );
+    let last = timeline.rows.last().unwrap();
+    assert!(matches!(&last.block, Block::AssistantMessage { text } if text == "answer 199"));
+
+    // Without a summary the same rebuild reads every turn: the counter does count.
+    let (prefix, record) = build_conversation(store.clone(), 40, None).await;
+    let head = record.head().await.unwrap();
+    counting.reset();
+    let timeline =
+        turnpike_worker::timeline::rebuild(&logs, &prefix, head.state(), TurnId::new(41).unwrap())
+            .await
+            .unwrap();
+    assert_eq!(counting.gets(), 40);
+    assert_eq!(timeline.rows.len(), 80);
+}

@@ -1,0 +1,270 @@
+//! The `openai` provider against a real HTTP server that speaks the chat-completions protocol:
+//! streamed deltas, tool calls (parallel, arguments in fragments), a stalled stream, a 429 then
+//! success, and a 400.
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use axum::{Json, Router};
+use serde_json::{json, Value};
+use tokio::sync::{mpsc, watch};
+use turnpike_worker::model::openai::{OpenAi, OpenAiConfig};
+use turnpike_worker::model::{
+    CallContext, Message, ModelErrorKind, ModelProvider, ModelRequest, Role, ToolSpec,
+};
+
+#[derive(Clone, Default)]
+struct Seen {
+    requests: Arc<Mutex<HashMap<String, Vec<(Value, Option<String>)>>>>,
+}
+
+fn sse(chunks: Vec<Value>, then_hang: bool) -> Response {
+    let (tx, rx) = mpsc::channel::<Result<String, Infallible>>(16);
+    tokio::spawn(async move {
+        for c in chunks {
+            let _ = tx.send(Ok(format!("data: {c}\n\n"))).await;
+        }
+        if then_hang {
+            // Keep the connection open, sending nothing, until the client gives up.
+            tx.closed().await;
+        } else {
+            let _ = tx.send(Ok("data: [DONE]\n\n".into())).await;
+        }
+    });
+    let stream = futures::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|item| (item, rx))
+    });
+    Response::builder()
+        .header("content-type", "text/event-stream")
+        .body(Body::from_stream(stream))
+        .unwrap()
+}
+
+fn delta(content: Value) -> Value {
+    json!({"choices": [{"index": 0, "delta": content, "finish_reason": null}]})
+}
+
+async fn completions(
+    State(seen): State<Seen>,
+    headers: HeaderMap,
+    Json(body): Json<Value>,
+) -> Response {
+    let model = body["model"].as_str().unwrap_or_default().to_owned();
+    let auth = headers
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    let attempt = {
+        let mut requests = seen.requests.lock().unwrap();
+        let list = requests.entry(model.clone()).or_default();
+        list.push((body.clone(), auth));
+        list.len()
+    };
+    match model.as_str() {
+        "text" => sse(
+            vec![
+                delta(json!({"role": "assistant", "content": ""})),
+                delta(json!({"content": "Hel"})),
+                delta(json!({"content": "lo, "})),
+                delta(json!({"content": "world"})),
+                json!({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}),
+                json!({"choices": [], "usage": {"prompt_tokens": 12, "completion_tokens": 3, "total_tokens": 15}}),
+            ],
+            false,
+        ),
+        "tools" => sse(
+            vec![
+                delta(json!({"tool_calls": [
+                    {"index": 0, "id": "call_a", "type": "function", "function": {"name": "read_file", "arguments": ""}},
+                    {"index": 1, "id": "call_b", "type": "function", "function": {"name": "list_files", "arguments": "{\"pa"}}]})),
+                delta(json!({"tool_calls": [{"index": 0, "function": {"arguments": "{\"path\": "}}]})),
+                delta(json!({"tool_calls": [{"index": 1, "function": {"arguments": "th\": \"docs\"}"}}]})),
+                delta(json!({"tool_calls": [{"index": 0, "function": {"arguments": "\"a.txt\"}"}}]})),
+                json!({"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]}),
+            ],
+            false,
+        ),
+        "stall" => sse(vec![delta(json!({"content": "thinking"}))], true),
+        "flaky" if attempt == 1 => (
+            StatusCode::TOO_MANY_REQUESTS,
+            [("retry-after", "0")],
+            Json(json!({"error": {"message": "slow down"}})),
+        )
+            .into_response(),
+        "flaky" => sse(vec![delta(json!({"content": "ok after a retry"}))], false),
+        _ => (
+            StatusCode::BAD_REQUEST,
+            Json(json!({"error": {"message": format!("model {model:?} does not exist"), "type": "invalid_request_error"}})),
+        )
+            .into_response(),
+    }
+}
+
+async fn server() -> (String, Seen) {
+    let seen = Seen::default();
+    let app = Router::new()
+        .route("/v1/chat/completions", post(completions))
+        .with_state(seen.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    (format!("http://{addr}/v1"), seen)
+}
+
+fn provider(base_url: String) -> OpenAi {
+    OpenAi::new(OpenAiConfig {
+        base_url,
+        api_key_env: Some("TURNPIKE_TEST_OPENAI_KEY".into()),
+        connect_timeout: Duration::from_secs(5),
+        stall_timeout: Duration::from_millis(500),
+        deadline: Duration::from_secs(30),
+        max_retries: 2,
+        backoff: Duration::from_millis(10),
+    })
+    .unwrap()
+}
+
+fn request(model: &str) -> ModelRequest {
+    ModelRequest {
+        model: model.into(),
+        messages: vec![
+            Message::new(Role::System, "be brief"),
+            Message::new(Role::User, "hi"),
+        ],
+        tools: vec![ToolSpec {
+            name: "read_file".into(),
+            description: "read".into(),
+            parameters: json!({"type": "object"}),
+        }],
+        turn_start: 1,
+        closing: false,
+        max_tokens: None,
+    }
+}
+
+fn context() -> (CallContext, mpsc::UnboundedReceiver<String>) {
+    let (tx, rx) = mpsc::unbounded_channel();
+    let (_arrivals_tx, arrivals) = watch::channel(0);
+    (CallContext::new(Some(tx), arrivals), rx)
+}
+
+fn set_key() {
+    // Every test sets the same value; tests in this file never unset it.
+    unsafe { std::env::set_var("TURNPIKE_TEST_OPENAI_KEY", "sk-test-123") };
+}
+
+#[tokio::test]
+async fn streamed_text_arrives_as_deltas_with_usage_and_the_key() {
+    set_key();
+    let (url, seen) = server().await;
+    let (mut cx, mut deltas) = context();
+    let reply = provider(url)
+        .complete(&request("text"), &mut cx)
+        .await
+        .unwrap();
+    assert_eq!(reply.text, "Hello, world");
+    assert!(reply.tool_calls.is_empty());
+    assert_eq!(reply.finish_reason.as_deref(), Some("stop"));
+    let usage = reply.usage.unwrap();
+    assert_eq!((usage.prompt_tokens, usage.completion_tokens), (12, 3));
+    let mut streamed = Vec::new();
+    while let Ok(d) = deltas.try_recv() {
+        streamed.push(d);
+    }
+    assert_eq!(streamed, ["Hel", "lo, ", "world"]);
+    let requests = seen.requests.lock().unwrap();
+    let (body, auth) = &requests["text"][0];
+    assert_eq!(auth.as_deref(), Some("Bearer sk-test-123"));
+    assert_eq!(body["stream"], true);
+    assert_eq!(body["messages"][1]["role"], "user");
+    assert_eq!(body["tools"][0]["function"]["name"], "read_file");
+}
+
+#[tokio::test]
+async fn parallel_tool_calls_are_assembled_from_fragments() {
+    set_key();
+    let (url, _) = server().await;
+    let (mut cx, _) = context();
+    let reply = provider(url)
+        .complete(&request("tools"), &mut cx)
+        .await
+        .unwrap();
+    assert_eq!(reply.tool_calls.len(), 2);
+    assert_eq!(reply.tool_calls[0].id, "call_a");
+    assert_eq!(reply.tool_calls[0].name, "read_file");
+    assert_eq!(reply.tool_calls[0].arguments, json!({"path": "a.txt"}));
+    assert_eq!(reply.tool_calls[1].name, "list_files");
+    assert_eq!(reply.tool_calls[1].arguments, json!({"path": "docs"}));
+    assert_eq!(reply.finish_reason.as_deref(), Some("tool_calls"));
+}
+
+#[tokio::test]
+async fn a_stalled_stream_times_out_and_is_not_retried() {
+    set_key();
+    let (url, seen) = server().await;
+    let (mut cx, mut deltas) = context();
+    let err = provider(url)
+        .complete(&request("stall"), &mut cx)
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind, ModelErrorKind::Timeout, "{err}");
+    assert!(err.message.contains("stalled"), "{err}");
+    assert_eq!(deltas.try_recv().unwrap(), "thinking");
+    assert_eq!(
+        seen.requests.lock().unwrap()["stall"].len(),
+        1,
+        "streamed calls are not retried"
+    );
+}
+
+#[tokio::test]
+async fn a_429_is_retried_then_succeeds() {
+    set_key();
+    let (url, seen) = server().await;
+    let (mut cx, _) = context();
+    let reply = provider(url)
+        .complete(&request("flaky"), &mut cx)
+        .await
+        .unwrap();
+    assert_eq!(reply.text, "ok after a retry");
+    assert_eq!(seen.requests.lock().unwrap()["flaky"].len(), 2);
+}
+
+#[tokio::test]
+async fn a_400_is_a_clear_error_and_not_retried() {
+    set_key();
+    let (url, seen) = server().await;
+    let (mut cx, _) = context();
+    let err = provider(url)
+        .complete(&request("nope"), &mut cx)
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind, ModelErrorKind::Rejected);
+    assert!(err.message.contains("400"), "{err}");
+    assert!(
+        err.message.contains("model \"nope\" does not exist"),
+        "{err}"
+    );
+    assert_eq!(seen.requests.lock().unwrap()["nope"].len(), 1);
+}
+
+#[tokio::test]
+async fn an_unreachable_endpoint_is_unavailable_after_retries() {
+    set_key();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}/v1", listener.local_addr().unwrap());
+    drop(listener);
+    let (mut cx, _) = context();
+    let err = provider(url)
+        .complete(&request("text"), &mut cx)
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind, ModelErrorKind::Unavailable, "{err}");
+}
