@@ -20,9 +20,13 @@ use turnpike_worker::model::{
     CallContext, Message, ModelErrorKind, ModelProvider, ModelRequest, Role, ToolSpec,
 };
 
+/// A request body and its authorization header.
+type Request = (Value, Option<String>);
+
+/// Every request the server saw, by model.
 #[derive(Clone, Default)]
 struct Seen {
-    requests: Arc<Mutex<HashMap<String, Vec<(Value, Option<String>)>>>>,
+    requests: Arc<Mutex<HashMap<String, Vec<Request>>>>,
 }
 
 fn sse(chunks: Vec<Value>, then_hang: bool) -> Response {
