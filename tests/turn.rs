@@ -25,7 +25,7 @@ use turnpike_tests::lanes::{create_conversations, wait_for_turns};
 use turnpike_worker::agent_loop::{CANCELLED_RESULT, CLOSING_PROMPT, FALLBACK_REPLY};
 use turnpike_worker::model::ToolSpec;
 use turnpike_worker::tools::{Tool, ToolContext, ToolOutput};
-use turnpike_worker::{Apps, Manifest, Registry, Worker, WorkerConfig, WorkerPool};
+use turnpike_worker::{Apps, Registry, Worker, WorkerConfig, WorkerPool};
 
 const LONG: Duration = Duration::from_secs(30);
 
