@@ -63,6 +63,10 @@ pub struct Global {
     #[arg(long, global = true, env = "TURNPIKE_REPLICAS", default_value_t = 1)]
     pub replicas: usize,
 
+    /// A folder of app manifests (`*.toml`) to host besides `<data-dir>/apps`.
+    #[arg(long, global = true, env = "TURNPIKE_APPS")]
+    pub apps: Option<PathBuf>,
+
     /// Log format.
     #[arg(long, global = true, env = "TURNPIKE_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
@@ -191,6 +195,11 @@ pub enum ConversationCommand {
         conversation: ConversationId,
         #[command(flatten)]
         actor: Actor,
+        /// Changes one recorded step and reports where the replay diverges:
+        /// `turn_<n>/output/<k>=<text>` (the k-th model output of turn n says <text>) or
+        /// `turn_<n>/result/<call_id>=<json>` (a tool call's result is <json>).
+        #[arg(long)]
+        what_if: Option<turnpike_worker::replay::WhatIf>,
     },
     /// Creates a conversation owned by the actor and prints its id.
     Create {

@@ -2,10 +2,16 @@
 
 use anyhow::{bail, Context as _, Result};
 use std::path::PathBuf;
+use std::sync::Arc;
 use turnpike_artifactory::{open_store, Checkpoint, Conversations, RecordSigner, TrustedKeys};
 use turnpike_schemas::ConversationId;
+use turnpike_worker::{Apps, EchoAgent, Registry};
 
 use crate::cli::Global;
+
+/// The built-in demo app: its manifest and its script.
+const DEMO_MANIFEST: &str = include_str!("../apps/demo.toml");
+const DEMO_SCRIPT: &str = include_str!("../apps/demo.script.toml");
 
 /// Everything a command needs from the configuration.
 pub struct Env {
@@ -13,6 +19,7 @@ pub struct Env {
     pub signer: RecordSigner,
     pub trusted: TrustedKeys,
     data_dir: PathBuf,
+    apps_dir: Option<PathBuf>,
 }
 
 impl Env {
@@ -50,7 +57,38 @@ impl Env {
             signer,
             trusted: TrustedKeys::new(keys),
             data_dir: global.data_dir.clone(),
+            apps_dir: global.apps.clone(),
         })
+    }
+
+    /// The apps this process hosts: the manifests under `<data-dir>/apps` (the built-in demo
+    /// app is written there when missing; `overwrite_demo` rewrites it) and under `--apps`.
+    /// Conversations of an app hosted nowhere get the echo app. A bad manifest is refused
+    /// with its file, field and reason.
+    pub fn apps(&self, overwrite_demo: bool) -> Result<Arc<Apps>> {
+        let dir = self.data_dir.join("apps");
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        for (name, text) in [
+            ("demo.toml", DEMO_MANIFEST),
+            ("demo.script.toml", DEMO_SCRIPT),
+        ] {
+            let path = dir.join(name);
+            if overwrite_demo || !path.exists() {
+                std::fs::write(&path, text)
+                    .with_context(|| format!("writing {}", path.display()))?;
+            }
+        }
+        let registry = Registry::builtin();
+        let mut apps = Apps::new()
+            .with_fallback(Arc::new(EchoAgent))
+            .load_dir(&dir, &registry)
+            .map_err(anyhow::Error::msg)?;
+        if let Some(extra) = &self.apps_dir {
+            apps = apps
+                .load_dir(extra, &registry)
+                .map_err(anyhow::Error::msg)?;
+        }
+        Ok(Arc::new(apps))
     }
 
     fn checkpoint_path(&self, conversation: ConversationId) -> PathBuf {

@@ -72,18 +72,95 @@ fn edit(path: &Path, from: &str, to: &str) {
 const ACTOR: &str = "oidc:acme:u-17";
 
 #[test]
-fn demo_runs_turns_verifies_and_replays() {
+fn demo_runs_a_multi_turn_conversation_with_tools_files_and_a_folded_follow_up() {
     let cli = Cli::new();
     let out = cli.run(&["demo"]);
     assert!(out.status.success(), "{}", text(&out));
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(stdout.contains("turn_3 [replied]"), "{stdout}");
+    for expected in [
+        "turn_1 [replied]",
+        "turn_2 [replied]",
+        "attachment (local:demo-user): notes.txt at conv:at:",
+        "(folded into the running turn) follow-up (local:demo-user): Also list the action items",
+        "tool call call_1_0 pull(",
+        "tool call call_3_0 publish(",
+        "download: /v1/files/conv:fi:",
+        "turn_1: reproduced",
+        "turn_2: reproduced",
+        "verified conv_",
+    ] {
+        assert!(
+            stdout.contains(expected),
+            "missing {expected:?} in\n{stdout}"
+        );
+    }
+    // Turn 2 read turn 1's published report by reference.
     assert!(
-        stdout.contains("assistant: echo: hello, turnpike"),
+        stdout.contains(r##""text":"# Meeting report"##),
         "{stdout}"
     );
-    assert!(stdout.contains("verified conv_"), "{stdout}");
+    // The follow-up reached the report written in the same turn.
+    assert!(
+        stdout.contains("covers your follow-up too: \"Also list the action items, please.\""),
+        "{stdout}"
+    );
     assert!(cli.data.path().join("keys/record-signing.key").is_file());
+    assert!(cli.data.path().join("apps/demo.toml").is_file());
+
+    // Replay with a what-if reports where it diverges.
+    let conv = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("created "))
+        .and_then(|l| l.split_whitespace().next())
+        .unwrap()
+        .to_owned();
+    let what_if = cli.run(&[
+        "conversation",
+        "replay",
+        &conv,
+        "--actor",
+        "local:demo-user",
+        "--what-if",
+        "turn_1/result/call_3_0={\"error\":\"disk full\"}",
+    ]);
+    assert!(what_if.status.success(), "{}", text(&what_if));
+    let report = String::from_utf8_lossy(&what_if.stdout);
+    assert!(
+        report.contains("DIVERGES: turn_1 diverges at block 10") && report.contains("disk full"),
+        "{report}"
+    );
+    let bad = cli.run(&[
+        "conversation",
+        "replay",
+        &conv,
+        "--actor",
+        "local:demo-user",
+        "--what-if",
+        "turn_1/step/3=x",
+    ]);
+    assert_eq!(bad.status.code(), Some(2), "{}", text(&bad));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("turn_<n>/output/<k>"));
+}
+
+#[test]
+fn a_bad_manifest_is_refused_at_start_with_its_file_field_and_reason() {
+    let cli = Cli::new();
+    let apps = cli.data.path().join("my-apps");
+    std::fs::create_dir_all(&apps).unwrap();
+    std::fs::write(
+        apps.join("shop.toml"),
+        "app = \"shop\"\n[agents.clerk]\nprovider = \"openai\"\nmodel = \"m\"\ntools = [\"teleport\"]\n",
+    )
+    .unwrap();
+    let out = cli.run(&["--apps", apps.to_str().unwrap(), "serve"]);
+    assert!(!out.status.success(), "{}", text(&out));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("shop.toml")
+            && stderr.contains("agents.clerk.tools")
+            && stderr.contains("unknown tool \"teleport\""),
+        "{stderr}"
+    );
 }
 
 #[test]

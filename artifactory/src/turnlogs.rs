@@ -41,6 +41,17 @@ impl TurnLogs {
 
     /// Reads a turn's log: one fetch.
     pub async fn read(&self, prefix: &ConversationPrefix, turn: TurnId) -> Result<TurnLog> {
+        self.read_checked(prefix, turn, None).await
+    }
+
+    /// Reads a turn's log and, when `sha256` (hex) is given — from the signed record's
+    /// `turn_complete` — refuses a log whose bytes do not match it.
+    pub async fn read_checked(
+        &self,
+        prefix: &ConversationPrefix,
+        turn: TurnId,
+        sha256: Option<&str>,
+    ) -> Result<TurnLog> {
         let what = format!("reading the log of {turn} of {}", prefix.conversation());
         let bytes = self
             .store
@@ -50,6 +61,15 @@ impl TurnLogs {
             .bytes()
             .await
             .map_err(|e| Error::store(&what, e))?;
+        if let Some(expected) = sha256 {
+            let actual = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(&bytes));
+            if actual != expected {
+                return Err(Error::new(
+                    ErrorKind::Corrupt,
+                    format!("{what}: its bytes do not match the digest the record signed"),
+                ));
+            }
+        }
         let log: TurnLog = serde_json::from_slice(&bytes)
             .map_err(|e| Error::with_source(ErrorKind::Corrupt, format!("{what}: {e}"), e))?;
         if log.version != TURN_LOG_VERSION {

@@ -7,6 +7,8 @@ use turnpike_artifactory::record::TurnView;
 use turnpike_artifactory::{DirectoryEntry, Transcript};
 use turnpike_schemas::{ConversationId, EntryBody, EventBody, Identity};
 
+use turnpike_worker::replay::WhatIf;
+
 use crate::cli::ConversationCommand;
 use crate::env::{now_ms, Env};
 
@@ -20,7 +22,22 @@ pub async fn run(env: &Env, command: ConversationCommand) -> Result<ExitCode> {
         ConversationCommand::Replay {
             conversation,
             actor,
-        } => replay(env, conversation, &actor.identity).await,
+            what_if,
+        } => {
+            let (entry, record) = env
+                .conversations
+                .open(conversation, &actor.identity)
+                .await?;
+            let transcript = Transcript::from_entries(&record.entries().await?);
+            print_transcript(&entry, &transcript);
+            println!();
+            let same = replay_report(env, conversation, &actor.identity, what_if.as_ref()).await?;
+            Ok(if same || what_if.is_some() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(1)
+            })
+        }
         ConversationCommand::Create {
             actor,
             tenant,
@@ -77,11 +94,57 @@ pub async fn verify(
     }
 }
 
-async fn replay(env: &Env, conversation: ConversationId, actor: &Identity) -> Result<ExitCode> {
+/// Re-runs the committed turns from their recorded outputs (no live model or tool is called),
+/// applying `what_if` if given, and prints where each turn matches or diverges. Turn logs are
+/// checked against the digests the signed record holds. Returns whether every turn
+/// reproduced its record.
+pub async fn replay_report(
+    env: &Env,
+    conversation: ConversationId,
+    actor: &Identity,
+    what_if: Option<&WhatIf>,
+) -> Result<bool> {
     let (entry, record) = env.conversations.open(conversation, actor).await?;
     let transcript = Transcript::from_entries(&record.entries().await?);
-    print_transcript(&entry, &transcript);
-    Ok(ExitCode::SUCCESS)
+    let logs = env.conversations.turn_logs();
+    let mut recorded = Vec::new();
+    for view in &transcript.committed {
+        let Some(complete) = &view.complete else {
+            continue;
+        };
+        let log = logs
+            .read_checked(&entry.prefix(), view.turn, complete.log_sha256.as_deref())
+            .await?;
+        recorded.push(log);
+    }
+    match what_if {
+        Some(w) => println!("replay of {conversation} with a what-if ({w:?}):"),
+        None => {
+            println!("replay of {conversation} (recorded outputs; no model or tool is called):")
+        }
+    }
+    let replays = turnpike_worker::replay::replay(&recorded, what_if).await;
+    let mut same = true;
+    for r in &replays {
+        match &r.divergence {
+            None => println!(
+                "  {}: reproduced ({} blocks, {}){}",
+                r.turn,
+                r.blocks.len(),
+                format!("{:?}", r.recorded_outcome).to_lowercase(),
+                if r.context_changed {
+                    " — on a history changed by an earlier divergence; a live model could answer differently"
+                } else {
+                    ""
+                }
+            ),
+            Some(d) => {
+                same = false;
+                println!("  DIVERGES: {d}");
+            }
+        }
+    }
+    Ok(same)
 }
 
 async fn repair(env: &Env, conversation: ConversationId, actor: &Identity) -> Result<ExitCode> {
@@ -144,9 +207,17 @@ fn print_turn(view: &TurnView) {
         (None, None) => "not completed".to_owned(),
     };
     println!("{} [{status}]", view.turn);
+    let mut dispatched = false;
     for entry in &view.entries {
+        dispatched |= matches!(entry.body, EntryBody::TurnDispatched(_));
         if let Some(line) = describe(&entry.body) {
-            println!("  {line}");
+            // Inputs committed after the dispatch arrived while the turn ran.
+            let folded = if dispatched && entry.body.as_input().is_some() {
+                "(folded into the running turn) "
+            } else {
+                ""
+            };
+            println!("  {folded}{line}");
         }
     }
 }
@@ -158,6 +229,9 @@ pub fn describe(body: &EntryBody) -> Option<String> {
             EventBody::Message { text } => format!("user ({who}): {text}"),
             EventBody::FollowUp { text } => format!("follow-up ({who}): {text}"),
             EventBody::Steer { text } => format!("steer ({who}): {text}"),
+            EventBody::Attachment {
+                name, reference, ..
+            } => format!("attachment ({who}): {name} at {reference}"),
             other => format!("{} ({who})", other.kind_name()),
         });
     }
@@ -167,7 +241,18 @@ pub fn describe(body: &EntryBody) -> Option<String> {
             "tool call {} {}({})",
             c.call_id, c.tool, c.arguments
         )),
-        EntryBody::ToolResult(r) => Some(format!("tool result {} ok={}", r.call_id, r.ok)),
+        EntryBody::ToolResult(r) => {
+            let mut output = r.output.to_string();
+            if output.len() > 160 {
+                let cut = (0..=160)
+                    .rev()
+                    .find(|i| output.is_char_boundary(*i))
+                    .unwrap_or(0);
+                output.truncate(cut);
+                output.push('…');
+            }
+            Some(format!("tool result {} ok={}: {output}", r.call_id, r.ok))
+        }
         EntryBody::Error(e) => Some(format!("error: {}", e.message)),
         EntryBody::Cancelled(c) => Some(format!(
             "cancelled: {}",

@@ -1,90 +1,215 @@
 //! `turnpike demo`: the whole system on the embedded default, start to finish.
 //!
-//! It creates a conversation under the data directory, starts two workers on the embedded bus,
-//! sends messages through ingress onto the conversation's lane, waits until the workers have
-//! committed every turn (batch one, the agent, batch two), then prints the transcript and
-//! verifies the signed record. Later issues grow the agent (tools, files, a real model).
+//! It hosts the built-in demo app (a scripted assistant: the `script` model provider, real
+//! tools), creates a conversation, attaches a file, and sends a message. Two workers on the
+//! embedded bus run the turn: batch one commits, the agent pulls the attachment through the
+//! resolver, a follow-up sent meanwhile is folded into the running turn, a report is written in
+//! the turn's workspace and published as a hosted file, and batch two commits. A second turn
+//! finds the report by its reference. Then it prints the transcript, the references, a replay
+//! of the record, and the result of `verify`.
 
 use std::process::ExitCode;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
-use turnpike_artifactory::Transcript;
+use futures::StreamExt as _;
+use turnpike_artifactory::{Files, NewConversation, Record, Transcript};
 use turnpike_router::Ingress;
-use turnpike_schemas::{EventBody, Identity};
+use turnpike_schemas::live::LiveFrame;
+use turnpike_schemas::{Block, ConversationId, EventBody, Identity, TurnId};
+use turnpike_worker::{WorkerConfig, WorkerPool};
 
 use crate::cli::Global;
-use crate::commands::conversation::{print_transcript, verify};
-use crate::commands::record::create;
-use crate::commands::runtime::{open_bus, run_until_committed};
-use crate::env::Env;
+use crate::commands::conversation::{print_transcript, replay_report, verify};
+use crate::commands::runtime::{open_bus, workers};
+use crate::env::{now_ms, Env};
+
+const NOTES: &str = "Launch sync, Monday.\n- The launch moves to Thursday.\n- Ana owns the checklist.\n- Ben checks the billing migration.\n";
 
 pub async fn run(global: &Global) -> Result<ExitCode> {
     if global.nats_url.is_some() {
         bail!("the demo runs on the embedded default; drop --nats-url");
     }
     let env = Env::open(global)?;
+    let apps = env.apps(true)?;
     let bus = open_bus(global, Duration::from_secs(30)).await?;
     let owner: Identity = "local:demo-user".parse()?;
     println!("data directory: {}", global.data_dir.display());
-    let (entry, record, _) = create(&env, owner.clone()).await?;
-    println!("created {} for {owner}", entry.conversation);
+    let (entry, record, _) = env
+        .conversations
+        .create(
+            &env.signer,
+            NewConversation {
+                tenant: "default".parse()?,
+                owner: owner.clone(),
+                app: "demo".parse()?,
+                agent: "assistant".parse()?,
+                at_ms: now_ms(),
+            },
+        )
+        .await?;
+    let conversation = entry.conversation;
+    println!("created {conversation} for {owner} (app demo, agent assistant: a scripted model)");
+
+    let files = Files::new(env.conversations.store().clone());
+    let attachment = files
+        .attach(&entry.prefix(), TurnId::FIRST, "notes.txt", NOTES.into())
+        .await?;
+    println!("stored an attachment: {attachment}");
 
     let ingress = Ingress::new(bus.clone(), env.conversations.clone());
-    let events = [
-        EventBody::Message {
-            text: "hello, turnpike".into(),
-        },
-        EventBody::FollowUp {
-            text: "and a follow-up right behind it".into(),
-        },
-        EventBody::Message {
-            text: "what did I say first?".into(),
-        },
-        EventBody::Message {
-            text: "thanks, that's all".into(),
-        },
-    ];
-    let mut last_seq = 0;
-    for (i, body) in events.into_iter().enumerate() {
-        let key = format!("demo-{i}");
-        let (event, published) = ingress
-            .submit(&owner, entry.conversation, body.clone(), Some(key.clone()))
-            .await?;
-        last_seq = published.seq;
-        println!(
-            "sent {} {} (lane sequence {})",
-            body.kind_name(),
-            event.id,
-            published.seq
-        );
-        if i == 0 {
-            // A client retrying the same request: accepted once.
-            let (_, again) = ingress
-                .submit(&owner, entry.conversation, body, Some(key))
+    let mut live = bus.subscribe_live(conversation).await?;
+    let streamed = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let deltas = {
+        let streamed = streamed.clone();
+        tokio::spawn(async move {
+            while let Some(frame) = live.next().await {
+                if let Ok(LiveFrame::Delta { .. }) = serde_json::from_slice(&frame) {
+                    streamed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+            }
+        })
+    };
+    let send = |body: EventBody, key: &str| {
+        let (ingress, owner, key) = (ingress.clone(), owner.clone(), key.to_owned());
+        async move {
+            let kind = body.kind_name();
+            let (event, published) = ingress
+                .submit(&owner, conversation, body, Some(key))
                 .await?;
             println!(
-                "  retried with the same idempotency key: duplicate={}",
-                again.duplicate
+                "sent {kind} {} (lane sequence {}{})",
+                event.id,
+                published.seq,
+                if published.duplicate {
+                    ", a duplicate"
+                } else {
+                    ""
+                }
             );
+            anyhow::Ok(published)
         }
-    }
+    };
+    send(
+        EventBody::Attachment {
+            name: "notes.txt".into(),
+            media_type: "text/plain".into(),
+            size: NOTES.len() as u64,
+            reference: attachment.clone(),
+        },
+        "demo-attach",
+    )
+    .await?;
+    let message = EventBody::Message {
+        text: "Please summarise the attached notes into a report.".into(),
+    };
+    send(message.clone(), "demo-1").await?;
+    // A client retrying the same request: accepted once.
+    send(message, "demo-1").await?;
 
-    println!("running two workers until every event is committed");
-    run_until_committed(&env, bus, &record, last_seq, 2).await?;
+    println!("starting two workers");
+    let pool = WorkerPool::start(workers(&env, &bus, &apps, 2, &WorkerConfig::default()));
+    wait(&record, |s| s.last_turn >= 1, "turn_1 to start").await?;
+    send(
+        EventBody::FollowUp {
+            text: "Also list the action items, please.".into(),
+        },
+        "demo-2",
+    )
+    .await?;
+    wait(
+        &record,
+        |s| s.last_turn >= 1 && !s.turn_open,
+        "turn_1 to finish",
+    )
+    .await?;
+    send(
+        EventBody::Message {
+            text: "What does the report from before say?".into(),
+        },
+        "demo-3",
+    )
+    .await?;
+    wait(
+        &record,
+        |s| s.last_turn >= 2 && !s.turn_open,
+        "turn_2 to finish",
+    )
+    .await?;
+    pool.stop().await;
+    deltas.abort();
+    let streamed = streamed.load(std::sync::atomic::Ordering::Relaxed);
 
     println!();
     let transcript = Transcript::from_entries(&record.entries().await?);
     print_transcript(&entry, &transcript);
     println!();
-    let code = verify(&env, entry.conversation, &owner, false).await?;
-    println!(
-        "\ntry: turnpike conversation replay {} --actor {owner}",
-        entry.conversation
-    );
-    println!(
-        "     turnpike send {} --actor {owner} --text hi && turnpike serve",
-        entry.conversation
-    );
+    print_references(&env, &entry.prefix(), conversation, 2).await?;
+    println!("live: {streamed} streamed deltas were published on tp.live.{conversation} while the turns ran");
+    println!();
+    let replay_ok = replay_report(&env, conversation, &owner, None).await?;
+    println!();
+    let code = verify(&env, conversation, &owner, false).await?;
+    println!("\ntry: turnpike conversation replay {conversation} --actor {owner} --what-if 'turn_1/output/4=a different reply'");
+    println!("     turnpike serve   (then point an agent at a real endpoint: see README)");
+    if !replay_ok {
+        return Ok(ExitCode::from(1));
+    }
     Ok(code)
+}
+
+/// Waits, polling the record's head, until `done` holds.
+async fn wait(
+    record: &Record,
+    done: impl Fn(&turnpike_schemas::entry::RecordState) -> bool,
+    what: &str,
+) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let head = record.head().await?;
+        if done(head.state()) {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "gave up waiting for {what} (record state {:?})",
+                head.state()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Prints every reference the turns made: hosted files (with their download path) and the
+/// turn logs.
+async fn print_references(
+    env: &Env,
+    prefix: &turnpike_artifactory::ConversationPrefix,
+    conversation: ConversationId,
+    turns: u64,
+) -> Result<()> {
+    println!("references:");
+    let logs = env.conversations.turn_logs();
+    for n in 1..=turns {
+        let turn = TurnId::new(n).expect("non-zero");
+        let log = logs.read(prefix, turn).await?;
+        println!(
+            "  conv:tl:{conversation}/{turn}/log.json  (the turn log, {} blocks)",
+            log.blocks.len()
+        );
+        for block in &log.blocks {
+            if let Block::File {
+                reference,
+                size,
+                media_type,
+                ..
+            } = block
+            {
+                println!(
+                    "  {reference}  ({size} bytes, {media_type}; download: /v1/files/{reference})"
+                );
+            }
+        }
+    }
+    Ok(())
 }

@@ -9,7 +9,7 @@ use tracing::info;
 use turnpike_artifactory::{Head, Record};
 use turnpike_router::embedded::{EmbeddedBus, EmbeddedConfig};
 use turnpike_router::{Bus, JetStreamBus, JetStreamConfig, Shards};
-use turnpike_worker::{Apps, EchoAgent, Fault, Worker, WorkerConfig, WorkerPool};
+use turnpike_worker::{Apps, Fault, Worker, WorkerConfig, WorkerPool};
 
 use crate::cli::{FaultArg, Global, ServeArgs, WorkerArgs};
 use crate::env::Env;
@@ -84,14 +84,21 @@ pub async fn shutdown_signal() {
     ctrl_c.await.unwrap_or(());
 }
 
-fn echo_workers(env: &Env, bus: &Arc<dyn Bus>, count: usize, config: &WorkerConfig) -> Vec<Worker> {
+/// `count` workers hosting `apps`.
+pub fn workers(
+    env: &Env,
+    bus: &Arc<dyn Bus>,
+    apps: &Arc<Apps>,
+    count: usize,
+    config: &WorkerConfig,
+) -> Vec<Worker> {
     (0..count.max(1))
         .map(|_| {
             Worker::new(
                 bus.clone(),
                 env.conversations.clone(),
                 env.signer.clone(),
-                Arc::new(Apps::new().with_fallback(Arc::new(EchoAgent))),
+                apps.clone(),
                 config.clone(),
             )
         })
@@ -104,7 +111,10 @@ async fn run_workers(
     count: usize,
     args: &WorkerArgs,
 ) -> Result<ExitCode> {
-    let pool = WorkerPool::start(echo_workers(env, &bus, count, &worker_config(args)));
+    let apps = env.apps(false)?;
+    let hosted: Vec<String> = apps.ids().iter().map(|a| a.to_string()).collect();
+    eprintln!("hosting apps: {}", hosted.join(", "));
+    let pool = WorkerPool::start(workers(env, &bus, &apps, count, &worker_config(args)));
     for id in pool.ids() {
         eprintln!("worker {id} ready");
     }
@@ -121,9 +131,16 @@ pub async fn run_until_committed(
     bus: Arc<dyn Bus>,
     record: &Record,
     seq: u64,
-    workers: usize,
+    count: usize,
 ) -> Result<Head> {
-    let pool = WorkerPool::start(echo_workers(env, &bus, workers, &WorkerConfig::default()));
+    let apps = env.apps(false)?;
+    let pool = WorkerPool::start(self::workers(
+        env,
+        &bus,
+        &apps,
+        count,
+        &WorkerConfig::default(),
+    ));
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
     let head = loop {
         let head = record.head().await?;

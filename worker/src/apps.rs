@@ -7,7 +7,7 @@
 //! tenants = ["acme"]            # optional: only these tenants (default: any)
 //!
 //! [agents.assistant]
-//! provider = "openai"           # "openai" | "script"
+//! provider = "openai"           # "openai" | "script" | "echo"
 //! model = "gpt-4o-mini"
 //! base_url = "https://api.openai.com/v1"   # openai only
 //! api_key_env = "OPENAI_API_KEY"           # openai only; the variable holding the key
@@ -311,6 +311,10 @@ impl Manifest {
                         agent.model.unwrap_or_else(|| "script".into()),
                     )
                 }
+                "echo" => (
+                    Arc::new(crate::model::echo::EchoModel),
+                    agent.model.unwrap_or_else(|| "echo".into()),
+                ),
                 "openai" => {
                     let Some(model) = agent.model else {
                         return Err(format!(
@@ -340,7 +344,7 @@ impl Manifest {
                 }
                 other => {
                     return Err(format!(
-                        "{}: unknown provider {other:?} (known: openai, script)",
+                        "{}: unknown provider {other:?} (known: openai, script, echo)",
                         field("provider")
                     ))
                 }

@@ -318,12 +318,15 @@ pub struct TurnReplay {
     pub outcome: std::result::Result<TurnOutcome, String>,
     pub blocks: Vec<Block>,
     pub divergence: Option<Divergence>,
+    /// An earlier turn diverged, so this one ran on a different history (its recorded outputs
+    /// were replayed as they are: a replay cannot think).
+    pub context_changed: bool,
 }
 
 /// Replays `logs` (a conversation's committed turns, in order), applying `what_if` if given.
 pub async fn replay(logs: &[TurnLog], what_if: Option<&WhatIf>) -> Vec<TurnReplay> {
     let mut history: Vec<Block> = Vec::new();
-    let mut out = Vec::new();
+    let mut out: Vec<TurnReplay> = Vec::new();
     for log in logs {
         let mut recorded = Recorded::from_blocks(&log.blocks);
         let recorded_calls: HashMap<String, (String, Value)> = recorded
@@ -386,7 +389,11 @@ pub async fn replay(logs: &[TurnLog], what_if: Option<&WhatIf>) -> Vec<TurnRepla
             replayed: blocks.get(i).cloned(),
         });
         history.extend(blocks.iter().cloned());
+        let context_changed = out
+            .iter()
+            .any(|r| r.divergence.is_some() || r.context_changed);
         out.push(TurnReplay {
+            context_changed,
             turn: log.turn,
             recorded_outcome: log.outcome,
             outcome,

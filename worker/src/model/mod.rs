@@ -1,11 +1,12 @@
 //! Model providers behind one trait: `openai` (any OpenAI-compatible chat-completions
-//! endpoint), `script` (a deterministic model read from a file) and `replay` (the outputs
-//! recorded in a conversation's record).
+//! endpoint), `script` (a deterministic model read from a file), `replay` (the outputs
+//! recorded in a conversation's record) and `echo` (repeats the user, for smoke tests).
 //!
 //! A provider turns a [`ModelRequest`] into one [`ModelReply`], streaming text deltas to the
 //! call's [`CallContext`] as they come. Cancelling is dropping the future: providers hold no
 //! state across calls that a drop could corrupt.
 
+pub mod echo;
 pub mod openai;
 pub use crate::replay::ReplayModel;
 pub mod script;
