@@ -265,6 +265,16 @@ pub enum BenchCommand {
         #[arg(long, default_value_t = 1)]
         workers: usize,
     },
+    /// Context rebuild time at turn 10, 100 and 1,000 of one conversation, with compaction off
+    /// and with a summary at turn 900, on the local filesystem.
+    Context {
+        /// Rebuilds measured per scenario.
+        #[arg(long, default_value_t = 50)]
+        samples: usize,
+        /// Where to write (a temporary directory under it); default: the system's temp dir.
+        #[arg(long)]
+        dir: Option<PathBuf>,
+    },
     /// Record appends per second and verify throughput on the local filesystem.
     Record {
         /// How many 1-entry batches to append (16-entry batches: a sixteenth of it).

@@ -17,6 +17,9 @@ use crate::cli::BenchCommand;
 pub async fn run(command: BenchCommand) -> Result<ExitCode> {
     match command {
         BenchCommand::Record { appends, dir } => record(appends.max(16), dir).await,
+        BenchCommand::Context { samples, dir } => {
+            super::bench_context::run(samples.max(5), dir).await
+        }
         BenchCommand::Lanes {
             nats,
             conversations,
@@ -37,13 +40,13 @@ pub async fn run(command: BenchCommand) -> Result<ExitCode> {
 }
 
 /// Latency percentiles and rate of a series of operations.
-struct Series {
-    samples: Vec<Duration>,
-    total: Duration,
+pub(crate) struct Series {
+    pub(crate) samples: Vec<Duration>,
+    pub(crate) total: Duration,
 }
 
 impl Series {
-    fn percentile(&self, p: f64) -> Duration {
+    pub(crate) fn percentile(&self, p: f64) -> Duration {
         let mut sorted = self.samples.clone();
         sorted.sort_unstable();
         let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;

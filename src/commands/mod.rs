@@ -1,6 +1,7 @@
 //! One module per command family.
 
 mod bench;
+mod bench_context;
 mod bench_lanes;
 mod conversation;
 mod demo;

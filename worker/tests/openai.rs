@@ -272,3 +272,128 @@ async fn an_unreachable_endpoint_is_unavailable_after_retries() {
         .unwrap_err();
     assert_eq!(err.kind, ModelErrorKind::Unavailable, "{err}");
 }
+
+/// A chat model for the multi-turn test: on a request whose last message is the user's, it
+/// asks to write a file; after a tool result it replies, saying how many messages it saw.
+async fn chat(State(seen): State<Seen>, Json(body): Json<Value>) -> Response {
+    seen.requests
+        .lock()
+        .unwrap()
+        .entry("chat".into())
+        .or_default()
+        .push((body.clone(), None));
+    let messages = body["messages"].as_array().cloned().unwrap_or_default();
+    let last = messages.last().cloned().unwrap_or_default();
+    if last["role"] == "user" {
+        let text = last["content"].as_str().unwrap_or_default();
+        let args = json!({"path": "note.txt", "content": text}).to_string();
+        sse(
+            vec![delta(json!({"tool_calls": [{"index": 0, "id": format!("call_{}", messages.len()),
+                "type": "function", "function": {"name": "write_file", "arguments": args}}]}))],
+            false,
+        )
+    } else {
+        sse(
+            vec![delta(json!({"content": format!("noted; I saw {} messages", messages.len())}))],
+            false,
+        )
+    }
+}
+
+#[tokio::test]
+async fn an_openai_agent_holds_a_multi_turn_conversation_through_a_worker() {
+    use turnpike_artifactory::{ConversationPrefix, Conversations, NewConversation, RecordSigner};
+    use turnpike_router::embedded::{EmbeddedBus, EmbeddedConfig};
+    use turnpike_router::{Bus, Ingress};
+    use turnpike_schemas::{Block, EventBody, Identity, TurnId};
+    use turnpike_worker::{Apps, Manifest, Registry, Worker, WorkerConfig, WorkerPool};
+
+    set_key();
+    let seen = Seen::default();
+    let app = Router::new()
+        .route("/v1/chat/completions", post(chat))
+        .with_state(seen.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/v1", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+
+    let dir = tempfile::tempdir().unwrap();
+    let manifest = Manifest::parse(
+        &format!(
+            "app = \"notes\"\n[agents.scribe]\nprovider = \"openai\"\nmodel = \"chat\"\n\
+             base_url = \"{url}\"\napi_key_env = \"TURNPIKE_TEST_OPENAI_KEY\"\n\
+             system_prompt = \"Keep notes.\"\ntools = [\"write_file\"]\n"
+        ),
+        dir.path(),
+        &Registry::builtin(),
+    )
+    .unwrap();
+    let apps = Arc::new(Apps::new().with_manifest(manifest, None));
+    let store: Arc<dyn object_store::ObjectStore> = Arc::new(object_store::memory::InMemory::new());
+    let conversations = Conversations::new(store);
+    let bus: Arc<dyn Bus> =
+        EmbeddedBus::open(&dir.path().join("bus.redb"), EmbeddedConfig::default()).unwrap();
+    let signer = RecordSigner::from_seed([7; 32]);
+    let owner: Identity = "oidc:acme:u-1".parse().unwrap();
+    let (entry, record, _) = conversations
+        .create(
+            &signer,
+            NewConversation {
+                tenant: "acme".parse().unwrap(),
+                owner: owner.clone(),
+                app: "notes".parse().unwrap(),
+                agent: "scribe".parse().unwrap(),
+                at_ms: 1,
+            },
+        )
+        .await
+        .unwrap();
+    let pool = WorkerPool::start([Worker::new(
+        bus.clone(),
+        conversations.clone(),
+        signer,
+        apps,
+        WorkerConfig {
+            workspace_root: dir.path().join("ws"),
+            ..WorkerConfig::default()
+        },
+    )]);
+    let ingress = Ingress::new(bus, conversations.clone());
+    for (n, text) in [(1, "buy milk"), (2, "and eggs")] {
+        ingress
+            .submit(&owner, entry.conversation, EventBody::Message { text: text.into() }, None)
+            .await
+            .unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            let head = record.head().await.unwrap();
+            if head.state().last_turn >= n && !head.state().turn_open {
+                break;
+            }
+            assert!(std::time::Instant::now() < deadline, "turn {n} did not finish");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+    pool.stop().await;
+
+    let logs = conversations.turn_logs();
+    let prefix = ConversationPrefix::new("acme".parse().unwrap(), entry.conversation);
+    let two = logs.read(&prefix, TurnId::new(2).unwrap()).await.unwrap();
+    let reply = two.blocks.iter().find_map(|b| match b {
+        Block::AssistantMessage { text } => Some(text.clone()),
+        _ => None,
+    });
+    // system, turn 1 (user, assistant+call, tool, assistant), turn 2 (user, assistant+call, tool)
+    assert_eq!(reply.as_deref(), Some("noted; I saw 8 messages"));
+    let requests = seen.requests.lock().unwrap();
+    let bodies: Vec<&Value> = requests["chat"].iter().map(|(b, _)| b).collect();
+    assert_eq!(bodies.len(), 4, "two model calls per turn");
+    let history = bodies[2]["messages"].as_array().unwrap();
+    let roles: Vec<&str> = history.iter().map(|m| m["role"].as_str().unwrap()).collect();
+    assert_eq!(roles, ["system", "user", "assistant", "tool", "assistant", "user"]);
+    assert_eq!(history[1]["content"], "buy milk");
+    assert_eq!(history[2]["tool_calls"][0]["function"]["name"], "write_file");
+    assert_eq!(history[3]["tool_call_id"], history[2]["tool_calls"][0]["id"]);
+    assert_eq!(history[4]["content"], "noted; I saw 4 messages");
+    assert_eq!(history[5]["content"], "and eggs");
+}

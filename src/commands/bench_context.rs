@@ -1,0 +1,220 @@
+//! `turnpike bench context`: how long rebuilding a turn's context takes as a conversation grows.
+//!
+//! One conversation per scenario is written straight to a local-filesystem store (records and
+//! turn logs as workers write them; each turn: a user message, a tool call and its result, a
+//! reply). A rebuild is what a worker does before its agent runs: find the record's head, read
+//! the latest summary and the turn logs after it, and assemble the model's messages. Scenarios:
+//! turn 10, 100 and 1,000 with compaction off, and turn 1,000 with a summary at turn 900. The
+//! baseline is turn 10, measured in the same run.
+
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::Result;
+use object_store::local::LocalFileSystem;
+use object_store::ObjectStore;
+use serde_json::json;
+use turnpike_artifactory::{ConversationPrefix, Record, RecordSigner, TurnLogs};
+use turnpike_schemas::entry::{
+    AssistantMessage, CompactionMarker, ConversationOpened, TurnComplete, TurnDispatched,
+    TurnOutcome,
+};
+use turnpike_schemas::turnlog::TURN_LOG_VERSION;
+use turnpike_schemas::{
+    Address, Block, ConversationId, EntryBody, Event, EventBody, Identity, TurnId, TurnLog,
+    WorkerId,
+};
+use turnpike_worker::timeline;
+
+use super::bench::Series;
+
+/// Writes a conversation whose next turn is `next`, with a summary in turn `summary_at`.
+async fn build(
+    store: &Arc<dyn ObjectStore>,
+    signer: &RecordSigner,
+    next: u64,
+    summary_at: Option<u64>,
+) -> Result<(ConversationPrefix, Record)> {
+    let conversation = ConversationId::new();
+    let prefix = ConversationPrefix::new("bench".parse()?, conversation);
+    let record = Record::new(store.clone(), prefix.clone());
+    let logs = TurnLogs::new(store.clone());
+    let owner: Identity = "local:bench".parse()?;
+    let mut head = record.head().await?;
+    head = record
+        .append(
+            signer,
+            &head,
+            &[EntryBody::ConversationOpened(ConversationOpened {
+                tenant: "bench".parse()?,
+                owner: owner.clone(),
+                app: "bench".parse()?,
+                agent: "bench".parse()?,
+                at_ms: 0,
+            })],
+        )
+        .await?;
+    let address = Address {
+        tenant: "bench".parse()?,
+        app: "bench".parse()?,
+        agent: "bench".parse()?,
+        conversation,
+        identity: owner,
+    };
+    for n in 1..next {
+        let turn = TurnId::new(n).expect("non-zero");
+        let question = format!("Question {n}: could you look at the quarterly numbers in report-{n}.csv and tell me what changed since last time, in two or three sentences?");
+        let answer = format!("Answer {n}: revenue grew four percent while costs stayed flat; the one outlier is the March refund batch, which the notes attribute to a billing migration. Nothing else moved by more than a percent. I kept the figures in report-{n}.csv as they were.");
+        let event = Event::new(
+            address.clone(),
+            EventBody::Message {
+                text: question.clone(),
+            },
+            0,
+        );
+        head = record
+            .append(
+                signer,
+                &head,
+                &[
+                    EntryBody::input(event, Some(n)),
+                    EntryBody::TurnDispatched(TurnDispatched {
+                        turn,
+                        worker: WorkerId::new(),
+                        agent: "bench".parse()?,
+                        epoch: 1,
+                        at_ms: 0,
+                    }),
+                ],
+            )
+            .await?;
+        let mut blocks = vec![
+            Block::UserMessage { text: question },
+            Block::ToolCall {
+                call_id: format!("call_{n}"),
+                tool: "read_file".into(),
+                arguments: json!({"path": format!("report-{n}.csv")}),
+            },
+            Block::ToolResult {
+                call_id: format!("call_{n}"),
+                ok: true,
+                output: json!({"path": format!("report-{n}.csv"), "size": 180, "text": "month,revenue,costs\njan,100,80\nfeb,102,80\nmar,104,81\n"}),
+            },
+            Block::AssistantMessage {
+                text: answer.clone(),
+            },
+        ];
+        let mut two = Vec::new();
+        if summary_at == Some(n) {
+            let through = TurnId::new(n - 1).expect("a summary follows turns");
+            let summary = "The user reviews quarterly reports turn by turn; revenue grew steadily, costs stayed flat, and the March refunds came from a billing migration.".to_owned();
+            blocks.insert(
+                0,
+                Block::Summary {
+                    through,
+                    text: summary.clone(),
+                },
+            );
+            two.push(EntryBody::CompactionMarker(CompactionMarker {
+                turn,
+                through,
+                summary,
+                model: "bench".into(),
+                prompt: "summarise".into(),
+            }));
+        }
+        logs.write(
+            &prefix,
+            &TurnLog {
+                version: TURN_LOG_VERSION,
+                conversation,
+                turn,
+                agent: "bench".parse()?,
+                outcome: TurnOutcome::Replied,
+                blocks,
+            },
+        )
+        .await?;
+        two.push(EntryBody::AssistantMessage(AssistantMessage {
+            turn,
+            text: answer,
+        }));
+        two.push(EntryBody::TurnComplete(TurnComplete {
+            turn,
+            outcome: TurnOutcome::Replied,
+            log: None,
+            log_sha256: None,
+            at_ms: 0,
+        }));
+        head = record.append(signer, &head, &two).await?;
+    }
+    Ok((prefix, record))
+}
+
+/// Times `samples` rebuilds of the context of turn `next`.
+async fn measure(
+    store: &Arc<dyn ObjectStore>,
+    prefix: &ConversationPrefix,
+    record: &Record,
+    next: u64,
+    samples: usize,
+) -> Result<(Series, usize, usize)> {
+    let logs = TurnLogs::new(store.clone());
+    let turn = TurnId::new(next).expect("non-zero");
+    let mut times = Vec::with_capacity(samples);
+    let mut rows = 0;
+    let mut messages = 0;
+    let start = Instant::now();
+    for _ in 0..samples {
+        let t = Instant::now();
+        let head = record.head().await?;
+        let built = timeline::rebuild(&logs, prefix, head.state(), turn).await?;
+        messages = timeline::messages(&built.blocks()).len();
+        rows = built.rows.len();
+        times.push(t.elapsed());
+    }
+    Ok((
+        Series {
+            samples: times,
+            total: start.elapsed(),
+        },
+        rows,
+        messages,
+    ))
+}
+
+pub async fn run(samples: usize, dir: Option<std::path::PathBuf>) -> Result<ExitCode> {
+    let tmp = match dir {
+        Some(d) => tempfile::tempdir_in(d)?,
+        None => tempfile::tempdir()?,
+    };
+    let store: Arc<dyn ObjectStore> = Arc::new(LocalFileSystem::new_with_prefix(tmp.path())?);
+    let signer = RecordSigner::generate()?;
+    println!(
+        "turnpike bench context: local filesystem at {}, {samples} rebuilds per scenario",
+        tmp.path().display()
+    );
+    let scenarios: [(&str, u64, Option<u64>); 4] = [
+        ("turn 10 (baseline)", 10, None),
+        ("turn 100, no compaction", 100, None),
+        ("turn 1000, no compaction", 1000, None),
+        ("turn 1000, summary at turn 900", 1000, Some(900)),
+    ];
+    let mut baseline = None;
+    for (name, next, summary) in scenarios {
+        let (prefix, record) = build(&store, &signer, next, summary).await?;
+        // Warm the page cache the way a busy store would be.
+        measure(&store, &prefix, &record, next, 2).await?;
+        let (series, rows, messages) = measure(&store, &prefix, &record, next, samples).await?;
+        let p50 = series.percentile(0.5);
+        let base = *baseline.get_or_insert(p50);
+        println!(
+            "{name:<32} p50 {:>8.3} ms   p99 {:>8.3} ms   {rows:>5} rows {messages:>5} messages   {:>6.2}x turn 10",
+            p50.as_secs_f64() * 1e3,
+            series.percentile(0.99).as_secs_f64() * 1e3,
+            p50.as_secs_f64() / base.as_secs_f64(),
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
