@@ -271,6 +271,9 @@ pub enum BenchCommand {
         /// Rebuilds measured per scenario.
         #[arg(long, default_value_t = 50)]
         samples: usize,
+        /// Another object store to measure on (`s3://bucket/prefix` with AWS_* settings).
+        #[arg(long)]
+        store: Option<String>,
         /// Where to write (a temporary directory under it); default: the system's temp dir.
         #[arg(long)]
         dir: Option<PathBuf>,

@@ -95,10 +95,7 @@ fn demo_runs_a_multi_turn_conversation_with_tools_files_and_a_folded_follow_up()
         );
     }
     // Turn 2 read turn 1's published report by reference.
-    assert!(
-        stdout.contains(r##""text":"# Meeting report"##),
-        "{stdout}"
-    );
+    assert!(stdout.contains(r##""text":"# Meeting report"##), "{stdout}");
     // The follow-up reached the report written in the same turn.
     assert!(
         stdout.contains("covers your follow-up too: \"Also list the action items, please.\""),

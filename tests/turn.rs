@@ -68,6 +68,7 @@ impl Tool for Block_ {
 }
 
 struct Rig {
+    counting: Arc<CountingStore>,
     make_worker: Box<dyn Fn() -> Worker + Send + Sync>,
     _dir: TempDir,
     bus: Arc<dyn Bus>,
@@ -107,7 +108,8 @@ impl Rig {
         let probe = Arc::new(Probe::default());
         let registry = Registry::builtin().with(Arc::new(Block_(probe.clone())));
         let apps = Arc::new(Apps::new().load_dir(dir.path(), &registry).unwrap());
-        let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+        let counting = CountingStore::new(Arc::new(InMemory::new()));
+        let store: Arc<dyn ObjectStore> = counting.clone();
         let conversations = Conversations::new(store);
         let bus: Arc<dyn Bus> =
             EmbeddedBus::open(&dir.path().join("bus.redb"), EmbeddedConfig::default()).unwrap();
@@ -136,6 +138,7 @@ impl Rig {
             ingress = ingress.with_directive(d);
         }
         Rig {
+            counting,
             make_worker: Box::new(make_worker),
             _dir: dir,
             bus,
@@ -710,7 +713,11 @@ async fn the_context_at_turn_200_reads_a_bounded_number_of_objects() {
         timeline.logs_read, 5,
         "the summary's turn and the four after it: {turns:?}"
     );
-    assert_eq!(log_reads, 5);
+    assert!(!timeline.from_snapshot);
+    assert_eq!(
+        log_reads, 6,
+        "a miss on turn 199's snapshot, then five logs"
+    );
     assert_eq!(counting.lists(), 0, "no listing of the record");
     assert!(
         head_reads <= 10,
@@ -726,6 +733,34 @@ async fn the_context_at_turn_200_reads_a_bounded_number_of_objects() {
     let last = timeline.rows.last().unwrap();
     assert!(matches!(&last.block, Block::AssistantMessage { text } if text == "answer 199"));
 
+    // With the snapshot turn 199 leaves (as workers do), the rebuild is one read.
+    let snapshot = turnpike_worker::timeline::snapshot_after(
+        &turnpike_worker::timeline::Timeline {
+            rows: timeline.rows[..timeline.rows.len() - 2].to_vec(),
+            ..Default::default()
+        },
+        &prefix,
+        TurnId::new(199).unwrap(),
+        &[
+            Block::UserMessage {
+                text: "question 199".into(),
+            },
+            Block::AssistantMessage {
+                text: "answer 199".into(),
+            },
+        ],
+        u64::MAX,
+    );
+    logs.write_context(&prefix, &snapshot).await.unwrap();
+    counting.reset();
+    let fast =
+        turnpike_worker::timeline::rebuild(&logs, &prefix, head.state(), TurnId::new(200).unwrap())
+            .await
+            .unwrap();
+    assert!(fast.from_snapshot);
+    assert_eq!(counting.gets(), 1);
+    assert_eq!(fast.rows, timeline.rows);
+
     // Without a summary the same rebuild reads every turn: the counter does count.
     let (prefix, record) = build_conversation(store.clone(), 40, None).await;
     let head = record.head().await.unwrap();
@@ -734,6 +769,50 @@ async fn the_context_at_turn_200_reads_a_bounded_number_of_objects() {
         turnpike_worker::timeline::rebuild(&logs, &prefix, head.state(), TurnId::new(41).unwrap())
             .await
             .unwrap();
-    assert_eq!(counting.gets(), 40);
+    assert_eq!(
+        counting.gets(),
+        1 + 40,
+        "a miss on the snapshot, then every log"
+    );
     assert_eq!(timeline.rows.len(), 80);
+}
+
+#[tokio::test]
+async fn each_turn_leaves_a_snapshot_that_rebuilds_the_next_context_in_one_read() {
+    let rig = Rig::start(
+        "[[turn]]\n[[turn.step]]\ntool_calls = [{ name = \"list_files\" }]\n[[turn.step]]\ntext = \"ok {last_user}\"\n",
+        8,
+    )
+    .await;
+    for (n, text) in ["one", "two", "three"].iter().enumerate() {
+        rig.say(text).await;
+        rig.wait_turns(n as u64 + 1).await;
+    }
+    let logs = TurnLogs::new(rig.conversations.store().clone());
+    let head = rig.record().head().await.unwrap();
+    let next = TurnId::new(4).unwrap();
+    rig.counting.reset();
+    let fast = turnpike_worker::timeline::rebuild(&logs, &rig.prefix(), head.state(), next)
+        .await
+        .unwrap();
+    assert!(fast.from_snapshot);
+    assert_eq!(
+        rig.counting.gets(),
+        1,
+        "one object: the snapshot after turn 3"
+    );
+    let slow =
+        turnpike_worker::timeline::rebuild_from_logs(&logs, &rig.prefix(), head.state(), next)
+            .await
+            .unwrap();
+    assert!(!slow.from_snapshot);
+    assert_eq!(slow.logs_read, 3);
+    assert_eq!(
+        fast.rows, slow.rows,
+        "the snapshot and the logs give the same rows"
+    );
+    assert_eq!(fast.rows.len(), 3 * 4);
+    assert!(matches!(&fast.rows.last().unwrap().block,
+        Block::AssistantMessage { text } if text == "ok three"));
+    rig.stop().await;
 }

@@ -4,6 +4,7 @@
 //! tenants/{tenant}/conversations/{conv}/record/{batch:020}
 //! tenants/{tenant}/conversations/{conv}/record-head        a hint: a recent batch number
 //! tenants/{tenant}/conversations/{conv}/turns/turn_{n}/log.json
+//! tenants/{tenant}/conversations/{conv}/turns/turn_{n}/context.json   the timeline after turn n
 //! tenants/{tenant}/conversations/{conv}/turns/turn_{n}/files/{path}
 //! tenants/{tenant}/conversations/{conv}/attachments/turn_{n}/{id}/{name}
 //! directory/conversations/{conv}.json
@@ -88,6 +89,11 @@ impl ConversationPrefix {
     /// The log of one turn.
     pub fn turn_log(&self, turn: TurnId) -> Path {
         Path::from(format!("{}/turns/{turn}/log.json", self.base()))
+    }
+
+    /// The context snapshot after a turn.
+    pub fn context_snapshot(&self, turn: TurnId) -> Path {
+        Path::from(format!("{}/turns/{turn}/context.json", self.base()))
     }
 
     /// A file hosted by a turn. The path was validated by the reference grammar.

@@ -3,6 +3,7 @@
 use std::sync::Arc;
 
 use object_store::{ObjectStore, ObjectStoreExt as _, PutPayload};
+use turnpike_schemas::timeline::{ContextSnapshot, CONTEXT_VERSION};
 use turnpike_schemas::turnlog::TURN_LOG_VERSION;
 use turnpike_schemas::{TurnId, TurnLog};
 
@@ -79,5 +80,59 @@ impl TurnLogs {
             ));
         }
         Ok(log)
+    }
+
+    /// Writes the context snapshot after a turn (overwriting a failed attempt's).
+    pub async fn write_context(
+        &self,
+        prefix: &ConversationPrefix,
+        snapshot: &ContextSnapshot,
+    ) -> Result<()> {
+        if snapshot.conversation != prefix.conversation() {
+            return Err(Error::new(
+                ErrorKind::InvalidInput,
+                "the context snapshot belongs to another conversation",
+            ));
+        }
+        let bytes = serde_json::to_vec(snapshot).expect("snapshots serialise");
+        self.store
+            .put(
+                &prefix.context_snapshot(snapshot.through),
+                PutPayload::from(bytes),
+            )
+            .await
+            .map_err(|e| {
+                Error::store(
+                    &format!("writing the context after {}", snapshot.through),
+                    e,
+                )
+            })?;
+        Ok(())
+    }
+
+    /// Reads the context snapshot after `turn`: `None` when there is none, or when what is
+    /// there is not the snapshot of that turn of this conversation (then the caller rebuilds
+    /// from the turn logs).
+    pub async fn read_context(
+        &self,
+        prefix: &ConversationPrefix,
+        turn: TurnId,
+    ) -> Result<Option<ContextSnapshot>> {
+        let what = format!(
+            "reading the context after {turn} of {}",
+            prefix.conversation()
+        );
+        let bytes = match self.store.get(&prefix.context_snapshot(turn)).await {
+            Ok(r) => r.bytes().await.map_err(|e| Error::store(&what, e))?,
+            Err(object_store::Error::NotFound { .. }) => return Ok(None),
+            Err(e) => return Err(Error::store(&what, e)),
+        };
+        Ok(serde_json::from_slice::<ContextSnapshot>(&bytes)
+            .ok()
+            .filter(|s| {
+                s.version == CONTEXT_VERSION
+                    && s.conversation == prefix.conversation()
+                    && s.through == turn
+            }))
     }
 }

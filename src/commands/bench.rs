@@ -17,9 +17,11 @@ use crate::cli::BenchCommand;
 pub async fn run(command: BenchCommand) -> Result<ExitCode> {
     match command {
         BenchCommand::Record { appends, dir } => record(appends.max(16), dir).await,
-        BenchCommand::Context { samples, dir } => {
-            super::bench_context::run(samples.max(5), dir).await
-        }
+        BenchCommand::Context {
+            samples,
+            dir,
+            store,
+        } => super::bench_context::run(samples.max(5), dir, store).await,
         BenchCommand::Lanes {
             nats,
             conversations,

@@ -4,8 +4,11 @@
 //! turn logs as workers write them; each turn: a user message, a tool call and its result, a
 //! reply). A rebuild is what a worker does before its agent runs: find the record's head, read
 //! the latest summary and the turn logs after it, and assemble the model's messages. Scenarios:
-//! turn 10, 100 and 1,000 with compaction off, and turn 1,000 with a summary at turn 900. The
-//! baseline is turn 10, measured in the same run.
+//! turn 10, 100 and 1,000 with compaction off, and turn 1,000 with a summary at turn 900. Each
+//! is measured both ways a worker can rebuild: from the snapshot the previous turn left (what
+//! workers do), and from the summary plus one turn log per turn (the fallback). The baseline is
+//! turn 10 from its snapshot, measured in the same run. The record's head is read once before
+//! the timing (a worker knows it: it has just committed the turn's batch one).
 
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -41,6 +44,7 @@ async fn build(
     let record = Record::new(store.clone(), prefix.clone());
     let logs = TurnLogs::new(store.clone());
     let owner: Identity = "local:bench".parse()?;
+    let mut running = timeline::Timeline::default();
     let mut head = record.head().await?;
     head = record
         .append(
@@ -124,6 +128,12 @@ async fn build(
                 prompt: "summarise".into(),
             }));
         }
+        // The snapshot the next turn reads (workers write one per turn; only the last is read).
+        let snapshot = timeline::snapshot_after(&running, &prefix, turn, &blocks, 2 * 128_000);
+        if n + 1 == next {
+            logs.write_context(&prefix, &snapshot).await?;
+        }
+        running.rows = snapshot.rows;
         logs.write(
             &prefix,
             &TurnLog {
@@ -159,18 +169,28 @@ async fn measure(
     record: &Record,
     next: u64,
     samples: usize,
+    from_logs: bool,
 ) -> Result<(Series, usize, usize)> {
     let logs = TurnLogs::new(store.clone());
     let turn = TurnId::new(next).expect("non-zero");
     let mut times = Vec::with_capacity(samples);
     let mut rows = 0;
     let mut messages = 0;
+    // A worker knows the head when its turn starts (it just committed batch one).
+    let head = record.head().await?;
     let start = Instant::now();
     for _ in 0..samples {
         let t = Instant::now();
-        let head = record.head().await?;
-        let built = timeline::rebuild(&logs, prefix, head.state(), turn).await?;
-        messages = timeline::messages(&built.blocks()).len();
+        let built = if from_logs {
+            timeline::rebuild_from_logs(&logs, prefix, head.state(), turn).await?
+        } else {
+            timeline::rebuild(&logs, prefix, head.state(), turn).await?
+        };
+        anyhow::ensure!(
+            built.from_snapshot != from_logs,
+            "the snapshot was not used"
+        );
+        messages = built.messages().len();
         rows = built.rows.len();
         times.push(t.elapsed());
     }
@@ -184,17 +204,24 @@ async fn measure(
     ))
 }
 
-pub async fn run(samples: usize, dir: Option<std::path::PathBuf>) -> Result<ExitCode> {
+pub async fn run(
+    samples: usize,
+    dir: Option<std::path::PathBuf>,
+    store_url: Option<String>,
+) -> Result<ExitCode> {
     let tmp = match dir {
         Some(d) => tempfile::tempdir_in(d)?,
         None => tempfile::tempdir()?,
     };
-    let store: Arc<dyn ObjectStore> = Arc::new(LocalFileSystem::new_with_prefix(tmp.path())?);
+    let (store, place): (Arc<dyn ObjectStore>, String) = match store_url {
+        Some(url) => (turnpike_artifactory::open_store(&url)?, url),
+        None => (
+            Arc::new(LocalFileSystem::new_with_prefix(tmp.path())?),
+            format!("local filesystem at {}", tmp.path().display()),
+        ),
+    };
     let signer = RecordSigner::generate()?;
-    println!(
-        "turnpike bench context: local filesystem at {}, {samples} rebuilds per scenario",
-        tmp.path().display()
-    );
+    println!("turnpike bench context: {place}, {samples} rebuilds per scenario");
     let scenarios: [(&str, u64, Option<u64>); 4] = [
         ("turn 10 (baseline)", 10, None),
         ("turn 100, no compaction", 100, None),
@@ -204,17 +231,21 @@ pub async fn run(samples: usize, dir: Option<std::path::PathBuf>) -> Result<Exit
     let mut baseline = None;
     for (name, next, summary) in scenarios {
         let (prefix, record) = build(&store, &signer, next, summary).await?;
-        // Warm the page cache the way a busy store would be.
-        measure(&store, &prefix, &record, next, 2).await?;
-        let (series, rows, messages) = measure(&store, &prefix, &record, next, samples).await?;
-        let p50 = series.percentile(0.5);
-        let base = *baseline.get_or_insert(p50);
-        println!(
-            "{name:<32} p50 {:>8.3} ms   p99 {:>8.3} ms   {rows:>5} rows {messages:>5} messages   {:>6.2}x turn 10",
-            p50.as_secs_f64() * 1e3,
-            series.percentile(0.99).as_secs_f64() * 1e3,
-            p50.as_secs_f64() / base.as_secs_f64(),
-        );
+        for from_logs in [false, true] {
+            // Warm the page cache the way a busy store would be.
+            measure(&store, &prefix, &record, next, 2, from_logs).await?;
+            let (series, rows, messages) =
+                measure(&store, &prefix, &record, next, samples, from_logs).await?;
+            let p50 = series.percentile(0.5);
+            let base = *baseline.get_or_insert(p50);
+            let how = if from_logs { "turn logs" } else { "snapshot" };
+            println!(
+                "{name:<32} {how:<9}  p50 {:>8.3} ms   p99 {:>8.3} ms   {rows:>5} rows {messages:>5} messages   {:>6.2}x turn 10",
+                p50.as_secs_f64() * 1e3,
+                series.percentile(0.99).as_secs_f64() * 1e3,
+                p50.as_secs_f64() / base.as_secs_f64(),
+            );
+        }
     }
     Ok(ExitCode::SUCCESS)
 }

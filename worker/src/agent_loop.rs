@@ -65,17 +65,17 @@ pub trait ToolRunner: Send + Sync {
 }
 
 /// Runs the loop over `blocks` (the turn's blocks so far, its inputs first) after `history`
-/// (the timeline's blocks), appending what the turn does to `blocks`.
+/// (the timeline's messages), appending what the turn does to `blocks`.
 pub async fn run(
     settings: &Settings,
-    history: &[Block],
+    history: Vec<Message>,
     blocks: &mut Vec<Block>,
     model: &dyn ModelProvider,
     tools: &dyn ToolRunner,
     inbox: &mut dyn Inbox,
     cx: &mut CallContext,
 ) -> Result<TurnOutcome> {
-    let history = fit(messages(history), settings.history_budget);
+    let history = fit(history, settings.history_budget);
     if blocks.iter().any(|b| matches!(b, Block::Stop { .. })) {
         return Ok(TurnOutcome::Cancelled);
     }
@@ -176,7 +176,7 @@ fn request(
     }
     all.extend_from_slice(history);
     let turn_start = all.len();
-    all.extend(messages(blocks));
+    all.extend(messages(blocks.iter()));
     ModelRequest {
         model: settings.model.clone(),
         messages: all,
@@ -272,7 +272,7 @@ pub async fn run_live(turn: &TurnContext<'_>) -> Result<TurnOutcome> {
     let mut cx = CallContext::new(Some(turn.deltas()), turn.arrivals());
     let result = run(
         &settings,
-        &timeline.blocks(),
+        timeline.messages(),
         &mut blocks,
         spec.provider.as_ref(),
         &tools,

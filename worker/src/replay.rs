@@ -373,7 +373,7 @@ pub async fn replay(logs: &[TurnLog], what_if: Option<&WhatIf>) -> Vec<TurnRepla
         let mut cx = CallContext::detached();
         let outcome = agent_loop::run(
             &settings,
-            &history,
+            crate::timeline::messages(&history),
             &mut blocks,
             &model,
             &tools,

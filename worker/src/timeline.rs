@@ -1,8 +1,11 @@
 //! The context timeline: what an agent is fed, rebuilt for every turn from durable state.
 //!
-//! Contract: [`rebuild`] reads the log of the turn holding the latest compaction summary (the
+//! Contract: [`rebuild`] reads the context snapshot the previous turn left (one fetch). Where
+//! there is none (a quarantined turn, a native app that never built a timeline), it falls back
+//! to [`rebuild_from_logs`]: the log of the turn holding the latest compaction summary (the
 //! record's signed state names it) and the logs of the turns after the summary — one fetch per
-//! turn, never a scan of the record — so its cost does not grow with the conversation's length.
+//! turn, never a scan of the record. Both give the same rows, and neither grows with the
+//! conversation's total length.
 //! Rows keep their order and carry stable references (`conv:tl:<conv>/turn_<n>/blocks/<i>`);
 //! file rows say where a file is, never its bytes.
 //!
@@ -15,6 +18,7 @@ use futures::{StreamExt as _, TryStreamExt as _};
 use serde_json::Value;
 use turnpike_artifactory::{ConversationPrefix, ErrorKind, TurnLogs};
 use turnpike_schemas::entry::RecordState;
+use turnpike_schemas::timeline::{ContextSnapshot, CONTEXT_VERSION};
 use turnpike_schemas::{Block, Row, TurnId};
 
 use crate::error::Result;
@@ -27,8 +31,10 @@ const FETCH_CONCURRENCY: usize = 16;
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Timeline {
     pub rows: Vec<Row>,
-    /// How many turn logs the rebuild read.
+    /// How many turn logs (or snapshots) the rebuild read.
     pub logs_read: usize,
+    /// Whether it came from the previous turn's snapshot.
+    pub from_snapshot: bool,
 }
 
 impl Timeline {
@@ -36,10 +42,36 @@ impl Timeline {
     pub fn blocks(&self) -> Vec<Block> {
         self.rows.iter().map(|r| r.block.clone()).collect()
     }
+
+    /// The model messages of the rows (see [`messages`]).
+    pub fn messages(&self) -> Vec<Message> {
+        messages(self.rows.iter().map(|r| &r.block))
+    }
 }
 
-/// Rebuilds the timeline of the turns before `before` from the latest summary onwards.
+/// Rebuilds the timeline of the turns before `before`: the previous turn's snapshot, or else
+/// the latest summary and the turn logs after it.
 pub async fn rebuild(
+    logs: &TurnLogs,
+    prefix: &ConversationPrefix,
+    state: &RecordState,
+    before: TurnId,
+) -> Result<Timeline> {
+    if let Some(previous) = before.number().checked_sub(1).and_then(TurnId::new) {
+        if let Some(snapshot) = logs.read_context(prefix, previous).await? {
+            return Ok(Timeline {
+                rows: snapshot.rows,
+                logs_read: 1,
+                from_snapshot: true,
+            });
+        }
+    }
+    rebuild_from_logs(logs, prefix, state, before).await
+}
+
+/// Rebuilds the timeline of the turns before `before` from the latest summary and the turn
+/// logs after it.
+pub async fn rebuild_from_logs(
     logs: &TurnLogs,
     prefix: &ConversationPrefix,
     state: &RecordState,
@@ -79,7 +111,59 @@ pub async fn rebuild(
             rows.push(Row::new(prefix.conversation(), log.turn, i, block));
         }
     }
-    Ok(Timeline { rows, logs_read })
+    Ok(Timeline {
+        rows,
+        logs_read,
+        from_snapshot: false,
+    })
+}
+
+/// The snapshot after `turn`: the timeline it was built on plus its own blocks — less the turns
+/// a summary in its log replaces — trimmed from the oldest end
+/// to at most `budget` estimated tokens (whole rows; the newest rows always stay).
+pub fn snapshot_after(
+    before: &Timeline,
+    prefix: &ConversationPrefix,
+    turn: TurnId,
+    blocks: &[Block],
+    budget: u64,
+) -> ContextSnapshot {
+    let own: Vec<Row> = blocks
+        .iter()
+        .enumerate()
+        .map(|(i, b)| Row::new(prefix.conversation(), turn, i, b.clone()))
+        .collect();
+    // A summary in this turn replaces the turns through its `through`.
+    let through = blocks.iter().find_map(|b| match b {
+        Block::Summary { through, .. } => Some(*through),
+        _ => None,
+    });
+    let mut rows: Vec<Row> = before
+        .rows
+        .iter()
+        .filter(|r| through.is_none_or(|t| r.turn() > t))
+        .cloned()
+        .chain(own)
+        .collect();
+    let mut total = 0u64;
+    let mut keep_from = rows.len();
+    for (i, row) in rows.iter().enumerate().rev() {
+        total += messages([&row.block])
+            .iter()
+            .map(estimate_tokens)
+            .sum::<u64>();
+        if total > budget {
+            break;
+        }
+        keep_from = i;
+    }
+    rows.drain(..keep_from);
+    ContextSnapshot {
+        version: CONTEXT_VERSION,
+        conversation: prefix.conversation(),
+        through: turn,
+        rows,
+    }
 }
 
 async fn read_optional(
@@ -108,9 +192,14 @@ pub fn estimate_tokens(message: &Message) -> u64 {
 /// grouped onto the assistant message that made them and each answered by its result (a call
 /// left without one — the turn was stopped — is answered as such), and files, attachments and
 /// summaries as short system notes with their references.
-pub fn messages(blocks: &[Block]) -> Vec<Message> {
+pub fn messages<'b, I>(blocks: I) -> Vec<Message>
+where
+    I: IntoIterator<Item = &'b Block>,
+    I::IntoIter: Clone,
+{
+    let blocks = blocks.into_iter();
     let answered: std::collections::HashSet<&str> = blocks
-        .iter()
+        .clone()
         .filter_map(|b| match b {
             Block::ToolResult { call_id, .. } => Some(call_id.as_str()),
             _ => None,

@@ -118,6 +118,8 @@ pub struct TurnContext<'a> {
     directive: Option<IngressDirective>,
     head: Mutex<Head>,
     blocks: Mutex<Vec<Block>>,
+    /// The timeline the turn was built on, once asked for; the snapshot after the turn extends it.
+    timeline: Mutex<Option<Timeline>>,
     watch: LaneWatch,
     deltas: mpsc::UnboundedSender<String>,
 }
@@ -244,16 +246,22 @@ impl TurnContext<'_> {
         self.deltas.clone()
     }
 
-    /// The timeline of the turns before this one (latest summary onwards).
+    /// The timeline of the turns before this one (latest summary onwards). Asking for it also
+    /// makes the turn leave a snapshot for the next one.
     pub async fn timeline(&self) -> Result<Timeline> {
+        if let Some(t) = self.timeline.lock().expect("timeline lock").clone() {
+            return Ok(t);
+        }
         let state = *self.head.lock().expect("head lock").state();
-        crate::timeline::rebuild(
+        let timeline = crate::timeline::rebuild(
             &self.env.turn_logs,
             self.env.record.prefix(),
             &state,
             self.turn,
         )
-        .await
+        .await?;
+        *self.timeline.lock().expect("timeline lock") = Some(timeline.clone());
+        Ok(timeline)
     }
 
     /// What a tool call of this turn can reach.
@@ -415,6 +423,7 @@ async fn finish_turn(
         directive,
         head: Mutex::new(head),
         blocks: Mutex::new(blocks),
+        timeline: Mutex::new(None),
         watch: LaneWatch::start(env.bus.clone(), env, lane_through),
         deltas: delta_tx,
     };
@@ -430,9 +439,11 @@ async fn finish_turn(
     let TurnContext {
         head,
         blocks,
+        timeline,
         workspace,
         watch,
         deltas,
+        spec,
         ..
     } = ctx;
     drop(watch);
@@ -457,6 +468,20 @@ async fn finish_turn(
         blocks,
     };
     let digest = env.turn_logs.write(env.record.prefix(), &log).await?;
+    if let Some(before) = timeline.into_inner().expect("timeline lock") {
+        // What the next turn's rebuild reads in one fetch: bounded by what its agent could use.
+        let budget = spec.map_or(u64::MAX, |s| 2 * u64::from(s.context_length));
+        let snapshot = crate::timeline::snapshot_after(
+            &before,
+            env.record.prefix(),
+            turn,
+            &log.blocks,
+            budget,
+        );
+        env.turn_logs
+            .write_context(env.record.prefix(), &snapshot)
+            .await?;
+    }
     match (outcome, failure) {
         (_, Some(message)) => bodies.push(EntryBody::Error(ErrorEntry {
             turn: Some(turn),

@@ -288,13 +288,17 @@ async fn chat(State(seen): State<Seen>, Json(body): Json<Value>) -> Response {
         let text = last["content"].as_str().unwrap_or_default();
         let args = json!({"path": "note.txt", "content": text}).to_string();
         sse(
-            vec![delta(json!({"tool_calls": [{"index": 0, "id": format!("call_{}", messages.len()),
-                "type": "function", "function": {"name": "write_file", "arguments": args}}]}))],
+            vec![delta(
+                json!({"tool_calls": [{"index": 0, "id": format!("call_{}", messages.len()),
+                "type": "function", "function": {"name": "write_file", "arguments": args}}]}),
+            )],
             false,
         )
     } else {
         sse(
-            vec![delta(json!({"content": format!("noted; I saw {} messages", messages.len())}))],
+            vec![delta(
+                json!({"content": format!("noted; I saw {} messages", messages.len())}),
+            )],
             false,
         )
     }
@@ -361,7 +365,12 @@ async fn an_openai_agent_holds_a_multi_turn_conversation_through_a_worker() {
     let ingress = Ingress::new(bus, conversations.clone());
     for (n, text) in [(1, "buy milk"), (2, "and eggs")] {
         ingress
-            .submit(&owner, entry.conversation, EventBody::Message { text: text.into() }, None)
+            .submit(
+                &owner,
+                entry.conversation,
+                EventBody::Message { text: text.into() },
+                None,
+            )
             .await
             .unwrap();
         let deadline = std::time::Instant::now() + Duration::from_secs(30);
@@ -370,7 +379,10 @@ async fn an_openai_agent_holds_a_multi_turn_conversation_through_a_worker() {
             if head.state().last_turn >= n && !head.state().turn_open {
                 break;
             }
-            assert!(std::time::Instant::now() < deadline, "turn {n} did not finish");
+            assert!(
+                std::time::Instant::now() < deadline,
+                "turn {n} did not finish"
+            );
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
     }
@@ -389,11 +401,23 @@ async fn an_openai_agent_holds_a_multi_turn_conversation_through_a_worker() {
     let bodies: Vec<&Value> = requests["chat"].iter().map(|(b, _)| b).collect();
     assert_eq!(bodies.len(), 4, "two model calls per turn");
     let history = bodies[2]["messages"].as_array().unwrap();
-    let roles: Vec<&str> = history.iter().map(|m| m["role"].as_str().unwrap()).collect();
-    assert_eq!(roles, ["system", "user", "assistant", "tool", "assistant", "user"]);
+    let roles: Vec<&str> = history
+        .iter()
+        .map(|m| m["role"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        roles,
+        ["system", "user", "assistant", "tool", "assistant", "user"]
+    );
     assert_eq!(history[1]["content"], "buy milk");
-    assert_eq!(history[2]["tool_calls"][0]["function"]["name"], "write_file");
-    assert_eq!(history[3]["tool_call_id"], history[2]["tool_calls"][0]["id"]);
+    assert_eq!(
+        history[2]["tool_calls"][0]["function"]["name"],
+        "write_file"
+    );
+    assert_eq!(
+        history[3]["tool_call_id"],
+        history[2]["tool_calls"][0]["id"]
+    );
     assert_eq!(history[4]["content"], "noted; I saw 4 messages");
     assert_eq!(history[5]["content"], "and eggs");
 }
