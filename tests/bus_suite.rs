@@ -126,6 +126,34 @@ macro_rules! bus_suite {
             }
 
             #[tokio::test]
+            async fn live_messages_reach_subscribers_of_their_conversation_only() {
+                use futures::StreamExt as _;
+                let b = super::$backend().await;
+                let (a, c) = (ConversationId::new(), ConversationId::new());
+                let mut sub_a = b.bus.subscribe_live(a).await.unwrap();
+                let mut sub_c = b.bus.subscribe_live(c).await.unwrap();
+                b.bus.live(c, "for c".into()).await;
+                b.bus.live(a, "for a 1".into()).await;
+                b.bus.live(a, "for a 2".into()).await;
+                let wait = Duration::from_secs(10);
+                let a1 = tokio::time::timeout(wait, sub_a.next())
+                    .await
+                    .unwrap()
+                    .unwrap();
+                let a2 = tokio::time::timeout(wait, sub_a.next())
+                    .await
+                    .unwrap()
+                    .unwrap();
+                let c1 = tokio::time::timeout(wait, sub_c.next())
+                    .await
+                    .unwrap()
+                    .unwrap();
+                assert_eq!(&a1[..], b"for a 1");
+                assert_eq!(&a2[..], b"for a 2");
+                assert_eq!(&c1[..], b"for c");
+            }
+
+            #[tokio::test]
             async fn a_retried_publish_is_stored_once() {
                 let b = super::$backend().await;
                 let conv = ConversationId::new();

@@ -816,3 +816,43 @@ async fn each_turn_leaves_a_snapshot_that_rebuilds_the_next_context_in_one_read(
         Block::AssistantMessage { text } if text == "ok three"));
     rig.stop().await;
 }
+
+#[tokio::test]
+async fn a_large_tool_result_becomes_a_file_with_a_preview_and_a_reference() {
+    let rig = Rig::start(
+        "[[turn]]\n[[turn.step]]\ntool_calls = [{ name = \"write_file\", arguments = { path = \"big.txt\", content = \"{last_user}\" } }]\n\
+         [[turn.step]]\ntool_calls = [{ name = \"read_file\", arguments = { path = \"big.txt\" } }]\n\
+         [[turn.step]]\ntext = \"read it\"\n",
+        8,
+    )
+    .await;
+    let big = "lorem ipsum dolor ".repeat(1500);
+    rig.say(&big).await;
+    rig.wait_turns(1).await;
+    let log = rig.log(1).await;
+    let output = log
+        .blocks
+        .iter()
+        .filter_map(|b| match b {
+            Block::ToolResult { output, .. } => Some(output.clone()),
+            _ => None,
+        })
+        .nth(1)
+        .unwrap();
+    assert_eq!(output["truncated"], true, "{output}");
+    assert!(output["preview"].as_str().unwrap().len() <= 1024);
+    let reference = output["reference"].as_str().unwrap();
+    assert!(reference.contains("/turn_1/tool-output/"), "{reference}");
+    assert!(log
+        .blocks
+        .iter()
+        .any(|b| matches!(b, Block::File { path, .. } if path.starts_with("tool-output/"))));
+    let resolver = turnpike_resolver::Resolver::standard(
+        rig.conversations.directory().clone(),
+        rig.conversations.store().clone(),
+    );
+    let full = resolver.resolve_str(&owner(), reference).await.unwrap();
+    let full: Value = serde_json::from_slice(&full.bytes).unwrap();
+    assert_eq!(full["text"], big.as_str());
+    rig.stop().await;
+}

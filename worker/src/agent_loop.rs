@@ -9,7 +9,7 @@
 //! - when the rounds run out without a reply, one closing call (no tools) asks for a reply that
 //!   says what was tried; if that is empty too, the user gets [`FALLBACK_REPLY`];
 //! - the history is trimmed, oldest first, to fit the agent's context length minus the reply
-//!   reserve (estimated tokens; see [`crate::timeline`]).
+//!   reserve (tokens counted by the agent's tokenizer, or estimated; see [`crate::tokens`]).
 //!
 //! The loop is written against three small traits — [`Inbox`], [`ToolRunner`] and the
 //! [`ModelProvider`] — so the same code runs live turns and replays recorded ones.
@@ -23,7 +23,8 @@ use crate::error::{Error, Result};
 use crate::model::{
     CallContext, Message, ModelProvider, ModelReply, ModelRequest, Role, ToolCallRequest, ToolSpec,
 };
-use crate::timeline::{estimate_tokens, messages};
+use crate::timeline::messages;
+use crate::tokens::TokenCounter;
 use crate::tools::{run_call, ToolOutput, Toolset};
 use crate::turn::{input_block, TurnContext};
 
@@ -46,6 +47,8 @@ pub struct Settings {
     pub max_rounds: u32,
     /// Tokens the history may take (context length minus the reply reserve).
     pub history_budget: u64,
+    /// How tokens are counted.
+    pub tokens: TokenCounter,
 }
 
 /// Where a turn's arrivals come from.
@@ -75,7 +78,7 @@ pub async fn run(
     inbox: &mut dyn Inbox,
     cx: &mut CallContext,
 ) -> Result<TurnOutcome> {
-    let history = fit(history, settings.history_budget);
+    let history = fit(history, settings.history_budget, &settings.tokens);
     if blocks.iter().any(|b| matches!(b, Block::Stop { .. })) {
         return Ok(TurnOutcome::Cancelled);
     }
@@ -189,11 +192,11 @@ fn request(
 
 /// Keeps the newest messages that fit `budget` estimated tokens, never starting on a tool
 /// result (whose call would be cut off).
-fn fit(history: Vec<Message>, budget: u64) -> Vec<Message> {
+fn fit(history: Vec<Message>, budget: u64, tokens: &TokenCounter) -> Vec<Message> {
     let mut total = 0;
     let mut start = history.len();
     for (i, m) in history.iter().enumerate().rev() {
-        total += estimate_tokens(m);
+        total += tokens.count(m);
         if total > budget {
             break;
         }
@@ -262,6 +265,7 @@ pub async fn run_live(turn: &TurnContext<'_>) -> Result<TurnOutcome> {
         system_prompt: spec.system_prompt.clone(),
         max_rounds: turn.max_rounds(),
         history_budget: u64::from(spec.context_length - spec.reply_reserve),
+        tokens: spec.tokens.clone(),
     };
     let mut blocks = turn.blocks();
     let mut inbox = LaneInbox { turn };
@@ -282,4 +286,35 @@ pub async fn run_live(turn: &TurnContext<'_>) -> Result<TurnOutcome> {
     .await;
     turn.set_blocks(blocks);
     result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn history_is_trimmed_oldest_first_by_the_agents_token_count() {
+        let words = TokenCounter::from_json(
+            r#"{"version":"1.0","truncation":null,"padding":null,"added_tokens":[],
+                "normalizer":null,"pre_tokenizer":{"type":"Whitespace"},"post_processor":null,
+                "decoder":null,"model":{"type":"WordLevel","vocab":{"[UNK]":0},"unk_token":"[UNK]"}}"#,
+        )
+        .unwrap();
+        let history: Vec<Message> = (0..10)
+            .map(|i| Message::new(Role::User, format!("m{i} b c d")))
+            .collect();
+        // Four words + four of framing = 8 tokens each.
+        let kept = fit(history.clone(), 20, &words);
+        assert_eq!(kept.len(), 2);
+        assert_eq!(kept[1].content, "m9 b c d");
+        // The estimate: 8 bytes → 2 tokens + 4 = 6 each.
+        assert_eq!(fit(history.clone(), 20, &TokenCounter::Estimate).len(), 3);
+        // A window never starts on a tool result whose call was cut off.
+        let mut with_tool = history;
+        let mut result = Message::new(Role::Tool, "x");
+        result.tool_call_id = Some("c".into());
+        with_tool.insert(8, result);
+        let kept = fit(with_tool, 8 + 5, &words);
+        assert!(kept.iter().all(|m| m.role != Role::Tool), "{kept:?}");
+    }
 }

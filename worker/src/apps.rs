@@ -11,6 +11,7 @@
 //! model = "gpt-4o-mini"
 //! base_url = "https://api.openai.com/v1"   # openai only
 //! api_key_env = "OPENAI_API_KEY"           # openai only; the variable holding the key
+//!                                          # ("" sends none, for a local server)
 //! script = "assistant.script.toml"         # script only; relative to the manifest
 //! system_prompt = "You are a careful assistant."
 //! tools = ["read_file", "write_file", "publish"]
@@ -18,6 +19,8 @@
 //!                               # deployment config and ingress directives)
 //! context_length = 128000       # tokens the model takes
 //! reply_reserve = 4096          # tokens kept free for the reply
+//! tokenizer = "gpt.tokenizer.json"         # optional: a Hugging Face tokenizer.json for the
+//!                               # model family (relative to the manifest); else an estimate
 //! stall_timeout_secs = 60       # openai: the longest gap between streamed chunks
 //! deadline_secs = 600           # openai: the longest a model call may take
 //! ```
@@ -38,6 +41,7 @@ use crate::error::Result;
 use crate::model::openai::{OpenAi, OpenAiConfig};
 use crate::model::script::{Script, ScriptModel};
 use crate::model::ModelProvider;
+use crate::tokens::TokenCounter;
 use crate::tools::{Registry, Toolset};
 use crate::turn::TurnContext;
 
@@ -72,6 +76,8 @@ pub struct AgentSpec {
     pub max_rounds: u32,
     pub context_length: u32,
     pub reply_reserve: u32,
+    /// How the agent's tokens are counted.
+    pub tokens: TokenCounter,
 }
 
 struct HostedApp {
@@ -248,6 +254,8 @@ struct RawAgent {
     stall_timeout_secs: Option<u64>,
     #[serde(default)]
     deadline_secs: Option<u64>,
+    #[serde(default)]
+    tokenizer: Option<PathBuf>,
 }
 
 impl Manifest {
@@ -329,8 +337,9 @@ impl Manifest {
                         })?;
                         config.base_url = url;
                     }
-                    if agent.api_key_env.is_some() {
-                        config.api_key_env = agent.api_key_env;
+                    if let Some(var) = agent.api_key_env {
+                        // An empty name: send no key (a local server).
+                        config.api_key_env = (!var.is_empty()).then_some(var);
                     }
                     if let Some(s) = agent.stall_timeout_secs {
                         config.stall_timeout = Duration::from_secs(s.max(1));
@@ -349,6 +358,11 @@ impl Manifest {
                     ))
                 }
             };
+            let tokens = match &agent.tokenizer {
+                Some(path) => TokenCounter::load(&base.join(path))
+                    .map_err(|e| format!("{}: {e}", field("tokenizer")))?,
+                None => TokenCounter::Estimate,
+            };
             agents.insert(
                 id.clone(),
                 Arc::new(AgentSpec {
@@ -360,6 +374,7 @@ impl Manifest {
                     max_rounds,
                     context_length,
                     reply_reserve,
+                    tokens,
                 }),
             );
         }
@@ -391,6 +406,7 @@ mod tests {
             ("app = \"x\"\n[agents.a]\nprovider = \"openai\"\nmodel = \"m\"\nbase_url = \"not a url\"\n", "agents.a.base_url"),
             ("app = \"x\"\n[agents.a]\nprovider = \"script\"\nscript = \"missing.toml\"\n", "agents.a.script"),
             ("app = \"x\"\n[agents.a]\nprovider = \"openai\"\nmodel = \"m\"\ncolour = 1\n", "colour"),
+            ("app = \"x\"\n[agents.a]\nprovider = \"echo\"\ntokenizer = \"nope.json\"\n", "agents.a.tokenizer: cannot load"),
         ];
         for (text, expected) in cases {
             match parse(text) {

@@ -9,7 +9,9 @@
 //! - [`agent_loop`]: the built-in agent loop (rounds, closing call, folding, stop)
 //! - [`model`]: model providers — `openai`, `script`, `replay`
 //! - [`tools`]: the tool registry and the built-in tools
-//! - [`timeline`]: the context rebuilt from the latest summary and the turn logs after it
+//! - [`timeline`]: the context rebuilt from the previous turn's snapshot (or the latest summary
+//!   and the turn logs after it)
+//! - [`tokens`]: token accounting (a configured tokenizer, else the estimate)
 //! - [`replay`]: re-running recorded turns, and what-ifs
 //! - [`agent`]: the echo app (no model)
 //! - [`workspace`]: a fresh directory per turn, deleted however the turn ends
@@ -25,6 +27,7 @@ pub mod owner;
 pub mod pool;
 pub mod replay;
 pub mod timeline;
+pub mod tokens;
 pub mod tools;
 pub mod turn;
 pub mod worker;

@@ -368,6 +368,7 @@ pub async fn replay(logs: &[TurnLog], what_if: Option<&WhatIf>) -> Vec<TurnRepla
             // Replay as many rounds as were recorded; never fewer.
             max_rounds: recorded.outputs.len().max(1) as u32,
             history_budget: u64::MAX,
+            tokens: Default::default(),
         };
         let mut blocks = recorded.inputs.clone();
         let mut cx = CallContext::detached();
