@@ -135,4 +135,16 @@ impl TurnLogs {
                     && s.through == turn
             }))
     }
+
+    /// Removes what an attempt at `turn` left behind (its log and context snapshot), for a turn
+    /// that will never complete.
+    pub async fn discard(&self, prefix: &ConversationPrefix, turn: TurnId) -> Result<()> {
+        for path in [prefix.turn_log(turn), prefix.context_snapshot(turn)] {
+            match self.store.delete(&path).await {
+                Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+                Err(e) => return Err(Error::store(&format!("discarding {path}"), e)),
+            }
+        }
+        Ok(())
+    }
 }

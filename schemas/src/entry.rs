@@ -130,6 +130,8 @@ entry_kinds! {
     ToolResult = "tool_result" => ToolResult,
     /// A gated tool call waiting for approval.
     ApprovalRequest = "approval_request" => ApprovalRequest,
+    /// How an approval request was answered: by whom, or automatically, and whether it applied.
+    ApprovalResolved = "approval_resolved" => ApprovalResolved,
     /// A question the agent asked the user.
     QuestionRequest = "question_request" => QuestionRequest,
     /// Older turns were summarised.
@@ -245,6 +247,7 @@ impl EntryBody {
             EntryBody::ToolCall(e) => Some(e.turn),
             EntryBody::ToolResult(e) => Some(e.turn),
             EntryBody::ApprovalRequest(e) => Some(e.turn),
+            EntryBody::ApprovalResolved(e) => Some(e.turn),
             EntryBody::QuestionRequest(e) => Some(e.turn),
             EntryBody::CompactionMarker(e) => Some(e.turn),
             EntryBody::Cancelled(e) => Some(e.turn),
@@ -400,6 +403,28 @@ pub struct ApprovalRequest {
     pub approvers: Vec<Identity>,
 }
 
+/// What became of an approval request.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ApprovalResolved {
+    /// The turn that applied (or refused) the answer.
+    pub turn: TurnId,
+    pub request_id: RequestId,
+    pub approved: bool,
+    /// Who answered; none when the runtime rejected it automatically.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub by: Option<Identity>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// Rejected by the runtime (a new message, an agent switch), not by a person.
+    #[serde(default)]
+    pub automatic: bool,
+    /// The answer was refused (wrong approver, another call, not pending); the request is
+    /// unchanged.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refused: Option<String>,
+}
+
 /// A question for the user.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -467,7 +492,7 @@ pub struct SignedRoot {
 }
 
 /// The state a record's entries add up to (a pure function of them; see the artifactory).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RecordState {
     /// The highest lane sequence of any committed input (0: none).
@@ -480,6 +505,9 @@ pub struct RecordState {
     /// rebuilt from that log and the turns after it without scanning the record.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub summary_turn: u64,
+    /// The agent the conversation was switched to last (none: the one it was opened with).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub active_agent: Option<AgentId>,
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -513,6 +541,7 @@ mod tests {
             "tool_result",
             "approval_request",
             "approval_response",
+            "approval_resolved",
             "question_request",
             "question_response",
             "compaction_marker",

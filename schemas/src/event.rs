@@ -70,12 +70,17 @@ pub enum EventBody {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         reason: Option<String>,
     },
-    /// Answers an approval request.
+    /// Answers an approval request. A client that shows the call may echo its tool and
+    /// arguments: the answer then applies only if they are the pending call's.
     ApprovalResponse {
         request_id: RequestId,
         approve: bool,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         reason: Option<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        tool: Option<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        arguments: Option<serde_json::Value>,
     },
     /// Answers a question the agent asked.
     QuestionResponse {

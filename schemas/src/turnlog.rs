@@ -4,7 +4,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::entry::TurnOutcome;
-use crate::ids::{AgentId, ConversationId, TurnId};
+use crate::identity::Identity;
+use crate::ids::{AgentId, ConversationId, RequestId, TurnId};
 use crate::reference::Reference;
 
 /// The turn log format this build writes.
@@ -77,6 +78,50 @@ pub enum Block {
         media_type: String,
         reference: Reference,
     },
+    /// A gated call parked the turn; it answers the call until a person does.
+    ApprovalRequest {
+        request_id: RequestId,
+        call_id: String,
+        tool: String,
+        /// Canonical arguments: what an approval binds to.
+        arguments: Value,
+        /// Who may approve; empty: the conversation's owner.
+        approvers: Vec<Identity>,
+        /// The model's text of the paused round, withheld from the user.
+        #[serde(default, skip_serializing_if = "String::is_empty")]
+        withheld: String,
+    },
+    /// How an approval request was answered (or refused, or rejected automatically).
+    ApprovalResponse {
+        request_id: RequestId,
+        approved: bool,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        by: Option<Identity>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        reason: Option<String>,
+        #[serde(default)]
+        automatic: bool,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        refused: Option<String>,
+    },
+    /// The agent asked the user a question; it answers the call until the user does.
+    QuestionRequest {
+        request_id: RequestId,
+        call_id: String,
+        question: String,
+    },
+    /// The user's answer to a question (or its automatic withdrawal).
+    QuestionResponse {
+        request_id: RequestId,
+        answer: String,
+        #[serde(default)]
+        automatic: bool,
+    },
+    /// The conversation moved to another agent from the next turn on.
+    AgentSwitched {
+        from: AgentId,
+        to: AgentId,
+    },
 }
 
 impl Block {
@@ -94,6 +139,11 @@ impl Block {
             Block::Artifact { .. } => "artifact",
             Block::Summary { .. } => "summary",
             Block::Attachment { .. } => "attachment",
+            Block::ApprovalRequest { .. } => "approval_request",
+            Block::ApprovalResponse { .. } => "approval_response",
+            Block::QuestionRequest { .. } => "question_request",
+            Block::QuestionResponse { .. } => "question_response",
+            Block::AgentSwitched { .. } => "agent_switched",
         }
     }
 }

@@ -17,15 +17,17 @@
 use async_trait::async_trait;
 use serde_json::json;
 use turnpike_schemas::entry::TurnOutcome;
-use turnpike_schemas::Block;
+use turnpike_schemas::{Block, Event, EventBody, RequestId};
 
 use crate::error::{Error, Result};
 use crate::model::{
     CallContext, Message, ModelProvider, ModelReply, ModelRequest, Role, ToolCallRequest, ToolSpec,
 };
+use crate::approvals::{canonical, canonical_string, pending};
+use crate::apps::AgentSpec;
 use crate::timeline::messages;
 use crate::tokens::TokenCounter;
-use crate::tools::{run_call, ToolOutput, Toolset};
+use crate::tools::{run_call, ToolOutput};
 use crate::turn::{input_block, TurnContext};
 
 /// What the closing call asks for.
@@ -65,6 +67,11 @@ pub trait Inbox: Send {
 pub trait ToolRunner: Send + Sync {
     fn specs(&self) -> Vec<ToolSpec>;
     async fn run(&self, call: &ToolCallRequest) -> (bool, ToolOutput);
+    /// The approval request that parks the turn at this call, if it is gated.
+    fn gate(&self, call: &ToolCallRequest) -> Option<Block> {
+        let _ = call;
+        None
+    }
 }
 
 /// Runs the loop over `blocks` (the turn's blocks so far, its inputs first) after `history`
@@ -111,8 +118,13 @@ pub async fn run(
             blocks.push(Block::AssistantMessage { text });
             return Ok(TurnOutcome::Replied);
         }
-        if !text.trim().is_empty() {
-            blocks.push(Block::AssistantMessage { text });
+        // A gated call parks the turn: the calls before it run, the round's text is withheld.
+        let gated = tool_calls
+            .iter()
+            .enumerate()
+            .find_map(|(i, c)| tools.gate(c).map(|request| (i, request)));
+        if !text.trim().is_empty() && gated.is_none() {
+            blocks.push(Block::AssistantMessage { text: text.clone() });
         }
         for call in &tool_calls {
             blocks.push(Block::ToolCall {
@@ -121,7 +133,27 @@ pub async fn run(
                 arguments: call.arguments.clone(),
             });
         }
-        for call in &tool_calls {
+        for (i, call) in tool_calls.iter().enumerate() {
+            if let Some((at, request)) = &gated {
+                if i == *at {
+                    let mut request = request.clone();
+                    if let Block::ApprovalRequest { withheld, .. } = &mut request {
+                        if !text.trim().is_empty() {
+                            *withheld = text.clone();
+                        }
+                    }
+                    blocks.push(request);
+                    continue;
+                }
+                if i > *at {
+                    blocks.push(Block::ToolResult {
+                        call_id: call.id.clone(),
+                        ok: false,
+                        output: json!({ "error": "not run: the turn is waiting for an approval" }),
+                    });
+                    continue;
+                }
+            }
             let (ok, out) = tokio::select! {
                 biased;
                 _ = inbox.stop_requested() => {
@@ -139,7 +171,17 @@ pub async fn run(
                 ok,
                 output: out.output,
             });
+            let parks = out
+                .blocks
+                .iter()
+                .any(|b| matches!(b, Block::QuestionRequest { .. }));
             blocks.extend(out.blocks);
+            if parks {
+                return Ok(TurnOutcome::Parked);
+            }
+        }
+        if gated.is_some() {
+            return Ok(TurnOutcome::Parked);
         }
     }
     // The rounds ran out (or the model said nothing): one closing call, without tools.
@@ -186,6 +228,7 @@ fn request(
         tools: specs.to_vec(),
         turn_start,
         closing,
+        compaction: false,
         max_tokens: None,
     }
 }
@@ -228,26 +271,232 @@ impl Inbox for LaneInbox<'_, '_> {
 /// The live tools: the agent's allowlist, over the turn's workspace and bound identity.
 struct LiveTools<'t, 'a> {
     turn: &'t TurnContext<'a>,
-    tools: Toolset,
+    spec: &'t AgentSpec,
+}
+
+impl LiveTools<'_, '_> {
+    /// Runs a call (no gating): a side-effecting one only after its intent is committed.
+    async fn execute(&self, call: &ToolCallRequest) -> Result<(bool, ToolOutput)> {
+        if self.spec.tools.side_effects(&call.name) {
+            self.turn
+                .commit_intent(&call.id, &call.name, &call.arguments)
+                .await?;
+        }
+        let cx = self.turn.tool_context(&call.id);
+        Ok(run_call(&self.spec.tools, &cx, &call.id, &call.name, call.arguments.clone()).await)
+    }
 }
 
 #[async_trait]
 impl ToolRunner for LiveTools<'_, '_> {
     fn specs(&self) -> Vec<ToolSpec> {
-        self.tools.specs()
+        self.spec.tools.specs()
     }
 
     async fn run(&self, call: &ToolCallRequest) -> (bool, ToolOutput) {
-        let cx = self.turn.tool_context();
-        run_call(
-            &self.tools,
-            &cx,
-            &call.id,
-            &call.name,
-            call.arguments.clone(),
-        )
-        .await
+        match self.execute(call).await {
+            Ok(result) => result,
+            // The intent could not be committed (fenced, store down): the call does not run.
+            Err(e) => (
+                false,
+                json!({ "error": format!("not run: {e}") }).into(),
+            ),
+        }
     }
+
+    fn gate(&self, call: &ToolCallRequest) -> Option<Block> {
+        if !self.spec.policy.gated(&call.name, &call.arguments) {
+            return None;
+        }
+        let approvers = self
+            .turn
+            .directive()
+            .and_then(|d| d.required_approver.clone())
+            .into_iter()
+            .collect();
+        Some(Block::ApprovalRequest {
+            request_id: RequestId::new(),
+            call_id: call.id.clone(),
+            tool: call.name.clone(),
+            arguments: canonical(&call.arguments),
+            approvers,
+            withheld: String::new(),
+        })
+    }
+}
+
+/// What the turn's inputs ask for besides answers.
+struct Asks {
+    /// A message, follow-up, steer or attachment: the model has work.
+    work: bool,
+    /// A new user message or an agent switch: pending requests are rejected first.
+    supersedes: bool,
+    /// A manual compaction.
+    compact: bool,
+}
+
+fn asks(inputs: &[Event]) -> Asks {
+    let mut a = Asks {
+        work: false,
+        supersedes: false,
+        compact: false,
+    };
+    for e in inputs {
+        match &e.body {
+            EventBody::Message { .. } => {
+                a.work = true;
+                a.supersedes = true;
+            }
+            EventBody::FollowUp { .. } | EventBody::Steer { .. } | EventBody::Attachment { .. } => {
+                a.work = true
+            }
+            EventBody::SwitchAgent { .. } => a.supersedes = true,
+            EventBody::Compact {} => a.compact = true,
+            _ => {}
+        }
+    }
+    a
+}
+
+/// Applies the turn's answers, automatic rejections and switches before the model runs:
+/// approvals (checked against the pending call, its approvers and the echoed call), questions,
+/// and `switch_agent`. Returns whether an answer applied (the model then continues).
+async fn prelude(
+    turn: &TurnContext<'_>,
+    tools: &LiveTools<'_, '_>,
+    history: &[Block],
+    blocks: &mut Vec<Block>,
+    asks: &Asks,
+) -> Result<bool> {
+    let (mut approvals, mut questions) = pending(history.iter().chain(blocks.iter()));
+    let mut applied = false;
+    if asks.supersedes {
+        for p in approvals.drain(..) {
+            blocks.push(Block::ApprovalResponse {
+                request_id: p.request_id,
+                approved: false,
+                by: None,
+                reason: Some("superseded by a new message or an agent switch".into()),
+                automatic: true,
+                refused: None,
+            });
+        }
+        for q in questions.drain(..) {
+            blocks.push(Block::QuestionResponse {
+                request_id: q.request_id,
+                answer: "superseded by a new message or an agent switch".into(),
+                automatic: true,
+            });
+        }
+    }
+    for event in turn.inputs() {
+        let by = &event.address.identity;
+        match &event.body {
+            EventBody::ApprovalResponse {
+                request_id,
+                approve,
+                reason,
+                tool,
+                arguments,
+            } => {
+                let refuse = |why: String| Block::ApprovalResponse {
+                    request_id: *request_id,
+                    approved: *approve,
+                    by: Some(by.clone()),
+                    reason: reason.clone(),
+                    automatic: false,
+                    refused: Some(why),
+                };
+                let Some(at) = approvals.iter().position(|p| p.request_id == *request_id) else {
+                    blocks.push(refuse(format!(
+                        "no approval request {request_id} is pending (unknown, or already answered)"
+                    )));
+                    continue;
+                };
+                let p = approvals[at].clone();
+                if !turn.may_answer(by, &p.approvers).await {
+                    blocks.push(refuse(format!("{by} may not answer this request")));
+                    continue;
+                }
+                if tool.as_ref().is_some_and(|t| *t != p.tool)
+                    || arguments.as_ref().is_some_and(|a| canonical(a) != p.arguments)
+                {
+                    blocks.push(refuse(format!(
+                        "the answer is for another call than {}({})",
+                        p.tool,
+                        canonical_string(&p.arguments)
+                    )));
+                    continue;
+                }
+                approvals.remove(at);
+                applied = true;
+                blocks.push(Block::ApprovalResponse {
+                    request_id: p.request_id,
+                    approved: *approve,
+                    by: Some(by.clone()),
+                    reason: reason.clone(),
+                    automatic: false,
+                    refused: None,
+                });
+                let call = ToolCallRequest {
+                    id: format!("{}-{}", p.call_id, if *approve { "approved" } else { "denied" }),
+                    name: p.tool.clone(),
+                    arguments: p.arguments.clone(),
+                };
+                blocks.push(Block::ToolCall {
+                    call_id: call.id.clone(),
+                    tool: call.name.clone(),
+                    arguments: call.arguments.clone(),
+                });
+                let (ok, out) = if *approve {
+                    tools.run(&call).await
+                } else {
+                    let why = reason.as_deref().unwrap_or("no reason given");
+                    (
+                        false,
+                        json!({ "error": format!("denied by {by}: {why}") }).into(),
+                    )
+                };
+                blocks.push(Block::ToolResult {
+                    call_id: call.id.clone(),
+                    ok,
+                    output: out.output,
+                });
+                blocks.extend(out.blocks);
+            }
+            EventBody::QuestionResponse { request_id, answer } => {
+                if let Some(at) = questions.iter().position(|q| q.request_id == *request_id) {
+                    questions.remove(at);
+                    applied = true;
+                    blocks.push(Block::QuestionResponse {
+                        request_id: *request_id,
+                        answer: answer.clone(),
+                        automatic: false,
+                    });
+                } else {
+                    // An answer to no pending question (an approval's id included) is not an
+                    // approval and changes nothing; the record keeps it as an input.
+                    tracing::warn!(%request_id, "an answer to no pending question was ignored");
+                }
+            }
+            EventBody::SwitchAgent { agent } => {
+                let current = turn.agent_id();
+                if agent != current && turn.app_agents().contains(agent) {
+                    blocks.push(Block::AgentSwitched {
+                        from: current.clone(),
+                        to: agent.clone(),
+                    });
+                } else if agent != current {
+                    return Err(Error::Route(format!(
+                        "cannot switch to agent {agent}: app {} has no such agent",
+                        turn.app()
+                    )));
+                }
+            }
+            _ => {}
+        }
+    }
+    Ok(applied)
 }
 
 /// Runs a live turn of the turn's agent (see [`crate::apps::AgentLoopApp`]).
@@ -260,23 +509,57 @@ pub async fn run_live(turn: &TurnContext<'_>) -> Result<TurnOutcome> {
         )));
     };
     let timeline = turn.timeline().await?;
+    let history_blocks = timeline.blocks();
+    let budget = u64::from(spec.context_length - spec.reply_reserve);
+    let asks = asks(turn.inputs());
+    let tools = LiveTools { turn, spec: &spec };
+    let mut blocks = turn.blocks();
+    let applied = prelude(turn, &tools, &history_blocks, &mut blocks, &asks).await;
+    let applied = match applied {
+        Ok(a) => a,
+        Err(e) => {
+            turn.set_blocks(blocks);
+            return Err(e);
+        }
+    };
+    let mut cx = CallContext::new(Some(turn.deltas()), turn.arrivals());
+    // Compaction: at the threshold, or when asked for.
+    let mut history = timeline.messages();
+    let used: u64 = history.iter().map(|m| spec.tokens.count(m)).sum();
+    let threshold = budget * COMPACT_AT_PERCENT / 100;
+    if (asks.compact || used >= threshold) && !history_blocks.is_empty() {
+        match crate::compaction::compact(turn, &spec, &history_blocks, &history, &mut cx).await {
+            Ok((summary, marker)) => {
+                // From here on the context is the summary (this turn's first row) and this turn.
+                blocks.insert(0, summary);
+                turn.set_compaction(marker);
+                history = Vec::new();
+            }
+            Err(e) => tracing::warn!(error = %e, "compaction failed; the context is trimmed instead"),
+        }
+    }
+    let (still_pending, _) = pending(history_blocks.iter().chain(blocks.iter()));
+    if !asks.work && !applied {
+        turn.set_blocks(blocks);
+        // Nothing for the model: a refused answer leaves the turn parked; a switch or a
+        // compaction alone is done.
+        return Ok(if still_pending.is_empty() {
+            TurnOutcome::Replied
+        } else {
+            TurnOutcome::Parked
+        });
+    }
     let settings = Settings {
         model: spec.model.clone(),
         system_prompt: spec.system_prompt.clone(),
         max_rounds: turn.max_rounds(),
-        history_budget: u64::from(spec.context_length - spec.reply_reserve),
+        history_budget: budget,
         tokens: spec.tokens.clone(),
     };
-    let mut blocks = turn.blocks();
     let mut inbox = LaneInbox { turn };
-    let tools = LiveTools {
-        turn,
-        tools: spec.tools.clone(),
-    };
-    let mut cx = CallContext::new(Some(turn.deltas()), turn.arrivals());
     let result = run(
         &settings,
-        timeline.messages(),
+        history,
         &mut blocks,
         spec.provider.as_ref(),
         &tools,
@@ -287,6 +570,9 @@ pub async fn run_live(turn: &TurnContext<'_>) -> Result<TurnOutcome> {
     turn.set_blocks(blocks);
     result
 }
+
+/// Compaction starts when the history reaches this share of the budget.
+pub const COMPACT_AT_PERCENT: u64 = 90;
 
 #[cfg(test)]
 mod tests {

@@ -23,6 +23,9 @@
 //!                               # model family (relative to the manifest); else an estimate
 //! stall_timeout_secs = 60       # openai: the longest gap between streamed chunks
 //! deadline_secs = 600           # openai: the longest a model call may take
+//! approval = [{ tool = "publish" },        # calls that need a person's approval: always, or
+//!   { tool = "write_file", arg = "path", matches = "deploy/*" }]   # when an argument matches
+//! compaction_prompt = "Summarise …"        # how older turns are summarised
 //! ```
 //!
 //! A manifest that does not fit is refused at start with the file, the field and the reason.
@@ -41,6 +44,7 @@ use crate::error::Result;
 use crate::model::openai::{OpenAi, OpenAiConfig};
 use crate::model::script::{Script, ScriptModel};
 use crate::model::ModelProvider;
+use crate::approvals::{Gate, Policy};
 use crate::tokens::TokenCounter;
 use crate::tools::{Registry, Toolset};
 use crate::turn::TurnContext;
@@ -78,7 +82,14 @@ pub struct AgentSpec {
     pub reply_reserve: u32,
     /// How the agent's tokens are counted.
     pub tokens: TokenCounter,
+    /// Which calls need a person's approval.
+    pub policy: Policy,
+    /// The prompt a compaction summarises with.
+    pub compaction_prompt: String,
 }
+
+/// The compaction prompt unless an agent sets its own.
+pub const DEFAULT_COMPACTION_PROMPT: &str = "Summarise the conversation so far for your own later use: the user's goals, decisions made, facts learned, files made (with their references) and open questions. Be brief and concrete.";
 
 struct HostedApp {
     tenants: Vec<TenantId>,
@@ -164,6 +175,14 @@ impl Apps {
         Ok(self)
     }
 
+    /// The agents of an app (empty for a native app or one not hosted).
+    pub fn agents_of(&self, app: &AppId) -> Vec<AgentId> {
+        self.apps
+            .get(app)
+            .map(|a| a.agents.keys().cloned().collect())
+            .unwrap_or_default()
+    }
+
     /// The app ids hosted (not counting the fallback).
     pub fn ids(&self) -> Vec<&AppId> {
         let mut ids: Vec<_> = self.apps.keys().collect();
@@ -211,6 +230,10 @@ impl Apps {
     }
 }
 
+fn policy_tools(policy: &Policy) -> Vec<String> {
+    policy.tools()
+}
+
 /// A validated manifest.
 pub struct Manifest {
     pub app: AppId,
@@ -256,6 +279,10 @@ struct RawAgent {
     deadline_secs: Option<u64>,
     #[serde(default)]
     tokenizer: Option<PathBuf>,
+    #[serde(default)]
+    approval: Vec<Gate>,
+    #[serde(default)]
+    compaction_prompt: Option<String>,
 }
 
 impl Manifest {
@@ -363,6 +390,15 @@ impl Manifest {
                     .map_err(|e| format!("{}: {e}", field("tokenizer")))?,
                 None => TokenCounter::Estimate,
             };
+            let policy =
+                Policy::new(agent.approval).map_err(|e| format!("agents.{name}.{e}"))?;
+            for gate in policy_tools(&policy) {
+                if !tools.contains(&gate) {
+                    return Err(format!(
+                        "agents.{name}.approval: unknown tool {gate:?}"
+                    ));
+                }
+            }
             agents.insert(
                 id.clone(),
                 Arc::new(AgentSpec {
@@ -375,6 +411,10 @@ impl Manifest {
                     context_length,
                     reply_reserve,
                     tokens,
+                    policy,
+                    compaction_prompt: agent
+                        .compaction_prompt
+                        .unwrap_or_else(|| DEFAULT_COMPACTION_PROMPT.into()),
                 }),
             );
         }

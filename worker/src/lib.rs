@@ -20,6 +20,8 @@
 pub mod agent;
 pub mod agent_loop;
 pub mod apps;
+pub mod approvals;
+pub mod compaction;
 pub mod config;
 pub mod error;
 pub mod model;

@@ -171,6 +171,7 @@ pub(crate) async fn own(
         search: worker.search.clone(),
         signer: worker.signer.clone(),
         apps: worker.apps.clone(),
+        directory: worker.conversations.directory().clone(),
         config: worker.config.clone(),
     };
     if worker.config.fault == Some(crate::config::Fault::HangAfterClaim) {

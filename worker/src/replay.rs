@@ -42,6 +42,8 @@ pub struct Recorded {
     pub results: HashMap<String, (bool, Value, Vec<Block>)>,
     /// Arrivals folded in before model call k (index k), and after the last (index len).
     pub arrivals: Vec<Vec<Block>>,
+    /// The approval requests that parked calls, by call id.
+    pub requests: HashMap<String, Block>,
 }
 
 fn is_input(block: &Block) -> bool {
@@ -113,7 +115,15 @@ impl Recorded {
                         .insert(call_id.clone(), (*ok, output.clone(), Vec::new()));
                     last_call = Some(call_id.clone());
                 }
-                Block::File { .. } | Block::Artifact { .. } if last_call.is_some() => {
+                Block::ApprovalRequest { call_id, .. } => {
+                    recorded.requests.insert(call_id.clone(), block.clone());
+                }
+                Block::File { .. }
+                | Block::Artifact { .. }
+                | Block::QuestionRequest { .. }
+                | Block::AgentSwitched { .. }
+                    if last_call.is_some() =>
+                {
                     let id = last_call.as_ref().expect("checked");
                     if let Some(r) = recorded.results.get_mut(id) {
                         r.2.push(block.clone());
@@ -180,6 +190,7 @@ impl ModelProvider for ReplayModel {
 
 /// Answers tool calls with recorded results — only for the recorded call.
 pub struct ReplayTools {
+    requests: HashMap<String, Block>,
     results: HashMap<String, (bool, Value, Vec<Block>)>,
     recorded_calls: HashMap<String, (String, Value)>,
     specs: Vec<ToolSpec>,
@@ -189,6 +200,10 @@ pub struct ReplayTools {
 impl ToolRunner for ReplayTools {
     fn specs(&self) -> Vec<ToolSpec> {
         self.specs.clone()
+    }
+
+    fn gate(&self, call: &ToolCallRequest) -> Option<Block> {
+        self.requests.get(&call.id).cloned()
     }
 
     async fn run(&self, call: &ToolCallRequest) -> (bool, ToolOutput) {
@@ -354,6 +369,7 @@ pub async fn replay(logs: &[TurnLog], what_if: Option<&WhatIf>) -> Vec<TurnRepla
         }
         let model = ReplayModel::new(recorded.outputs.clone());
         let tools = ReplayTools {
+            requests: recorded.requests.clone(),
             results: recorded.results.clone(),
             recorded_calls,
             specs: Vec::new(),

@@ -201,7 +201,9 @@ where
     let answered: std::collections::HashSet<&str> = blocks
         .clone()
         .filter_map(|b| match b {
-            Block::ToolResult { call_id, .. } => Some(call_id.as_str()),
+            Block::ToolResult { call_id, .. } | Block::ApprovalRequest { call_id, .. } => {
+                Some(call_id.as_str())
+            }
             _ => None,
         })
         .collect();
@@ -218,7 +220,10 @@ where
         }
     };
     for block in blocks {
-        if !matches!(block, Block::ToolCall { .. } | Block::ToolResult { .. }) {
+        if !matches!(
+            block,
+            Block::ToolCall { .. } | Block::ToolResult { .. } | Block::ApprovalRequest { .. }
+        ) {
             flush(&mut out, &mut pending_unanswered);
         }
         match block {
@@ -295,6 +300,74 @@ where
             } => out.push(Message::new(
                 Role::System,
                 format!("The user attached {name} ({media_type}) at {reference}"),
+            )),
+            Block::ApprovalRequest {
+                request_id,
+                call_id,
+                ..
+            } => {
+                let mut m = Message::new(
+                    Role::Tool,
+                    format!(r#"{{"status":"waiting for approval","request_id":"{request_id}"}}"#),
+                );
+                m.tool_call_id = Some(call_id.clone());
+                out.push(m);
+            }
+            Block::ApprovalResponse {
+                request_id,
+                approved,
+                by,
+                reason,
+                automatic,
+                refused,
+            } => {
+                let because = reason
+                    .as_deref()
+                    .map(|r| format!(": {r}"))
+                    .unwrap_or_default();
+                let text = match (refused, automatic, approved, by) {
+                    (Some(why), ..) => {
+                        format!("An answer to approval request {request_id} was refused ({why}); it is still pending.")
+                    }
+                    (None, true, _, _) => {
+                        format!("Approval request {request_id} was rejected automatically{because}.")
+                    }
+                    (None, false, true, Some(by)) => {
+                        format!("Approval request {request_id} was approved by {by}{because}.")
+                    }
+                    (None, false, _, by) => format!(
+                        "Approval request {request_id} was denied by {}{because}.",
+                        by.as_ref().map(|b| b.to_string()).unwrap_or_default()
+                    ),
+                };
+                out.push(Message::new(Role::System, text));
+            }
+            Block::QuestionRequest {
+                request_id,
+                question,
+                ..
+            } => out.push(Message::new(
+                Role::System,
+                format!("Waiting for the user's answer to question {request_id}: {question}"),
+            )),
+            Block::QuestionResponse {
+                request_id,
+                answer,
+                automatic,
+            } => out.push(if *automatic {
+                Message::new(
+                    Role::System,
+                    format!("Question {request_id} was withdrawn: {answer}"),
+                )
+            } else {
+                Message::new(
+                    Role::User,
+                    format!("(answer to your question {request_id}) {answer}"),
+                )
+            }),
+            Block::AgentSwitched { from, to } => out.push(Message::new(
+                Role::System,
+                format!("The conversation was handed from agent {from} to agent {to}."),
             )),
         }
     }

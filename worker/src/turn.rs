@@ -12,8 +12,9 @@ use turnpike_artifactory::{Files, Head, Record, RecordSigner, TurnLogs};
 use turnpike_resolver::Resolver;
 use turnpike_router::bus::{now_ms, Bus, LaneMessage};
 use turnpike_schemas::entry::{
-    AssistantMessage, Cancelled, ErrorEntry, IngressDirective, ToolCall, ToolResult, TurnComplete,
-    TurnDispatched, TurnOutcome,
+    AgentSwitched, ApprovalRequest, ApprovalResolved, AssistantMessage, Cancelled,
+    CompactionMarker, ErrorEntry, IngressDirective, QuestionRequest, ToolCall, ToolResult,
+    TurnAmbiguous, TurnComplete, TurnDispatched, TurnOutcome,
 };
 use turnpike_schemas::live::LiveFrame;
 use turnpike_schemas::turnlog::TURN_LOG_VERSION;
@@ -40,6 +41,7 @@ pub struct TurnEnv {
     pub search: Option<Arc<dyn SearchIndex>>,
     pub signer: RecordSigner,
     pub apps: Arc<Apps>,
+    pub directory: turnpike_artifactory::Directory,
     pub config: WorkerConfig,
 }
 
@@ -120,6 +122,12 @@ pub struct TurnContext<'a> {
     blocks: Mutex<Vec<Block>>,
     /// The timeline the turn was built on, once asked for; the snapshot after the turn extends it.
     timeline: Mutex<Option<Timeline>>,
+    /// Every agent of the turn's app.
+    app_agents: Vec<AgentId>,
+    /// Side-effecting calls whose intent was committed before they ran.
+    intents: Mutex<std::collections::HashSet<String>>,
+    /// The compaction this turn made, for batch two.
+    compaction: Mutex<Option<CompactionMarker>>,
     watch: LaneWatch,
     deltas: mpsc::UnboundedSender<String>,
 }
@@ -252,7 +260,7 @@ impl TurnContext<'_> {
         if let Some(t) = self.timeline.lock().expect("timeline lock").clone() {
             return Ok(t);
         }
-        let state = *self.head.lock().expect("head lock").state();
+        let state = self.head.lock().expect("head lock").state().clone();
         let timeline = crate::timeline::rebuild(
             &self.env.turn_logs,
             self.env.record.prefix(),
@@ -264,8 +272,8 @@ impl TurnContext<'_> {
         Ok(timeline)
     }
 
-    /// What a tool call of this turn can reach.
-    pub fn tool_context(&self) -> ToolContext<'_> {
+    /// What call `call_id` of this turn can reach.
+    pub fn tool_context<'c>(&'c self, call_id: &'c str) -> ToolContext<'c> {
         ToolContext {
             workspace: self.workspace.path(),
             identity: &self.identity,
@@ -274,7 +282,59 @@ impl TurnContext<'_> {
             resolver: &self.env.resolver,
             files: &self.env.files,
             search: self.env.search.as_ref(),
+            call_id,
+            agent: &self.agent,
+            app_agents: &self.app_agents,
         }
+    }
+
+    /// Every agent of the turn's app.
+    pub fn app_agents(&self) -> &[AgentId] {
+        &self.app_agents
+    }
+
+    /// The ingress directive of the turn, if any.
+    pub fn directive(&self) -> Option<&IngressDirective> {
+        self.directive.as_ref()
+    }
+
+    /// Commits that a side-effecting call is about to run, before it runs: if the worker dies
+    /// before the call's result is committed, recovery marks the turn ambiguous instead of
+    /// running the call again.
+    pub async fn commit_intent(&self, call_id: &str, tool: &str, arguments: &serde_json::Value) -> Result<()> {
+        let head = self.head.lock().expect("head lock").clone();
+        let entry = EntryBody::ToolCall(ToolCall {
+            turn: self.turn,
+            call_id: call_id.to_owned(),
+            tool: tool.to_owned(),
+            arguments: arguments.clone(),
+            side_effects: true,
+        });
+        let head = self.env.append(&head, &[entry]).await?;
+        *self.head.lock().expect("head lock") = head;
+        self.intents
+            .lock()
+            .expect("intents lock")
+            .insert(call_id.to_owned());
+        Ok(())
+    }
+
+    /// Whether `identity` may answer a request whose approvers are `approvers` (empty: whoever
+    /// may see the conversation — its owner, or someone it is shared with).
+    pub async fn may_answer(&self, identity: &Identity, approvers: &[Identity]) -> bool {
+        if !approvers.is_empty() {
+            return approvers.contains(identity);
+        }
+        self.env
+            .directory
+            .lookup(self.env.record.prefix().conversation(), identity)
+            .await
+            .is_ok()
+    }
+
+    /// Records the compaction this turn made (appended in batch two).
+    pub fn set_compaction(&self, marker: CompactionMarker) {
+        *self.compaction.lock().expect("compaction lock") = Some(marker);
     }
 }
 
@@ -309,10 +369,13 @@ pub async fn run_new_turn(
     epoch: u64,
 ) -> Result<Head> {
     let turn = TurnId::new(head.state().last_turn + 1).expect("turn numbers start at 1");
-    let agent: AgentId = inputs
-        .first()
-        .map(|m| m.event.address.agent.clone())
-        .expect("a turn has at least one input");
+    // The agent the conversation was last switched to, else the one it was opened with.
+    let agent: AgentId = head.state().active_agent.clone().unwrap_or_else(|| {
+        inputs
+            .first()
+            .map(|m| m.event.address.agent.clone())
+            .expect("a turn has at least one input")
+    });
     let mut bodies: Vec<EntryBody> = inputs
         .iter()
         .map(|m| EntryBody::input(m.event.clone(), Some(m.seq)))
@@ -374,6 +437,35 @@ pub async fn recover_turn(env: &TurnEnv, head: Head) -> Result<Head> {
         EntryBody::IngressDirective(d) => Some(d.clone()),
         _ => None,
     });
+    // A side-effecting call that started and has no committed result: its effect is unknown.
+    // Quarantine the turn; never run the call again.
+    let unanswered = entries.iter().find_map(|e| match &e.body {
+        EntryBody::ToolCall(c)
+            if c.side_effects
+                && !entries.iter().any(|r| {
+                    matches!(&r.body, EntryBody::ToolResult(res) if res.call_id == c.call_id)
+                }) =>
+        {
+            Some(c.clone())
+        }
+        _ => None,
+    });
+    if let Some(call) = unanswered {
+        warn!(conversation = %env.record.prefix().conversation(), %turn, tool = %call.tool,
+              "a side-effecting call was interrupted; quarantining the turn");
+        // What the interrupted attempt may have left is not part of any committed turn.
+        env.turn_logs.discard(env.record.prefix(), turn).await?;
+        let body = EntryBody::TurnAmbiguous(TurnAmbiguous {
+            turn,
+            tool: call.tool.clone(),
+            call_id: call.call_id.clone(),
+            reason: format!(
+                "the worker stopped after {} started and before its result was recorded; it is not run again: decide whether it took effect",
+                call.tool
+            ),
+        });
+        return env.append(&head, &[body]).await;
+    }
     warn!(conversation = %env.record.prefix().conversation(), %turn, "recovering a turn left open");
     finish_turn(env, head, turn, agent, events, directive).await
 }
@@ -391,6 +483,7 @@ async fn finish_turn(
     let app = first.address.app.clone();
     let identity = first.address.identity.clone();
     let route = env.apps.route(env.record.prefix().tenant(), &app, &agent);
+    let app_agents = env.apps.agents_of(&app);
     let workspace =
         Workspace::create(&env.config.workspace_root, conversation, turn).map_err(|e| {
             Error::Workspace(format!(
@@ -424,6 +517,9 @@ async fn finish_turn(
         head: Mutex::new(head),
         blocks: Mutex::new(blocks),
         timeline: Mutex::new(None),
+        app_agents,
+        intents: Mutex::new(Default::default()),
+        compaction: Mutex::new(None),
         watch: LaneWatch::start(env.bus.clone(), env, lane_through),
         deltas: delta_tx,
     };
@@ -444,8 +540,12 @@ async fn finish_turn(
         watch,
         deltas,
         spec,
+        intents,
+        compaction,
+        identity,
         ..
     } = ctx;
+    let intents = intents.into_inner().expect("intents lock");
     drop(watch);
     drop(deltas);
     let _ = forwarder.await;
@@ -454,11 +554,20 @@ async fn finish_turn(
     if let Err(e) = workspace.remove().await {
         warn!(%conversation, %turn, error = %e, "could not remove the turn's workspace");
     }
-    let mut bodies: Vec<EntryBody> = blocks
-        .iter()
-        .skip(input_count)
-        .filter_map(|b| turn_entry(turn, b))
+    let side_effects = |tool: &str| spec.as_ref().is_some_and(|s| s.tools.side_effects(tool));
+    let mut bodies: Vec<EntryBody> = compaction
+        .into_inner()
+        .expect("compaction lock")
+        .map(EntryBody::CompactionMarker)
+        .into_iter()
         .collect();
+    bodies.extend(
+        blocks
+            .iter()
+            .skip(input_count)
+            .filter(|b| !matches!(b, Block::ToolCall { call_id, .. } if intents.contains(call_id)))
+            .filter_map(|b| turn_entry(turn, b, &identity, &side_effects)),
+    );
     let log = TurnLog {
         version: TURN_LOG_VERSION,
         conversation,
@@ -470,7 +579,9 @@ async fn finish_turn(
     let digest = env.turn_logs.write(env.record.prefix(), &log).await?;
     if let Some(before) = timeline.into_inner().expect("timeline lock") {
         // What the next turn's rebuild reads in one fetch: bounded by what its agent could use.
-        let budget = spec.map_or(u64::MAX, |s| 2 * u64::from(s.context_length));
+        let budget = spec
+            .as_ref()
+            .map_or(u64::MAX, |s| 2 * u64::from(s.context_length));
         let snapshot = crate::timeline::snapshot_after(
             &before,
             env.record.prefix(),
@@ -520,7 +631,12 @@ async fn finish_turn(
 }
 
 /// The record entry of a block the turn produced, for those that have one.
-fn turn_entry(turn: TurnId, block: &Block) -> Option<EntryBody> {
+fn turn_entry(
+    turn: TurnId,
+    block: &Block,
+    identity: &Identity,
+    side_effects: &dyn Fn(&str) -> bool,
+) -> Option<EntryBody> {
     match block {
         Block::AssistantMessage { text } => Some(EntryBody::AssistantMessage(AssistantMessage {
             turn,
@@ -535,7 +651,7 @@ fn turn_entry(turn: TurnId, block: &Block) -> Option<EntryBody> {
             call_id: call_id.clone(),
             tool: tool.clone(),
             arguments: arguments.clone(),
-            side_effects: false,
+            side_effects: side_effects(tool),
         })),
         Block::ToolResult {
             call_id,
@@ -546,6 +662,49 @@ fn turn_entry(turn: TurnId, block: &Block) -> Option<EntryBody> {
             call_id: call_id.clone(),
             ok: *ok,
             output: output.clone(),
+        })),
+        Block::ApprovalRequest {
+            request_id,
+            tool,
+            arguments,
+            approvers,
+            ..
+        } => Some(EntryBody::ApprovalRequest(ApprovalRequest {
+            turn,
+            request_id: *request_id,
+            tool: tool.clone(),
+            arguments: arguments.clone(),
+            approvers: approvers.clone(),
+        })),
+        Block::ApprovalResponse {
+            request_id,
+            approved,
+            by,
+            reason,
+            automatic,
+            refused,
+        } => Some(EntryBody::ApprovalResolved(ApprovalResolved {
+            turn,
+            request_id: *request_id,
+            approved: *approved,
+            by: by.clone(),
+            reason: reason.clone(),
+            automatic: *automatic,
+            refused: refused.clone(),
+        })),
+        Block::QuestionRequest {
+            request_id,
+            question,
+            ..
+        } => Some(EntryBody::QuestionRequest(QuestionRequest {
+            turn,
+            request_id: *request_id,
+            question: question.clone(),
+        })),
+        Block::AgentSwitched { from, to } => Some(EntryBody::AgentSwitched(AgentSwitched {
+            from: from.clone(),
+            to: to.clone(),
+            by: identity.clone(),
         })),
         _ => None,
     }

@@ -149,6 +149,7 @@ fn request(model: &str) -> ModelRequest {
         }],
         turn_start: 1,
         closing: false,
+        compaction: false,
         max_tokens: None,
     }
 }

@@ -238,7 +238,7 @@ impl Record {
                 _ => {}
             }
         }
-        let mut state = head.state;
+        let mut state = head.state.clone();
         for body in bodies {
             state::apply(&mut state, body).map_err(|why| {
                 Error::new(
@@ -261,7 +261,7 @@ impl Record {
         bodies: &[EntryBody],
     ) -> (StoredBatch, Head) {
         let mut mmr = head.mmr.clone();
-        let mut state = head.state;
+        let mut state = head.state.clone();
         let mut entries = Vec::with_capacity(bodies.len() + 1);
         for body in bodies {
             // Callers check the rules first (`check_bodies`); repair seals what it checked.
@@ -276,7 +276,7 @@ impl Record {
             leaf_count: mmr.leaves(),
             root: hex::encode(root),
             peaks: mmr.peaks().iter().map(hex::encode).collect(),
-            state,
+            state: state.clone(),
             key_id: signer.key_id().to_owned(),
             signature: hex::encode(signer.sign(&partition, mmr.leaves(), &root)),
         });

@@ -57,6 +57,9 @@ pub fn apply(state: &mut RecordState, body: &EntryBody) -> Result<(), String> {
                 }
                 state.summary_turn = marker.turn.number();
             }
+            if let EntryBody::AgentSwitched(switch) = other {
+                state.active_agent = Some(switch.to.clone());
+            }
             if let Some(turn) = other.turn() {
                 if !state.turn_open || turn.number() != state.last_turn {
                     return Err(format!(
@@ -131,6 +134,7 @@ mod tests {
                 last_turn: 2,
                 turn_open: true,
                 summary_turn: 0,
+                active_agent: None,
             }
         );
     }

@@ -197,7 +197,7 @@ impl Record {
             }
         }
         let mut walk = Walk::new(self, keys, from.batches, mmr);
-        walk.state = from.state;
+        walk.state = from.state.clone();
         walk.run().await
     }
 }

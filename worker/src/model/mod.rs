@@ -81,6 +81,8 @@ pub struct ModelRequest {
     pub turn_start: usize,
     /// The closing call of a turn whose rounds ran out: no tools, a reply is wanted.
     pub closing: bool,
+    /// A compaction: a summary of the messages is wanted, not a reply.
+    pub compaction: bool,
     pub max_tokens: Option<u32>,
 }
 

@@ -12,6 +12,8 @@
 //! delay_ms = 0                # wait before replying
 //! ```
 //!
+//! A top-level `compaction = "…"` is the summary a compaction call gets.
+//!
 //! Placeholders in texts and string arguments: `{last_user}` (the latest user message),
 //! `{attachment}` (the latest attachment reference seen in the conversation), `{file:NAME}`
 //! (the latest hosted-file reference ending in `/NAME`), `{turn_file:NAME}` (the same, but only
@@ -38,6 +40,10 @@ const MAX_HOLD: Duration = Duration::from_secs(30);
 pub struct Script {
     #[serde(default, rename = "turn")]
     turns: Vec<ScriptTurn>,
+    /// The summary a compaction call gets (placeholders filled; `{messages}` is how many
+    /// messages it summarised).
+    #[serde(default)]
+    compaction: Option<String>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -114,6 +120,16 @@ impl ModelProvider for ScriptModel {
         request: &ModelRequest,
         cx: &mut CallContext,
     ) -> Result<ModelReply, ModelError> {
+        if request.compaction {
+            let vars = Vars::from_request(request);
+            let text = vars
+                .fill(self.script.compaction.as_deref().unwrap_or("(summary)"))
+                .replace("{messages}", &request.messages.len().to_string());
+            return Ok(ModelReply {
+                text,
+                ..ModelReply::default()
+            });
+        }
         let turn_messages = request.messages.get(request.turn_start..).unwrap_or(&[]);
         let first_user = turn_messages
             .iter()
@@ -278,6 +294,7 @@ mod tests {
             tools: Vec::new(),
             turn_start,
             closing: false,
+            compaction: false,
             max_tokens: None,
         }
     }

@@ -6,6 +6,7 @@
 //! [`MAX_RESULT_BYTES`] are hosted as a file; the model gets a preview and the reference.
 
 mod files;
+mod people;
 mod refs;
 
 use std::collections::BTreeMap;
@@ -17,11 +18,12 @@ use bytes::Bytes;
 use serde_json::{json, Value};
 use turnpike_artifactory::{ConversationPrefix, Files};
 use turnpike_resolver::Resolver;
-use turnpike_schemas::{Block, Identity, RefPath, TurnId};
+use turnpike_schemas::{AgentId, Block, Identity, RefPath, TurnId};
 
 use crate::model::ToolSpec;
 
 pub use files::{ListFiles, ReadFile, WriteFile};
+pub use people::{AskUser, SwitchAgent};
 pub use refs::{Exec, Publish, Pull, Search, SearchIndex};
 
 /// The largest tool result handed to the model inline, in bytes of JSON.
@@ -39,6 +41,25 @@ pub struct ToolContext<'a> {
     pub resolver: &'a Resolver,
     pub files: &'a Files,
     pub search: Option<&'a Arc<dyn SearchIndex>>,
+    /// The call being run.
+    pub call_id: &'a str,
+    /// The agent running the turn, and every agent of its app.
+    pub agent: &'a AgentId,
+    pub app_agents: &'a [AgentId],
+}
+
+impl ToolContext<'_> {
+    /// A key for this call that stays the same when the turn is retried: pass it on to an
+    /// external service so a repeated side effect is recognised (SHA-256 of conversation, turn
+    /// and call id, hex).
+    pub fn idempotency_key(&self) -> String {
+        let mut hasher = <sha2::Sha256 as sha2::Digest>::new();
+        sha2::Digest::update(
+            &mut hasher,
+            format!("{}\n{}\n{}", self.prefix.conversation(), self.turn, self.call_id),
+        );
+        hex::encode(sha2::Digest::finalize(hasher))
+    }
 }
 
 /// What a tool returned.
@@ -81,9 +102,11 @@ pub struct Registry {
 
 impl Registry {
     /// The built-in tools: `read_file`, `list_files`, `write_file`, `pull`, `publish`,
-    /// `search` and `exec`.
+    /// `search`, `exec`, `ask_user` and `system__switch_to_agent`.
     pub fn builtin() -> Self {
         Self::default()
+            .with(Arc::new(AskUser))
+            .with(Arc::new(SwitchAgent))
             .with(Arc::new(ReadFile))
             .with(Arc::new(ListFiles))
             .with(Arc::new(WriteFile))
@@ -140,6 +163,11 @@ impl Toolset {
 
     pub fn get(&self, name: &str) -> Option<&Arc<dyn Tool>> {
         self.tools.iter().find(|t| t.spec().name == name)
+    }
+
+    /// Whether a call of `name` has effects outside the workspace.
+    pub fn side_effects(&self, name: &str) -> bool {
+        self.get(name).is_some_and(|t| t.side_effects())
     }
 }
 

@@ -1,0 +1,280 @@
+//! Approvals and questions: which calls are gated, the canonical form an approval binds to,
+//! and what is still pending in a conversation.
+//!
+//! Binding: an approval applies to exactly one call — its request id, tool name and canonical
+//! arguments. The canonical form sorts object keys and normalises numbers (an integral float is
+//! an integer: `1.0` → `1`; other floats keep their shortest round-trip form), so two spellings
+//! of the same call are one call, and any other call needs another approval.
+
+use serde::Deserialize;
+use serde_json::{Map, Number, Value};
+use turnpike_schemas::{Block, Identity, RequestId};
+
+/// The canonical form of a JSON value (see the module docs).
+pub fn canonical(value: &Value) -> Value {
+    match value {
+        Value::Object(map) => {
+            let mut keys: Vec<&String> = map.keys().collect();
+            keys.sort();
+            let mut out = Map::new();
+            for k in keys {
+                out.insert(k.clone(), canonical(&map[k]));
+            }
+            Value::Object(out)
+        }
+        Value::Array(items) => Value::Array(items.iter().map(canonical).collect()),
+        Value::Number(n) => Value::Number(canonical_number(n)),
+        other => other.clone(),
+    }
+}
+
+fn canonical_number(n: &Number) -> Number {
+    if n.is_i64() || n.is_u64() {
+        return n.clone();
+    }
+    match n.as_f64() {
+        Some(f) if f.fract() == 0.0 && f.abs() < 9.007_199_254_740_992e15 => {
+            Number::from(f as i64)
+        }
+        Some(f) => Number::from_f64(f).unwrap_or_else(|| n.clone()),
+        None => n.clone(),
+    }
+}
+
+/// The canonical text of a value: keys sorted at every level, whatever the map type.
+pub fn canonical_string(value: &Value) -> String {
+    let mut out = String::new();
+    write_canonical(&canonical(value), &mut out);
+    out
+}
+
+fn write_canonical(value: &Value, out: &mut String) {
+    match value {
+        Value::Object(map) => {
+            let mut keys: Vec<&String> = map.keys().collect();
+            keys.sort();
+            out.push('{');
+            for (i, k) in keys.into_iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                out.push_str(&Value::String(k.clone()).to_string());
+                out.push(':');
+                write_canonical(&map[k], out);
+            }
+            out.push('}');
+        }
+        Value::Array(items) => {
+            out.push('[');
+            for (i, v) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                write_canonical(v, out);
+            }
+            out.push(']');
+        }
+        other => out.push_str(&other.to_string()),
+    }
+}
+
+/// One rule of an agent's approval policy (manifest: `approval = [{ tool = "publish" }, …]`).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Gate {
+    pub tool: String,
+    /// `always` (default) or `never`.
+    #[serde(default = "always")]
+    pub when: String,
+    /// With `matches`: gate only calls whose string argument `arg` matches the pattern.
+    #[serde(default)]
+    pub arg: Option<String>,
+    /// A pattern with `*` wildcards, e.g. `deploy/*`.
+    #[serde(default)]
+    pub matches: Option<String>,
+}
+
+fn always() -> String {
+    "always".into()
+}
+
+/// Which tool calls need a person's approval.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Policy {
+    gates: Vec<Gate>,
+}
+
+impl Policy {
+    /// Checks the rules; the error names what is wrong.
+    pub fn new(gates: Vec<Gate>) -> Result<Self, String> {
+        for (i, g) in gates.iter().enumerate() {
+            if g.when != "always" && g.when != "never" {
+                return Err(format!(
+                    "approval[{i}].when: {:?} is not \"always\" or \"never\"",
+                    g.when
+                ));
+            }
+            if g.arg.is_some() != g.matches.is_some() {
+                return Err(format!(
+                    "approval[{i}]: `arg` and `matches` go together"
+                ));
+            }
+        }
+        Ok(Self { gates })
+    }
+
+    /// The tools the rules name.
+    pub fn tools(&self) -> Vec<String> {
+        self.gates.iter().map(|g| g.tool.clone()).collect()
+    }
+
+    /// Whether a call needs approval: the first rule for its tool decides.
+    pub fn gated(&self, tool: &str, arguments: &Value) -> bool {
+        for gate in self.gates.iter().filter(|g| g.tool == tool) {
+            if gate.when == "never" {
+                return false;
+            }
+            match (&gate.arg, &gate.matches) {
+                (Some(arg), Some(pattern)) => {
+                    if arguments
+                        .get(arg)
+                        .and_then(Value::as_str)
+                        .is_some_and(|v| glob(pattern, v))
+                    {
+                        return true;
+                    }
+                }
+                _ => return true,
+            }
+        }
+        false
+    }
+}
+
+/// `*` matches any run of characters; everything else matches itself.
+fn glob(pattern: &str, text: &str) -> bool {
+    let parts: Vec<&str> = pattern.split('*').collect();
+    if parts.len() == 1 {
+        return pattern == text;
+    }
+    let (first, last) = (parts[0], parts[parts.len() - 1]);
+    if !text.starts_with(first) || text.len() < first.len() + last.len() || !text.ends_with(last) {
+        return false;
+    }
+    let mut rest = &text[first.len()..text.len() - last.len()];
+    for middle in &parts[1..parts.len() - 1] {
+        match rest.find(middle) {
+            Some(i) => rest = &rest[i + middle.len()..],
+            None => return false,
+        }
+    }
+    true
+}
+
+/// An approval request still waiting for an answer.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PendingApproval {
+    pub request_id: RequestId,
+    pub call_id: String,
+    pub tool: String,
+    pub arguments: Value,
+    pub approvers: Vec<Identity>,
+}
+
+/// A question still waiting for an answer.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PendingQuestion {
+    pub request_id: RequestId,
+    pub question: String,
+}
+
+/// What is pending after `blocks` (the history, then the turn so far): requests with no
+/// answer that applied (a refused answer leaves a request pending).
+pub fn pending<'b>(
+    blocks: impl IntoIterator<Item = &'b Block>,
+) -> (Vec<PendingApproval>, Vec<PendingQuestion>) {
+    let mut approvals: Vec<PendingApproval> = Vec::new();
+    let mut questions: Vec<PendingQuestion> = Vec::new();
+    for block in blocks {
+        match block {
+            Block::ApprovalRequest {
+                request_id,
+                call_id,
+                tool,
+                arguments,
+                approvers,
+                ..
+            } => approvals.push(PendingApproval {
+                request_id: *request_id,
+                call_id: call_id.clone(),
+                tool: tool.clone(),
+                arguments: arguments.clone(),
+                approvers: approvers.clone(),
+            }),
+            Block::ApprovalResponse {
+                request_id,
+                refused: None,
+                ..
+            } => approvals.retain(|p| p.request_id != *request_id),
+            Block::QuestionRequest {
+                request_id,
+                question,
+                ..
+            } => questions.push(PendingQuestion {
+                request_id: *request_id,
+                question: question.clone(),
+            }),
+            Block::QuestionResponse { request_id, .. } => {
+                questions.retain(|q| q.request_id != *request_id)
+            }
+            _ => {}
+        }
+    }
+    (approvals, questions)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn the_canonical_form_is_golden() {
+        let cases = [
+            (json!({"b": 1, "a": {"d": [2.0, 1.5], "c": null}}), r#"{"a":{"c":null,"d":[2,1.5]},"b":1}"#),
+            (json!({"path": "x", "n": 10.0}), r#"{"n":10,"path":"x"}"#),
+            (json!({"n": -0.0}), r#"{"n":0}"#),
+            (json!({"n": 1e300}), r#"{"n":1e+300}"#),
+            (json!({"n": 0.1}), r#"{"n":0.1}"#),
+            (json!({"s": "é\n\"q\""}), r#"{"s":"é\n\"q\""}"#),
+            (json!([3, {"z": true, "y": false}]), r#"[3,{"y":false,"z":true}]"#),
+            (json!(18446744073709551615u64), "18446744073709551615"),
+        ];
+        for (value, golden) in cases {
+            assert_eq!(canonical_string(&value), golden, "{value}");
+        }
+        // Two spellings of one call are one call.
+        let a: Value = serde_json::from_str(r#"{"n": 2.0, "path": "a"}"#).unwrap();
+        let b: Value = serde_json::from_str(r#"{"path":"a","n":2}"#).unwrap();
+        assert_eq!(canonical(&a), canonical(&b));
+        let c: Value = serde_json::from_str(r#"{"path":"b","n":2}"#).unwrap();
+        assert_ne!(canonical(&a), canonical(&c));
+    }
+
+    #[test]
+    fn the_first_rule_for_a_tool_decides() {
+        let policy = Policy::new(vec![
+            Gate { tool: "write_file".into(), when: "always".into(), arg: Some("path".into()), matches: Some("deploy/*".into()) },
+            Gate { tool: "publish".into(), when: "always".into(), arg: None, matches: None },
+            Gate { tool: "read_file".into(), when: "never".into(), arg: None, matches: None },
+        ])
+        .unwrap();
+        assert!(policy.gated("publish", &json!({})));
+        assert!(policy.gated("write_file", &json!({"path": "deploy/prod.yaml"})));
+        assert!(!policy.gated("write_file", &json!({"path": "notes/deploy.txt"})));
+        assert!(!policy.gated("read_file", &json!({})));
+        assert!(!policy.gated("list_files", &json!({})));
+        assert!(glob("a*b*c", "axxbyyc") && !glob("a*b*c", "axxc") && glob("*", ""));
+        assert!(Policy::new(vec![Gate { tool: "x".into(), when: "sometimes".into(), arg: None, matches: None }]).is_err());
+    }
+}
