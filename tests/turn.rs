@@ -3,31 +3,25 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use async_trait::async_trait;
 use futures::StreamExt as _;
 use object_store::memory::InMemory;
 use object_store::ObjectStore;
 use serde_json::{json, Value};
-use tempfile::TempDir;
 use tokio::sync::Notify;
 use turnpike_artifactory::{ConversationPrefix, Conversations, Files, Record, TurnLogs};
-use turnpike_router::embedded::{EmbeddedBus, EmbeddedConfig};
-use turnpike_router::{Bus, Ingress};
 use turnpike_schemas::entry::{CompactionMarker, IngressDirective, TurnOutcome};
 use turnpike_schemas::live::LiveFrame;
 use turnpike_schemas::turnlog::TURN_LOG_VERSION;
 use turnpike_schemas::{Block, ConversationId, EntryBody, EntryKind, EventBody, TurnId, TurnLog};
 use turnpike_tests::counting::CountingStore;
 use turnpike_tests::fixtures::{batch_one, batch_two, opened, owner, signer, tenant};
-use turnpike_tests::lanes::{create_conversations, wait_for_turns};
+use turnpike_tests::turns::{replies, tool_calls, Rig, RigOptions, LONG};
 use turnpike_worker::agent_loop::{CANCELLED_RESULT, CLOSING_PROMPT, FALLBACK_REPLY};
 use turnpike_worker::model::ToolSpec;
 use turnpike_worker::tools::{Tool, ToolContext, ToolOutput};
-use turnpike_worker::{Apps, Registry, Worker, WorkerConfig, WorkerPool};
-
-const LONG: Duration = Duration::from_secs(30);
 
 /// What the blocking test tool saw.
 #[derive(Default)]
@@ -65,166 +59,6 @@ impl Tool for Block_ {
         std::future::pending::<()>().await;
         unreachable!()
     }
-}
-
-struct Rig {
-    counting: Arc<CountingStore>,
-    make_worker: Box<dyn Fn() -> Worker + Send + Sync>,
-    _dir: TempDir,
-    bus: Arc<dyn Bus>,
-    conversations: Conversations,
-    pool: Option<WorkerPool>,
-    conv: ConversationId,
-    ingress: Ingress,
-    probe: Arc<Probe>,
-    workspaces: std::path::PathBuf,
-}
-
-impl Rig {
-    async fn start(script: &str, max_rounds: u32) -> Rig {
-        Self::start_with(script, max_rounds, None).await
-    }
-
-    /// A rig whose worker is not running yet (see [`Self::run`]).
-    async fn paused(script: &str, max_rounds: u32) -> Rig {
-        let mut rig = Self::start_with(script, max_rounds, None).await;
-        rig.pool.take().unwrap().stop().await;
-        rig
-    }
-
-    fn run(&mut self) {
-        self.pool = Some(WorkerPool::start([(self.make_worker)()]));
-    }
-
-    async fn start_with(script: &str, max_rounds: u32, directive: Option<IngressDirective>) -> Rig {
-        let dir = tempfile::tempdir().unwrap();
-        std::fs::write(dir.path().join("helper.script.toml"), script).unwrap();
-        let manifest = format!(
-            "app = \"support\"\n[agents.helper]\nprovider = \"script\"\nscript = \"helper.script.toml\"\n\
-             system_prompt = \"You help.\"\nmax_rounds = {max_rounds}\n\
-             tools = [\"read_file\", \"list_files\", \"write_file\", \"pull\", \"publish\", \"block\"]\n"
-        );
-        std::fs::write(dir.path().join("support.toml"), manifest).unwrap();
-        let probe = Arc::new(Probe::default());
-        let registry = Registry::builtin().with(Arc::new(Block_(probe.clone())));
-        let apps = Arc::new(Apps::new().load_dir(dir.path(), &registry).unwrap());
-        let counting = CountingStore::new(Arc::new(InMemory::new()));
-        let store: Arc<dyn ObjectStore> = counting.clone();
-        let conversations = Conversations::new(store);
-        let bus: Arc<dyn Bus> =
-            EmbeddedBus::open(&dir.path().join("bus.redb"), EmbeddedConfig::default()).unwrap();
-        let workspaces = dir.path().join("workspaces");
-        let make_worker = {
-            let (bus, conversations, workspaces) =
-                (bus.clone(), conversations.clone(), workspaces.clone());
-            move || {
-                Worker::new(
-                    bus.clone(),
-                    conversations.clone(),
-                    signer(),
-                    apps.clone(),
-                    WorkerConfig {
-                        workspace_root: workspaces.clone(),
-                        lane_poll: Duration::from_millis(10),
-                        ..WorkerConfig::default()
-                    },
-                )
-            }
-        };
-        let worker = make_worker();
-        let conv = create_conversations(&conversations, &signer(), 1).await[0];
-        let mut ingress = Ingress::new(bus.clone(), conversations.clone());
-        if let Some(d) = directive {
-            ingress = ingress.with_directive(d);
-        }
-        Rig {
-            counting,
-            make_worker: Box::new(make_worker),
-            _dir: dir,
-            bus,
-            conversations,
-            pool: Some(WorkerPool::start([worker])),
-            conv,
-            ingress,
-            probe,
-            workspaces,
-        }
-    }
-
-    async fn send(&self, body: EventBody) {
-        self.ingress
-            .submit(&owner(), self.conv, body, None)
-            .await
-            .unwrap();
-    }
-
-    async fn say(&self, text: &str) {
-        self.send(EventBody::Message { text: text.into() }).await
-    }
-
-    async fn wait_turns(&self, n: u64) {
-        wait_for_turns(&self.conversations, &[self.conv], n, LONG)
-            .await
-            .unwrap();
-    }
-
-    fn prefix(&self) -> ConversationPrefix {
-        ConversationPrefix::new(tenant(), self.conv)
-    }
-
-    fn record(&self) -> Record {
-        Record::new(self.conversations.store().clone(), self.prefix())
-    }
-
-    async fn log(&self, n: u64) -> TurnLog {
-        TurnLogs::new(self.conversations.store().clone())
-            .read(&self.prefix(), TurnId::new(n).unwrap())
-            .await
-            .unwrap()
-    }
-
-    /// Waits until turn `n` is dispatched (batch one committed).
-    async fn wait_dispatched(&self, n: u64) {
-        let deadline = Instant::now() + LONG;
-        loop {
-            let head = self.record().head().await.unwrap();
-            if head.state().last_turn >= n {
-                return;
-            }
-            assert!(Instant::now() < deadline, "turn {n} was never dispatched");
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    }
-
-    async fn stop(mut self) {
-        if let Some(pool) = self.pool.take() {
-            pool.stop().await;
-        }
-        let left: Vec<_> = std::fs::read_dir(&self.workspaces)
-            .map(|d| d.filter_map(|e| e.ok()).collect())
-            .unwrap_or_default();
-        assert!(left.is_empty(), "workspaces left behind: {left:?}");
-    }
-}
-
-fn replies(log: &TurnLog) -> Vec<String> {
-    log.blocks
-        .iter()
-        .filter_map(|b| match b {
-            Block::AssistantMessage { text } => Some(text.clone()),
-            _ => None,
-        })
-        .collect()
-}
-
-fn tool_calls(log: &TurnLog) -> Vec<String> {
-    log.blocks
-        .iter()
-        .filter_map(|b| match b {
-            Block::ToolCall { tool, .. } => Some(tool.clone()),
-            _ => None,
-        })
-        .collect()
 }
 
 const LOOPING: &str = r#"
@@ -271,14 +105,14 @@ async fn an_empty_closing_reply_becomes_the_fallback() {
 
 #[tokio::test]
 async fn an_ingress_directive_lowers_the_budget_and_never_raises_it() {
-    let low = Rig::start_with(
-        LOOPING,
-        3,
-        Some(IngressDirective {
+    let low = Rig::with(RigOptions {
+        max_rounds: 3,
+        directive: Some(IngressDirective {
             max_rounds: Some(1),
             required_approver: None,
         }),
-    )
+        ..RigOptions::new(LOOPING)
+    })
     .await;
     low.say("x").await;
     low.wait_turns(1).await;
@@ -289,14 +123,14 @@ async fn an_ingress_directive_lowers_the_budget_and_never_raises_it() {
         .any(|e| e.body.kind() == EntryKind::IngressDirective));
     low.stop().await;
 
-    let high = Rig::start_with(
-        LOOPING,
-        3,
-        Some(IngressDirective {
+    let high = Rig::with(RigOptions {
+        max_rounds: 3,
+        directive: Some(IngressDirective {
             max_rounds: Some(50),
             required_approver: None,
         }),
-    )
+        ..RigOptions::new(LOOPING)
+    })
     .await;
     high.say("x").await;
     high.wait_turns(1).await;
@@ -422,19 +256,20 @@ async fn a_stop_cancels_the_model_stream_and_the_turn_is_committed_cancelled() {
 
 #[tokio::test]
 async fn a_stop_while_a_tool_runs_cancels_the_tool() {
-    let rig = Rig::start(
-        "[[turn]]\n[[turn.step]]\ntool_calls = [{ name = \"block\" }]\n",
-        8,
-    )
-    .await;
-    let started = rig.probe.started.notified();
+    let probe = Arc::new(Probe::default());
+    let mut options =
+        RigOptions::new("[[turn]]\n[[turn.step]]\ntool_calls = [{ name = \"block\" }]\n");
+    options.tools.push("block".into());
+    options.native.push(Arc::new(Block_(probe.clone())));
+    let rig = Rig::with(options).await;
+    let started = probe.started.notified();
     rig.say("run the long tool").await;
     tokio::time::timeout(LONG, started).await.unwrap();
-    assert!(rig.probe.running.load(Ordering::SeqCst));
+    assert!(probe.running.load(Ordering::SeqCst));
     rig.send(EventBody::Stop { reason: None }).await;
     rig.wait_turns(1).await;
     assert!(
-        rig.probe.dropped.load(Ordering::SeqCst),
+        probe.dropped.load(Ordering::SeqCst),
         "the tool was not cancelled"
     );
     let log = rig.log(1).await;
@@ -479,7 +314,11 @@ text = "done"
 
 #[tokio::test]
 async fn files_flow_through_pull_write_publish_and_a_later_turn_by_reference() {
-    let mut rig = Rig::paused(FILES, 8).await;
+    let mut rig = Rig::with(RigOptions {
+        paused: true,
+        ..RigOptions::new(FILES)
+    })
+    .await;
     let files = Files::new(rig.conversations.store().clone());
     let attachment = files
         .attach(

@@ -19,12 +19,12 @@ use serde_json::json;
 use turnpike_schemas::entry::TurnOutcome;
 use turnpike_schemas::{Block, Event, EventBody, RequestId};
 
+use crate::approvals::{canonical, canonical_string, pending};
+use crate::apps::AgentSpec;
 use crate::error::{Error, Result};
 use crate::model::{
     CallContext, Message, ModelProvider, ModelReply, ModelRequest, Role, ToolCallRequest, ToolSpec,
 };
-use crate::approvals::{canonical, canonical_string, pending};
-use crate::apps::AgentSpec;
 use crate::timeline::messages;
 use crate::tokens::TokenCounter;
 use crate::tools::{run_call, ToolOutput};
@@ -283,7 +283,14 @@ impl LiveTools<'_, '_> {
                 .await?;
         }
         let cx = self.turn.tool_context(&call.id);
-        Ok(run_call(&self.spec.tools, &cx, &call.id, &call.name, call.arguments.clone()).await)
+        Ok(run_call(
+            &self.spec.tools,
+            &cx,
+            &call.id,
+            &call.name,
+            call.arguments.clone(),
+        )
+        .await)
     }
 }
 
@@ -297,10 +304,7 @@ impl ToolRunner for LiveTools<'_, '_> {
         match self.execute(call).await {
             Ok(result) => result,
             // The intent could not be committed (fenced, store down): the call does not run.
-            Err(e) => (
-                false,
-                json!({ "error": format!("not run: {e}") }).into(),
-            ),
+            Err(e) => (false, json!({ "error": format!("not run: {e}") }).into()),
         }
     }
 
@@ -419,7 +423,9 @@ async fn prelude(
                     continue;
                 }
                 if tool.as_ref().is_some_and(|t| *t != p.tool)
-                    || arguments.as_ref().is_some_and(|a| canonical(a) != p.arguments)
+                    || arguments
+                        .as_ref()
+                        .is_some_and(|a| canonical(a) != p.arguments)
                 {
                     blocks.push(refuse(format!(
                         "the answer is for another call than {}({})",
@@ -439,7 +445,11 @@ async fn prelude(
                     refused: None,
                 });
                 let call = ToolCallRequest {
-                    id: format!("{}-{}", p.call_id, if *approve { "approved" } else { "denied" }),
+                    id: format!(
+                        "{}-{}",
+                        p.call_id,
+                        if *approve { "approved" } else { "denied" }
+                    ),
                     name: p.tool.clone(),
                     arguments: p.arguments.clone(),
                 };
@@ -535,7 +545,9 @@ pub async fn run_live(turn: &TurnContext<'_>) -> Result<TurnOutcome> {
                 turn.set_compaction(marker);
                 history = Vec::new();
             }
-            Err(e) => tracing::warn!(error = %e, "compaction failed; the context is trimmed instead"),
+            Err(e) => {
+                tracing::warn!(error = %e, "compaction failed; the context is trimmed instead")
+            }
         }
     }
     let (still_pending, _) = pending(history_blocks.iter().chain(blocks.iter()));

@@ -33,9 +33,7 @@ fn canonical_number(n: &Number) -> Number {
         return n.clone();
     }
     match n.as_f64() {
-        Some(f) if f.fract() == 0.0 && f.abs() < 9.007_199_254_740_992e15 => {
-            Number::from(f as i64)
-        }
+        Some(f) if f.fract() == 0.0 && f.abs() < 9.007_199_254_740_992e15 => Number::from(f as i64),
         Some(f) => Number::from_f64(f).unwrap_or_else(|| n.clone()),
         None => n.clone(),
     }
@@ -115,9 +113,7 @@ impl Policy {
                 ));
             }
             if g.arg.is_some() != g.matches.is_some() {
-                return Err(format!(
-                    "approval[{i}]: `arg` and `matches` go together"
-                ));
+                return Err(format!("approval[{i}]: `arg` and `matches` go together"));
             }
         }
         Ok(Self { gates })
@@ -241,13 +237,19 @@ mod tests {
     #[test]
     fn the_canonical_form_is_golden() {
         let cases = [
-            (json!({"b": 1, "a": {"d": [2.0, 1.5], "c": null}}), r#"{"a":{"c":null,"d":[2,1.5]},"b":1}"#),
+            (
+                json!({"b": 1, "a": {"d": [2.0, 1.5], "c": null}}),
+                r#"{"a":{"c":null,"d":[2,1.5]},"b":1}"#,
+            ),
             (json!({"path": "x", "n": 10.0}), r#"{"n":10,"path":"x"}"#),
             (json!({"n": -0.0}), r#"{"n":0}"#),
             (json!({"n": 1e300}), r#"{"n":1e+300}"#),
             (json!({"n": 0.1}), r#"{"n":0.1}"#),
             (json!({"s": "é\n\"q\""}), r#"{"s":"é\n\"q\""}"#),
-            (json!([3, {"z": true, "y": false}]), r#"[3,{"y":false,"z":true}]"#),
+            (
+                json!([3, {"z": true, "y": false}]),
+                r#"[3,{"y":false,"z":true}]"#,
+            ),
             (json!(18446744073709551615u64), "18446744073709551615"),
         ];
         for (value, golden) in cases {
@@ -264,9 +266,24 @@ mod tests {
     #[test]
     fn the_first_rule_for_a_tool_decides() {
         let policy = Policy::new(vec![
-            Gate { tool: "write_file".into(), when: "always".into(), arg: Some("path".into()), matches: Some("deploy/*".into()) },
-            Gate { tool: "publish".into(), when: "always".into(), arg: None, matches: None },
-            Gate { tool: "read_file".into(), when: "never".into(), arg: None, matches: None },
+            Gate {
+                tool: "write_file".into(),
+                when: "always".into(),
+                arg: Some("path".into()),
+                matches: Some("deploy/*".into()),
+            },
+            Gate {
+                tool: "publish".into(),
+                when: "always".into(),
+                arg: None,
+                matches: None,
+            },
+            Gate {
+                tool: "read_file".into(),
+                when: "never".into(),
+                arg: None,
+                matches: None,
+            },
         ])
         .unwrap();
         assert!(policy.gated("publish", &json!({})));
@@ -275,6 +292,12 @@ mod tests {
         assert!(!policy.gated("read_file", &json!({})));
         assert!(!policy.gated("list_files", &json!({})));
         assert!(glob("a*b*c", "axxbyyc") && !glob("a*b*c", "axxc") && glob("*", ""));
-        assert!(Policy::new(vec![Gate { tool: "x".into(), when: "sometimes".into(), arg: None, matches: None }]).is_err());
+        assert!(Policy::new(vec![Gate {
+            tool: "x".into(),
+            when: "sometimes".into(),
+            arg: None,
+            matches: None
+        }])
+        .is_err());
     }
 }

@@ -40,11 +40,11 @@ use serde::Deserialize;
 use turnpike_schemas::entry::TurnOutcome;
 use turnpike_schemas::{AgentId, AppId, TenantId};
 
+use crate::approvals::{Gate, Policy};
 use crate::error::Result;
 use crate::model::openai::{OpenAi, OpenAiConfig};
 use crate::model::script::{Script, ScriptModel};
 use crate::model::ModelProvider;
-use crate::approvals::{Gate, Policy};
 use crate::tokens::TokenCounter;
 use crate::tools::{Registry, Toolset};
 use crate::turn::TurnContext;
@@ -390,13 +390,10 @@ impl Manifest {
                     .map_err(|e| format!("{}: {e}", field("tokenizer")))?,
                 None => TokenCounter::Estimate,
             };
-            let policy =
-                Policy::new(agent.approval).map_err(|e| format!("agents.{name}.{e}"))?;
+            let policy = Policy::new(agent.approval).map_err(|e| format!("agents.{name}.{e}"))?;
             for gate in policy_tools(&policy) {
                 if !tools.contains(&gate) {
-                    return Err(format!(
-                        "agents.{name}.approval: unknown tool {gate:?}"
-                    ));
+                    return Err(format!("agents.{name}.approval: unknown tool {gate:?}"));
                 }
             }
             agents.insert(

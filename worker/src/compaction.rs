@@ -87,7 +87,10 @@ pub fn verbatim(history: &[Block]) -> String {
                     "{request_id} {} {} {who}{}",
                     call.unwrap_or_default(),
                     if *approved { "approved" } else { "rejected" },
-                    reason.as_ref().map(|r| format!(": {r}")).unwrap_or_default()
+                    reason
+                        .as_ref()
+                        .map(|r| format!(": {r}"))
+                        .unwrap_or_default()
                 ));
             }
             _ => {}

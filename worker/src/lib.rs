@@ -19,8 +19,8 @@
 
 pub mod agent;
 pub mod agent_loop;
-pub mod apps;
 pub mod approvals;
+pub mod apps;
 pub mod compaction;
 pub mod config;
 pub mod error;

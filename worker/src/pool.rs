@@ -11,6 +11,7 @@ pub struct WorkerPool {
     stop: watch::Sender<bool>,
     handles: Vec<JoinHandle<()>>,
     ids: Vec<WorkerId>,
+    workers: Vec<Worker>,
 }
 
 impl WorkerPool {
@@ -19,8 +20,10 @@ impl WorkerPool {
         let (stop, stopped) = watch::channel(false);
         let mut handles = Vec::new();
         let mut ids = Vec::new();
+        let mut all = Vec::new();
         for worker in workers {
             ids.push(worker.id());
+            all.push(worker.clone());
             let mut stopped = stopped.clone();
             handles.push(tokio::spawn(async move {
                 worker
@@ -30,12 +33,30 @@ impl WorkerPool {
                     .await
             }));
         }
-        WorkerPool { stop, handles, ids }
+        WorkerPool {
+            stop,
+            handles,
+            ids,
+            workers: all,
+        }
     }
 
     /// The workers' ids.
     pub fn ids(&self) -> &[WorkerId] {
         &self.ids
+    }
+
+    /// Stops every worker at once, as a crash would (for tests): no grace, no lease released.
+    pub async fn crash(self) {
+        for handle in &self.handles {
+            handle.abort();
+        }
+        for worker in &self.workers {
+            worker.crash();
+        }
+        for handle in self.handles {
+            let _ = handle.await;
+        }
     }
 
     /// Stops every worker (each lets its running turns finish within its grace period) and

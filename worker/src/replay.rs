@@ -54,6 +54,8 @@ fn is_input(block: &Block) -> bool {
             | Block::Steer { .. }
             | Block::Stop { .. }
             | Block::Attachment { .. }
+            // A compaction's summary leads the turn that made it.
+            | Block::Summary { .. }
     )
 }
 

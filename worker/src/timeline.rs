@@ -330,7 +330,9 @@ where
                         format!("An answer to approval request {request_id} was refused ({why}); it is still pending.")
                     }
                     (None, true, _, _) => {
-                        format!("Approval request {request_id} was rejected automatically{because}.")
+                        format!(
+                            "Approval request {request_id} was rejected automatically{because}."
+                        )
                     }
                     (None, false, true, Some(by)) => {
                         format!("Approval request {request_id} was approved by {by}{because}.")

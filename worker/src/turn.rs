@@ -301,7 +301,12 @@ impl TurnContext<'_> {
     /// Commits that a side-effecting call is about to run, before it runs: if the worker dies
     /// before the call's result is committed, recovery marks the turn ambiguous instead of
     /// running the call again.
-    pub async fn commit_intent(&self, call_id: &str, tool: &str, arguments: &serde_json::Value) -> Result<()> {
+    pub async fn commit_intent(
+        &self,
+        call_id: &str,
+        tool: &str,
+        arguments: &serde_json::Value,
+    ) -> Result<()> {
         let head = self.head.lock().expect("head lock").clone();
         let entry = EntryBody::ToolCall(ToolCall {
             turn: self.turn,
@@ -442,9 +447,9 @@ pub async fn recover_turn(env: &TurnEnv, head: Head) -> Result<Head> {
     let unanswered = entries.iter().find_map(|e| match &e.body {
         EntryBody::ToolCall(c)
             if c.side_effects
-                && !entries.iter().any(|r| {
-                    matches!(&r.body, EntryBody::ToolResult(res) if res.call_id == c.call_id)
-                }) =>
+                && !entries.iter().any(
+                    |r| matches!(&r.body, EntryBody::ToolResult(res) if res.call_id == c.call_id),
+                ) =>
         {
             Some(c.clone())
         }

@@ -29,6 +29,8 @@ pub(crate) struct Inner {
     pub(crate) conversations: Conversations,
     pub(crate) signer: RecordSigner,
     pub(crate) apps: Arc<Apps>,
+    /// The owners' tasks, so a simulated crash can drop them.
+    pub(crate) owner_tasks: std::sync::Mutex<Vec<tokio::task::AbortHandle>>,
     pub(crate) resolver: turnpike_resolver::Resolver,
     pub(crate) files: turnpike_artifactory::Files,
     pub(crate) search: Option<Arc<dyn SearchIndex>>,
@@ -99,6 +101,7 @@ impl Worker {
                 conversations,
                 signer,
                 apps,
+                owner_tasks: std::sync::Mutex::new(Vec::new()),
                 resolver,
                 files,
                 search: None,
@@ -112,6 +115,20 @@ impl Worker {
 
     pub fn id(&self) -> WorkerId {
         self.inner.id
+    }
+
+    /// Drops every running owner at once, as a crash would (for tests): turns stop wherever
+    /// they are, leases are not released, nothing is cleaned up but memory.
+    pub fn crash(&self) {
+        for task in self
+            .inner
+            .owner_tasks
+            .lock()
+            .expect("owner tasks lock")
+            .drain(..)
+        {
+            task.abort();
+        }
     }
 
     /// Claims and runs until `shutdown` resolves; then stops claiming, lets running turns
@@ -197,7 +214,10 @@ impl Worker {
                 let tenant = wake.tenant.clone();
                 debug!(conversation = %wake.conversation, worker = %inner.id, epoch = lease.revision, "lease taken");
                 let _ = slot.offer(wake).await;
-                tokio::spawn(own(inner.clone(), tenant, lease, slot, permit));
+                let task = tokio::spawn(own(inner.clone(), tenant, lease, slot, permit));
+                let mut tasks = inner.owner_tasks.lock().expect("owner tasks lock");
+                tasks.retain(|t| !t.is_finished());
+                tasks.push(task.abort_handle());
             }
             Ok(None) => {
                 drop(permit);

@@ -7,6 +7,7 @@
 //! - [`stores`]: object store backends for the shared suites (memory, local filesystem, S3)
 //! - [`counting`]: an object store that counts reads, for bounded-cost tests
 //! - [`fixtures`]: small builders for conversations and records
+//! - [`turns`]: a conversation with a scripted agent on one worker, for turn tests
 //! - [`lanes`]: publishing many events and checking they were committed in order, once
 
 pub mod counting;
@@ -16,3 +17,4 @@ pub mod nats;
 pub mod process;
 pub mod services;
 pub mod stores;
+pub mod turns;

@@ -15,6 +15,7 @@
 //! A top-level `compaction = "…"` is the summary a compaction call gets.
 //!
 //! Placeholders in texts and string arguments: `{last_user}` (the latest user message),
+//! `{last_tool}` (the latest tool result),
 //! `{attachment}` (the latest attachment reference seen in the conversation), `{file:NAME}`
 //! (the latest hosted-file reference ending in `/NAME`), `{turn_file:NAME}` (the same, but only
 //! from earlier turns). Text is streamed word by word.
@@ -196,6 +197,7 @@ fn stream(text: &str, cx: &CallContext) {
 /// What placeholders can refer to.
 struct Vars {
     last_user: String,
+    last_tool: String,
     /// Every reference seen in the conversation, oldest first, with whether it was before the
     /// running turn.
     references: Vec<(String, bool)>,
@@ -208,6 +210,13 @@ impl Vars {
             .iter()
             .rev()
             .find(|m| m.role == Role::User)
+            .map(|m| m.content.clone())
+            .unwrap_or_default();
+        let last_tool = request
+            .messages
+            .iter()
+            .rev()
+            .find(|m| m.role == Role::Tool)
             .map(|m| m.content.clone())
             .unwrap_or_default();
         let mut references = Vec::new();
@@ -223,6 +232,7 @@ impl Vars {
         }
         Self {
             last_user,
+            last_tool,
             references,
         }
     }
@@ -253,6 +263,7 @@ impl Vars {
             let name = &after[..end];
             let value = match name.split_once(':') {
                 None if name == "last_user" => Some(self.last_user.clone()),
+                None if name == "last_tool" => Some(self.last_tool.clone()),
                 None if name == "attachment" => Some(self.latest("at", None, false)),
                 Some(("file", file)) => Some(self.latest("fi", Some(file), false)),
                 Some(("turn_file", file)) => Some(self.latest("fi", Some(file), true)),

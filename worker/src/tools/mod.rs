@@ -56,7 +56,12 @@ impl ToolContext<'_> {
         let mut hasher = <sha2::Sha256 as sha2::Digest>::new();
         sha2::Digest::update(
             &mut hasher,
-            format!("{}\n{}\n{}", self.prefix.conversation(), self.turn, self.call_id),
+            format!(
+                "{}\n{}\n{}",
+                self.prefix.conversation(),
+                self.turn,
+                self.call_id
+            ),
         );
         hex::encode(sha2::Digest::finalize(hasher))
     }

@@ -48,8 +48,8 @@ impl Tool for SwitchAgent {
     fn spec(&self) -> ToolSpec {
         ToolSpec {
             name: "system__switch_to_agent".into(),
-            description: "Hand the conversation to another agent of this app from the next turn on."
-                .into(),
+            description:
+                "Hand the conversation to another agent of this app from the next turn on.".into(),
             parameters: json!({"type": "object", "properties": {"agent": {"type": "string"}},
                 "required": ["agent"]}),
         }

@@ -1,0 +1,281 @@
+//! A conversation on the embedded bus with one worker hosting a scripted agent: for tests of
+//! the turn (the agent loop, tools, approvals, compaction, switching).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use object_store::memory::InMemory;
+use object_store::ObjectStore;
+use tempfile::TempDir;
+use turnpike_artifactory::{ConversationPrefix, Conversations, Record, TurnLogs};
+use turnpike_router::embedded::{EmbeddedBus, EmbeddedConfig};
+use turnpike_router::{Bus, Ingress};
+use turnpike_schemas::entry::IngressDirective;
+use turnpike_schemas::{Block, ConversationId, Event, EventBody, Identity, TurnId, TurnLog};
+use turnpike_worker::tools::Tool;
+use turnpike_worker::{Apps, Fault, Registry, Worker, WorkerConfig, WorkerPool};
+
+use crate::counting::CountingStore;
+use crate::fixtures::{owner, signer, tenant};
+use crate::lanes::{create_conversations, wait_for_turns};
+
+/// How long a rig waits for anything.
+pub const LONG: Duration = Duration::from_secs(30);
+
+/// What the rig's app looks like.
+pub struct RigOptions {
+    /// The `helper` agent's script.
+    pub script: String,
+    pub max_rounds: u32,
+    /// Tools of the `helper` agent.
+    pub tools: Vec<String>,
+    /// More lines for the `helper` agent's manifest table (e.g. `approval = […]`).
+    pub agent_extra: String,
+    /// More of the manifest after the `helper` agent (e.g. another agent).
+    pub manifest_extra: String,
+    /// Native tools added to the registry.
+    pub native: Vec<Arc<dyn Tool>>,
+    pub directive: Option<IngressDirective>,
+    pub lease_ttl: Duration,
+    /// Start with no worker running (see [`Rig::run`]).
+    pub paused: bool,
+}
+
+impl RigOptions {
+    pub fn new(script: &str) -> Self {
+        RigOptions {
+            script: script.to_owned(),
+            max_rounds: 8,
+            tools: ["read_file", "list_files", "write_file", "pull", "publish"]
+                .map(String::from)
+                .to_vec(),
+            agent_extra: String::new(),
+            manifest_extra: String::new(),
+            native: Vec::new(),
+            directive: None,
+            lease_ttl: Duration::from_secs(15),
+            paused: false,
+        }
+    }
+}
+
+/// One conversation (app `support`, agent `helper`, owned by the fixture owner) and a worker.
+pub struct Rig {
+    pub counting: Arc<CountingStore>,
+    make_worker: Box<dyn Fn(Option<Fault>) -> Worker + Send + Sync>,
+    _dir: TempDir,
+    pub bus: Arc<dyn Bus>,
+    pub conversations: Conversations,
+    pool: Option<WorkerPool>,
+    pub conv: ConversationId,
+    pub ingress: Ingress,
+    workspaces: PathBuf,
+}
+
+impl Rig {
+    /// A rig with the script and round limit, otherwise defaults, its worker running.
+    pub async fn start(script: &str, max_rounds: u32) -> Rig {
+        let mut options = RigOptions::new(script);
+        options.max_rounds = max_rounds;
+        Self::with(options).await
+    }
+
+    pub async fn with(options: RigOptions) -> Rig {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("helper.script.toml"), &options.script).unwrap();
+        let tools: Vec<String> = options.tools.iter().map(|t| format!("{t:?}")).collect();
+        let manifest = format!(
+            "app = \"support\"\n[agents.helper]\nprovider = \"script\"\nscript = \"helper.script.toml\"\n\
+             system_prompt = \"You help.\"\nmax_rounds = {}\ntools = [{}]\n{}\n{}\n",
+            options.max_rounds,
+            tools.join(", "),
+            options.agent_extra,
+            options.manifest_extra
+        );
+        std::fs::write(dir.path().join("support.toml"), manifest).unwrap();
+        let mut registry = Registry::builtin();
+        for tool in options.native {
+            registry = registry.with(tool);
+        }
+        let apps = Arc::new(Apps::new().load_dir(dir.path(), &registry).unwrap());
+        let counting = CountingStore::new(Arc::new(InMemory::new()));
+        let store: Arc<dyn ObjectStore> = counting.clone();
+        let conversations = Conversations::new(store);
+        // A crashed worker's wakes come back after the ack wait: keep it near the lease TTL.
+        let bus: Arc<dyn Bus> = EmbeddedBus::open(
+            &dir.path().join("bus.redb"),
+            EmbeddedConfig {
+                ack_wait: options.lease_ttl * 2,
+                ..EmbeddedConfig::default()
+            },
+        )
+        .unwrap();
+        let workspaces = dir.path().join("workspaces");
+        let ttl = options.lease_ttl;
+        let make_worker = {
+            let (bus, conversations, workspaces) =
+                (bus.clone(), conversations.clone(), workspaces.clone());
+            move |fault: Option<Fault>| {
+                Worker::new(
+                    bus.clone(),
+                    conversations.clone(),
+                    signer(),
+                    apps.clone(),
+                    WorkerConfig {
+                        workspace_root: workspaces.clone(),
+                        lane_poll: Duration::from_millis(10),
+                        lease_ttl: ttl,
+                        renew_every: ttl / 3,
+                        busy_delay: Duration::from_millis(50),
+                        fault,
+                        ..WorkerConfig::default()
+                    },
+                )
+            }
+        };
+        let conv = create_conversations(&conversations, &signer(), 1).await[0];
+        let mut ingress = Ingress::new(bus.clone(), conversations.clone());
+        if let Some(d) = options.directive {
+            ingress = ingress.with_directive(d);
+        }
+        let mut rig = Rig {
+            counting,
+            make_worker: Box::new(make_worker),
+            _dir: dir,
+            bus,
+            conversations,
+            pool: None,
+            conv,
+            ingress,
+            workspaces,
+        };
+        if !options.paused {
+            rig.run();
+        }
+        rig
+    }
+
+    /// Starts a fresh worker (after [`RigOptions::paused`], [`Self::crash`] or [`Self::pause`]).
+    pub fn run(&mut self) {
+        assert!(self.pool.is_none(), "a worker is already running");
+        self.pool = Some(WorkerPool::start([(self.make_worker)(None)]));
+    }
+
+    /// Starts a fresh worker with a fault injected.
+    pub fn run_with_fault(&mut self, fault: Fault) {
+        assert!(self.pool.is_none(), "a worker is already running");
+        self.pool = Some(WorkerPool::start([(self.make_worker)(Some(fault))]));
+    }
+
+    /// Stops the worker gracefully.
+    pub async fn pause(&mut self) {
+        if let Some(pool) = self.pool.take() {
+            pool.stop().await;
+        }
+    }
+
+    /// Drops the worker as a crash would: turns stop where they are, leases stay held until
+    /// they expire.
+    pub async fn crash(&mut self) {
+        if let Some(pool) = self.pool.take() {
+            pool.crash().await;
+        }
+    }
+
+    /// Submits `body` as the owner, through ingress.
+    pub async fn send(&self, body: EventBody) {
+        self.ingress
+            .submit(&owner(), self.conv, body, None)
+            .await
+            .unwrap();
+    }
+
+    /// Publishes `body` as `identity` straight to the lane (as an edge that checked a grant
+    /// would).
+    pub async fn send_as(&self, identity: &Identity, body: EventBody) {
+        let mut event = Event::new(
+            turnpike_schemas::Address {
+                tenant: tenant(),
+                app: "support".parse().unwrap(),
+                agent: "helper".parse().unwrap(),
+                conversation: self.conv,
+                identity: identity.clone(),
+            },
+            body,
+            1,
+        );
+        event.idempotency_key = None;
+        self.bus.publish(&event).await.unwrap();
+    }
+
+    pub async fn say(&self, text: &str) {
+        self.send(EventBody::Message { text: text.into() }).await
+    }
+
+    /// Waits until `n` turns are closed.
+    pub async fn wait_turns(&self, n: u64) {
+        wait_for_turns(&self.conversations, &[self.conv], n, LONG)
+            .await
+            .unwrap();
+    }
+
+    pub fn prefix(&self) -> ConversationPrefix {
+        ConversationPrefix::new(tenant(), self.conv)
+    }
+
+    pub fn record(&self) -> Record {
+        Record::new(self.conversations.store().clone(), self.prefix())
+    }
+
+    pub async fn log(&self, n: u64) -> TurnLog {
+        TurnLogs::new(self.conversations.store().clone())
+            .read(&self.prefix(), TurnId::new(n).unwrap())
+            .await
+            .unwrap()
+    }
+
+    /// Waits until turn `n` is dispatched (batch one committed).
+    pub async fn wait_dispatched(&self, n: u64) {
+        let deadline = Instant::now() + LONG;
+        loop {
+            let head = self.record().head().await.unwrap();
+            if head.state().last_turn >= n {
+                return;
+            }
+            assert!(Instant::now() < deadline, "turn {n} was never dispatched");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// Stops the worker and checks that no workspace was left behind.
+    pub async fn stop(mut self) {
+        self.pause().await;
+        let left: Vec<_> = std::fs::read_dir(&self.workspaces)
+            .map(|d| d.filter_map(|e| e.ok()).collect())
+            .unwrap_or_default();
+        assert!(left.is_empty(), "workspaces left behind: {left:?}");
+    }
+}
+
+/// The texts of a log's assistant messages.
+pub fn replies(log: &TurnLog) -> Vec<String> {
+    log.blocks
+        .iter()
+        .filter_map(|b| match b {
+            Block::AssistantMessage { text } => Some(text.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The tools a log's calls named, in order.
+pub fn tool_calls(log: &TurnLog) -> Vec<String> {
+    log.blocks
+        .iter()
+        .filter_map(|b| match b {
+            Block::ToolCall { tool, .. } => Some(tool.clone()),
+            _ => None,
+        })
+        .collect()
+}
