@@ -145,6 +145,16 @@ pub enum EventKindArg {
     FollowUp,
     Steer,
     Stop,
+    /// Approve `--request` (`--text` is the reason).
+    Approve,
+    /// Deny `--request` (`--text` is the reason).
+    Deny,
+    /// Answer question `--request` with `--text`.
+    Answer,
+    /// Hand the conversation to agent `--text`.
+    SwitchAgent,
+    /// Summarise older turns now.
+    Compact,
 }
 
 #[derive(Debug, Args)]
@@ -158,6 +168,9 @@ pub struct SendArgs {
     pub text: String,
     #[arg(long, value_enum, default_value_t = EventKindArg::Message)]
     pub kind: EventKindArg,
+    /// The approval request or question an `approve`, `deny` or `answer` is for.
+    #[arg(long)]
+    pub request: Option<turnpike_schemas::RequestId>,
     /// The client's idempotency key: a retried send with the same key is accepted once.
     #[arg(long)]
     pub idempotency_key: Option<String>,

@@ -232,6 +232,22 @@ pub fn describe(body: &EntryBody) -> Option<String> {
             EventBody::Attachment {
                 name, reference, ..
             } => format!("attachment ({who}): {name} at {reference}"),
+            EventBody::ApprovalResponse {
+                request_id,
+                approve,
+                reason,
+                ..
+            } => format!(
+                "{} {request_id} ({who}){}",
+                if *approve { "approve" } else { "deny" },
+                reason
+                    .as_ref()
+                    .map(|r| format!(": {r}"))
+                    .unwrap_or_default()
+            ),
+            EventBody::QuestionResponse { request_id, answer } => {
+                format!("answer to {request_id} ({who}): {answer}")
+            }
             other => format!("{} ({who})", other.kind_name()),
         });
     }
@@ -254,6 +270,49 @@ pub fn describe(body: &EntryBody) -> Option<String> {
             Some(format!("tool result {} ok={}: {output}", r.call_id, r.ok))
         }
         EntryBody::Error(e) => Some(format!("error: {}", e.message)),
+        EntryBody::ApprovalRequest(r) => Some(format!(
+            "approval requested {}: {}({}){}",
+            r.request_id,
+            r.tool,
+            r.arguments,
+            if r.approvers.is_empty() {
+                String::new()
+            } else {
+                format!(
+                    " — approvers: {}",
+                    r.approvers
+                        .iter()
+                        .map(|a| a.to_string())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )
+            }
+        )),
+        EntryBody::ApprovalResolved(r) => Some(match (&r.refused, r.automatic) {
+            (Some(why), _) => format!("approval answer refused for {}: {why}", r.request_id),
+            (None, true) => format!("approval {} rejected automatically", r.request_id),
+            (None, false) => format!(
+                "approval {} {} by {}{}",
+                r.request_id,
+                if r.approved { "granted" } else { "denied" },
+                r.by.as_ref().map(|b| b.to_string()).unwrap_or_default(),
+                r.reason
+                    .as_ref()
+                    .map(|x| format!(": {x}"))
+                    .unwrap_or_default()
+            ),
+        }),
+        EntryBody::QuestionRequest(q) => Some(format!("question {}: {}", q.request_id, q.question)),
+        EntryBody::AgentSwitched(a) => Some(format!(
+            "agent switched from {} to {} by {}",
+            a.from, a.to, a.by
+        )),
+        EntryBody::CompactionMarker(m) => Some(format!(
+            "compacted turns through {} into a summary ({} bytes, model {})",
+            m.through,
+            m.summary.len(),
+            m.model
+        )),
         EntryBody::Cancelled(c) => Some(format!(
             "cancelled: {}",
             c.reason.as_deref().unwrap_or("stop")

@@ -42,6 +42,28 @@ pub async fn send(global: &Global, args: SendArgs) -> Result<ExitCode> {
         EventKindArg::Stop => EventBody::Stop {
             reason: (!args.text.is_empty()).then_some(args.text),
         },
+        EventKindArg::Approve | EventKindArg::Deny => EventBody::ApprovalResponse {
+            request_id: args
+                .request
+                .ok_or_else(|| anyhow::anyhow!("--kind approve|deny needs --request REQ_ID"))?,
+            approve: args.kind == EventKindArg::Approve,
+            reason: (!args.text.is_empty()).then_some(args.text),
+            tool: None,
+            arguments: None,
+        },
+        EventKindArg::Answer => EventBody::QuestionResponse {
+            request_id: args
+                .request
+                .ok_or_else(|| anyhow::anyhow!("--kind answer needs --request REQ_ID"))?,
+            answer: args.text,
+        },
+        EventKindArg::SwitchAgent => EventBody::SwitchAgent {
+            agent: args
+                .text
+                .parse()
+                .map_err(|e| anyhow::anyhow!("--text must name the agent: {e}"))?,
+        },
+        EventKindArg::Compact => EventBody::Compact {},
     };
     let ingress = Ingress::new(bus, env.conversations.clone());
     let (event, published) = ingress
