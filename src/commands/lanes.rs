@@ -16,25 +16,6 @@ use crate::env::{now_ms, Env};
 pub async fn send(global: &Global, args: SendArgs) -> Result<ExitCode> {
     let env = Env::open(global)?;
     let bus = open_bus(global, Duration::from_secs(30)).await?;
-    let conversation: ConversationId = if args.conversation == "new" {
-        let (entry, _, _) = env
-            .conversations
-            .create(
-                &env.signer,
-                NewConversation {
-                    tenant: "default".parse()?,
-                    owner: args.actor.identity.clone(),
-                    app: "demo".parse()?,
-                    agent: "echo".parse()?,
-                    at_ms: now_ms(),
-                },
-            )
-            .await?;
-        println!("{}", entry.conversation);
-        entry.conversation
-    } else {
-        args.conversation.parse()?
-    };
     let body = match args.kind {
         EventKindArg::Message => EventBody::Message { text: args.text },
         EventKindArg::FollowUp => EventBody::FollowUp { text: args.text },
@@ -64,6 +45,25 @@ pub async fn send(global: &Global, args: SendArgs) -> Result<ExitCode> {
                 .map_err(|e| anyhow::anyhow!("--text must name the agent: {e}"))?,
         },
         EventKindArg::Compact => EventBody::Compact {},
+    };
+    let conversation: ConversationId = if args.conversation == "new" {
+        let (entry, _, _) = env
+            .conversations
+            .create(
+                &env.signer,
+                NewConversation {
+                    tenant: "default".parse()?,
+                    owner: args.actor.identity.clone(),
+                    app: "demo".parse()?,
+                    agent: "echo".parse()?,
+                    at_ms: now_ms(),
+                },
+            )
+            .await?;
+        println!("{}", entry.conversation);
+        entry.conversation
+    } else {
+        args.conversation.parse()?
     };
     let ingress = Ingress::new(bus, env.conversations.clone());
     let (event, published) = ingress
