@@ -106,6 +106,11 @@ impl ConversationPrefix {
         Path::from(out)
     }
 
+    /// The folder of the conversation's git lineage (`…/git/objects/…`, `…/git/refs/…`).
+    pub fn git_dir(&self) -> String {
+        self.base()
+    }
+
     /// A file the user attached before `turn`: `attachments/turn_{n}/{path}`.
     pub fn attachment(&self, turn: TurnId, path: &RefPath) -> Path {
         let mut out = format!("{}/attachments/{turn}", self.base());

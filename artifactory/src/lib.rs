@@ -5,6 +5,7 @@
 //! - [`mmr`]: the Merkle Mountain Range under the record's roots
 //! - [`keys`]: ed25519 signing keys and trusted public keys
 //! - [`turnlogs`]: one object per turn
+//! - [`git`]: project versions, one immutable ref per successful turn
 //! - [`files`]: files turns hosted and files users attached
 //! - [`conversations`]: creating and opening conversations as an identity
 //! - [`directory`]: which tenant owns a conversation, and who may see it
@@ -15,6 +16,7 @@ pub mod conversations;
 pub mod directory;
 pub mod error;
 pub mod files;
+pub mod git;
 pub mod keys;
 pub mod layout;
 pub mod mmr;

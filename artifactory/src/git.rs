@@ -1,0 +1,642 @@
+//! Project versions: one git lineage per conversation, one immutable ref per successful turn.
+//!
+//! Storage needs no git server. Objects live in the object store under the conversation's
+//! prefix, one object per git object, named by its id and written create-if-absent (they are
+//! content-addressed, so a second write of the same id is the same bytes):
+//!
+//! ```text
+//! …/git/objects/{oid}     "<kind> <size>\0<data>" — git's loose-object form, uncompressed;
+//!                         checked against its id on every read
+//! …/git/refs/turn_{n}     the commit id of turn n, created only if absent (immutable)
+//! ```
+//!
+//! A turn's project directory is its workspace with a git directory beside it: history is
+//! available (objects are fetched on demand), the worktree holds only what the agent
+//! materialises. At the end of a successful turn every regular file of the workspace is laid
+//! over the previous version's tree; an unchanged project points the new ref at the previous
+//! commit. Reading one file of any version is a handful of fetches (ref, commit, one tree per
+//! directory level, blob): it does not grow with the number of turns. All git work runs on
+//! blocking threads.
+
+use std::collections::BTreeSet;
+use std::path::{Path as FsPath, PathBuf};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use git2::{ObjectType, Oid, Repository};
+use object_store::path::Path;
+use object_store::{ObjectStore, ObjectStoreExt as _, PutMode, PutOptions, PutPayload};
+use turnpike_schemas::{RefPath, TurnId};
+
+use crate::error::{Error, ErrorKind, Result};
+use crate::layout::ConversationPrefix;
+
+fn git_error(what: &str, e: git2::Error) -> Error {
+    Error::new(ErrorKind::InvalidInput, format!("{what}: {}", e.message()))
+}
+
+fn join_error(e: tokio::task::JoinError) -> Error {
+    Error::new(ErrorKind::Store, format!("a git task failed: {e}"))
+}
+
+/// One conversation's lineage in the object store.
+#[derive(Debug, Clone)]
+pub struct Lineage {
+    store: Arc<dyn ObjectStore>,
+    prefix: ConversationPrefix,
+}
+
+impl Lineage {
+    pub fn new(store: Arc<dyn ObjectStore>, prefix: ConversationPrefix) -> Self {
+        Self { store, prefix }
+    }
+
+    fn object_path(&self, oid: Oid) -> Path {
+        Path::from(format!("{}/git/objects/{oid}", self.prefix.git_dir()))
+    }
+
+    fn ref_path(&self, turn: TurnId) -> Path {
+        Path::from(format!("{}/git/refs/{turn}", self.prefix.git_dir()))
+    }
+
+    /// The commit a turn published, if it did.
+    pub async fn ref_of(&self, turn: TurnId) -> Result<Option<Oid>> {
+        let what = format!("reading the version of {turn}");
+        match self.store.get(&self.ref_path(turn)).await {
+            Ok(r) => {
+                let bytes = r.bytes().await.map_err(|e| Error::store(&what, e))?;
+                let text = String::from_utf8_lossy(&bytes);
+                Oid::from_str(text.trim())
+                    .map(Some)
+                    .map_err(|_| Error::new(ErrorKind::Corrupt, format!("{what}: not a commit id")))
+            }
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(e) => Err(Error::store(&what, e)),
+        }
+    }
+
+    /// Publishes `commit` as `turn`'s version. A turn's ref is written once: publishing it again
+    /// fails with [`ErrorKind::AlreadyExists`] and changes nothing.
+    pub async fn publish_ref(&self, turn: TurnId, commit: Oid) -> Result<()> {
+        let opts = PutOptions {
+            mode: PutMode::Create,
+            ..Default::default()
+        };
+        match self
+            .store
+            .put_opts(
+                &self.ref_path(turn),
+                PutPayload::from(commit.to_string().into_bytes()),
+                opts,
+            )
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(object_store::Error::AlreadyExists { .. }) => Err(Error::new(
+                ErrorKind::AlreadyExists,
+                format!("{turn} already has a published version; refs are never overwritten"),
+            )),
+            Err(e) => Err(Error::store(&format!("publishing {turn}"), e)),
+        }
+    }
+
+    /// One object, checked against its id.
+    pub async fn object(&self, oid: Oid) -> Result<(ObjectType, Bytes)> {
+        let what = format!("reading git object {oid}");
+        let bytes = self
+            .store
+            .get(&self.object_path(oid))
+            .await
+            .map_err(|e| Error::store(&what, e))?
+            .bytes()
+            .await
+            .map_err(|e| Error::store(&what, e))?;
+        let nul = bytes
+            .iter()
+            .position(|b| *b == 0)
+            .ok_or_else(|| Error::new(ErrorKind::Corrupt, format!("{what}: no header")))?;
+        let header = std::str::from_utf8(&bytes[..nul]).unwrap_or_default();
+        let kind = match header.split(' ').next() {
+            Some("blob") => ObjectType::Blob,
+            Some("tree") => ObjectType::Tree,
+            Some("commit") => ObjectType::Commit,
+            _ => {
+                return Err(Error::new(
+                    ErrorKind::Corrupt,
+                    format!("{what}: bad header"),
+                ))
+            }
+        };
+        let data = bytes.slice(nul + 1..);
+        let actual = Oid::hash_object(kind, &data).map_err(|e| git_error(&what, e))?;
+        if actual != oid {
+            return Err(Error::new(
+                ErrorKind::Corrupt,
+                format!("{what}: its bytes hash to {actual}"),
+            ));
+        }
+        Ok((kind, data))
+    }
+
+    /// Stores an object (create-if-absent: an object already there is the same object).
+    pub async fn put_object(&self, oid: Oid, kind: ObjectType, data: &[u8]) -> Result<()> {
+        let mut bytes = format!("{} {}\0", kind.str(), data.len()).into_bytes();
+        bytes.extend_from_slice(data);
+        let opts = PutOptions {
+            mode: PutMode::Create,
+            ..Default::default()
+        };
+        match self
+            .store
+            .put_opts(&self.object_path(oid), PutPayload::from(bytes), opts)
+            .await
+        {
+            Ok(_) | Err(object_store::Error::AlreadyExists { .. }) => Ok(()),
+            Err(e) => Err(Error::store(&format!("storing git object {oid}"), e)),
+        }
+    }
+
+    /// Copies objects from the store into a local repository, skipping those it has.
+    async fn fetch_into(&self, git_dir: &FsPath, oids: Vec<Oid>) -> Result<()> {
+        for oid in oids {
+            let dir = git_dir.to_path_buf();
+            let have = tokio::task::spawn_blocking(move || {
+                Repository::open_bare(&dir)
+                    .and_then(|r| r.odb().map(|o| o.exists(oid)))
+                    .unwrap_or(false)
+            })
+            .await
+            .map_err(join_error)?;
+            if have {
+                continue;
+            }
+            let (kind, data) = self.object(oid).await?;
+            let dir = git_dir.to_path_buf();
+            tokio::task::spawn_blocking(move || -> Result<()> {
+                let repo = Repository::open_bare(&dir).map_err(|e| git_error("opening", e))?;
+                let odb = repo.odb().map_err(|e| git_error("opening", e))?;
+                odb.write(kind, &data)
+                    .map_err(|e| git_error("writing", e))?;
+                Ok(())
+            })
+            .await
+            .map_err(join_error)??;
+        }
+        Ok(())
+    }
+
+    /// The tree and entries along `dir` (a list of segments) from `root`, fetched into the
+    /// local repository. Returns the oid of the tree at `dir`, or `None` if it is missing.
+    async fn fetch_path(&self, git_dir: &FsPath, root: Oid, dir: &[String]) -> Result<Option<Oid>> {
+        self.fetch_into(git_dir, vec![root]).await?;
+        let mut tree = root;
+        for segment in dir {
+            let next = entry(git_dir, tree, segment).await?;
+            match next {
+                Some((oid, ObjectType::Tree)) => {
+                    self.fetch_into(git_dir, vec![oid]).await?;
+                    tree = oid;
+                }
+                _ => return Ok(None),
+            }
+        }
+        Ok(Some(tree))
+    }
+
+    /// The root tree of a commit, fetched.
+    async fn root_of(&self, git_dir: &FsPath, commit: Oid) -> Result<Oid> {
+        self.fetch_into(git_dir, vec![commit]).await?;
+        let dir = git_dir.to_path_buf();
+        tokio::task::spawn_blocking(move || {
+            let repo = Repository::open_bare(&dir).map_err(|e| git_error("opening", e))?;
+            let c = repo
+                .find_commit(commit)
+                .map_err(|e| git_error("reading a commit", e))?;
+            Ok(c.tree_id())
+        })
+        .await
+        .map_err(join_error)?
+    }
+
+    /// The bytes of `path` in `commit`, or `None` if it has no such file.
+    pub async fn read_file(&self, commit: Oid, path: &RefPath) -> Result<Option<Bytes>> {
+        let scratch =
+            tempfile::tempdir().map_err(|e| Error::new(ErrorKind::Store, e.to_string()))?;
+        let git_dir = scratch.path().join("git");
+        init_bare(&git_dir).await?;
+        let root = self.root_of(&git_dir, commit).await?;
+        let segments = path.segments();
+        let (name, dir) = segments.split_last().expect("paths have a segment");
+        let Some(tree) = self.fetch_path(&git_dir, root, dir).await? else {
+            return Ok(None);
+        };
+        match entry(&git_dir, tree, name).await? {
+            Some((oid, ObjectType::Blob)) => Ok(Some(self.object(oid).await?.1)),
+            _ => Ok(None),
+        }
+    }
+}
+
+async fn init_bare(git_dir: &FsPath) -> Result<()> {
+    let dir = git_dir.to_path_buf();
+    tokio::task::spawn_blocking(move || {
+        Repository::init_bare(&dir)
+            .map(|_| ())
+            .map_err(|e| git_error("creating a repository", e))
+    })
+    .await
+    .map_err(join_error)?
+}
+
+/// One entry of a tree in the local repository.
+async fn entry(git_dir: &FsPath, tree: Oid, name: &str) -> Result<Option<(Oid, ObjectType)>> {
+    let dir = git_dir.to_path_buf();
+    let name = name.to_owned();
+    tokio::task::spawn_blocking(move || {
+        let repo = Repository::open_bare(&dir).map_err(|e| git_error("opening", e))?;
+        let t = repo
+            .find_tree(tree)
+            .map_err(|e| git_error("reading a tree", e))?;
+        Ok(t.get_name(&name)
+            .and_then(|e| e.kind().map(|k| (e.id(), k))))
+    })
+    .await
+    .map_err(join_error)?
+}
+
+/// A turn's project directory: the workspace as worktree, a git directory beside it.
+pub struct Project {
+    lineage: Lineage,
+    workspace: PathBuf,
+    git_dir: PathBuf,
+    /// The version the turn started from (the last published one).
+    base: Option<Oid>,
+}
+
+impl Project {
+    /// Opens the project of a turn over `workspace`, starting from `base` (the last version).
+    /// The worktree starts empty; history is fetched on demand.
+    pub async fn open(lineage: Lineage, workspace: &FsPath, base: Option<Oid>) -> Result<Self> {
+        let git_dir = workspace.with_extension("git");
+        init_bare(&git_dir).await?;
+        Ok(Self {
+            lineage,
+            workspace: workspace.to_path_buf(),
+            git_dir,
+            base,
+        })
+    }
+
+    /// The version the turn started from.
+    pub fn base(&self) -> Option<Oid> {
+        self.base
+    }
+
+    /// Materialises `path` (a file, or a folder and everything under it; the root when empty)
+    /// of `commit` (default: the base) into the workspace. Returns the files written. Paths
+    /// are checked by the reference grammar; no entry can leave the workspace.
+    pub async fn materialise(
+        &self,
+        path: Option<&RefPath>,
+        commit: Option<Oid>,
+    ) -> Result<Vec<String>> {
+        let Some(commit) = commit.or(self.base) else {
+            return Ok(Vec::new());
+        };
+        let root = self.lineage.root_of(&self.git_dir, commit).await?;
+        let segments: Vec<String> = path.map(|p| p.segments().to_vec()).unwrap_or_default();
+        let mut written = Vec::new();
+        let (start, start_kind) = if segments.is_empty() {
+            (root, ObjectType::Tree)
+        } else {
+            let (name, dir) = segments.split_last().expect("non-empty");
+            let Some(tree) = self.lineage.fetch_path(&self.git_dir, root, dir).await? else {
+                return Err(Error::new(
+                    ErrorKind::NotFound,
+                    format!("no {} in this version", segments.join("/")),
+                ));
+            };
+            match entry(&self.git_dir, tree, name).await? {
+                Some(found) => found,
+                None => {
+                    return Err(Error::new(
+                        ErrorKind::NotFound,
+                        format!("no {} in this version", segments.join("/")),
+                    ))
+                }
+            }
+        };
+        let mut stack = vec![(segments, start, start_kind)];
+        while let Some((segs, oid, kind)) = stack.pop() {
+            match kind {
+                ObjectType::Blob => {
+                    let rel = RefPath::from_segments(segs.clone()).map_err(|e| {
+                        Error::new(ErrorKind::Corrupt, format!("a stored path is unsafe: {e}"))
+                    })?;
+                    let (_, data) = self.lineage.object(oid).await?;
+                    write_in(&self.workspace, &rel, &data)?;
+                    written.push(rel.to_relative_path());
+                }
+                ObjectType::Tree => {
+                    self.lineage.fetch_into(&self.git_dir, vec![oid]).await?;
+                    let dir = self.git_dir.clone();
+                    let entries = tokio::task::spawn_blocking(
+                        move || -> Result<Vec<(String, Oid, ObjectType)>> {
+                            let repo =
+                                Repository::open_bare(&dir).map_err(|e| git_error("opening", e))?;
+                            let t = repo
+                                .find_tree(oid)
+                                .map_err(|e| git_error("reading a tree", e))?;
+                            Ok(t.iter()
+                                .filter_map(|e| Some((e.name()?.to_owned(), e.id(), e.kind()?)))
+                                .collect())
+                        },
+                    )
+                    .await
+                    .map_err(join_error)??;
+                    for (name, oid, kind) in entries {
+                        let mut s = segs.clone();
+                        s.push(name);
+                        stack.push((s, oid, kind));
+                    }
+                }
+                _ => {}
+            }
+        }
+        written.sort();
+        Ok(written)
+    }
+
+    /// Commits the workspace over the base version and stores the new objects; returns the
+    /// commit to publish (the base itself when nothing changed). Symbolic links and anything
+    /// that is not a regular file are never committed.
+    pub async fn commit(&self, turn: TurnId, message: &str) -> Result<Oid> {
+        // 1. Hash the workspace's files into the local repository.
+        let (workspace, git_dir) = (self.workspace.clone(), self.git_dir.clone());
+        let files = tokio::task::spawn_blocking(move || -> Result<Vec<(Vec<String>, Oid)>> {
+            let repo = Repository::open_bare(&git_dir).map_err(|e| git_error("opening", e))?;
+            let mut out = Vec::new();
+            let mut stack = vec![(workspace.clone(), Vec::<String>::new())];
+            while let Some((dir, segs)) = stack.pop() {
+                let Ok(read) = std::fs::read_dir(&dir) else {
+                    continue;
+                };
+                for e in read.filter_map(|e| e.ok()) {
+                    let Ok(meta) = e.path().symlink_metadata() else {
+                        continue;
+                    };
+                    let Some(name) = e.file_name().to_str().map(str::to_owned) else {
+                        continue;
+                    };
+                    let mut s = segs.clone();
+                    s.push(name);
+                    if RefPath::from_segments(s.clone()).is_err() {
+                        continue;
+                    }
+                    if meta.is_dir() {
+                        stack.push((e.path(), s));
+                    } else if meta.is_file() {
+                        let data = std::fs::read(e.path())
+                            .map_err(|e| Error::new(ErrorKind::Store, e.to_string()))?;
+                        let oid = repo
+                            .blob(&data)
+                            .map_err(|e| git_error("hashing a file", e))?;
+                        out.push((s, oid));
+                    }
+                }
+            }
+            out.sort();
+            Ok(out)
+        })
+        .await
+        .map_err(join_error)??;
+        // 2. Fetch the base trees along every changed file's folder.
+        let base_root = match self.base {
+            Some(c) => Some(self.lineage.root_of(&self.git_dir, c).await?),
+            None => None,
+        };
+        if let Some(root) = base_root {
+            let dirs: BTreeSet<Vec<String>> = files
+                .iter()
+                .map(|(s, _)| s[..s.len() - 1].to_vec())
+                .collect();
+            for dir in dirs {
+                // As deep as the base has the folder (`None`: the rest is new).
+                self.lineage.fetch_path(&self.git_dir, root, &dir).await?;
+            }
+        }
+        // 3. Lay the files over the base tree; commit if the tree changed.
+        let (git_dir, base, message) = (self.git_dir.clone(), self.base, message.to_owned());
+        let upload = files.clone();
+        let (commit, new_trees) =
+            tokio::task::spawn_blocking(move || -> Result<(Oid, Vec<Oid>)> {
+                let repo = Repository::open_bare(&git_dir).map_err(|e| git_error("opening", e))?;
+                let base_tree = match base_root {
+                    Some(root) => repo
+                        .find_tree(root)
+                        .map_err(|e| git_error("reading a tree", e))?,
+                    None => {
+                        let empty = repo
+                            .treebuilder(None)
+                            .and_then(|b| b.write())
+                            .map_err(|e| git_error("an empty tree", e))?;
+                        repo.find_tree(empty)
+                            .map_err(|e| git_error("an empty tree", e))?
+                    }
+                };
+                let mut update = git2::build::TreeUpdateBuilder::new();
+                for (segs, oid) in &files {
+                    update.upsert(segs.join("/"), *oid, git2::FileMode::Blob);
+                }
+                let tree = update
+                    .create_updated(&repo, &base_tree)
+                    .map_err(|e| git_error("building the tree", e))?;
+                if Some(tree) == base_root {
+                    return Ok((
+                        base.expect("a base tree comes from a base commit"),
+                        Vec::new(),
+                    ));
+                }
+                // The trees along every file's folder are new or unchanged; upload them all.
+                let mut trees = vec![tree];
+                let root = repo
+                    .find_tree(tree)
+                    .map_err(|e| git_error("reading a tree", e))?;
+                let mut seen = BTreeSet::new();
+                for (segs, _) in &files {
+                    for depth in 1..segs.len() {
+                        let p = segs[..depth].join("/");
+                        if seen.insert(p.clone()) {
+                            if let Ok(e) = root.get_path(std::path::Path::new(&p)) {
+                                trees.push(e.id());
+                            }
+                        }
+                    }
+                }
+                let sig = git2::Signature::now("turnpike", "turnpike@localhost")
+                    .map_err(|e| git_error("a signature", e))?;
+                let tree = repo
+                    .find_tree(tree)
+                    .map_err(|e| git_error("reading a tree", e))?;
+                let parents: Vec<git2::Commit> = match base {
+                    Some(b) => vec![repo
+                        .find_commit(b)
+                        .map_err(|e| git_error("reading a commit", e))?],
+                    None => Vec::new(),
+                };
+                let parent_refs: Vec<&git2::Commit> = parents.iter().collect();
+                let commit = repo
+                    .commit(None, &sig, &sig, &message, &tree, &parent_refs)
+                    .map_err(|e| git_error("committing", e))?;
+                Ok((commit, trees))
+            })
+            .await
+            .map_err(join_error)??;
+        if Some(commit) == self.base {
+            return Ok(commit);
+        }
+        // 4. Store the new objects: blobs, trees, then the commit.
+        let mut oids: Vec<Oid> = upload.iter().map(|(_, o)| *o).collect();
+        oids.extend(new_trees);
+        oids.push(commit);
+        for oid in oids {
+            let dir = self.git_dir.clone();
+            let (kind, data) =
+                tokio::task::spawn_blocking(move || -> Result<(ObjectType, Vec<u8>)> {
+                    let repo = Repository::open_bare(&dir).map_err(|e| git_error("opening", e))?;
+                    let odb = repo.odb().map_err(|e| git_error("opening", e))?;
+                    let obj = odb
+                        .read(oid)
+                        .map_err(|e| git_error("reading an object", e))?;
+                    Ok((obj.kind(), obj.data().to_vec()))
+                })
+                .await
+                .map_err(join_error)??;
+            self.lineage.put_object(oid, kind, &data).await?;
+        }
+        let _ = turn;
+        Ok(commit)
+    }
+
+    /// Removes the git directory (the workspace goes with the turn).
+    pub fn remove(self) {
+        let _ = std::fs::remove_dir_all(&self.git_dir);
+    }
+}
+
+/// Writes `data` at `rel` inside `root`, refusing to go through a symbolic link.
+fn write_in(root: &FsPath, rel: &RefPath, data: &[u8]) -> Result<()> {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let mut full = root.to_path_buf();
+    let segments = rel.segments();
+    for (i, seg) in segments.iter().enumerate() {
+        full.push(seg);
+        if let Ok(m) = std::fs::symlink_metadata(&full) {
+            if m.file_type().is_symlink() {
+                return Err(Error::new(
+                    ErrorKind::InvalidInput,
+                    format!("{rel} goes through a symbolic link"),
+                ));
+            }
+        }
+        if i + 1 < segments.len() {
+            std::fs::create_dir_all(&full)
+                .map_err(|e| Error::new(ErrorKind::Store, e.to_string()))?;
+        }
+    }
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(&full)
+        .map_err(|e| Error::new(ErrorKind::InvalidInput, format!("writing {rel}: {e}")))?;
+    f.write_all(data)
+        .map_err(|e| Error::new(ErrorKind::Store, e.to_string()))
+}
+
+/// Writes a plain bare repository with every published version: one tag `turn_<n>` per turn and
+/// `main` at the last. Returns how many versions were exported.
+pub async fn export(lineage: &Lineage, last_turn: u64, dir: &FsPath) -> Result<usize> {
+    init_bare(dir).await?;
+    let mut exported = 0;
+    let mut last = None;
+    for n in 1..=last_turn {
+        let turn = TurnId::new(n).expect("non-zero");
+        let Some(commit) = lineage.ref_of(turn).await? else {
+            continue;
+        };
+        // Every object reachable from the commit, fetched once.
+        let mut stack = vec![commit];
+        while let Some(oid) = stack.pop() {
+            let d = dir.to_path_buf();
+            let have = tokio::task::spawn_blocking(move || {
+                Repository::open_bare(&d)
+                    .and_then(|r| r.odb().map(|o| o.exists(oid)))
+                    .unwrap_or(false)
+            })
+            .await
+            .map_err(join_error)?;
+            if have {
+                continue;
+            }
+            lineage.fetch_into(dir, vec![oid]).await?;
+            let d = dir.to_path_buf();
+            let children = tokio::task::spawn_blocking(move || -> Result<Vec<Oid>> {
+                let repo = Repository::open_bare(&d).map_err(|e| git_error("opening", e))?;
+                let obj = repo
+                    .find_object(oid, None)
+                    .map_err(|e| git_error("reading", e))?;
+                Ok(match obj.kind() {
+                    Some(ObjectType::Commit) => {
+                        let c = obj.as_commit().expect("a commit");
+                        let mut v = vec![c.tree_id()];
+                        v.extend(c.parent_ids());
+                        v
+                    }
+                    Some(ObjectType::Tree) => obj
+                        .as_tree()
+                        .expect("a tree")
+                        .iter()
+                        .map(|e| e.id())
+                        .collect(),
+                    _ => Vec::new(),
+                })
+            })
+            .await
+            .map_err(join_error)??;
+            stack.extend(children);
+        }
+        let d = dir.to_path_buf();
+        tokio::task::spawn_blocking(move || -> Result<()> {
+            let repo = Repository::open_bare(&d).map_err(|e| git_error("opening", e))?;
+            repo.reference(
+                &format!("refs/tags/{turn}"),
+                commit,
+                false,
+                &format!("turnpike {turn}"),
+            )
+            .map_err(|e| git_error("writing a ref", e))?;
+            Ok(())
+        })
+        .await
+        .map_err(join_error)??;
+        exported += 1;
+        last = Some(commit);
+    }
+    if let Some(commit) = last {
+        let d = dir.to_path_buf();
+        tokio::task::spawn_blocking(move || -> Result<()> {
+            let repo = Repository::open_bare(&d).map_err(|e| git_error("opening", e))?;
+            repo.reference("refs/heads/main", commit, true, "turnpike export")
+                .map_err(|e| git_error("writing a ref", e))?;
+            repo.set_head("refs/heads/main")
+                .map_err(|e| git_error("writing HEAD", e))?;
+            Ok(())
+        })
+        .await
+        .map_err(join_error)??;
+    }
+    Ok(exported)
+}

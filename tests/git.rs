@@ -1,0 +1,218 @@
+//! Project versions: one immutable git ref per turn, checked out anywhere, exported to plain git.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::Command;
+use std::sync::Arc;
+
+use object_store::ObjectStore;
+use turnpike_artifactory::git::{export, Lineage, Project};
+use turnpike_artifactory::{ConversationPrefix, ErrorKind};
+use turnpike_schemas::{ConversationId, RefPath, TurnId};
+use turnpike_tests::fixtures::tenant;
+use turnpike_tests::stores;
+
+fn files(dir: &Path) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap().filter_map(|e| e.ok()) {
+            let p = e.path();
+            if p.is_dir() {
+                stack.push(p);
+            } else {
+                out.insert(
+                    p.strip_prefix(dir).unwrap().to_string_lossy().into_owned(),
+                    std::fs::read_to_string(&p).unwrap(),
+                );
+            }
+        }
+    }
+    out
+}
+
+fn turn(n: u64) -> TurnId {
+    TurnId::new(n).unwrap()
+}
+
+/// Runs turns `from..=to` on a fresh directory under `root`, each editing files.
+async fn run_turns(
+    lineage: &Lineage,
+    root: &Path,
+    from: u64,
+    to: u64,
+) -> Vec<BTreeMap<String, String>> {
+    let mut trees = Vec::new();
+    for n in from..=to {
+        let ws = root.join(format!("ws-{n}"));
+        std::fs::create_dir_all(&ws).unwrap();
+        let base = if n > 1 {
+            lineage.ref_of(turn(n - 1)).await.unwrap()
+        } else {
+            None
+        };
+        let project = Project::open(lineage.clone(), &ws, base).await.unwrap();
+        // Sparse: only the file this turn edits is materialised.
+        if n > 1 {
+            project
+                .materialise(Some(&RefPath::parse("notes/log.txt").unwrap()), None)
+                .await
+                .unwrap();
+        }
+        let log = std::fs::read_to_string(ws.join("notes/log.txt")).unwrap_or_default();
+        std::fs::create_dir_all(ws.join("notes")).unwrap();
+        std::fs::write(ws.join("notes/log.txt"), format!("{log}turn {n}\n")).unwrap();
+        std::fs::write(
+            ws.join(format!("file-{n}.txt")),
+            format!("made in turn {n}"),
+        )
+        .unwrap();
+        let commit = project.commit(turn(n), &format!("turn_{n}")).await.unwrap();
+        lineage.publish_ref(turn(n), commit).await.unwrap();
+        project.remove();
+        // What the whole version holds.
+        let check = root.join(format!("check-{n}"));
+        std::fs::create_dir_all(&check).unwrap();
+        let p = Project::open(lineage.clone(), &check, Some(commit))
+            .await
+            .unwrap();
+        p.materialise(None, None).await.unwrap();
+        trees.push(files(&check));
+        p.remove();
+    }
+    trees
+}
+
+#[tokio::test]
+async fn five_turns_make_five_immutable_versions_that_check_out_anywhere() {
+    for store in [stores::memory(), stores::local()] {
+        let lineage = Lineage::new(
+            store.store.clone(),
+            ConversationPrefix::new(tenant(), ConversationId::new()),
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let trees = run_turns(&lineage, &dir.path().join("a"), 1, 5).await;
+        assert_eq!(trees[2].len(), 4, "{:?}", trees[2]);
+        assert_eq!(trees[2]["notes/log.txt"], "turn 1\nturn 2\nturn 3\n");
+        assert!(!trees[2].contains_key("file-4.txt"));
+        // Turn 3 on a fresh directory: exactly its tree.
+        let fresh = dir.path().join("fresh");
+        std::fs::create_dir_all(&fresh).unwrap();
+        let commit3 = lineage.ref_of(turn(3)).await.unwrap().unwrap();
+        let p = Project::open(lineage.clone(), &fresh, None).await.unwrap();
+        p.materialise(None, Some(commit3)).await.unwrap();
+        assert_eq!(files(&fresh), trees[2]);
+        // One file of a version, by path.
+        let bytes = lineage
+            .read_file(commit3, &RefPath::parse("file-2.txt").unwrap())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(&bytes[..], b"made in turn 2");
+        // Re-publishing a turn's ref fails and changes nothing.
+        let commit5 = lineage.ref_of(turn(5)).await.unwrap().unwrap();
+        let err = lineage.publish_ref(turn(3), commit5).await.unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::AlreadyExists);
+        assert_eq!(lineage.ref_of(turn(3)).await.unwrap(), Some(commit3));
+
+        // Another worker, another fresh directory, continues the lineage.
+        let more = run_turns(&lineage, &dir.path().join("b"), 6, 6).await;
+        assert_eq!(
+            more[0]["notes/log.txt"],
+            "turn 1\nturn 2\nturn 3\nturn 4\nturn 5\nturn 6\n"
+        );
+        assert_eq!(more[0].len(), 7);
+
+        // An unchanged project points the next ref at the same commit.
+        let ws = dir.path().join("unchanged");
+        std::fs::create_dir_all(&ws).unwrap();
+        let base = lineage.ref_of(turn(6)).await.unwrap();
+        let p = Project::open(lineage.clone(), &ws, base).await.unwrap();
+        p.materialise(Some(&RefPath::parse("file-1.txt").unwrap()), None)
+            .await
+            .unwrap();
+        assert_eq!(p.commit(turn(7), "turn_7").await.unwrap(), base.unwrap());
+    }
+}
+
+#[tokio::test]
+async fn the_export_is_a_plain_repository_that_git_accepts() {
+    let test_store = stores::memory();
+    let store: Arc<dyn ObjectStore> = test_store.store.clone();
+    let conv = ConversationId::new();
+    let lineage = Lineage::new(store, ConversationPrefix::new(tenant(), conv));
+    let dir = tempfile::tempdir().unwrap();
+    run_turns(&lineage, &dir.path().join("w"), 1, 3).await;
+    let bare = dir.path().join("export.git");
+    assert_eq!(export(&lineage, 3, &bare).await.unwrap(), 3);
+    let git = |args: &[&str]| {
+        let out = Command::new("git")
+            .arg("--git-dir")
+            .arg(&bare)
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "git {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+    git(&["fsck", "--full", "--strict"]);
+    let log = git(&["log", "--format=%s", "main"]);
+    assert_eq!(
+        log.lines().collect::<Vec<_>>(),
+        ["turn_3", "turn_2", "turn_1"]
+    );
+    assert_eq!(git(&["show", "turn_2:notes/log.txt"]), "turn 1\nturn 2\n");
+    assert_eq!(git(&["show", "turn_3:file-3.txt"]), "made in turn 3");
+    assert!(git(&["tag"]).lines().eq(["turn_1", "turn_2", "turn_3"]));
+}
+
+#[tokio::test]
+async fn paths_outside_the_project_are_never_materialised_or_committed() {
+    let test_store = stores::memory();
+    let store: Arc<dyn ObjectStore> = test_store.store.clone();
+    let lineage = Lineage::new(
+        store,
+        ConversationPrefix::new(tenant(), ConversationId::new()),
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let outside = dir.path().join("outside");
+    std::fs::create_dir_all(&outside).unwrap();
+    std::fs::write(outside.join("secret.txt"), "secret").unwrap();
+    let ws = dir.path().join("ws");
+    std::fs::create_dir_all(&ws).unwrap();
+    std::fs::write(ws.join("ok.txt"), "ok").unwrap();
+    std::os::unix::fs::symlink(outside.join("secret.txt"), ws.join("link.txt")).unwrap();
+    std::os::unix::fs::symlink(&outside, ws.join("linkdir")).unwrap();
+    let p = Project::open(lineage.clone(), &ws, None).await.unwrap();
+    let commit = p.commit(turn(1), "turn_1").await.unwrap();
+    lineage.publish_ref(turn(1), commit).await.unwrap();
+    // Symbolic links were not committed, nor what they point at.
+    let check = dir.path().join("check");
+    std::fs::create_dir_all(&check).unwrap();
+    let c = Project::open(lineage.clone(), &check, Some(commit))
+        .await
+        .unwrap();
+    c.materialise(None, None).await.unwrap();
+    assert_eq!(files(&check).into_keys().collect::<Vec<_>>(), ["ok.txt"]);
+    // `..`, absolute and encoded paths never parse.
+    for bad in ["../x", "/etc/passwd", "a/../../x", "%2e%2e/x"] {
+        assert!(RefPath::parse(bad).is_err(), "{bad}");
+    }
+    // A symbolic link planted where a file would be materialised is not followed.
+    let planted = dir.path().join("planted");
+    std::fs::create_dir_all(&planted).unwrap();
+    std::os::unix::fs::symlink(outside.join("secret.txt"), planted.join("ok.txt")).unwrap();
+    let q = Project::open(lineage.clone(), &planted, Some(commit))
+        .await
+        .unwrap();
+    let err = q.materialise(None, None).await.unwrap_err();
+    assert!(err.to_string().contains("symbolic link"), "{err}");
+    assert_eq!(
+        std::fs::read_to_string(outside.join("secret.txt")).unwrap(),
+        "secret"
+    );
+}
