@@ -101,6 +101,21 @@ pub enum Command {
     /// Benchmarks.
     #[command(subcommand)]
     Bench(BenchCommand),
+    /// Project versions (one git ref per successful turn).
+    #[command(subcommand)]
+    Git(GitCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum GitCommand {
+    /// Writes a plain bare repository with one tag `turn_<n>` per version and `main` at the last.
+    Export {
+        conversation: ConversationId,
+        /// Where to write it (created; must not be a repository already).
+        dir: PathBuf,
+        #[command(flatten)]
+        actor: Actor,
+    },
 }
 
 /// Settings of the workers a process runs.
@@ -287,6 +302,16 @@ pub enum BenchCommand {
         /// Another object store to measure on (`s3://bucket/prefix` with AWS_* settings).
         #[arg(long)]
         store: Option<String>,
+        /// Where to write (a temporary directory under it); default: the system's temp dir.
+        #[arg(long)]
+        dir: Option<PathBuf>,
+    },
+    /// Project versions: publish time per turn and one-file checkout time from turn N of a
+    /// 1,000-turn lineage (100 files, a few changed per turn), on the local filesystem.
+    Git {
+        /// Turns in the lineage.
+        #[arg(long, default_value_t = 1000)]
+        turns: u64,
         /// Where to write (a temporary directory under it); default: the system's temp dir.
         #[arg(long)]
         dir: Option<PathBuf>,

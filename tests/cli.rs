@@ -137,6 +137,44 @@ fn demo_runs_a_multi_turn_conversation_with_tools_files_and_a_folded_follow_up()
     ]);
     assert_eq!(bad.status.code(), Some(2), "{}", text(&bad));
     assert!(String::from_utf8_lossy(&bad.stderr).contains("turn_<n>/output/<k>"));
+
+    // The project versions the turns published, as a plain git repository.
+    let repo = cli.data.path().join("export.git");
+    let export = cli.run(&[
+        "git",
+        "export",
+        &conv,
+        repo.to_str().unwrap(),
+        "--actor",
+        "local:demo-user",
+    ]);
+    assert!(export.status.success(), "{}", text(&export));
+    let git = |args: &[&str]| {
+        let out = Command::new("git")
+            .arg("--git-dir")
+            .arg(&repo)
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "git {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+    git(&["fsck", "--full"]);
+    assert!(git(&["show", "turn_1:report.md"]).starts_with("# Meeting report"));
+    assert!(git(&["log", "--format=%s", "main"]).contains("turn_1"));
+    let again = cli.run(&[
+        "git",
+        "export",
+        &conv,
+        repo.to_str().unwrap(),
+        "--actor",
+        "local:demo-user",
+    ]);
+    assert_eq!(again.status.code(), Some(2), "{}", text(&again));
 }
 
 #[test]

@@ -216,3 +216,110 @@ async fn paths_outside_the_project_are_never_materialised_or_committed() {
         "secret"
     );
 }
+
+const VERSIONS: &str = r#"
+[[turn]]
+when = "start"
+[[turn.step]]
+tool_calls = [{ name = "write_file", arguments = { path = "src/a.txt", content = "alpha" } }]
+[[turn.step]]
+text = "made a"
+
+[[turn]]
+when = "extend"
+[[turn.step]]
+tool_calls = [{ name = "checkout", arguments = { path = "src/a.txt" } }, { name = "write_file", arguments = { path = "src/b.txt", content = "beta" } }]
+[[turn.step]]
+text = "made b"
+
+[[turn]]
+when = "slow"
+[[turn.step]]
+tool_calls = [{ name = "write_file", arguments = { path = "src/c.txt", content = "gamma" } }]
+[[turn.step]]
+delay_ms = 600000
+text = "never"
+
+[[turn]]
+when = "old"
+[[turn.step]]
+tool_calls = [{ name = "checkout", arguments = { turn = "turn_1" } }, { name = "list_files" }]
+[[turn.step]]
+text = "{last_tool}"
+"#;
+
+#[tokio::test]
+async fn successful_turns_publish_versions_and_cancelled_ones_publish_nothing() {
+    use turnpike_schemas::entry::TurnOutcome;
+    use turnpike_schemas::EventBody;
+    use turnpike_tests::turns::{replies, Rig, RigOptions};
+    let mut o = RigOptions::new(VERSIONS);
+    o.tools.push("checkout".into());
+    let rig = Rig::with(o).await;
+    let lineage = Lineage::new(rig.conversations.store().clone(), rig.prefix());
+    rig.say("start the project").await;
+    rig.wait_turns(1).await;
+    rig.say("extend it").await;
+    rig.wait_turns(2).await;
+    let v1 = lineage.ref_of(turn(1)).await.unwrap().unwrap();
+    let v2 = lineage.ref_of(turn(2)).await.unwrap().unwrap();
+    assert_ne!(v1, v2);
+    let head = rig.record().head().await.unwrap();
+    assert_eq!(
+        head.state().version.as_deref(),
+        Some(v2.to_string().as_str())
+    );
+    let read = |commit, path: &str| {
+        let lineage = lineage.clone();
+        let path = RefPath::parse(path).unwrap();
+        async move { lineage.read_file(commit, &path).await.unwrap() }
+    };
+    assert_eq!(&read(v2, "src/a.txt").await.unwrap()[..], b"alpha");
+    assert_eq!(&read(v2, "src/b.txt").await.unwrap()[..], b"beta");
+    assert!(read(v1, "src/b.txt").await.is_none());
+
+    // A cancelled turn publishes nothing.
+    rig.say("slow work").await;
+    rig.wait_dispatched(3).await;
+    rig.send(EventBody::Stop { reason: None }).await;
+    rig.wait_turns(3).await;
+    assert_eq!(rig.log(3).await.outcome, TurnOutcome::Cancelled);
+    assert_eq!(lineage.ref_of(turn(3)).await.unwrap(), None);
+
+    // A later turn checks out an old version.
+    rig.say("show the old version").await;
+    rig.wait_turns(4).await;
+    let listing = replies(&rig.log(4).await).join("");
+    assert!(
+        listing.contains("src/a.txt") && !listing.contains("src/b.txt"),
+        "{listing}"
+    );
+    // Turn 4 changed nothing (turn 1's file is the same in turn 2's version): its ref points at
+    // the existing commit.
+    assert_eq!(lineage.ref_of(turn(4)).await.unwrap(), Some(v2));
+
+    // `conv:gi:` references resolve through the resolver, for the owner only.
+    let resolver = turnpike_resolver::Resolver::standard(
+        rig.conversations.directory().clone(),
+        rig.conversations.store().clone(),
+    );
+    let owner = turnpike_tests::fixtures::owner();
+    let text = format!("conv:gi:{}/turn_2/src/b.txt", rig.conv);
+    assert_eq!(
+        &resolver.resolve_str(&owner, &text).await.unwrap().bytes[..],
+        b"beta"
+    );
+    let stranger: turnpike_schemas::Identity = "oidc:acme:u-99".parse().unwrap();
+    let theirs = resolver
+        .resolve_str(&stranger, &text)
+        .await
+        .unwrap_err()
+        .to_string();
+    let missing = resolver
+        .resolve_str(&owner, &format!("conv:gi:{}/turn_2/src/zzz.txt", rig.conv))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(theirs.starts_with("not found") && missing.starts_with("not found"));
+    rig.stop().await;
+}

@@ -21,6 +21,11 @@ impl Files {
         Self { store }
     }
 
+    /// The store the files are in.
+    pub fn store(&self) -> &Arc<dyn ObjectStore> {
+        &self.store
+    }
+
     /// Hosts `bytes` as `path` of `turn`; returns `conv:fi:<conv>/turn_<n>/<path>`. A retried
     /// turn overwrites what its failed attempt hosted.
     pub async fn host(

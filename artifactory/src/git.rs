@@ -278,7 +278,9 @@ impl Project {
     /// The worktree starts empty; history is fetched on demand.
     pub async fn open(lineage: Lineage, workspace: &FsPath, base: Option<Oid>) -> Result<Self> {
         let git_dir = workspace.with_extension("git");
-        init_bare(&git_dir).await?;
+        if !git_dir.exists() {
+            init_bare(&git_dir).await?;
+        }
         Ok(Self {
             lineage,
             workspace: workspace.to_path_buf(),
@@ -368,8 +370,18 @@ impl Project {
     }
 
     /// Commits the workspace over the base version and stores the new objects; returns the
-    /// commit to publish (the base itself when nothing changed). Symbolic links and anything
-    /// that is not a regular file are never committed.
+    /// commit to publish (the base itself when nothing changed; `None` when there is no project
+    /// at all: no base and no files). Symbolic links and anything that is not a regular file are
+    /// never committed.
+    pub async fn commit_if_any(&self, turn: TurnId, message: &str) -> Result<Option<Oid>> {
+        if is_empty_dir(&self.workspace) {
+            // Nothing materialised or made: the project (if any) is unchanged.
+            return Ok(self.base);
+        }
+        self.commit(turn, message).await.map(Some)
+    }
+
+    /// [`Self::commit_if_any`], always producing a commit.
     pub async fn commit(&self, turn: TurnId, message: &str) -> Result<Oid> {
         // 1. Hash the workspace's files into the local repository.
         let (workspace, git_dir) = (self.workspace.clone(), self.git_dir.clone());
@@ -518,10 +530,18 @@ impl Project {
         Ok(commit)
     }
 
-    /// Removes the git directory (the workspace goes with the turn).
-    pub fn remove(self) {
+    /// Removes the git directory (the workspace goes with the turn); dropping does the same.
+    pub fn remove(self) {}
+}
+
+impl Drop for Project {
+    fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.git_dir);
     }
+}
+
+fn is_empty_dir(dir: &FsPath) -> bool {
+    std::fs::read_dir(dir).map_or(true, |mut d| d.next().is_none())
 }
 
 /// Writes `data` at `rel` inside `root`, refusing to go through a symbolic link.

@@ -3,6 +3,7 @@
 //! - `fi`: a file a turn hosted, `conv:fi:<conv>/turn_<n>/<path>` → `turns/turn_<n>/files/<path>`
 //! - `at`: a file a user attached, `conv:at:<conv>/turn_<n>/<id>/<name>` →
 //!   `attachments/turn_<n>/<id>/<name>`
+//! - `gi`: a file of a project version, `conv:gi:<conv>/turn_<n>/<path>`
 //! - `tl`: a turn log, `conv:tl:<conv>/turn_<n>/log.json` → the whole log, or
 //!   `…/turn_<n>/blocks/<i>` → one block as JSON
 
@@ -151,5 +152,53 @@ impl FamilyResolver for TurnLogBlocks {
             bytes: json.into(),
             media_type: "application/json".into(),
         })
+    }
+}
+
+/// Project versions: `conv:gi:<conv>/turn_<n>/<path>` → the file at the version turn `n`
+/// published.
+pub struct ProjectVersions {
+    store: Arc<dyn ObjectStore>,
+}
+
+impl ProjectVersions {
+    pub fn new(store: Arc<dyn ObjectStore>) -> Self {
+        Self { store }
+    }
+}
+
+#[async_trait]
+impl FamilyResolver for ProjectVersions {
+    fn family(&self) -> Family {
+        Family::git()
+    }
+
+    async fn resolve(&self, reference: &AuthorizedReference) -> Result<Resolved, ResolveError> {
+        let r = reference.reference();
+        let lineage =
+            turnpike_artifactory::git::Lineage::new(self.store.clone(), reference.prefix().clone());
+        let unavailable = |e: turnpike_artifactory::Error| ResolveError::Unavailable(e.to_string());
+        let Some(commit) = lineage.ref_of(r.turn()).await.map_err(unavailable)? else {
+            return Err(ResolveError::not_found(r));
+        };
+        match lineage.read_file(commit, r.path()).await {
+            Ok(Some(bytes)) => {
+                let name = r
+                    .path()
+                    .segments()
+                    .last()
+                    .map(String::as_str)
+                    .unwrap_or_default();
+                Ok(Resolved {
+                    bytes,
+                    media_type: media_type_of(name).to_owned(),
+                })
+            }
+            Ok(None) => Err(ResolveError::not_found(r)),
+            Err(e) if e.kind() == turnpike_artifactory::ErrorKind::NotFound => {
+                Err(ResolveError::not_found(r))
+            }
+            Err(e) => Err(unavailable(e)),
+        }
     }
 }

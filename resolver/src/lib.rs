@@ -95,11 +95,12 @@ impl Resolver {
         }
     }
 
-    /// A resolver with the built-in families (`fi`, `at`, `tl`) over one object store.
+    /// A resolver with the built-in families (`fi`, `at`, `gi`, `tl`) over one object store.
     pub fn standard(directory: Directory, store: Arc<dyn object_store::ObjectStore>) -> Self {
         Self::new(directory)
             .register(Arc::new(families::HostedFiles::new(store.clone())))
             .register(Arc::new(families::HostedFiles::attachments(store.clone())))
+            .register(Arc::new(families::ProjectVersions::new(store.clone())))
             .register(Arc::new(families::TurnLogBlocks::new(
                 turnpike_artifactory::TurnLogs::new(store),
             )))

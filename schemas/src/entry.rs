@@ -345,6 +345,9 @@ pub struct TurnComplete {
     /// SHA-256 (hex) of the turn log's bytes, so the signed record vouches for the log too.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub log_sha256: Option<String>,
+    /// The project version the turn published (a git commit id), if the conversation has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
     pub at_ms: u64,
 }
 
@@ -508,6 +511,9 @@ pub struct RecordState {
     /// The agent the conversation was switched to last (none: the one it was opened with).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub active_agent: Option<AgentId>,
+    /// The latest project version a turn published (a git commit id).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
 }
 
 fn is_zero(n: &u64) -> bool {

@@ -155,6 +155,7 @@ async fn build(
             outcome: TurnOutcome::Replied,
             log: None,
             log_sha256: None,
+            version: None,
             at_ms: 0,
         }));
         head = record.append(signer, &head, &two).await?;

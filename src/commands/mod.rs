@@ -2,9 +2,11 @@
 
 mod bench;
 mod bench_context;
+mod bench_git;
 mod bench_lanes;
 mod conversation;
 mod demo;
+mod git;
 mod lanes;
 mod record;
 mod runtime;
@@ -25,6 +27,7 @@ pub async fn run(cli: Cli) -> Result<ExitCode> {
         }
         Command::Record(command) => record::run(&cli.global, command).await,
         Command::Bench(command) => bench::run(command).await,
+        Command::Git(command) => git::run(&Env::open(&cli.global)?, command).await,
         Command::Serve(args) => runtime::serve(&cli.global, args).await,
         Command::Router => runtime::router(&cli.global).await,
         Command::Worker(args) => runtime::worker(&cli.global, args).await,

@@ -27,8 +27,9 @@ use crate::apps::{AgentSpec, Apps};
 use crate::config::{Fault, WorkerConfig};
 use crate::error::{Error, Result};
 use crate::timeline::Timeline;
-use crate::tools::{SearchIndex, ToolContext};
+use crate::tools::{ProjectHandle, SearchIndex, ToolContext};
 use crate::workspace::Workspace;
+use turnpike_artifactory::git::{Lineage, Project};
 
 /// What a turn needs from its owner.
 pub struct TurnEnv {
@@ -128,6 +129,11 @@ pub struct TurnContext<'a> {
     intents: Mutex<std::collections::HashSet<String>>,
     /// The compaction this turn made, for batch two.
     compaction: Mutex<Option<CompactionMarker>>,
+    /// The conversation's project lineage, the version the turn started from, and the project
+    /// directory once opened.
+    lineage: Lineage,
+    base_version: Option<git2::Oid>,
+    project: tokio::sync::OnceCell<Project>,
     watch: LaneWatch,
     deltas: mpsc::UnboundedSender<String>,
 }
@@ -285,6 +291,12 @@ impl TurnContext<'_> {
             call_id,
             agent: &self.agent,
             app_agents: &self.app_agents,
+            project: Some(ProjectHandle {
+                cell: &self.project,
+                lineage: &self.lineage,
+                workspace: self.workspace.path(),
+                base: self.base_version,
+            }),
         }
     }
 
@@ -509,6 +521,12 @@ async fn finish_turn(
         })
     };
     let lane_through = head.state().lane_through;
+    let lineage = Lineage::new(env.files.store().clone(), env.record.prefix().clone());
+    let base_version = head
+        .state()
+        .version
+        .as_deref()
+        .and_then(|v| git2::Oid::from_str(v).ok());
     let ctx = TurnContext {
         env,
         turn,
@@ -525,6 +543,9 @@ async fn finish_turn(
         app_agents,
         intents: Mutex::new(Default::default()),
         compaction: Mutex::new(None),
+        lineage,
+        base_version,
+        project: tokio::sync::OnceCell::new(),
         watch: LaneWatch::start(env.bus.clone(), env, lane_through),
         deltas: delta_tx,
     };
@@ -532,10 +553,24 @@ async fn finish_turn(
         Ok(route) => route.callbacks.on_reactive_event(&ctx).await,
         Err(why) => Err(Error::Route(why.clone())),
     };
-    let (outcome, failure) = match result {
+    let (outcome, mut failure) = match result {
         Ok(outcome) => (outcome, None),
         Err(Error::Fenced(why)) => return Err(Error::Fenced(why)),
         Err(e) => (TurnOutcome::Failed, Some(e.to_string())),
+    };
+    // A successful (or parked) turn publishes the project's next version; a failed or cancelled
+    // one publishes nothing.
+    let mut version = None;
+    if failure.is_none() && matches!(outcome, TurnOutcome::Replied | TurnOutcome::Parked) {
+        match publish_version(&ctx).await {
+            Ok(v) => version = v,
+            Err(e) => failure = Some(format!("publishing the project version failed: {e}")),
+        }
+    }
+    let outcome = if failure.is_some() {
+        TurnOutcome::Failed
+    } else {
+        outcome
     };
     let TurnContext {
         head,
@@ -618,6 +653,7 @@ async fn finish_turn(
             RefPath::parse("log.json").expect("a valid path"),
         )),
         log_sha256: Some(digest),
+        version: version.map(|v: git2::Oid| v.to_string()),
         at_ms: now_ms(),
     }));
     let head = env.append(&head, &bodies).await?;
@@ -633,6 +669,46 @@ async fn finish_turn(
         .await;
     info!(%conversation, %turn, ?outcome, "turn complete");
     Ok(head)
+}
+
+/// Commits the workspace over the version the turn started from and publishes it as the
+/// turn's ref. A retried turn whose first attempt published already keeps that ref.
+async fn publish_version(ctx: &TurnContext<'_>) -> Result<Option<git2::Oid>> {
+    let empty = std::fs::read_dir(ctx.workspace.path()).map_or(true, |mut d| d.next().is_none());
+    if empty && ctx.project.get().is_none() {
+        // Nothing made and nothing opened: the project (if any) is unchanged.
+        if let Some(base) = ctx.base_version {
+            publish_ref(&ctx.lineage, ctx.turn, base).await?;
+        }
+        return Ok(ctx.base_version);
+    }
+    let project = ctx
+        .project
+        .get_or_try_init(|| {
+            Project::open(ctx.lineage.clone(), ctx.workspace.path(), ctx.base_version)
+        })
+        .await?;
+    let message = format!(
+        "{}\n\nconversation {}, agent {}",
+        ctx.turn,
+        ctx.env.record.prefix().conversation(),
+        ctx.agent
+    );
+    let Some(commit) = project.commit_if_any(ctx.turn, &message).await? else {
+        return Ok(None);
+    };
+    publish_ref(&ctx.lineage, ctx.turn, commit).await.map(Some)
+}
+
+async fn publish_ref(lineage: &Lineage, turn: TurnId, commit: git2::Oid) -> Result<git2::Oid> {
+    match lineage.publish_ref(turn, commit).await {
+        Ok(()) => Ok(commit),
+        Err(e) if e.kind() == turnpike_artifactory::ErrorKind::AlreadyExists => {
+            // An earlier attempt of this turn published; its ref stands.
+            Ok(lineage.ref_of(turn).await?.unwrap_or(commit))
+        }
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// The record entry of a block the turn produced, for those that have one.

@@ -46,6 +46,11 @@ pub fn apply(state: &mut RecordState, body: &EntryBody) -> Result<(), String> {
                 return Err(format!("{turn} is not open; it cannot be closed"));
             }
             state.turn_open = false;
+            if let EntryBody::TurnComplete(c) = body {
+                if c.version.is_some() {
+                    state.version = c.version.clone();
+                }
+            }
         }
         other => {
             if let EntryBody::CompactionMarker(marker) = other {
@@ -95,6 +100,7 @@ mod tests {
             outcome: TurnOutcome::Replied,
             log: None,
             log_sha256: None,
+            version: None,
             at_ms: 0,
         })
     }
@@ -135,6 +141,7 @@ mod tests {
                 turn_open: true,
                 summary_turn: 0,
                 active_agent: None,
+                version: None,
             }
         );
     }

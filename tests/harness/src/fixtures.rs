@@ -84,6 +84,7 @@ pub fn batch_two(n: u64, reply: &str) -> Vec<EntryBody> {
             outcome: TurnOutcome::Replied,
             log: None,
             log_sha256: None,
+            version: None,
             at_ms: 4,
         }),
     ]

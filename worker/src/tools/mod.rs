@@ -7,6 +7,7 @@
 
 mod files;
 mod people;
+mod project;
 mod refs;
 
 use std::collections::BTreeMap;
@@ -16,6 +17,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use bytes::Bytes;
 use serde_json::{json, Value};
+use turnpike_artifactory::git::{Lineage, Project};
 use turnpike_artifactory::{ConversationPrefix, Files};
 use turnpike_resolver::Resolver;
 use turnpike_schemas::{AgentId, Block, Identity, RefPath, TurnId};
@@ -24,6 +26,7 @@ use crate::model::ToolSpec;
 
 pub use files::{ListFiles, ReadFile, WriteFile};
 pub use people::{AskUser, SwitchAgent};
+pub use project::Checkout;
 pub use refs::{Exec, Publish, Pull, Search, SearchIndex};
 
 /// The largest tool result handed to the model inline, in bytes of JSON.
@@ -46,6 +49,26 @@ pub struct ToolContext<'a> {
     /// The agent running the turn, and every agent of its app.
     pub agent: &'a AgentId,
     pub app_agents: &'a [AgentId],
+    /// The conversation's project (its git lineage), opened on first use.
+    pub project: Option<ProjectHandle<'a>>,
+}
+
+/// The turn's project directory, opened on first use.
+pub struct ProjectHandle<'a> {
+    pub cell: &'a tokio::sync::OnceCell<Project>,
+    pub lineage: &'a Lineage,
+    pub workspace: &'a Path,
+    pub base: Option<git2::Oid>,
+}
+
+impl ProjectHandle<'_> {
+    /// The project, opened now if it was not.
+    pub async fn get(&self) -> Result<&Project, String> {
+        self.cell
+            .get_or_try_init(|| Project::open(self.lineage.clone(), self.workspace, self.base))
+            .await
+            .map_err(|e| format!("the project cannot be opened: {e}"))
+    }
 }
 
 impl ToolContext<'_> {
@@ -107,10 +130,11 @@ pub struct Registry {
 
 impl Registry {
     /// The built-in tools: `read_file`, `list_files`, `write_file`, `pull`, `publish`,
-    /// `search`, `exec`, `ask_user` and `system__switch_to_agent`.
+    /// `search`, `exec`, `ask_user`, `checkout` and `system__switch_to_agent`.
     pub fn builtin() -> Self {
         Self::default()
             .with(Arc::new(AskUser))
+            .with(Arc::new(Checkout))
             .with(Arc::new(SwitchAgent))
             .with(Arc::new(ReadFile))
             .with(Arc::new(ListFiles))
