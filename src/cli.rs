@@ -133,6 +133,10 @@ pub struct WorkerArgs {
     /// Grace period for running turns at shutdown, in milliseconds.
     #[arg(long, default_value_t = 20_000)]
     pub grace_ms: u64,
+    /// A bare git repository to mirror every project version into
+    /// (`refs/turnpike/<conversation>/turn_<n>`).
+    #[arg(long, env = "TURNPIKE_GIT_REMOTE")]
+    pub git_remote: Option<String>,
     /// Injects a fault (tests only).
     #[arg(long, hide = true, value_enum)]
     pub fault: Option<FaultArg>,

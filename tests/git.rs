@@ -253,8 +253,17 @@ async fn successful_turns_publish_versions_and_cancelled_ones_publish_nothing() 
     use turnpike_schemas::entry::TurnOutcome;
     use turnpike_schemas::EventBody;
     use turnpike_tests::turns::{replies, Rig, RigOptions};
+    let mirror = tempfile::tempdir().unwrap();
+    let remote = mirror.path().join("mirror.git");
+    assert!(Command::new("git")
+        .args(["init", "--bare", "-q"])
+        .arg(&remote)
+        .status()
+        .unwrap()
+        .success());
     let mut o = RigOptions::new(VERSIONS);
     o.tools.push("checkout".into());
+    o.git_remote = Some(remote.to_str().unwrap().to_owned());
     let rig = Rig::with(o).await;
     let lineage = Lineage::new(rig.conversations.store().clone(), rig.prefix());
     rig.say("start the project").await;
@@ -277,6 +286,17 @@ async fn successful_turns_publish_versions_and_cancelled_ones_publish_nothing() 
     assert_eq!(&read(v2, "src/a.txt").await.unwrap()[..], b"alpha");
     assert_eq!(&read(v2, "src/b.txt").await.unwrap()[..], b"beta");
     assert!(read(v1, "src/b.txt").await.is_none());
+    // The worker mirrored both versions into the bare repository.
+    let show = Command::new("git")
+        .arg("--git-dir")
+        .arg(&remote)
+        .args([
+            "show",
+            &format!("refs/turnpike/{}/turn_2:src/b.txt", rig.conv),
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&show.stdout), "beta");
 
     // A cancelled turn publishes nothing.
     rig.say("slow work").await;
@@ -322,4 +342,62 @@ async fn successful_turns_publish_versions_and_cancelled_ones_publish_nothing() 
         .to_string();
     assert!(theirs.starts_with("not found") && missing.starts_with("not found"));
     rig.stop().await;
+}
+
+#[tokio::test]
+async fn versions_push_to_an_ordinary_git_remote_and_never_overwrite_a_ref() {
+    let test_store = stores::memory();
+    let conv = ConversationId::new();
+    let lineage = Lineage::new(
+        test_store.store.clone(),
+        ConversationPrefix::new(tenant(), conv),
+    );
+    let dir = tempfile::tempdir().unwrap();
+    run_turns(&lineage, &dir.path().join("w"), 1, 3).await;
+    let remote = dir.path().join("remote.git");
+    let init = Command::new("git")
+        .args(["init", "--bare", "-q"])
+        .arg(&remote)
+        .status()
+        .unwrap();
+    assert!(init.success());
+    let url = remote.to_str().unwrap();
+    for n in 1..=2 {
+        turnpike_artifactory::git::push_to_remote(&lineage, url, turn(n))
+            .await
+            .unwrap();
+    }
+    let git = |args: &[&str]| {
+        let out = Command::new("git")
+            .arg("--git-dir")
+            .arg(&remote)
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "git {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let name = |n: u64| format!("refs/turnpike/{conv}/turn_{n}");
+    assert_eq!(
+        git(&["show", &format!("{}:notes/log.txt", name(2))]),
+        "turn 1\nturn 2\n"
+    );
+    git(&["fsck", "--full"]);
+    // Pushing a turn again is refused.
+    let err = turnpike_artifactory::git::push_to_remote(&lineage, url, turn(2))
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::AlreadyExists, "{err}");
+    // A ref someone else made under turn 3's name is not overwritten either.
+    let one = git(&["rev-parse", &name(1)]).trim().to_owned();
+    git(&["update-ref", &name(3), &one]);
+    let err = turnpike_artifactory::git::push_to_remote(&lineage, url, turn(3))
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::AlreadyExists, "{err}");
+    assert_eq!(git(&["rev-parse", &name(3)]).trim(), one);
 }

@@ -540,6 +540,104 @@ impl Drop for Project {
     }
 }
 
+/// Copies every object reachable from `commit` into the bare repository at `dir`, skipping what
+/// it has.
+async fn copy_reachable(lineage: &Lineage, dir: &FsPath, commit: Oid) -> Result<()> {
+    // Every object reachable from the commit, fetched once.
+    let mut stack = vec![commit];
+    while let Some(oid) = stack.pop() {
+        let d = dir.to_path_buf();
+        let have = tokio::task::spawn_blocking(move || {
+            Repository::open_bare(&d)
+                .and_then(|r| r.odb().map(|o| o.exists(oid)))
+                .unwrap_or(false)
+        })
+        .await
+        .map_err(join_error)?;
+        if have {
+            continue;
+        }
+        lineage.fetch_into(dir, vec![oid]).await?;
+        let d = dir.to_path_buf();
+        let children = tokio::task::spawn_blocking(move || -> Result<Vec<Oid>> {
+            let repo = Repository::open_bare(&d).map_err(|e| git_error("opening", e))?;
+            let obj = repo
+                .find_object(oid, None)
+                .map_err(|e| git_error("reading", e))?;
+            Ok(match obj.kind() {
+                Some(ObjectType::Commit) => {
+                    let c = obj.as_commit().expect("a commit");
+                    let mut v = vec![c.tree_id()];
+                    v.extend(c.parent_ids());
+                    v
+                }
+                Some(ObjectType::Tree) => obj
+                    .as_tree()
+                    .expect("a tree")
+                    .iter()
+                    .map(|e| e.id())
+                    .collect(),
+                _ => Vec::new(),
+            })
+        })
+        .await
+        .map_err(join_error)??;
+        stack.extend(children);
+    }
+    Ok(())
+}
+
+/// Pushes the version `turn` published to an ordinary git repository outside Turnpike (a bare
+/// repository path, or a `file://` URL to one) as `refs/turnpike/<conversation>/turn_<n>`. The ref
+/// is created only if absent (libgit2's lock-file create): if the remote has it already, the push
+/// is refused and the remote's ref is left as it was. Network transports (https, ssh) are not
+/// built in: this build links libgit2 without them.
+pub async fn push_to_remote(lineage: &Lineage, url: &str, turn: TurnId) -> Result<()> {
+    let commit = lineage
+        .ref_of(turn)
+        .await?
+        .ok_or_else(|| Error::new(ErrorKind::NotFound, format!("{turn} published no version")))?;
+    let path = PathBuf::from(url.strip_prefix("file://").unwrap_or(url));
+    if !path.join("HEAD").is_file() {
+        return Err(Error::new(
+            ErrorKind::InvalidInput,
+            format!("{url} is not a bare git repository (only local ones are supported)"),
+        ));
+    }
+    let name = format!("refs/turnpike/{}/{turn}", lineage.prefix.conversation());
+    let (p, n) = (path.clone(), name.clone());
+    let exists = tokio::task::spawn_blocking(move || {
+        Repository::open_bare(&p)
+            .map(|r| r.find_reference(&n).is_ok())
+            .map_err(|e| git_error("opening the remote", e))
+    })
+    .await
+    .map_err(join_error)??;
+    if exists {
+        return Err(Error::new(
+            ErrorKind::AlreadyExists,
+            format!("{url} has {name} already; turn refs are never overwritten"),
+        ));
+    }
+    copy_reachable(lineage, &path, commit).await?;
+    tokio::task::spawn_blocking(move || -> Result<()> {
+        let repo = Repository::open_bare(&path).map_err(|e| git_error("opening the remote", e))?;
+        let created = repo
+            .reference(&name, commit, false, "turnpike push")
+            .map(|_| ());
+        match created {
+            Ok(()) => Ok(()),
+            Err(e) if e.code() == git2::ErrorCode::Exists => Err(Error::new(
+                ErrorKind::AlreadyExists,
+                format!("the remote has {name} already; turn refs are never overwritten"),
+            )),
+            Err(e) => Err(git_error("writing the remote's ref", e)),
+        }
+    })
+    .await
+    .map_err(join_error)?
+}
+
 fn is_empty_dir(dir: &FsPath) -> bool {
     std::fs::read_dir(dir).map_or(true, |mut d| d.next().is_none())
 }
@@ -587,47 +685,7 @@ pub async fn export(lineage: &Lineage, last_turn: u64, dir: &FsPath) -> Result<u
         let Some(commit) = lineage.ref_of(turn).await? else {
             continue;
         };
-        // Every object reachable from the commit, fetched once.
-        let mut stack = vec![commit];
-        while let Some(oid) = stack.pop() {
-            let d = dir.to_path_buf();
-            let have = tokio::task::spawn_blocking(move || {
-                Repository::open_bare(&d)
-                    .and_then(|r| r.odb().map(|o| o.exists(oid)))
-                    .unwrap_or(false)
-            })
-            .await
-            .map_err(join_error)?;
-            if have {
-                continue;
-            }
-            lineage.fetch_into(dir, vec![oid]).await?;
-            let d = dir.to_path_buf();
-            let children = tokio::task::spawn_blocking(move || -> Result<Vec<Oid>> {
-                let repo = Repository::open_bare(&d).map_err(|e| git_error("opening", e))?;
-                let obj = repo
-                    .find_object(oid, None)
-                    .map_err(|e| git_error("reading", e))?;
-                Ok(match obj.kind() {
-                    Some(ObjectType::Commit) => {
-                        let c = obj.as_commit().expect("a commit");
-                        let mut v = vec![c.tree_id()];
-                        v.extend(c.parent_ids());
-                        v
-                    }
-                    Some(ObjectType::Tree) => obj
-                        .as_tree()
-                        .expect("a tree")
-                        .iter()
-                        .map(|e| e.id())
-                        .collect(),
-                    _ => Vec::new(),
-                })
-            })
-            .await
-            .map_err(join_error)??;
-            stack.extend(children);
-        }
+        copy_reachable(lineage, dir, commit).await?;
         let d = dir.to_path_buf();
         tokio::task::spawn_blocking(move || -> Result<()> {
             let repo = Repository::open_bare(&d).map_err(|e| git_error("opening", e))?;

@@ -56,6 +56,7 @@ fn worker_config(args: &WorkerArgs) -> WorkerConfig {
         lease_ttl: ttl,
         renew_every: ttl / 3,
         grace: Duration::from_millis(args.grace_ms),
+        git_remote: args.git_remote.clone(),
         fault: args.fault.map(|f| match f {
             FaultArg::HangAfterBatchOne => Fault::HangAfterBatchOne,
             FaultArg::HangAfterClaim => Fault::HangAfterClaim,

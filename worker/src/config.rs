@@ -34,6 +34,10 @@ pub struct WorkerConfig {
     pub heartbeat_every: Duration,
     /// How often a running turn looks at its lane for follow-ups and stops.
     pub lane_poll: Duration,
+    /// A bare git repository that every published project version is also pushed to, as
+    /// `refs/turnpike/<conversation>/turn_<n>` (a mirror: failures are logged, the object store
+    /// stays the source).
+    pub git_remote: Option<String>,
     /// Where turns' workspaces are created (each is deleted when its turn ends).
     pub workspace_root: std::path::PathBuf,
     pub fault: Option<Fault>,
@@ -50,6 +54,7 @@ impl Default for WorkerConfig {
             grace: Duration::from_secs(20),
             heartbeat_every: Duration::from_secs(5),
             lane_poll: Duration::from_millis(50),
+            git_remote: None,
             workspace_root: crate::workspace::default_root(),
             fault: None,
         }

@@ -697,7 +697,14 @@ async fn publish_version(ctx: &TurnContext<'_>) -> Result<Option<git2::Oid>> {
     let Some(commit) = project.commit_if_any(ctx.turn, &message).await? else {
         return Ok(None);
     };
-    publish_ref(&ctx.lineage, ctx.turn, commit).await.map(Some)
+    let published = publish_ref(&ctx.lineage, ctx.turn, commit).await?;
+    if let Some(url) = &ctx.env.config.git_remote {
+        if let Err(e) = turnpike_artifactory::git::push_to_remote(&ctx.lineage, url, ctx.turn).await
+        {
+            warn!(turn = %ctx.turn, remote = %url, error = %e, "could not push the version to the git remote");
+        }
+    }
+    Ok(Some(published))
 }
 
 async fn publish_ref(lineage: &Lineage, turn: TurnId, commit: git2::Oid) -> Result<git2::Oid> {

@@ -40,6 +40,8 @@ pub struct RigOptions {
     pub lease_ttl: Duration,
     /// Start with no worker running (see [`Rig::run`]).
     pub paused: bool,
+    /// A bare git repository the worker mirrors project versions into.
+    pub git_remote: Option<String>,
 }
 
 impl RigOptions {
@@ -56,6 +58,7 @@ impl RigOptions {
             directive: None,
             lease_ttl: Duration::from_secs(15),
             paused: false,
+            git_remote: None,
         }
     }
 }
@@ -113,6 +116,7 @@ impl Rig {
         .unwrap();
         let workspaces = dir.path().join("workspaces");
         let ttl = options.lease_ttl;
+        let git_remote = options.git_remote.clone();
         let make_worker = {
             let (bus, conversations, workspaces) =
                 (bus.clone(), conversations.clone(), workspaces.clone());
@@ -129,6 +133,7 @@ impl Rig {
                         renew_every: ttl / 3,
                         busy_delay: Duration::from_millis(50),
                         fault,
+                        git_remote: git_remote.clone(),
                         ..WorkerConfig::default()
                     },
                 )
