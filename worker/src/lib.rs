@@ -8,6 +8,7 @@
 //! - [`apps`]: manifests, the [`App`] trait (`on_reactive_event`) and routing
 //! - [`agent_loop`]: the built-in agent loop (rounds, closing call, folding, stop)
 //! - [`model`]: model providers — `openai`, `script`, `replay`
+//! - [`cell`]: the sandbox generated code runs in (bubblewrap, seccomp, limits)
 //! - [`tools`]: the tool registry and the built-in tools
 //! - [`timeline`]: the context rebuilt from the previous turn's snapshot (or the latest summary
 //!   and the turn logs after it)
@@ -21,6 +22,7 @@ pub mod agent;
 pub mod agent_loop;
 pub mod approvals;
 pub mod apps;
+pub mod cell;
 pub mod compaction;
 pub mod config;
 pub mod error;

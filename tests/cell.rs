@@ -1,0 +1,248 @@
+//! The escape suite: generated code in a cell, trying everything it must not do. Every case is
+//! contained, and the worker (this test process) is unharmed.
+
+use std::path::Path;
+use std::time::Duration;
+
+use turnpike_worker::cell::{Cell, CellConfig, Language, Limits, RunResult};
+
+async fn cell() -> Cell {
+    let config = CellConfig {
+        limits: Limits {
+            wall: Duration::from_secs(6),
+            cpu_seconds: 3,
+            address_space_bytes: 512 << 20,
+            file_size_bytes: 8 << 20,
+            processes: 32,
+            ..Limits::default()
+        },
+        ..CellConfig::default()
+    };
+    Cell::detect(config)
+        .await
+        .expect("the sandbox works on this machine")
+}
+
+async fn run(cell: &Cell, workspace: &Path, code: &str) -> RunResult {
+    cell.run(workspace, Language::Python, code).await.unwrap()
+}
+
+/// Runs `code`, which prints `CONTAINED` when what it tried failed as it should.
+async fn contained(cell: &Cell, code: &str) {
+    let ws = tempfile::tempdir().unwrap();
+    let r = run(cell, ws.path(), code).await;
+    assert!(
+        r.stdout.contains("CONTAINED") && !r.stdout.contains("ESCAPED"),
+        "{code}\n=> {r:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_normal_script_reads_input_and_writes_a_csv_and_a_png() {
+    let cell = cell().await;
+    let ws = tempfile::tempdir().unwrap();
+    std::fs::write(ws.path().join("input.txt"), "3\n4\n5\n").unwrap();
+    let r = run(
+        &cell,
+        ws.path(),
+        r#"
+import csv, struct, zlib
+nums = [int(x) for x in open("input.txt")]
+with open("out/squares.csv", "w", newline="") if False else open("squares.csv", "w", newline="") as f:
+    w = csv.writer(f); w.writerow(["n", "square"]); [w.writerow([n, n * n]) for n in nums]
+def chunk(t, d): return struct.pack(">I", len(d)) + t + d + struct.pack(">I", zlib.crc32(t + d))
+raw = b"".join(b"\x00" + bytes([255, 0, 0] * 2) for _ in range(2))
+png = b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", 2, 2, 8, 2, 0, 0, 0)) + chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b"")
+open("dot.png", "wb").write(png)
+print("sum", sum(nums))
+"#,
+    )
+    .await;
+    assert_eq!(r.exit_code, Some(0), "{r:?}");
+    assert_eq!(r.stdout.trim(), "sum 12");
+    let names: Vec<&str> = r.files.iter().map(|f| f.path.as_str()).collect();
+    assert_eq!(names, ["dot.png", "squares.csv"]);
+    assert!(std::fs::read_to_string(ws.path().join("squares.csv"))
+        .unwrap()
+        .contains("5,25"));
+    assert!(std::fs::read(ws.path().join("dot.png"))
+        .unwrap()
+        .starts_with(b"\x89PNG"));
+}
+
+#[tokio::test]
+async fn no_network_of_any_kind() {
+    let cell = cell().await;
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let sock_dir = tempfile::tempdir_in("/tmp").unwrap();
+    let sock = sock_dir.path().join("host.sock");
+    let _unix = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+    let code = format!(
+        r#"
+import socket
+results = []
+for port in ({port}, 4222, 5432):
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1); results.append("ESCAPED tcp %d" % port)
+    except OSError: pass
+try:
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.sendto(b"x", ("8.8.8.8", 53)); results.append("ESCAPED udp")
+except OSError: pass
+try:
+    socket.getaddrinfo("example.com", 80); results.append("ESCAPED dns")
+except OSError: pass
+try:
+    u = socket.socket(socket.AF_UNIX); u.connect("{sock}"); results.append("ESCAPED unix")
+except OSError: pass
+for fam, typ in ((socket.AF_PACKET, socket.SOCK_RAW), (socket.AF_INET, socket.SOCK_RAW), (socket.AF_NETLINK, socket.SOCK_RAW)):
+    try:
+        socket.socket(fam, typ, 0); results.append("ESCAPED raw %d" % fam)
+    except OSError: pass
+print(" ".join(results) or "CONTAINED")
+"#,
+        sock = sock.display()
+    );
+    contained(&cell, &code).await;
+}
+
+#[tokio::test]
+async fn nothing_outside_the_workspace_can_be_read() {
+    let cell = cell().await;
+    let other = tempfile::tempdir().unwrap();
+    std::fs::write(other.path().join("secret.txt"), "another conversation").unwrap();
+    let key = tempfile::tempdir().unwrap();
+    std::fs::write(key.path().join("record-signing.key"), "00".repeat(32)).unwrap();
+    // SAFETY: set before any cell starts; read by nothing else in this test binary.
+    unsafe { std::env::set_var("TURNPIKE_TEST_SECRET", "s3cr3t-token") };
+    let code = format!(
+        r#"
+import os
+found = []
+for p in ("{other}/secret.txt", "/etc/shadow", "/etc/passwd", "/root", "/home", "{key}/record-signing.key"):
+    if os.path.exists(p): found.append(p)
+env = open("/proc/1/environ", "rb").read() + open("/proc/self/environ", "rb").read()
+if b"s3cr3t" in env or b"TURNPIKE" in env or b"AWS_" in env: found.append("environment")
+for pid in os.listdir("/proc"):
+    if pid.isdigit():
+        try:
+            if b"s3cr3t" in open("/proc/%s/environ" % pid, "rb").read(): found.append("proc %s" % pid)
+        except OSError: pass
+print(("ESCAPED " + " ".join(found)) if found else "CONTAINED")
+"#,
+        other = other.path().display(),
+        key = key.path().display()
+    );
+    contained(&cell, &code).await;
+}
+
+#[tokio::test]
+async fn nothing_outside_the_workspace_can_be_written_and_symlinks_lead_nowhere() {
+    let cell = cell().await;
+    let outside = tempfile::tempdir().unwrap();
+    std::fs::write(outside.path().join("target.txt"), "original").unwrap();
+    let ws = tempfile::tempdir().unwrap();
+    // Planted before the run.
+    std::os::unix::fs::symlink(outside.path().join("target.txt"), ws.path().join("planted"))
+        .unwrap();
+    std::os::unix::fs::symlink("/etc/passwd", ws.path().join("passwd")).unwrap();
+    let code = format!(
+        r#"
+import os
+bad = []
+for p in ("/usr/evil", "/etc/evil", "/evil", "{outside}/evil.txt"):
+    try:
+        open(p, "w").write("x"); bad.append(p)
+    except OSError: pass
+for p in ("planted", "passwd"):
+    try:
+        open(p).read(); bad.append("read " + p)
+    except OSError: pass
+    try:
+        open(p, "w").write("x"); bad.append("write " + p) if os.path.exists("{outside}/target.txt") and open(p).read() == "x" and False else None
+    except OSError: pass
+# Planted during the run.
+os.symlink("{outside}/target.txt", "during")
+try:
+    open("during", "w").write("overwritten")
+except OSError: pass
+open("/tmp/private", "w").write("only in the cell")
+print(("ESCAPED " + " ".join(bad)) if bad else "CONTAINED")
+"#,
+        outside = outside.path().display()
+    );
+    let r = run(&cell, ws.path(), &code).await;
+    assert!(r.stdout.contains("CONTAINED"), "{r:?}");
+    assert_eq!(
+        std::fs::read_to_string(outside.path().join("target.txt")).unwrap(),
+        "original"
+    );
+    assert!(!outside.path().join("evil.txt").exists());
+    assert!(!Path::new("/tmp/private").exists());
+    assert!(!Path::new("/usr/evil").exists());
+}
+
+#[tokio::test]
+async fn bombs_loops_and_sleepers_are_stopped_and_the_worker_goes_on() {
+    let cell = cell().await;
+    let ws = tempfile::tempdir().unwrap();
+    // A fork bomb.
+    let r = run(
+        &cell,
+        ws.path(),
+        "import os\nwhile True:\n    try: os.fork()\n    except OSError: pass\n",
+    )
+    .await;
+    assert!(r.exit_code != Some(0), "{r:?}");
+    // A memory bomb.
+    let r = run(&cell, ws.path(), "x = bytearray(4 << 30)\nprint('ESCAPED')").await;
+    assert!(!r.stdout.contains("ESCAPED"), "{r:?}");
+    // Filling the disk.
+    let r = run(
+        &cell,
+        ws.path(),
+        "f = open('big', 'wb')\nfor _ in range(1024): f.write(b'x' * (1 << 20))\nprint('ESCAPED')",
+    )
+    .await;
+    assert!(!r.stdout.contains("ESCAPED"), "{r:?}");
+    assert!(
+        std::fs::metadata(ws.path().join("big"))
+            .map(|m| m.len())
+            .unwrap_or(0)
+            <= 8 << 20
+    );
+    // An infinite loop: the CPU limit.
+    let r = run(&cell, ws.path(), "while True: pass").await;
+    assert!(r.exit_code != Some(0), "{r:?}");
+    // Sleeping past the timeout: killed, with everything it started.
+    let r = run(&cell, ws.path(), "import os, time\nif os.fork() == 0:\n    time.sleep(30); open('late', 'w').write('x')\ntime.sleep(30)").await;
+    assert!(r.timed_out, "{r:?}");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(!ws.path().join("late").exists());
+    // Killing or signalling the worker: it is not even visible.
+    let me = std::process::id();
+    let code = format!("import os, signal\nfor pid in ({me}, 1, -1):\n    try: os.kill(pid, signal.SIGKILL)\n    except OSError: pass\nprint('done')");
+    let _ = run(&cell, ws.path(), &code).await;
+    // ptrace.
+    contained(&cell, "import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\nprint('CONTAINED' if libc.ptrace(0, 0, 0, 0) != 0 else 'ESCAPED')").await;
+    // Namespaces and mounts.
+    contained(&cell, "import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\nok = libc.unshare(0x10000000) != 0 and libc.mount(b'none', b'/tmp', b'tmpfs', 0, None) != 0\nprint('CONTAINED' if ok else 'ESCAPED')").await;
+    // The worker is unharmed: a normal run still works.
+    let r = run(&cell, ws.path(), "print(40 + 2)").await;
+    assert_eq!(r.stdout.trim(), "42");
+}
+
+#[tokio::test]
+async fn output_is_capped() {
+    let cell = cell().await;
+    let ws = tempfile::tempdir().unwrap();
+    let r = run(
+        &cell,
+        ws.path(),
+        "import sys\nsys.stdout.write('x' * (1 << 20))",
+    )
+    .await;
+    assert!(r.truncated);
+    assert_eq!(r.stdout.len(), 64 * 1024);
+    assert_eq!(r.exit_code, Some(0));
+}

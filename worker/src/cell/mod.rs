@@ -1,0 +1,310 @@
+//! The cell: where generated code runs, and only there.
+//!
+//! Built on bubblewrap: every namespace unshared (network included), a read-only runtime (the
+//! host's `/usr` and nothing of `/etc`, `/home` or `/root`), the turn's workspace as the only
+//! writable path (at `/work`), a private `/tmp`, a cleared environment, all capabilities dropped,
+//! a seccomp filter ([`seccomp`]) denying what code in a cell never needs, resource limits
+//! (CPU seconds, address space, file size, open files, processes — as a pids cgroup when the
+//! worker may create one, which is what binds root), a wall-clock timeout that kills the whole
+//! tree (bwrap is PID 1's parent in a PID namespace and dies with its parent; killing it ends
+//! the namespace), and capped output.
+//!
+//! Fail closed: [`Cell::detect`] checks that the sandbox can be set up on this machine; where it
+//! cannot, `exec` refuses with what is missing and nothing runs.
+
+mod limits;
+mod seccomp;
+
+use std::collections::BTreeMap;
+use std::os::unix::process::CommandExt as _;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant, SystemTime};
+
+use serde::Serialize;
+use tokio::io::AsyncReadExt as _;
+
+pub use limits::Limits;
+
+/// What a cell needs from the machine.
+#[derive(Debug, Clone)]
+pub struct CellConfig {
+    pub bwrap: PathBuf,
+    pub python: PathBuf,
+    pub limits: Limits,
+    /// Where the seccomp program and cgroups are prepared (outside every workspace).
+    pub scratch: PathBuf,
+}
+
+impl Default for CellConfig {
+    fn default() -> Self {
+        Self {
+            bwrap: PathBuf::from("/usr/bin/bwrap"),
+            python: PathBuf::from("/usr/bin/python3"),
+            limits: Limits::default(),
+            scratch: std::env::temp_dir().join("turnpike-cell"),
+        }
+    }
+}
+
+/// A languages the cell runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Language {
+    Python,
+}
+
+/// What a run did.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct RunResult {
+    /// The exit code, when the program exited.
+    pub exit_code: Option<i32>,
+    /// The signal that ended it, when one did.
+    pub signal: Option<i32>,
+    pub timed_out: bool,
+    pub stdout: String,
+    pub stderr: String,
+    /// Output beyond the cap was dropped.
+    pub truncated: bool,
+    pub duration_ms: u64,
+    /// CPU time the run used (user + system, of the whole tree), in milliseconds.
+    pub cpu_ms: u64,
+    /// Files created or changed in the workspace (relative paths).
+    pub files: Vec<ChangedFile>,
+}
+
+/// A file the run created or changed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ChangedFile {
+    pub path: String,
+    pub size: u64,
+}
+
+/// A sandbox that was found to work on this machine.
+#[derive(Debug, Clone)]
+pub struct Cell {
+    config: CellConfig,
+    filters: Vec<Vec<u8>>,
+}
+
+impl Cell {
+    /// Checks that a cell can be set up here; the error says what is missing.
+    pub async fn detect(config: CellConfig) -> Result<Cell, String> {
+        if !config.bwrap.is_file() {
+            return Err(format!(
+                "no sandbox: bubblewrap is not installed at {} (Debian package `bubblewrap`)",
+                config.bwrap.display()
+            ));
+        }
+        if !config.python.is_file() {
+            return Err(format!("no Python runtime at {}", config.python.display()));
+        }
+        std::fs::create_dir_all(&config.scratch)
+            .map_err(|e| format!("cannot prepare {}: {e}", config.scratch.display()))?;
+        let filters = seccomp::program()?;
+        let cell = Cell { config, filters };
+        let probe = tempfile::tempdir_in(&cell.config.scratch)
+            .map_err(|e| format!("cannot prepare a probe workspace: {e}"))?;
+        let result = cell
+            .run(probe.path(), Language::Python, "print('ok')")
+            .await
+            .map_err(|e| format!("no sandbox: bubblewrap cannot set up a cell here: {e}"))?;
+        if result.exit_code != Some(0) || result.stdout.trim() != "ok" {
+            return Err(format!(
+                "no sandbox: a probe cell failed (exit {:?}): {}",
+                result.exit_code,
+                result.stderr.trim()
+            ));
+        }
+        Ok(cell)
+    }
+
+    /// Runs `code` in a fresh cell over `workspace` (mounted read-write at `/work`).
+    pub async fn run(
+        &self,
+        workspace: &Path,
+        language: Language,
+        code: &str,
+    ) -> Result<RunResult, String> {
+        let Language::Python = language;
+        let before = snapshot(workspace);
+        let mut seccomp_files = Vec::new();
+        for filter in &self.filters {
+            use std::io::{Seek as _, Write as _};
+            let mut f = tempfile::tempfile_in(&self.config.scratch)
+                .map_err(|e| format!("cannot prepare the seccomp program: {e}"))?;
+            f.write_all(filter).map_err(|e| e.to_string())?;
+            f.seek(std::io::SeekFrom::Start(0))
+                .map_err(|e| e.to_string())?;
+            seccomp_files.push(f);
+        }
+        let group = limits::ProcessGroup::create(&self.config.scratch, &self.config.limits);
+        let mut command = std::process::Command::new(&self.config.bwrap);
+        command
+            .args([
+                "--unshare-all",
+                "--die-with-parent",
+                "--new-session",
+                "--cap-drop",
+                "ALL",
+            ])
+            .args(["--clearenv", "--setenv", "PATH", "/usr/bin:/bin"])
+            .args(["--setenv", "HOME", "/work", "--setenv", "LANG", "C.UTF-8"])
+            .args(["--setenv", "PYTHONDONTWRITEBYTECODE", "1"])
+            .args(["--ro-bind", "/usr", "/usr"])
+            .args([
+                "--symlink",
+                "usr/bin",
+                "/bin",
+                "--symlink",
+                "usr/lib",
+                "/lib",
+            ])
+            .args(["--symlink", "usr/sbin", "/sbin"]);
+        if Path::new("/usr/lib64").exists() {
+            command.args(["--symlink", "usr/lib64", "/lib64"]);
+        }
+        command
+            .args(["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"])
+            .arg("--bind")
+            .arg(workspace)
+            .arg("/work")
+            // The root bwrap builds is a tmpfs: make it read-only too.
+            .args(["--remount-ro", "/"])
+            .args(["--chdir", "/work", "--hostname", "cell"])
+            .args(["--add-seccomp-fd", "1000", "--add-seccomp-fd", "1001", "--"])
+            .arg(&self.config.python)
+            .args(["-I", "-S", "-c", code])
+            .env_clear()
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let limits = self.config.limits.clone();
+        let seccomp_fds: Vec<i32> = seccomp_files
+            .iter()
+            .map(std::os::fd::AsRawFd::as_raw_fd)
+            .collect();
+        let procs_file = group.as_ref().map(|g| g.procs_file());
+        // SAFETY: only async-signal-safe calls (dup2, setrlimit, open/write/close) between fork
+        // and exec.
+        unsafe {
+            command.pre_exec(move || {
+                for (i, fd) in seccomp_fds.iter().enumerate() {
+                    if libc::dup2(*fd, 1000 + i as i32) < 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                }
+                if let Some(path) = &procs_file {
+                    limits::join_group(path)?;
+                }
+                limits.apply()
+            });
+        }
+        let mut command = tokio::process::Command::from(command);
+        command.kill_on_drop(true);
+        let started = Instant::now();
+        let usage_before = limits::children_cpu();
+        let mut child = command
+            .spawn()
+            .map_err(|e| format!("cannot start bubblewrap: {e}"))?;
+        let cap = self.config.limits.output_bytes;
+        let mut stdout = child.stdout.take().expect("piped");
+        let mut stderr = child.stderr.take().expect("piped");
+        let read_out = async move { read_capped(&mut stdout, cap).await };
+        let read_err = async move { read_capped(&mut stderr, cap).await };
+        let wait = async {
+            let (out, err, status) = tokio::join!(read_out, read_err, child.wait());
+            (out, err, status)
+        };
+        let (timed_out, out, err, status) =
+            match tokio::time::timeout(self.config.limits.wall, wait).await {
+                Ok((out, err, status)) => (false, out, err, status.ok()),
+                Err(_) => {
+                    // Killing bwrap ends the PID namespace: the whole tree goes with it.
+                    if let Some(g) = &group {
+                        g.kill_all();
+                    }
+                    (true, (Vec::new(), false), (Vec::new(), false), None)
+                }
+            };
+        drop(group);
+        let duration = started.elapsed();
+        use std::os::unix::process::ExitStatusExt as _;
+        let after = snapshot(workspace);
+        let files = after
+            .iter()
+            .filter(|(path, meta)| before.get(*path) != Some(meta))
+            .map(|(path, (size, _))| ChangedFile {
+                path: path.clone(),
+                size: *size,
+            })
+            .collect();
+        Ok(RunResult {
+            exit_code: status.and_then(|s| s.code()),
+            signal: status.and_then(|s| s.signal()),
+            timed_out,
+            stdout: String::from_utf8_lossy(&out.0).into_owned(),
+            stderr: String::from_utf8_lossy(&err.0).into_owned(),
+            truncated: out.1 || err.1,
+            duration_ms: duration.as_millis() as u64,
+            cpu_ms: limits::children_cpu().saturating_sub(usage_before),
+            files,
+        })
+    }
+}
+
+/// Reads up to `cap` bytes, then drains the rest (so the writer never blocks) and says so.
+async fn read_capped(
+    reader: &mut (impl tokio::io::AsyncRead + Unpin),
+    cap: usize,
+) -> (Vec<u8>, bool) {
+    let mut out = Vec::new();
+    let mut buf = [0u8; 8192];
+    let mut truncated = false;
+    loop {
+        match reader.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => {
+                let room = cap.saturating_sub(out.len());
+                if n > room {
+                    truncated = true;
+                }
+                out.extend_from_slice(&buf[..n.min(room)]);
+            }
+        }
+    }
+    (out, truncated)
+}
+
+/// Every regular file under `root` (relative path → size and modification time); symbolic
+/// links are listed as themselves, never followed.
+fn snapshot(root: &Path) -> BTreeMap<String, (u64, SystemTime)> {
+    let mut out = BTreeMap::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        let Ok(read) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for e in read.filter_map(|e| e.ok()) {
+            let Ok(meta) = e.path().symlink_metadata() else {
+                continue;
+            };
+            if meta.is_dir() {
+                stack.push(e.path());
+            } else if meta.is_file() {
+                if let Ok(rel) = e.path().strip_prefix(root) {
+                    out.insert(
+                        rel.to_string_lossy().into_owned(),
+                        (
+                            meta.len(),
+                            meta.modified().unwrap_or(SystemTime::UNIX_EPOCH),
+                        ),
+                    );
+                }
+            }
+        }
+    }
+    out
+}
+
+/// How long a cell may run by default.
+pub const DEFAULT_WALL: Duration = Duration::from_secs(30);
