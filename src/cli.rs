@@ -104,6 +104,23 @@ pub enum Command {
     /// Project versions (one git ref per successful turn).
     #[command(subcommand)]
     Git(GitCommand),
+    /// The sandbox for generated code.
+    #[command(subcommand)]
+    Cell(CellCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum CellCommand {
+    /// Runs a Python script in a fresh cell and prints the result and the files it produced.
+    Run {
+        file: PathBuf,
+        /// The workspace to run over (default: a fresh empty one, removed afterwards).
+        #[arg(long)]
+        workspace: Option<PathBuf>,
+        /// Wall-clock limit in seconds.
+        #[arg(long, default_value_t = 30)]
+        timeout_secs: u64,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -309,6 +326,11 @@ pub enum BenchCommand {
         /// Where to write (a temporary directory under it); default: the system's temp dir.
         #[arg(long)]
         dir: Option<PathBuf>,
+    },
+    /// Cell start → first byte of output for `print(1)`, beside plain `python3 -c 'print(1)'`.
+    Cell {
+        #[arg(long, default_value_t = 200)]
+        runs: usize,
     },
     /// Project versions: publish time per turn and one-file checkout time from turn N of a
     /// 1,000-turn lineage (100 files, a few changed per turn), on the local filesystem.

@@ -4,6 +4,7 @@ mod bench;
 mod bench_context;
 mod bench_git;
 mod bench_lanes;
+mod cell;
 mod conversation;
 mod demo;
 mod git;
@@ -27,6 +28,7 @@ pub async fn run(cli: Cli) -> Result<ExitCode> {
         }
         Command::Record(command) => record::run(&cli.global, command).await,
         Command::Bench(command) => bench::run(command).await,
+        Command::Cell(command) => cell::run(command).await,
         Command::Git(command) => git::run(&Env::open(&cli.global)?, command).await,
         Command::Serve(args) => runtime::serve(&cli.global, args).await,
         Command::Router => runtime::router(&cli.global).await,

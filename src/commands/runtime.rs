@@ -9,6 +9,7 @@ use tracing::info;
 use turnpike_artifactory::{Head, Record};
 use turnpike_router::embedded::{EmbeddedBus, EmbeddedConfig};
 use turnpike_router::{Bus, JetStreamBus, JetStreamConfig, Shards};
+use turnpike_worker::cell::{Cell, CellConfig};
 use turnpike_worker::{Apps, Fault, Worker, WorkerConfig, WorkerPool};
 
 use crate::cli::{FaultArg, Global, ServeArgs, WorkerArgs};
@@ -85,14 +86,26 @@ pub async fn shutdown_signal() {
     ctrl_c.await.unwrap_or(());
 }
 
+/// Sets up the sandbox for `exec` once per process, or says why there is none (then `exec`
+/// refuses: code never runs outside a cell).
+pub async fn detect_cell() -> Result<Arc<Cell>, String> {
+    let cell = Cell::detect(CellConfig::default()).await.map(Arc::new);
+    match &cell {
+        Ok(_) => info!("the cell (bubblewrap sandbox) is ready for exec"),
+        Err(why) => tracing::warn!("exec is disabled: {why}"),
+    }
+    cell
+}
+
 /// `count` workers hosting `apps`.
-pub fn workers(
+pub async fn workers(
     env: &Env,
     bus: &Arc<dyn Bus>,
     apps: &Arc<Apps>,
     count: usize,
     config: &WorkerConfig,
 ) -> Vec<Worker> {
+    let cell = detect_cell().await;
     (0..count.max(1))
         .map(|_| {
             Worker::new(
@@ -102,6 +115,7 @@ pub fn workers(
                 apps.clone(),
                 config.clone(),
             )
+            .with_cell(cell.clone())
         })
         .collect()
 }
@@ -115,7 +129,7 @@ async fn run_workers(
     let apps = env.apps(false)?;
     let hosted: Vec<String> = apps.ids().iter().map(|a| a.to_string()).collect();
     eprintln!("hosting apps: {}", hosted.join(", "));
-    let pool = WorkerPool::start(workers(env, &bus, &apps, count, &worker_config(args)));
+    let pool = WorkerPool::start(workers(env, &bus, &apps, count, &worker_config(args)).await);
     for id in pool.ids() {
         eprintln!("worker {id} ready");
     }
@@ -135,13 +149,8 @@ pub async fn run_until_committed(
     count: usize,
 ) -> Result<Head> {
     let apps = env.apps(false)?;
-    let pool = WorkerPool::start(self::workers(
-        env,
-        &bus,
-        &apps,
-        count,
-        &WorkerConfig::default(),
-    ));
+    let workers = self::workers(env, &bus, &apps, count, &WorkerConfig::default()).await;
+    let pool = WorkerPool::start(workers);
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
     let head = loop {
         let head = record.head().await?;

@@ -40,6 +40,7 @@ pub struct TurnEnv {
     pub files: Files,
     pub resolver: Resolver,
     pub search: Option<Arc<dyn SearchIndex>>,
+    pub cell: Result<Arc<crate::cell::Cell>, String>,
     pub signer: RecordSigner,
     pub apps: Arc<Apps>,
     pub directory: turnpike_artifactory::Directory,
@@ -297,6 +298,7 @@ impl TurnContext<'_> {
                 workspace: self.workspace.path(),
                 base: self.base_version,
             }),
+            cell: &self.env.cell,
         }
     }
 

@@ -34,6 +34,8 @@ pub(crate) struct Inner {
     pub(crate) resolver: turnpike_resolver::Resolver,
     pub(crate) files: turnpike_artifactory::Files,
     pub(crate) search: Option<Arc<dyn SearchIndex>>,
+    /// The sandbox for generated code, or why there is none.
+    pub(crate) cell: Result<Arc<crate::cell::Cell>, String>,
     pub(crate) config: WorkerConfig,
     slots: Arc<Semaphore>,
     /// A plain mutex: held only to look up or change the map, never across an await.
@@ -105,6 +107,7 @@ impl Worker {
                 resolver,
                 files,
                 search: None,
+                cell: Err("no sandbox (cell) is set up on this worker".into()),
                 config,
                 owners: Mutex::new(HashMap::new()),
                 owner_gone: Notify::new(),
@@ -115,6 +118,15 @@ impl Worker {
 
     pub fn id(&self) -> WorkerId {
         self.inner.id
+    }
+
+    /// Gives the worker a sandbox for `exec` (or the reason it has none). Call before the
+    /// worker starts.
+    pub fn with_cell(mut self, cell: Result<Arc<crate::cell::Cell>, String>) -> Self {
+        Arc::get_mut(&mut self.inner)
+            .expect("with_cell is called before the worker is shared")
+            .cell = cell;
+        self
     }
 
     /// Drops every running owner at once, as a crash would (for tests): turns stop wherever

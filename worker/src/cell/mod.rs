@@ -66,6 +66,8 @@ pub struct RunResult {
     /// Output beyond the cap was dropped.
     pub truncated: bool,
     pub duration_ms: u64,
+    /// From the call to the first byte of stdout, in microseconds (none: no output).
+    pub first_output_us: Option<u64>,
     /// CPU time the run used (user + system, of the whole tree), in milliseconds.
     pub cpu_ms: u64,
     /// Files created or changed in the workspace (relative paths).
@@ -126,6 +128,7 @@ impl Cell {
         code: &str,
     ) -> Result<RunResult, String> {
         let Language::Python = language;
+        let started = Instant::now();
         let before = snapshot(workspace);
         let mut seccomp_files = Vec::new();
         for filter in &self.filters {
@@ -201,7 +204,6 @@ impl Cell {
         }
         let mut command = tokio::process::Command::from(command);
         command.kill_on_drop(true);
-        let started = Instant::now();
         let usage_before = limits::children_cpu();
         let mut child = command
             .spawn()
@@ -209,8 +211,10 @@ impl Cell {
         let cap = self.config.limits.output_bytes;
         let mut stdout = child.stdout.take().expect("piped");
         let mut stderr = child.stderr.take().expect("piped");
-        let read_out = async move { read_capped(&mut stdout, cap).await };
-        let read_err = async move { read_capped(&mut stderr, cap).await };
+        let first = std::sync::Arc::new(std::sync::OnceLock::new());
+        let first_out = first.clone();
+        let read_out = async move { read_capped(&mut stdout, cap, Some(&first_out)).await };
+        let read_err = async move { read_capped(&mut stderr, cap, None).await };
         let wait = async {
             let (out, err, status) = tokio::join!(read_out, read_err, child.wait());
             (out, err, status)
@@ -246,6 +250,9 @@ impl Cell {
             stderr: String::from_utf8_lossy(&err.0).into_owned(),
             truncated: out.1 || err.1,
             duration_ms: duration.as_millis() as u64,
+            first_output_us: first
+                .get()
+                .map(|t: &Instant| t.duration_since(started).as_micros() as u64),
             cpu_ms: limits::children_cpu().saturating_sub(usage_before),
             files,
         })
@@ -256,6 +263,7 @@ impl Cell {
 async fn read_capped(
     reader: &mut (impl tokio::io::AsyncRead + Unpin),
     cap: usize,
+    first: Option<&std::sync::OnceLock<Instant>>,
 ) -> (Vec<u8>, bool) {
     let mut out = Vec::new();
     let mut buf = [0u8; 8192];
@@ -264,6 +272,9 @@ async fn read_capped(
         match reader.read(&mut buf).await {
             Ok(0) | Err(_) => break,
             Ok(n) => {
+                if let Some(first) = first {
+                    let _ = first.set(Instant::now());
+                }
                 let room = cap.saturating_sub(out.len());
                 if n > room {
                     truncated = true;

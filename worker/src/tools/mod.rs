@@ -51,6 +51,8 @@ pub struct ToolContext<'a> {
     pub app_agents: &'a [AgentId],
     /// The conversation's project (its git lineage), opened on first use.
     pub project: Option<ProjectHandle<'a>>,
+    /// The sandbox for generated code, or why there is none on this worker.
+    pub cell: &'a Result<Arc<crate::cell::Cell>, String>,
 }
 
 /// The turn's project directory, opened on first use.

@@ -150,8 +150,10 @@ impl Tool for Search {
     }
 }
 
-/// `exec {code, language?}`: generated code in the cell. Fails closed until a cell is
-/// configured: code never runs outside one.
+/// `exec {code, language?}`: generated code in the cell, over the turn's workspace. Fails closed:
+/// without a working sandbox it refuses and says what is missing; code never runs outside one.
+/// Files the run created or changed are reported with the references they will have once the
+/// turn publishes its project version (`conv:gi:<conv>/turn_<n>/<path>`).
 pub struct Exec;
 
 #[async_trait]
@@ -159,19 +161,55 @@ impl Tool for Exec {
     fn spec(&self) -> ToolSpec {
         ToolSpec {
             name: "exec".into(),
-            description: "Run Python 3 code in an isolated cell over the workspace.".into(),
+            description: "Run Python 3 code in an isolated cell over the workspace (no network)."
+                .into(),
             parameters: json!({"type": "object", "properties": {
                 "code": {"type": "string"}, "language": {"type": "string", "enum": ["python"]}},
                 "required": ["code"]}),
         }
     }
 
-    fn side_effects(&self) -> bool {
-        false
-    }
-
-    async fn call(&self, _cx: &ToolContext<'_>, args: Value) -> Result<ToolOutput, String> {
-        str_arg(&args, "code")?;
-        Err("exec is not available: no sandbox (cell) is set up on this worker, and code never runs outside one".into())
+    async fn call(&self, cx: &ToolContext<'_>, args: Value) -> Result<ToolOutput, String> {
+        let code = str_arg(&args, "code")?;
+        match args.get("language").and_then(Value::as_str) {
+            None | Some("python") => {}
+            Some(other) => return Err(format!("language {other:?} is not supported (python)")),
+        }
+        let cell = match cx.cell {
+            Ok(cell) => cell,
+            Err(why) => return Err(format!("exec is not available: {why}")),
+        };
+        let result = cell
+            .run(cx.workspace, crate::cell::Language::Python, code)
+            .await
+            .map_err(|e| format!("the cell failed: {e}"))?;
+        let files: Vec<Value> = result
+            .files
+            .iter()
+            .map(|f| {
+                let reference = turnpike_schemas::RefPath::parse(&f.path).ok().map(|p| {
+                    turnpike_schemas::Reference::new(
+                        turnpike_schemas::Family::git(),
+                        cx.prefix.conversation(),
+                        cx.turn,
+                        p,
+                    )
+                    .to_string()
+                });
+                json!({"path": f.path, "size": f.size, "reference": reference})
+            })
+            .collect();
+        Ok(json!({
+            "exit_code": result.exit_code,
+            "signal": result.signal,
+            "timed_out": result.timed_out,
+            "stdout": result.stdout,
+            "stderr": result.stderr,
+            "truncated": result.truncated,
+            "duration_ms": result.duration_ms,
+            "cpu_ms": result.cpu_ms,
+            "files": files,
+        })
+        .into())
     }
 }
