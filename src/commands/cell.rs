@@ -23,6 +23,7 @@ pub async fn run(command: CellCommand) -> Result<ExitCode> {
             wall: Duration::from_secs(timeout_secs.max(1)),
             ..Limits::default()
         },
+        init: std::env::current_exe().ok(),
         ..CellConfig::default()
     };
     let cell = match Cell::detect(config).await {
@@ -70,9 +71,12 @@ async fn first_byte(program: &str, args: &[&str]) -> Result<Duration> {
 }
 
 pub async fn bench(runs: usize) -> Result<ExitCode> {
-    let cell = Cell::detect(CellConfig::default())
-        .await
-        .map_err(anyhow::Error::msg)?;
+    let cell = Cell::detect(CellConfig {
+        init: std::env::current_exe().ok(),
+        ..CellConfig::default()
+    })
+    .await
+    .map_err(anyhow::Error::msg)?;
     let ws = tempfile::tempdir()?;
     println!(
         "turnpike bench cell: {runs} runs of print(1), cell beside plain python3, interleaved"

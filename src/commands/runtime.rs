@@ -89,7 +89,12 @@ pub async fn shutdown_signal() {
 /// Sets up the sandbox for `exec` once per process, or says why there is none (then `exec`
 /// refuses: code never runs outside a cell).
 pub async fn detect_cell() -> Result<Arc<Cell>, String> {
-    let cell = Cell::detect(CellConfig::default()).await.map(Arc::new);
+    let cell = Cell::detect(CellConfig {
+        init: std::env::current_exe().ok(),
+        ..CellConfig::default()
+    })
+    .await
+    .map(Arc::new);
     match &cell {
         Ok(_) => info!("the cell (bubblewrap sandbox) is ready for exec"),
         Err(why) => tracing::warn!("exec is disabled: {why}"),

@@ -42,6 +42,8 @@ pub struct RigOptions {
     pub paused: bool,
     /// A bare git repository the worker mirrors project versions into.
     pub git_remote: Option<String>,
+    /// Give the worker a cell (bubblewrap sandbox) for `exec`.
+    pub cell: bool,
 }
 
 impl RigOptions {
@@ -59,6 +61,7 @@ impl RigOptions {
             lease_ttl: Duration::from_secs(15),
             paused: false,
             git_remote: None,
+            cell: false,
         }
     }
 }
@@ -117,6 +120,13 @@ impl Rig {
         let workspaces = dir.path().join("workspaces");
         let ttl = options.lease_ttl;
         let git_remote = options.git_remote.clone();
+        let cell: Result<Arc<turnpike_worker::cell::Cell>, String> = if options.cell {
+            turnpike_worker::cell::Cell::detect(turnpike_worker::cell::CellConfig::default())
+                .await
+                .map(Arc::new)
+        } else {
+            Err("no sandbox (cell) is set up on this worker".into())
+        };
         let make_worker = {
             let (bus, conversations, workspaces) =
                 (bus.clone(), conversations.clone(), workspaces.clone());
@@ -137,6 +147,7 @@ impl Rig {
                         ..WorkerConfig::default()
                     },
                 )
+                .with_cell(cell.clone())
             }
         };
         let conv = create_conversations(&conversations, &signer(), 1).await[0];

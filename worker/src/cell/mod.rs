@@ -12,6 +12,7 @@
 //! Fail closed: [`Cell::detect`] checks that the sandbox can be set up on this machine; where it
 //! cannot, `exec` refuses with what is missing and nothing runs.
 
+pub mod landlock;
 mod limits;
 mod seccomp;
 
@@ -34,6 +35,9 @@ pub struct CellConfig {
     pub limits: Limits,
     /// Where the seccomp program and cgroups are prepared (outside every workspace).
     pub scratch: PathBuf,
+    /// The `turnpike` binary, run inside the cell as `cell-init` to add Landlock before the
+    /// interpreter starts (none: bubblewrap and seccomp only).
+    pub init: Option<PathBuf>,
 }
 
 impl Default for CellConfig {
@@ -43,6 +47,7 @@ impl Default for CellConfig {
             python: PathBuf::from("/usr/bin/python3"),
             limits: Limits::default(),
             scratch: std::env::temp_dir().join("turnpike-cell"),
+            init: None,
         }
     }
 }
@@ -171,10 +176,21 @@ impl Cell {
             .arg("--bind")
             .arg(workspace)
             .arg("/work")
+            .args(self.config.init.iter().flat_map(|init| {
+                [
+                    std::ffi::OsStr::new("--ro-bind"),
+                    init.as_os_str(),
+                    std::ffi::OsStr::new(INIT_PATH),
+                ]
+            }))
             // The root bwrap builds is a tmpfs: make it read-only too.
             .args(["--remount-ro", "/"])
             .args(["--chdir", "/work", "--hostname", "cell"])
-            .args(["--add-seccomp-fd", "1000", "--add-seccomp-fd", "1001", "--"])
+            .args(["--add-seccomp-fd", "1000", "--add-seccomp-fd", "1001", "--"]);
+        if self.config.init.is_some() {
+            command.args([INIT_PATH, "cell-init", "--"]);
+        }
+        command
             .arg(&self.config.python)
             .args(["-I", "-S", "-c", code])
             .env_clear()
@@ -316,6 +332,9 @@ fn snapshot(root: &Path) -> BTreeMap<String, (u64, SystemTime)> {
     }
     out
 }
+
+/// Where the `turnpike` binary is inside a cell.
+const INIT_PATH: &str = "/run/turnpike-init";
 
 /// How long a cell may run by default.
 pub const DEFAULT_WALL: Duration = Duration::from_secs(30);
