@@ -331,6 +331,9 @@ pub enum BenchCommand {
     Cell {
         #[arg(long, default_value_t = 200)]
         runs: usize,
+        /// Leave Landlock out (bubblewrap, seccomp and limits only), to see its share.
+        #[arg(long)]
+        without_landlock: bool,
     },
     /// Project versions: publish time per turn and one-file checkout time from turn N of a
     /// 1,000-turn lineage (100 files, a few changed per turn), on the local filesystem.

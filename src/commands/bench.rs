@@ -17,7 +17,10 @@ use crate::cli::BenchCommand;
 pub async fn run(command: BenchCommand) -> Result<ExitCode> {
     match command {
         BenchCommand::Record { appends, dir } => record(appends.max(16), dir).await,
-        BenchCommand::Cell { runs } => super::cell::bench(runs.max(10)).await,
+        BenchCommand::Cell {
+            runs,
+            without_landlock,
+        } => super::cell::bench(runs.max(10), !without_landlock).await,
         BenchCommand::Git { turns, dir } => super::bench_git::run(turns.max(10), dir).await,
         BenchCommand::Context {
             samples,

@@ -70,16 +70,21 @@ async fn first_byte(program: &str, args: &[&str]) -> Result<Duration> {
     Ok(elapsed)
 }
 
-pub async fn bench(runs: usize) -> Result<ExitCode> {
+pub async fn bench(runs: usize, landlock: bool) -> Result<ExitCode> {
     let cell = Cell::detect(CellConfig {
-        init: std::env::current_exe().ok(),
+        init: if landlock {
+            std::env::current_exe().ok()
+        } else {
+            None
+        },
         ..CellConfig::default()
     })
     .await
     .map_err(anyhow::Error::msg)?;
     let ws = tempfile::tempdir()?;
     println!(
-        "turnpike bench cell: {runs} runs of print(1), cell beside plain python3, interleaved"
+        "turnpike bench cell: {runs} runs of print(1), cell{} beside plain python3, interleaved",
+        if landlock { "" } else { " without Landlock" }
     );
     let mut floor = Vec::new();
     let mut cell_times = Vec::new();

@@ -90,7 +90,9 @@ pub struct ChangedFile {
 #[derive(Debug, Clone)]
 pub struct Cell {
     config: CellConfig,
-    filters: Vec<Vec<u8>>,
+    /// The seccomp programs, written once; each run opens them afresh (bwrap reads an fd to
+    /// its end).
+    filters: Vec<std::sync::Arc<tempfile::NamedTempFile>>,
 }
 
 impl Cell {
@@ -107,7 +109,15 @@ impl Cell {
         }
         std::fs::create_dir_all(&config.scratch)
             .map_err(|e| format!("cannot prepare {}: {e}", config.scratch.display()))?;
-        let filters = seccomp::program()?;
+        let mut filters = Vec::new();
+        for program in seccomp::program()? {
+            use std::io::Write as _;
+            let mut file = tempfile::NamedTempFile::new_in(&config.scratch)
+                .map_err(|e| format!("cannot prepare the seccomp program: {e}"))?;
+            file.write_all(&program)
+                .map_err(|e| format!("cannot write the seccomp program: {e}"))?;
+            filters.push(std::sync::Arc::new(file));
+        }
         let cell = Cell { config, filters };
         let probe = tempfile::tempdir_in(&cell.config.scratch)
             .map_err(|e| format!("cannot prepare a probe workspace: {e}"))?;
@@ -137,13 +147,10 @@ impl Cell {
         let before = snapshot(workspace);
         let mut seccomp_files = Vec::new();
         for filter in &self.filters {
-            use std::io::{Seek as _, Write as _};
-            let mut f = tempfile::tempfile_in(&self.config.scratch)
-                .map_err(|e| format!("cannot prepare the seccomp program: {e}"))?;
-            f.write_all(filter).map_err(|e| e.to_string())?;
-            f.seek(std::io::SeekFrom::Start(0))
-                .map_err(|e| e.to_string())?;
-            seccomp_files.push(f);
+            seccomp_files.push(
+                std::fs::File::open(filter.path())
+                    .map_err(|e| format!("cannot open the seccomp program: {e}"))?,
+            );
         }
         let group = limits::ProcessGroup::create(&self.config.scratch, &self.config.limits);
         let mut command = std::process::Command::new(&self.config.bwrap);
