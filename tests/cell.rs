@@ -16,7 +16,7 @@ async fn cell() -> Cell {
             processes: 32,
             ..Limits::default()
         },
-        init: Some(env!("CARGO_BIN_EXE_turnpike").into()),
+        init: Some(env!("CARGO_BIN_EXE_turnpike-cell-init").into()),
         ..CellConfig::default()
     };
     Cell::detect(config)

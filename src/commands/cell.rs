@@ -23,7 +23,7 @@ pub async fn run(command: CellCommand) -> Result<ExitCode> {
             wall: Duration::from_secs(timeout_secs.max(1)),
             ..Limits::default()
         },
-        init: std::env::current_exe().ok(),
+        init: super::runtime::cell_init_binary(),
         ..CellConfig::default()
     };
     let cell = match Cell::detect(config).await {
@@ -73,7 +73,7 @@ async fn first_byte(program: &str, args: &[&str]) -> Result<Duration> {
 pub async fn bench(runs: usize, landlock: bool) -> Result<ExitCode> {
     let cell = Cell::detect(CellConfig {
         init: if landlock {
-            std::env::current_exe().ok()
+            super::runtime::cell_init_binary()
         } else {
             None
         },

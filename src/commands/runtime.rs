@@ -86,11 +86,27 @@ pub async fn shutdown_signal() {
     ctrl_c.await.unwrap_or(());
 }
 
+/// `turnpike-cell-init` beside this binary (Landlock inside cells), if it is there.
+pub fn cell_init_binary() -> Option<std::path::PathBuf> {
+    let init = std::env::current_exe()
+        .ok()?
+        .with_file_name("turnpike-cell-init");
+    if init.is_file() {
+        Some(init)
+    } else {
+        tracing::warn!(
+            "{} is missing: cells run without Landlock (bubblewrap, seccomp and limits still apply)",
+            init.display()
+        );
+        None
+    }
+}
+
 /// Sets up the sandbox for `exec` once per process, or says why there is none (then `exec`
 /// refuses: code never runs outside a cell).
 pub async fn detect_cell() -> Result<Arc<Cell>, String> {
     let cell = Cell::detect(CellConfig {
-        init: std::env::current_exe().ok(),
+        init: cell_init_binary(),
         ..CellConfig::default()
     })
     .await

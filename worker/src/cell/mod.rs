@@ -35,7 +35,7 @@ pub struct CellConfig {
     pub limits: Limits,
     /// Where the seccomp program and cgroups are prepared (outside every workspace).
     pub scratch: PathBuf,
-    /// The `turnpike` binary, run inside the cell as `cell-init` to add Landlock before the
+    /// The `turnpike-cell-init` binary, run inside the cell to add Landlock before the
     /// interpreter starts (none: bubblewrap and seccomp only).
     pub init: Option<PathBuf>,
 }
@@ -195,7 +195,7 @@ impl Cell {
             .args(["--chdir", "/work", "--hostname", "cell"])
             .args(["--add-seccomp-fd", "1000", "--add-seccomp-fd", "1001", "--"]);
         if self.config.init.is_some() {
-            command.args([INIT_PATH, "cell-init", "--"]);
+            command.args([INIT_PATH, "--"]);
         }
         command
             .arg(&self.config.python)
@@ -340,7 +340,7 @@ fn snapshot(root: &Path) -> BTreeMap<String, (u64, SystemTime)> {
     out
 }
 
-/// Where the `turnpike` binary is inside a cell.
+/// Where the init binary is inside a cell.
 const INIT_PATH: &str = "/run/turnpike-init";
 
 /// How long a cell may run by default.
