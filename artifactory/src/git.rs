@@ -156,45 +156,32 @@ impl Lineage {
         }
     }
 
-    /// Copies objects from the store into a local repository, skipping those it has.
-    async fn fetch_into(&self, git_dir: &FsPath, oids: Vec<Oid>) -> Result<()> {
-        for oid in oids {
-            let dir = git_dir.to_path_buf();
-            let have = tokio::task::spawn_blocking(move || {
-                Repository::open_bare(&dir)
-                    .and_then(|r| r.odb().map(|o| o.exists(oid)))
-                    .unwrap_or(false)
-            })
-            .await
-            .map_err(join_error)?;
-            if have {
-                continue;
-            }
-            let (kind, data) = self.object(oid).await?;
-            let dir = git_dir.to_path_buf();
-            tokio::task::spawn_blocking(move || -> Result<()> {
-                let repo = Repository::open_bare(&dir).map_err(|e| git_error("opening", e))?;
-                let odb = repo.odb().map_err(|e| git_error("opening", e))?;
-                odb.write(kind, &data)
-                    .map_err(|e| git_error("writing", e))?;
-                Ok(())
-            })
-            .await
-            .map_err(join_error)??;
+    /// Copies one object from the store into a local repository unless it has it; returns
+    /// whether it copied.
+    async fn fetch_one(&self, git_dir: &FsPath, oid: Oid) -> Result<bool> {
+        if with_repo(git_dir, move |repo| Ok(has_object(repo, oid))).await? {
+            return Ok(false);
         }
-        Ok(())
+        let (kind, data) = self.object(oid).await?;
+        with_repo(git_dir, move |repo| {
+            repo.odb()
+                .and_then(|odb| odb.write(kind, &data))
+                .map_err(|e| git_error("writing", e))?;
+            Ok(true)
+        })
+        .await
     }
 
     /// The tree and entries along `dir` (a list of segments) from `root`, fetched into the
     /// local repository. Returns the oid of the tree at `dir`, or `None` if it is missing.
     async fn fetch_path(&self, git_dir: &FsPath, root: Oid, dir: &[String]) -> Result<Option<Oid>> {
-        self.fetch_into(git_dir, vec![root]).await?;
+        self.fetch_one(git_dir, root).await?;
         let mut tree = root;
         for segment in dir {
             let next = entry(git_dir, tree, segment).await?;
             match next {
                 Some((oid, ObjectType::Tree)) => {
-                    self.fetch_into(git_dir, vec![oid]).await?;
+                    self.fetch_one(git_dir, oid).await?;
                     tree = oid;
                 }
                 _ => return Ok(None),
@@ -205,17 +192,14 @@ impl Lineage {
 
     /// The root tree of a commit, fetched.
     async fn root_of(&self, git_dir: &FsPath, commit: Oid) -> Result<Oid> {
-        self.fetch_into(git_dir, vec![commit]).await?;
-        let dir = git_dir.to_path_buf();
-        tokio::task::spawn_blocking(move || {
-            let repo = Repository::open_bare(&dir).map_err(|e| git_error("opening", e))?;
+        self.fetch_one(git_dir, commit).await?;
+        with_repo(git_dir, move |repo| {
             let c = repo
                 .find_commit(commit)
                 .map_err(|e| git_error("reading a commit", e))?;
             Ok(c.tree_id())
         })
         .await
-        .map_err(join_error)?
     }
 
     /// The bytes of `path` in `commit`, or `None` if it has no such file.
@@ -237,6 +221,26 @@ impl Lineage {
     }
 }
 
+/// Runs `f` on the bare repository at `dir`, on a blocking thread.
+async fn with_repo<T, F>(dir: &FsPath, f: F) -> Result<T>
+where
+    T: Send + 'static,
+    F: FnOnce(&Repository) -> Result<T> + Send + 'static,
+{
+    let dir = dir.to_path_buf();
+    tokio::task::spawn_blocking(move || {
+        let repo = Repository::open_bare(&dir).map_err(|e| git_error("opening", e))?;
+        f(&repo)
+    })
+    .await
+    .map_err(join_error)?
+}
+
+/// Whether a repository holds an object.
+fn has_object(repo: &Repository, oid: Oid) -> bool {
+    repo.odb().map(|o| o.exists(oid)).unwrap_or(false)
+}
+
 async fn init_bare(git_dir: &FsPath) -> Result<()> {
     let dir = git_dir.to_path_buf();
     tokio::task::spawn_blocking(move || {
@@ -250,10 +254,8 @@ async fn init_bare(git_dir: &FsPath) -> Result<()> {
 
 /// One entry of a tree in the local repository.
 async fn entry(git_dir: &FsPath, tree: Oid, name: &str) -> Result<Option<(Oid, ObjectType)>> {
-    let dir = git_dir.to_path_buf();
     let name = name.to_owned();
-    tokio::task::spawn_blocking(move || {
-        let repo = Repository::open_bare(&dir).map_err(|e| git_error("opening", e))?;
+    with_repo(git_dir, move |repo| {
         let t = repo
             .find_tree(tree)
             .map_err(|e| git_error("reading a tree", e))?;
@@ -261,7 +263,6 @@ async fn entry(git_dir: &FsPath, tree: Oid, name: &str) -> Result<Option<(Oid, O
             .and_then(|e| e.kind().map(|k| (e.id(), k))))
     })
     .await
-    .map_err(join_error)?
 }
 
 /// A turn's project directory: the workspace as worktree, a git directory beside it.
@@ -340,22 +341,16 @@ impl Project {
                     written.push(rel.to_relative_path());
                 }
                 ObjectType::Tree => {
-                    self.lineage.fetch_into(&self.git_dir, vec![oid]).await?;
-                    let dir = self.git_dir.clone();
-                    let entries = tokio::task::spawn_blocking(
-                        move || -> Result<Vec<(String, Oid, ObjectType)>> {
-                            let repo =
-                                Repository::open_bare(&dir).map_err(|e| git_error("opening", e))?;
-                            let t = repo
-                                .find_tree(oid)
-                                .map_err(|e| git_error("reading a tree", e))?;
-                            Ok(t.iter()
-                                .filter_map(|e| Some((e.name()?.to_owned(), e.id(), e.kind()?)))
-                                .collect())
-                        },
-                    )
-                    .await
-                    .map_err(join_error)??;
+                    self.lineage.fetch_one(&self.git_dir, oid).await?;
+                    let entries = with_repo(&self.git_dir, move |repo| {
+                        let t = repo
+                            .find_tree(oid)
+                            .map_err(|e| git_error("reading a tree", e))?;
+                        Ok(t.iter()
+                            .filter_map(|e| Some((e.name()?.to_owned(), e.id(), e.kind()?)))
+                            .collect::<Vec<(String, Oid, ObjectType)>>())
+                    })
+                    .await?;
                     for (name, oid, kind) in entries {
                         let mut s = segs.clone();
                         s.push(name);
@@ -384,9 +379,8 @@ impl Project {
     /// [`Self::commit_if_any`], always producing a commit.
     pub async fn commit(&self, turn: TurnId, message: &str) -> Result<Oid> {
         // 1. Hash the workspace's files into the local repository.
-        let (workspace, git_dir) = (self.workspace.clone(), self.git_dir.clone());
-        let files = tokio::task::spawn_blocking(move || -> Result<Vec<(Vec<String>, Oid)>> {
-            let repo = Repository::open_bare(&git_dir).map_err(|e| git_error("opening", e))?;
+        let workspace = self.workspace.clone();
+        let files = with_repo(&self.git_dir, move |repo| {
             let mut out = Vec::new();
             let mut stack = vec![(workspace.clone(), Vec::<String>::new())];
             while let Some((dir, segs)) = stack.pop() {
@@ -420,8 +414,7 @@ impl Project {
             out.sort();
             Ok(out)
         })
-        .await
-        .map_err(join_error)??;
+        .await?;
         // 2. Fetch the base trees along every changed file's folder.
         let base_root = match self.base {
             Some(c) => Some(self.lineage.root_of(&self.git_dir, c).await?),
@@ -438,11 +431,10 @@ impl Project {
             }
         }
         // 3. Lay the files over the base tree; commit if the tree changed.
-        let (git_dir, base, message) = (self.git_dir.clone(), self.base, message.to_owned());
+        let (base, message) = (self.base, message.to_owned());
         let upload = files.clone();
         let (commit, new_trees) =
-            tokio::task::spawn_blocking(move || -> Result<(Oid, Vec<Oid>)> {
-                let repo = Repository::open_bare(&git_dir).map_err(|e| git_error("opening", e))?;
+            with_repo(&self.git_dir, move |repo| -> Result<(Oid, Vec<Oid>)> {
                 let base_tree = match base_root {
                     Some(root) => repo
                         .find_tree(root)
@@ -461,7 +453,7 @@ impl Project {
                     update.upsert(segs.join("/"), *oid, git2::FileMode::Blob);
                 }
                 let tree = update
-                    .create_updated(&repo, &base_tree)
+                    .create_updated(repo, &base_tree)
                     .map_err(|e| git_error("building the tree", e))?;
                 if Some(tree) == base_root {
                     return Ok((
@@ -502,8 +494,7 @@ impl Project {
                     .map_err(|e| git_error("committing", e))?;
                 Ok((commit, trees))
             })
-            .await
-            .map_err(join_error)??;
+            .await?;
         if Some(commit) == self.base {
             return Ok(commit);
         }
@@ -512,18 +503,14 @@ impl Project {
         oids.extend(new_trees);
         oids.push(commit);
         for oid in oids {
-            let dir = self.git_dir.clone();
-            let (kind, data) =
-                tokio::task::spawn_blocking(move || -> Result<(ObjectType, Vec<u8>)> {
-                    let repo = Repository::open_bare(&dir).map_err(|e| git_error("opening", e))?;
-                    let odb = repo.odb().map_err(|e| git_error("opening", e))?;
-                    let obj = odb
-                        .read(oid)
-                        .map_err(|e| git_error("reading an object", e))?;
-                    Ok((obj.kind(), obj.data().to_vec()))
-                })
-                .await
-                .map_err(join_error)??;
+            let (kind, data) = with_repo(&self.git_dir, move |repo| {
+                let odb = repo.odb().map_err(|e| git_error("opening", e))?;
+                let obj = odb
+                    .read(oid)
+                    .map_err(|e| git_error("reading an object", e))?;
+                Ok((obj.kind(), obj.data().to_vec()))
+            })
+            .await?;
             self.lineage.put_object(oid, kind, &data).await?;
         }
         let _ = turn;
@@ -546,21 +533,11 @@ async fn copy_reachable(lineage: &Lineage, dir: &FsPath, commit: Oid) -> Result<
     // Every object reachable from the commit, fetched once.
     let mut stack = vec![commit];
     while let Some(oid) = stack.pop() {
-        let d = dir.to_path_buf();
-        let have = tokio::task::spawn_blocking(move || {
-            Repository::open_bare(&d)
-                .and_then(|r| r.odb().map(|o| o.exists(oid)))
-                .unwrap_or(false)
-        })
-        .await
-        .map_err(join_error)?;
-        if have {
+        // Already there: so is everything it reaches.
+        if !lineage.fetch_one(dir, oid).await? {
             continue;
         }
-        lineage.fetch_into(dir, vec![oid]).await?;
-        let d = dir.to_path_buf();
-        let children = tokio::task::spawn_blocking(move || -> Result<Vec<Oid>> {
-            let repo = Repository::open_bare(&d).map_err(|e| git_error("opening", e))?;
+        let children = with_repo(dir, move |repo| {
             let obj = repo
                 .find_object(oid, None)
                 .map_err(|e| git_error("reading", e))?;
@@ -580,8 +557,7 @@ async fn copy_reachable(lineage: &Lineage, dir: &FsPath, commit: Oid) -> Result<
                 _ => Vec::new(),
             })
         })
-        .await
-        .map_err(join_error)??;
+        .await?;
         stack.extend(children);
     }
     Ok(())
@@ -686,9 +662,7 @@ pub async fn export(lineage: &Lineage, last_turn: u64, dir: &FsPath) -> Result<u
             continue;
         };
         copy_reachable(lineage, dir, commit).await?;
-        let d = dir.to_path_buf();
-        tokio::task::spawn_blocking(move || -> Result<()> {
-            let repo = Repository::open_bare(&d).map_err(|e| git_error("opening", e))?;
+        with_repo(dir, move |repo| {
             repo.reference(
                 &format!("refs/tags/{turn}"),
                 commit,
@@ -698,23 +672,19 @@ pub async fn export(lineage: &Lineage, last_turn: u64, dir: &FsPath) -> Result<u
             .map_err(|e| git_error("writing a ref", e))?;
             Ok(())
         })
-        .await
-        .map_err(join_error)??;
+        .await?;
         exported += 1;
         last = Some(commit);
     }
     if let Some(commit) = last {
-        let d = dir.to_path_buf();
-        tokio::task::spawn_blocking(move || -> Result<()> {
-            let repo = Repository::open_bare(&d).map_err(|e| git_error("opening", e))?;
+        with_repo(dir, move |repo| {
             repo.reference("refs/heads/main", commit, true, "turnpike export")
                 .map_err(|e| git_error("writing a ref", e))?;
             repo.set_head("refs/heads/main")
                 .map_err(|e| git_error("writing HEAD", e))?;
             Ok(())
         })
-        .await
-        .map_err(join_error)??;
+        .await?;
     }
     Ok(exported)
 }
