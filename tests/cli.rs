@@ -149,20 +149,7 @@ fn demo_runs_a_multi_turn_conversation_with_tools_files_and_a_folded_follow_up()
         "local:demo-user",
     ]);
     assert!(export.status.success(), "{}", text(&export));
-    let git = |args: &[&str]| {
-        let out = Command::new("git")
-            .arg("--git-dir")
-            .arg(&repo)
-            .args(args)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "git {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8(out.stdout).unwrap()
-    };
+    let git = |args: &[&str]| turnpike_tests::git::git(&repo, args);
     git(&["fsck", "--full"]);
     assert!(git(&["show", "turn_1:report.md"]).starts_with("# Meeting report"));
     assert!(git(&["log", "--format=%s", "main"]).contains("turn_1"));

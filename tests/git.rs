@@ -2,7 +2,6 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::process::Command;
 use std::sync::Arc;
 
 use object_store::ObjectStore;
@@ -145,20 +144,7 @@ async fn the_export_is_a_plain_repository_that_git_accepts() {
     run_turns(&lineage, &dir.path().join("w"), 1, 3).await;
     let bare = dir.path().join("export.git");
     assert_eq!(export(&lineage, 3, &bare).await.unwrap(), 3);
-    let git = |args: &[&str]| {
-        let out = Command::new("git")
-            .arg("--git-dir")
-            .arg(&bare)
-            .args(args)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "git {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8(out.stdout).unwrap()
-    };
+    let git = |args: &[&str]| turnpike_tests::git::git(&bare, args);
     git(&["fsck", "--full", "--strict"]);
     let log = git(&["log", "--format=%s", "main"]);
     assert_eq!(
@@ -255,12 +241,7 @@ async fn successful_turns_publish_versions_and_cancelled_ones_publish_nothing() 
     use turnpike_tests::turns::{replies, Rig, RigOptions};
     let mirror = tempfile::tempdir().unwrap();
     let remote = mirror.path().join("mirror.git");
-    assert!(Command::new("git")
-        .args(["init", "--bare", "-q"])
-        .arg(&remote)
-        .status()
-        .unwrap()
-        .success());
+    turnpike_tests::git::init_bare(&remote);
     let mut o = RigOptions::new(VERSIONS);
     o.tools.push("checkout".into());
     o.git_remote = Some(remote.to_str().unwrap().to_owned());
@@ -287,16 +268,14 @@ async fn successful_turns_publish_versions_and_cancelled_ones_publish_nothing() 
     assert_eq!(&read(v2, "src/b.txt").await.unwrap()[..], b"beta");
     assert!(read(v1, "src/b.txt").await.is_none());
     // The worker mirrored both versions into the bare repository.
-    let show = Command::new("git")
-        .arg("--git-dir")
-        .arg(&remote)
-        .args([
+    let show = turnpike_tests::git::git(
+        &remote,
+        &[
             "show",
             &format!("refs/turnpike/{}/turn_2:src/b.txt", rig.conv),
-        ])
-        .output()
-        .unwrap();
-    assert_eq!(String::from_utf8_lossy(&show.stdout), "beta");
+        ],
+    );
+    assert_eq!(show, "beta");
 
     // A cancelled turn publishes nothing.
     rig.say("slow work").await;
@@ -355,32 +334,14 @@ async fn versions_push_to_an_ordinary_git_remote_and_never_overwrite_a_ref() {
     let dir = tempfile::tempdir().unwrap();
     run_turns(&lineage, &dir.path().join("w"), 1, 3).await;
     let remote = dir.path().join("remote.git");
-    let init = Command::new("git")
-        .args(["init", "--bare", "-q"])
-        .arg(&remote)
-        .status()
-        .unwrap();
-    assert!(init.success());
+    turnpike_tests::git::init_bare(&remote);
     let url = remote.to_str().unwrap();
     for n in 1..=2 {
         turnpike_artifactory::git::push_to_remote(&lineage, url, turn(n))
             .await
             .unwrap();
     }
-    let git = |args: &[&str]| {
-        let out = Command::new("git")
-            .arg("--git-dir")
-            .arg(&remote)
-            .args(args)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "git {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8(out.stdout).unwrap()
-    };
+    let git = |args: &[&str]| turnpike_tests::git::git(&remote, args);
     let name = |n: u64| format!("refs/turnpike/{conv}/turn_{n}");
     assert_eq!(
         git(&["show", &format!("{}:notes/log.txt", name(2))]),

@@ -6,12 +6,14 @@
 //! - [`process`]: turnpike processes, killable on demand
 //! - [`stores`]: object store backends for the shared suites (memory, local filesystem, S3)
 //! - [`counting`]: an object store that counts reads, for bounded-cost tests
+//! - [`git`]: the real `git` binary, for checking exports and mirrors
 //! - [`fixtures`]: small builders for conversations and records
 //! - [`turns`]: a conversation with a scripted agent on one worker, for turn tests
 //! - [`lanes`]: publishing many events and checking they were committed in order, once
 
 pub mod counting;
 pub mod fixtures;
+pub mod git;
 pub mod lanes;
 pub mod nats;
 pub mod process;
