@@ -80,6 +80,29 @@ impl Directory {
         Ok(entry)
     }
 
+    /// Every conversation, in id order (creation order): for the runtime's own sweeps (index
+    /// rebuilds), never for callers.
+    pub async fn list(&self) -> Result<Vec<DirectoryEntry>> {
+        use futures::TryStreamExt as _;
+        let dir = object_store::path::Path::from("directory/conversations");
+        let metas: Vec<_> = self
+            .store
+            .list(Some(&dir))
+            .try_collect()
+            .await
+            .map_err(|e| Error::store("listing conversations", e))?;
+        let mut ids: Vec<ConversationId> = metas
+            .iter()
+            .filter_map(|m| m.location.filename()?.strip_suffix(".json")?.parse().ok())
+            .collect();
+        ids.sort();
+        let mut entries = Vec::with_capacity(ids.len());
+        for id in ids {
+            entries.push(self.lookup_unchecked(id).await?);
+        }
+        Ok(entries)
+    }
+
     /// Looks a conversation up with no access check: for the runtime itself, never for callers.
     pub async fn lookup_unchecked(&self, conversation: ConversationId) -> Result<DirectoryEntry> {
         let result = match self.store.get(&directory_entry(conversation)).await {

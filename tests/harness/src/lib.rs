@@ -3,6 +3,7 @@
 //! # Layout
 //! - [`services`]: child processes on free loopback ports (moto's S3 server, …)
 //! - [`nats`]: a JetStream server per test
+//! - [`postgres`]: PostgreSQL with pgvector, per test or shared by a test binary
 //! - [`process`]: turnpike processes, killable on demand
 //! - [`stores`]: object store backends for the shared suites (memory, local filesystem, S3)
 //! - [`counting`]: an object store that counts reads, for bounded-cost tests
@@ -16,6 +17,7 @@ pub mod fixtures;
 pub mod git;
 pub mod lanes;
 pub mod nats;
+pub mod postgres;
 pub mod process;
 pub mod services;
 pub mod stores;

@@ -45,15 +45,28 @@ impl Service {
         addr: SocketAddr,
         timeout: Duration,
     ) -> Result<Self> {
+        Self::start_stopping_with(program, args, addr, timeout, "TERM")
+    }
+
+    /// Like [`Service::start`], stopping the service with `signal` (`INT` is Postgres's fast
+    /// shutdown, which does not wait for clients).
+    pub fn start_stopping_with(
+        program: &str,
+        args: &[String],
+        addr: SocketAddr,
+        timeout: Duration,
+        signal: &str,
+    ) -> Result<Self> {
         // The shell watches the test process and stops the service when it is gone; a TERM
         // (from `Drop`) stops it at once.
-        let script = r#"p="$1"; shift; "$@" & c=$!; trap 'kill $c 2>/dev/null; wait $c; exit 0' TERM INT; trap 'kill $c 2>/dev/null' EXIT; while kill -0 "$p" 2>/dev/null && kill -0 "$c" 2>/dev/null; do sleep 0.2; done"#;
+        let script = r#"p="$1"; s="$2"; shift 2; "$@" & c=$!; trap 'kill -$s $c 2>/dev/null; wait $c; exit 0' TERM INT; trap 'kill -$s $c 2>/dev/null' EXIT; while kill -0 "$p" 2>/dev/null && kill -0 "$c" 2>/dev/null; do sleep 0.2; done"#;
         let mut command = Command::new("sh");
         command
             .arg("-c")
             .arg(script)
             .arg("sh")
             .arg(std::process::id().to_string())
+            .arg(signal)
             .arg(program)
             .args(args)
             .stdin(Stdio::null())

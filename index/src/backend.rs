@@ -1,0 +1,48 @@
+//! The trait every index backend implements (Postgres + pgvector; embedded tantivy + redb).
+
+use async_trait::async_trait;
+
+use crate::error::Result;
+use crate::types::{Candidate, Filters, IndexRow, Scope};
+
+/// Where index rows live and how each retriever finds candidates.
+///
+/// Contracts (the shared suite in `tests/index_suite.rs` checks them on every backend):
+/// - `upsert` writes every row or fails; a row with an id already present replaces it, so
+///   writing the same rows twice leaves the index as it was after the first write.
+/// - `lexical` and `vector` return at most `k` candidates, best first, only rows of `scope`
+///   that pass `filters`. `vector` ignores rows of another dimension.
+/// - `mark`/`set_mark`: how far a conversation is indexed; `set_mark` never moves it back.
+#[async_trait]
+pub trait Backend: Send + Sync + 'static {
+    fn name(&self) -> &'static str;
+
+    async fn upsert(&self, rows: &[IndexRow]) -> Result<()>;
+
+    async fn lexical(
+        &self,
+        scope: &Scope,
+        filters: &Filters,
+        text: &str,
+        k: usize,
+    ) -> Result<Vec<Candidate>>;
+
+    async fn vector(
+        &self,
+        scope: &Scope,
+        filters: &Filters,
+        embedding: &[f32],
+        k: usize,
+    ) -> Result<Vec<Candidate>>;
+
+    /// The last turn of `conversation` whose rows are all written, if any.
+    async fn mark(&self, scope: &Scope, conversation: &str) -> Result<Option<u64>>;
+
+    async fn set_mark(&self, scope: &Scope, conversation: &str, turn: u64) -> Result<()>;
+
+    /// How many rows `scope` has.
+    async fn count(&self, scope: &Scope) -> Result<u64>;
+
+    /// Deletes every row and mark of `scope` (a user's data leaving); returns the rows deleted.
+    async fn forget(&self, scope: &Scope) -> Result<u64>;
+}

@@ -1,0 +1,518 @@
+//! The embedded backend for `turnpike serve`: tantivy (BM25) for words and an on-disk vector
+//! store (redb) for meaning, in one directory.
+//!
+//! The vector store is partitioned by scope: a row's key starts with its tenant and identity, so
+//! a vector search reads only the caller's own rows and ranks them exactly (cosine). That is the
+//! isolation wall here — a query cannot reach another identity's partition — and it makes search
+//! cost grow with one user's rows, not the whole index's. (An approximate graph index would pay
+//! off only for single users with hundreds of thousands of rows; see the closing note's numbers.)
+//!
+//! Text is indexed twice — English stemming and plain words — and never stored.
+
+use std::ops::Bound;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+use async_trait::async_trait;
+use redb::{Database, ReadableDatabase as _, ReadableTable as _, TableDefinition};
+use serde::{Deserialize, Serialize};
+use tantivy::collector::TopDocs;
+use tantivy::query::{BooleanQuery, Occur, Query, QueryParser, RangeQuery, TermQuery};
+use tantivy::schema::{
+    Field, IndexRecordOption, Schema, TextFieldIndexing, TextOptions, Value as _, FAST, INDEXED,
+    STORED, STRING,
+};
+use tantivy::{Index, IndexReader, IndexWriter, ReloadPolicy, TantivyDocument, Term};
+
+use crate::backend::Backend;
+use crate::error::{Error, ErrorKind, Result};
+use crate::types::{Candidate, Filters, IndexRow, Kind, Scope};
+
+const VECTORS: TableDefinition<&str, &[u8]> = TableDefinition::new("vectors");
+const MARKS: TableDefinition<&str, u64> = TableDefinition::new("marks");
+
+/// The embedded index in a directory (created if missing).
+pub struct EmbeddedIndex {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    index: Index,
+    reader: IndexReader,
+    writer: Mutex<IndexWriter>,
+    fields: Fields,
+    vectors: Database,
+}
+
+#[derive(Clone, Copy)]
+struct Fields {
+    id: Field,
+    scope: Field,
+    app: Field,
+    agent: Field,
+    conversation: Field,
+    kind: Field,
+    reference: Field,
+    turn: Field,
+    at_ms: Field,
+    text_en: Field,
+    text: Field,
+}
+
+fn schema() -> (Schema, Fields) {
+    let mut b = Schema::builder();
+    let tokenized = |tokenizer: &str| {
+        TextOptions::default().set_indexing_options(
+            TextFieldIndexing::default()
+                .set_tokenizer(tokenizer)
+                .set_index_option(IndexRecordOption::WithFreqsAndPositions),
+        )
+    };
+    let fields = Fields {
+        id: b.add_text_field("id", STRING | STORED),
+        scope: b.add_text_field("scope", STRING),
+        app: b.add_text_field("app", STRING | STORED),
+        agent: b.add_text_field("agent", STRING | STORED),
+        conversation: b.add_text_field("conversation", STRING | STORED),
+        kind: b.add_text_field("kind", STRING | STORED),
+        reference: b.add_text_field("reference", STORED),
+        turn: b.add_u64_field("turn", STORED),
+        at_ms: b.add_i64_field("at_ms", INDEXED | STORED | FAST),
+        text_en: b.add_text_field("text_en", tokenized("en_stem")),
+        text: b.add_text_field("text", tokenized("default")),
+    };
+    (b.build(), fields)
+}
+
+/// A row's key in the vector store: the scope first, so one scope's rows are one key range.
+fn scope_key(scope: &Scope) -> String {
+    format!("{}\u{1f}{}", scope.tenant, scope.identity)
+}
+
+fn vector_key(scope: &Scope, id: &str) -> String {
+    format!("{}\u{0}{id}", scope_key(scope))
+}
+
+/// What the vector store keeps beside each embedding.
+#[derive(Serialize, Deserialize)]
+struct Meta {
+    id: String,
+    app: String,
+    agent: String,
+    conversation: String,
+    turn: u64,
+    kind: Kind,
+    reference: String,
+    at_ms: i64,
+}
+
+fn encode(row: &IndexRow) -> Vec<u8> {
+    let meta = serde_json::to_vec(&Meta {
+        id: row.id.clone(),
+        app: row.app.clone(),
+        agent: row.agent.clone(),
+        conversation: row.conversation.clone(),
+        turn: row.turn,
+        kind: row.kind,
+        reference: row.reference.clone(),
+        at_ms: row.at_ms,
+    })
+    .expect("metadata serialises");
+    let mut out = Vec::with_capacity(4 + meta.len() + 4 * row.embedding.len());
+    out.extend_from_slice(&(meta.len() as u32).to_le_bytes());
+    out.extend_from_slice(&meta);
+    for x in &row.embedding {
+        out.extend_from_slice(&x.to_le_bytes());
+    }
+    out
+}
+
+fn decode_meta(bytes: &[u8]) -> Result<(Meta, &[u8])> {
+    let corrupt = || Error::new(ErrorKind::Corrupt, "a vector-store entry is unreadable");
+    let len = bytes
+        .get(..4)
+        .map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes")) as usize)
+        .ok_or_else(corrupt)?;
+    let meta = bytes.get(4..4 + len).ok_or_else(corrupt)?;
+    let meta: Meta = serde_json::from_slice(meta).map_err(|_| corrupt())?;
+    Ok((meta, &bytes[4 + len..]))
+}
+
+/// Cosine similarity of `query` (unit length) with the little-endian f32s in `stored`; `None`
+/// if the dimensions differ (a row from another embedder).
+fn cosine(query: &[f32], stored: &[u8]) -> Option<f64> {
+    if stored.len() != 4 * query.len() {
+        return None;
+    }
+    let (mut dot, mut norm) = (0f32, 0f32);
+    for (q, chunk) in query.iter().zip(stored.chunks_exact(4)) {
+        let x = f32::from_le_bytes(chunk.try_into().expect("4 bytes"));
+        dot += q * x;
+        norm += x * x;
+    }
+    (norm > 0.0).then(|| f64::from(dot / norm.sqrt()))
+}
+
+fn tantivy_error(what: &str) -> impl Fn(tantivy::TantivyError) -> Error + '_ {
+    move |e| Error::unavailable(what, e)
+}
+
+fn db<E: Into<redb::Error>>(what: &str) -> impl Fn(E) -> Error + '_ {
+    move |e| Error::unavailable(what, e.into())
+}
+
+impl EmbeddedIndex {
+    /// Opens (or creates) the index under `dir`.
+    pub fn open(dir: &Path) -> Result<Self> {
+        let text_dir = dir.join("text");
+        std::fs::create_dir_all(&text_dir)
+            .map_err(|e| Error::unavailable(&format!("creating {}", text_dir.display()), e))?;
+        let (schema, fields) = schema();
+        let directory = tantivy::directory::MmapDirectory::open(&text_dir)
+            .map_err(|e| Error::unavailable("opening the text index", e))?;
+        let index = Index::open_or_create(directory, schema)
+            .map_err(tantivy_error("opening the text index"))?;
+        let writer = index
+            .writer_with_num_threads(1, 64_000_000)
+            .map_err(tantivy_error("opening the text index for writing"))?;
+        let reader = index
+            .reader_builder()
+            .reload_policy(ReloadPolicy::Manual)
+            .try_into()
+            .map_err(tantivy_error("reading the text index"))?;
+        let vectors =
+            Database::create(dir.join("vectors.redb")).map_err(db("opening the vector store"))?;
+        let txn = vectors
+            .begin_write()
+            .map_err(db("opening the vector store"))?;
+        txn.open_table(VECTORS)
+            .map_err(db("opening the vector store"))?;
+        txn.open_table(MARKS)
+            .map_err(db("opening the vector store"))?;
+        txn.commit().map_err(db("opening the vector store"))?;
+        Ok(Self {
+            inner: Arc::new(Inner {
+                index,
+                reader,
+                writer: Mutex::new(writer),
+                fields,
+                vectors,
+            }),
+        })
+    }
+
+    async fn blocking<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Inner) -> Result<T> + Send + 'static,
+    ) -> Result<T> {
+        let inner = self.inner.clone();
+        tokio::task::spawn_blocking(move || f(&inner))
+            .await
+            .map_err(|e| Error::new(ErrorKind::Unavailable, format!("an index task failed: {e}")))?
+    }
+}
+
+impl Inner {
+    fn filter_queries(&self, scope: &Scope, filters: &Filters) -> Vec<(Occur, Box<dyn Query>)> {
+        let f = self.fields;
+        let term = |field: Field, value: &str| -> Box<dyn Query> {
+            Box::new(TermQuery::new(
+                Term::from_field_text(field, value),
+                IndexRecordOption::Basic,
+            ))
+        };
+        let mut clauses = vec![(Occur::Must, term(f.scope, &scope_key(scope)))];
+        for (field, value) in [
+            (f.app, &filters.app),
+            (f.agent, &filters.agent),
+            (f.conversation, &filters.conversation),
+        ] {
+            if let Some(value) = value {
+                clauses.push((Occur::Must, term(field, value)));
+            }
+        }
+        if !filters.kinds.is_empty() {
+            let any: Vec<(Occur, Box<dyn Query>)> = filters
+                .kinds
+                .iter()
+                .map(|k| (Occur::Should, term(f.kind, k.as_str())))
+                .collect();
+            clauses.push((Occur::Must, Box::new(BooleanQuery::new(any))));
+        }
+        if filters.since_ms.is_some() || filters.until_ms.is_some() {
+            let lower = filters.since_ms.map_or(Bound::Unbounded, |s| {
+                Bound::Included(Term::from_field_i64(f.at_ms, s))
+            });
+            let upper = filters.until_ms.map_or(Bound::Unbounded, |u| {
+                Bound::Excluded(Term::from_field_i64(f.at_ms, u))
+            });
+            clauses.push((Occur::Must, Box::new(RangeQuery::new(lower, upper))));
+        }
+        clauses
+    }
+
+    fn candidate(&self, doc: &TantivyDocument, score: f64) -> Result<Candidate> {
+        let f = self.fields;
+        let text = |field: Field| {
+            doc.get_first(field)
+                .and_then(|v| v.as_str())
+                .map(str::to_owned)
+                .ok_or_else(|| {
+                    Error::new(ErrorKind::Corrupt, "a text-index document lacks a field")
+                })
+        };
+        Ok(Candidate {
+            id: text(f.id)?,
+            app: text(f.app)?,
+            agent: text(f.agent)?,
+            conversation: text(f.conversation)?,
+            turn: doc.get_first(f.turn).and_then(|v| v.as_u64()).unwrap_or(0),
+            kind: text(f.kind)?.parse()?,
+            reference: text(f.reference)?,
+            at_ms: doc.get_first(f.at_ms).and_then(|v| v.as_i64()).unwrap_or(0),
+            score,
+        })
+    }
+}
+
+#[async_trait]
+impl Backend for EmbeddedIndex {
+    fn name(&self) -> &'static str {
+        "embedded"
+    }
+
+    async fn upsert(&self, rows: &[IndexRow]) -> Result<()> {
+        if rows.is_empty() {
+            return Ok(());
+        }
+        let rows = rows.to_vec();
+        self.blocking(move |inner| {
+            let f = inner.fields;
+            // Vectors first: a crash between the two leaves a row findable by meaning only,
+            // and the retry (same ids) completes it.
+            let txn = inner.vectors.begin_write().map_err(db("writing vectors"))?;
+            {
+                let mut table = txn.open_table(VECTORS).map_err(db("writing vectors"))?;
+                for row in &rows {
+                    table
+                        .insert(
+                            vector_key(&row.scope, &row.id).as_str(),
+                            encode(row).as_slice(),
+                        )
+                        .map_err(db("writing vectors"))?;
+                }
+            }
+            txn.commit().map_err(db("writing vectors"))?;
+            let mut writer = inner.writer.lock().expect("index writer lock");
+            for row in &rows {
+                writer.delete_term(Term::from_field_text(f.id, &row.id));
+                let mut doc = TantivyDocument::default();
+                doc.add_text(f.id, &row.id);
+                doc.add_text(f.scope, scope_key(&row.scope));
+                doc.add_text(f.app, &row.app);
+                doc.add_text(f.agent, &row.agent);
+                doc.add_text(f.conversation, &row.conversation);
+                doc.add_text(f.kind, row.kind.as_str());
+                doc.add_text(f.reference, &row.reference);
+                doc.add_u64(f.turn, row.turn);
+                doc.add_i64(f.at_ms, row.at_ms);
+                doc.add_text(f.text_en, &row.text);
+                doc.add_text(f.text, &row.text);
+                writer
+                    .add_document(doc)
+                    .map_err(tantivy_error("indexing text"))?;
+            }
+            writer.commit().map_err(tantivy_error("committing text"))?;
+            drop(writer);
+            inner
+                .reader
+                .reload()
+                .map_err(tantivy_error("reloading the text index"))?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn lexical(
+        &self,
+        scope: &Scope,
+        filters: &Filters,
+        text: &str,
+        k: usize,
+    ) -> Result<Vec<Candidate>> {
+        let (scope, filters, text) = (scope.clone(), filters.clone(), text.to_owned());
+        self.blocking(move |inner| {
+            let f = inner.fields;
+            let parser = QueryParser::for_index(&inner.index, vec![f.text_en, f.text]);
+            // Lenient: a query with stray syntax still searches its words.
+            let (words, _) = parser.parse_query_lenient(&text);
+            let mut clauses = inner.filter_queries(&scope, &filters);
+            clauses.push((Occur::Must, words));
+            let query = BooleanQuery::new(clauses);
+            let searcher = inner.reader.searcher();
+            let top = searcher
+                .search(&query, &TopDocs::with_limit(k.max(1)))
+                .map_err(tantivy_error("searching text"))?;
+            top.into_iter()
+                .map(|(score, address)| {
+                    let doc: TantivyDocument = searcher
+                        .doc(address)
+                        .map_err(tantivy_error("reading a text hit"))?;
+                    inner.candidate(&doc, f64::from(score))
+                })
+                .collect()
+        })
+        .await
+    }
+
+    async fn vector(
+        &self,
+        scope: &Scope,
+        filters: &Filters,
+        embedding: &[f32],
+        k: usize,
+    ) -> Result<Vec<Candidate>> {
+        let (scope, filters) = (scope.clone(), filters.clone());
+        let query = crate::embed::normalized(embedding.to_vec());
+        self.blocking(move |inner| {
+            let txn = inner.vectors.begin_read().map_err(db("reading vectors"))?;
+            let table = txn.open_table(VECTORS).map_err(db("reading vectors"))?;
+            let start = format!("{}\u{0}", scope_key(&scope));
+            let end = format!("{}\u{1}", scope_key(&scope));
+            let mut scored: Vec<(f64, Meta)> = Vec::new();
+            for entry in table
+                .range(start.as_str()..end.as_str())
+                .map_err(db("reading vectors"))?
+            {
+                let (_, value) = entry.map_err(db("reading vectors"))?;
+                let bytes = value.value();
+                let (meta, vector) = decode_meta(bytes)?;
+                if !filters.admits(
+                    &meta.app,
+                    &meta.agent,
+                    &meta.conversation,
+                    meta.kind,
+                    meta.at_ms,
+                ) {
+                    continue;
+                }
+                if let Some(score) = cosine(&query, vector) {
+                    scored.push((score, meta));
+                }
+            }
+            let k = k.max(1);
+            let order = |a: &(f64, Meta), b: &(f64, Meta)| {
+                b.0.total_cmp(&a.0).then_with(|| a.1.id.cmp(&b.1.id))
+            };
+            if scored.len() > k {
+                scored.select_nth_unstable_by(k - 1, order);
+                scored.truncate(k);
+            }
+            scored.sort_by(order);
+            Ok(scored
+                .into_iter()
+                .map(|(score, m)| Candidate {
+                    id: m.id,
+                    app: m.app,
+                    agent: m.agent,
+                    conversation: m.conversation,
+                    turn: m.turn,
+                    kind: m.kind,
+                    reference: m.reference,
+                    at_ms: m.at_ms,
+                    score,
+                })
+                .collect())
+        })
+        .await
+    }
+
+    async fn mark(&self, scope: &Scope, conversation: &str) -> Result<Option<u64>> {
+        let key = format!("{}\u{0}{conversation}", scope_key(scope));
+        self.blocking(move |inner| {
+            let txn = inner.vectors.begin_read().map_err(db("reading marks"))?;
+            let table = txn.open_table(MARKS).map_err(db("reading marks"))?;
+            Ok(table
+                .get(key.as_str())
+                .map_err(db("reading marks"))?
+                .map(|v| v.value()))
+        })
+        .await
+    }
+
+    async fn set_mark(&self, scope: &Scope, conversation: &str, turn: u64) -> Result<()> {
+        let key = format!("{}\u{0}{conversation}", scope_key(scope));
+        self.blocking(move |inner| {
+            let txn = inner.vectors.begin_write().map_err(db("writing marks"))?;
+            {
+                let mut table = txn.open_table(MARKS).map_err(db("writing marks"))?;
+                let current = table
+                    .get(key.as_str())
+                    .map_err(db("writing marks"))?
+                    .map(|v| v.value());
+                if current.is_none_or(|c| c < turn) {
+                    table
+                        .insert(key.as_str(), turn)
+                        .map_err(db("writing marks"))?;
+                }
+            }
+            txn.commit().map_err(db("writing marks"))
+        })
+        .await
+    }
+
+    async fn count(&self, scope: &Scope) -> Result<u64> {
+        let scope = scope.clone();
+        self.blocking(move |inner| {
+            let txn = inner.vectors.begin_read().map_err(db("reading vectors"))?;
+            let table = txn.open_table(VECTORS).map_err(db("reading vectors"))?;
+            let start = format!("{}\u{0}", scope_key(&scope));
+            let end = format!("{}\u{1}", scope_key(&scope));
+            let mut n = 0;
+            for entry in table
+                .range(start.as_str()..end.as_str())
+                .map_err(db("reading vectors"))?
+            {
+                entry.map_err(db("reading vectors"))?;
+                n += 1;
+            }
+            Ok(n)
+        })
+        .await
+    }
+
+    async fn forget(&self, scope: &Scope) -> Result<u64> {
+        let scope = scope.clone();
+        self.blocking(move |inner| {
+            let start = format!("{}\u{0}", scope_key(&scope));
+            let end = format!("{}\u{1}", scope_key(&scope));
+            let txn = inner.vectors.begin_write().map_err(db("forgetting rows"))?;
+            let n = {
+                let mut table = txn.open_table(VECTORS).map_err(db("forgetting rows"))?;
+                let n = table
+                    .extract_from_if(start.as_str()..end.as_str(), |_, _| true)
+                    .map_err(db("forgetting rows"))?
+                    .count() as u64;
+                let mut marks = txn.open_table(MARKS).map_err(db("forgetting rows"))?;
+                marks
+                    .retain_in(start.as_str()..end.as_str(), |_, _| false)
+                    .map_err(db("forgetting rows"))?;
+                n
+            };
+            txn.commit().map_err(db("forgetting rows"))?;
+            let mut writer = inner.writer.lock().expect("index writer lock");
+            writer.delete_term(Term::from_field_text(
+                inner.fields.scope,
+                &scope_key(&scope),
+            ));
+            writer.commit().map_err(tantivy_error("forgetting text"))?;
+            drop(writer);
+            inner
+                .reader
+                .reload()
+                .map_err(tantivy_error("reloading the text index"))?;
+            Ok(n)
+        })
+        .await
+    }
+}

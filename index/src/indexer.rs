@@ -1,0 +1,299 @@
+//! Turning finished turns into index rows, idempotently, and keeping at it until the backend
+//! takes them.
+//!
+//! Each conversation has a mark in the index: the last turn whose rows are all written. Catching
+//! a conversation up indexes every completed turn after its mark, then moves the mark. Row ids are
+//! the references of the blocks they came from, so writing a turn twice changes nothing; a
+//! failure before the mark moves is simply done again. The record is the source: rows lost with
+//! the index are rebuilt from it (`turnpike index rebuild`).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use object_store::ObjectStore;
+use tokio::sync::{mpsc, watch};
+use tracing::{debug, warn};
+use turnpike_artifactory::{Conversations, DirectoryEntry, Record};
+use turnpike_schemas::{
+    Block, ConversationId, EntryBody, Identity, Reference, Row, TurnId, TurnLog,
+};
+
+use crate::error::{Error, ErrorKind, Result};
+use crate::types::{IndexRow, Kind, Scope};
+use crate::Index;
+
+/// Text files up to this size are indexed by content as well as by name.
+const MAX_FILE_TEXT: u64 = 256 * 1024;
+
+/// The rows one turn contributes.
+pub struct TurnRows {
+    pub turn: TurnId,
+    pub rows: Vec<IndexRow>,
+}
+
+/// The scope a conversation's rows belong to: its owner's.
+pub fn scope_of(entry: &DirectoryEntry) -> Scope {
+    Scope::new(entry.tenant.to_string(), entry.owner.to_string())
+}
+
+/// Indexes conversations from their records and turn logs.
+#[derive(Clone)]
+pub struct Indexer {
+    index: Index,
+    conversations: Conversations,
+    resolver: turnpike_resolver::Resolver,
+}
+
+impl Indexer {
+    pub fn new(index: Index, store: Arc<dyn ObjectStore>) -> Self {
+        let conversations = Conversations::new(store.clone());
+        let resolver =
+            turnpike_resolver::Resolver::standard(conversations.directory().clone(), store);
+        Self {
+            index,
+            conversations,
+            resolver,
+        }
+    }
+
+    pub fn index(&self) -> &Index {
+        &self.index
+    }
+
+    /// Indexes every completed turn of `conversation` after its mark; returns how many turns
+    /// it wrote.
+    pub async fn catch_up(&self, conversation: ConversationId) -> Result<usize> {
+        let entry = self
+            .conversations
+            .directory()
+            .lookup_unchecked(conversation)
+            .await
+            .map_err(|e| Error::new(ErrorKind::Unavailable, e.to_string()))?;
+        let scope = scope_of(&entry);
+        let mark = self
+            .index
+            .backend()
+            .mark(&scope, &conversation.to_string())
+            .await?;
+        let record = Record::new(self.conversations.store().clone(), entry.prefix());
+        let entries = record
+            .entries()
+            .await
+            .map_err(|e| Error::new(ErrorKind::Unavailable, e.to_string()))?;
+        // Completed turns, with when they completed.
+        let completed: BTreeMap<TurnId, u64> = entries
+            .iter()
+            .filter_map(|e| match &e.body {
+                EntryBody::TurnComplete(c) => Some((c.turn, c.at_ms)),
+                _ => None,
+            })
+            .filter(|(turn, _)| mark.is_none_or(|m| turn.number() > m))
+            .collect();
+        let mut written = 0;
+        for (turn, at_ms) in completed {
+            let log = self
+                .conversations
+                .turn_logs()
+                .read(&entry.prefix(), turn)
+                .await
+                .map_err(|e| Error::new(ErrorKind::Unavailable, e.to_string()))?;
+            let rows = self.rows_of(&entry, &log, at_ms as i64).await;
+            self.index.write(rows).await?;
+            self.index
+                .backend()
+                .set_mark(&scope, &conversation.to_string(), turn.number())
+                .await?;
+            written += 1;
+        }
+        Ok(written)
+    }
+
+    /// Catches up every conversation in the store (the rebuild): returns (conversations,
+    /// turns) indexed.
+    pub async fn rebuild(&self) -> Result<(usize, usize)> {
+        let list = self
+            .conversations
+            .directory()
+            .list()
+            .await
+            .map_err(|e| Error::new(ErrorKind::Unavailable, e.to_string()))?;
+        let mut turns = 0;
+        for entry in &list {
+            turns += self.catch_up(entry.conversation).await?;
+        }
+        Ok((list.len(), turns))
+    }
+
+    /// The rows of one turn log.
+    pub async fn rows_of(
+        &self,
+        entry: &DirectoryEntry,
+        log: &TurnLog,
+        at_ms: i64,
+    ) -> Vec<IndexRow> {
+        let scope = scope_of(entry);
+        let mut rows = Vec::new();
+        for (i, block) in log.blocks.iter().enumerate() {
+            let row_ref = Row::new(log.conversation, log.turn, i, block.clone()).reference;
+            let (kind, text, reference) = match block {
+                Block::UserMessage { text } | Block::FollowUp { text } | Block::Steer { text } => {
+                    (Kind::Prompt, text.clone(), row_ref.clone())
+                }
+                Block::AssistantMessage { text } => {
+                    (Kind::Completion, text.clone(), row_ref.clone())
+                }
+                Block::Summary { text, .. } => (Kind::Summary, text.clone(), row_ref.clone()),
+                Block::Attachment {
+                    name,
+                    media_type,
+                    reference,
+                } => (
+                    Kind::Attachment,
+                    self.file_text(&entry.owner, name, media_type, reference)
+                        .await,
+                    reference.clone(),
+                ),
+                Block::File {
+                    path,
+                    reference,
+                    media_type,
+                    size,
+                } => {
+                    let text = if *size <= MAX_FILE_TEXT {
+                        self.file_text(&entry.owner, path, media_type, reference)
+                            .await
+                    } else {
+                        path.clone()
+                    };
+                    (Kind::File, text, reference.clone())
+                }
+                _ => continue,
+            };
+            if text.trim().is_empty() {
+                continue;
+            }
+            rows.push(IndexRow {
+                id: row_ref.to_string(),
+                scope: scope.clone(),
+                app: entry.app.to_string(),
+                agent: log.agent.to_string(),
+                conversation: log.conversation.to_string(),
+                turn: log.turn.number(),
+                kind,
+                reference: reference.to_string(),
+                at_ms,
+                text,
+                embedding: Vec::new(),
+            });
+        }
+        rows
+    }
+
+    /// A file's name, and its content when it is text.
+    async fn file_text(
+        &self,
+        owner: &Identity,
+        name: &str,
+        media_type: &str,
+        reference: &Reference,
+    ) -> String {
+        let texty = media_type.starts_with("text/")
+            || matches!(
+                media_type,
+                "application/json" | "application/xml" | "application/x-yaml" | "application/toml"
+            );
+        if !texty {
+            return name.to_owned();
+        }
+        match self.resolver.resolve(owner, reference).await {
+            Ok(resolved) if resolved.bytes.len() as u64 <= MAX_FILE_TEXT => {
+                match std::str::from_utf8(&resolved.bytes) {
+                    Ok(content) => format!("{name}\n{content}"),
+                    Err(_) => name.to_owned(),
+                }
+            }
+            Ok(_) => name.to_owned(),
+            Err(e) => {
+                debug!(%reference, error = %e, "indexing a file by name only");
+                name.to_owned()
+            }
+        }
+    }
+}
+
+/// Keeps indexing conversations in the background: a conversation handed to it is caught up,
+/// and retried with backoff (up to a minute apart) while the backend fails — nothing handed to
+/// it is dropped while the process lives; what a dead process had pending is caught up with the
+/// conversation's next turn, or by a rebuild.
+#[derive(Clone)]
+pub struct IndexQueue {
+    tx: mpsc::UnboundedSender<ConversationId>,
+    pending: watch::Receiver<usize>,
+}
+
+impl IndexQueue {
+    /// Starts the queue's task on the current runtime.
+    pub fn start(indexer: Indexer) -> Self {
+        let (tx, mut rx) = mpsc::unbounded_channel::<ConversationId>();
+        let (pending_tx, pending) = watch::channel(0usize);
+        tokio::spawn(async move {
+            let mut waiting: std::collections::BTreeSet<ConversationId> = Default::default();
+            let mut backoff = Duration::from_millis(200);
+            loop {
+                if waiting.is_empty() {
+                    match rx.recv().await {
+                        Some(c) => {
+                            waiting.insert(c);
+                        }
+                        None => return,
+                    }
+                }
+                while let Ok(c) = rx.try_recv() {
+                    waiting.insert(c);
+                }
+                pending_tx.send_replace(waiting.len());
+                let mut failed = false;
+                for conversation in std::mem::take(&mut waiting) {
+                    match indexer.catch_up(conversation).await {
+                        Ok(n) => debug!(%conversation, turns = n, "indexed"),
+                        Err(e) => {
+                            warn!(%conversation, error = %e, "indexing failed; will retry");
+                            waiting.insert(conversation);
+                            failed = true;
+                        }
+                    }
+                }
+                pending_tx.send_replace(waiting.len());
+                if failed {
+                    // Wait out the backoff, still taking new conversations.
+                    let sleep = tokio::time::sleep(backoff);
+                    tokio::pin!(sleep);
+                    loop {
+                        tokio::select! {
+                            _ = &mut sleep => break,
+                            c = rx.recv() => match c {
+                                Some(c) => { waiting.insert(c); }
+                                None => return,
+                            },
+                        }
+                    }
+                    backoff = (backoff * 2).min(Duration::from_secs(60));
+                } else {
+                    backoff = Duration::from_millis(200);
+                }
+            }
+        });
+        Self { tx, pending }
+    }
+
+    /// Asks for `conversation` to be caught up.
+    pub fn push(&self, conversation: ConversationId) {
+        let _ = self.tx.send(conversation);
+    }
+
+    /// How many conversations are waiting for a retry.
+    pub fn pending(&self) -> usize {
+        *self.pending.borrow()
+    }
+}

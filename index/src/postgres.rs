@@ -1,0 +1,453 @@
+//! The Postgres backend: pgvector (HNSW, cosine) and full text (GIN over a tsvector built with
+//! the `english` and `simple` configurations), with row-level security as a second wall.
+//!
+//! Every statement runs in a transaction bound to one scope: `SET LOCAL ROLE turnpike_scoped`
+//! (neither the tables' owner nor a superuser, so the policies apply) and the session settings
+//! `turnpike.tenant` / `turnpike.identity`, which the policies compare each row with. The
+//! queries also name the scope in their `WHERE` clause — the first wall, and what lets the
+//! planner use the scope index.
+
+use std::borrow::Cow;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use futures::future::BoxFuture;
+use pgvector::Vector;
+use sqlx::migrate::{Migration, MigrationSource, MigrationType, Migrator};
+use sqlx::postgres::{PgPool, PgPoolOptions};
+use sqlx::{Postgres, QueryBuilder, Row as _, Transaction};
+
+use crate::backend::Backend;
+use crate::error::{Error, ErrorKind, Result};
+use crate::types::{Candidate, Filters, IndexRow, Scope};
+
+/// The schema, in order; applied by [`PgIndex::connect`].
+#[derive(Debug)]
+struct Migrations;
+
+impl MigrationSource<'static> for Migrations {
+    fn resolve(self) -> BoxFuture<'static, Result<Vec<Migration>, sqlx::error::BoxDynError>> {
+        Box::pin(async {
+            Ok(vec![Migration::new(
+                1,
+                Cow::Borrowed("index"),
+                MigrationType::Simple,
+                Cow::Borrowed(include_str!("../migrations/0001_index.sql")),
+                false,
+            )])
+        })
+    }
+}
+
+/// Bytes of text indexed per row (the tsvector has a size limit; the embedder reads far less).
+const MAX_TEXT: usize = 64 * 1024;
+
+/// The index in Postgres.
+#[derive(Clone)]
+pub struct PgIndex {
+    pool: PgPool,
+    dimension: usize,
+    /// Whether queries name the scope in `WHERE` (always, except in the test that proves the
+    /// policies alone keep identities apart).
+    scope_clause: bool,
+}
+
+fn pg(what: &str) -> impl Fn(sqlx::Error) -> Error + '_ {
+    move |e| Error::unavailable(what, e)
+}
+
+impl PgIndex {
+    /// Connects, applies the migrations, and makes sure the vector index for `dimension`
+    /// exists.
+    pub async fn connect(url: &str, dimension: usize) -> Result<Self> {
+        if !(1..=16_000).contains(&dimension) {
+            return Err(Error::invalid(format!(
+                "embedding dimension {dimension} is out of range (1..=16000)"
+            )));
+        }
+        let pool = PgPoolOptions::new()
+            .max_connections(8)
+            .acquire_timeout(Duration::from_secs(5))
+            .connect(url)
+            .await
+            .map_err(pg("connecting to Postgres"))?;
+        let migrator = Migrator::new(Migrations)
+            .await
+            .map_err(|e| Error::unavailable("reading the index migrations", e))?;
+        migrator
+            .run(&pool)
+            .await
+            .map_err(|e| Error::unavailable("migrating the index schema", e))?;
+        // One partial HNSW index per dimension in use; the expression and predicate match the
+        // vector query's, so the planner can use it.
+        sqlx::query(&format!(
+            "CREATE INDEX IF NOT EXISTS index_rows_embedding_{dimension} ON index_rows \
+             USING hnsw ((embedding::vector({dimension})) vector_cosine_ops) \
+             WHERE vector_dims(embedding) = {dimension}"
+        ))
+        .execute(&pool)
+        .await
+        .map_err(pg("creating the vector index"))?;
+        Ok(Self {
+            pool,
+            dimension,
+            scope_clause: true,
+        })
+    }
+
+    /// The same index with the scope left out of every query's `WHERE` clause: only the
+    /// row-level security policies keep identities apart. For the test that proves they do.
+    #[doc(hidden)]
+    pub fn without_scope_clause(&self) -> Self {
+        Self {
+            scope_clause: false,
+            ..self.clone()
+        }
+    }
+
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    /// A transaction bound to `scope` (the policies see only its rows).
+    async fn scoped(&self, scope: &Scope) -> Result<Transaction<'static, Postgres>> {
+        let mut tx = self
+            .pool
+            .begin()
+            .await
+            .map_err(pg("starting a transaction"))?;
+        sqlx::query("SET LOCAL ROLE turnpike_scoped")
+            .execute(&mut *tx)
+            .await
+            .map_err(pg("binding the session"))?;
+        sqlx::query(
+            "SELECT set_config('turnpike.tenant', $1, true), set_config('turnpike.identity', $2, true)",
+        )
+        .bind(&scope.tenant)
+        .bind(&scope.identity)
+        .execute(&mut *tx)
+        .await
+        .map_err(pg("binding the session"))?;
+        Ok(tx)
+    }
+
+    fn push_scope_and_filters(
+        &self,
+        q: &mut QueryBuilder<'_, Postgres>,
+        scope: &Scope,
+        filters: &Filters,
+    ) {
+        q.push(" WHERE TRUE");
+        if self.scope_clause {
+            q.push(" AND tenant = ")
+                .push_bind(scope.tenant.clone())
+                .push(" AND owner = ")
+                .push_bind(scope.identity.clone());
+        }
+        for (column, value) in [
+            ("app", &filters.app),
+            ("agent", &filters.agent),
+            ("conversation", &filters.conversation),
+        ] {
+            if let Some(value) = value {
+                q.push(format!(" AND {column} = ")).push_bind(value.clone());
+            }
+        }
+        if !filters.kinds.is_empty() {
+            let kinds: Vec<String> = filters.kinds.iter().map(|k| k.as_str().into()).collect();
+            q.push(" AND kind = ANY(").push_bind(kinds).push(")");
+        }
+        if let Some(since) = filters.since_ms {
+            q.push(" AND at_ms >= ").push_bind(since);
+        }
+        if let Some(until) = filters.until_ms {
+            q.push(" AND at_ms < ").push_bind(until);
+        }
+    }
+}
+
+const COLUMNS: &str = "id, app, agent, conversation, turn, kind, reference, at_ms";
+
+fn candidate(row: &sqlx::postgres::PgRow) -> Result<Candidate> {
+    let get = |e: sqlx::Error| Error::with_source(ErrorKind::Corrupt, "reading an index row", e);
+    let kind: String = row.try_get("kind").map_err(get)?;
+    let turn: i64 = row.try_get("turn").map_err(get)?;
+    Ok(Candidate {
+        id: row.try_get("id").map_err(get)?,
+        app: row.try_get("app").map_err(get)?,
+        agent: row.try_get("agent").map_err(get)?,
+        conversation: row.try_get("conversation").map_err(get)?,
+        turn: u64::try_from(turn).unwrap_or(0),
+        kind: kind.parse()?,
+        reference: row.try_get("reference").map_err(get)?,
+        at_ms: row.try_get("at_ms").map_err(get)?,
+        score: row.try_get::<f64, _>("score").map_err(get)?,
+    })
+}
+
+/// The words of a query, for an OR of terms: letters and digits only, so no query can be
+/// tsquery syntax.
+fn words(text: &str) -> Vec<String> {
+    text.split(|c: char| !c.is_alphanumeric())
+        .filter(|w| !w.is_empty())
+        .map(str::to_lowercase)
+        .take(64)
+        .collect()
+}
+
+/// Whether the user wrote search syntax (a quoted phrase, an exclusion, `or`): then the query
+/// is read as web-search syntax (all terms required) instead of as ranked words.
+fn has_syntax(text: &str) -> bool {
+    text.contains('"')
+        || text
+            .split_whitespace()
+            .any(|w| w.starts_with('-') || w == "OR")
+}
+
+fn truncated(text: &str) -> &str {
+    if text.len() <= MAX_TEXT {
+        return text;
+    }
+    let mut end = MAX_TEXT;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
+}
+
+#[async_trait]
+impl Backend for PgIndex {
+    fn name(&self) -> &'static str {
+        "postgres"
+    }
+
+    async fn upsert(&self, rows: &[IndexRow]) -> Result<()> {
+        for row in rows {
+            if row.embedding.len() != self.dimension {
+                return Err(Error::invalid(format!(
+                    "row {} has a {}-dimension embedding; the index is configured for {}",
+                    row.id,
+                    row.embedding.len(),
+                    self.dimension
+                )));
+            }
+        }
+        // Grouped by scope: each transaction may write only its own identity's rows.
+        let mut sorted: Vec<&IndexRow> = rows.iter().collect();
+        sorted.sort_by(|a, b| {
+            (&a.scope.tenant, &a.scope.identity).cmp(&(&b.scope.tenant, &b.scope.identity))
+        });
+        for group in sorted.chunk_by(|a, b| a.scope == b.scope) {
+            let mut tx = self.scoped(&group[0].scope).await?;
+            for chunk in group.chunks(1000) {
+                let mut q = QueryBuilder::<Postgres>::new(
+                    "INSERT INTO index_rows (tenant, owner, id, app, agent, conversation, turn, \
+                     kind, reference, at_ms, embedding, search_tsv) ",
+                );
+                q.push_values(chunk, |mut b, row| {
+                    let text = truncated(&row.text).to_owned();
+                    b.push_bind(row.scope.tenant.clone())
+                        .push_bind(row.scope.identity.clone())
+                        .push_bind(row.id.clone())
+                        .push_bind(row.app.clone())
+                        .push_bind(row.agent.clone())
+                        .push_bind(row.conversation.clone())
+                        .push_bind(i64::try_from(row.turn).unwrap_or(i64::MAX))
+                        .push_bind(row.kind.as_str())
+                        .push_bind(row.reference.clone())
+                        .push_bind(row.at_ms)
+                        .push_bind(Vector::from(row.embedding.clone()))
+                        .push("to_tsvector('english', ")
+                        .push_bind_unseparated(text.clone())
+                        .push_unseparated(") || to_tsvector('simple', ")
+                        .push_bind_unseparated(text)
+                        .push_unseparated(")");
+                });
+                q.push(
+                    " ON CONFLICT (tenant, id) DO UPDATE SET app = EXCLUDED.app, \
+                     agent = EXCLUDED.agent, conversation = EXCLUDED.conversation, \
+                     turn = EXCLUDED.turn, kind = EXCLUDED.kind, reference = EXCLUDED.reference, \
+                     at_ms = EXCLUDED.at_ms, embedding = EXCLUDED.embedding, \
+                     search_tsv = EXCLUDED.search_tsv",
+                );
+                q.build()
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(pg("writing index rows"))?;
+            }
+            tx.commit().await.map_err(pg("committing index rows"))?;
+        }
+        Ok(())
+    }
+
+    async fn lexical(
+        &self,
+        scope: &Scope,
+        filters: &Filters,
+        text: &str,
+        k: usize,
+    ) -> Result<Vec<Candidate>> {
+        let mut q = QueryBuilder::<Postgres>::new("");
+        if has_syntax(text) {
+            q.push("WITH query AS (SELECT websearch_to_tsquery('english', ")
+                .push_bind(text.to_owned())
+                .push(") || websearch_to_tsquery('simple', ")
+                .push_bind(text.to_owned())
+                .push(") AS q) ");
+        } else {
+            // Ranked words, any of them: English stop words dropped (a word the English
+            // configuration reduces to nothing), then an OR of the rest in both configurations.
+            q.push("WITH words AS (SELECT w FROM unnest(")
+                .push_bind(words(text))
+                .push(
+                    "::text[]) AS w WHERE numnode(to_tsquery('english', w)) > 0), \
+                     query AS (SELECT to_tsquery('english', string_agg(w, ' | ')) \
+                     || to_tsquery('simple', string_agg(w, ' | ')) AS q FROM words) ",
+                );
+        }
+        q.push(format!(
+            "SELECT {COLUMNS}, ts_rank_cd(search_tsv, query.q, 1)::float8 AS score \
+             FROM index_rows, query"
+        ));
+        self.push_scope_and_filters(&mut q, scope, filters);
+        q.push(" AND search_tsv @@ query.q ORDER BY score DESC, id LIMIT ")
+            .push_bind(k.max(1) as i64);
+        let mut tx = self.scoped(scope).await?;
+        let rows = q
+            .build()
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(pg("searching text"))?;
+        tx.commit().await.map_err(pg("searching text"))?;
+        rows.iter().map(candidate).collect()
+    }
+
+    async fn vector(
+        &self,
+        scope: &Scope,
+        filters: &Filters,
+        embedding: &[f32],
+        k: usize,
+    ) -> Result<Vec<Candidate>> {
+        if embedding.len() != self.dimension {
+            return Err(Error::invalid(format!(
+                "the query embedding has {} dimensions; the index is configured for {}",
+                embedding.len(),
+                self.dimension
+            )));
+        }
+        let d = self.dimension;
+        let query = Vector::from(embedding.to_vec());
+        let mut q = QueryBuilder::<Postgres>::new(format!(
+            "SELECT {COLUMNS}, (1 - (embedding::vector({d}) <=> "
+        ));
+        q.push_bind(query.clone())
+            .push("))::float8 AS score FROM index_rows");
+        self.push_scope_and_filters(&mut q, scope, filters);
+        q.push(format!(
+            " AND vector_dims(embedding) = {d} ORDER BY embedding::vector({d}) <=> "
+        ))
+        .push_bind(query)
+        .push(", id LIMIT ")
+        .push_bind(k.max(1) as i64);
+        let mut tx = self.scoped(scope).await?;
+        // The graph search keeps going until it has k rows that pass the filters.
+        sqlx::query(&format!("SET LOCAL hnsw.ef_search = {}", k.clamp(40, 1000)))
+            .execute(&mut *tx)
+            .await
+            .map_err(pg("searching vectors"))?;
+        sqlx::query("SET LOCAL hnsw.iterative_scan = relaxed_order")
+            .execute(&mut *tx)
+            .await
+            .map_err(pg("searching vectors"))?;
+        let rows = q
+            .build()
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(pg("searching vectors"))?;
+        tx.commit().await.map_err(pg("searching vectors"))?;
+        let mut out: Vec<Candidate> = rows.iter().map(candidate).collect::<Result<_>>()?;
+        // relaxed_order may return near-ties slightly out of order; the contract is best first.
+        out.sort_by(|a, b| b.score.total_cmp(&a.score).then_with(|| a.id.cmp(&b.id)));
+        Ok(out)
+    }
+
+    async fn mark(&self, scope: &Scope, conversation: &str) -> Result<Option<u64>> {
+        let mut tx = self.scoped(scope).await?;
+        let mut q = QueryBuilder::<Postgres>::new("SELECT turn FROM index_marks");
+        self.push_scope_and_filters(&mut q, scope, &Filters::default());
+        q.push(" AND conversation = ")
+            .push_bind(conversation.to_owned());
+        let turn: Option<i64> = q
+            .build_query_scalar()
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(pg("reading the index mark"))?;
+        tx.commit().await.map_err(pg("reading the index mark"))?;
+        Ok(turn.and_then(|t| u64::try_from(t).ok()))
+    }
+
+    async fn set_mark(&self, scope: &Scope, conversation: &str, turn: u64) -> Result<()> {
+        let mut tx = self.scoped(scope).await?;
+        sqlx::query(
+            "INSERT INTO index_marks (tenant, owner, conversation, turn) VALUES ($1, $2, $3, $4) \
+             ON CONFLICT (tenant, conversation) \
+             DO UPDATE SET turn = GREATEST(index_marks.turn, EXCLUDED.turn)",
+        )
+        .bind(&scope.tenant)
+        .bind(&scope.identity)
+        .bind(conversation)
+        .bind(i64::try_from(turn).unwrap_or(i64::MAX))
+        .execute(&mut *tx)
+        .await
+        .map_err(pg("writing the index mark"))?;
+        tx.commit().await.map_err(pg("writing the index mark"))
+    }
+
+    async fn count(&self, scope: &Scope) -> Result<u64> {
+        let mut tx = self.scoped(scope).await?;
+        let mut q = QueryBuilder::<Postgres>::new("SELECT count(*) FROM index_rows");
+        self.push_scope_and_filters(&mut q, scope, &Filters::default());
+        let n: i64 = q
+            .build_query_scalar()
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(pg("counting index rows"))?;
+        tx.commit().await.map_err(pg("counting index rows"))?;
+        Ok(u64::try_from(n).unwrap_or(0))
+    }
+    async fn forget(&self, scope: &Scope) -> Result<u64> {
+        let mut tx = self.scoped(scope).await?;
+        let mut q = QueryBuilder::<Postgres>::new("DELETE FROM index_marks");
+        self.push_scope_and_filters(&mut q, scope, &Filters::default());
+        q.build()
+            .execute(&mut *tx)
+            .await
+            .map_err(pg("forgetting index marks"))?;
+        let mut q = QueryBuilder::<Postgres>::new("DELETE FROM index_rows");
+        self.push_scope_and_filters(&mut q, scope, &Filters::default());
+        let done = q
+            .build()
+            .execute(&mut *tx)
+            .await
+            .map_err(pg("forgetting index rows"))?;
+        tx.commit().await.map_err(pg("forgetting index rows"))?;
+        Ok(done.rows_affected())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn query_words_cannot_carry_tsquery_syntax() {
+        assert_eq!(
+            words("a&b | c:* !d (e) 'f'"),
+            ["a", "b", "c", "d", "e", "f"]
+        );
+        assert!(has_syntax("\"exact phrase\""));
+        assert!(has_syntax("wings -flutter"));
+        assert!(!has_syntax("what about well-known wings"));
+    }
+}

@@ -1,0 +1,618 @@
+//! The index suite: one set of cases, run against every backend (embedded tantivy + redb, and
+//! Postgres + pgvector), with the real all-MiniLM-L6-v2 embedder.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, OnceLock};
+
+use turnpike_index::embed::MiniLm;
+use turnpike_index::embedded::EmbeddedIndex;
+use turnpike_index::postgres::PgIndex;
+use turnpike_index::{
+    Embedder, ErrorKind, Filters, Index, IndexRow, Kind, Mode, Scope, SearchRequest,
+};
+
+fn model_dir() -> std::path::PathBuf {
+    std::env::var("TURNPIKE_EMBEDDING_MODEL")
+        .unwrap_or_else(|_| "/var/tmp/turnpike-services/models/all-MiniLM-L6-v2".into())
+        .into()
+}
+
+fn embedder() -> Arc<dyn Embedder> {
+    static MODEL: OnceLock<Arc<MiniLm>> = OnceLock::new();
+    MODEL
+        .get_or_init(|| {
+            Arc::new(
+                MiniLm::load(&model_dir())
+                    .expect("the embedding model (scripts/services install tests fetches it)"),
+            )
+        })
+        .clone()
+}
+
+/// A backend under test, with a tenant of its own.
+struct Fixture {
+    index: Index,
+    tenant: String,
+    pg: Option<PgIndex>,
+    _dir: Option<tempfile::TempDir>,
+}
+
+impl Fixture {
+    fn scope(&self, user: &str) -> Scope {
+        Scope::new(self.tenant.clone(), user)
+    }
+}
+
+async fn embedded() -> Fixture {
+    let dir = tempfile::tempdir().unwrap();
+    let backend = Arc::new(EmbeddedIndex::open(dir.path()).unwrap());
+    Fixture {
+        index: Index::new(backend, embedder()),
+        tenant: "acme".into(),
+        pg: None,
+        _dir: Some(dir),
+    }
+}
+
+async fn postgres() -> Fixture {
+    let server = turnpike_tests::postgres::shared();
+    let pg = PgIndex::connect(&server.url(), 384).await.unwrap();
+    Fixture {
+        index: Index::new(Arc::new(pg.clone()), embedder()),
+        // Tests share the server: each gets its own tenant.
+        tenant: format!("t{}", ulid::Ulid::new().to_string().to_lowercase()),
+        pg: Some(pg),
+        _dir: None,
+    }
+}
+
+/// (user, conversation, app, agent, kind, at_ms, text)
+const CORPUS: &[(&str, &str, &str, &str, Kind, i64, &str)] = &[
+    (
+        "alice",
+        "c1",
+        "shop",
+        "clerk",
+        Kind::Prompt,
+        1_000,
+        "Please check the order status for part number XJ-9000.",
+    ),
+    (
+        "alice",
+        "c1",
+        "shop",
+        "clerk",
+        Kind::Completion,
+        2_000,
+        "Your turbine blade order has shipped and arrives on Friday.",
+    ),
+    (
+        "alice",
+        "c2",
+        "shop",
+        "clerk",
+        Kind::Prompt,
+        3_000,
+        "The invoice payment is overdue by three weeks.",
+    ),
+    (
+        "alice",
+        "c2",
+        "shop",
+        "support",
+        Kind::Completion,
+        4_000,
+        "I have sent a reminder to the accounts department.",
+    ),
+    (
+        "alice",
+        "c3",
+        "notes",
+        "scribe",
+        Kind::Summary,
+        5_000,
+        "We discussed the garden: planting tomatoes and watering schedules.",
+    ),
+    (
+        "alice",
+        "c3",
+        "notes",
+        "scribe",
+        Kind::File,
+        6_000,
+        "recipes.md\nA recipe for tomato soup with basil and garlic.",
+    ),
+    (
+        "alice",
+        "c4",
+        "notes",
+        "scribe",
+        Kind::Attachment,
+        7_000,
+        "flight-plan.txt\nThe aircraft wing flutter analysis at high speed.",
+    ),
+    (
+        "alice",
+        "c4",
+        "notes",
+        "scribe",
+        Kind::Prompt,
+        8_000,
+        "What causes flutter in aircraft wings at supersonic speeds?",
+    ),
+    (
+        "alice",
+        "c5",
+        "shop",
+        "clerk",
+        Kind::Prompt,
+        9_000,
+        "Order status for XJ-9000 again, it is urgent.",
+    ),
+    (
+        "alice",
+        "c6",
+        "shop",
+        "clerk",
+        Kind::Prompt,
+        9_500,
+        "Another question about order status and delivery dates.",
+    ),
+    (
+        "bob",
+        "c9",
+        "shop",
+        "clerk",
+        Kind::Prompt,
+        1_500,
+        "Bob's secret: part XJ-9000 is also on my order, and my invoice is late.",
+    ),
+    (
+        "bob",
+        "c9",
+        "shop",
+        "clerk",
+        Kind::Completion,
+        2_500,
+        "Your tomato garden order is confirmed.",
+    ),
+];
+
+fn rows(f: &Fixture) -> Vec<IndexRow> {
+    CORPUS
+        .iter()
+        .enumerate()
+        .map(
+            |(i, (user, conv, app, agent, kind, at_ms, text))| IndexRow {
+                id: format!("conv:tl:{conv}/turn_1/blocks/{i}"),
+                scope: f.scope(user),
+                app: (*app).into(),
+                agent: (*agent).into(),
+                conversation: (*conv).into(),
+                turn: 1,
+                kind: *kind,
+                reference: format!("conv:tl:{conv}/turn_1/blocks/{i}"),
+                at_ms: *at_ms,
+                text: (*text).into(),
+                embedding: Vec::new(),
+            },
+        )
+        .collect()
+}
+
+async fn loaded(f: Fixture) -> Fixture {
+    f.index.write(rows(&f)).await.unwrap();
+    f
+}
+
+fn request(text: &str, mode: Mode) -> SearchRequest {
+    let mut r = SearchRequest::new(text);
+    r.mode = mode;
+    r.limit = 50;
+    r
+}
+
+async fn search(f: &Fixture, user: &str, r: &SearchRequest) -> Vec<String> {
+    let page = f.index.search(&f.scope(user), r).await.unwrap();
+    page.hits
+        .into_iter()
+        .map(|h| text_of(&h.reference))
+        .collect()
+}
+
+/// The corpus text a reference stands for.
+fn text_of(reference: &str) -> String {
+    let i: usize = reference.rsplit('/').next().unwrap().parse().unwrap();
+    CORPUS[i].6.to_owned()
+}
+
+async fn exact_term_hits(f: Fixture) {
+    let f = loaded(f).await;
+    let hits = search(&f, "alice", &request("XJ-9000", Mode::Lexical)).await;
+    assert_eq!(
+        hits.len(),
+        2,
+        "both of alice's rows naming the part: {hits:?}"
+    );
+    assert!(hits.iter().all(|h| h.contains("XJ-9000")), "{hits:?}");
+    // A word that is nowhere finds nothing.
+    assert!(search(&f, "alice", &request("zeppelin", Mode::Lexical))
+        .await
+        .is_empty());
+    // Stemming: "shipping" finds "shipped".
+    let hits = search(&f, "alice", &request("shipping", Mode::Lexical)).await;
+    assert_eq!(hits.first().map(String::as_str), Some(CORPUS[1].6));
+}
+
+async fn paraphrase_hits(f: Fixture) {
+    let f = loaded(f).await;
+    // No word in common with "The invoice payment is overdue by three weeks."
+    let query = "late bill settlement";
+    assert!(
+        search(&f, "alice", &request(query, Mode::Lexical))
+            .await
+            .is_empty(),
+        "no shared words, so full text alone finds nothing"
+    );
+    let hits = search(&f, "alice", &request(query, Mode::Vector)).await;
+    assert_eq!(
+        hits.first().map(String::as_str),
+        Some(CORPUS[2].6),
+        "{hits:?}"
+    );
+    let hits = search(&f, "alice", &request(query, Mode::Hybrid)).await;
+    assert_eq!(
+        hits.first().map(String::as_str),
+        Some(CORPUS[2].6),
+        "{hits:?}"
+    );
+}
+
+async fn fusion_order(f: Fixture) {
+    let f = loaded(f).await;
+    let query = "order status";
+    let scope = f.scope("alice");
+    let lexical = f
+        .index
+        .search(&scope, &request(query, Mode::Lexical))
+        .await
+        .unwrap();
+    let vector = f
+        .index
+        .search(&scope, &request(query, Mode::Vector))
+        .await
+        .unwrap();
+    let hybrid = f
+        .index
+        .search(&scope, &request(query, Mode::Hybrid))
+        .await
+        .unwrap();
+    assert!(!lexical.hits.is_empty() && !vector.hits.is_empty());
+    // Recompute reciprocal-rank fusion from the two single-retriever lists.
+    let mut expected: HashMap<String, f64> = HashMap::new();
+    for page in [&lexical, &vector] {
+        for (i, h) in page.hits.iter().enumerate() {
+            *expected.entry(h.reference.clone()).or_default() += 1.0 / (60.0 + (i + 1) as f64);
+        }
+    }
+    assert_eq!(hybrid.hits.len(), expected.len(), "the union of both lists");
+    for h in &hybrid.hits {
+        assert!(
+            (h.score - expected[&h.reference]).abs() < 1e-9,
+            "{}",
+            h.reference
+        );
+        let lex_rank = lexical.hits.iter().position(|l| l.reference == h.reference);
+        assert_eq!(h.lexical.map(|s| s.rank), lex_rank.map(|r| r + 1));
+    }
+    for pair in hybrid.hits.windows(2) {
+        assert!(pair[0].score >= pair[1].score, "fused scores descend");
+    }
+    // Rows both retrievers rank highly come first.
+    let top = &hybrid.hits[0];
+    assert!(top.lexical.is_some() && top.vector.is_some(), "{top:?}");
+}
+
+async fn filters(f: Fixture) {
+    let f = loaded(f).await;
+    let query = "order invoice garden flutter tomato status";
+    let check = |name: &'static str, filters: Filters, want: &'static [usize]| {
+        let f = &f;
+        async move {
+            let mut r = request(query, Mode::Hybrid);
+            r.filters = filters;
+            let page = f.index.search(&f.scope("alice"), &r).await.unwrap();
+            let mut got: Vec<usize> = page
+                .hits
+                .iter()
+                .map(|h| h.reference.rsplit('/').next().unwrap().parse().unwrap())
+                .collect();
+            got.sort();
+            assert_eq!(got, want, "filter {name}");
+        }
+    };
+    let f0 = Filters::default;
+    check(
+        "app",
+        Filters {
+            app: Some("notes".into()),
+            ..f0()
+        },
+        &[4, 5, 6, 7],
+    )
+    .await;
+    check(
+        "agent",
+        Filters {
+            agent: Some("support".into()),
+            ..f0()
+        },
+        &[3],
+    )
+    .await;
+    check(
+        "conversation",
+        Filters {
+            conversation: Some("c2".into()),
+            ..f0()
+        },
+        &[2, 3],
+    )
+    .await;
+    check(
+        "kind",
+        Filters {
+            kinds: vec![Kind::File, Kind::Attachment],
+            ..f0()
+        },
+        &[5, 6],
+    )
+    .await;
+    check(
+        "time",
+        Filters {
+            since_ms: Some(2_000),
+            until_ms: Some(5_000),
+            ..f0()
+        },
+        &[1, 2, 3],
+    )
+    .await;
+    check(
+        "combined",
+        Filters {
+            app: Some("shop".into()),
+            kinds: vec![Kind::Prompt],
+            since_ms: Some(2_500),
+            ..f0()
+        },
+        &[2, 8, 9],
+    )
+    .await;
+}
+
+async fn pagination(f: Fixture) {
+    let f = loaded(f).await;
+    let whole = search(
+        &f,
+        "alice",
+        &request("order status aircraft tomato", Mode::Hybrid),
+    )
+    .await;
+    assert!(whole.len() >= 6, "{whole:?}");
+    let mut r = request("order status aircraft tomato", Mode::Hybrid);
+    r.limit = 2;
+    let mut paged = Vec::new();
+    loop {
+        let page = f.index.search(&f.scope("alice"), &r).await.unwrap();
+        assert!(page.hits.len() <= 2);
+        paged.extend(page.hits.iter().map(|h| text_of(&h.reference)));
+        match page.next_offset {
+            Some(next) => r.offset = next,
+            None => break,
+        }
+    }
+    assert_eq!(
+        paged, whole,
+        "pages concatenate to the whole list, nothing twice"
+    );
+}
+
+async fn per_conversation_cap(f: Fixture) {
+    let f = loaded(f).await;
+    let mut r = request("order status XJ-9000 invoice", Mode::Hybrid);
+    let page = f.index.search(&f.scope("alice"), &r).await.unwrap();
+    let per = |hits: &[turnpike_index::Hit]| {
+        let mut n: HashMap<String, usize> = HashMap::new();
+        for h in hits {
+            *n.entry(h.conversation.clone()).or_default() += 1;
+        }
+        n
+    };
+    assert!(
+        per(&page.hits).values().any(|&n| n > 1),
+        "the uncapped list repeats a conversation"
+    );
+    r.per_conversation = Some(1);
+    let capped = f.index.search(&f.scope("alice"), &r).await.unwrap();
+    let counts = per(&capped.hits);
+    assert!(counts.values().all(|&n| n == 1), "{counts:?}");
+    assert_eq!(
+        counts.keys().collect::<HashSet<_>>(),
+        per(&page.hits).keys().collect::<HashSet<_>>(),
+        "every conversation still appears once"
+    );
+}
+
+async fn idempotent_reindexing(f: Fixture) {
+    let f = loaded(f).await;
+    let scope = f.scope("alice");
+    let before_count = f.index.backend().count(&scope).await.unwrap();
+    let before = f
+        .index
+        .search(&scope, &request("order status", Mode::Hybrid))
+        .await
+        .unwrap();
+    f.index.write(rows(&f)).await.unwrap();
+    f.index.write(rows(&f)).await.unwrap();
+    assert_eq!(f.index.backend().count(&scope).await.unwrap(), before_count);
+    assert_eq!(before_count, 10);
+    let after = f
+        .index
+        .search(&scope, &request("order status", Mode::Hybrid))
+        .await
+        .unwrap();
+    assert_eq!(before, after);
+    // Marks only move forward.
+    let backend = f.index.backend();
+    backend.set_mark(&scope, "c1", 3).await.unwrap();
+    backend.set_mark(&scope, "c1", 2).await.unwrap();
+    assert_eq!(backend.mark(&scope, "c1").await.unwrap(), Some(3));
+    assert_eq!(backend.mark(&f.scope("bob"), "c1").await.unwrap(), None);
+}
+
+async fn isolation(f: Fixture) {
+    let f = loaded(f).await;
+    for mode in [Mode::Lexical, Mode::Vector, Mode::Hybrid] {
+        let bob = f
+            .index
+            .search(
+                &f.scope("bob"),
+                &request("XJ-9000 order status invoice", mode),
+            )
+            .await
+            .unwrap();
+        assert!(!bob.hits.is_empty());
+        assert!(
+            bob.hits.iter().all(|h| h.conversation == "c9"),
+            "{mode:?}: {:?}",
+            bob.hits
+        );
+        let alice = f
+            .index
+            .search(&f.scope("alice"), &request("Bob's secret", mode))
+            .await
+            .unwrap();
+        assert!(
+            alice.hits.iter().all(|h| h.conversation != "c9"),
+            "{mode:?}"
+        );
+        // Another tenant with the same user name sees nothing.
+        let other = Scope::new(format!("{}x", f.tenant), "alice");
+        assert!(f
+            .index
+            .search(&other, &request("order", mode))
+            .await
+            .unwrap()
+            .hits
+            .is_empty());
+    }
+    // Row-level security alone: the queries leave the scope out of WHERE; the session is still
+    // bound to alice, and the policies keep bob's matching rows out.
+    if let Some(pg) = &f.pg {
+        let unscoped = Index::new(Arc::new(pg.without_scope_clause()), embedder());
+        for mode in [Mode::Lexical, Mode::Vector, Mode::Hybrid] {
+            let page = unscoped
+                .search(
+                    &f.scope("alice"),
+                    &request("Bob's secret XJ-9000 invoice late", mode),
+                )
+                .await
+                .unwrap();
+            assert!(
+                !page.hits.is_empty(),
+                "{mode:?}: alice's own rows still come back"
+            );
+            assert!(
+                page.hits.iter().all(|h| h.conversation != "c9"),
+                "{mode:?}: {:?}",
+                page.hits
+            );
+        }
+        // And the scope in the session is what decides: bound to bob, the same unscoped query
+        // returns only bob's.
+        let page = unscoped
+            .search(&f.scope("bob"), &request("XJ-9000", Mode::Lexical))
+            .await
+            .unwrap();
+        assert_eq!(page.hits.len(), 1);
+        assert_eq!(page.hits[0].conversation, "c9");
+        assert_eq!(
+            unscoped.backend().count(&f.scope("alice")).await.unwrap(),
+            10
+        );
+    }
+}
+
+async fn forget_and_bad_input(f: Fixture) {
+    let f = loaded(f).await;
+    let e = f
+        .index
+        .search(&f.scope("alice"), &request("   ", Mode::Hybrid))
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Invalid);
+    assert!(e.to_string().contains("empty"), "{e}");
+    let mut r = request("order", Mode::Hybrid);
+    r.limit = 0;
+    assert_eq!(
+        f.index
+            .search(&f.scope("alice"), &r)
+            .await
+            .unwrap_err()
+            .kind(),
+        ErrorKind::Invalid
+    );
+    // Query syntax characters are words, never errors.
+    for q in [
+        "a & | ! :* ( ) ' \"",
+        "\"unterminated",
+        "-",
+        "OR",
+        "c++ <-> x",
+    ] {
+        f.index
+            .search(&f.scope("alice"), &request(q, Mode::Hybrid))
+            .await
+            .unwrap();
+    }
+    let backend = f.index.backend();
+    assert_eq!(backend.forget(&f.scope("bob")).await.unwrap(), 2);
+    assert_eq!(backend.count(&f.scope("bob")).await.unwrap(), 0);
+    assert_eq!(
+        backend.count(&f.scope("alice")).await.unwrap(),
+        10,
+        "others keep theirs"
+    );
+    let bob = f
+        .index
+        .search(&f.scope("bob"), &request("XJ-9000", Mode::Hybrid))
+        .await
+        .unwrap();
+    assert!(bob.hits.is_empty());
+}
+
+macro_rules! suite {
+    ($($case:ident),* $(,)?) => {
+        mod embedded_backend {
+            $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $case() { super::$case(super::embedded().await).await })*
+        }
+        mod postgres_backend {
+            $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $case() { super::$case(super::postgres().await).await })*
+        }
+    };
+}
+
+suite!(
+    exact_term_hits,
+    paraphrase_hits,
+    fusion_order,
+    filters,
+    pagination,
+    per_conversation_cap,
+    idempotent_reindexing,
+    isolation,
+    forget_and_bad_input,
+);
