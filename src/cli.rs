@@ -70,6 +70,61 @@ pub struct Global {
     /// Log format.
     #[arg(long, global = true, env = "TURNPIKE_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
+
+    #[command(flatten)]
+    pub index: IndexArgs,
+}
+
+/// Where the hybrid index lives and what embeds text for it.
+#[derive(Debug, Args)]
+pub struct IndexArgs {
+    /// Postgres with pgvector for the index (a fleet), e.g.
+    /// `postgres://user@127.0.0.1:5432/turnpike`. Without it: the embedded index under
+    /// `<data-dir>/index`.
+    #[arg(long, global = true, env = "TURNPIKE_DATABASE_URL")]
+    pub database_url: Option<String>,
+
+    /// The local sentence-embedding model (a directory with config.json, tokenizer.json and
+    /// model.safetensors; `scripts/services install all` fetches all-MiniLM-L6-v2).
+    #[arg(
+        long,
+        global = true,
+        env = "TURNPIKE_EMBEDDING_MODEL",
+        default_value = "/var/tmp/turnpike-services/models/all-MiniLM-L6-v2"
+    )]
+    pub embedding_model: PathBuf,
+
+    /// An OpenAI-compatible embeddings endpoint (up to and including `/v1`) to use instead of
+    /// the local model.
+    #[arg(long, global = true, env = "TURNPIKE_EMBEDDINGS_URL")]
+    pub embeddings_url: Option<String>,
+
+    /// The endpoint's model.
+    #[arg(
+        long,
+        global = true,
+        env = "TURNPIKE_EMBEDDINGS_MODEL",
+        default_value = "text-embedding-3-small"
+    )]
+    pub embeddings_model: String,
+
+    /// The endpoint model's dimension.
+    #[arg(
+        long,
+        global = true,
+        env = "TURNPIKE_EMBEDDINGS_DIMENSION",
+        default_value_t = 1536
+    )]
+    pub embeddings_dimension: usize,
+
+    /// The environment variable that holds the endpoint's API key ("" for none).
+    #[arg(
+        long,
+        global = true,
+        env = "TURNPIKE_EMBEDDINGS_KEY_ENV",
+        default_value = "OPENAI_API_KEY"
+    )]
+    pub embeddings_key_env: String,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -107,6 +162,68 @@ pub enum Command {
     /// The sandbox for generated code.
     #[command(subcommand)]
     Cell(CellCommand),
+    /// Searches all of the actor's conversations by meaning and by words.
+    Search(SearchArgs),
+    /// The hybrid index.
+    #[command(subcommand)]
+    Index(IndexCommand),
+}
+
+#[derive(Debug, Args)]
+pub struct SearchArgs {
+    /// What to look for (words, or web-search syntax: "a phrase", -excluded, or).
+    pub query: String,
+    #[command(flatten)]
+    pub actor: Actor,
+    /// The actor's tenant.
+    #[arg(long, default_value = "default")]
+    pub tenant: turnpike_schemas::TenantId,
+    /// Which retrievers: hybrid (both, fused), lexical or vector.
+    #[arg(long, default_value = "hybrid")]
+    pub mode: String,
+    #[arg(long)]
+    pub app: Option<String>,
+    #[arg(long)]
+    pub agent: Option<String>,
+    #[arg(long)]
+    pub conversation: Option<String>,
+    /// Only these kinds (prompt, completion, summary, attachment, file); repeatable.
+    #[arg(long = "kind")]
+    pub kinds: Vec<String>,
+    /// Only rows at or after this time (ms since the epoch).
+    #[arg(long)]
+    pub since_ms: Option<i64>,
+    /// Only rows before this time (ms since the epoch).
+    #[arg(long)]
+    pub until_ms: Option<i64>,
+    /// Hits per page (1..=100).
+    #[arg(long, default_value_t = 10)]
+    pub limit: usize,
+    /// Where the page starts (the `next` a previous page printed).
+    #[arg(long, default_value_t = 0)]
+    pub offset: usize,
+    /// At most this many hits per conversation.
+    #[arg(long)]
+    pub per_conversation: Option<usize>,
+    /// Favour recent rows: a row this many hours old gets half the boost.
+    #[arg(long)]
+    pub recency_half_life_hours: Option<f64>,
+    /// Print the page as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum IndexCommand {
+    /// Indexes every completed turn the index lacks, from the records (all conversations, or
+    /// one). Idempotent: rows already there are rewritten unchanged.
+    Rebuild {
+        #[arg(long)]
+        conversation: Option<ConversationId>,
+        /// Forget the marks first, so every turn is written again.
+        #[arg(long)]
+        full: bool,
+    },
 }
 
 #[derive(Debug, Subcommand)]

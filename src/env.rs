@@ -141,3 +141,48 @@ pub fn now_ms() -> u64 {
         .map(|d| d.as_millis() as u64)
         .unwrap_or(0)
 }
+
+/// The hybrid index the flags select, or why there is none (search is then off; nothing else
+/// depends on it).
+pub async fn open_index(global: &Global) -> Result<turnpike_index::Index, String> {
+    use turnpike_index::embed::{Embedder, MiniLm, OpenAiEmbedder};
+    let args = &global.index;
+    let embedder: Arc<dyn Embedder> = match &args.embeddings_url {
+        Some(url) => {
+            let key = (!args.embeddings_key_env.is_empty())
+                .then(|| std::env::var(&args.embeddings_key_env).ok())
+                .flatten();
+            Arc::new(
+                OpenAiEmbedder::new(url, &args.embeddings_model, key, args.embeddings_dimension)
+                    .map_err(|e| e.to_string())?,
+            )
+        }
+        None => {
+            let dir = args.embedding_model.clone();
+            let model = tokio::task::spawn_blocking(move || MiniLm::load(&dir))
+                .await
+                .map_err(|e| e.to_string())?
+                .map_err(|e| e.to_string())?;
+            Arc::new(model)
+        }
+    };
+    let backend: Arc<dyn turnpike_index::Backend> = match &args.database_url {
+        Some(url) => Arc::new(
+            turnpike_index::postgres::PgIndex::connect(url, embedder.dimension())
+                .await
+                .map_err(|e| format!("the index in Postgres: {e}"))?,
+        ),
+        None => {
+            let dir = global.data_dir.join("index");
+            Arc::new(
+                turnpike_index::embedded::EmbeddedIndex::open(&dir).map_err(|e| {
+                    format!(
+                        "the embedded index {}: {e} (is `turnpike serve` running on this data directory?)",
+                        dir.display()
+                    )
+                })?,
+            )
+        }
+    };
+    Ok(turnpike_index::Index::new(backend, embedder))
+}

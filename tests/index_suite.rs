@@ -2,32 +2,12 @@
 //! Postgres + pgvector), with the real all-MiniLM-L6-v2 embedder.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
-use turnpike_index::embed::MiniLm;
 use turnpike_index::embedded::EmbeddedIndex;
 use turnpike_index::postgres::PgIndex;
-use turnpike_index::{
-    Embedder, ErrorKind, Filters, Index, IndexRow, Kind, Mode, Scope, SearchRequest,
-};
-
-fn model_dir() -> std::path::PathBuf {
-    std::env::var("TURNPIKE_EMBEDDING_MODEL")
-        .unwrap_or_else(|_| "/var/tmp/turnpike-services/models/all-MiniLM-L6-v2".into())
-        .into()
-}
-
-fn embedder() -> Arc<dyn Embedder> {
-    static MODEL: OnceLock<Arc<MiniLm>> = OnceLock::new();
-    MODEL
-        .get_or_init(|| {
-            Arc::new(
-                MiniLm::load(&model_dir())
-                    .expect("the embedding model (scripts/services install tests fetches it)"),
-            )
-        })
-        .clone()
-}
+use turnpike_index::{ErrorKind, Filters, Index, IndexRow, Kind, Mode, Scope, SearchRequest};
+use turnpike_tests::index::embedder;
 
 /// A backend under test, with a tenant of its own.
 struct Fixture {

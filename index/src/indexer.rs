@@ -64,6 +64,15 @@ impl Indexer {
     /// Indexes every completed turn of `conversation` after its mark; returns how many turns
     /// it wrote.
     pub async fn catch_up(&self, conversation: ConversationId) -> Result<usize> {
+        self.index_conversation(conversation, false).await
+    }
+
+    /// Indexes the completed turns of `conversation` after its mark, or all of them (`full`).
+    pub async fn index_conversation(
+        &self,
+        conversation: ConversationId,
+        full: bool,
+    ) -> Result<usize> {
         let entry = self
             .conversations
             .directory()
@@ -71,11 +80,14 @@ impl Indexer {
             .await
             .map_err(|e| Error::new(ErrorKind::Unavailable, e.to_string()))?;
         let scope = scope_of(&entry);
-        let mark = self
-            .index
-            .backend()
-            .mark(&scope, &conversation.to_string())
-            .await?;
+        let mark = if full {
+            None
+        } else {
+            self.index
+                .backend()
+                .mark(&scope, &conversation.to_string())
+                .await?
+        };
         let record = Record::new(self.conversations.store().clone(), entry.prefix());
         let entries = record
             .entries()
@@ -109,9 +121,9 @@ impl Indexer {
         Ok(written)
     }
 
-    /// Catches up every conversation in the store (the rebuild): returns (conversations,
-    /// turns) indexed.
-    pub async fn rebuild(&self) -> Result<(usize, usize)> {
+    /// Catches up every conversation in the store (the rebuild; `full`: every turn again):
+    /// returns (conversations, turns) indexed.
+    pub async fn rebuild(&self, full: bool) -> Result<(usize, usize)> {
         let list = self
             .conversations
             .directory()
@@ -120,7 +132,7 @@ impl Indexer {
             .map_err(|e| Error::new(ErrorKind::Unavailable, e.to_string()))?;
         let mut turns = 0;
         for entry in &list {
-            turns += self.catch_up(entry.conversation).await?;
+            turns += self.index_conversation(entry.conversation, full).await?;
         }
         Ok((list.len(), turns))
     }
@@ -228,6 +240,7 @@ impl Indexer {
 /// conversation's next turn, or by a rebuild.
 #[derive(Clone)]
 pub struct IndexQueue {
+    index: Index,
     tx: mpsc::UnboundedSender<ConversationId>,
     pending: watch::Receiver<usize>,
 }
@@ -235,6 +248,7 @@ pub struct IndexQueue {
 impl IndexQueue {
     /// Starts the queue's task on the current runtime.
     pub fn start(indexer: Indexer) -> Self {
+        let index = indexer.index().clone();
         let (tx, mut rx) = mpsc::unbounded_channel::<ConversationId>();
         let (pending_tx, pending) = watch::channel(0usize);
         tokio::spawn(async move {
@@ -284,7 +298,12 @@ impl IndexQueue {
                 }
             }
         });
-        Self { tx, pending }
+        Self { index, tx, pending }
+    }
+
+    /// The index the queue writes to.
+    pub fn index(&self) -> &Index {
+        &self.index
     }
 
     /// Asks for `conversation` to be caught up.

@@ -108,7 +108,8 @@ pub async fn run(global: &Global) -> Result<ExitCode> {
     send(message, "demo-1").await?;
 
     println!("starting two workers");
-    let pool = WorkerPool::start(workers(&env, &bus, &apps, 2, &WorkerConfig::default()).await);
+    let pool =
+        WorkerPool::start(workers(&env, &bus, &apps, 2, &WorkerConfig::default(), None).await);
     wait(&record, |s| s.last_turn >= 1, "turn_1 to start").await?;
     send(
         EventBody::FollowUp {

@@ -11,6 +11,7 @@ mod git;
 mod lanes;
 mod record;
 mod runtime;
+mod search;
 
 use std::process::ExitCode;
 
@@ -35,5 +36,7 @@ pub async fn run(cli: Cli) -> Result<ExitCode> {
         Command::Worker(args) => runtime::worker(&cli.global, args).await,
         Command::Send(args) => lanes::send(&cli.global, args).await,
         Command::Tail(args) => lanes::tail(&cli.global, args).await,
+        Command::Search(args) => search::search(&cli.global, args).await,
+        Command::Index(command) => search::index(&cli.global, command).await,
     }
 }

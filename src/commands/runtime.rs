@@ -13,7 +13,8 @@ use turnpike_worker::cell::{Cell, CellConfig};
 use turnpike_worker::{Apps, Fault, Worker, WorkerConfig, WorkerPool};
 
 use crate::cli::{FaultArg, Global, ServeArgs, WorkerArgs};
-use crate::env::Env;
+use crate::env::{open_index, Env};
+use turnpike_index::indexer::{IndexQueue, Indexer};
 
 /// Opens the bus the flags select: JetStream with `--nats-url`, else the embedded bus.
 pub async fn open_bus(global: &Global, ack_wait: Duration) -> Result<Arc<dyn Bus>> {
@@ -118,6 +119,32 @@ pub async fn detect_cell() -> Result<Arc<Cell>, String> {
     cell
 }
 
+/// The index queue for this process's workers, or `None` (search off, with a warning saying
+/// why and how to turn it on). `catch_up`: index whatever the records hold that the index lacks
+/// (the embedded default does this at start).
+pub async fn indexing(global: &Global, env: &Env, catch_up: bool) -> Option<IndexQueue> {
+    match open_index(global).await {
+        Ok(index) => {
+            let indexer = Indexer::new(index, env.conversations.store().clone());
+            if catch_up {
+                let sweeper = indexer.clone();
+                tokio::spawn(async move {
+                    match sweeper.rebuild(false).await {
+                        Ok((_, 0)) => {}
+                        Ok((c, t)) => info!(conversations = c, turns = t, "index caught up"),
+                        Err(e) => tracing::warn!(error = %e, "could not catch the index up"),
+                    }
+                });
+            }
+            Some(IndexQueue::start(indexer))
+        }
+        Err(why) => {
+            tracing::warn!("search is off: {why}");
+            None
+        }
+    }
+}
+
 /// `count` workers hosting `apps`.
 pub async fn workers(
     env: &Env,
@@ -125,18 +152,23 @@ pub async fn workers(
     apps: &Arc<Apps>,
     count: usize,
     config: &WorkerConfig,
+    indexing: Option<IndexQueue>,
 ) -> Vec<Worker> {
     let cell = detect_cell().await;
     (0..count.max(1))
         .map(|_| {
-            Worker::new(
+            let worker = Worker::new(
                 bus.clone(),
                 env.conversations.clone(),
                 env.signer.clone(),
                 apps.clone(),
                 config.clone(),
             )
-            .with_cell(cell.clone())
+            .with_cell(cell.clone());
+            match &indexing {
+                Some(queue) => worker.with_index(queue.clone()),
+                None => worker,
+            }
         })
         .collect()
 }
@@ -146,11 +178,13 @@ async fn run_workers(
     bus: Arc<dyn Bus>,
     count: usize,
     args: &WorkerArgs,
+    indexing: Option<IndexQueue>,
 ) -> Result<ExitCode> {
     let apps = env.apps(false)?;
     let hosted: Vec<String> = apps.ids().iter().map(|a| a.to_string()).collect();
     eprintln!("hosting apps: {}", hosted.join(", "));
-    let pool = WorkerPool::start(workers(env, &bus, &apps, count, &worker_config(args)).await);
+    let pool =
+        WorkerPool::start(workers(env, &bus, &apps, count, &worker_config(args), indexing).await);
     for id in pool.ids() {
         eprintln!("worker {id} ready");
     }
@@ -170,7 +204,7 @@ pub async fn run_until_committed(
     count: usize,
 ) -> Result<Head> {
     let apps = env.apps(false)?;
-    let workers = self::workers(env, &bus, &apps, count, &WorkerConfig::default()).await;
+    let workers = self::workers(env, &bus, &apps, count, &WorkerConfig::default(), None).await;
     let pool = WorkerPool::start(workers);
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
     let head = loop {
@@ -200,7 +234,8 @@ pub async fn serve(global: &Global, args: ServeArgs) -> Result<ExitCode> {
     let env = Env::open(global)?;
     let bus = open_bus(global, Duration::from_millis(args.worker.ack_wait_ms)).await?;
     eprintln!("serving from {}", global.data_dir.display());
-    run_workers(&env, bus, args.workers, &args.worker).await
+    let indexing = indexing(global, &env, true).await;
+    run_workers(&env, bus, args.workers, &args.worker, indexing).await
 }
 
 /// `turnpike worker`: one fleet worker.
@@ -211,7 +246,8 @@ pub async fn worker(global: &Global, args: WorkerArgs) -> Result<ExitCode> {
     );
     let env = Env::open(global)?;
     let bus = open_bus(global, Duration::from_millis(args.ack_wait_ms)).await?;
-    run_workers(&env, bus, 1, &args).await
+    let indexing = indexing(global, &env, false).await;
+    run_workers(&env, bus, 1, &args, indexing).await
 }
 
 /// `turnpike router`: makes sure the bus topology exists, then stays up until signalled.

@@ -30,6 +30,7 @@ pub mod model;
 pub mod owner;
 pub mod pool;
 pub mod replay;
+pub mod search;
 pub mod timeline;
 pub mod tokens;
 pub mod tools;

@@ -169,6 +169,7 @@ pub(crate) async fn own(
         files: worker.files.clone(),
         resolver: worker.resolver.clone(),
         search: worker.search.clone(),
+        indexing: worker.indexing.clone(),
         cell: worker.cell.clone(),
         signer: worker.signer.clone(),
         apps: worker.apps.clone(),

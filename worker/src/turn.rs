@@ -40,6 +40,8 @@ pub struct TurnEnv {
     pub files: Files,
     pub resolver: Resolver,
     pub search: Option<Arc<dyn SearchIndex>>,
+    /// Where the turn goes to be indexed once complete.
+    pub indexing: Option<turnpike_index::indexer::IndexQueue>,
     pub cell: Result<Arc<crate::cell::Cell>, String>,
     pub signer: RecordSigner,
     pub apps: Arc<Apps>,
@@ -670,6 +672,9 @@ async fn finish_turn(
         )
         .await;
     info!(%conversation, %turn, ?outcome, "turn complete");
+    if let Some(queue) = &env.indexing {
+        queue.push(conversation);
+    }
     Ok(head)
 }
 

@@ -34,6 +34,8 @@ pub(crate) struct Inner {
     pub(crate) resolver: turnpike_resolver::Resolver,
     pub(crate) files: turnpike_artifactory::Files,
     pub(crate) search: Option<Arc<dyn SearchIndex>>,
+    /// Where finished turns go to be indexed.
+    pub(crate) indexing: Option<turnpike_index::indexer::IndexQueue>,
     /// The sandbox for generated code, or why there is none.
     pub(crate) cell: Result<Arc<crate::cell::Cell>, String>,
     pub(crate) config: WorkerConfig,
@@ -107,6 +109,7 @@ impl Worker {
                 resolver,
                 files,
                 search: None,
+                indexing: None,
                 cell: Err("no sandbox (cell) is set up on this worker".into()),
                 config,
                 owners: Mutex::new(HashMap::new()),
@@ -126,6 +129,18 @@ impl Worker {
         Arc::get_mut(&mut self.inner)
             .expect("with_cell is called before the worker is shared")
             .cell = cell;
+        self
+    }
+
+    /// Indexes finished turns through `queue` and answers the `search` tool from its index.
+    pub fn with_index(mut self, queue: turnpike_index::indexer::IndexQueue) -> Self {
+        let inner = Arc::get_mut(&mut self.inner)
+            .expect("with_index is called before the worker is shared");
+        inner.search = Some(Arc::new(crate::search::IndexSearch::new(
+            queue.index().clone(),
+            inner.resolver.clone(),
+        )));
+        inner.indexing = Some(queue);
         self
     }
 

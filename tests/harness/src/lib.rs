@@ -8,6 +8,7 @@
 //! - [`stores`]: object store backends for the shared suites (memory, local filesystem, S3)
 //! - [`counting`]: an object store that counts reads, for bounded-cost tests
 //! - [`git`]: the real `git` binary, for checking exports and mirrors
+//! - [`index`]: the real embedding model for index tests
 //! - [`fixtures`]: small builders for conversations and records
 //! - [`turns`]: a conversation with a scripted agent on one worker, for turn tests
 //! - [`lanes`]: publishing many events and checking they were committed in order, once
@@ -15,6 +16,7 @@
 pub mod counting;
 pub mod fixtures;
 pub mod git;
+pub mod index;
 pub mod lanes;
 pub mod nats;
 pub mod postgres;

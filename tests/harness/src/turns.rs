@@ -44,6 +44,8 @@ pub struct RigOptions {
     pub git_remote: Option<String>,
     /// Give the worker a cell (bubblewrap sandbox) for `exec`.
     pub cell: bool,
+    /// Index finished turns into this index (and answer `search` from it).
+    pub index: Option<turnpike_index::Index>,
 }
 
 impl RigOptions {
@@ -62,6 +64,7 @@ impl RigOptions {
             paused: false,
             git_remote: None,
             cell: false,
+            index: None,
         }
     }
 }
@@ -77,6 +80,8 @@ pub struct Rig {
     pub conv: ConversationId,
     pub ingress: Ingress,
     workspaces: PathBuf,
+    /// The queue finished turns go to for indexing (with [`RigOptions::index`]).
+    pub indexing: Option<turnpike_index::indexer::IndexQueue>,
 }
 
 impl Rig {
@@ -127,11 +132,21 @@ impl Rig {
         } else {
             Err("no sandbox (cell) is set up on this worker".into())
         };
+        let indexing = options.index.map(|index| {
+            turnpike_index::indexer::IndexQueue::start(turnpike_index::indexer::Indexer::new(
+                index,
+                conversations.store().clone(),
+            ))
+        });
         let make_worker = {
-            let (bus, conversations, workspaces) =
-                (bus.clone(), conversations.clone(), workspaces.clone());
+            let (bus, conversations, workspaces, indexing) = (
+                bus.clone(),
+                conversations.clone(),
+                workspaces.clone(),
+                indexing.clone(),
+            );
             move |fault: Option<Fault>| {
-                Worker::new(
+                let worker = Worker::new(
                     bus.clone(),
                     conversations.clone(),
                     signer(),
@@ -147,7 +162,11 @@ impl Rig {
                         ..WorkerConfig::default()
                     },
                 )
-                .with_cell(cell.clone())
+                .with_cell(cell.clone());
+                match &indexing {
+                    Some(queue) => worker.with_index(queue.clone()),
+                    None => worker,
+                }
             }
         };
         let conv = create_conversations(&conversations, &signer(), 1).await[0];
@@ -165,6 +184,7 @@ impl Rig {
             conv,
             ingress,
             workspaces,
+            indexing,
         };
         if !options.paused {
             rig.run();

@@ -6,7 +6,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use serde_json::{json, Value};
 use turnpike_resolver::ResolveError;
-use turnpike_schemas::{Block, Identity};
+use turnpike_schemas::{Block, Identity, TenantId};
 
 use super::files::{read_bounded, workspace_path, write_file};
 use super::{str_arg, Tool, ToolContext, ToolOutput};
@@ -117,8 +117,13 @@ impl Tool for Publish {
 #[async_trait]
 pub trait SearchIndex: Send + Sync + 'static {
     /// Ranked hits (references, snippets, scores) for `query`, only ever `identity`'s own.
-    async fn search(&self, identity: &Identity, query: &str, limit: usize)
-        -> Result<Value, String>;
+    async fn search(
+        &self,
+        tenant: &TenantId,
+        identity: &Identity,
+        query: &str,
+        limit: usize,
+    ) -> Result<Value, String>;
 }
 
 /// `search {query, limit?}`.
@@ -146,7 +151,10 @@ impl Tool for Search {
         let Some(index) = cx.search else {
             return Err("search is not available: this worker has no index configured".into());
         };
-        Ok(index.search(cx.identity, query, limit).await?.into())
+        Ok(index
+            .search(cx.prefix.tenant(), cx.identity, query, limit)
+            .await?
+            .into())
     }
 }
 
