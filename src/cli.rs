@@ -128,6 +128,25 @@ pub struct IndexArgs {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum QueryNumberingArg {
+    Position,
+    Id,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum GradesArg {
+    LowerIsBetter,
+    HigherIsBetter,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum BackendArg {
+    Embedded,
+    Postgres,
+    Both,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum LogFormat {
     Text,
     Json,
@@ -459,6 +478,45 @@ pub enum BenchCommand {
         #[arg(long, default_value_t = 1000)]
         turns: u64,
         /// Where to write (a temporary directory under it); default: the system's temp dir.
+        #[arg(long)]
+        dir: Option<PathBuf>,
+    },
+    /// Search quality on a test collection in the SMART format (documents .I/.T/.W, queries
+    /// .I/.W, judgments `query doc [grade]`): nDCG@10 and MAP of full text, vectors and hybrid,
+    /// on the embedded backend and (with --database-url) on Postgres.
+    Search {
+        /// The collection's directory (e.g. Cranfield).
+        #[arg(long)]
+        collection: PathBuf,
+        /// Print one JSON object per backend.
+        #[arg(long)]
+        json: bool,
+        /// How the judgments name queries: by position in the queries file, or by `.I` id.
+        #[arg(long, value_enum, default_value_t = QueryNumberingArg::Position)]
+        query_numbering: QueryNumberingArg,
+        /// What grades mean: 1 = most relevant (Cranfield), or higher = more relevant.
+        #[arg(long, value_enum, default_value_t = GradesArg::LowerIsBetter)]
+        grades: GradesArg,
+        /// Where to build the embedded index (a temporary directory under it).
+        #[arg(long)]
+        dir: Option<PathBuf>,
+    },
+    /// Index scale: synthetic rows (384-d vectors, generated text) spread over users; indexing
+    /// rows per second and hybrid query latency, on the embedded backend and (with
+    /// --database-url) on Postgres.
+    Index {
+        #[arg(long, default_value_t = 1_000_000)]
+        rows: usize,
+        /// Users the rows belong to (every query is scoped to one).
+        #[arg(long, default_value_t = 1000)]
+        users: usize,
+        /// Queries timed per backend.
+        #[arg(long, default_value_t = 500)]
+        queries: usize,
+        /// Which backends.
+        #[arg(long, value_enum, default_value_t = BackendArg::Both)]
+        backend: BackendArg,
+        /// Where to build the embedded index (a temporary directory under it).
         #[arg(long)]
         dir: Option<PathBuf>,
     },

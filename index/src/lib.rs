@@ -75,6 +75,27 @@ impl Index {
     /// One page of `scope`'s hits for `request` (not hydrated: see [`hydrate`]).
     pub async fn search(&self, scope: &Scope, request: &SearchRequest) -> Result<Page> {
         request.validate()?;
+        let embedding = match request.mode {
+            Mode::Lexical => None,
+            _ => self
+                .embedder
+                .embed(std::slice::from_ref(&request.text))
+                .await?
+                .pop(),
+        };
+        self.search_embedded(scope, request, embedding.as_deref())
+            .await
+    }
+
+    /// [`Index::search`] with the query's embedding already made (`None` for lexical-only
+    /// requests): for callers that embed in batches, and the benchmarks.
+    pub async fn search_embedded(
+        &self,
+        scope: &Scope,
+        request: &SearchRequest,
+        embedding: Option<&[f32]>,
+    ) -> Result<Page> {
+        request.validate()?;
         let depth = CANDIDATE_DEPTH;
         let lexical = async {
             match request.mode {
@@ -87,19 +108,16 @@ impl Index {
             }
         };
         let vector = async {
-            match request.mode {
-                Mode::Lexical => Ok(Vec::new()),
-                _ => {
-                    let embedding = self
-                        .embedder
-                        .embed(std::slice::from_ref(&request.text))
-                        .await?
-                        .pop()
-                        .unwrap_or_default();
+            match (request.mode, embedding) {
+                (Mode::Lexical, _) => Ok(Vec::new()),
+                (_, Some(embedding)) => {
                     self.backend
-                        .vector(scope, &request.filters, &embedding, depth)
+                        .vector(scope, &request.filters, embedding, depth)
                         .await
                 }
+                (_, None) => Err(Error::invalid(
+                    "a vector search needs the query's embedding",
+                )),
             }
         };
         let (lexical, vector) = futures::try_join!(lexical, vector)?;

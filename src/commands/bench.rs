@@ -12,10 +12,37 @@ use turnpike_artifactory::{ConversationPrefix, Head, Record, RecordSigner, Trust
 use turnpike_schemas::entry::{AssistantMessage, ConversationOpened, TurnDispatched};
 use turnpike_schemas::{ConversationId, EntryBody, TurnId, WorkerId};
 
-use crate::cli::BenchCommand;
+use crate::cli::{BenchCommand, Global};
 
-pub async fn run(command: BenchCommand) -> Result<ExitCode> {
+pub async fn run(global: &Global, command: BenchCommand) -> Result<ExitCode> {
     match command {
+        BenchCommand::Search {
+            collection,
+            json,
+            query_numbering,
+            grades,
+            dir,
+        } => {
+            super::bench_search::quality(global, &collection, json, query_numbering, grades, dir)
+                .await
+        }
+        BenchCommand::Index {
+            rows,
+            users,
+            queries,
+            backend,
+            dir,
+        } => {
+            super::bench_search::scale(
+                global,
+                rows.max(1000),
+                users.max(1),
+                queries.max(10),
+                backend,
+                dir,
+            )
+            .await
+        }
         BenchCommand::Record { appends, dir } => record(appends.max(16), dir).await,
         BenchCommand::Cell {
             runs,

@@ -4,6 +4,7 @@ mod bench;
 mod bench_context;
 mod bench_git;
 mod bench_lanes;
+mod bench_search;
 mod cell;
 mod conversation;
 mod demo;
@@ -28,7 +29,7 @@ pub async fn run(cli: Cli) -> Result<ExitCode> {
             conversation::run(&Env::open(&cli.global)?, command).await
         }
         Command::Record(command) => record::run(&cli.global, command).await,
-        Command::Bench(command) => bench::run(command).await,
+        Command::Bench(command) => bench::run(&cli.global, command).await,
         Command::Cell(command) => cell::run(command).await,
         Command::Git(command) => git::run(&Env::open(&cli.global)?, command).await,
         Command::Serve(args) => runtime::serve(&cli.global, args).await,

@@ -1,0 +1,383 @@
+//! `turnpike bench search` (quality on a real test collection) and `turnpike bench index`
+//! (indexing rate and query latency at scale).
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, Result};
+use serde_json::json;
+use turnpike_index::embed::MiniLm;
+use turnpike_index::embedded::EmbeddedIndex;
+use turnpike_index::eval::{average_precision, ndcg_at, Collection, Grades, QueryNumbering};
+use turnpike_index::postgres::PgIndex;
+use turnpike_index::{Backend, Embedder, Index, IndexRow, Kind, Mode, Scope, SearchRequest};
+
+use super::bench::Series;
+use crate::cli::{BackendArg, Global, GradesArg, QueryNumberingArg};
+
+/// The backends to measure: the embedded one in a temporary directory, and Postgres when a
+/// database URL is configured. Each with a tenant of its own, forgotten afterwards.
+async fn backends(
+    global: &Global,
+    which: BackendArg,
+    dimension: usize,
+    dir: &Path,
+) -> Result<Vec<Arc<dyn Backend>>> {
+    let mut out: Vec<Arc<dyn Backend>> = Vec::new();
+    if which != BackendArg::Postgres {
+        out.push(Arc::new(EmbeddedIndex::open(dir)?));
+    }
+    if which != BackendArg::Embedded {
+        match &global.index.database_url {
+            Some(url) => out.push(Arc::new(
+                PgIndex::connect(url, dimension)
+                    .await
+                    .with_context(|| format!("connecting to {url}"))?,
+            )),
+            None => eprintln!(
+                "postgres: skipped (no --database-url; `scripts/services start postgres` and `eval \"$(scripts/services env)\"`)"
+            ),
+        }
+    }
+    Ok(out)
+}
+
+fn bench_scope(user: usize) -> Scope {
+    Scope::new(
+        format!("bench{}", std::process::id()),
+        format!("bench:user{user}"),
+    )
+}
+
+/// `turnpike bench search --collection DIR`.
+pub async fn quality(
+    global: &Global,
+    dir: &Path,
+    json_out: bool,
+    numbering: QueryNumberingArg,
+    grades: GradesArg,
+    work: Option<PathBuf>,
+) -> Result<ExitCode> {
+    let collection = Collection::load(
+        dir,
+        match numbering {
+            QueryNumberingArg::Position => QueryNumbering::Position,
+            QueryNumberingArg::Id => QueryNumbering::Id,
+        },
+        match grades {
+            GradesArg::LowerIsBetter => Grades::LowerIsBetter,
+            GradesArg::HigherIsBetter => Grades::HigherIsBetter,
+        },
+    )?;
+    let judged: Vec<usize> = (0..collection.queries.len())
+        .filter(|&i| collection.judgments.contains_key(&collection.queries[i].0))
+        .collect();
+    eprintln!(
+        "{}: {} documents, {} queries ({} judged)",
+        dir.display(),
+        collection.docs.len(),
+        collection.queries.len(),
+        judged.len()
+    );
+    let model = global.index.embedding_model.clone();
+    let embedder: Arc<dyn Embedder> =
+        Arc::new(tokio::task::spawn_blocking(move || MiniLm::load(&model)).await??);
+    let started = Instant::now();
+    let doc_texts: Vec<String> = collection.docs.iter().map(|(_, t)| t.clone()).collect();
+    let doc_vectors = embedder.embed(&doc_texts).await?;
+    let embed_time = started.elapsed();
+    let query_texts: Vec<String> = judged
+        .iter()
+        .map(|&i| collection.queries[i].1.clone())
+        .collect();
+    let query_vectors = embedder.embed(&query_texts).await?;
+    eprintln!(
+        "embedded {} documents in {:.1} s ({:.0}/s, {})",
+        doc_texts.len(),
+        embed_time.as_secs_f64(),
+        doc_texts.len() as f64 / embed_time.as_secs_f64(),
+        embedder.model()
+    );
+    let tmp = tempdir_in(work.as_deref())?;
+    let scope = bench_scope(0);
+    for backend in backends(global, BackendArg::Both, embedder.dimension(), tmp.path()).await? {
+        let index = Index::new(backend.clone(), embedder.clone());
+        let rows: Vec<IndexRow> = collection
+            .docs
+            .iter()
+            .zip(&doc_vectors)
+            .map(|((id, text), v)| IndexRow {
+                id: id.clone(),
+                scope: scope.clone(),
+                app: "bench".into(),
+                agent: "bench".into(),
+                conversation: format!("doc{id}"),
+                turn: 1,
+                kind: Kind::File,
+                reference: id.clone(),
+                at_ms: 0,
+                text: text.clone(),
+                embedding: v.clone(),
+            })
+            .collect();
+        for chunk in rows.chunks(2000) {
+            index.write(chunk.to_vec()).await?;
+        }
+        let mut report = serde_json::Map::new();
+        report.insert("backend".into(), json!(backend.name()));
+        for (name, mode) in [
+            ("lexical", Mode::Lexical),
+            ("vector", Mode::Vector),
+            ("hybrid", Mode::Hybrid),
+        ] {
+            let (mut ndcg, mut map) = (0.0, 0.0);
+            for (k, &i) in judged.iter().enumerate() {
+                let (key, text) = &collection.queries[i];
+                let mut request = SearchRequest::new(text.clone());
+                request.mode = mode;
+                request.limit = 100;
+                let page = index
+                    .search_embedded(&scope, &request, Some(&query_vectors[k]))
+                    .await?;
+                let ranking: Vec<String> = page.hits.into_iter().map(|h| h.reference).collect();
+                let judgments = &collection.judgments[key];
+                ndcg += ndcg_at(&ranking, judgments, 10);
+                map += average_precision(&ranking, judgments);
+            }
+            let n = judged.len().max(1) as f64;
+            report.insert(
+                name.into(),
+                json!({"ndcg@10": round4(ndcg / n), "map": round4(map / n)}),
+            );
+        }
+        backend.forget(&scope).await?;
+        let report = serde_json::Value::Object(report);
+        if json_out {
+            println!("{report}");
+        } else {
+            println!("{}", backend.name());
+            for name in ["lexical", "vector", "hybrid"] {
+                println!(
+                    "  {name:<8} nDCG@10 {:.4}   MAP(100) {:.4}",
+                    report[name]["ndcg@10"].as_f64().unwrap_or(0.0),
+                    report[name]["map"].as_f64().unwrap_or(0.0)
+                );
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn round4(x: f64) -> f64 {
+    (x * 1e4).round() / 1e4
+}
+
+fn tempdir_in(dir: Option<&Path>) -> Result<tempfile::TempDir> {
+    Ok(match dir {
+        Some(d) => tempfile::tempdir_in(d)?,
+        None => tempfile::tempdir()?,
+    })
+}
+
+/// A small deterministic generator for synthetic data (splitmix64).
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in [-1, 1).
+    fn unit(&mut self) -> f32 {
+        (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+    }
+
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+
+    /// Roughly Zipf-distributed over `n` (rank r with weight ~1/r).
+    fn zipf(&mut self, n: usize) -> usize {
+        let u = (self.next() >> 11) as f64 / (1u64 << 53) as f64;
+        ((n as f64).powf(u) as usize).saturating_sub(1).min(n - 1)
+    }
+}
+
+const DIMENSION: usize = 384;
+const TOPICS: usize = 2000;
+const VOCABULARY: usize = 20_000;
+
+/// Synthetic rows: each on one of `TOPICS` topics (a centroid plus noise, so vectors cluster
+/// as real embeddings do), with 24 words drawn from a Zipf vocabulary plus topic words.
+struct Synthetic {
+    centroids: Vec<Vec<f32>>,
+    rng: Rng,
+}
+
+fn word(i: usize) -> String {
+    // Pronounceable, distinct pseudo-words.
+    const SYL: [&str; 16] = [
+        "ka", "lo", "mi", "ne", "ru", "sa", "te", "vo", "zi", "pa", "qu", "do", "fe", "gi", "ho",
+        "ju",
+    ];
+    let mut s = String::new();
+    let mut n = i + 16;
+    while n > 0 {
+        s.push_str(SYL[n % 16]);
+        n /= 16;
+    }
+    s
+}
+
+impl Synthetic {
+    fn new() -> Self {
+        let mut rng = Rng(7);
+        let centroids = (0..TOPICS)
+            .map(|_| {
+                turnpike_index::embed::normalized((0..DIMENSION).map(|_| rng.unit()).collect())
+            })
+            .collect();
+        Self { centroids, rng }
+    }
+
+    fn vector_near(&mut self, topic: usize, noise: f32) -> Vec<f32> {
+        let c = &self.centroids[topic];
+        let v = c
+            .iter()
+            .map(|x| x + noise * self.rng.unit() / (DIMENSION as f32).sqrt())
+            .collect();
+        turnpike_index::embed::normalized(v)
+    }
+
+    fn row(&mut self, n: usize, users: usize) -> IndexRow {
+        let topic = self.rng.below(TOPICS);
+        let user = n % users;
+        let mut words: Vec<String> = (0..24).map(|_| word(self.rng.zipf(VOCABULARY))).collect();
+        words.push(word(VOCABULARY + topic));
+        IndexRow {
+            id: format!("row{n}"),
+            scope: bench_scope(user),
+            app: "bench".into(),
+            agent: "bench".into(),
+            conversation: format!("conv{}", n / 10),
+            turn: (n % 10) as u64 + 1,
+            kind: Kind::Prompt,
+            reference: format!("row{n}"),
+            at_ms: n as i64,
+            text: words.join(" "),
+            embedding: self.vector_near(topic, 0.8),
+        }
+    }
+}
+
+/// `turnpike bench index`.
+pub async fn scale(
+    global: &Global,
+    rows: usize,
+    users: usize,
+    queries: usize,
+    which: BackendArg,
+    work: Option<PathBuf>,
+) -> Result<ExitCode> {
+    let tmp = tempdir_in(work.as_deref())?;
+    let model = global.index.embedding_model.clone();
+    let embedder: Arc<dyn Embedder> =
+        Arc::new(tokio::task::spawn_blocking(move || MiniLm::load(&model)).await??);
+    // The query embedding's own cost (the local model, one short query at a time).
+    let mut embed = Series {
+        samples: Vec::new(),
+        total: Duration::ZERO,
+    };
+    for i in 0..50 {
+        let t = Instant::now();
+        embedder
+            .embed(&[format!("where did we discuss the turbine blade order {i}")])
+            .await?;
+        embed.samples.push(t.elapsed());
+    }
+    embed.total = embed.samples.iter().sum();
+    println!(
+        "query embedding (all-MiniLM-L6-v2, CPU): p50 {:.2} ms  p99 {:.2} ms",
+        ms(embed.percentile(0.5)),
+        ms(embed.percentile(0.99))
+    );
+    println!(
+        "{rows} rows over {users} users ({} rows each), {DIMENSION}-d",
+        rows / users
+    );
+    for backend in backends(global, which, DIMENSION, tmp.path()).await? {
+        let index = Index::new(backend.clone(), embedder.clone());
+        let mut data = Synthetic::new();
+        // Writes grouped by user, as turns are (one conversation's rows at a time).
+        let batch = 5000;
+        let started = Instant::now();
+        let mut written = 0;
+        let mut last_report = Instant::now();
+        while written < rows {
+            let n = batch.min(rows - written);
+            let mut chunk: Vec<IndexRow> =
+                (written..written + n).map(|i| data.row(i, users)).collect();
+            chunk.sort_by(|a, b| a.scope.identity.cmp(&b.scope.identity));
+            backend.upsert(&chunk).await?;
+            written += n;
+            if last_report.elapsed() > Duration::from_secs(30) {
+                eprintln!(
+                    "  {}: {written} rows, {:.0} rows/s",
+                    backend.name(),
+                    written as f64 / started.elapsed().as_secs_f64()
+                );
+                last_report = Instant::now();
+            }
+        }
+        let elapsed = started.elapsed();
+        let mut hybrid = Series {
+            samples: Vec::new(),
+            total: Duration::ZERO,
+        };
+        let mut qrng = Rng(99);
+        for q in 0..queries {
+            let user = qrng.below(users);
+            let topic = qrng.below(TOPICS);
+            let text = format!(
+                "{} {} {}",
+                word(VOCABULARY + topic),
+                word(qrng.zipf(VOCABULARY)),
+                word(qrng.zipf(VOCABULARY))
+            );
+            let vector = data.vector_near(topic, 0.8);
+            let mut request = SearchRequest::new(text);
+            request.limit = 10;
+            let t = Instant::now();
+            let page = index
+                .search_embedded(&bench_scope(user), &request, Some(&vector))
+                .await?;
+            hybrid.samples.push(t.elapsed());
+            if q == 0 && page.hits.is_empty() {
+                anyhow::bail!("a query found nothing: the benchmark data is wrong");
+            }
+        }
+        hybrid.total = hybrid.samples.iter().sum();
+        println!(
+            "{:<9} indexing {:>8.0} rows/s ({:.0} s)   hybrid query p50 {:>7.2} ms  p99 {:>7.2} ms",
+            backend.name(),
+            rows as f64 / elapsed.as_secs_f64(),
+            elapsed.as_secs_f64(),
+            ms(hybrid.percentile(0.5)),
+            ms(hybrid.percentile(0.99)),
+        );
+        for user in 0..users {
+            backend.forget(&bench_scope(user)).await?;
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
