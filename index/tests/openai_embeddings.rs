@@ -12,8 +12,11 @@ use serde_json::{json, Value};
 use turnpike_index::embed::OpenAiEmbedder;
 use turnpike_index::{Embedder, ErrorKind};
 
+/// A request body and its authorization header.
+type Request = (Value, Option<String>);
+
 #[derive(Clone, Default)]
-struct Seen(Arc<Mutex<Vec<(Value, Option<String>)>>>);
+struct Seen(Arc<Mutex<Vec<Request>>>);
 
 /// A server that embeds each input as [len, 0, 0, vowels] (so results are checkable), returns
 /// the items in reverse order, and misbehaves on request: model "broken" → 500, "short" → a
