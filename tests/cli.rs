@@ -162,6 +162,40 @@ fn demo_runs_a_multi_turn_conversation_with_tools_files_and_a_folded_follow_up()
         "local:demo-user",
     ]);
     assert_eq!(again.status.code(), Some(2), "{}", text(&again));
+
+    // The demo searched its turns by meaning; the index rebuilds from the records, and
+    // `turnpike search` finds the owner's rows — and nobody else's.
+    assert!(stdout.contains("search (hybrid"), "{stdout}");
+    let rebuild = cli.run(&["index", "rebuild", "--full"]);
+    assert!(rebuild.status.success(), "{}", text(&rebuild));
+    assert!(
+        String::from_utf8_lossy(&rebuild.stdout).contains("indexed 2 turns of 1 conversations"),
+        "{}",
+        text(&rebuild)
+    );
+    let search = |actor: &str, extra: &[&str]| {
+        let mut args = vec!["search", "when does the launch happen", "--actor", actor];
+        args.extend_from_slice(extra);
+        cli.run(&args)
+    };
+    let out = search("local:demo-user", &["--json"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let page: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let hits = page["hits"].as_array().unwrap();
+    assert!(!hits.is_empty(), "{page}");
+    assert!(hits.iter().all(|h| h["conversation"] == conv.as_str()));
+    assert!(
+        hits.iter().any(|h| h["snippet"]
+            .as_str()
+            .is_some_and(|s| s.contains("Thursday"))),
+        "{page}"
+    );
+    let stranger = search("local:someone-else", &[]);
+    assert!(stranger.status.success(), "{}", text(&stranger));
+    assert_eq!(String::from_utf8_lossy(&stranger.stdout).trim(), "no hits");
+    let bad = search("local:demo-user", &["--mode", "fuzzy"]);
+    assert_eq!(bad.status.code(), Some(2), "{}", text(&bad));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("unknown mode \"fuzzy\""));
 }
 
 #[test]

@@ -323,7 +323,7 @@ impl Backend for PgIndex {
                 );
             self.push_scope(&mut q, scope);
             q.push(
-                "), weighted AS (SELECT words.q, \
+                "), weighted AS MATERIALIZED (SELECT words.q, \
                  ln(1 + (total.n - d.df + 0.5) / (d.df + 0.5)) AS idf FROM words, total, \
                  LATERAL (SELECT count(*)::float8 AS df FROM index_rows",
             );

@@ -86,20 +86,22 @@ pub async fn quality(
         Arc::new(tokio::task::spawn_blocking(move || MiniLm::load(&model)).await??);
     let started = Instant::now();
     let doc_texts: Vec<String> = collection.docs.iter().map(|(_, t)| t.clone()).collect();
-    let doc_vectors = cached_embeddings(embedder.as_ref(), &doc_texts, dir).await?;
+    let (doc_vectors, cached) = cached_embeddings(embedder.as_ref(), &doc_texts, dir).await?;
     let embed_time = started.elapsed();
     let query_texts: Vec<String> = judged
         .iter()
         .map(|&i| collection.queries[i].1.clone())
         .collect();
     let query_vectors = embedder.embed(&query_texts).await?;
-    eprintln!(
-        "embedded {} documents in {:.1} s ({:.0}/s, {})",
-        doc_texts.len(),
-        embed_time.as_secs_f64(),
-        doc_texts.len() as f64 / embed_time.as_secs_f64(),
-        embedder.model()
-    );
+    if !cached {
+        eprintln!(
+            "embedded {} documents in {:.1} s ({:.1}/s, {})",
+            doc_texts.len(),
+            embed_time.as_secs_f64(),
+            doc_texts.len() as f64 / embed_time.as_secs_f64(),
+            embedder.model()
+        );
+    }
     let tmp = tempdir_in(work.as_deref())?;
     let scope = bench_scope(0);
     for backend in backends(global, BackendArg::Both, embedder.dimension(), tmp.path()).await? {
@@ -177,7 +179,7 @@ async fn cached_embeddings(
     embedder: &dyn Embedder,
     texts: &[String],
     collection: &Path,
-) -> Result<Vec<Vec<f32>>> {
+) -> Result<(Vec<Vec<f32>>, bool)> {
     use sha2::{Digest as _, Sha256};
     let mut hash = Sha256::new();
     hash.update(embedder.model());
@@ -191,18 +193,19 @@ async fn cached_embeddings(
     if let Ok(bytes) = std::fs::read(&path) {
         if bytes.len() == texts.len() * d * 4 {
             eprintln!(
-                "(embeddings of {} from the cache {})",
+                "document embeddings of {} from the cache {}",
                 collection.display(),
                 path.display()
             );
-            return Ok(bytes
+            let vectors = bytes
                 .chunks_exact(d * 4)
                 .map(|row| {
                     row.chunks_exact(4)
                         .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
                         .collect()
                 })
-                .collect());
+                .collect();
+            return Ok((vectors, true));
         }
     }
     let vectors = embedder.embed(texts).await?;
@@ -211,7 +214,7 @@ async fn cached_embeddings(
         .flat_map(|v| v.iter().flat_map(|x| x.to_le_bytes()))
         .collect();
     let _ = std::fs::write(&path, bytes);
-    Ok(vectors)
+    Ok((vectors, false))
 }
 
 fn round4(x: f64) -> f64 {
