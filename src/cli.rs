@@ -519,6 +519,9 @@ pub enum BenchCommand {
         /// Where to build the embedded index (a temporary directory under it).
         #[arg(long)]
         dir: Option<PathBuf>,
+        /// Leave the rows in Postgres afterwards (tenant `bench<pid>`), for EXPLAIN.
+        #[arg(long)]
+        keep: bool,
     },
     /// Record appends per second and verify throughput on the local filesystem.
     Record {

@@ -114,6 +114,16 @@ impl PgIndex {
         &self.pool
     }
 
+    /// Refreshes the planner's statistics (autovacuum does this over time; after a bulk load
+    /// the planner otherwise cannot tell a selective scope from a common word).
+    pub async fn analyze(&self) -> Result<()> {
+        sqlx::query("ANALYZE index_rows")
+            .execute(&self.pool)
+            .await
+            .map_err(pg("analysing the index"))?;
+        Ok(())
+    }
+
     /// A transaction bound to `scope` (the policies see only its rows).
     async fn scoped(&self, scope: &Scope) -> Result<Transaction<'static, Postgres>> {
         let mut tx = self
@@ -330,7 +340,7 @@ impl Backend for PgIndex {
             self.push_scope(&mut q, scope);
             q.push(
                 " AND search_tsv @@ words.q) d), \
-                 query AS (SELECT to_tsquery('english', string_agg(w, ' | ')) \
+                 query AS MATERIALIZED (SELECT to_tsquery('english', string_agg(w, ' | ')) \
                  || to_tsquery('simple', string_agg(w, ' | ')) AS q FROM words) ",
             );
             q.push(format!(

@@ -32,6 +32,7 @@ pub async fn run(global: &Global, command: BenchCommand) -> Result<ExitCode> {
             queries,
             backend,
             dir,
+            keep,
         } => {
             super::bench_search::scale(
                 global,
@@ -40,6 +41,7 @@ pub async fn run(global: &Global, command: BenchCommand) -> Result<ExitCode> {
                 queries.max(10),
                 backend,
                 dir,
+                keep,
             )
             .await
         }

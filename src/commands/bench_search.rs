@@ -24,18 +24,19 @@ async fn backends(
     which: BackendArg,
     dimension: usize,
     dir: &Path,
-) -> Result<Vec<Arc<dyn Backend>>> {
-    let mut out: Vec<Arc<dyn Backend>> = Vec::new();
+) -> Result<Vec<(Arc<dyn Backend>, Option<PgIndex>)>> {
+    let mut out: Vec<(Arc<dyn Backend>, Option<PgIndex>)> = Vec::new();
     if which != BackendArg::Postgres {
-        out.push(Arc::new(EmbeddedIndex::open(dir)?));
+        out.push((Arc::new(EmbeddedIndex::open(dir)?), None));
     }
     if which != BackendArg::Embedded {
         match &global.index.database_url {
-            Some(url) => out.push(Arc::new(
-                PgIndex::connect(url, dimension)
+            Some(url) => {
+                let pg = PgIndex::connect(url, dimension)
                     .await
-                    .with_context(|| format!("connecting to {url}"))?,
-            )),
+                    .with_context(|| format!("connecting to {url}"))?;
+                out.push((Arc::new(pg.clone()), Some(pg)));
+            }
             None => eprintln!(
                 "postgres: skipped (no --database-url; `scripts/services start postgres` and `eval \"$(scripts/services env)\"`)"
             ),
@@ -104,7 +105,9 @@ pub async fn quality(
     }
     let tmp = tempdir_in(work.as_deref())?;
     let scope = bench_scope(0);
-    for backend in backends(global, BackendArg::Both, embedder.dimension(), tmp.path()).await? {
+    for (backend, pg) in
+        backends(global, BackendArg::Both, embedder.dimension(), tmp.path()).await?
+    {
         let index = Index::new(backend.clone(), embedder.clone());
         let rows: Vec<IndexRow> = collection
             .docs
@@ -126,6 +129,9 @@ pub async fn quality(
             .collect();
         for chunk in rows.chunks(2000) {
             index.write(chunk.to_vec()).await?;
+        }
+        if let Some(pg) = &pg {
+            pg.analyze().await?;
         }
         let mut report = serde_json::Map::new();
         report.insert("backend".into(), json!(backend.name()));
@@ -331,6 +337,7 @@ pub async fn scale(
     queries: usize,
     which: BackendArg,
     work: Option<PathBuf>,
+    keep: bool,
 ) -> Result<ExitCode> {
     let tmp = tempdir_in(work.as_deref())?;
     let model = global.index.embedding_model.clone();
@@ -358,7 +365,7 @@ pub async fn scale(
         "{rows} rows over {users} users ({} rows each), {DIMENSION}-d",
         rows / users
     );
-    for backend in backends(global, which, DIMENSION, tmp.path()).await? {
+    for (backend, pg) in backends(global, which, DIMENSION, tmp.path()).await? {
         let index = Index::new(backend.clone(), embedder.clone());
         let mut data = Synthetic::new();
         // Writes grouped by user, as turns are (one conversation's rows at a time).
@@ -383,6 +390,10 @@ pub async fn scale(
             }
         }
         let elapsed = started.elapsed();
+        if let Some(pg) = &pg {
+            // What autovacuum does after a load this size.
+            pg.analyze().await?;
+        }
         let mut hybrid = Series {
             samples: Vec::new(),
             total: Duration::ZERO,
@@ -418,6 +429,10 @@ pub async fn scale(
             ms(hybrid.percentile(0.5)),
             ms(hybrid.percentile(0.99)),
         );
+        if keep {
+            println!("  kept: tenant {}", bench_scope(0).tenant);
+            continue;
+        }
         for user in 0..users {
             backend.forget(&bench_scope(user)).await?;
         }
