@@ -83,7 +83,7 @@ impl Fleet {
         )
         .expect("a worker process");
         let line = process
-            .wait_for_line("ready", Duration::from_secs(60))
+            .wait_for_line("worker wkr_", Duration::from_secs(60))
             .expect("worker ready");
         let id = line
             .split_whitespace()
@@ -352,7 +352,8 @@ async fn embedded_serve_killed_and_restarted_loses_and_duplicates_nothing() {
         ];
         let mut p =
             Process::start(&binary(), &args, &[("TURNPIKE_SIGNING_KEY", key.clone())]).unwrap();
-        p.wait_for_line("ready", Duration::from_secs(60)).unwrap();
+        p.wait_for_line("worker wkr_", Duration::from_secs(60))
+            .unwrap();
         p
     };
     let mut first = serve();

@@ -246,7 +246,16 @@ pub async fn worker(global: &Global, args: WorkerArgs) -> Result<ExitCode> {
     );
     let env = Env::open(global)?;
     let bus = open_bus(global, Duration::from_millis(args.ack_wait_ms)).await?;
-    let indexing = indexing(global, &env, false).await;
+    // A fleet shares one index: Postgres. A worker's own embedded index would hold only the
+    // turns it happened to run.
+    let indexing = if global.index.database_url.is_some() {
+        indexing(global, &env, false).await
+    } else {
+        tracing::warn!(
+            "search is off: a fleet worker needs --database-url (Postgres with pgvector) for the shared index"
+        );
+        None
+    };
     run_workers(&env, bus, 1, &args, indexing).await
 }
 
