@@ -198,3 +198,44 @@ async fn postgres_down_while_indexing_then_rows_arrive_when_it_returns_and_a_reb
     );
     rig.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn catching_up_one_turn_reads_the_records_tail_not_the_whole_record() {
+    let rig = Rig::with(RigOptions::new(SCRIPT)).await;
+    for i in 1..=30u64 {
+        rig.say(&format!("message number {i} about turbine blades"))
+            .await;
+        rig.wait_turns(i).await;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let index = Index::new(
+        Arc::new(EmbeddedIndex::open(dir.path()).unwrap()),
+        embedder(),
+    );
+    let indexer = Indexer::new(index.clone(), rig.conversations.store().clone());
+    assert_eq!(indexer.rebuild(false).await.unwrap(), (1, 30));
+    let batches = rig.record().head().await.unwrap().batches();
+    assert!(batches >= 60, "two batches per turn at least: {batches}");
+
+    rig.say("message number 31").await;
+    rig.wait_turns(31).await;
+    rig.counting.reset();
+    assert_eq!(indexer.catch_up(rig.conv).await.unwrap(), 1);
+    // The head, a window of the last batches, one turn log, the directory entry: a count that
+    // does not grow with the record (a full read would be one per batch, 60+).
+    let reads = rig.counting.gets();
+    assert!(
+        reads < batches as usize / 2,
+        "{reads} reads to index one turn of a {batches}-batch record"
+    );
+    assert!(rig.counting.lists() <= 1);
+    rig.counting.reset();
+    assert_eq!(indexer.catch_up(rig.conv).await.unwrap(), 0);
+    let idle = rig.counting.gets();
+    assert!(
+        idle < reads,
+        "nothing to do reads no window and no log ({idle} reads)"
+    );
+    assert_eq!(rows(&index).await.len(), 62);
+    rig.stop().await;
+}

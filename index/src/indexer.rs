@@ -89,19 +89,39 @@ impl Indexer {
                 .await?
         };
         let record = Record::new(self.conversations.store().clone(), entry.prefix());
+        let unavailable =
+            |e: turnpike_artifactory::Error| Error::new(ErrorKind::Unavailable, e.to_string());
+        let head = record.head().await.map_err(unavailable)?;
+        let state = head.state();
+        let last_complete = state.last_turn - u64::from(state.turn_open);
+        let after = mark.unwrap_or(0);
+        if last_complete <= after {
+            return Ok(0);
+        }
+        // The `turn_complete` entries of the turns after the mark sit in the record's last
+        // batches: read a window back from the head (bounded by how far behind the index is,
+        // not by the record's length), and the whole record only if the window misses one.
+        let wanted = (last_complete - after) as usize;
+        let window = 3 * wanted as u64 + 4;
+        let completed_after =
+            |entries: &[turnpike_artifactory::RecordEntry]| -> BTreeMap<TurnId, u64> {
+                entries
+                    .iter()
+                    .filter_map(|e| match &e.body {
+                        EntryBody::TurnComplete(c) => Some((c.turn, c.at_ms)),
+                        _ => None,
+                    })
+                    .filter(|(turn, _)| turn.number() > after)
+                    .collect()
+            };
         let entries = record
-            .entries()
+            .entries_from(head.batches().saturating_sub(window))
             .await
-            .map_err(|e| Error::new(ErrorKind::Unavailable, e.to_string()))?;
-        // Completed turns, with when they completed.
-        let completed: BTreeMap<TurnId, u64> = entries
-            .iter()
-            .filter_map(|e| match &e.body {
-                EntryBody::TurnComplete(c) => Some((c.turn, c.at_ms)),
-                _ => None,
-            })
-            .filter(|(turn, _)| mark.is_none_or(|m| turn.number() > m))
-            .collect();
+            .map_err(unavailable)?;
+        let mut completed = completed_after(&entries);
+        if completed.len() < wanted && head.batches() > window {
+            completed = completed_after(&record.entries().await.map_err(unavailable)?);
+        }
         let mut written = 0;
         for (turn, at_ms) in completed {
             let log = self
