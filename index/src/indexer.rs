@@ -26,12 +26,6 @@ use crate::Index;
 /// Text files up to this size are indexed by content as well as by name.
 const MAX_FILE_TEXT: u64 = 256 * 1024;
 
-/// The rows one turn contributes.
-pub struct TurnRows {
-    pub turn: TurnId,
-    pub rows: Vec<IndexRow>,
-}
-
 /// The scope a conversation's rows belong to: its owner's.
 pub fn scope_of(entry: &DirectoryEntry) -> Scope {
     Scope::new(entry.tenant.to_string(), entry.owner.to_string())
@@ -93,7 +87,7 @@ impl Indexer {
             |e: turnpike_artifactory::Error| Error::new(ErrorKind::Unavailable, e.to_string());
         let head = record.head().await.map_err(unavailable)?;
         let state = head.state();
-        let last_complete = state.last_turn - u64::from(state.turn_open);
+        let last_complete = state.last_turn.saturating_sub(u64::from(state.turn_open));
         let after = mark.unwrap_or(0);
         if last_complete <= after {
             return Ok(0);
