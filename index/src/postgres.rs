@@ -84,15 +84,25 @@ impl PgIndex {
             .await
             .map_err(|e| Error::unavailable("migrating the index schema", e))?;
         // One partial HNSW index per dimension in use; the expression and predicate match the
-        // vector query's, so the planner can use it.
+        // vector query's, so the planner can use it. Workers starting together would race on
+        // `IF NOT EXISTS`: a transaction-scoped advisory lock makes them take turns.
+        let mut tx = pool
+            .begin()
+            .await
+            .map_err(pg("creating the vector index"))?;
+        sqlx::query("SELECT pg_advisory_xact_lock(7370726) ")
+            .execute(&mut *tx)
+            .await
+            .map_err(pg("creating the vector index"))?;
         sqlx::query(&format!(
             "CREATE INDEX IF NOT EXISTS index_rows_embedding_{dimension} ON index_rows \
              USING hnsw ((embedding::vector({dimension})) vector_cosine_ops) \
              WHERE vector_dims(embedding) = {dimension}"
         ))
-        .execute(&pool)
+        .execute(&mut *tx)
         .await
         .map_err(pg("creating the vector index"))?;
+        tx.commit().await.map_err(pg("creating the vector index"))?;
         Ok(Self {
             pool,
             dimension,
@@ -135,14 +145,7 @@ impl PgIndex {
             .execute(&mut *tx)
             .await
             .map_err(pg("binding the session"))?;
-        sqlx::query(
-            "SELECT set_config('turnpike.tenant', $1, true), set_config('turnpike.identity', $2, true)",
-        )
-        .bind(&scope.tenant)
-        .bind(&scope.identity)
-        .execute(&mut *tx)
-        .await
-        .map_err(pg("binding the session"))?;
+        rebind(&mut tx, scope).await?;
         Ok(tx)
     }
 
@@ -183,6 +186,19 @@ impl PgIndex {
             q.push(" AND at_ms < ").push_bind(until);
         }
     }
+}
+
+/// Binds the transaction to `scope` (from here on the policies see only its rows).
+async fn rebind(tx: &mut Transaction<'static, Postgres>, scope: &Scope) -> Result<()> {
+    sqlx::query(
+        "SELECT set_config('turnpike.tenant', $1, true), set_config('turnpike.identity', $2, true)",
+    )
+    .bind(&scope.tenant)
+    .bind(&scope.identity)
+    .execute(&mut **tx)
+    .await
+    .map_err(pg("binding the session"))?;
+    Ok(())
 }
 
 const COLUMNS: &str = "id, app, agent, conversation, turn, kind, reference, at_ms";
@@ -251,13 +267,20 @@ impl Backend for PgIndex {
                 )));
             }
         }
-        // Grouped by scope: each transaction may write only its own identity's rows.
+        // One transaction (all or nothing), rebound to each scope in turn: while bound to a
+        // scope, the policies let it write only that identity's rows.
         let mut sorted: Vec<&IndexRow> = rows.iter().collect();
         sorted.sort_by(|a, b| {
             (&a.scope.tenant, &a.scope.identity).cmp(&(&b.scope.tenant, &b.scope.identity))
         });
-        for group in sorted.chunk_by(|a, b| a.scope == b.scope) {
-            let mut tx = self.scoped(&group[0].scope).await?;
+        let Some(first) = sorted.first() else {
+            return Ok(());
+        };
+        let mut tx = self.scoped(&first.scope).await?;
+        for (i, group) in sorted.chunk_by(|a, b| a.scope == b.scope).enumerate() {
+            if i > 0 {
+                rebind(&mut tx, &group[0].scope).await?;
+            }
             for chunk in group.chunks(1000) {
                 let mut q = QueryBuilder::<Postgres>::new(
                     "INSERT INTO index_rows (tenant, owner, id, app, agent, conversation, turn, \
@@ -294,8 +317,8 @@ impl Backend for PgIndex {
                     .await
                     .map_err(pg("writing index rows"))?;
             }
-            tx.commit().await.map_err(pg("committing index rows"))?;
         }
+        tx.commit().await.map_err(pg("committing index rows"))?;
         Ok(())
     }
 
