@@ -522,6 +522,10 @@ pub enum BenchCommand {
         /// Leave the rows in Postgres afterwards (tenant `bench<pid>`), for EXPLAIN.
         #[arg(long)]
         keep: bool,
+        /// Load nothing: time queries over the rows an earlier run left under this tenant
+        /// (`--rows`/`--users` must match that run; the indexing rate is then meaningless).
+        #[arg(long)]
+        reuse_tenant: Option<String>,
     },
     /// Record appends per second and verify throughput on the local filesystem.
     Record {

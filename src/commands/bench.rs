@@ -33,15 +33,19 @@ pub async fn run(global: &Global, command: BenchCommand) -> Result<ExitCode> {
             backend,
             dir,
             keep,
+            reuse_tenant,
         } => {
             super::bench_search::scale(
                 global,
-                rows.max(1000),
-                users.max(1),
-                queries.max(10),
-                backend,
-                dir,
-                keep,
+                super::bench_search::Scale {
+                    rows: rows.max(1000),
+                    users: users.max(1),
+                    queries: queries.max(10),
+                    backend,
+                    dir,
+                    keep,
+                    reuse: reuse_tenant,
+                },
             )
             .await
         }

@@ -45,11 +45,13 @@ async fn backends(
     Ok(out)
 }
 
-fn bench_scope(user: usize) -> Scope {
-    Scope::new(
-        format!("bench{}", std::process::id()),
-        format!("bench:user{user}"),
-    )
+/// This run's tenant: its rows never mix with anyone's.
+fn bench_tenant() -> String {
+    format!("bench{}", std::process::id())
+}
+
+fn bench_scope(tenant: &str, user: usize) -> Scope {
+    Scope::new(tenant, format!("bench:user{user}"))
 }
 
 /// `turnpike bench search --collection DIR`.
@@ -104,7 +106,7 @@ pub async fn quality(
         );
     }
     let tmp = tempdir_in(work.as_deref())?;
-    let scope = bench_scope(0);
+    let scope = bench_scope(&bench_tenant(), 0);
     for (backend, pg) in
         backends(global, BackendArg::Both, embedder.dimension(), tmp.path()).await?
     {
@@ -308,14 +310,14 @@ impl Synthetic {
         turnpike_index::embed::normalized(v)
     }
 
-    fn row(&mut self, n: usize, users: usize) -> IndexRow {
+    fn row(&mut self, n: usize, users: usize, tenant: &str) -> IndexRow {
         let topic = self.rng.below(TOPICS);
         let user = n % users;
         let mut words: Vec<String> = (0..24).map(|_| word(self.rng.zipf(VOCABULARY))).collect();
         words.push(word(VOCABULARY + topic));
         IndexRow {
             id: format!("row{n}"),
-            scope: bench_scope(user),
+            scope: bench_scope(tenant, user),
             app: "bench".into(),
             agent: "bench".into(),
             conversation: format!("conv{}", n / 10),
@@ -329,16 +331,32 @@ impl Synthetic {
     }
 }
 
+/// What `turnpike bench index` measures.
+pub struct Scale {
+    pub rows: usize,
+    pub users: usize,
+    pub queries: usize,
+    pub backend: BackendArg,
+    pub dir: Option<PathBuf>,
+    /// Leave the rows in place afterwards.
+    pub keep: bool,
+    /// Load nothing; query the rows an earlier run left under this tenant.
+    pub reuse: Option<String>,
+}
+
 /// `turnpike bench index`.
-pub async fn scale(
-    global: &Global,
-    rows: usize,
-    users: usize,
-    queries: usize,
-    which: BackendArg,
-    work: Option<PathBuf>,
-    keep: bool,
-) -> Result<ExitCode> {
+pub async fn scale(global: &Global, options: Scale) -> Result<ExitCode> {
+    let Scale {
+        rows,
+        users,
+        queries,
+        backend: which,
+        dir: work,
+        keep,
+        reuse,
+    } = options;
+    let loading = reuse.is_none();
+    let tenant = reuse.unwrap_or_else(bench_tenant);
     let tmp = tempdir_in(work.as_deref())?;
     let model = global.index.embedding_model.clone();
     let embedder: Arc<dyn Embedder> =
@@ -371,12 +389,13 @@ pub async fn scale(
         // Writes grouped by user, as turns are (one conversation's rows at a time).
         let batch = 5000;
         let started = Instant::now();
-        let mut written = 0;
+        let mut written = if loading { 0 } else { rows };
         let mut last_report = Instant::now();
         while written < rows {
             let n = batch.min(rows - written);
-            let mut chunk: Vec<IndexRow> =
-                (written..written + n).map(|i| data.row(i, users)).collect();
+            let mut chunk: Vec<IndexRow> = (written..written + n)
+                .map(|i| data.row(i, users, &tenant))
+                .collect();
             chunk.sort_by(|a, b| a.scope.identity.cmp(&b.scope.identity));
             backend.upsert(&chunk).await?;
             written += n;
@@ -413,7 +432,7 @@ pub async fn scale(
             request.limit = 10;
             let t = Instant::now();
             let page = index
-                .search_embedded(&bench_scope(user), &request, Some(&vector))
+                .search_embedded(&bench_scope(&tenant, user), &request, Some(&vector))
                 .await?;
             hybrid.samples.push(t.elapsed());
             if q == 0 && page.hits.is_empty() {
@@ -421,20 +440,27 @@ pub async fn scale(
             }
         }
         hybrid.total = hybrid.samples.iter().sum();
+        let indexing = if loading {
+            format!(
+                "indexing {:>8.0} rows/s ({:.0} s)",
+                rows as f64 / elapsed.as_secs_f64(),
+                elapsed.as_secs_f64()
+            )
+        } else {
+            format!("reusing tenant {tenant}")
+        };
         println!(
-            "{:<9} indexing {:>8.0} rows/s ({:.0} s)   hybrid query p50 {:>7.2} ms  p99 {:>7.2} ms",
+            "{:<9} {indexing}   hybrid query p50 {:>7.2} ms  p99 {:>7.2} ms",
             backend.name(),
-            rows as f64 / elapsed.as_secs_f64(),
-            elapsed.as_secs_f64(),
             ms(hybrid.percentile(0.5)),
             ms(hybrid.percentile(0.99)),
         );
         if keep {
-            println!("  kept: tenant {}", bench_scope(0).tenant);
+            println!("  kept: tenant {tenant}");
             continue;
         }
         for user in 0..users {
-            backend.forget(&bench_scope(user)).await?;
+            backend.forget(&bench_scope(&tenant, user)).await?;
         }
     }
     Ok(ExitCode::SUCCESS)
