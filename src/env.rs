@@ -91,6 +91,14 @@ impl Env {
         Ok(Arc::new(apps))
     }
 
+    /// The resolver over this environment's store (references → bytes, as an identity).
+    pub fn resolver(&self) -> turnpike_resolver::Resolver {
+        turnpike_resolver::Resolver::standard(
+            self.conversations.directory().clone(),
+            self.conversations.store().clone(),
+        )
+    }
+
     fn checkpoint_path(&self, conversation: ConversationId) -> PathBuf {
         self.data_dir
             .join("trust")

@@ -2,32 +2,98 @@
 //! block, a hosted file, an attachment) through the resolver, as the caller — the index itself
 //! holds no content.
 
+use std::collections::HashMap;
 use turnpike_resolver::Resolver;
-use turnpike_schemas::{Block, Family, Identity, Reference};
 
-use crate::types::Hit;
+use turnpike_schemas::{Block, Family, Identity, RefPath, Reference, TurnLog};
+
+use crate::error::Result;
+use crate::types::{Hit, Page, Scope, SearchRequest};
+use crate::Index;
 
 /// Characters of context in a snippet.
 const SNIPPET_CHARS: usize = 240;
 
-/// Fills each hit's snippet (hits whose content cannot be read keep none).
+/// [`Index::search`] with every hit's snippet filled, read as `identity`: what callers show.
+pub async fn search(
+    index: &Index,
+    resolver: &Resolver,
+    identity: &Identity,
+    scope: &Scope,
+    request: &SearchRequest,
+) -> Result<Page> {
+    let mut page = index.search(scope, request).await?;
+    hydrate(resolver, identity, &request.text, &mut page.hits).await;
+    Ok(page)
+}
+
+/// Where a hit's text is read from: one block of a turn log (read as the whole log, once per
+/// turn however many of its blocks hit), or the referenced object itself.
+enum Source {
+    Block { log: String, index: usize },
+    Whole(String),
+}
+
+fn source(reference: &str) -> Source {
+    if let Ok(r) = reference.parse::<Reference>() {
+        if r.family() == &Family::turn_log() {
+            if let [blocks, i] = r.path().segments() {
+                if let (true, Ok(index)) = (blocks == "blocks", i.parse::<usize>()) {
+                    let path = RefPath::parse("log.json").expect("a valid path");
+                    let log = Reference::new(Family::turn_log(), r.conversation(), r.turn(), path);
+                    return Source::Block {
+                        log: log.to_string(),
+                        index,
+                    };
+                }
+            }
+        }
+    }
+    Source::Whole(reference.to_owned())
+}
+
+/// Fills each hit's snippet (hits whose content cannot be read keep none). Each object is read
+/// once, however many hits point into it.
 pub async fn hydrate(resolver: &Resolver, identity: &Identity, query: &str, hits: &mut [Hit]) {
-    let reads = hits
+    let sources: Vec<Source> = hits.iter().map(|h| source(&h.reference)).collect();
+    let mut keys: Vec<&str> = sources
         .iter()
-        .map(|hit| resolver.resolve_str(identity, &hit.reference));
+        .map(|s| match s {
+            Source::Block { log, .. } => log.as_str(),
+            Source::Whole(r) => r.as_str(),
+        })
+        .collect();
+    keys.sort_unstable();
+    keys.dedup();
+    let reads = keys.iter().map(|k| resolver.resolve_str(identity, k));
     let results = futures::future::join_all(reads).await;
-    for (hit, result) in hits.iter_mut().zip(results) {
-        let Ok(resolved) = result else { continue };
-        let is_block = hit
-            .reference
-            .parse::<Reference>()
-            .is_ok_and(|r| r.family() == &Family::turn_log());
-        let text = if is_block {
-            serde_json::from_slice::<Block>(&resolved.bytes)
-                .ok()
-                .and_then(|b| block_text(&b))
-        } else {
-            std::str::from_utf8(&resolved.bytes).ok().map(str::to_owned)
+    let read: HashMap<&str, bytes::Bytes> = keys
+        .iter()
+        .zip(results)
+        .filter_map(|(key, result)| Some((*key, result.ok()?.bytes)))
+        .collect();
+    // Each turn log parsed once.
+    let block_logs: std::collections::HashSet<&str> = sources
+        .iter()
+        .filter_map(|s| match s {
+            Source::Block { log, .. } => Some(log.as_str()),
+            Source::Whole(_) => None,
+        })
+        .collect();
+    let logs: HashMap<&str, TurnLog> = block_logs
+        .into_iter()
+        .filter_map(|key| Some((key, serde_json::from_slice(read.get(key)?).ok()?)))
+        .collect();
+    for (hit, source) in hits.iter_mut().zip(&sources) {
+        let text = match source {
+            Source::Block { log, index } => logs
+                .get(log.as_str())
+                .and_then(|l| l.blocks.get(*index))
+                .and_then(block_text),
+            Source::Whole(r) => read
+                .get(r.as_str())
+                .and_then(|b| std::str::from_utf8(b).ok())
+                .map(str::to_owned),
         };
         hit.snippet = text.map(|t| snippet(&t, query));
     }

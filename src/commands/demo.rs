@@ -201,12 +201,9 @@ async fn search_report(
     let query = "who is responsible for the launch to-do list?";
     let mut request = turnpike_index::SearchRequest::new(query);
     request.limit = 3;
-    let mut page = index.search(&scope, &request).await?;
-    let resolver = turnpike_resolver::Resolver::standard(
-        env.conversations.directory().clone(),
-        env.conversations.store().clone(),
-    );
-    turnpike_index::hydrate::hydrate(&resolver, &entry.owner, query, &mut page.hits).await;
+    let page =
+        turnpike_index::hydrate::search(index, &env.resolver(), &entry.owner, &scope, &request)
+            .await?;
     println!("search (hybrid: full text + all-MiniLM-L6-v2 vectors, fused): {query:?}");
     for (i, hit) in page.hits.iter().enumerate() {
         let rank = |s: Option<turnpike_index::RetrieverScore>| {

@@ -44,13 +44,14 @@ pub async fn search(global: &Global, args: SearchArgs) -> Result<ExitCode> {
     let env = Env::open(global)?;
     let index = open_index(global).await.map_err(anyhow::Error::msg)?;
     let scope = Scope::new(args.tenant.to_string(), args.actor.identity.to_string());
-    let mut page = index.search(&scope, &request).await?;
-    let resolver = turnpike_resolver::Resolver::standard(
-        env.conversations.directory().clone(),
-        env.conversations.store().clone(),
-    );
-    turnpike_index::hydrate::hydrate(&resolver, &args.actor.identity, &args.query, &mut page.hits)
-        .await;
+    let page = turnpike_index::hydrate::search(
+        &index,
+        &env.resolver(),
+        &args.actor.identity,
+        &scope,
+        &request,
+    )
+    .await?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&page)?);
         return Ok(ExitCode::SUCCESS);

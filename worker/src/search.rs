@@ -33,12 +33,15 @@ impl SearchIndex for IndexSearch {
         let scope = Scope::new(tenant.to_string(), identity.to_string());
         let mut request = SearchRequest::new(query);
         request.limit = limit.clamp(1, 50);
-        let mut page = self
-            .index
-            .search(&scope, &request)
-            .await
-            .map_err(|e| format!("search failed: {e}"))?;
-        turnpike_index::hydrate::hydrate(&self.resolver, identity, query, &mut page.hits).await;
+        let page = turnpike_index::hydrate::search(
+            &self.index,
+            &self.resolver,
+            identity,
+            &scope,
+            &request,
+        )
+        .await
+        .map_err(|e| format!("search failed: {e}"))?;
         let hits: Vec<Value> = page
             .hits
             .iter()
