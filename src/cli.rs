@@ -164,8 +164,9 @@ pub enum Command {
     Record(RecordCommand),
     /// The embedded default: router and workers in one process, data under `--data-dir`.
     Serve(ServeArgs),
-    /// A fleet router: creates the lane streams, consumers and lease stream, then stays up.
-    Router,
+    /// A fleet router: creates the lane streams, consumers and lease stream, and serves the
+    /// HTTP/WebSocket edge.
+    Router(RouterArgs),
     /// A fleet worker: claims lanes from NATS and runs their turns.
     Worker(WorkerArgs),
     /// Puts an event on a conversation's lane.
@@ -309,6 +310,51 @@ pub struct ServeArgs {
     pub workers: usize,
     #[command(flatten)]
     pub worker: WorkerArgs,
+    #[command(flatten)]
+    pub edge: EdgeArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct RouterArgs {
+    #[command(flatten)]
+    pub edge: EdgeArgs,
+}
+
+/// The HTTP/WebSocket edge.
+#[derive(Debug, Clone, Args)]
+pub struct EdgeArgs {
+    /// Where the API listens.
+    #[arg(long, env = "TURNPIKE_LISTEN", default_value = "127.0.0.1:7700")]
+    pub listen: std::net::SocketAddr,
+    /// Bearer tokens → identities (TOML; see deploy/README.md). `turnpike serve` creates
+    /// `<data-dir>/tokens.toml` with one token for `local:me` when neither this nor `--jwks` is set.
+    #[arg(long, env = "TURNPIKE_TOKENS")]
+    pub tokens: Option<PathBuf>,
+    /// Verify JWTs against the keys in this JWKS file (with --jwt-issuer and --jwt-audience).
+    #[arg(long, env = "TURNPIKE_JWKS")]
+    pub jwks: Option<PathBuf>,
+    #[arg(long, env = "TURNPIKE_JWT_ISSUER", default_value = "")]
+    pub jwt_issuer: String,
+    #[arg(long, env = "TURNPIKE_JWT_AUDIENCE", default_value = "turnpike")]
+    pub jwt_audience: String,
+    /// Identities from JWTs are `oidc:<this>:<sub>`.
+    #[arg(long, env = "TURNPIKE_JWT_IDENTITY_SCOPE", default_value = "sso")]
+    pub jwt_identity_scope: String,
+    /// The claim that names the caller's tenant.
+    #[arg(long, default_value = "tenant")]
+    pub jwt_tenant_claim: String,
+    /// The claim that, when true, makes the caller an admin.
+    #[arg(long, default_value = "turnpike_admin")]
+    pub jwt_admin_claim: String,
+    /// Requests per second per identity (0: no limit).
+    #[arg(long, env = "TURNPIKE_RATE_PER_SECOND", default_value_t = 50)]
+    pub rate_per_second: u32,
+    /// Requests an identity may burst above the rate.
+    #[arg(long, default_value_t = 100)]
+    pub rate_burst: u32,
+    /// Event submissions in flight to the bus at once; beyond it, 503 with Retry-After.
+    #[arg(long, default_value_t = 1024)]
+    pub max_in_flight: usize,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

@@ -31,6 +31,7 @@ async fn setup(store: Arc<dyn ObjectStore>) -> (Resolver, ConversationId) {
                 app: "support".parse().unwrap(),
                 agent: "helper".parse().unwrap(),
                 at_ms: 1,
+                instructions: None,
             },
         )
         .await

@@ -335,6 +335,7 @@ async fn files_flow_through_pull_write_publish_and_a_later_turn_by_reference() {
         media_type: "text/plain".into(),
         size: 13,
         reference: attachment.clone(),
+        preview: None,
     })
     .await;
     rig.say("please summarise the attached notes").await;
@@ -407,6 +408,7 @@ async fn files_flow_through_pull_write_publish_and_a_later_turn_by_reference() {
                 app: "support".parse().unwrap(),
                 agent: "helper".parse().unwrap(),
                 at_ms: 1,
+                instructions: None,
             },
         )
         .await

@@ -20,6 +20,8 @@ pub struct NewConversation {
     pub app: AppId,
     pub agent: AgentId,
     pub at_ms: u64,
+    /// Instructions for every turn (see [`DirectoryEntry::instructions`]).
+    pub instructions: Option<String>,
 }
 
 /// The conversations in one object store.
@@ -65,6 +67,7 @@ impl Conversations {
             app: new.app.clone(),
             agent: new.agent.clone(),
             created_ms: new.at_ms,
+            instructions: new.instructions.clone(),
         };
         self.directory.create(&entry).await?;
         let record = Record::new(self.store.clone(), entry.prefix());

@@ -10,7 +10,9 @@ use serde::{Deserialize, Serialize};
 use turnpike_schemas::{AgentId, AppId, ConversationId, Identity, TenantId};
 
 use crate::error::{Error, ErrorKind, Result};
-use crate::layout::{directory_entry, ConversationPrefix};
+use crate::layout::{
+    closed_marker, directory_entry, grant_marker, owned_dir, owned_marker, ConversationPrefix,
+};
 
 /// What the directory knows of a conversation.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -21,6 +23,9 @@ pub struct DirectoryEntry {
     pub app: AppId,
     pub agent: AgentId,
     pub created_ms: u64,
+    /// Instructions for every turn, given at creation (added to the agent's system prompt).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instructions: Option<String>,
 }
 
 impl DirectoryEntry {
@@ -48,7 +53,8 @@ impl Directory {
         Self { store }
     }
 
-    /// Registers a conversation; fails with `AlreadyExists` if its id is taken.
+    /// Registers a conversation; fails with `AlreadyExists` if its id is taken. It is listed
+    /// under its owner (see [`Directory::owned`]).
     pub async fn create(&self, entry: &DirectoryEntry) -> Result<()> {
         let bytes = serde_json::to_vec(entry).expect("directory entries serialise");
         let opts = PutOptions {
@@ -63,12 +69,32 @@ impl Directory {
             )
             .await
             .map_err(|e| Error::store(&format!("registering {}", entry.conversation), e))?;
+        self.store
+            .put(
+                &owned_marker(&entry.owner, entry.conversation),
+                PutPayload::from_static(b""),
+            )
+            .await
+            .map_err(|e| Error::store(&format!("listing {} under its owner", entry.conversation), e))?;
         Ok(())
     }
 
-    /// Looks a conversation up for `actor`: only its owner sees it; anyone else gets the same
-    /// `NotFound` as for a conversation that does not exist.
+    /// Looks a conversation up for `actor`: its owner and the identities it was shared with
+    /// see it; anyone else gets the same `NotFound` as for a conversation that does not exist.
     pub async fn lookup(
+        &self,
+        conversation: ConversationId,
+        actor: &Identity,
+    ) -> Result<DirectoryEntry> {
+        let entry = self.lookup_unchecked(conversation).await?;
+        if &entry.owner != actor && !self.exists(&grant_marker(conversation, actor)).await? {
+            return Err(not_found(conversation));
+        }
+        Ok(entry)
+    }
+
+    /// Looks a conversation up for its owner only (sharing and closing are the owner's).
+    pub async fn lookup_owned(
         &self,
         conversation: ConversationId,
         actor: &Identity,
@@ -78,6 +104,91 @@ impl Directory {
             return Err(not_found(conversation));
         }
         Ok(entry)
+    }
+
+    /// The ids of the conversations `owner` owns, newest first.
+    pub async fn owned(&self, owner: &Identity) -> Result<Vec<ConversationId>> {
+        use futures::TryStreamExt as _;
+        let metas: Vec<_> = self
+            .store
+            .list(Some(&owned_dir(owner)))
+            .try_collect()
+            .await
+            .map_err(|e| Error::store("listing conversations", e))?;
+        let mut ids: Vec<ConversationId> = metas
+            .iter()
+            .filter_map(|m| m.location.filename()?.parse().ok())
+            .collect();
+        ids.sort_by(|a, b| b.cmp(a));
+        Ok(ids)
+    }
+
+    /// Shares a conversation with `grantee` (idempotent).
+    pub async fn grant(&self, conversation: ConversationId, grantee: &Identity) -> Result<()> {
+        self.store
+            .put(
+                &grant_marker(conversation, grantee),
+                PutPayload::from(grantee.to_string().into_bytes()),
+            )
+            .await
+            .map_err(|e| Error::store(&format!("sharing {conversation}"), e))?;
+        Ok(())
+    }
+
+    /// Takes a grant back (idempotent).
+    pub async fn revoke(&self, conversation: ConversationId, grantee: &Identity) -> Result<()> {
+        match self.store.delete(&grant_marker(conversation, grantee)).await {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+            Err(e) => Err(Error::store(&format!("unsharing {conversation}"), e)),
+        }
+    }
+
+    /// Closes a conversation: it accepts no more events (idempotent; reading stays possible).
+    pub async fn close(&self, conversation: ConversationId, at_ms: u64) -> Result<()> {
+        let opts = PutOptions {
+            mode: PutMode::Create,
+            ..Default::default()
+        };
+        match self
+            .store
+            .put_opts(
+                &closed_marker(conversation),
+                PutPayload::from(at_ms.to_string().into_bytes()),
+                opts,
+            )
+            .await
+        {
+            Ok(_) | Err(object_store::Error::AlreadyExists { .. }) => Ok(()),
+            Err(e) => Err(Error::store(&format!("closing {conversation}"), e)),
+        }
+    }
+
+    /// When the conversation was closed (ms since the epoch), if it was.
+    pub async fn closed_at(&self, conversation: ConversationId) -> Result<Option<u64>> {
+        match self.store.get(&closed_marker(conversation)).await {
+            Ok(r) => {
+                let bytes = r
+                    .bytes()
+                    .await
+                    .map_err(|e| Error::store(&format!("reading {conversation}"), e))?;
+                Ok(Some(
+                    std::str::from_utf8(&bytes)
+                        .ok()
+                        .and_then(|t| t.trim().parse().ok())
+                        .unwrap_or(0),
+                ))
+            }
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(e) => Err(Error::store(&format!("reading {conversation}"), e)),
+        }
+    }
+
+    async fn exists(&self, path: &object_store::path::Path) -> Result<bool> {
+        match self.store.head(path).await {
+            Ok(_) => Ok(true),
+            Err(object_store::Error::NotFound { .. }) => Ok(false),
+            Err(e) => Err(Error::store("reading the directory", e)),
+        }
     }
 
     /// Every conversation, in id order (creation order): for the runtime's own sweeps (index

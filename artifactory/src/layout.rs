@@ -122,6 +122,38 @@ impl ConversationPrefix {
     }
 }
 
+/// A short, path-safe key for an identity (identities may hold any printable characters).
+pub fn identity_key(identity: &turnpike_schemas::Identity) -> String {
+    use sha2::Digest as _;
+    hex::encode(&sha2::Sha256::digest(identity.to_string().as_bytes())[..16])
+}
+
+/// The marker that lists a conversation under its owner.
+pub fn owned_marker(owner: &turnpike_schemas::Identity, conversation: ConversationId) -> Path {
+    Path::from(format!(
+        "directory/owners/{}/{conversation}",
+        identity_key(owner)
+    ))
+}
+
+/// The folder of an owner's markers.
+pub fn owned_dir(owner: &turnpike_schemas::Identity) -> Path {
+    Path::from(format!("directory/owners/{}", identity_key(owner)))
+}
+
+/// The marker that says a conversation is closed.
+pub fn closed_marker(conversation: ConversationId) -> Path {
+    Path::from(format!("directory/closed/{conversation}"))
+}
+
+/// The grant that lets `grantee` see a conversation it does not own.
+pub fn grant_marker(conversation: ConversationId, grantee: &turnpike_schemas::Identity) -> Path {
+    Path::from(format!(
+        "directory/grants/{conversation}/{}",
+        identity_key(grantee)
+    ))
+}
+
 /// Where the directory entry of a conversation lives.
 pub fn directory_entry(conversation: ConversationId) -> Path {
     Path::from(format!("directory/conversations/{conversation}.json"))

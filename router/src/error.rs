@@ -12,6 +12,8 @@ pub enum ErrorKind {
     Invalid,
     /// No such conversation for this identity.
     NotFound,
+    /// The conversation is closed: it accepts no more events.
+    Closed,
     /// The lease is held by someone else, or was lost.
     LeaseLost,
     /// Stored data that cannot be read.

@@ -35,8 +35,9 @@ impl Ingress {
         self
     }
 
-    /// Submits `body` to `conversation` as `caller`. A retry with the same idempotency key is
-    /// accepted once.
+    /// Submits `body` to `conversation` as `caller` (its owner, or an identity it was shared
+    /// with). A retry with the same idempotency key is accepted once. A closed conversation
+    /// refuses events (`Closed`).
     pub async fn submit(
         &self,
         caller: &Identity,
@@ -50,6 +51,18 @@ impl Ingress {
             .lookup(conversation, caller)
             .await
             .map_err(|e| Error::with_source(ErrorKind::NotFound, e.to_string(), e))?;
+        if self
+            .conversations
+            .directory()
+            .closed_at(conversation)
+            .await?
+            .is_some()
+        {
+            return Err(Error::new(
+                ErrorKind::Closed,
+                format!("conversation {conversation} is closed; it accepts no more events"),
+            ));
+        }
         let mut event = Event::new(
             Address {
                 tenant: entry.tenant,

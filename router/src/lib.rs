@@ -13,6 +13,7 @@ pub mod embedded;
 pub mod error;
 pub mod ingress;
 pub mod jetstream;
+pub mod edge;
 pub mod subject;
 
 pub use bus::{Bus, LaneMessage, Lease, Published, Wake};

@@ -514,6 +514,12 @@ pub struct RecordState {
     /// The latest project version a turn published (a git commit id).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub version: Option<String>,
+    /// How many user messages and follow-ups are committed.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub messages: u64,
+    /// Whether the last turn ended parked: it waits for an approval or an answer.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub waiting: bool,
 }
 
 fn is_zero(n: &u64) -> bool {

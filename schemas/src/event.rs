@@ -13,6 +13,8 @@ pub const EVENT_VERSION: u16 = 1;
 pub const MAX_TEXT_BYTES: usize = 64 * 1024;
 /// The largest attachment, in bytes.
 pub const MAX_ATTACHMENT_BYTES: u64 = 8 * 1024 * 1024;
+/// The longest attachment preview, in bytes.
+pub const MAX_PREVIEW_BYTES: usize = 1024;
 /// The longest idempotency key, in bytes.
 pub const MAX_IDEMPOTENCY_KEY_LEN: usize = 128;
 /// Media types an attachment may have.
@@ -93,6 +95,10 @@ pub enum EventBody {
         media_type: String,
         size: u64,
         reference: Reference,
+        /// A bounded description of the content (at most [`MAX_PREVIEW_BYTES`]): dimensions,
+        /// pages, the first lines of a text.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        preview: Option<String>,
     },
     /// Hands the conversation to another agent of the app.
     SwitchAgent { agent: AgentId },
@@ -181,8 +187,14 @@ impl Event {
             media_type,
             size,
             reference,
+            preview,
         } = &self.body
         {
+            if preview.as_ref().is_some_and(|p| p.len() > MAX_PREVIEW_BYTES) {
+                return fail(format!(
+                    "the preview is longer than {MAX_PREVIEW_BYTES} bytes"
+                ));
+            }
             if *size > MAX_ATTACHMENT_BYTES {
                 return fail(format!(
                     "the attachment is {size} bytes, more than the limit of {MAX_ATTACHMENT_BYTES}"

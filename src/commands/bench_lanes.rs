@@ -191,6 +191,7 @@ async fn turnpike(
                             app: "bench".parse()?,
                             agent: "noop".parse()?,
                             at_ms: 0,
+                            instructions: None,
                         },
                     )
                     .await?;

@@ -50,6 +50,7 @@ pub async fn run(env: &Env, command: ConversationCommand) -> Result<ExitCode> {
                 app,
                 agent,
                 at_ms: now_ms(),
+                instructions: None,
             };
             let (entry, _, _) = env.conversations.create(&env.signer, new).await?;
             println!("{}", entry.conversation);
@@ -104,19 +105,8 @@ pub async fn replay_report(
     actor: &Identity,
     what_if: Option<&WhatIf>,
 ) -> Result<bool> {
-    let (entry, record) = env.conversations.open(conversation, actor).await?;
-    let transcript = Transcript::from_entries(&record.entries().await?);
-    let logs = env.conversations.turn_logs();
-    let mut recorded = Vec::new();
-    for view in &transcript.committed {
-        let Some(complete) = &view.complete else {
-            continue;
-        };
-        let log = logs
-            .read_checked(&entry.prefix(), view.turn, complete.log_sha256.as_deref())
-            .await?;
-        recorded.push(log);
-    }
+    let (entry, _) = env.conversations.open(conversation, actor).await?;
+    let recorded = crate::commands::edge::recorded_logs(&env.conversations, &entry).await?;
     match what_if {
         Some(w) => println!("replay of {conversation} with a what-if ({w:?}):"),
         None => {

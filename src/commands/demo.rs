@@ -45,6 +45,7 @@ pub async fn run(global: &Global) -> Result<ExitCode> {
                 app: "demo".parse()?,
                 agent: "assistant".parse()?,
                 at_ms: now_ms(),
+                instructions: None,
             },
         )
         .await?;
@@ -96,6 +97,7 @@ pub async fn run(global: &Global) -> Result<ExitCode> {
             media_type: "text/plain".into(),
             size: NOTES.len() as u64,
             reference: attachment.clone(),
+            preview: None,
         },
         "demo-attach",
     )

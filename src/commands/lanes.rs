@@ -57,6 +57,7 @@ pub async fn send(global: &Global, args: SendArgs) -> Result<ExitCode> {
                     app: "demo".parse()?,
                     agent: "echo".parse()?,
                     at_ms: now_ms(),
+                    instructions: None,
                 },
             )
             .await?;

@@ -8,6 +8,7 @@ mod bench_search;
 mod cell;
 mod conversation;
 mod demo;
+mod edge;
 mod git;
 mod lanes;
 mod record;
@@ -33,7 +34,7 @@ pub async fn run(cli: Cli) -> Result<ExitCode> {
         Command::Cell(command) => cell::run(command).await,
         Command::Git(command) => git::run(&Env::open(&cli.global)?, command).await,
         Command::Serve(args) => runtime::serve(&cli.global, args).await,
-        Command::Router => runtime::router(&cli.global).await,
+        Command::Router(args) => runtime::router(&cli.global, args).await,
         Command::Worker(args) => runtime::worker(&cli.global, args).await,
         Command::Send(args) => lanes::send(&cli.global, args).await,
         Command::Tail(args) => lanes::tail(&cli.global, args).await,

@@ -59,6 +59,7 @@ pub async fn create(env: &Env, owner: Identity) -> Result<(DirectoryEntry, Recor
         app: "demo".parse()?,
         agent: "echo".parse()?,
         at_ms: now_ms(),
+        instructions: None,
     };
     Ok(env.conversations.create(&env.signer, new).await?)
 }

@@ -12,7 +12,7 @@ use turnpike_router::{Bus, JetStreamBus, JetStreamConfig, Shards};
 use turnpike_worker::cell::{Cell, CellConfig};
 use turnpike_worker::{Apps, Fault, Worker, WorkerConfig, WorkerPool};
 
-use crate::cli::{FaultArg, Global, ServeArgs, WorkerArgs};
+use crate::cli::{FaultArg, Global, RouterArgs, ServeArgs, WorkerArgs};
 use crate::env::{open_index, Env};
 use turnpike_index::indexer::{IndexQueue, Indexer};
 
@@ -123,7 +123,16 @@ pub async fn detect_cell() -> Result<Arc<Cell>, String> {
 /// why and how to turn it on). `catch_up`: index whatever the records hold that the index lacks
 /// (the embedded default does this at start).
 pub async fn indexing(global: &Global, env: &Env, catch_up: bool) -> Option<IndexQueue> {
-    match open_index(global).await {
+    indexing_with(open_index(global).await, env, catch_up)
+}
+
+/// [`indexing`] over an index already opened (or the reason there is none).
+pub fn indexing_with(
+    index: Result<turnpike_index::Index, String>,
+    env: &Env,
+    catch_up: bool,
+) -> Option<IndexQueue> {
+    match index {
         Ok(index) => {
             let indexer = Indexer::new(index, env.conversations.store().clone());
             if catch_up {
@@ -176,11 +185,11 @@ pub async fn workers(
 async fn run_workers(
     env: &Env,
     bus: Arc<dyn Bus>,
+    apps: Arc<turnpike_worker::Apps>,
     count: usize,
     args: &WorkerArgs,
     indexing: Option<IndexQueue>,
-) -> Result<ExitCode> {
-    let apps = env.apps(false)?;
+) -> Result<WorkerPool> {
     let hosted: Vec<String> = apps.ids().iter().map(|a| a.to_string()).collect();
     eprintln!("hosting apps: {}", hosted.join(", "));
     let pool =
@@ -188,10 +197,29 @@ async fn run_workers(
     for id in pool.ids() {
         eprintln!("worker {id} ready");
     }
-    shutdown_signal().await;
-    info!("shutting down: no new claims, running turns get their grace period");
-    pool.stop().await;
-    Ok(ExitCode::SUCCESS)
+    Ok(pool)
+}
+
+/// Binds the edge's address and serves it in the background until `stop` fires.
+async fn start_edge(
+    edge: turnpike_router::edge::Edge,
+    listen: std::net::SocketAddr,
+    stop: tokio::sync::watch::Receiver<bool>,
+) -> Result<tokio::task::JoinHandle<()>> {
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .with_context(|| format!("listening on {listen}"))?;
+    let bound = listener.local_addr()?;
+    eprintln!("API listening on http://{bound}/v1 (OpenAPI: http://{bound}/v1/openapi.json)");
+    Ok(tokio::spawn(async move {
+        let mut stop = stop;
+        let shutdown = async move {
+            let _ = stop.wait_for(|s| *s).await;
+        };
+        if let Err(e) = edge.serve(listener, shutdown).await {
+            tracing::error!(error = %e, "the API server failed");
+        }
+    }))
 }
 
 /// Runs `workers` in-process workers until `record` has committed its lane through `seq` with
@@ -234,8 +262,29 @@ pub async fn serve(global: &Global, args: ServeArgs) -> Result<ExitCode> {
     let env = Env::open(global)?;
     let bus = open_bus(global, Duration::from_millis(args.worker.ack_wait_ms)).await?;
     eprintln!("serving from {}", global.data_dir.display());
-    let indexing = indexing(global, &env, true).await;
-    run_workers(&env, bus, args.workers, &args.worker, indexing).await
+    let apps = env.apps(false)?;
+    let index = open_index(global).await;
+    let search = match &index {
+        Ok(index) => Some(index.clone()),
+        Err(_) => None,
+    };
+    let indexing = indexing_with(index, &env, true);
+    let edge = crate::commands::edge::build(global, &env, bus.clone(), &apps, search, &args.edge, true)?;
+    if args.edge.tokens.is_none() && args.edge.jwks.is_none() {
+        eprintln!(
+            "API token for local:me is in {}",
+            crate::commands::edge::default_tokens_path(global).display()
+        );
+    }
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let server = start_edge(edge, args.edge.listen, stop_rx).await?;
+    let pool = run_workers(&env, bus, apps, args.workers, &args.worker, indexing).await?;
+    shutdown_signal().await;
+    info!("shutting down: no new claims, running turns get their grace period");
+    let _ = stop_tx.send(true);
+    pool.stop().await;
+    let _ = tokio::time::timeout(Duration::from_secs(5), server).await;
+    Ok(ExitCode::SUCCESS)
 }
 
 /// `turnpike worker`: one fleet worker.
@@ -256,18 +305,41 @@ pub async fn worker(global: &Global, args: WorkerArgs) -> Result<ExitCode> {
         );
         None
     };
-    run_workers(&env, bus, 1, &args, indexing).await
+    let apps = env.apps(false)?;
+    let pool = run_workers(&env, bus, apps, 1, &args, indexing).await?;
+    shutdown_signal().await;
+    info!("shutting down: no new claims, running turns get their grace period");
+    pool.stop().await;
+    Ok(ExitCode::SUCCESS)
 }
 
-/// `turnpike router`: makes sure the bus topology exists, then stays up until signalled.
-/// (The HTTP edge will live here.)
-pub async fn router(global: &Global) -> Result<ExitCode> {
+/// `turnpike router`: makes sure the bus topology exists and serves the edge until signalled.
+pub async fn router(global: &Global, args: RouterArgs) -> Result<ExitCode> {
     anyhow::ensure!(
         global.nats_url.is_some(),
         "a fleet router needs --nats-url (or TURNPIKE_NATS_URL)"
     );
-    let _bus = open_bus(global, Duration::from_secs(30)).await?;
+    let env = Env::open(global)?;
+    let bus = open_bus(global, Duration::from_secs(30)).await?;
+    let apps = env.apps(false)?;
+    // A fleet searches the shared index in Postgres; without it, `/v1/search` says search is off.
+    let search = if global.index.database_url.is_some() {
+        match open_index(global).await {
+            Ok(index) => Some(index),
+            Err(why) => {
+                tracing::warn!("search is off: {why}");
+                None
+            }
+        }
+    } else {
+        None
+    };
+    let edge = crate::commands::edge::build(global, &env, bus, &apps, search, &args.edge, false)?;
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let server = start_edge(edge, args.edge.listen, stop_rx).await?;
     eprintln!("router ready: {} lane streams", global.shards);
     shutdown_signal().await;
+    let _ = stop_tx.send(true);
+    let _ = tokio::time::timeout(Duration::from_secs(5), server).await;
     Ok(ExitCode::SUCCESS)
 }

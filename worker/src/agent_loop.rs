@@ -563,7 +563,11 @@ pub async fn run_live(turn: &TurnContext<'_>) -> Result<TurnOutcome> {
     }
     let settings = Settings {
         model: spec.model.clone(),
-        system_prompt: spec.system_prompt.clone(),
+        system_prompt: match turn.instructions().await {
+            Some(extra) if spec.system_prompt.is_empty() => extra,
+            Some(extra) => format!("{}\n\n{extra}", spec.system_prompt),
+            None => spec.system_prompt.clone(),
+        },
         max_rounds: turn.max_rounds(),
         history_budget: budget,
         tokens: spec.tokens.clone(),

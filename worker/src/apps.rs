@@ -183,6 +183,15 @@ impl Apps {
             .unwrap_or_default()
     }
 
+    /// The agents of an app with their specs, in name order (empty for a native app or one not
+    /// hosted).
+    pub fn agent_specs(&self, app: &AppId) -> Vec<Arc<AgentSpec>> {
+        self.apps
+            .get(app)
+            .map(|a| a.agents.values().cloned().collect())
+            .unwrap_or_default()
+    }
+
     /// The app ids hosted (not counting the fallback).
     pub fn ids(&self) -> Vec<&AppId> {
         let mut ids: Vec<_> = self.apps.keys().collect();

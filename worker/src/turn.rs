@@ -51,12 +51,20 @@ pub struct TurnEnv {
 
 impl TurnEnv {
     /// Appends a batch at `head`; a moved head or a refused entry means another owner wrote:
-    /// this one is fenced.
+    /// this one is fenced. Once committed, clients are told (a "new rows" tick).
     pub async fn append(&self, head: &Head, bodies: &[EntryBody]) -> Result<Head> {
-        self.record
+        let head = self
+            .record
             .append(&self.signer, head, bodies)
             .await
-            .map_err(Error::from_append)
+            .map_err(Error::from_append)?;
+        let tick = LiveFrame::Rows {
+            through: head.leaves(),
+        };
+        self.bus
+            .live(self.record.prefix().conversation(), tick.to_bytes().into())
+            .await;
+        Ok(head)
     }
 }
 
@@ -338,6 +346,16 @@ impl TurnContext<'_> {
             .expect("intents lock")
             .insert(call_id.to_owned());
         Ok(())
+    }
+
+    /// The instructions the conversation was created with, if any (read from the directory).
+    pub async fn instructions(&self) -> Option<String> {
+        self.env
+            .directory
+            .lookup_unchecked(self.env.record.prefix().conversation())
+            .await
+            .ok()
+            .and_then(|entry| entry.instructions)
     }
 
     /// Whether `identity` may answer a request whose approvers are `approvers` (empty: whoever
@@ -661,16 +679,6 @@ async fn finish_turn(
         at_ms: now_ms(),
     }));
     let head = env.append(&head, &bodies).await?;
-    env.bus
-        .live(
-            conversation,
-            LiveFrame::Rows {
-                through: head.leaves(),
-            }
-            .to_bytes()
-            .into(),
-        )
-        .await;
     info!(%conversation, %turn, ?outcome, "turn complete");
     if let Some(queue) = &env.indexing {
         queue.push(conversation);

@@ -349,6 +349,7 @@ async fn an_openai_agent_holds_a_multi_turn_conversation_through_a_worker() {
                 app: "notes".parse().unwrap(),
                 agent: "scribe".parse().unwrap(),
                 at_ms: 1,
+                instructions: None,
             },
         )
         .await

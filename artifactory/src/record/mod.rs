@@ -19,6 +19,7 @@
 //!   always finds the true head; without a hint the record is listed.
 
 mod format;
+mod page;
 mod repair;
 pub mod state;
 mod transcript;
@@ -33,6 +34,7 @@ use turnpike_schemas::entry::{RecordState, SignedRoot};
 use turnpike_schemas::{EntryBody, EntryKind, TurnId};
 
 pub use format::{StoredBatch, StoredEntry, BATCH_FORMAT};
+pub use page::EntryPage;
 pub use repair::{Removed, RepairReport};
 pub use transcript::{Transcript, TurnView};
 pub use verify::{Checkpoint, Problem, Verdict, VerifyFailure, VerifyReport};

@@ -24,6 +24,12 @@ pub fn apply(state: &mut RecordState, body: &EntryBody) -> Result<(), String> {
             }
             state.lane_through = seq;
         }
+        if matches!(
+            input.event.body,
+            turnpike_schemas::EventBody::Message { .. } | turnpike_schemas::EventBody::FollowUp { .. }
+        ) {
+            state.messages += 1;
+        }
         return Ok(());
     }
     match body {
@@ -39,6 +45,7 @@ pub fn apply(state: &mut RecordState, body: &EntryBody) -> Result<(), String> {
             }
             state.last_turn = d.turn.number();
             state.turn_open = true;
+            state.waiting = false;
         }
         EntryBody::TurnComplete(_) | EntryBody::TurnAmbiguous(_) => {
             let turn = body.turn().expect("closing entries name their turn");
@@ -47,6 +54,7 @@ pub fn apply(state: &mut RecordState, body: &EntryBody) -> Result<(), String> {
             }
             state.turn_open = false;
             if let EntryBody::TurnComplete(c) = body {
+                state.waiting = c.outcome == turnpike_schemas::entry::TurnOutcome::Parked;
                 if c.version.is_some() {
                     state.version = c.version.clone();
                 }
@@ -142,6 +150,8 @@ mod tests {
                 summary_turn: 0,
                 active_agent: None,
                 version: None,
+                messages: 0,
+                waiting: false,
             }
         );
     }

@@ -30,6 +30,7 @@ pub async fn create_conversations(
                     app: "support".parse().unwrap(),
                     agent: "helper".parse().unwrap(),
                     at_ms: 1,
+                    instructions: None,
                 },
             )
             .await

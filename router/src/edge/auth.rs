@@ -1,0 +1,307 @@
+//! Who is calling: bearer tokens mapped to principals.
+//!
+//! Two verifiers, tried in order:
+//! - a **token file** (TOML) for the embedded default and small deployments: each token maps to
+//!   an identity, a tenant and whether it may use the admin endpoints. Tokens are stored as
+//!   given or as their SHA-256 (`sha256 = "…"`), so the file need not hold secrets.
+//! - a **JWT verifier** for a fleet behind an identity provider: RS256/ES256/EdDSA tokens checked
+//!   against a JWKS file, with issuer and audience; the identity is `oidc:<scope>:<sub>` and the
+//!   tenant comes from a claim.
+//!
+//! A request without a token, or with one no verifier accepts, is `401` with nothing revealed.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use serde::Deserialize;
+use sha2::Digest as _;
+use turnpike_schemas::{Identity, TenantId};
+
+/// An authenticated caller.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Principal {
+    pub identity: Identity,
+    pub tenant: TenantId,
+    /// May use `/v1/admin/…`.
+    pub admin: bool,
+}
+
+/// Turns a bearer token into a principal.
+#[async_trait]
+pub trait Verifier: Send + Sync {
+    /// The principal the token stands for, or `None` if this verifier does not accept it.
+    async fn verify(&self, token: &str) -> Option<Principal>;
+}
+
+/// Tries verifiers in order.
+#[derive(Clone, Default)]
+pub struct Authenticator {
+    verifiers: Vec<Arc<dyn Verifier>>,
+}
+
+impl Authenticator {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn with(mut self, verifier: Arc<dyn Verifier>) -> Self {
+        self.verifiers.push(verifier);
+        self
+    }
+
+    /// The principal of `token`, if any verifier accepts it.
+    pub async fn authenticate(&self, token: &str) -> Option<Principal> {
+        for v in &self.verifiers {
+            if let Some(p) = v.verify(token).await {
+                return Some(p);
+            }
+        }
+        None
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TokenFileText {
+    #[serde(default)]
+    tokens: Vec<TokenLine>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TokenLine {
+    /// The token itself (fine for local use) …
+    token: Option<String>,
+    /// … or its SHA-256, hex.
+    sha256: Option<String>,
+    identity: String,
+    #[serde(default = "default_tenant")]
+    tenant: String,
+    #[serde(default)]
+    admin: bool,
+}
+
+fn default_tenant() -> String {
+    "default".to_owned()
+}
+
+/// Tokens from a file:
+///
+/// ```toml
+/// [[tokens]]
+/// token = "dev-alice"            # or: sha256 = "<hex of the token's SHA-256>"
+/// identity = "local:alice"
+/// tenant = "default"             # optional
+/// admin = false                  # optional
+/// ```
+#[derive(Debug, Clone, Default)]
+pub struct TokenFile {
+    by_digest: HashMap<[u8; 32], Principal>,
+}
+
+impl TokenFile {
+    /// Parses a token file's text; says which entry is wrong and why.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let parsed: TokenFileText = toml::from_str(text).map_err(|e| e.to_string())?;
+        let mut by_digest = HashMap::new();
+        for (i, line) in parsed.tokens.into_iter().enumerate() {
+            let at = format!("tokens[{i}]");
+            let digest: [u8; 32] = match (&line.token, &line.sha256) {
+                (Some(t), None) if !t.is_empty() => sha2::Sha256::digest(t.as_bytes()).into(),
+                (None, Some(h)) => hex::decode(h)
+                    .ok()
+                    .and_then(|b| b.try_into().ok())
+                    .ok_or_else(|| format!("{at}.sha256: not 64 hex characters"))?,
+                _ => return Err(format!("{at}: give exactly one of `token` or `sha256`")),
+            };
+            let identity: Identity = line
+                .identity
+                .parse()
+                .map_err(|e| format!("{at}.identity: {e}"))?;
+            let tenant: TenantId = line
+                .tenant
+                .parse()
+                .map_err(|e| format!("{at}.tenant: {e}"))?;
+            by_digest.insert(
+                digest,
+                Principal {
+                    identity,
+                    tenant,
+                    admin: line.admin,
+                },
+            );
+        }
+        Ok(Self { by_digest })
+    }
+
+    /// Reads a token file.
+    pub fn load(path: &Path) -> Result<Self, String> {
+        let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        Self::parse(&text).map_err(|e| format!("{}: {e}", path.display()))
+    }
+
+    /// Adds one token in code (the embedded default's generated token).
+    pub fn insert(&mut self, token: &str, principal: Principal) {
+        self.by_digest
+            .insert(sha2::Sha256::digest(token.as_bytes()).into(), principal);
+    }
+
+    pub fn len(&self) -> usize {
+        self.by_digest.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.by_digest.is_empty()
+    }
+}
+
+#[async_trait]
+impl Verifier for TokenFile {
+    async fn verify(&self, token: &str) -> Option<Principal> {
+        // Compared by digest: equal-time for equal-length digests, and no token is kept.
+        let digest: [u8; 32] = sha2::Sha256::digest(token.as_bytes()).into();
+        self.by_digest.get(&digest).cloned()
+    }
+}
+
+/// What a JWT verifier checks.
+#[derive(Debug, Clone)]
+pub struct JwtConfig {
+    /// The `iss` tokens must carry.
+    pub issuer: String,
+    /// The `aud` tokens must carry.
+    pub audience: String,
+    /// The scope part of identities: `oidc:<scope>:<sub>`.
+    pub identity_scope: String,
+    /// The claim naming the tenant (tokens without it are refused).
+    pub tenant_claim: String,
+    /// The claim that, when `true`, makes the caller an admin.
+    pub admin_claim: String,
+}
+
+/// JWTs verified against the keys of a JWKS file.
+pub struct JwtVerifier {
+    config: JwtConfig,
+    keys: Vec<(Option<String>, jsonwebtoken::DecodingKey, jsonwebtoken::Algorithm)>,
+}
+
+impl JwtVerifier {
+    /// Reads the JWKS (`{"keys": [...]}`) text; every key must be usable.
+    pub fn from_jwks(jwks: &str, config: JwtConfig) -> Result<Self, String> {
+        use jsonwebtoken::jwk::JwkSet;
+        let set: JwkSet = serde_json::from_str(jwks).map_err(|e| format!("the JWKS: {e}"))?;
+        let mut keys = Vec::new();
+        for (i, jwk) in set.keys.iter().enumerate() {
+            let key = jsonwebtoken::DecodingKey::from_jwk(jwk)
+                .map_err(|e| format!("the JWKS key {i}: {e}"))?;
+            let alg = match jwk.common.key_algorithm {
+                Some(a) => a
+                    .to_string()
+                    .parse::<jsonwebtoken::Algorithm>()
+                    .map_err(|e| format!("the JWKS key {i}: algorithm {a}: {e}"))?,
+                None => match &jwk.algorithm {
+                    jsonwebtoken::jwk::AlgorithmParameters::RSA(_) => {
+                        jsonwebtoken::Algorithm::RS256
+                    }
+                    jsonwebtoken::jwk::AlgorithmParameters::EllipticCurve(_) => {
+                        jsonwebtoken::Algorithm::ES256
+                    }
+                    jsonwebtoken::jwk::AlgorithmParameters::OctetKeyPair(_) => {
+                        jsonwebtoken::Algorithm::EdDSA
+                    }
+                    _ => return Err(format!("the JWKS key {i}: no usable algorithm")),
+                },
+            };
+            keys.push((jwk.common.key_id.clone(), key, alg));
+        }
+        if keys.is_empty() {
+            return Err("the JWKS holds no keys".to_owned());
+        }
+        Ok(Self { config, keys })
+    }
+
+    fn principal(&self, token: &str) -> Option<Principal> {
+        let header = jsonwebtoken::decode_header(token).ok()?;
+        for (kid, key, alg) in &self.keys {
+            if header.kid.is_some() && kid.is_some() && header.kid != *kid {
+                continue;
+            }
+            if header.alg != *alg {
+                continue;
+            }
+            let mut validation = jsonwebtoken::Validation::new(*alg);
+            validation.set_issuer(&[&self.config.issuer]);
+            validation.set_audience(&[&self.config.audience]);
+            validation.set_required_spec_claims(&["exp", "iss", "aud", "sub"]);
+            let Ok(data) = jsonwebtoken::decode::<serde_json::Value>(token, key, &validation)
+            else {
+                continue;
+            };
+            let claims = data.claims;
+            let sub = claims.get("sub")?.as_str()?;
+            let identity: Identity = format!("oidc:{}:{sub}", self.config.identity_scope)
+                .parse()
+                .ok()?;
+            let tenant: TenantId = claims
+                .get(&self.config.tenant_claim)?
+                .as_str()?
+                .parse()
+                .ok()?;
+            let admin = claims
+                .get(&self.config.admin_claim)
+                .and_then(|v| v.as_bool())
+                .unwrap_or(false);
+            return Some(Principal {
+                identity,
+                tenant,
+                admin,
+            });
+        }
+        None
+    }
+}
+
+#[async_trait]
+impl Verifier for JwtVerifier {
+    async fn verify(&self, token: &str) -> Option<Principal> {
+        // Three dots-separated parts or it is not ours to judge.
+        if token.split('.').count() != 3 {
+            return None;
+        }
+        self.principal(token)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_token_file_maps_tokens_and_digests_and_refuses_bad_lines() {
+        let digest = hex::encode(sha2::Sha256::digest(b"secret-bob"));
+        let file = TokenFile::parse(&format!(
+            "[[tokens]]\ntoken = \"dev-alice\"\nidentity = \"local:alice\"\n\n[[tokens]]\nsha256 = \"{digest}\"\nidentity = \"local:bob\"\ntenant = \"acme\"\nadmin = true\n"
+        ))
+        .unwrap();
+        let alice = file.verify("dev-alice").await.unwrap();
+        assert_eq!(alice.identity.to_string(), "local:alice");
+        assert_eq!(alice.tenant.to_string(), "default");
+        assert!(!alice.admin);
+        let bob = file.verify("secret-bob").await.unwrap();
+        assert_eq!(bob.tenant.to_string(), "acme");
+        assert!(bob.admin);
+        assert!(file.verify("dev-alicE").await.is_none());
+        assert!(file.verify("").await.is_none());
+
+        let both = TokenFile::parse(
+            "[[tokens]]\ntoken = \"a\"\nsha256 = \"00\"\nidentity = \"local:a\"\n",
+        )
+        .unwrap_err();
+        assert!(both.contains("tokens[0]"), "{both}");
+        let bad = TokenFile::parse("[[tokens]]\ntoken = \"a\"\nidentity = \"no spaces allowed\"\n")
+            .unwrap_err();
+        assert!(bad.contains("tokens[0].identity"), "{bad}");
+    }
+}

@@ -1,0 +1,281 @@
+//! Apps, and conversations: create, list, get, close, share.
+
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::Json;
+use turnpike_artifactory::{DirectoryEntry, NewConversation, Record};
+use turnpike_schemas::{AgentId, AppId, ConversationId, Identity};
+
+use super::error::{ApiError, ApiResult, ErrorBody};
+use super::model::{
+    AppList, ConversationList, ConversationView, CreateConversation, GrantInput, GrantView,
+    ListConversations, Status,
+};
+use super::{conversation_id, Body, Caller, Edge, Params};
+use crate::bus::now_ms;
+
+/// The longest instructions a conversation may be created with, in bytes.
+pub const MAX_INSTRUCTIONS_BYTES: usize = 16 * 1024;
+
+/// The apps and agents this deployment hosts.
+#[utoipa::path(get, path = "/v1/apps", tag = "apps",
+    responses((status = 200, body = AppList)))]
+pub async fn list_apps(State(edge): State<Edge>, _caller: Caller) -> Json<AppList> {
+    Json(AppList {
+        apps: edge.inner.catalog.clone(),
+    })
+}
+
+/// Creates a conversation owned by the caller, in the caller's tenant.
+#[utoipa::path(post, path = "/v1/conversations", tag = "conversations",
+    request_body = CreateConversation,
+    responses((status = 201, body = ConversationView), (status = 422, body = ErrorBody)))]
+pub async fn create(
+    State(edge): State<Edge>,
+    Caller(caller): Caller,
+    Body(input): Body<CreateConversation>,
+) -> ApiResult<(StatusCode, Json<ConversationView>)> {
+    let app: AppId = input
+        .app
+        .parse()
+        .map_err(|e| ApiError::invalid(format!("app: {e}")))?;
+    let agent: AgentId = input
+        .agent
+        .parse()
+        .map_err(|e| ApiError::invalid(format!("agent: {e}")))?;
+    edge.check_agent(&app, &agent)?;
+    if let Some(text) = &input.instructions {
+        if text.len() > MAX_INSTRUCTIONS_BYTES {
+            return Err(ApiError::invalid(format!(
+                "the instructions are {} bytes, more than the limit of {MAX_INSTRUCTIONS_BYTES}",
+                text.len()
+            ))
+            .with_details(serde_json::json!({ "limit_bytes": MAX_INSTRUCTIONS_BYTES })));
+        }
+    }
+    let (entry, _, _) = edge
+        .inner
+        .conversations
+        .create(
+            &edge.inner.signer,
+            NewConversation {
+                tenant: caller.tenant.clone(),
+                owner: caller.identity.clone(),
+                app,
+                agent,
+                at_ms: now_ms(),
+                instructions: input.instructions.filter(|t| !t.trim().is_empty()),
+            },
+        )
+        .await?;
+    let view = edge.view(entry).await?;
+    Ok((StatusCode::CREATED, Json(view)))
+}
+
+/// The caller's conversations, newest first.
+#[utoipa::path(get, path = "/v1/conversations", tag = "conversations",
+    params(ListConversations),
+    responses((status = 200, body = ConversationList)))]
+pub async fn list(
+    State(edge): State<Edge>,
+    Caller(caller): Caller,
+    Params(query): Params<ListConversations>,
+) -> ApiResult<Json<ConversationList>> {
+    let limit = query.limit.unwrap_or(20).clamp(1, 100) as usize;
+    let before: Option<ConversationId> = match &query.before {
+        Some(text) => Some(
+            text.parse()
+                .map_err(|_| ApiError::malformed(format!("before: {text:?} is not a conversation id")))?,
+        ),
+        None => None,
+    };
+    let directory = edge.inner.conversations.directory();
+    let ids: Vec<ConversationId> = directory
+        .owned(&caller.identity)
+        .await?
+        .into_iter()
+        .filter(|id| before.is_none_or(|b| *id < b))
+        .take(limit + 1)
+        .collect();
+    let more = ids.len() > limit;
+    let mut conversations = Vec::with_capacity(limit);
+    for id in ids.into_iter().take(limit) {
+        let entry = directory.lookup(id, &caller.identity).await?;
+        conversations.push(edge.view(entry).await?);
+    }
+    let next_before = more
+        .then(|| conversations.last().map(|c| c.id.clone()))
+        .flatten();
+    Ok(Json(ConversationList {
+        conversations,
+        next_before,
+    }))
+}
+
+/// One conversation.
+#[utoipa::path(get, path = "/v1/conversations/{id}", tag = "conversations",
+    params(("id" = String, Path, description = "conv_<ulid>")),
+    responses((status = 200, body = ConversationView), (status = 404, body = ErrorBody)))]
+pub async fn get_one(
+    State(edge): State<Edge>,
+    Caller(caller): Caller,
+    Path(id): Path<String>,
+) -> ApiResult<Json<ConversationView>> {
+    let entry = edge.visible(&caller, &id).await?;
+    Ok(Json(edge.view(entry).await?))
+}
+
+/// Closes a conversation (owner only): it stays readable and accepts no more events.
+#[utoipa::path(post, path = "/v1/conversations/{id}/close", tag = "conversations",
+    params(("id" = String, Path, description = "conv_<ulid>")),
+    responses((status = 200, body = ConversationView), (status = 404, body = ErrorBody)))]
+pub async fn close(
+    State(edge): State<Edge>,
+    Caller(caller): Caller,
+    Path(id): Path<String>,
+) -> ApiResult<Json<ConversationView>> {
+    let conversation = conversation_id(&id)?;
+    let directory = edge.inner.conversations.directory();
+    let entry = directory
+        .lookup_owned(conversation, &caller.identity)
+        .await?;
+    directory.close(conversation, now_ms()).await?;
+    Ok(Json(edge.view(entry).await?))
+}
+
+fn grantee(input: &GrantInput) -> ApiResult<Identity> {
+    input
+        .identity
+        .parse()
+        .map_err(|e| ApiError::invalid(format!("identity: {e}")))
+}
+
+/// Shares a conversation with another identity (owner only): it may then read and write it.
+#[utoipa::path(post, path = "/v1/conversations/{id}/grants", tag = "conversations",
+    params(("id" = String, Path, description = "conv_<ulid>")),
+    request_body = GrantInput,
+    responses((status = 200, body = GrantView), (status = 404, body = ErrorBody)))]
+pub async fn grant(
+    State(edge): State<Edge>,
+    Caller(caller): Caller,
+    Path(id): Path<String>,
+    Body(input): Body<GrantInput>,
+) -> ApiResult<Json<GrantView>> {
+    let conversation = conversation_id(&id)?;
+    let directory = edge.inner.conversations.directory();
+    directory
+        .lookup_owned(conversation, &caller.identity)
+        .await?;
+    let who = grantee(&input)?;
+    directory.grant(conversation, &who).await?;
+    Ok(Json(GrantView {
+        conversation: id,
+        identity: who.to_string(),
+        granted: true,
+    }))
+}
+
+/// Takes a share back (owner only).
+#[utoipa::path(delete, path = "/v1/conversations/{id}/grants", tag = "conversations",
+    params(("id" = String, Path, description = "conv_<ulid>")),
+    request_body = GrantInput,
+    responses((status = 200, body = GrantView), (status = 404, body = ErrorBody)))]
+pub async fn revoke(
+    State(edge): State<Edge>,
+    Caller(caller): Caller,
+    Path(id): Path<String>,
+    Body(input): Body<GrantInput>,
+) -> ApiResult<Json<GrantView>> {
+    let conversation = conversation_id(&id)?;
+    let directory = edge.inner.conversations.directory();
+    directory
+        .lookup_owned(conversation, &caller.identity)
+        .await?;
+    let who = grantee(&input)?;
+    directory.revoke(conversation, &who).await?;
+    Ok(Json(GrantView {
+        conversation: id,
+        identity: who.to_string(),
+        granted: false,
+    }))
+}
+
+impl Edge {
+    /// The conversation `id` if `caller` may see it; `404` otherwise, as for a missing one.
+    pub(crate) async fn visible(&self, caller: &super::Principal, id: &str) -> ApiResult<DirectoryEntry> {
+        let conversation = conversation_id(id)?;
+        Ok(self
+            .inner
+            .conversations
+            .directory()
+            .lookup(conversation, &caller.identity)
+            .await?)
+    }
+
+    /// The record of a visible conversation.
+    pub(crate) fn record(&self, entry: &DirectoryEntry) -> Record {
+        Record::new(self.inner.conversations.store().clone(), entry.prefix())
+    }
+
+    pub(crate) async fn view(&self, entry: DirectoryEntry) -> ApiResult<ConversationView> {
+        let head = self.record(&entry).head().await?;
+        let closed_ms = self
+            .inner
+            .conversations
+            .directory()
+            .closed_at(entry.conversation)
+            .await?;
+        let state = head.state();
+        let status = if closed_ms.is_some() {
+            Status::Closed
+        } else if state.turn_open {
+            Status::Running
+        } else if state.waiting {
+            Status::Waiting
+        } else {
+            Status::Idle
+        };
+        Ok(ConversationView {
+            id: entry.conversation.to_string(),
+            tenant: entry.tenant.to_string(),
+            owner: entry.owner.to_string(),
+            app: entry.app.to_string(),
+            agent: state
+                .active_agent
+                .as_ref()
+                .unwrap_or(&entry.agent)
+                .to_string(),
+            status,
+            messages: state.messages,
+            turns: state.last_turn,
+            through: head.leaves(),
+            created_ms: entry.created_ms,
+            closed_ms,
+            instructions: entry.instructions,
+        })
+    }
+
+    /// Refuses an app or agent this deployment does not host (`422`).
+    pub(crate) fn check_agent(&self, app: &AppId, agent: &AgentId) -> ApiResult<()> {
+        let catalog = &self.inner.catalog;
+        let Some(found) = catalog.iter().find(|a| a.id == app.as_str()) else {
+            return Err(ApiError::invalid(format!(
+                "app {app:?} is not hosted here (hosted: {})",
+                catalog.iter().map(|a| a.id.as_str()).collect::<Vec<_>>().join(", ")
+            )));
+        };
+        // A native app (no declared agents) takes any agent name.
+        if !found.agents.is_empty() && !found.agents.iter().any(|a| a.id == agent.as_str()) {
+            return Err(ApiError::invalid(format!(
+                "app {app} has no agent {agent:?} (agents: {})",
+                found
+                    .agents
+                    .iter()
+                    .map(|a| a.id.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )));
+        }
+        Ok(())
+    }
+}

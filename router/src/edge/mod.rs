@@ -1,0 +1,315 @@
+//! The HTTP and WebSocket edge: everything a client or an app integration does goes through
+//! here. `turnpike serve` and `turnpike router` mount it.
+//!
+//! # Contract
+//! - Every `/v1` request except the OpenAPI document and signed links carries
+//!   `Authorization: Bearer <token>`; the token is turned into one [`Principal`] and everything
+//!   the request touches is seen as that identity.
+//! - A conversation the caller may not see is `404`, exactly like one that does not exist, for
+//!   every resource under it.
+//! - Every error is `{"code", "message", "details"}` ([`ErrorBody`]) with the status that fits;
+//!   `429` and `503` carry `Retry-After`.
+//! - An accepted event (`202`) is durable on the conversation's lane. The same
+//!   `Idempotency-Key` on a retry is accepted once (`duplicate: true`, the first `lane_seq`).
+//! - Refused requests write nothing.
+//!
+//! # Layout
+//! - [`auth`]: bearer tokens → principals (token file, JWT against a JWKS)
+//! - [`error`]: the error shape
+//! - [`limits`]: rates per identity, in-flight submissions
+//! - [`model`]: bodies on the wire
+//! - [`conversations`], [`events`], [`files`], [`stream`], [`services`]: the handlers
+//! - [`openapi`]: the document at `/v1/openapi.json`
+
+pub mod auth;
+pub mod conversations;
+pub mod error;
+pub mod events;
+pub mod files;
+pub mod limits;
+pub mod model;
+pub mod openapi;
+pub mod services;
+pub mod stream;
+
+use std::sync::Arc;
+
+use axum::extract::{FromRequest, FromRequestParts, Request, State};
+use axum::http::request::Parts;
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use serde::de::DeserializeOwned;
+use turnpike_artifactory::{Conversations, Files, RecordSigner, TrustedKeys};
+use turnpike_schemas::entry::IngressDirective;
+use turnpike_schemas::ConversationId;
+
+use crate::bus::Bus;
+use crate::ingress::Ingress;
+pub use auth::{Authenticator, JwtConfig, JwtVerifier, Principal, TokenFile, Verifier};
+pub use error::{ApiError, ApiResult, ErrorBody};
+pub use limits::Limits;
+pub use services::{ReplayService, SearchService};
+
+/// What the edge is built from.
+pub struct EdgeParts {
+    pub bus: Arc<dyn Bus>,
+    pub conversations: Conversations,
+    pub trusted: TrustedKeys,
+    /// Signs the opening batch of conversations created here.
+    pub signer: RecordSigner,
+    pub auth: Authenticator,
+    /// The apps and agents this deployment hosts (conversations may only use these).
+    pub catalog: Vec<model::AppView>,
+    pub search: Option<Arc<dyn SearchService>>,
+    pub replay: Option<Arc<dyn ReplayService>>,
+    pub limits: Limits,
+    /// The key signed file links are made with (keep it the same across a fleet's routers).
+    pub link_key: [u8; 32],
+    /// A deployment's policy attached to every accepted event.
+    pub directive: Option<IngressDirective>,
+}
+
+/// The edge's shared state.
+#[derive(Clone)]
+pub struct Edge {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    bus: Arc<dyn Bus>,
+    conversations: Conversations,
+    ingress: Ingress,
+    resolver: turnpike_resolver::Resolver,
+    files: Files,
+    trusted: TrustedKeys,
+    signer: RecordSigner,
+    auth: Authenticator,
+    catalog: Vec<model::AppView>,
+    search: Option<Arc<dyn SearchService>>,
+    replay: Option<Arc<dyn ReplayService>>,
+    limits: Limits,
+    rates: limits::RateLimits,
+    in_flight: limits::InFlight,
+    link_key: [u8; 32],
+}
+
+impl Edge {
+    pub fn new(parts: EdgeParts) -> Self {
+        let mut ingress = Ingress::new(parts.bus.clone(), parts.conversations.clone());
+        if let Some(d) = parts.directive {
+            ingress = ingress.with_directive(d);
+        }
+        let store = parts.conversations.store().clone();
+        let inner = Inner {
+            resolver: turnpike_resolver::Resolver::standard(
+                parts.conversations.directory().clone(),
+                store.clone(),
+            ),
+            files: Files::new(store),
+            rates: limits::RateLimits::new(&parts.limits),
+            in_flight: limits::InFlight::new(&parts.limits),
+            bus: parts.bus,
+            conversations: parts.conversations,
+            ingress,
+            trusted: parts.trusted,
+            signer: parts.signer,
+            auth: parts.auth,
+            catalog: parts.catalog,
+            search: parts.search,
+            replay: parts.replay,
+            limits: parts.limits,
+            link_key: parts.link_key,
+        };
+        Self {
+            inner: Arc::new(inner),
+        }
+    }
+
+    /// The HTTP application.
+    pub fn router(&self) -> Router {
+        let authed = Router::new()
+            .route("/v1/apps", get(conversations::list_apps))
+            .route(
+                "/v1/conversations",
+                get(conversations::list).post(conversations::create),
+            )
+            .route("/v1/conversations/{id}", get(conversations::get_one))
+            .route("/v1/conversations/{id}/close", post(conversations::close))
+            .route(
+                "/v1/conversations/{id}/grants",
+                post(conversations::grant).delete(conversations::revoke),
+            )
+            .route(
+                "/v1/conversations/{id}/messages",
+                get(events::list_rows).post(events::message),
+            )
+            .route("/v1/conversations/{id}/follow-ups", post(events::follow_up))
+            .route("/v1/conversations/{id}/steer", post(events::steer))
+            .route("/v1/conversations/{id}/stop", post(events::stop))
+            .route("/v1/conversations/{id}/pending", get(events::pending))
+            .route(
+                "/v1/conversations/{id}/approvals/{request}/approve",
+                post(events::approve),
+            )
+            .route(
+                "/v1/conversations/{id}/approvals/{request}/reject",
+                post(events::reject),
+            )
+            .route(
+                "/v1/conversations/{id}/questions/{request}/answer",
+                post(events::answer),
+            )
+            .route("/v1/conversations/{id}/agent", post(events::switch_agent))
+            .route("/v1/conversations/{id}/compact", post(events::compact))
+            .route(
+                "/v1/conversations/{id}/attachments",
+                post(files::upload).layer(axum::extract::DefaultBodyLimit::max(
+                    files::MAX_UPLOAD_BODY,
+                )),
+            )
+            .route("/v1/conversations/{id}/stream", get(stream::websocket))
+            .route("/v1/conversations/{id}/events", get(stream::sse))
+            .route("/v1/files", get(files::download))
+            .route("/v1/files/links", post(files::link))
+            .route("/v1/search", get(services::search))
+            .route(
+                "/v1/admin/conversations/{id}/verify",
+                post(services::verify),
+            )
+            .route(
+                "/v1/admin/conversations/{id}/replay",
+                post(services::replay),
+            )
+            .route_layer(axum::middleware::from_fn_with_state(
+                self.clone(),
+                authenticate,
+            ));
+        Router::new()
+            .route("/v1/openapi.json", get(openapi::document))
+            .route("/v1/links/{token}", get(files::follow_link))
+            .route("/healthz", get(|| async { "ok" }))
+            .merge(authed)
+            .fallback(|| async { ApiError::not_found("no such endpoint") })
+            .method_not_allowed_fallback(|| async {
+                ApiError::new(
+                    axum::http::StatusCode::METHOD_NOT_ALLOWED,
+                    "method_not_allowed",
+                    "this endpoint does not take that method",
+                )
+            })
+            .layer(axum::extract::DefaultBodyLimit::max(
+                self.inner.limits.max_body_bytes,
+            ))
+            .with_state(self.clone())
+    }
+
+    /// Serves until `shutdown` resolves; open streams end then too.
+    pub async fn serve(
+        &self,
+        listener: tokio::net::TcpListener,
+        shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+    ) -> std::io::Result<()> {
+        let rates = self.inner.rates.clone();
+        let sweeper = tokio::spawn(async move {
+            let mut every = tokio::time::interval(std::time::Duration::from_secs(60));
+            loop {
+                every.tick().await;
+                rates.shrink();
+            }
+        });
+        let result = axum::serve(listener, self.router())
+            .with_graceful_shutdown(shutdown)
+            .await;
+        sweeper.abort();
+        result
+    }
+}
+
+/// Authenticates the request and applies the caller's rate limit.
+async fn authenticate(State(edge): State<Edge>, mut request: Request, next: Next) -> Response {
+    let token = request
+        .headers()
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| {
+            v.strip_prefix("Bearer ")
+                .or_else(|| v.strip_prefix("bearer "))
+        })
+        .map(str::trim)
+        .map(str::to_owned)
+        // Browsers cannot set headers on a WebSocket: they may pass the token as a query.
+        .or_else(|| query_token(request.uri()));
+    let Some(token) = token.filter(|t| !t.is_empty()) else {
+        return ApiError::unauthorized("missing bearer token (Authorization: Bearer <token>)")
+            .into_response();
+    };
+    let Some(principal) = edge.inner.auth.authenticate(&token).await else {
+        return ApiError::unauthorized("the bearer token is not valid").into_response();
+    };
+    if let Err(e) = edge.inner.rates.check(&principal.identity.to_string()) {
+        return e.into_response();
+    }
+    request.extensions_mut().insert(principal);
+    next.run(request).await
+}
+
+fn query_token(uri: &axum::http::Uri) -> Option<String> {
+    let query = axum::extract::Query::<std::collections::HashMap<String, String>>::try_from_uri(uri)
+        .ok()?;
+    query.0.get("access_token").cloned()
+}
+
+/// The authenticated caller.
+pub struct Caller(pub Principal);
+
+impl<S: Send + Sync> FromRequestParts<S> for Caller {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
+        parts
+            .extensions
+            .get::<Principal>()
+            .cloned()
+            .map(Caller)
+            .ok_or_else(|| ApiError::unauthorized("missing bearer token"))
+    }
+}
+
+/// A JSON body; a malformed or oversized one is refused in the API's error shape.
+pub struct Body<T>(pub T);
+
+impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for Body<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        match axum::Json::<T>::from_request(req, state).await {
+            Ok(axum::Json(v)) => Ok(Body(v)),
+            Err(rejection) => Err(ApiError::from_status(
+                rejection.status(),
+                rejection.body_text(),
+            )),
+        }
+    }
+}
+
+/// Query parameters; malformed ones are refused in the API's error shape.
+pub struct Params<T>(pub T);
+
+impl<T: DeserializeOwned, S: Send + Sync> FromRequestParts<S> for Params<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        match axum::extract::Query::<T>::from_request_parts(parts, state).await {
+            Ok(q) => Ok(Params(q.0)),
+            Err(rejection) => Err(ApiError::malformed(rejection.body_text())),
+        }
+    }
+}
+
+/// A conversation id from the path; one that cannot be an id is `404`, like a missing one.
+pub fn conversation_id(text: &str) -> ApiResult<ConversationId> {
+    text.parse()
+        .map_err(|_| ApiError::not_found(format!("conversation {text:?} not found")))
+}

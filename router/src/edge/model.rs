@@ -1,0 +1,386 @@
+//! What goes over the wire: request and response bodies, with their OpenAPI schemas.
+
+use serde::{Deserialize, Serialize};
+use turnpike_artifactory::RecordEntry;
+use turnpike_schemas::{EntryBody, EventBody};
+use utoipa::{IntoParams, ToSchema};
+
+/// An app this deployment hosts.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct AppView {
+    /// The app's id.
+    pub id: String,
+    pub agents: Vec<AgentView>,
+}
+
+/// One agent of an app.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct AgentView {
+    pub id: String,
+    /// The model the agent runs (empty for scripted and native agents).
+    pub model: String,
+    /// The tools the agent may call.
+    pub tools: Vec<String>,
+}
+
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct AppList {
+    pub apps: Vec<AppView>,
+}
+
+/// A new conversation.
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateConversation {
+    /// An app this deployment hosts (see `GET /v1/apps`).
+    pub app: String,
+    /// One of the app's agents.
+    pub agent: String,
+    /// Instructions for every turn, added to the agent's system prompt (at most 16 KiB).
+    #[serde(default)]
+    pub instructions: Option<String>,
+}
+
+/// Where a conversation stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Status {
+    /// Nothing running; the next message starts a turn.
+    Idle,
+    /// A turn is running.
+    Running,
+    /// The last turn waits for an approval or an answer.
+    Waiting,
+    /// Closed: readable, accepts no events.
+    Closed,
+}
+
+/// A conversation as its owner (or someone it is shared with) sees it.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct ConversationView {
+    pub id: String,
+    pub tenant: String,
+    pub owner: String,
+    pub app: String,
+    /// The active agent.
+    pub agent: String,
+    pub status: Status,
+    /// User messages and follow-ups committed.
+    pub messages: u64,
+    /// Turns dispatched.
+    pub turns: u64,
+    /// Rows the record holds: the highest `seq` there is.
+    pub through: u64,
+    pub created_ms: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub closed_ms: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub instructions: Option<String>,
+}
+
+/// A page of conversations, newest first.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct ConversationList {
+    pub conversations: Vec<ConversationView>,
+    /// Pass as `before` for the next (older) page.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub next_before: Option<String>,
+}
+
+#[derive(Debug, Clone, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct ListConversations {
+    /// Only conversations older than this id.
+    pub before: Option<String>,
+    /// At most this many (1–100, default 20).
+    pub limit: Option<u32>,
+}
+
+/// Text from the user: a message, a follow-up or a steer.
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TextInput {
+    /// 1 byte to 64 KiB.
+    pub text: String,
+}
+
+/// A stop, with an optional reason.
+#[derive(Debug, Clone, Default, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct StopInput {
+    #[serde(default)]
+    pub reason: Option<String>,
+}
+
+/// An event the edge accepted: it is durable on the conversation's lane.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct Accepted {
+    pub conversation: String,
+    pub event_id: String,
+    pub kind: String,
+    /// The event's sequence on the lane.
+    pub lane_seq: u64,
+    /// The same `Idempotency-Key` was accepted before: nothing new was stored.
+    pub duplicate: bool,
+}
+
+/// One committed row of a conversation's record.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct Row {
+    /// The row's sequence (1, 2, …; gaps where the record holds signatures).
+    pub seq: u64,
+    /// The entry kind (`user_message`, `assistant_message`, `tool_call`, `approval_request`, …).
+    pub kind: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub turn: Option<String>,
+    /// The text, for messages, follow-ups, steers, answers and replies.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub text: Option<String>,
+    /// The whole entry.
+    #[schema(value_type = Object)]
+    pub data: serde_json::Value,
+}
+
+impl Row {
+    /// The client's view of a record entry; `None` for signatures (bookkeeping, not content).
+    pub fn of(entry: &RecordEntry) -> Option<Row> {
+        let body = &entry.body;
+        if matches!(body, EntryBody::SignedRoot(_)) {
+            return None;
+        }
+        let text = match body {
+            EntryBody::AssistantMessage(m) => Some(m.text.clone()),
+            EntryBody::QuestionRequest(q) => Some(q.question.clone()),
+            other => other.as_input().and_then(|i| match &i.event.body {
+                EventBody::Message { text }
+                | EventBody::FollowUp { text }
+                | EventBody::Steer { text }
+                | EventBody::QuestionResponse { answer: text, .. } => Some(text.clone()),
+                _ => None,
+            }),
+        };
+        Some(Row {
+            seq: entry.position + 1,
+            kind: body.kind().as_str().to_owned(),
+            turn: body.turn().map(|t| t.to_string()),
+            text,
+            data: serde_json::from_slice(&body.encode()).unwrap_or_default(),
+        })
+    }
+}
+
+/// A page of rows.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct RowPage {
+    pub rows: Vec<Row>,
+    /// The record's highest `seq` when the page was read.
+    pub through: u64,
+    /// Pass as `after` to continue forwards (absent: nothing more yet).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub next_after: Option<u64>,
+    /// Pass as `before` to page backwards (absent: this is the beginning).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prev_before: Option<u64>,
+}
+
+#[derive(Debug, Clone, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct ListRows {
+    /// Rows with `seq` above this (the replay cursor; 0 for the beginning).
+    pub after: Option<u64>,
+    /// Rows with `seq` below this, the latest first (paging backwards). Not with `after`.
+    pub before: Option<u64>,
+    /// At most this many entries read (1–500, default 100).
+    pub limit: Option<u32>,
+}
+
+/// An approval request waiting for an answer.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct ApprovalView {
+    pub request_id: String,
+    pub turn: String,
+    pub tool: String,
+    #[schema(value_type = Object)]
+    pub arguments: serde_json::Value,
+    /// Who may answer (empty: whoever may see the conversation).
+    pub approvers: Vec<String>,
+}
+
+/// A question waiting for an answer.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct QuestionView {
+    pub request_id: String,
+    pub turn: String,
+    pub question: String,
+}
+
+/// What waits for a person.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct Pending {
+    pub approvals: Vec<ApprovalView>,
+    pub questions: Vec<QuestionView>,
+}
+
+/// An answer to an approval request. Echo the call's `tool` and `arguments` to make the answer
+/// apply only to exactly the call you saw.
+#[derive(Debug, Clone, Default, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ApprovalInput {
+    #[serde(default)]
+    pub reason: Option<String>,
+    #[serde(default)]
+    pub tool: Option<String>,
+    #[serde(default)]
+    #[schema(value_type = Option<Object>)]
+    pub arguments: Option<serde_json::Value>,
+}
+
+/// An answer to a question.
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AnswerInput {
+    pub answer: String,
+}
+
+/// Hands the conversation to another agent of its app.
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SwitchInput {
+    pub agent: String,
+}
+
+/// Shares a conversation with another identity, or takes that back.
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct GrantInput {
+    /// `provider:external_id` or `provider:scope:external_id`.
+    pub identity: String,
+}
+
+/// Who a conversation is shared with.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct GrantView {
+    pub conversation: String,
+    pub identity: String,
+    pub granted: bool,
+}
+
+/// An uploaded attachment: stored, and on the lane as an `attachment` event.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct AttachmentView {
+    /// Where the bytes are: `conv:at:<conversation>/turn_<n>/<id>/<name>`.
+    pub reference: String,
+    pub name: String,
+    pub media_type: String,
+    pub size: u64,
+    /// A bounded description of the content (dimensions, pages, the first lines of text).
+    pub preview: String,
+    pub accepted: Accepted,
+}
+
+/// Asks for a short-lived link to a file.
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct LinkInput {
+    /// A reference the caller may read (`conv:fi:…` or `conv:at:…`).
+    pub reference: String,
+    /// How long the link works, in seconds (1–3600, default 300).
+    #[serde(default)]
+    pub ttl_seconds: Option<u64>,
+}
+
+/// A link that downloads a file without a token until it expires.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct LinkView {
+    /// A path on this server: `/v1/links/<signed token>`.
+    pub url: String,
+    pub expires_ms: u64,
+}
+
+#[derive(Debug, Clone, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct FileQuery {
+    /// The file's reference (`conv:fi:…` or `conv:at:…`).
+    pub reference: String,
+}
+
+#[derive(Debug, Clone, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct SearchQuery {
+    /// Words, or web-search syntax ("a phrase", -excluded, or).
+    pub q: String,
+    /// `hybrid` (default), `lexical` or `vector`.
+    pub mode: Option<String>,
+    pub app: Option<String>,
+    pub agent: Option<String>,
+    pub conversation: Option<String>,
+    /// Comma-separated kinds: prompt, completion, summary, attachment, file.
+    pub kinds: Option<String>,
+    /// 1–100, default 10.
+    pub limit: Option<u32>,
+    pub offset: Option<u32>,
+}
+
+/// One search hit, hydrated through the resolver as the caller.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct SearchHitView {
+    pub conversation: String,
+    pub turn: String,
+    pub kind: String,
+    pub reference: String,
+    pub app: String,
+    pub agent: String,
+    pub at_ms: i64,
+    pub score: f64,
+    pub snippet: String,
+}
+
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct SearchResults {
+    pub hits: Vec<SearchHitView>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub next_offset: Option<u32>,
+}
+
+/// What `verify` found.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct VerifyView {
+    pub conversation: String,
+    pub intact: bool,
+    pub entries_checked: u64,
+    pub batches_checked: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub root: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub failure: Option<String>,
+}
+
+/// One replayed turn.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct ReplayTurn {
+    pub turn: String,
+    pub reproduced: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub divergence: Option<String>,
+}
+
+/// What a replay from the recorded outputs found.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct ReplayView {
+    pub conversation: String,
+    pub reproduced: bool,
+    pub turns: Vec<ReplayTurn>,
+}
+
+/// One frame on a conversation's stream (WebSocket text message, or SSE `data:`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Frame {
+    /// First frame: the record holds rows up to `through`.
+    Ready { through: u64 },
+    /// The record now holds rows up to `through`: read them with
+    /// `GET /v1/conversations/{id}/messages?after=<your cursor>`.
+    Rows { through: u64 },
+    /// Streamed text of a running turn (advisory: the committed row carries all of it).
+    Delta { turn: String, text: String },
+}

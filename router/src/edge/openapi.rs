@@ -1,0 +1,113 @@
+//! The OpenAPI document, generated from the handlers' annotations and served at
+//! `/v1/openapi.json`. Every authenticated operation also documents the errors any request
+//! can meet (bad input, no token, limits, saturation), in the one error shape.
+
+use axum::Json;
+use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa::openapi::{RefOr, ResponseBuilder};
+use utoipa::{Modify, OpenApi};
+
+use super::model;
+use super::{conversations, error, events, files, services, stream};
+
+#[derive(OpenApi)]
+#[openapi(
+    info(title = "Turnpike", description = "Hosts many apps' AI agents for many users: conversations, events in, rows and live frames out."),
+    paths(
+        conversations::list_apps,
+        conversations::create,
+        conversations::list,
+        conversations::get_one,
+        conversations::close,
+        conversations::grant,
+        conversations::revoke,
+        events::message,
+        events::list_rows,
+        events::follow_up,
+        events::steer,
+        events::stop,
+        events::pending,
+        events::approve,
+        events::reject,
+        events::answer,
+        events::switch_agent,
+        events::compact,
+        files::upload,
+        files::download,
+        files::link,
+        files::follow_link,
+        stream::websocket,
+        stream::sse,
+        services::search,
+        services::verify,
+        services::replay,
+    ),
+    components(schemas(error::ErrorBody, model::Frame)),
+    modifiers(&Common),
+    security(("bearer" = [])),
+)]
+pub struct ApiDoc;
+
+struct Common;
+
+impl Modify for Common {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        let components = openapi.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "bearer",
+            SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
+        );
+        let common = [
+            ("400", "malformed request"),
+            ("401", "missing or invalid bearer token"),
+            ("404", "no such resource for this identity"),
+            ("405", "method not allowed"),
+            ("413", "body too large"),
+            ("415", "unsupported media type"),
+            ("422", "invalid request"),
+            ("429", "rate limited (see Retry-After)"),
+            ("503", "unavailable or saturated (see Retry-After)"),
+        ];
+        for item in openapi.paths.paths.values_mut() {
+            let ops = [
+                &mut item.get,
+                &mut item.post,
+                &mut item.put,
+                &mut item.delete,
+                &mut item.patch,
+            ];
+            for op in ops.into_iter().flatten() {
+                for (code, what) in common {
+                    op.responses
+                        .responses
+                        .entry(code.to_owned())
+                        .or_insert_with(|| {
+                            RefOr::T(
+                                ResponseBuilder::new()
+                                    .description(what)
+                                    .content(
+                                        "application/json",
+                                        utoipa::openapi::ContentBuilder::new()
+                                            .schema(Some(RefOr::Ref(
+                                                utoipa::openapi::Ref::from_schema_name("ErrorBody"),
+                                            )))
+                                            .build(),
+                                    )
+                                    .build(),
+                            )
+                        });
+                }
+            }
+        }
+    }
+}
+
+/// The document.
+pub fn document_value() -> utoipa::openapi::OpenApi {
+    ApiDoc::openapi()
+}
+
+/// `GET /v1/openapi.json`.
+pub async fn document() -> Json<utoipa::openapi::OpenApi> {
+    Json(document_value())
+}

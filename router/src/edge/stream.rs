@@ -1,0 +1,183 @@
+//! A conversation's live stream, over a WebSocket or (as a fallback) server-sent events.
+//!
+//! # Frame protocol
+//! Every frame is one JSON object with a `type` ([`Frame`]):
+//! - `{"type":"ready","through":N}` — first frame: the record holds rows up to `seq` N.
+//! - `{"type":"rows","through":N}` — the record now holds rows up to N. Fetch what you lack
+//!   with `GET /v1/conversations/{id}/messages?after=<your cursor>`.
+//! - `{"type":"delta","turn":"turn_3","text":"…"}` — streamed model text of a running turn.
+//!
+//! Rows are only ever read from the record; frames are advisory. A client keeps one cursor
+//! (the highest `seq` it has read). On (re)connecting it reads `messages?after=<cursor>`, then
+//! follows `rows` frames: it misses nothing and reads nothing twice, however often the
+//! connection drops, and a turn runs on whether or not anyone is connected. Deltas sent while a
+//! client was away are not replayed: the turn's `assistant_message` row carries the whole text.
+//! A `rows` frame is also sent when the record grows without a live message (checked every two
+//! seconds), so a lost advisory message delays a client, never strands it.
+//!
+//! On a WebSocket the server sends text frames and pings; whatever the client sends is ignored.
+//! With SSE (`GET …/events`), each frame is one `data:` line; the event name is the frame type.
+
+use std::convert::Infallible;
+use std::time::Duration;
+
+use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
+use axum::extract::{Path, State};
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use futures::stream::BoxStream;
+use futures::{SinkExt as _, Stream, StreamExt as _};
+use turnpike_artifactory::Record;
+use turnpike_schemas::live::LiveFrame;
+
+use super::error::{ApiError, ApiResult, ErrorBody};
+use super::model::Frame;
+use super::{Caller, Edge};
+
+/// How often the record is checked for rows no live message announced.
+const POLL: Duration = Duration::from_secs(2);
+
+/// The frames of one conversation from now on: `ready`, then `rows` and `delta` as they come.
+async fn frames(edge: &Edge, record: Record) -> ApiResult<BoxStream<'static, Frame>> {
+    let conversation = record.prefix().conversation();
+    // Subscribe before reading the head, so nothing committed in between goes unannounced.
+    let live = edge
+        .inner
+        .bus
+        .subscribe_live(conversation)
+        .await
+        .map_err(ApiError::from)?;
+    let head = record.head().await?;
+    let ready = Frame::Ready {
+        through: head.leaves(),
+    };
+    enum Input {
+        Live(Option<bytes::Bytes>),
+        Poll,
+    }
+    let state = (live, head, head_leaves(&ready), record, tokio::time::interval(POLL));
+    let rest = futures::stream::unfold(state, |(mut live, mut head, mut told, record, mut poll)| async move {
+        loop {
+            let input = tokio::select! {
+                m = live.next() => Input::Live(m),
+                _ = poll.tick() => Input::Poll,
+            };
+            let frame = match input {
+                Input::Live(None) => return None,
+                Input::Live(Some(bytes)) => match serde_json::from_slice::<LiveFrame>(&bytes) {
+                    Ok(LiveFrame::Delta { turn, text }) => Some(Frame::Delta {
+                        turn: turn.to_string(),
+                        text,
+                    }),
+                    Ok(LiveFrame::Rows { through }) if through > told => {
+                        told = through;
+                        Some(Frame::Rows { through })
+                    }
+                    _ => None,
+                },
+                Input::Poll => match record.head_after(Some(&head)).await {
+                    Ok(now) => {
+                        let through = now.leaves();
+                        head = now;
+                        (through > told).then(|| {
+                            told = through;
+                            Frame::Rows { through }
+                        })
+                    }
+                    Err(_) => None,
+                },
+            };
+            if let Some(frame) = frame {
+                return Some((frame, (live, head, told, record, poll)));
+            }
+        }
+    });
+    Ok(futures::stream::once(async move { ready }).chain(rest).boxed())
+}
+
+fn head_leaves(frame: &Frame) -> u64 {
+    match frame {
+        Frame::Ready { through } | Frame::Rows { through } => *through,
+        Frame::Delta { .. } => 0,
+    }
+}
+
+/// The conversation's stream over a WebSocket (see the module docs for the frames).
+#[utoipa::path(get, path = "/v1/conversations/{id}/stream", tag = "streaming",
+    params(("id" = String, Path, description = "conv_<ulid>")),
+    responses((status = 101, description = "switching to the WebSocket protocol; frames are `Frame` objects"),
+              (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
+pub async fn websocket(
+    State(edge): State<Edge>,
+    Caller(caller): Caller,
+    Path(id): Path<String>,
+    upgrade: Result<WebSocketUpgrade, axum::extract::ws::rejection::WebSocketUpgradeRejection>,
+) -> ApiResult<Response> {
+    let entry = edge.visible(&caller, &id).await?;
+    let upgrade = upgrade.map_err(|e| {
+        ApiError::malformed(format!(
+            "{} (connect with a WebSocket client, or use …/events for server-sent events)",
+            e.body_text()
+        ))
+    })?;
+    let frames = frames(&edge, edge.record(&entry)).await?;
+    Ok(upgrade.on_upgrade(move |socket| pump(socket, frames)))
+}
+
+async fn pump(socket: WebSocket, mut frames: BoxStream<'static, Frame>) {
+    let (mut tx, mut rx) = socket.split();
+    let mut ping = tokio::time::interval(Duration::from_secs(20));
+    ping.tick().await;
+    loop {
+        tokio::select! {
+            frame = frames.next() => {
+                let Some(frame) = frame else { break };
+                let text = serde_json::to_string(&frame).expect("frames serialise");
+                if tx.send(Message::Text(text.into())).await.is_err() {
+                    break;
+                }
+            }
+            incoming = rx.next() => match incoming {
+                None | Some(Err(_)) | Some(Ok(Message::Close(_))) => break,
+                Some(Ok(_)) => {}
+            },
+            _ = ping.tick() => {
+                if tx.send(Message::Ping(Default::default())).await.is_err() {
+                    break;
+                }
+            }
+        }
+    }
+    let _ = tx.close().await;
+}
+
+/// The conversation's stream as server-sent events (the fallback where WebSockets cannot go).
+#[utoipa::path(get, path = "/v1/conversations/{id}/events", tag = "streaming",
+    params(("id" = String, Path, description = "conv_<ulid>")),
+    responses((status = 200, description = "an event stream of `Frame` objects", content_type = "text/event-stream", body = Frame),
+              (status = 404, body = ErrorBody)))]
+pub async fn sse(
+    State(edge): State<Edge>,
+    Caller(caller): Caller,
+    Path(id): Path<String>,
+) -> ApiResult<Response> {
+    let entry = edge.visible(&caller, &id).await?;
+    let frames = frames(&edge, edge.record(&entry)).await?;
+    let events = frames.map(|frame| -> Result<SseEvent, Infallible> {
+        let name = match &frame {
+            Frame::Ready { .. } => "ready",
+            Frame::Rows { .. } => "rows",
+            Frame::Delta { .. } => "delta",
+        };
+        Ok(SseEvent::default()
+            .event(name)
+            .data(serde_json::to_string(&frame).expect("frames serialise")))
+    });
+    Ok(sse_response(events))
+}
+
+fn sse_response(events: impl Stream<Item = Result<SseEvent, Infallible>> + Send + 'static) -> Response {
+    Sse::new(events)
+        .keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
+        .into_response()
+}
