@@ -75,7 +75,12 @@ impl Directory {
                 PutPayload::from_static(b""),
             )
             .await
-            .map_err(|e| Error::store(&format!("listing {} under its owner", entry.conversation), e))?;
+            .map_err(|e| {
+                Error::store(
+                    &format!("listing {} under its owner", entry.conversation),
+                    e,
+                )
+            })?;
         Ok(())
     }
 
@@ -137,7 +142,11 @@ impl Directory {
 
     /// Takes a grant back (idempotent).
     pub async fn revoke(&self, conversation: ConversationId, grantee: &Identity) -> Result<()> {
-        match self.store.delete(&grant_marker(conversation, grantee)).await {
+        match self
+            .store
+            .delete(&grant_marker(conversation, grantee))
+            .await
+        {
             Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
             Err(e) => Err(Error::store(&format!("unsharing {conversation}"), e)),
         }

@@ -9,11 +9,11 @@
 //! - [`error`]: the crate's error type
 
 pub mod bus;
+pub mod edge;
 pub mod embedded;
 pub mod error;
 pub mod ingress;
 pub mod jetstream;
-pub mod edge;
 pub mod subject;
 
 pub use bus::{Bus, LaneMessage, Lease, Published, Wake};

@@ -190,7 +190,10 @@ impl Event {
             preview,
         } = &self.body
         {
-            if preview.as_ref().is_some_and(|p| p.len() > MAX_PREVIEW_BYTES) {
+            if preview
+                .as_ref()
+                .is_some_and(|p| p.len() > MAX_PREVIEW_BYTES)
+            {
                 return fail(format!(
                     "the preview is longer than {MAX_PREVIEW_BYTES} bytes"
                 ));

@@ -13,8 +13,8 @@ use turnpike_router::edge::model::{
     AgentView, AppView, ReplayTurn, ReplayView, SearchHitView, SearchQuery, SearchResults,
 };
 use turnpike_router::edge::{
-    ApiError, ApiResult, Authenticator, Edge, EdgeParts, JwtConfig, JwtVerifier, Limits,
-    Principal, ReplayService, SearchService, TokenFile,
+    ApiError, ApiResult, Authenticator, Edge, EdgeParts, JwtConfig, JwtVerifier, Limits, Principal,
+    ReplayService, SearchService, TokenFile,
 };
 use turnpike_router::Bus;
 use turnpike_schemas::TurnLog;
@@ -59,8 +59,8 @@ pub fn authenticator(global: &Global, args: &EdgeArgs, embedded: bool) -> Result
         if args.jwt_issuer.is_empty() {
             bail!("--jwks needs --jwt-issuer");
         }
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("reading {}", path.display()))?;
+        let text =
+            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
         let verifier = JwtVerifier::from_jwks(
             &text,
             JwtConfig {

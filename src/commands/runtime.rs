@@ -269,7 +269,8 @@ pub async fn serve(global: &Global, args: ServeArgs) -> Result<ExitCode> {
         Err(_) => None,
     };
     let indexing = indexing_with(index, &env, true);
-    let edge = crate::commands::edge::build(global, &env, bus.clone(), &apps, search, &args.edge, true)?;
+    let edge =
+        crate::commands::edge::build(global, &env, bus.clone(), &apps, search, &args.edge, true)?;
     if args.edge.tokens.is_none() && args.edge.jwks.is_none() {
         eprintln!(
             "API token for local:me is in {}",

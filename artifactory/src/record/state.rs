@@ -26,7 +26,8 @@ pub fn apply(state: &mut RecordState, body: &EntryBody) -> Result<(), String> {
         }
         if matches!(
             input.event.body,
-            turnpike_schemas::EventBody::Message { .. } | turnpike_schemas::EventBody::FollowUp { .. }
+            turnpike_schemas::EventBody::Message { .. }
+                | turnpike_schemas::EventBody::FollowUp { .. }
         ) {
             state.messages += 1;
         }

@@ -184,7 +184,11 @@ pub struct JwtConfig {
 /// JWTs verified against the keys of a JWKS file.
 pub struct JwtVerifier {
     config: JwtConfig,
-    keys: Vec<(Option<String>, jsonwebtoken::DecodingKey, jsonwebtoken::Algorithm)>,
+    keys: Vec<(
+        Option<String>,
+        jsonwebtoken::DecodingKey,
+        jsonwebtoken::Algorithm,
+    )>,
 }
 
 impl JwtVerifier {

@@ -83,10 +83,9 @@ pub async fn list(
 ) -> ApiResult<Json<ConversationList>> {
     let limit = query.limit.unwrap_or(20).clamp(1, 100) as usize;
     let before: Option<ConversationId> = match &query.before {
-        Some(text) => Some(
-            text.parse()
-                .map_err(|_| ApiError::malformed(format!("before: {text:?} is not a conversation id")))?,
-        ),
+        Some(text) => Some(text.parse().map_err(|_| {
+            ApiError::malformed(format!("before: {text:?} is not a conversation id"))
+        })?),
         None => None,
     };
     let directory = edge.inner.conversations.directory();
@@ -202,7 +201,11 @@ pub async fn revoke(
 
 impl Edge {
     /// The conversation `id` if `caller` may see it; `404` otherwise, as for a missing one.
-    pub(crate) async fn visible(&self, caller: &super::Principal, id: &str) -> ApiResult<DirectoryEntry> {
+    pub(crate) async fn visible(
+        &self,
+        caller: &super::Principal,
+        id: &str,
+    ) -> ApiResult<DirectoryEntry> {
         let conversation = conversation_id(id)?;
         Ok(self
             .inner
@@ -261,7 +264,11 @@ impl Edge {
         let Some(found) = catalog.iter().find(|a| a.id == app.as_str()) else {
             return Err(ApiError::invalid(format!(
                 "app {app:?} is not hosted here (hosted: {})",
-                catalog.iter().map(|a| a.id.as_str()).collect::<Vec<_>>().join(", ")
+                catalog
+                    .iter()
+                    .map(|a| a.id.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
             )));
         };
         // A native app (no declared agents) takes any agent name.

@@ -30,9 +30,7 @@ impl Edge {
         let key = match headers.get(IDEMPOTENCY_KEY) {
             Some(v) => Some(
                 v.to_str()
-                    .map_err(|_| {
-                        ApiError::invalid("the Idempotency-Key must be printable ASCII")
-                    })?
+                    .map_err(|_| ApiError::invalid("the Idempotency-Key must be printable ASCII"))?
                     .to_owned(),
             ),
             None => None,
@@ -70,8 +68,13 @@ pub async fn message(
     headers: HeaderMap,
     Body(input): Body<TextInput>,
 ) -> ApiResult<(StatusCode, Json<Accepted>)> {
-    edge.submit(&caller, &id, &headers, EventBody::Message { text: input.text })
-        .await
+    edge.submit(
+        &caller,
+        &id,
+        &headers,
+        EventBody::Message { text: input.text },
+    )
+    .await
 }
 
 /// Adds to the running turn; it is folded in between model rounds.
@@ -87,8 +90,13 @@ pub async fn follow_up(
     headers: HeaderMap,
     Body(input): Body<TextInput>,
 ) -> ApiResult<(StatusCode, Json<Accepted>)> {
-    edge.submit(&caller, &id, &headers, EventBody::FollowUp { text: input.text })
-        .await
+    edge.submit(
+        &caller,
+        &id,
+        &headers,
+        EventBody::FollowUp { text: input.text },
+    )
+    .await
 }
 
 /// Redirects the running turn's next round.
@@ -104,8 +112,13 @@ pub async fn steer(
     headers: HeaderMap,
     Body(input): Body<TextInput>,
 ) -> ApiResult<(StatusCode, Json<Accepted>)> {
-    edge.submit(&caller, &id, &headers, EventBody::Steer { text: input.text })
-        .await
+    edge.submit(
+        &caller,
+        &id,
+        &headers,
+        EventBody::Steer { text: input.text },
+    )
+    .await
 }
 
 /// Cancels the running turn (its model stream and any running cell).
@@ -121,8 +134,15 @@ pub async fn stop(
     headers: HeaderMap,
     Body(input): Body<StopInput>,
 ) -> ApiResult<(StatusCode, Json<Accepted>)> {
-    edge.submit(&caller, &id, &headers, EventBody::Stop { reason: input.reason })
-        .await
+    edge.submit(
+        &caller,
+        &id,
+        &headers,
+        EventBody::Stop {
+            reason: input.reason,
+        },
+    )
+    .await
 }
 
 fn request_id(text: &str) -> ApiResult<RequestId> {

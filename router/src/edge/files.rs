@@ -42,8 +42,7 @@ pub async fn upload(
     multipart: Result<Multipart, axum::extract::multipart::MultipartRejection>,
 ) -> ApiResult<(StatusCode, Json<AttachmentView>)> {
     let entry = edge.visible(&caller, &id).await?;
-    let mut multipart =
-        multipart.map_err(|e| ApiError::from_status(e.status(), e.body_text()))?;
+    let mut multipart = multipart.map_err(|e| ApiError::from_status(e.status(), e.body_text()))?;
     let mut file: Option<(String, Option<String>, Vec<u8>)> = None;
     while let Some(mut field) = multipart.next_field().await.map_err(multipart_error)? {
         if field.name() != Some("file") {
@@ -61,7 +60,9 @@ pub async fn upload(
         while let Some(chunk) = field.chunk().await.map_err(multipart_error)? {
             if (bytes.len() + chunk.len()) as u64 > MAX_ATTACHMENT_BYTES {
                 return Err(ApiError::too_large(
-                    format!("the attachment is larger than the limit of {MAX_ATTACHMENT_BYTES} bytes"),
+                    format!(
+                        "the attachment is larger than the limit of {MAX_ATTACHMENT_BYTES} bytes"
+                    ),
                     MAX_ATTACHMENT_BYTES,
                 ));
             }
@@ -72,7 +73,12 @@ pub async fn upload(
     let Some((name, declared, bytes)) = file else {
         return Err(ApiError::invalid("the form has no `file` field"));
     };
-    if name.is_empty() || name.len() > 255 || name.contains(['/', '\\']) || name == "." || name == ".." {
+    if name.is_empty()
+        || name.len() > 255
+        || name.contains(['/', '\\'])
+        || name == "."
+        || name == ".."
+    {
         return Err(ApiError::invalid(
             "the file name must be 1–255 bytes without slashes",
         ));
@@ -268,12 +274,12 @@ pub async fn download(
 }
 
 async fn fetch(edge: &Edge, identity: &Identity, reference: &str) -> ApiResult<Response> {
-    let resolved = edge
-        .inner
-        .resolver
-        .resolve_str(identity, reference)
-        .await?;
-    let name = reference.rsplit('/').next().unwrap_or("file").replace('"', "");
+    let resolved = edge.inner.resolver.resolve_str(identity, reference).await?;
+    let name = reference
+        .rsplit('/')
+        .next()
+        .unwrap_or("file")
+        .replace('"', "");
     let mut response = (StatusCode::OK, HttpBody::from(resolved.bytes)).into_response();
     let headers = response.headers_mut();
     if let Ok(v) = HeaderValue::from_str(&resolved.media_type) {
@@ -358,7 +364,10 @@ pub async fn link(
     security(()),
     responses((status = 200, description = "the file's bytes", content_type = "application/octet-stream"),
               (status = 404, body = ErrorBody)))]
-pub async fn follow_link(State(edge): State<Edge>, Path(token): Path<String>) -> ApiResult<Response> {
+pub async fn follow_link(
+    State(edge): State<Edge>,
+    Path(token): Path<String>,
+) -> ApiResult<Response> {
     let gone = || ApiError::not_found("this link is not valid or has expired");
     let (payload, signature) = token.split_once('.').ok_or_else(gone)?;
     let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD;
@@ -387,7 +396,10 @@ mod tests {
         png.extend_from_slice(&[8, 6, 0, 0, 0]);
         assert_eq!(media_type_of(&png, Some("image/png")).unwrap(), "image/png");
         assert_eq!(media_type_of(&png, None).unwrap(), "image/png");
-        assert_eq!(preview("image/png", &png), format!("PNG image, 640×480 px, {} bytes", png.len()));
+        assert_eq!(
+            preview("image/png", &png),
+            format!("PNG image, 640×480 px, {} bytes", png.len())
+        );
         let refused = media_type_of(&png, Some("application/pdf")).unwrap_err();
         assert_eq!(refused.status, StatusCode::UNSUPPORTED_MEDIA_TYPE);
         let exe = b"MZ\x90\0\x03\0\0\0\x04\0\0\0\xff\xff";
@@ -396,7 +408,10 @@ mod tests {
             StatusCode::UNSUPPORTED_MEDIA_TYPE
         );
         let pdf = b"%PDF-1.7\n1 0 obj << /Type /Pages /Count 2 >>\n2 0 obj << /Type /Page >>\n3 0 obj << /Type/Page >>\n";
-        assert_eq!(media_type_of(pdf, Some("application/pdf")).unwrap(), "application/pdf");
+        assert_eq!(
+            media_type_of(pdf, Some("application/pdf")).unwrap(),
+            "application/pdf"
+        );
         assert!(preview("application/pdf", pdf).starts_with("PDF 1.7 document, 2 page(s)"));
         let long = "é".repeat(5000);
         let p = preview("text/plain", long.as_bytes());

@@ -52,7 +52,9 @@ impl RateLimits {
     pub fn new(limits: &Limits) -> Self {
         let limiter = NonZeroU32::new(limits.rate_per_second).map(|rate| {
             let burst = NonZeroU32::new(limits.burst.max(limits.rate_per_second)).unwrap_or(rate);
-            Arc::new(RateLimiter::keyed(Quota::per_second(rate).allow_burst(burst)))
+            Arc::new(RateLimiter::keyed(
+                Quota::per_second(rate).allow_burst(burst),
+            ))
         });
         Self {
             limiter,
@@ -155,6 +157,6 @@ mod tests {
         assert_eq!(refused.status, axum::http::StatusCode::SERVICE_UNAVAILABLE);
         assert!(refused.retry_after.is_some());
         drop(held);
-        gate.enter().await.unwrap();
+        let _again = gate.enter().await.unwrap();
     }
 }

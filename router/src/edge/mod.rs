@@ -22,6 +22,7 @@
 //! - [`openapi`]: the document at `/v1/openapi.json`
 
 pub mod auth;
+pub mod client;
 pub mod conversations;
 pub mod error;
 pub mod events;
@@ -165,9 +166,8 @@ impl Edge {
             .route("/v1/conversations/{id}/compact", post(events::compact))
             .route(
                 "/v1/conversations/{id}/attachments",
-                post(files::upload).layer(axum::extract::DefaultBodyLimit::max(
-                    files::MAX_UPLOAD_BODY,
-                )),
+                post(files::upload)
+                    .layer(axum::extract::DefaultBodyLimit::max(files::MAX_UPLOAD_BODY)),
             )
             .route("/v1/conversations/{id}/stream", get(stream::websocket))
             .route("/v1/conversations/{id}/events", get(stream::sse))
@@ -256,8 +256,9 @@ async fn authenticate(State(edge): State<Edge>, mut request: Request, next: Next
 }
 
 fn query_token(uri: &axum::http::Uri) -> Option<String> {
-    let query = axum::extract::Query::<std::collections::HashMap<String, String>>::try_from_uri(uri)
-        .ok()?;
+    let query =
+        axum::extract::Query::<std::collections::HashMap<String, String>>::try_from_uri(uri)
+            .ok()?;
     query.0.get("access_token").cloned()
 }
 

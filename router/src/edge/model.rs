@@ -33,8 +33,10 @@ pub struct AppList {
 #[serde(deny_unknown_fields)]
 pub struct CreateConversation {
     /// An app this deployment hosts (see `GET /v1/apps`).
+    #[schema(example = "demo")]
     pub app: String,
     /// One of the app's agents.
+    #[schema(example = "assistant")]
     pub agent: String,
     /// Instructions for every turn, added to the agent's system prompt (at most 16 KiB).
     #[serde(default)]
@@ -101,6 +103,7 @@ pub struct ListConversations {
 #[serde(deny_unknown_fields)]
 pub struct TextInput {
     /// 1 byte to 64 KiB.
+    #[schema(min_length = 1, max_length = 65536)]
     pub text: String,
 }
 
@@ -254,6 +257,10 @@ pub struct SwitchInput {
 #[serde(deny_unknown_fields)]
 pub struct GrantInput {
     /// `provider:external_id` or `provider:scope:external_id`.
+    #[schema(
+        example = "local:ana",
+        pattern = "^[a-z][a-z0-9_-]*(:[A-Za-z0-9._@-]+){1,2}$"
+    )]
     pub identity: String,
 }
 

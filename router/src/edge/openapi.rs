@@ -62,12 +62,47 @@ impl Modify for Common {
             ("401", "missing or invalid bearer token"),
             ("404", "no such resource for this identity"),
             ("405", "method not allowed"),
+            ("409", "the conversation is closed"),
             ("413", "body too large"),
             ("415", "unsupported media type"),
             ("422", "invalid request"),
             ("429", "rate limited (see Retry-After)"),
             ("503", "unavailable or saturated (see Retry-After)"),
         ];
+        // Links from a created conversation to every operation on it, so clients (and fuzzers)
+        // can follow them.
+        let mut links = Vec::new();
+        for (path, item) in &openapi.paths.paths {
+            if !path.starts_with("/v1/conversations/{id}") || path.matches('{').count() != 1 {
+                continue;
+            }
+            let ops = [&item.get, &item.post, &item.delete];
+            for op in ops.into_iter().flatten() {
+                if let Some(id) = &op.operation_id {
+                    links.push(id.clone());
+                }
+            }
+        }
+        if let Some(create) = openapi
+            .paths
+            .paths
+            .get_mut("/v1/conversations")
+            .and_then(|item| item.post.as_mut())
+        {
+            if let Some(RefOr::T(created)) = create.responses.responses.get_mut("201") {
+                for id in links {
+                    created.links.insert(
+                        id.clone(),
+                        RefOr::T(
+                            utoipa::openapi::link::LinkBuilder::new()
+                                .operation_id(id)
+                                .parameter("id", "$response.body#/id")
+                                .build(),
+                        ),
+                    );
+                }
+            }
+        }
         for item in openapi.paths.paths.values_mut() {
             let ops = [
                 &mut item.get,

@@ -55,44 +55,55 @@ async fn frames(edge: &Edge, record: Record) -> ApiResult<BoxStream<'static, Fra
         Live(Option<bytes::Bytes>),
         Poll,
     }
-    let state = (live, head, head_leaves(&ready), record, tokio::time::interval(POLL));
-    let rest = futures::stream::unfold(state, |(mut live, mut head, mut told, record, mut poll)| async move {
-        loop {
-            let input = tokio::select! {
-                m = live.next() => Input::Live(m),
-                _ = poll.tick() => Input::Poll,
-            };
-            let frame = match input {
-                Input::Live(None) => return None,
-                Input::Live(Some(bytes)) => match serde_json::from_slice::<LiveFrame>(&bytes) {
-                    Ok(LiveFrame::Delta { turn, text }) => Some(Frame::Delta {
-                        turn: turn.to_string(),
-                        text,
-                    }),
-                    Ok(LiveFrame::Rows { through }) if through > told => {
-                        told = through;
-                        Some(Frame::Rows { through })
-                    }
-                    _ => None,
-                },
-                Input::Poll => match record.head_after(Some(&head)).await {
-                    Ok(now) => {
-                        let through = now.leaves();
-                        head = now;
-                        (through > told).then(|| {
+    let state = (
+        live,
+        head,
+        head_leaves(&ready),
+        record,
+        tokio::time::interval(POLL),
+    );
+    let rest = futures::stream::unfold(
+        state,
+        |(mut live, mut head, mut told, record, mut poll)| async move {
+            loop {
+                let input = tokio::select! {
+                    m = live.next() => Input::Live(m),
+                    _ = poll.tick() => Input::Poll,
+                };
+                let frame = match input {
+                    Input::Live(None) => return None,
+                    Input::Live(Some(bytes)) => match serde_json::from_slice::<LiveFrame>(&bytes) {
+                        Ok(LiveFrame::Delta { turn, text }) => Some(Frame::Delta {
+                            turn: turn.to_string(),
+                            text,
+                        }),
+                        Ok(LiveFrame::Rows { through }) if through > told => {
                             told = through;
-                            Frame::Rows { through }
-                        })
-                    }
-                    Err(_) => None,
-                },
-            };
-            if let Some(frame) = frame {
-                return Some((frame, (live, head, told, record, poll)));
+                            Some(Frame::Rows { through })
+                        }
+                        _ => None,
+                    },
+                    Input::Poll => match record.head_after(Some(&head)).await {
+                        Ok(now) => {
+                            let through = now.leaves();
+                            head = now;
+                            (through > told).then(|| {
+                                told = through;
+                                Frame::Rows { through }
+                            })
+                        }
+                        Err(_) => None,
+                    },
+                };
+                if let Some(frame) = frame {
+                    return Some((frame, (live, head, told, record, poll)));
+                }
             }
-        }
-    });
-    Ok(futures::stream::once(async move { ready }).chain(rest).boxed())
+        },
+    );
+    Ok(futures::stream::once(async move { ready })
+        .chain(rest)
+        .boxed())
 }
 
 fn head_leaves(frame: &Frame) -> u64 {
@@ -176,7 +187,9 @@ pub async fn sse(
     Ok(sse_response(events))
 }
 
-fn sse_response(events: impl Stream<Item = Result<SseEvent, Infallible>> + Send + 'static) -> Response {
+fn sse_response(
+    events: impl Stream<Item = Result<SseEvent, Infallible>> + Send + 'static,
+) -> Response {
     Sse::new(events)
         .keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
         .into_response()

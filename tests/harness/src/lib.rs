@@ -14,6 +14,7 @@
 //! - [`lanes`]: publishing many events and checking they were committed in order, once
 
 pub mod counting;
+pub mod edge;
 pub mod fixtures;
 pub mod git;
 pub mod index;

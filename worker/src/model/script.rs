@@ -2,7 +2,8 @@
 //!
 //! ```toml
 //! [[turn]]
-//! when = "report"             # case-insensitive substring of the turn's first user message;
+//! when = "report"             # case-insensitive substring of the turn's first user message
+//!                             # (with none, its first message: "The user attached …");
 //!                             # omitted: any turn. The first matching entry wins.
 //! closing = "I tried …"       # the reply to a closing call (omitted: an empty reply)
 //! [[turn.step]]               # step k answers the turn's k-th model call; the last repeats
@@ -132,9 +133,12 @@ impl ModelProvider for ScriptModel {
             });
         }
         let turn_messages = request.messages.get(request.turn_start..).unwrap_or(&[]);
+        // A turn with no user message (an attachment alone, an answer) matches on its first
+        // message of any role instead.
         let first_user = turn_messages
             .iter()
             .find(|m| m.role == Role::User)
+            .or_else(|| turn_messages.iter().find(|m| m.role != Role::Assistant))
             .map(|m| m.content.to_lowercase())
             .unwrap_or_default();
         let Some(entry) = self.script.turns.iter().find(|t| {

@@ -1,0 +1,441 @@
+//! The HTTP/WebSocket edge end to end, against `turnpike serve` in its own process: a whole
+//! conversation over the API with a client that drops its stream mid-turn, privacy (another
+//! identity gets 404 for everything), refused input that writes nothing, limits, and the
+//! OpenAPI document fuzzed by schemathesis.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use reqwest::Method;
+use serde_json::{json, Value};
+use turnpike_router::edge::client::{Client, Cursor};
+use turnpike_router::edge::model::Frame;
+use turnpike_tests::edge::{files_under, Server, ADMIN, ALICE, BOB};
+
+fn binary() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_turnpike"))
+}
+
+const MANIFEST: &str = r#"
+app = "edge"
+
+[agents.assistant]
+provider = "script"
+script = "edge.script.toml"
+system_prompt = "You write notes."
+tools = ["list_files", "write_file", "publish", "read_file"]
+approval = [{ tool = "write_file" }]
+
+[agents.echo]
+provider = "echo"
+"#;
+
+const SCRIPT: &str = r##"
+[[turn]]
+when = "draft"
+# Round 1 streams at once.
+[[turn.step]]
+text = "Drafting your note now. "
+tool_calls = [{ name = "list_files", arguments = {} }]
+# Round 2 holds until more input reaches the lane (the follow-up), which is folded in after it.
+[[turn.step]]
+text = "Thinking. "
+tool_calls = [{ name = "list_files", arguments = {} }]
+wait_for_input = true
+# Round 3: the follow-up is in context; writing needs an approval, so the turn parks.
+[[turn.step]]
+text = "Writing it. "
+tool_calls = [{ name = "write_file", arguments = { path = "note.md", content = "# Note\n\nThe launch moves to Thursday. {last_user}\n" } }]
+[[turn.step]]
+text = "unreachable"
+
+# An attachment on its own opens a turn whose first message says "The user attached …".
+[[turn]]
+when = "the user attached"
+[[turn.step]]
+text = "I see your attachment {attachment}."
+
+# The turn an approval opens: the approved write ran (its call counts as the turn's first
+# model step); publish it.
+[[turn]]
+[[turn.step]]
+text = "unused"
+[[turn.step]]
+text = "Approved; publishing. "
+tool_calls = [{ name = "publish", arguments = { path = "note.md" } }]
+[[turn.step]]
+text = "Published {file:note.md}."
+"##;
+
+/// A 1×1 PNG.
+const PNG: &[u8] = &[
+    0x89, 0x50, 0x4E, 0x47, 0x0D, 0x0A, 0x1A, 0x0A, 0x00, 0x00, 0x00, 0x0D, 0x49, 0x48, 0x44, 0x52,
+    0x00, 0x00, 0x00, 0x01, 0x00, 0x00, 0x00, 0x01, 0x08, 0x06, 0x00, 0x00, 0x00, 0x1F, 0x15, 0xC4,
+    0x89, 0x00, 0x00, 0x00, 0x0D, 0x49, 0x44, 0x41, 0x54, 0x78, 0x9C, 0x63, 0xF8, 0xCF, 0xC0, 0xF0,
+    0x1F, 0x00, 0x05, 0x00, 0x01, 0xFF, 0x89, 0x99, 0x3D, 0x1D, 0x00, 0x00, 0x00, 0x00, 0x49, 0x45,
+    0x4E, 0x44, 0xAE, 0x42, 0x60, 0x82,
+];
+
+fn apps_dir() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("edge.toml"), MANIFEST).unwrap();
+    std::fs::write(dir.path().join("edge.script.toml"), SCRIPT).unwrap();
+    dir
+}
+
+fn server(apps: &Path, extra: &[&str], search: bool) -> Server {
+    Server::start(&binary(), Some(apps), extra, search).expect("turnpike serve starts")
+}
+
+/// Polls `check` until it returns `Some`, or fails after `timeout` saying `what`.
+async fn wait_for<T, F, Fut>(timeout: Duration, what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = check().await {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn create(client: &Client, agent: &str) -> String {
+    let reply = client
+        .post(
+            "/v1/conversations",
+            &json!({"app": "edge", "agent": agent, "instructions": "Be brief."}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(reply.status, 201, "{:?}", reply.body);
+    reply.body["id"].as_str().unwrap().to_owned()
+}
+
+async fn conversation(client: &Client, id: &str) -> Value {
+    client
+        .get(&format!("/v1/conversations/{id}"))
+        .await
+        .unwrap()
+        .into_ok()
+        .unwrap()
+}
+
+/// Reads rows into `seen` until one satisfies `done`, following the stream's `rows` frames.
+async fn follow_until(
+    client: &Client,
+    stream: &mut turnpike_router::edge::client::FrameStream,
+    cursor: &mut Cursor,
+    seen: &mut Vec<Value>,
+    what: &str,
+    done: impl Fn(&Value) -> bool,
+) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if seen.iter().any(&done) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out waiting for {what}; rows so far:\n{}",
+            seen.iter()
+                .map(|r| format!("{} {} {}", r["seq"], r["kind"], r["text"]))
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
+        match stream.next_within(Duration::from_secs(5)).await {
+            Some(Frame::Rows { .. }) | Some(Frame::Ready { .. }) | None => {
+                seen.extend(cursor.read(client).await.unwrap());
+            }
+            Some(Frame::Delta { .. }) => {}
+        }
+    }
+}
+
+fn is_reply_containing(text: impl Into<String>) -> impl Fn(&Value) -> bool {
+    let text = text.into();
+    move |row: &Value| {
+        row["kind"] == "assistant_message" && row["text"].as_str().unwrap_or("").contains(&text)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_conversation_over_http_with_a_stream_dropped_mid_turn_misses_nothing() {
+    let apps = apps_dir();
+    let server = server(apps.path(), &[], true);
+    let alice = server.client(ALICE);
+
+    // Apps, then a new conversation.
+    let listed = alice.get("/v1/apps").await.unwrap().into_ok().unwrap();
+    assert!(listed["apps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|a| a["id"] == "edge"));
+    let id = create(&alice, "assistant").await;
+    let view = conversation(&alice, &id).await;
+    assert_eq!(view["status"], "idle");
+    assert_eq!(view["owner"], "local:alice");
+    assert_eq!(view["instructions"], "Be brief.");
+
+    let mut stream = alice.stream(&id).await.unwrap();
+    let Some(Frame::Ready { through }) = stream.next_within(Duration::from_secs(10)).await else {
+        panic!("the stream starts with a ready frame");
+    };
+    assert!(through >= 1);
+    let mut cursor = Cursor::new(&id);
+    let mut seen = cursor.read(&alice).await.unwrap();
+    assert_eq!(seen[0]["kind"], "conversation_opened");
+
+    // A message, and its retry with the same key: accepted once.
+    let path = format!("/v1/conversations/{id}/messages");
+    let body = json!({"text": "please draft a note about the launch"});
+    let first = alice
+        .send(Method::POST, &path, Some(&body), Some("draft-1"))
+        .await
+        .unwrap();
+    assert_eq!(first.status, 202, "{:?}", first.body);
+    assert_eq!(first.body["duplicate"], false);
+    let retry = alice
+        .send(Method::POST, &path, Some(&body), Some("draft-1"))
+        .await
+        .unwrap();
+    assert_eq!(retry.status, 202);
+    assert_eq!(retry.body["duplicate"], true);
+    assert_eq!(retry.body["lane_seq"], first.body["lane_seq"]);
+
+    // The reply streams: wait for its first delta, then drop the stream mid-turn (the turn is
+    // holding for more input).
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        assert!(Instant::now() < deadline, "no delta arrived");
+        match stream.next_within(Duration::from_secs(5)).await {
+            Some(Frame::Delta { text, .. }) if text.contains("Drafting") => break,
+            Some(Frame::Rows { .. }) => seen.extend(cursor.read(&alice).await.unwrap()),
+            _ => {}
+        }
+    }
+    stream.close().await;
+
+    // While no client listens, a follow-up arrives; the turn goes on and parks on the approval.
+    let follow = alice
+        .post(
+            &format!("/v1/conversations/{id}/follow-ups"),
+            &json!({"text": "Ana owns the checklist."}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(follow.status, 202, "{:?}", follow.body);
+    let pending = wait_for(Duration::from_secs(60), "the approval request", || {
+        let alice = alice.clone();
+        let id = id.clone();
+        async move {
+            let p = alice
+                .get(&format!("/v1/conversations/{id}/pending"))
+                .await
+                .ok()?
+                .into_ok()
+                .ok()?;
+            (!p["approvals"].as_array()?.is_empty()).then_some(p)
+        }
+    })
+    .await;
+    let approval = &pending["approvals"][0];
+    assert_eq!(approval["tool"], "write_file");
+    assert!(approval["arguments"]["content"]
+        .as_str()
+        .unwrap()
+        .contains("Ana owns the checklist."));
+    assert_eq!(conversation(&alice, &id).await["status"], "waiting");
+
+    // Reconnect and resume from the cursor.
+    let mut stream = alice.stream(&id).await.unwrap();
+    assert!(matches!(
+        stream.next_within(Duration::from_secs(10)).await,
+        Some(Frame::Ready { .. })
+    ));
+    seen.extend(cursor.read(&alice).await.unwrap());
+    assert!(seen.iter().any(|r| r["kind"] == "follow_up"));
+    assert!(seen.iter().any(|r| r["kind"] == "approval_request"));
+
+    // Approve: the write runs, the next round publishes, the reply names the file.
+    let request = approval["request_id"].as_str().unwrap();
+    let approved = alice
+        .post(
+            &format!("/v1/conversations/{id}/approvals/{request}/approve"),
+            &json!({"reason": "looks right"}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(approved.status, 202, "{:?}", approved.body);
+    follow_until(
+        &alice,
+        &mut stream,
+        &mut cursor,
+        &mut seen,
+        "the published reply",
+        is_reply_containing("Published conv:fi:"),
+    )
+    .await;
+
+    // The hosted file, through the resolver as alice, and through a short-lived signed link.
+    let reply = seen
+        .iter()
+        .find(|r| is_reply_containing("Published conv:fi:")(r))
+        .unwrap();
+    let reference = reply["text"]
+        .as_str()
+        .unwrap()
+        .split_whitespace()
+        .find(|w| w.starts_with("conv:fi:"))
+        .unwrap()
+        .trim_end_matches('.')
+        .to_owned();
+    let (status, bytes) = alice
+        .bytes(&format!("/v1/files?reference={reference}"), true)
+        .await
+        .unwrap();
+    assert_eq!(status, 200);
+    let note = String::from_utf8(bytes).unwrap();
+    assert!(note.contains("Ana owns the checklist."), "{note}");
+    let link = alice
+        .post(
+            "/v1/files/links",
+            &json!({"reference": reference, "ttl_seconds": 60}),
+        )
+        .await
+        .unwrap()
+        .into_ok()
+        .unwrap();
+    let url = link["url"].as_str().unwrap();
+    let (status, linked) = alice.bytes(url, false).await.unwrap();
+    assert_eq!(status, 200);
+    assert_eq!(String::from_utf8(linked).unwrap(), note);
+    let forged = format!("{}x", &url[..url.len() - 1]);
+    assert_eq!(alice.bytes(&forged, false).await.unwrap().0, 404);
+
+    // An attachment: stored, previewed, on the timeline; the agent sees it.
+    let attached = alice
+        .attach(&id, "pixel.png", "image/png", PNG.to_vec())
+        .await
+        .unwrap();
+    assert_eq!(attached.status, 202, "{:?}", attached.body);
+    let preview = format!("PNG image, 1×1 px, {} bytes", PNG.len());
+    assert_eq!(attached.body["preview"], preview.as_str());
+    let attachment = attached.body["reference"].as_str().unwrap().to_owned();
+    assert!(attachment.starts_with(&format!("conv:at:{id}/")));
+    let (status, stored) = alice
+        .bytes(&format!("/v1/files?reference={attachment}"), true)
+        .await
+        .unwrap();
+    assert_eq!((status, stored.as_slice()), (200, PNG));
+    follow_until(
+        &alice,
+        &mut stream,
+        &mut cursor,
+        &mut seen,
+        "the reply about the attachment",
+        is_reply_containing(format!("I see your attachment {attachment}")),
+    )
+    .await;
+    let row = seen.iter().find(|r| r["kind"] == "attachment").unwrap();
+    assert_eq!(row["data"]["event"]["body"]["preview"], preview.as_str());
+
+    // Every row was read exactly once, in order, across the dropped connection.
+    let seqs: Vec<u64> = seen.iter().map(|r| r["seq"].as_u64().unwrap()).collect();
+    assert!(seqs.windows(2).all(|w| w[0] < w[1]), "{seqs:?}");
+    let mut fresh = Cursor::new(&id);
+    let all = fresh.read(&alice).await.unwrap();
+    let all_seqs: Vec<u64> = all.iter().map(|r| r["seq"].as_u64().unwrap()).collect();
+    assert_eq!(
+        &all_seqs[..seqs.len()],
+        &seqs[..],
+        "nothing missed or duplicated"
+    );
+    assert_eq!(
+        all.iter().filter(|r| r["kind"] == "user_message").count(),
+        1
+    );
+
+    // Paging backwards returns the same rows, latest first per page.
+    let mut back = Vec::new();
+    let mut before = u64::MAX;
+    loop {
+        let page = alice
+            .get(&format!(
+                "/v1/conversations/{id}/messages?before={before}&limit=7"
+            ))
+            .await
+            .unwrap()
+            .into_ok()
+            .unwrap();
+        let rows = page["rows"].as_array().unwrap().clone();
+        back.splice(0..0, rows);
+        match page["prev_before"].as_u64() {
+            Some(b) => before = b,
+            None => break,
+        }
+    }
+    let back_seqs: Vec<u64> = back.iter().map(|r| r["seq"].as_u64().unwrap()).collect();
+    assert_eq!(back_seqs, all_seqs);
+
+    // Search finds the conversation by meaning, once the index has caught up.
+    let hits = wait_for(Duration::from_secs(60), "search hits", || {
+        let alice = alice.clone();
+        async move {
+            let r = alice
+                .get("/v1/search?q=when%20does%20the%20launch%20happen&limit=5")
+                .await
+                .ok()?
+                .into_ok()
+                .ok()?;
+            let hits = r["hits"].as_array()?.clone();
+            (!hits.is_empty()).then_some(hits)
+        }
+    })
+    .await;
+    assert!(hits.iter().all(|h| h["conversation"] == id.as_str()));
+    assert!(hits
+        .iter()
+        .any(|h| h["snippet"].as_str().unwrap_or("").contains("launch")));
+
+    // Admin: the record verifies and replays.
+    let admin = server.client(ADMIN);
+    let verified = admin
+        .post(&format!("/v1/admin/conversations/{id}/verify"), &json!({}))
+        .await
+        .unwrap()
+        .into_ok()
+        .unwrap();
+    assert_eq!(verified["intact"], true, "{verified}");
+    let replayed = admin
+        .post(&format!("/v1/admin/conversations/{id}/replay"), &json!({}))
+        .await
+        .unwrap()
+        .into_ok()
+        .unwrap();
+    assert_eq!(replayed["reproduced"], true, "{replayed}");
+    assert_eq!(
+        alice
+            .post(&format!("/v1/admin/conversations/{id}/verify"), &json!({}))
+            .await
+            .unwrap()
+            .status,
+        403
+    );
+
+    // Listing shows it with its counts.
+    let list = alice
+        .get("/v1/conversations")
+        .await
+        .unwrap()
+        .into_ok()
+        .unwrap();
+    let listed = &list["conversations"][0];
+    assert_eq!(listed["id"], id.as_str());
+    assert_eq!(listed["messages"], 2, "a message and a follow-up");
+    assert_eq!(listed["status"], "idle");
+}

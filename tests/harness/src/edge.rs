@@ -1,0 +1,111 @@
+//! `turnpike serve` as a separate process with its API on a free loopback port, and clients of
+//! it for several identities.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::Result;
+use turnpike_router::edge::client::Client;
+
+use crate::process::Process;
+use crate::services::free_port;
+
+/// Tokens every test server accepts.
+pub const ALICE: &str = "token-alice";
+pub const BOB: &str = "token-bob";
+pub const ADMIN: &str = "token-admin";
+
+const TOKENS: &str = r#"
+[[tokens]]
+token = "token-alice"
+identity = "local:alice"
+
+[[tokens]]
+token = "token-bob"
+identity = "local:bob"
+
+[[tokens]]
+token = "token-admin"
+identity = "local:operator"
+admin = true
+"#;
+
+/// A running `turnpike serve`.
+pub struct Server {
+    pub process: Process,
+    pub base: String,
+    pub data: tempfile::TempDir,
+}
+
+impl Server {
+    /// Starts `turnpike serve` (the binary at `binary`) on a fresh data directory, hosting the
+    /// app manifests in `apps` too, with `extra` flags. With `search`, the embedding model is
+    /// passed so the index is on.
+    pub fn start(binary: &Path, apps: Option<&Path>, extra: &[&str], search: bool) -> Result<Self> {
+        let data = tempfile::tempdir()?;
+        let tokens = data.path().join("test-tokens.toml");
+        std::fs::write(&tokens, TOKENS)?;
+        let port = free_port()?;
+        let mut args: Vec<String> = vec!["--data-dir".into(), data.path().display().to_string()];
+        if let Some(apps) = apps {
+            args.extend(["--apps".into(), apps.display().to_string()]);
+        }
+        args.extend([
+            "serve".into(),
+            "--listen".into(),
+            format!("127.0.0.1:{port}"),
+            "--tokens".into(),
+            tokens.display().to_string(),
+        ]);
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let mut envs = vec![("RUST_LOG", "warn".to_owned())];
+        let model = crate::index::model_dir().display().to_string();
+        envs.push((
+            "TURNPIKE_EMBEDDING_MODEL",
+            if search {
+                model
+            } else {
+                "/nonexistent-model".into()
+            },
+        ));
+        let mut process = Process::start(binary, &args, &envs)?;
+        process.wait_for_line("API listening on", Duration::from_secs(120))?;
+        process.wait_for_line("worker wkr_", Duration::from_secs(120))?;
+        Ok(Self {
+            process,
+            base: format!("http://127.0.0.1:{port}"),
+            data,
+        })
+    }
+
+    /// A client holding `token`.
+    pub fn client(&self, token: &str) -> Client {
+        Client::new(&self.base, token)
+    }
+
+    /// The data directory's object store (to check what was written).
+    pub fn store_dir(&self) -> PathBuf {
+        self.data.path().join("store")
+    }
+}
+
+/// Every file under `dir`, relative, sorted: a fingerprint of what a store holds.
+pub fn files_under(dir: &Path) -> Vec<String> {
+    fn walk(root: &Path, dir: &Path, out: &mut Vec<String>) {
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                walk(root, &path, out);
+            } else if let Ok(rel) = path.strip_prefix(root) {
+                out.push(rel.display().to_string());
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk(dir, dir, &mut out);
+    out.sort();
+    out
+}
