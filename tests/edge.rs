@@ -439,3 +439,567 @@ async fn a_conversation_over_http_with_a_stream_dropped_mid_turn_misses_nothing(
     assert_eq!(listed["messages"], 2, "a message and a follow-up");
     assert_eq!(listed["status"], "idle");
 }
+
+/// Every conversation-scoped operation, as (method, path, JSON body).
+fn every_operation(
+    id: &str,
+    request: &str,
+    reference: &str,
+) -> Vec<(Method, String, Option<Value>)> {
+    let c = format!("/v1/conversations/{id}");
+    let text = json!({"text": "hi"});
+    vec![
+        (Method::GET, c.clone(), None),
+        (Method::POST, format!("{c}/close"), Some(json!({}))),
+        (
+            Method::POST,
+            format!("{c}/grants"),
+            Some(json!({"identity": "local:bob"})),
+        ),
+        (
+            Method::DELETE,
+            format!("{c}/grants"),
+            Some(json!({"identity": "local:bob"})),
+        ),
+        (Method::GET, format!("{c}/messages"), None),
+        (Method::GET, format!("{c}/messages?before=5"), None),
+        (Method::POST, format!("{c}/messages"), Some(text.clone())),
+        (Method::POST, format!("{c}/follow-ups"), Some(text.clone())),
+        (Method::POST, format!("{c}/steer"), Some(text)),
+        (Method::POST, format!("{c}/stop"), Some(json!({}))),
+        (Method::GET, format!("{c}/pending"), None),
+        (
+            Method::POST,
+            format!("{c}/approvals/{request}/approve"),
+            Some(json!({})),
+        ),
+        (
+            Method::POST,
+            format!("{c}/approvals/{request}/reject"),
+            Some(json!({})),
+        ),
+        (
+            Method::POST,
+            format!("{c}/questions/{request}/answer"),
+            Some(json!({"answer": "x"})),
+        ),
+        (
+            Method::POST,
+            format!("{c}/agent"),
+            Some(json!({"agent": "echo"})),
+        ),
+        (Method::POST, format!("{c}/compact"), None),
+        (Method::GET, format!("{c}/stream"), None),
+        (Method::GET, format!("{c}/events"), None),
+        (
+            Method::GET,
+            format!("/v1/files?reference={reference}"),
+            None,
+        ),
+        (
+            Method::POST,
+            "/v1/files/links".into(),
+            Some(json!({"reference": reference})),
+        ),
+    ]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_identity_gets_404_for_everything_of_a_conversation_it_may_not_see() {
+    let apps = apps_dir();
+    let server = server(apps.path(), &[], false);
+    let alice = server.client(ALICE);
+    let bob = server.client(BOB);
+    let id = create(&alice, "echo").await;
+    alice
+        .post(
+            &format!("/v1/conversations/{id}/messages"),
+            &json!({"text": "secret plans"}),
+        )
+        .await
+        .unwrap()
+        .into_ok()
+        .unwrap();
+    let attached = alice
+        .attach(&id, "pixel.png", "image/png", PNG.to_vec())
+        .await
+        .unwrap()
+        .into_ok()
+        .unwrap();
+    let reference = attached["reference"].as_str().unwrap().to_owned();
+    // Let alice's turns finish, so the store only changes if bob changes it.
+    wait_for(Duration::from_secs(60), "alice's turns to finish", || {
+        let alice = alice.clone();
+        let id = id.clone();
+        async move {
+            let view = alice
+                .get(&format!("/v1/conversations/{id}"))
+                .await
+                .ok()?
+                .body;
+            let rows = Cursor::new(&id).read(&alice).await.ok()?;
+            let both = rows.iter().any(|r| r["kind"] == "attachment")
+                && rows.iter().any(|r| r["kind"] == "user_message");
+            (both && view["status"] == "idle").then_some(())
+        }
+    })
+    .await;
+    let request = "req_01M8MGM1ZZ870J023EVYHFAEVQ";
+    let missing = "conv_01M8MGM1ZZ870J023EVYHFAEVQ";
+    let before = files_under(&server.store_dir());
+
+    for (method, path, body) in every_operation(&id, request, &reference) {
+        let reply = bob
+            .send(method.clone(), &path, body.as_ref(), None)
+            .await
+            .unwrap();
+        assert_eq!(reply.status, 404, "{method} {path}: {:?}", reply.body);
+        assert_eq!(reply.code(), "not_found", "{method} {path}");
+        // Exactly what a conversation that does not exist gets (no existence oracle), apart from
+        // the id itself.
+        let ghost_path = path.replace(&id, missing);
+        let ghost_body: Option<Value> = body
+            .as_ref()
+            .map(|b| serde_json::from_str(&b.to_string().replace(&id, missing)).unwrap());
+        let ghost = bob
+            .send(method.clone(), &ghost_path, ghost_body.as_ref(), None)
+            .await
+            .unwrap();
+        assert_eq!(ghost.status, 404, "{method} {ghost_path}");
+        assert_eq!(
+            reply.body["message"]
+                .as_str()
+                .unwrap()
+                .replace(&id, missing),
+            ghost.body["message"].as_str().unwrap(),
+            "{method} {path}"
+        );
+    }
+    // Bob's listing and search show nothing of alice's.
+    let list = bob
+        .get("/v1/conversations")
+        .await
+        .unwrap()
+        .into_ok()
+        .unwrap();
+    assert_eq!(list["conversations"], json!([]));
+    assert_eq!(
+        bob.bytes(&format!("/v1/files?reference={reference}"), true)
+            .await
+            .unwrap()
+            .0,
+        404
+    );
+    // Nothing bob did wrote anything.
+    assert_eq!(files_under(&server.store_dir()), before);
+    assert_eq!(conversation(&alice, &id).await["messages"], 1);
+
+    // Shared by an explicit grant, bob sees it; revoked, he does not.
+    let grant = json!({"identity": "local:bob"});
+    alice
+        .post(&format!("/v1/conversations/{id}/grants"), &grant)
+        .await
+        .unwrap()
+        .into_ok()
+        .unwrap();
+    let seen = bob
+        .get(&format!("/v1/conversations/{id}/messages"))
+        .await
+        .unwrap();
+    assert_eq!(seen.status, 200);
+    assert!(seen.body["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|r| r["text"] == "secret plans"));
+    assert_eq!(
+        bob.bytes(&format!("/v1/files?reference={reference}"), true)
+            .await
+            .unwrap()
+            .0,
+        200
+    );
+    // Sharing and closing stay the owner's.
+    let regrant = bob
+        .post(
+            &format!("/v1/conversations/{id}/grants"),
+            &json!({"identity": "local:eve"}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(regrant.status, 404);
+    alice
+        .send(
+            Method::DELETE,
+            &format!("/v1/conversations/{id}/grants"),
+            Some(&grant),
+            None,
+        )
+        .await
+        .unwrap()
+        .into_ok()
+        .unwrap();
+    assert_eq!(
+        bob.get(&format!("/v1/conversations/{id}"))
+            .await
+            .unwrap()
+            .status,
+        404
+    );
+
+    // SSE works for the owner and starts with a ready frame.
+    let response = reqwest::Client::new()
+        .get(format!("{}/v1/conversations/{id}/events", server.base))
+        .bearer_auth(ALICE)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    assert!(response.headers()["content-type"]
+        .to_str()
+        .unwrap()
+        .starts_with("text/event-stream"));
+    let mut body = response.bytes_stream();
+    use futures::StreamExt as _;
+    let mut text = String::new();
+    while !text.contains("\n\n") {
+        let chunk = tokio::time::timeout(Duration::from_secs(10), body.next())
+            .await
+            .expect("a first SSE event")
+            .unwrap()
+            .unwrap();
+        text.push_str(&String::from_utf8_lossy(&chunk));
+    }
+    assert!(text.contains("event: ready"), "{text}");
+    assert!(text.contains("\"type\":\"ready\""), "{text}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oversized_and_malformed_requests_get_a_clear_4xx_and_write_nothing() {
+    let apps = apps_dir();
+    let server = server(apps.path(), &["--rate-per-second", "0"], false);
+    let alice = server.client(ALICE);
+    let id = create(&alice, "echo").await;
+    let before = files_under(&server.store_dir());
+    let messages = format!("/v1/conversations/{id}/messages");
+    let post = Method::POST;
+
+    // (what, reply, expected status, expected code, a word the message must hold)
+    let mut cases = Vec::new();
+    let huge_text = "x".repeat(64 * 1024 + 1);
+    cases.push((
+        "a message over 64 KiB",
+        alice
+            .post(&messages, &json!({"text": huge_text}))
+            .await
+            .unwrap(),
+        422,
+        "invalid",
+        "limit",
+    ));
+    cases.push((
+        "a body over the body limit",
+        alice
+            .send_raw(
+                post.clone(),
+                &messages,
+                "application/json",
+                vec![b' '; 300 * 1024],
+            )
+            .await
+            .unwrap(),
+        413,
+        "payload_too_large",
+        "",
+    ));
+    cases.push((
+        "malformed JSON",
+        alice
+            .send_raw(
+                post.clone(),
+                &messages,
+                "application/json",
+                b"{\"text\": ".to_vec(),
+            )
+            .await
+            .unwrap(),
+        400,
+        "malformed",
+        "",
+    ));
+    cases.push((
+        "no JSON content type",
+        alice
+            .send_raw(
+                post.clone(),
+                &messages,
+                "text/plain",
+                b"{\"text\":\"hi\"}".to_vec(),
+            )
+            .await
+            .unwrap(),
+        415,
+        "unsupported_media_type",
+        "",
+    ));
+    cases.push((
+        "an unknown field",
+        alice
+            .post(&messages, &json!({"text": "hi", "role": "system"}))
+            .await
+            .unwrap(),
+        422,
+        "invalid",
+        "role",
+    ));
+    cases.push((
+        "an empty message",
+        alice
+            .post(&messages, &json!({"text": "   "}))
+            .await
+            .unwrap(),
+        422,
+        "invalid",
+        "empty",
+    ));
+    cases.push((
+        "a bad idempotency key",
+        alice
+            .send(
+                post.clone(),
+                &messages,
+                Some(&json!({"text": "hi"})),
+                Some("has spaces"),
+            )
+            .await
+            .unwrap(),
+        422,
+        "invalid",
+        "idempotency",
+    ));
+    cases.push((
+        "an attachment over 8 MiB",
+        alice
+            .attach(&id, "big.png", "image/png", {
+                let mut big = PNG.to_vec();
+                big.resize(8 * 1024 * 1024 + 1, 0);
+                big
+            })
+            .await
+            .unwrap(),
+        413,
+        "payload_too_large",
+        "limit",
+    ));
+    cases.push((
+        "an executable posing as an image",
+        alice
+            .attach(
+                &id,
+                "x.png",
+                "image/png",
+                b"MZ\x90\x00\x03\x00\x00\x00\x04\x00\xff\xff".to_vec(),
+            )
+            .await
+            .unwrap(),
+        415,
+        "unsupported_media_type",
+        "",
+    ));
+    cases.push((
+        "an attachment name with a slash",
+        alice
+            .attach(&id, "../x.png", "image/png", PNG.to_vec())
+            .await
+            .unwrap(),
+        422,
+        "invalid",
+        "name",
+    ));
+    cases.push((
+        "an unknown app",
+        alice
+            .post("/v1/conversations", &json!({"app": "nope", "agent": "x"}))
+            .await
+            .unwrap(),
+        422,
+        "invalid",
+        "not hosted",
+    ));
+    cases.push((
+        "an unknown agent to switch to",
+        alice
+            .post(
+                &format!("/v1/conversations/{id}/agent"),
+                &json!({"agent": "ghost"}),
+            )
+            .await
+            .unwrap(),
+        422,
+        "invalid",
+        "ghost",
+    ));
+    cases.push((
+        "a cursor both ways",
+        alice
+            .get(&format!("{messages}?after=1&before=3"))
+            .await
+            .unwrap(),
+        400,
+        "malformed",
+        "not both",
+    ));
+    cases.push((
+        "a search without a query",
+        alice.get("/v1/search").await.unwrap(),
+        400,
+        "malformed",
+        "q",
+    ));
+    cases.push((
+        "no token",
+        alice.as_token("").get("/v1/conversations").await.unwrap(),
+        401,
+        "unauthorized",
+        "token",
+    ));
+    cases.push((
+        "a wrong token",
+        alice
+            .as_token("nope")
+            .get("/v1/conversations")
+            .await
+            .unwrap(),
+        401,
+        "unauthorized",
+        "token",
+    ));
+    cases.push((
+        "an unknown endpoint",
+        alice.get("/v1/nothing-here").await.unwrap(),
+        404,
+        "not_found",
+        "",
+    ));
+    for (what, reply, status, code, word) in cases {
+        assert_eq!(reply.status, status, "{what}: {:?}", reply.body);
+        assert_eq!(reply.code(), code, "{what}: {:?}", reply.body);
+        let message = reply.body["message"].as_str().unwrap_or("");
+        assert!(!message.is_empty(), "{what}: no message");
+        assert!(
+            message.to_lowercase().contains(word),
+            "{what}: {message:?} should mention {word:?}"
+        );
+        assert!(reply.body["details"].is_object(), "{what}");
+    }
+    // Nothing was written: no event, no attachment, no conversation.
+    assert_eq!(files_under(&server.store_dir()), before);
+    let view = conversation(&alice, &id).await;
+    assert_eq!(view["messages"], 0);
+    assert_eq!(view["turns"], 0);
+
+    // A closed conversation refuses events with 409 and stays readable.
+    alice
+        .post(&format!("/v1/conversations/{id}/close"), &json!({}))
+        .await
+        .unwrap()
+        .into_ok()
+        .unwrap();
+    let refused = alice.post(&messages, &json!({"text": "hi"})).await.unwrap();
+    assert_eq!((refused.status, refused.code()), (409, "conflict"));
+    assert_eq!(conversation(&alice, &id).await["status"], "closed");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_identity_over_its_rate_gets_429_with_retry_after_and_others_do_not() {
+    let apps = apps_dir();
+    let server = server(
+        apps.path(),
+        &["--rate-per-second", "1", "--rate-burst", "3"],
+        false,
+    );
+    let alice = server.client(ALICE);
+    let bob = server.client(BOB);
+    let mut statuses = Vec::new();
+    for _ in 0..6 {
+        statuses.push(alice.get("/v1/apps").await.unwrap());
+    }
+    let limited: Vec<_> = statuses.iter().filter(|r| r.status == 429).collect();
+    assert!(
+        !limited.is_empty(),
+        "a burst of 6 over a burst limit of 3 is limited"
+    );
+    assert!(statuses[0].ok());
+    for r in &limited {
+        assert_eq!(r.code(), "rate_limited");
+        assert!(r.retry_after.is_some_and(|s| s >= 1), "{r:?}");
+    }
+    assert!(
+        bob.get("/v1/apps").await.unwrap().ok(),
+        "bob has his own budget"
+    );
+}
+
+/// The schemathesis program: `$TURNPIKE_SCHEMATHESIS`, else where the services script puts it.
+fn schemathesis() -> PathBuf {
+    std::env::var("TURNPIKE_SCHEMATHESIS")
+        .unwrap_or_else(|_| "/var/tmp/turnpike-services/venv/bin/schemathesis".into())
+        .into()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_property_based_fuzzer_finds_no_5xx_and_no_response_off_the_schema() {
+    let program = schemathesis();
+    assert!(
+        program.exists(),
+        "{} is missing: `scripts/services install tests` installs it",
+        program.display()
+    );
+    let apps = apps_dir();
+    let server = server(apps.path(), &["--rate-per-second", "0"], true);
+    // The document the server serves is the one the code generates.
+    let served = server
+        .client(ALICE)
+        .get("/v1/openapi.json")
+        .await
+        .unwrap()
+        .into_ok()
+        .unwrap();
+    let generated = turnpike_router::edge::openapi::document_value();
+    assert_eq!(served, generated);
+    assert!(served["paths"]["/v1/conversations/{id}/messages"]["post"].is_object());
+
+    let base = server.base.clone();
+    let output = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(program)
+            .args([
+                "run",
+                &format!("{base}/v1/openapi.json"),
+                "--header",
+                // An admin, so the admin endpoints are reached too.
+                &format!("Authorization: Bearer {ADMIN}"),
+                "--checks",
+                "not_a_server_error,response_schema_conformance,status_code_conformance,content_type_conformance",
+                // Streams never end; they are tested above.
+                "--exclude-path-regex",
+                "/(stream|events)$",
+                "--max-examples",
+                "25",
+                "--seed",
+                "1",
+                "--no-color",
+            ])
+            .env("SCHEMATHESIS_HOOKS", "")
+            .output()
+            .expect("schemathesis runs")
+    })
+    .await
+    .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "schemathesis found problems:\n{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(stdout.contains("passed"), "{stdout}");
+}

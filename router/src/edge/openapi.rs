@@ -137,12 +137,44 @@ impl Modify for Common {
     }
 }
 
-/// The document.
-pub fn document_value() -> utoipa::openapi::OpenApi {
-    ApiDoc::openapi()
+/// The values of `v` if it is an object (nothing otherwise).
+fn objects(v: Option<&mut serde_json::Value>) -> impl Iterator<Item = &mut serde_json::Value> {
+    v.and_then(|v| v.as_object_mut())
+        .into_iter()
+        .flat_map(|o| o.values_mut())
+}
+
+/// The document, as served.
+pub fn document_value() -> serde_json::Value {
+    let mut doc = serde_json::to_value(ApiDoc::openapi()).expect("the document serialises");
+    // utoipa 5 writes a link's fields in snake case; the specification spells them in camel case.
+    for item in objects(doc.get_mut("paths")) {
+        for op in item
+            .as_object_mut()
+            .into_iter()
+            .flat_map(|i| i.values_mut())
+        {
+            for response in objects(op.get_mut("responses")) {
+                for link in objects(response.get_mut("links")) {
+                    if let Some(link) = link.as_object_mut() {
+                        for (from, to) in [
+                            ("operation_id", "operationId"),
+                            ("operation_ref", "operationRef"),
+                            ("request_body", "requestBody"),
+                        ] {
+                            if let Some(v) = link.remove(from) {
+                                link.insert(to.to_owned(), v);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    doc
 }
 
 /// `GET /v1/openapi.json`.
-pub async fn document() -> Json<utoipa::openapi::OpenApi> {
+pub async fn document() -> Json<serde_json::Value> {
     Json(document_value())
 }
