@@ -17,7 +17,7 @@ pub struct Cli {
 }
 
 /// Flags every command takes.
-#[derive(Debug, Args)]
+#[derive(Debug, Clone, Args)]
 pub struct Global {
     /// Where the embedded default keeps its data (store, keys, trusted checkpoints).
     #[arg(
@@ -76,7 +76,7 @@ pub struct Global {
 }
 
 /// Where the hybrid index lives and what embeds text for it.
-#[derive(Debug, Args)]
+#[derive(Debug, Clone, Args)]
 pub struct IndexArgs {
     /// Postgres with pgvector for the index (a fleet), e.g.
     /// `postgres://user@127.0.0.1:5432/turnpike`. Without it: the embedded index under
@@ -495,6 +495,26 @@ pub enum BenchCommand {
         /// Workers in the process (one is what a fleet runs per process; each has its turn slots).
         #[arg(long, default_value_t = 1)]
         workers: usize,
+    },
+    /// The HTTP edge over `turnpike serve`'s stack (embedded bus, workers, the demo's scripted
+    /// model): accept → first streamed token at 1 and at many concurrent conversations, and
+    /// messages accepted per second.
+    Edge {
+        /// Concurrent conversations in each latency run.
+        #[arg(long, value_delimiter = ',', default_value = "1,200")]
+        conversations: Vec<usize>,
+        /// Messages per conversation in each latency run.
+        #[arg(long, default_value_t = 0)]
+        rounds: usize,
+        /// Messages posted in the throughput run.
+        #[arg(long, default_value_t = 5000)]
+        messages: usize,
+        /// Clients posting at once in the throughput run.
+        #[arg(long, default_value_t = 64)]
+        clients: usize,
+        /// Where to keep the data (a temporary directory under it); default: the system's temp dir.
+        #[arg(long)]
+        dir: Option<PathBuf>,
     },
     /// Context rebuild time at turn 10, 100 and 1,000 of one conversation, with compaction off
     /// and with a summary at turn 900, on the local filesystem.

@@ -101,12 +101,135 @@ struct Wakes {
 
 /// The bus in one process, durable on local disk.
 pub struct EmbeddedBus {
-    db: Database,
+    db: Arc<Database>,
     wakes: Arc<Wakes>,
     leases: Mutex<HashMap<ConversationId, (LeaseValue, u64)>>,
     lease_revisions: std::sync::atomic::AtomicU64,
     config: EmbeddedConfig,
-    live: tokio::sync::broadcast::Sender<(ConversationId, bytes::Bytes)>,
+    /// Publishes go to one writer thread, which commits whatever is waiting in one transaction
+    /// (group commit): one disk sync for many events, and no sync on the async runtime.
+    writer: Option<std::sync::mpsc::Sender<PublishRequest>>,
+    /// The writer thread, joined on drop so the database is closed when the bus is gone.
+    writer_thread: Option<std::thread::JoinHandle<()>>,
+    /// Advisory live messages, one channel per conversation someone listens to.
+    live: Mutex<HashMap<ConversationId, tokio::sync::broadcast::Sender<bytes::Bytes>>>,
+}
+
+/// One event waiting to be committed by the writer thread.
+struct PublishRequest {
+    conversation: ConversationId,
+    tenant: TenantId,
+    dedupe: String,
+    payload: Vec<u8>,
+    now_ms: u64,
+    window_ms: u64,
+    reply: tokio::sync::oneshot::Sender<Result<Published>>,
+}
+
+/// The most events one group commit takes.
+const MAX_GROUP: usize = 512;
+
+/// The writer thread: commits waiting publishes in groups until the bus is dropped.
+fn write_loop(
+    db: Arc<Database>,
+    wakes: Arc<Wakes>,
+    requests: std::sync::mpsc::Receiver<PublishRequest>,
+) {
+    while let Ok(first) = requests.recv() {
+        let mut group = vec![first];
+        while group.len() < MAX_GROUP {
+            match requests.try_recv() {
+                Ok(r) => group.push(r),
+                Err(_) => break,
+            }
+        }
+        match commit_group(&db, &group) {
+            Ok(outcomes) => {
+                for (request, published) in group.into_iter().zip(outcomes) {
+                    if !published.duplicate {
+                        push_wake(
+                            &wakes,
+                            Pending {
+                                conversation: request.conversation,
+                                tenant: request.tenant.clone(),
+                                seq: published.seq,
+                                deliveries: 0,
+                            },
+                        );
+                    }
+                    let _ = request.reply.send(Ok(published));
+                }
+            }
+            Err(e) => {
+                for request in group {
+                    let _ = request.reply.send(Err(Error::new(e.kind(), e.to_string())));
+                }
+            }
+        }
+    }
+}
+
+/// Applies a group of publishes in one transaction; nothing is stored if the commit fails.
+fn commit_group(db: &Database, group: &[PublishRequest]) -> Result<Vec<Published>> {
+    let txn = db.begin_write().map_err(|e| storage("publishing", e))?;
+    let mut out = Vec::with_capacity(group.len());
+    {
+        let mut seen = txn
+            .open_table(DEDUPE)
+            .map_err(|e| storage("publishing", e))?;
+        let mut heads = txn
+            .open_table(HEADS)
+            .map_err(|e| storage("publishing", e))?;
+        let mut lanes = txn
+            .open_table(LANES)
+            .map_err(|e| storage("publishing", e))?;
+        for r in group {
+            let conv = r.conversation.to_string();
+            let earlier = seen
+                .get(r.dedupe.as_str())
+                .map_err(|e| storage("publishing", e))?
+                .map(|v| v.value());
+            let published = match earlier {
+                Some((seq, at)) if r.now_ms.saturating_sub(at) < r.window_ms => Published {
+                    seq,
+                    duplicate: true,
+                },
+                _ => {
+                    let last = heads
+                        .get(conv.as_str())
+                        .map_err(|e| storage("publishing", e))?
+                        .map(|v| v.value().1)
+                        .unwrap_or(0);
+                    let seq = last + 1;
+                    lanes
+                        .insert((conv.as_str(), seq), r.payload.as_slice())
+                        .map_err(|e| storage("publishing", e))?;
+                    heads
+                        .insert(conv.as_str(), (r.tenant.as_str(), seq))
+                        .map_err(|e| storage("publishing", e))?;
+                    seen.insert(r.dedupe.as_str(), (seq, r.now_ms))
+                        .map_err(|e| storage("publishing", e))?;
+                    Published {
+                        seq,
+                        duplicate: false,
+                    }
+                }
+            };
+            out.push(published);
+        }
+    }
+    txn.commit().map_err(|e| storage("publishing", e))?;
+    Ok(out)
+}
+
+fn push_wake(wakes: &Wakes, pending: Pending) {
+    wakes
+        .queue
+        .lock()
+        .expect("wake queue lock")
+        .ready
+        .push_back(pending);
+    wakes.notify.notify_one();
 }
 
 fn storage(what: &str, e: impl std::fmt::Display) -> Error {
@@ -131,17 +254,29 @@ impl EmbeddedBus {
                 .map_err(|e| storage("creating tables", e))?;
         }
         txn.commit().map_err(|e| storage("creating tables", e))?;
+        let db = Arc::new(db);
+        let wakes = Arc::new(Wakes {
+            queue: Mutex::new(Queue::default()),
+            notify: Notify::new(),
+            ack_wait: config.ack_wait,
+        });
+        let (writer, requests) = std::sync::mpsc::channel();
+        let writer_thread = {
+            let (db, wakes) = (db.clone(), wakes.clone());
+            std::thread::Builder::new()
+                .name("embedded-bus-writer".into())
+                .spawn(move || write_loop(db, wakes, requests))
+                .map_err(|e| storage("starting its writer", e))?
+        };
         let bus = Arc::new(Self {
             db,
-            wakes: Arc::new(Wakes {
-                queue: Mutex::new(Queue::default()),
-                notify: Notify::new(),
-                ack_wait: config.ack_wait,
-            }),
+            wakes,
             leases: Mutex::new(HashMap::new()),
             lease_revisions: std::sync::atomic::AtomicU64::new(0),
             config,
-            live: tokio::sync::broadcast::channel(4096).0,
+            writer: Some(writer),
+            writer_thread: Some(writer_thread),
+            live: Mutex::new(HashMap::new()),
         });
         bus.requeue_all()?;
         Ok(bus)
@@ -169,15 +304,15 @@ impl EmbeddedBus {
         self.wakes.notify.notify_waiters();
         Ok(())
     }
+}
 
-    fn push_wake(&self, pending: Pending) {
-        self.wakes
-            .queue
-            .lock()
-            .expect("wake queue lock")
-            .ready
-            .push_back(pending);
-        self.wakes.notify.notify_one();
+impl Drop for EmbeddedBus {
+    fn drop(&mut self) {
+        // Closing the channel ends the writer after what it holds is committed.
+        self.writer.take();
+        if let Some(thread) = self.writer_thread.take() {
+            let _ = thread.join();
+        }
     }
 }
 
@@ -220,7 +355,13 @@ impl WakeAck for EmbeddedAck {
 #[async_trait]
 impl Bus for EmbeddedBus {
     async fn live(&self, conversation: ConversationId, payload: bytes::Bytes) {
-        let _ = self.live.send((conversation, payload));
+        let mut channels = self.live.lock().expect("live channels lock");
+        if let Some(tx) = channels.get(&conversation) {
+            if tx.send(payload).is_err() {
+                // Nobody listens any more.
+                channels.remove(&conversation);
+            }
+        }
     }
 
     async fn subscribe_live(
@@ -228,12 +369,18 @@ impl Bus for EmbeddedBus {
         conversation: ConversationId,
     ) -> Result<futures::stream::BoxStream<'static, bytes::Bytes>> {
         use futures::StreamExt as _;
-        let rx = self.live.subscribe();
+        let rx = self
+            .live
+            .lock()
+            .expect("live channels lock")
+            .entry(conversation)
+            .or_insert_with(|| tokio::sync::broadcast::channel(1024).0)
+            .subscribe();
         let stream = futures::stream::unfold(rx, move |mut rx| async move {
             loop {
                 match rx.recv().await {
-                    Ok((conv, payload)) if conv == conversation => return Some((payload, rx)),
-                    Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
+                    Ok(payload) => return Some((payload, rx)),
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
                     Err(tokio::sync::broadcast::error::RecvError::Closed) => return None,
                 }
             }
@@ -242,67 +389,24 @@ impl Bus for EmbeddedBus {
     }
 
     async fn publish(&self, event: &Event) -> Result<Published> {
-        let conversation = event.address.conversation;
-        let conv = conversation.to_string();
-        let dedupe = dedupe_id(event);
-        let payload = serde_json::to_vec(event).expect("events serialise");
-        let now = now_ms();
-        let window = self.config.duplicate_window.as_millis() as u64;
-        let txn = self
-            .db
-            .begin_write()
-            .map_err(|e| storage("publishing", e))?;
-        let published = {
-            let mut seen = txn
-                .open_table(DEDUPE)
-                .map_err(|e| storage("publishing", e))?;
-            let earlier = seen
-                .get(dedupe.as_str())
-                .map_err(|e| storage("publishing", e))?
-                .map(|v| v.value());
-            match earlier {
-                Some((seq, at)) if now.saturating_sub(at) < window => Published {
-                    seq,
-                    duplicate: true,
-                },
-                _ => {
-                    let mut heads = txn
-                        .open_table(HEADS)
-                        .map_err(|e| storage("publishing", e))?;
-                    let last = heads
-                        .get(conv.as_str())
-                        .map_err(|e| storage("publishing", e))?
-                        .map(|v| v.value().1)
-                        .unwrap_or(0);
-                    let seq = last + 1;
-                    let mut lanes = txn
-                        .open_table(LANES)
-                        .map_err(|e| storage("publishing", e))?;
-                    lanes
-                        .insert((conv.as_str(), seq), payload.as_slice())
-                        .map_err(|e| storage("publishing", e))?;
-                    heads
-                        .insert(conv.as_str(), (event.address.tenant.as_str(), seq))
-                        .map_err(|e| storage("publishing", e))?;
-                    seen.insert(dedupe.as_str(), (seq, now))
-                        .map_err(|e| storage("publishing", e))?;
-                    Published {
-                        seq,
-                        duplicate: false,
-                    }
-                }
-            }
+        let (reply, outcome) = tokio::sync::oneshot::channel();
+        let request = PublishRequest {
+            conversation: event.address.conversation,
+            tenant: event.address.tenant.clone(),
+            dedupe: dedupe_id(event),
+            payload: serde_json::to_vec(event).expect("events serialise"),
+            now_ms: now_ms(),
+            window_ms: self.config.duplicate_window.as_millis() as u64,
+            reply,
         };
-        txn.commit().map_err(|e| storage("publishing", e))?;
-        if !published.duplicate {
-            self.push_wake(Pending {
-                conversation,
-                tenant: event.address.tenant.clone(),
-                seq: published.seq,
-                deliveries: 0,
-            });
-        }
-        Ok(published)
+        self.writer
+            .as_ref()
+            .ok_or_else(|| storage("publishing", "the bus is closing"))?
+            .send(request)
+            .map_err(|_| storage("publishing", "the writer thread is gone"))?;
+        outcome
+            .await
+            .map_err(|_| storage("publishing", "the writer thread is gone"))?
     }
 
     async fn read_lane(

@@ -60,6 +60,25 @@ pub async fn run(global: &Global, command: BenchCommand) -> Result<ExitCode> {
             dir,
             store,
         } => super::bench_context::run(samples.max(5), dir, store).await,
+        BenchCommand::Edge {
+            conversations,
+            rounds,
+            messages,
+            clients,
+            dir,
+        } => {
+            super::bench_edge::run(
+                global,
+                super::bench_edge::Plan {
+                    conversations,
+                    rounds,
+                    messages: messages.max(1),
+                    clients: clients.max(1),
+                },
+                dir,
+            )
+            .await
+        }
         BenchCommand::Lanes {
             nats,
             conversations,

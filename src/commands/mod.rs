@@ -2,6 +2,7 @@
 
 mod bench;
 mod bench_context;
+mod bench_edge;
 mod bench_git;
 mod bench_lanes;
 mod bench_search;

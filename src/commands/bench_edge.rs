@@ -1,0 +1,342 @@
+//! `turnpike bench edge`: the HTTP/WebSocket edge over `turnpike serve`'s stack, in one process
+//! on loopback: the embedded bus, one worker, the demo app's scripted model (it streams its
+//! reply word by word).
+//!
+//! - accept → first streamed token: a client posts a message and times the first `delta` frame
+//!   on the conversation's WebSocket, at 1 and at N concurrent conversations; beside it, the
+//!   same path in process (ingress + the live subscription, no HTTP) as the baseline;
+//! - messages accepted per second at the edge (202s), many clients over many conversations,
+//!   beside in-process ingress on the same bus.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, Context as _, Result};
+use futures::StreamExt as _;
+use serde_json::json;
+use turnpike_router::edge::client::{Client, Cursor, FrameStream};
+use turnpike_router::edge::model::Frame;
+use turnpike_router::Ingress;
+use turnpike_schemas::live::LiveFrame;
+use turnpike_schemas::{ConversationId, EventBody, Identity};
+use turnpike_worker::{WorkerConfig, WorkerPool};
+
+use crate::cli::{EdgeArgs, Global};
+use crate::commands::runtime::{open_bus, workers};
+use crate::env::Env;
+
+/// What to run.
+pub struct Plan {
+    pub conversations: Vec<usize>,
+    pub rounds: usize,
+    pub messages: usize,
+    pub clients: usize,
+}
+
+fn pct(samples: &mut [Duration], p: f64) -> f64 {
+    if samples.is_empty() {
+        return f64::NAN;
+    }
+    samples.sort_unstable();
+    samples[((samples.len() as f64 - 1.0) * p).round() as usize].as_secs_f64() * 1e3
+}
+
+pub async fn run(global: &Global, plan: Plan, dir: Option<PathBuf>) -> Result<ExitCode> {
+    let tmp = match &dir {
+        Some(d) => tempfile::tempdir_in(d)?,
+        None => tempfile::tempdir()?,
+    };
+    let mut g = global.clone();
+    g.data_dir = tmp.path().to_path_buf();
+    g.nats_url = None;
+    g.store = None;
+    let env = Env::open(&g)?;
+    let bus = open_bus(&g, Duration::from_secs(30)).await?;
+    let apps = env.apps(true)?;
+    let config = WorkerConfig {
+        slots: 512,
+        ..WorkerConfig::default()
+    };
+    let pool = WorkerPool::start(workers(&env, &bus, &apps, 1, &config, None).await);
+    let args = EdgeArgs {
+        listen: "127.0.0.1:0".parse()?,
+        tokens: None,
+        jwks: None,
+        jwt_issuer: String::new(),
+        jwt_audience: String::new(),
+        jwt_identity_scope: String::new(),
+        jwt_tenant_claim: String::new(),
+        jwt_admin_claim: String::new(),
+        rate_per_second: 0,
+        rate_burst: 0,
+        max_in_flight: 8192,
+    };
+    let edge = crate::commands::edge::build(&g, &env, bus.clone(), &apps, None, &args, true)?;
+    let listener = tokio::net::TcpListener::bind(args.listen).await?;
+    let addr = listener.local_addr()?;
+    let server = tokio::spawn(async move {
+        let _ = edge.serve(listener, std::future::pending()).await;
+    });
+    let token = crate::commands::edge::local_token(&g).context("the generated token")?;
+    let client = Client::new(&format!("http://{addr}"), &token);
+    println!(
+        "edge on http://{addr}, one worker, the demo app's scripted model; data in {}",
+        tmp.path().display()
+    );
+
+    // Baseline: the same path in process.
+    let owner: Identity = crate::commands::edge::LOCAL_IDENTITY.parse()?;
+    let ingress = Ingress::new(bus.clone(), env.conversations.clone());
+    let mut base = Vec::new();
+    let conv = create(&client).await?;
+    let conversation: ConversationId = conv.parse()?;
+    for round in 0..30 {
+        let mut live = bus.subscribe_live(conversation).await?;
+        let t0 = Instant::now();
+        ingress
+            .submit(
+                &owner,
+                conversation,
+                EventBody::Message {
+                    text: format!("hello {round}"),
+                },
+                None,
+            )
+            .await?;
+        loop {
+            let frame = tokio::time::timeout(Duration::from_secs(30), live.next())
+                .await
+                .map_err(|_| anyhow!("no delta within 30 s"))?
+                .ok_or_else(|| anyhow!("the live stream ended"))?;
+            if let Ok(LiveFrame::Delta { .. }) = serde_json::from_slice(&frame) {
+                base.push(t0.elapsed());
+                break;
+            }
+        }
+        wait_idle(&client, &conv).await?;
+    }
+    let (b50, b99) = (pct(&mut base, 0.5), pct(&mut base, 0.99));
+    println!("in process (ingress + live subscription): accept → first token p50 {b50:.2} ms, p99 {b99:.2} ms ({} samples)", base.len());
+
+    for &n in &plan.conversations {
+        let rounds = if plan.rounds > 0 {
+            plan.rounds
+        } else {
+            (60 / n.max(1)).clamp(3, 50)
+        };
+        let (mut accept, mut first) = latency(&client, n.max(1), rounds).await?;
+        let (f50, f99) = (pct(&mut first, 0.5), pct(&mut first, 0.99));
+        println!(
+            "over the API, {n} concurrent conversation(s): accept → first token p50 {f50:.2} ms, p99 {f99:.2} ms (×{:.2} / ×{:.2} the in-process baseline); accept (202) p50 {:.2} ms, p99 {:.2} ms; {} samples",
+            f50 / b50,
+            f99 / b99,
+            pct(&mut accept, 0.5),
+            pct(&mut accept, 0.99),
+            first.len()
+        );
+    }
+
+    // Throughput at the edge, beside in-process ingress.
+    let targets: Vec<String> = {
+        let mut v = Vec::new();
+        for _ in 0..200 {
+            v.push(create(&client).await?);
+        }
+        v
+    };
+    let ids: Vec<ConversationId> = targets
+        .iter()
+        .map(|t| t.parse())
+        .collect::<Result<_, _>>()?;
+    let t0 = Instant::now();
+    let next = Arc::new(AtomicUsize::new(0));
+    let tasks: Vec<_> = (0..plan.clients)
+        .map(|_| {
+            let (ingress, owner, ids, next) =
+                (ingress.clone(), owner.clone(), ids.clone(), next.clone());
+            let total = plan.messages;
+            tokio::spawn(async move {
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    if i >= total {
+                        return Ok::<_, anyhow::Error>(());
+                    }
+                    ingress
+                        .submit(
+                            &owner,
+                            ids[i % ids.len()],
+                            EventBody::Message {
+                                text: format!("load {i}"),
+                            },
+                            Some(format!("direct-{i}")),
+                        )
+                        .await?;
+                }
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await??;
+    }
+    let direct = plan.messages as f64 / t0.elapsed().as_secs_f64();
+    println!(
+        "in process: {direct:.0} messages accepted/s ({} messages, {} submitters)",
+        plan.messages, plan.clients
+    );
+
+    let t0 = Instant::now();
+    let next = Arc::new(AtomicUsize::new(0));
+    let tasks: Vec<_> = (0..plan.clients)
+        .map(|_| {
+            let (client, targets, next) = (client.clone(), targets.clone(), next.clone());
+            let total = plan.messages;
+            tokio::spawn(async move {
+                let mut latencies = Vec::new();
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    if i >= total {
+                        return Ok::<_, anyhow::Error>(latencies);
+                    }
+                    let t = Instant::now();
+                    let reply = client
+                        .send(
+                            reqwest::Method::POST,
+                            &format!("/v1/conversations/{}/messages", targets[i % targets.len()]),
+                            Some(&json!({"text": format!("load {i}")})),
+                            Some(&format!("edge-{i}")),
+                        )
+                        .await
+                        .map_err(anyhow::Error::msg)?;
+                    if reply.status != 202 {
+                        return Err(anyhow!("message {i}: {} {:?}", reply.status, reply.body));
+                    }
+                    latencies.push(t.elapsed());
+                }
+            })
+        })
+        .collect();
+    let mut latencies = Vec::new();
+    for t in tasks {
+        latencies.extend(t.await??);
+    }
+    let over_api = plan.messages as f64 / t0.elapsed().as_secs_f64();
+    println!(
+        "over the API: {over_api:.0} messages accepted/s (×{:.2} in-process), 202 in p50 {:.2} ms, p99 {:.2} ms ({} messages, {} clients, {} conversations, workers running the turns meanwhile)",
+        over_api / direct,
+        pct(&mut latencies, 0.5),
+        pct(&mut latencies, 0.99),
+        plan.messages,
+        plan.clients,
+        targets.len()
+    );
+    server.abort();
+    pool.stop().await;
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn create(client: &Client) -> Result<String> {
+    let reply = client
+        .post(
+            "/v1/conversations",
+            &json!({"app": "demo", "agent": "assistant"}),
+        )
+        .await
+        .map_err(anyhow::Error::msg)?
+        .into_ok()
+        .map_err(anyhow::Error::msg)?;
+    Ok(reply["id"].as_str().unwrap_or_default().to_owned())
+}
+
+/// Waits until the conversation has no turn running and nothing waiting on its lane.
+async fn wait_idle(client: &Client, conv: &str) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let view = client
+            .get(&format!("/v1/conversations/{conv}"))
+            .await
+            .map_err(anyhow::Error::msg)?
+            .body;
+        let messages = view["messages"].as_u64().unwrap_or(0);
+        if view["status"] == "idle" && view["turns"].as_u64() == Some(messages) {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            return Err(anyhow!("{conv} did not settle: {view}"));
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// `n` conversations, each sending `rounds` messages one after another (all conversations at
+/// once): (accept latencies, first-token latencies).
+async fn latency(
+    client: &Client,
+    n: usize,
+    rounds: usize,
+) -> Result<(Vec<Duration>, Vec<Duration>)> {
+    let mut convs = Vec::new();
+    for _ in 0..n {
+        let conv = create(client).await?;
+        let stream = client.stream(&conv).await.map_err(anyhow::Error::msg)?;
+        convs.push((conv, stream));
+    }
+    let tasks: Vec<_> = convs
+        .into_iter()
+        .map(|(conv, stream)| {
+            let client = client.clone();
+            tokio::spawn(async move { one_conversation(client, conv, stream, rounds).await })
+        })
+        .collect();
+    let (mut accept, mut first) = (Vec::new(), Vec::new());
+    for t in tasks {
+        let (a, f) = t.await??;
+        accept.extend(a);
+        first.extend(f);
+    }
+    Ok((accept, first))
+}
+
+async fn one_conversation(
+    client: Client,
+    conv: String,
+    mut stream: FrameStream,
+    rounds: usize,
+) -> Result<(Vec<Duration>, Vec<Duration>)> {
+    let (mut accept, mut first) = (Vec::new(), Vec::new());
+    let mut cursor = Cursor::new(&conv);
+    for round in 0..rounds {
+        let t0 = Instant::now();
+        client
+            .post(
+                &format!("/v1/conversations/{conv}/messages"),
+                &json!({"text": format!("hello {round}")}),
+            )
+            .await
+            .map_err(anyhow::Error::msg)?
+            .into_ok()
+            .map_err(anyhow::Error::msg)?;
+        accept.push(t0.elapsed());
+        let mut got_first = false;
+        let mut done = 0;
+        // Until the turn completed and its first delta was seen (deltas are advisory and may
+        // arrive after the turn's last row).
+        while done == 0 || !got_first {
+            match stream.next_within(Duration::from_secs(60)).await {
+                Some(Frame::Delta { .. }) if !got_first => {
+                    first.push(t0.elapsed());
+                    got_first = true;
+                }
+                Some(Frame::Rows { .. }) => {
+                    let rows = cursor.read(&client).await.map_err(anyhow::Error::msg)?;
+                    done += rows.iter().filter(|r| r["kind"] == "turn_complete").count();
+                }
+                Some(_) => {}
+                None => return Err(anyhow!("{conv}: the stream ended or stalled")),
+            }
+        }
+    }
+    Ok((accept, first))
+}
