@@ -184,9 +184,29 @@ pub enum Command {
     Cell(CellCommand),
     /// Searches all of the actor's conversations by meaning and by words.
     Search(SearchArgs),
+    /// Talks to a conversation through the API of `turnpike serve` (or a fleet's router).
+    Chat(ChatArgs),
     /// The hybrid index.
     #[command(subcommand)]
     Index(IndexCommand),
+}
+
+#[derive(Debug, Args)]
+pub struct ChatArgs {
+    /// The API's address.
+    #[arg(long, env = "TURNPIKE_URL", default_value = "http://127.0.0.1:7700")]
+    pub url: String,
+    /// The bearer token; default: the one `turnpike serve` generated in `<data-dir>/tokens.toml`.
+    #[arg(long, env = "TURNPIKE_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+    /// Continue this conversation (default: pick one, or start one).
+    #[arg(long)]
+    pub conversation: Option<String>,
+    /// Start a new conversation with this app (and `--agent`).
+    #[arg(long)]
+    pub app: Option<String>,
+    #[arg(long)]
+    pub agent: Option<String>,
 }
 
 #[derive(Debug, Args)]

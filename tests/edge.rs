@@ -49,6 +49,11 @@ tool_calls = [{ name = "write_file", arguments = { path = "note.md", content = "
 [[turn.step]]
 text = "unreachable"
 
+[[turn]]
+when = "hello chat"
+[[turn.step]]
+text = "Hi from the script, {last_user}"
+
 # An attachment on its own opens a turn whose first message says "The user attached …".
 [[turn]]
 when = "the user attached"
@@ -219,6 +224,7 @@ async fn a_conversation_over_http_with_a_stream_dropped_mid_turn_misses_nothing(
         }
     }
     stream.close().await;
+    assert_eq!(conversation(&alice, &id).await["status"], "running");
 
     // While no client listens, a follow-up arrives; the turn goes on and parks on the approval.
     let follow = alice
@@ -527,26 +533,17 @@ async fn another_identity_gets_404_for_everything_of_a_conversation_it_may_not_s
         .into_ok()
         .unwrap();
     let reference = attached["reference"].as_str().unwrap().to_owned();
-    // Let alice's turns finish, so the store only changes if bob changes it.
-    wait_for(Duration::from_secs(60), "alice's turns to finish", || {
-        let alice = alice.clone();
-        let id = id.clone();
-        async move {
-            let view = alice
-                .get(&format!("/v1/conversations/{id}"))
-                .await
-                .ok()?
-                .body;
-            let rows = Cursor::new(&id).read(&alice).await.ok()?;
-            let both = rows.iter().any(|r| r["kind"] == "attachment")
-                && rows.iter().any(|r| r["kind"] == "user_message");
-            (both && view["status"] == "idle").then_some(())
-        }
-    })
-    .await;
     let request = "req_01M8MGM1ZZ870J023EVYHFAEVQ";
     let missing = "conv_01M8MGM1ZZ870J023EVYHFAEVQ";
-    let before = files_under(&server.store_dir());
+    // Alice's turns may still run and write records and turn logs; everything else (the
+    // directory, grants, closing, attachments) only changes if bob's requests change it.
+    let outside_turns = |files: Vec<String>| -> Vec<String> {
+        files
+            .into_iter()
+            .filter(|f| !f.contains("/record/") && !f.contains("/turns/"))
+            .collect()
+    };
+    let before = outside_turns(files_under(&server.store_dir()));
 
     for (method, path, body) in every_operation(&id, request, &reference) {
         let reply = bob
@@ -590,8 +587,15 @@ async fn another_identity_gets_404_for_everything_of_a_conversation_it_may_not_s
             .0,
         404
     );
-    // Nothing bob did wrote anything.
-    assert_eq!(files_under(&server.store_dir()), before);
+    // Nothing bob did wrote anything: no object, and no event of his in the record.
+    assert_eq!(outside_turns(files_under(&server.store_dir())), before);
+    let rows = Cursor::new(&id).read(&alice).await.unwrap();
+    for row in rows.iter().filter(|r| r["data"]["event"].is_object()) {
+        assert_eq!(
+            row["data"]["event"]["address"]["identity"], "local:alice",
+            "{row}"
+        );
+    }
     assert_eq!(conversation(&alice, &id).await["messages"], 1);
 
     // Shared by an explicit grant, bob sees it; revoked, he does not.
@@ -1002,4 +1006,132 @@ async fn a_property_based_fuzzer_finds_no_5xx_and_no_response_off_the_schema() {
         String::from_utf8_lossy(&output.stderr)
     );
     assert!(stdout.contains("passed"), "{stdout}");
+}
+
+/// `turnpike chat` with its stdin and stdout piped: lines in, printed lines out.
+struct Chat {
+    child: std::process::Child,
+    stdin: std::process::ChildStdin,
+    chunks: std::sync::mpsc::Receiver<String>,
+    /// Everything printed so far, and how far `expect` has matched.
+    printed: String,
+    matched: usize,
+}
+
+impl Chat {
+    fn start(base: &str, token: &str, extra: &[&str]) -> Chat {
+        use std::io::Read as _;
+        let mut child = std::process::Command::new(binary())
+            .args(["chat", "--url", base, "--token", token])
+            .args(extra)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let stdin = child.stdin.take().unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let (tx, chunks) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut stdout = stdout;
+            let mut buf = [0u8; 4096];
+            while let Ok(n) = stdout.read(&mut buf) {
+                if n == 0
+                    || tx
+                        .send(String::from_utf8_lossy(&buf[..n]).into_owned())
+                        .is_err()
+                {
+                    break;
+                }
+            }
+        });
+        Chat {
+            child,
+            stdin,
+            chunks,
+            printed: String::new(),
+            matched: 0,
+        }
+    }
+
+    fn type_line(&mut self, line: &str) {
+        use std::io::Write as _;
+        writeln!(self.stdin, "{line}").unwrap();
+        self.stdin.flush().unwrap();
+    }
+
+    /// Waits until the output after the last match holds `needle` (streamed text need not end
+    /// its line); returns the rest of that line.
+    fn expect(&mut self, needle: &str) -> String {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Some(at) = self.printed[self.matched..].find(needle) {
+                let start = self.matched + at;
+                self.matched = start + needle.len();
+                let end = self.printed[start..]
+                    .find('\n')
+                    .map_or(self.printed.len(), |e| start + e);
+                return self.printed[start..end].to_owned();
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.chunks.recv_timeout(left) {
+                Ok(chunk) => self.printed.push_str(&chunk),
+                Err(_) => panic!(
+                    "chat never printed {needle:?}; it printed:\n{}",
+                    self.printed
+                ),
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_chat_client_talks_streams_answers_cards_and_reconnects_by_itself() {
+    let apps = apps_dir();
+    let mut server = server(apps.path(), &[], false);
+    let mut chat = Chat::start(
+        &server.base,
+        ALICE,
+        &["--app", "edge", "--agent", "assistant"],
+    );
+    let header = chat.expect("conversation conv_");
+    let id = header.split_whitespace().nth(1).unwrap().to_owned();
+    chat.expect("/quit");
+    chat.type_line("hello chat");
+    chat.expect("assistant: Hi from the script, hello chat");
+    chat.expect("[replied · ~");
+    chat.type_line("/approve");
+    chat.expect("(nothing waits for an approval)");
+
+    // An approval card, answered from the chat.
+    chat.type_line("please draft it");
+    chat.expect("assistant: Drafting your note now.");
+    chat.type_line("keep it short");
+    chat.expect("approval needed");
+    chat.type_line("/approve fine");
+    chat.expect("(approved)");
+    chat.expect("Published conv:fi:");
+
+    // The server dies and comes back: the chat reconnects by itself and goes on.
+    server.restart().unwrap();
+    chat.expect("(reconnected)");
+    chat.type_line("hello chat again");
+    chat.expect("assistant: Hi from the script, hello chat again");
+    chat.type_line("/quit");
+    let status = tokio::task::spawn_blocking(move || chat.child.wait().unwrap())
+        .await
+        .unwrap();
+    assert!(status.success());
+
+    // What the chat did is in the record.
+    let rows = Cursor::new(&id).read(&server.client(ALICE)).await.unwrap();
+    let said: Vec<&str> = rows
+        .iter()
+        .filter(|r| r["kind"] == "user_message")
+        .filter_map(|r| r["text"].as_str())
+        .collect();
+    assert_eq!(said, ["hello chat", "please draft it", "hello chat again"]);
+    assert!(rows
+        .iter()
+        .any(|r| r["kind"] == "follow_up" && r["text"] == "keep it short"));
 }

@@ -122,6 +122,7 @@ pub fn catalog(apps: &Apps) -> Vec<AppView> {
                     id: spec.name.to_string(),
                     model: spec.model.clone(),
                     tools: spec.tools.specs().into_iter().map(|t| t.name).collect(),
+                    context_length: spec.context_length,
                 })
                 .collect(),
         })

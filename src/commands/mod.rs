@@ -7,6 +7,7 @@ mod bench_git;
 mod bench_lanes;
 mod bench_search;
 mod cell;
+mod chat;
 mod conversation;
 mod demo;
 mod edge;
@@ -40,6 +41,7 @@ pub async fn run(cli: Cli) -> Result<ExitCode> {
         Command::Send(args) => lanes::send(&cli.global, args).await,
         Command::Tail(args) => lanes::tail(&cli.global, args).await,
         Command::Search(args) => search::search(&cli.global, args).await,
+        Command::Chat(args) => chat::run(&cli.global, args).await,
         Command::Index(command) => search::index(&cli.global, command).await,
     }
 }

@@ -21,6 +21,8 @@ pub struct AgentView {
     pub model: String,
     /// The tools the agent may call.
     pub tools: Vec<String>,
+    /// Tokens the model takes (0 when unknown).
+    pub context_length: u32,
 }
 
 #[derive(Debug, Clone, Serialize, ToSchema)]

@@ -35,6 +35,9 @@ pub struct Server {
     pub process: Process,
     pub base: String,
     pub data: tempfile::TempDir,
+    binary: PathBuf,
+    args: Vec<String>,
+    envs: Vec<(&'static str, String)>,
 }
 
 impl Server {
@@ -68,14 +71,42 @@ impl Server {
                 "/nonexistent-model".into()
             },
         ));
-        let mut process = Process::start(binary, &args, &envs)?;
-        process.wait_for_line("API listening on", Duration::from_secs(120))?;
-        process.wait_for_line("worker wkr_", Duration::from_secs(120))?;
+        let process = Self::launch(binary, &args, &envs)?;
         Ok(Self {
             process,
             base: format!("http://127.0.0.1:{port}"),
             data,
+            binary: binary.to_path_buf(),
+            args,
+            envs,
         })
+    }
+
+    fn launch(binary: &Path, args: &[String], envs: &[(&str, String)]) -> Result<Process> {
+        let mut process = Process::start(binary, args, envs)?;
+        process.wait_for_line("API listening on", Duration::from_secs(120))?;
+        process.wait_for_line("worker wkr_", Duration::from_secs(120))?;
+        Ok(process)
+    }
+
+    /// Kills the server (no goodbye) and starts it again on the same data and address.
+    pub fn restart(&mut self) -> Result<()> {
+        self.process.kill();
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            match Self::launch(&self.binary, &self.args, &self.envs) {
+                Ok(p) => {
+                    self.process = p;
+                    return Ok(());
+                }
+                // The address may take a moment to be free again.
+                Err(e) if std::time::Instant::now() < deadline => {
+                    let _ = e;
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+                Err(e) => return Err(e),
+            }
+        }
     }
 
     /// A client holding `token`.
@@ -89,7 +120,8 @@ impl Server {
     }
 }
 
-/// Every file under `dir`, relative, sorted: a fingerprint of what a store holds.
+/// Every file under `dir`, relative, sorted: a fingerprint of what a store holds. Records'
+/// head hints are left out: they are caches, rewritten in the background after appends.
 pub fn files_under(dir: &Path) -> Vec<String> {
     fn walk(root: &Path, dir: &Path, out: &mut Vec<String>) {
         let Ok(entries) = std::fs::read_dir(dir) else {
@@ -100,7 +132,9 @@ pub fn files_under(dir: &Path) -> Vec<String> {
             if path.is_dir() {
                 walk(root, &path, out);
             } else if let Ok(rel) = path.strip_prefix(root) {
-                out.push(rel.display().to_string());
+                if !rel.ends_with("record-head") {
+                    out.push(rel.display().to_string());
+                }
             }
         }
     }
