@@ -23,7 +23,7 @@ app = "edge"
 provider = "script"
 script = "edge.script.toml"
 system_prompt = "You write notes."
-tools = ["list_files", "write_file", "publish", "read_file"]
+tools = ["list_files", "write_file", "publish", "read_file", "ask_user"]
 approval = [{ tool = "write_file" }]
 
 [agents.echo]
@@ -48,6 +48,11 @@ text = "Writing it. "
 tool_calls = [{ name = "write_file", arguments = { path = "note.md", content = "# Note\n\nThe launch moves to Thursday. {last_user}\n" } }]
 [[turn.step]]
 text = "unreachable"
+
+[[turn]]
+when = "ask me"
+[[turn.step]]
+tool_calls = [{ name = "ask_user", arguments = { question = "Which colour?" } }]
 
 [[turn]]
 when = "hello chat"
@@ -1134,4 +1139,102 @@ async fn the_chat_client_talks_streams_answers_cards_and_reconnects_by_itself() 
     assert!(rows
         .iter()
         .any(|r| r["kind"] == "follow_up" && r["text"] == "keep it short"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn questions_are_answered_agents_switched_and_compaction_asked_for_over_http() {
+    let apps = apps_dir();
+    let server = server(apps.path(), &[], false);
+    let alice = server.client(ALICE);
+    let id = create(&alice, "assistant").await;
+    let c = format!("/v1/conversations/{id}");
+    alice
+        .post(
+            &format!("{c}/messages"),
+            &json!({"text": "ask me something"}),
+        )
+        .await
+        .unwrap()
+        .into_ok()
+        .unwrap();
+    let pending = wait_for(Duration::from_secs(60), "the question", || {
+        let (alice, c) = (alice.clone(), c.clone());
+        async move {
+            let p = alice
+                .get(&format!("{c}/pending"))
+                .await
+                .ok()?
+                .into_ok()
+                .ok()?;
+            (!p["questions"].as_array()?.is_empty()).then_some(p)
+        }
+    })
+    .await;
+    assert_eq!(pending["questions"][0]["question"], "Which colour?");
+    assert_eq!(pending["approvals"], json!([]));
+    assert_eq!(conversation(&alice, &id).await["status"], "waiting");
+    let request = pending["questions"][0]["request_id"].as_str().unwrap();
+    let answered = alice
+        .post(
+            &format!("{c}/questions/{request}/answer"),
+            &json!({"answer": "blue"}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(answered.status, 202, "{:?}", answered.body);
+    wait_for(Duration::from_secs(60), "the answer to apply", || {
+        let (alice, c) = (alice.clone(), c.clone());
+        async move {
+            let p = alice
+                .get(&format!("{c}/pending"))
+                .await
+                .ok()?
+                .into_ok()
+                .ok()?;
+            let view = alice.get(&c).await.ok()?.body;
+            (p["questions"].as_array()?.is_empty() && view["status"] == "idle").then_some(())
+        }
+    })
+    .await;
+    let rows = Cursor::new(&id).read(&alice).await.unwrap();
+    assert!(rows
+        .iter()
+        .any(|r| r["kind"] == "question_response" && r["text"] == "blue"));
+
+    // Switching agents: the next turns run as the other agent.
+    alice
+        .post(&format!("{c}/agent"), &json!({"agent": "echo"}))
+        .await
+        .unwrap()
+        .into_ok()
+        .unwrap();
+    wait_for(Duration::from_secs(60), "the switch", || {
+        let (alice, c) = (alice.clone(), c.clone());
+        async move { (alice.get(&c).await.ok()?.body["agent"] == "echo").then_some(()) }
+    })
+    .await;
+
+    // Compaction is an event like the others: accepted, then committed.
+    let compact = alice
+        .send(
+            Method::POST,
+            &format!("{c}/compact"),
+            None,
+            Some("compact-1"),
+        )
+        .await
+        .unwrap();
+    assert_eq!(compact.status, 202, "{:?}", compact.body);
+    wait_for(
+        Duration::from_secs(60),
+        "the compact event in the record",
+        || {
+            let (alice, id) = (alice.clone(), id.clone());
+            async move {
+                let rows = Cursor::new(&id).read(&alice).await.ok()?;
+                rows.iter().any(|r| r["kind"] == "compact").then_some(())
+            }
+        },
+    )
+    .await;
 }

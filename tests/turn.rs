@@ -360,14 +360,23 @@ async fn files_flow_through_pull_write_publish_and_a_later_turn_by_reference() {
         published,
         format!("conv:fi:{}/turn_1/out/report.md", rig.conv)
     );
-    assert_eq!(results[2]["download"], format!("/v1/files/{published}"));
+    assert_eq!(
+        results[2]["download"],
+        format!("/v1/files?reference={published}")
+    );
     assert!(log
         .blocks
         .iter()
         .any(|b| matches!(b, Block::File { path, .. } if path == "out/report.md")));
     assert_eq!(replies(&log), [format!("Your report: {published}")]);
 
-    // The streamed words of the reply arrived as advisory deltas, then a "new rows" tick.
+    // The streamed words of the reply arrived as advisory deltas, and "new rows" ticks up to the
+    // turn's last row.
+    let end = turnpike_artifactory::Record::new(rig.conversations.store().clone(), rig.prefix())
+        .head()
+        .await
+        .unwrap()
+        .leaves();
     let mut streamed = String::new();
     let deadline = Instant::now() + LONG;
     while Instant::now() < deadline {
@@ -377,7 +386,8 @@ async fn files_flow_through_pull_write_publish_and_a_later_turn_by_reference() {
             .unwrap();
         match serde_json::from_slice::<LiveFrame>(&frame).unwrap() {
             LiveFrame::Delta { text, .. } => streamed.push_str(&text),
-            LiveFrame::Rows { .. } => break,
+            LiveFrame::Rows { through } if through >= end => break,
+            LiveFrame::Rows { .. } => {}
         }
     }
     assert_eq!(streamed, format!("Your report: {published}"));

@@ -308,4 +308,125 @@ mod tests {
             .unwrap_err();
         assert!(bad.contains("tokens[0].identity"), "{bad}");
     }
+
+    fn jwt(key: &ed25519_dalek::SigningKey, kid: &str, claims: serde_json::Value) -> String {
+        use ed25519_dalek::pkcs8::EncodePrivateKey as _;
+        let der = key.to_pkcs8_der().unwrap();
+        let mut header = jsonwebtoken::Header::new(jsonwebtoken::Algorithm::EdDSA);
+        header.kid = Some(kid.to_owned());
+        jsonwebtoken::encode(
+            &header,
+            &claims,
+            &jsonwebtoken::EncodingKey::from_ed_der(der.as_bytes()),
+        )
+        .unwrap()
+    }
+
+    #[tokio::test]
+    async fn jwts_are_checked_against_the_jwks_issuer_audience_expiry_and_tenant() {
+        use base64::Engine as _;
+        let key = ed25519_dalek::SigningKey::from_bytes(&[7; 32]);
+        let stranger = ed25519_dalek::SigningKey::from_bytes(&[8; 32]);
+        let x =
+            base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(key.verifying_key().as_bytes());
+        let jwks = serde_json::json!({"keys": [
+            {"kty": "OKP", "crv": "Ed25519", "x": x, "kid": "k1", "alg": "EdDSA", "use": "sig"}
+        ]});
+        let verifier = JwtVerifier::from_jwks(
+            &jwks.to_string(),
+            JwtConfig {
+                issuer: "https://idp.example".into(),
+                audience: "turnpike".into(),
+                identity_scope: "acme".into(),
+                tenant_claim: "tenant".into(),
+                admin_claim: "turnpike_admin".into(),
+            },
+        )
+        .unwrap();
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs();
+        let claims = |f: &dyn Fn(&mut serde_json::Value)| {
+            let mut c = serde_json::json!({
+                "sub": "u-17", "iss": "https://idp.example", "aud": "turnpike",
+                "exp": now + 600, "tenant": "acme", "turnpike_admin": true
+            });
+            f(&mut c);
+            c
+        };
+        let good = jwt(&key, "k1", claims(&|_| {}));
+        let p = verifier.verify(&good).await.expect("a valid token");
+        assert_eq!(p.identity.to_string(), "oidc:acme:u-17");
+        assert_eq!(p.tenant.to_string(), "acme");
+        assert!(p.admin);
+        let plain = jwt(&key, "k1", claims(&|c| c["turnpike_admin"] = false.into()));
+        assert!(!verifier.verify(&plain).await.unwrap().admin);
+
+        let refused = [
+            (
+                "another audience",
+                jwt(&key, "k1", claims(&|c| c["aud"] = "other".into())),
+            ),
+            (
+                "another issuer",
+                jwt(&key, "k1", claims(&|c| c["iss"] = "https://evil".into())),
+            ),
+            (
+                "expired",
+                jwt(&key, "k1", claims(&|c| c["exp"] = (now - 3600).into())),
+            ),
+            (
+                "no tenant",
+                jwt(
+                    &key,
+                    "k1",
+                    claims(&|c| {
+                        c.as_object_mut().unwrap().remove("tenant");
+                    }),
+                ),
+            ),
+            ("another key", jwt(&stranger, "k1", claims(&|_| {}))),
+            ("not a JWT", "a.b.c".to_owned()),
+        ];
+        for (what, token) in refused {
+            assert!(
+                verifier.verify(&token).await.is_none(),
+                "{what} must be refused"
+            );
+        }
+        // A token file and a JWT verifier chained: either kind of token gets in.
+        let mut file = TokenFile::default();
+        file.insert(
+            "dev",
+            Principal {
+                identity: "local:dev".parse().unwrap(),
+                tenant: "default".parse().unwrap(),
+                admin: false,
+            },
+        );
+        let auth = Authenticator::new()
+            .with(Arc::new(file))
+            .with(Arc::new(verifier));
+        assert_eq!(
+            auth.authenticate("dev").await.unwrap().identity.to_string(),
+            "local:dev"
+        );
+        assert_eq!(
+            auth.authenticate(&good).await.unwrap().identity.to_string(),
+            "oidc:acme:u-17"
+        );
+        assert!(auth.authenticate("nope").await.is_none());
+        assert!(JwtVerifier::from_jwks(
+            "{\"keys\": []}",
+            JwtConfig {
+                issuer: "i".into(),
+                audience: "a".into(),
+                identity_scope: "s".into(),
+                tenant_claim: "t".into(),
+                admin_claim: "x".into(),
+            }
+        )
+        .is_err());
+    }
 }

@@ -100,7 +100,7 @@ impl Tool for Publish {
         Ok(ToolOutput {
             output: json!({
                 "reference": reference.to_string(),
-                "download": format!("/v1/files/{reference}"),
+                "download": format!("/v1/files?reference={reference}"),
                 "size": size,
             }),
             blocks: vec![Block::File {
