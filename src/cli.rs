@@ -532,6 +532,9 @@ pub enum BenchCommand {
         /// Clients posting at once in the throughput run.
         #[arg(long, default_value_t = 64)]
         clients: usize,
+        /// Stop the workers before the throughput run (accepting only, no turns competing).
+        #[arg(long)]
+        accept_only: bool,
         /// Where to keep the data (a temporary directory under it); default: the system's temp dir.
         #[arg(long)]
         dir: Option<PathBuf>,

@@ -65,6 +65,7 @@ pub async fn run(global: &Global, command: BenchCommand) -> Result<ExitCode> {
             rounds,
             messages,
             clients,
+            accept_only,
             dir,
         } => {
             super::bench_edge::run(
@@ -74,6 +75,7 @@ pub async fn run(global: &Global, command: BenchCommand) -> Result<ExitCode> {
                     rounds,
                     messages: messages.max(1),
                     clients: clients.max(1),
+                    accept_only,
                 },
                 dir,
             )

@@ -34,6 +34,8 @@ pub struct Plan {
     pub rounds: usize,
     pub messages: usize,
     pub clients: usize,
+    /// Stop the workers before the throughput run.
+    pub accept_only: bool,
 }
 
 fn pct(samples: &mut [Duration], p: f64) -> f64 {
@@ -151,6 +153,17 @@ pub async fn run(global: &Global, plan: Plan, dir: Option<PathBuf>) -> Result<Ex
         .iter()
         .map(|t| t.parse())
         .collect::<Result<_, _>>()?;
+    let pool = if plan.accept_only {
+        pool.stop().await;
+        None
+    } else {
+        Some(pool)
+    };
+    let meanwhile = if plan.accept_only {
+        "no workers running"
+    } else {
+        "workers running the turns meanwhile"
+    };
     let t0 = Instant::now();
     let next = Arc::new(AtomicUsize::new(0));
     let tasks: Vec<_> = (0..plan.clients)
@@ -183,7 +196,7 @@ pub async fn run(global: &Global, plan: Plan, dir: Option<PathBuf>) -> Result<Ex
     }
     let direct = plan.messages as f64 / t0.elapsed().as_secs_f64();
     println!(
-        "in process: {direct:.0} messages accepted/s ({} messages, {} submitters)",
+        "in process: {direct:.0} messages accepted/s ({} messages, {} submitters, {meanwhile})",
         plan.messages, plan.clients
     );
 
@@ -224,7 +237,7 @@ pub async fn run(global: &Global, plan: Plan, dir: Option<PathBuf>) -> Result<Ex
     }
     let over_api = plan.messages as f64 / t0.elapsed().as_secs_f64();
     println!(
-        "over the API: {over_api:.0} messages accepted/s (×{:.2} in-process), 202 in p50 {:.2} ms, p99 {:.2} ms ({} messages, {} clients, {} conversations, workers running the turns meanwhile)",
+        "over the API: {over_api:.0} messages accepted/s (×{:.2} in-process), 202 in p50 {:.2} ms, p99 {:.2} ms ({} messages, {} clients, {} conversations, {meanwhile})",
         over_api / direct,
         pct(&mut latencies, 0.5),
         pct(&mut latencies, 0.99),
@@ -233,7 +246,9 @@ pub async fn run(global: &Global, plan: Plan, dir: Option<PathBuf>) -> Result<Ex
         targets.len()
     );
     server.abort();
-    pool.stop().await;
+    if let Some(pool) = pool {
+        pool.stop().await;
+    }
     Ok(ExitCode::SUCCESS)
 }
 
