@@ -205,7 +205,8 @@ impl Edge {
             .with_state(self.clone())
     }
 
-    /// Serves until `shutdown` resolves; open streams end then too.
+    /// Serves until `shutdown` resolves, then waits for open requests (an SSE stream lasts as
+    /// long as its client: callers bound that wait).
     pub async fn serve(
         &self,
         listener: tokio::net::TcpListener,
