@@ -166,7 +166,7 @@ pub async fn run(global: &Global) -> Result<ExitCode> {
     println!();
     let code = verify(&env, conversation, &owner, false).await?;
     println!("\ntry: turnpike conversation replay {conversation} --actor {owner} --what-if 'turn_1/output/4=a different reply'");
-    println!("     turnpike serve   (then point an agent at a real endpoint: see README)");
+    println!("     turnpike serve   (the API on http://127.0.0.1:7700/v1), then in another terminal: turnpike chat");
     if !replay_ok {
         return Ok(ExitCode::from(1));
     }
