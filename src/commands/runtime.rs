@@ -264,10 +264,7 @@ pub async fn serve(global: &Global, args: ServeArgs) -> Result<ExitCode> {
     eprintln!("serving from {}", global.data_dir.display());
     let apps = env.apps(false)?;
     let index = open_index(global).await;
-    let search = match &index {
-        Ok(index) => Some(index.clone()),
-        Err(_) => None,
-    };
+    let search = index.as_ref().ok().cloned();
     let indexing = indexing_with(index, &env, true);
     let edge =
         crate::commands::edge::build(global, &env, bus.clone(), &apps, search, &args.edge, true)?;
