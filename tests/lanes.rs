@@ -489,3 +489,117 @@ async fn a_zombie_owner_that_wakes_up_after_a_takeover_is_fenced() {
         .await
         .unwrap();
 }
+
+impl Fleet {
+    /// Starts a router process serving the API on a free loopback port; returns it and its
+    /// base URL.
+    fn router(&self, tokens: &std::path::Path) -> (Process, String) {
+        let port = turnpike_tests::services::free_port().unwrap();
+        let args: Vec<String> = vec![
+            "--data-dir".into(),
+            self.data.path().to_string_lossy().into_owned(),
+            "--store".into(),
+            format!("file://{}", self.store.path().display()),
+            "--nats-url".into(),
+            self.nats.url(),
+            "router".into(),
+            "--listen".into(),
+            format!("127.0.0.1:{port}"),
+            "--tokens".into(),
+            tokens.display().to_string(),
+        ];
+        let mut process = Process::start(
+            &binary(),
+            &args,
+            &[
+                ("TURNPIKE_SIGNING_KEY", signer().to_hex()),
+                ("TURNPIKE_LOG", "warn".into()),
+            ],
+        )
+        .expect("a router process");
+        process
+            .wait_for_line("router ready", Duration::from_secs(60))
+            .expect("router ready");
+        (process, format!("http://127.0.0.1:{port}"))
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn any_router_of_a_fleet_serves_any_conversation_and_streams_from_any_worker() {
+    use turnpike_router::edge::client::{Client, Cursor};
+    use turnpike_router::edge::model::Frame;
+    let fleet = Fleet::start().await;
+    let tokens = fleet.data.path().join("tokens.toml");
+    std::fs::write(
+        &tokens,
+        "[[tokens]]\ntoken = \"t-ana\"\nidentity = \"oidc:acme:ana\"\ntenant = \"acme\"\n",
+    )
+    .unwrap();
+    let _workers: Vec<_> = (0..2).map(|_| fleet.worker(&[])).collect();
+    let (_a, base_a) = fleet.router(&tokens);
+    let (_b, base_b) = fleet.router(&tokens);
+    let a = Client::new(&base_a, "t-ana");
+    let b = Client::new(&base_b, "t-ana");
+
+    // Created through router A, streamed through router B, written to through A.
+    let created = a
+        .post(
+            "/v1/conversations",
+            &serde_json::json!({"app": "demo", "agent": "assistant"}),
+        )
+        .await
+        .unwrap()
+        .into_ok()
+        .unwrap();
+    let id = created["id"].as_str().unwrap().to_owned();
+    assert_eq!(created["tenant"], "acme");
+    let mut stream = b.stream(&id).await.unwrap();
+    assert!(matches!(
+        stream.next_within(LONG).await,
+        Some(Frame::Ready { .. })
+    ));
+    a.post(
+        &format!("/v1/conversations/{id}/messages"),
+        &serde_json::json!({"text": "hello fleet"}),
+    )
+    .await
+    .unwrap()
+    .into_ok()
+    .unwrap();
+    let mut cursor = Cursor::new(&id);
+    let (mut streamed, mut replied) = (String::new(), None);
+    let deadline = std::time::Instant::now() + LONG;
+    while replied.is_none() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no reply through router B"
+        );
+        match stream.next_within(Duration::from_secs(10)).await {
+            Some(Frame::Delta { text, .. }) => streamed.push_str(&text),
+            _ => {
+                let rows = cursor.read(&b).await.unwrap();
+                replied = rows
+                    .iter()
+                    .find(|r| r["kind"] == "assistant_message")
+                    .and_then(|r| r["text"].as_str().map(str::to_owned));
+            }
+        }
+    }
+    let reply = replied.unwrap();
+    assert!(reply.contains("hello fleet"), "{reply}");
+    // The deltas crossed NATS from whichever worker ran the turn to router B.
+    assert!(
+        !streamed.is_empty() && reply.starts_with(streamed.trim_end()),
+        "{streamed:?}"
+    );
+    // Both routers list it.
+    for client in [&a, &b] {
+        let list = client
+            .get("/v1/conversations")
+            .await
+            .unwrap()
+            .into_ok()
+            .unwrap();
+        assert_eq!(list["conversations"][0]["id"], id.as_str());
+    }
+}
