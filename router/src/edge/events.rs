@@ -279,7 +279,7 @@ pub async fn compact(
 const MAX_PAGE: u32 = 500;
 
 /// Committed rows, read from the record: `after` a cursor (forwards), or `before` one
-/// (backwards, the latest first).
+/// (backwards: the rows just before it, in record order; follow `prev_before` for older ones).
 #[utoipa::path(get, path = "/v1/conversations/{id}/messages", tag = "events",
     params(("id" = String, Path, description = "conv_<ulid>"), ListRows),
     responses((status = 200, body = RowPage), (status = 404, body = ErrorBody)))]

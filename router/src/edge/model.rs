@@ -193,7 +193,7 @@ pub struct RowPage {
 pub struct ListRows {
     /// Rows with `seq` above this (the replay cursor; 0 for the beginning).
     pub after: Option<u64>,
-    /// Rows with `seq` below this, the latest first (paging backwards). Not with `after`.
+    /// The rows just before this `seq`, in record order (paging backwards). Not with `after`.
     pub before: Option<u64>,
     /// At most this many entries read (1–500, default 100).
     pub limit: Option<u32>,
