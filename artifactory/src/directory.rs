@@ -92,7 +92,14 @@ impl Directory {
         actor: &Identity,
     ) -> Result<DirectoryEntry> {
         let entry = self.lookup_unchecked(conversation).await?;
-        if &entry.owner != actor && !self.exists(&grant_marker(conversation, actor)).await? {
+        if &entry.owner != actor
+            && !crate::store::exists(
+                self.store.as_ref(),
+                &grant_marker(conversation, actor),
+                "reading the directory",
+            )
+            .await?
+        {
             return Err(not_found(conversation));
         }
         Ok(entry)
@@ -189,14 +196,6 @@ impl Directory {
             }
             Err(object_store::Error::NotFound { .. }) => Ok(None),
             Err(e) => Err(Error::store(&format!("reading {conversation}"), e)),
-        }
-    }
-
-    async fn exists(&self, path: &object_store::path::Path) -> Result<bool> {
-        match self.store.head(path).await {
-            Ok(_) => Ok(true),
-            Err(object_store::Error::NotFound { .. }) => Ok(false),
-            Err(e) => Err(Error::store("reading the directory", e)),
         }
     }
 

@@ -12,9 +12,22 @@ use object_store::aws::AmazonS3Builder;
 use object_store::local::LocalFileSystem;
 use object_store::memory::InMemory;
 use object_store::prefix::PrefixStore;
-use object_store::ObjectStore;
+use object_store::{ObjectStore, ObjectStoreExt as _};
 
 use crate::error::{Error, ErrorKind, Result};
+
+/// Whether an object exists at `path` (one HEAD request); `what` names the read in errors.
+pub(crate) async fn exists(
+    store: &dyn ObjectStore,
+    path: &object_store::path::Path,
+    what: &str,
+) -> Result<bool> {
+    match store.head(path).await {
+        Ok(_) => Ok(true),
+        Err(object_store::Error::NotFound { .. }) => Ok(false),
+        Err(e) => Err(Error::store(what, e)),
+    }
+}
 
 /// Opens the store at `location`.
 pub fn open_store(location: &str) -> Result<Arc<dyn ObjectStore>> {

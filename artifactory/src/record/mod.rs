@@ -331,14 +331,12 @@ impl Record {
     }
 
     async fn exists(&self, seq: u64) -> Result<bool> {
-        match self.store.head(&self.prefix.record_batch(seq)).await {
-            Ok(_) => Ok(true),
-            Err(object_store::Error::NotFound { .. }) => Ok(false),
-            Err(e) => Err(Error::store(
-                &format!("probing {}", self.prefix.partition()),
-                e,
-            )),
-        }
+        crate::store::exists(
+            self.store.as_ref(),
+            &self.prefix.record_batch(seq),
+            &format!("probing {}", self.prefix.partition()),
+        )
+        .await
     }
 
     /// The head hint, if present and readable (it is only ever a hint).
