@@ -55,13 +55,8 @@ async fn frames(edge: &Edge, record: Record) -> ApiResult<BoxStream<'static, Fra
         Live(Option<bytes::Bytes>),
         Poll,
     }
-    let state = (
-        live,
-        head,
-        head_leaves(&ready),
-        record,
-        tokio::time::interval(POLL),
-    );
+    let told = head.leaves();
+    let state = (live, head, told, record, tokio::time::interval(POLL));
     let rest = futures::stream::unfold(
         state,
         |(mut live, mut head, mut told, record, mut poll)| async move {
@@ -104,13 +99,6 @@ async fn frames(edge: &Edge, record: Record) -> ApiResult<BoxStream<'static, Fra
     Ok(futures::stream::once(async move { ready })
         .chain(rest)
         .boxed())
-}
-
-fn head_leaves(frame: &Frame) -> u64 {
-    match frame {
-        Frame::Ready { through } | Frame::Rows { through } => *through,
-        Frame::Delta { .. } => 0,
-    }
 }
 
 /// The conversation's stream over a WebSocket (see the module docs for the frames).
