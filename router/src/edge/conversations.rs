@@ -133,20 +133,39 @@ pub async fn close(
     Caller(caller): Caller,
     Path(id): Path<String>,
 ) -> ApiResult<Json<ConversationView>> {
-    let conversation = conversation_id(&id)?;
-    let directory = edge.inner.conversations.directory();
-    let entry = directory
-        .lookup_owned(conversation, &caller.identity)
+    let entry = edge.owned(&caller, &id).await?;
+    edge.inner
+        .conversations
+        .directory()
+        .close(entry.conversation, now_ms())
         .await?;
-    directory.close(conversation, now_ms()).await?;
     Ok(Json(edge.view(entry).await?))
 }
 
-fn grantee(input: &GrantInput) -> ApiResult<Identity> {
-    input
+/// Shares (`granted`) or unshares the conversation `id` of `caller` with `input`'s identity.
+async fn set_grant(
+    edge: &Edge,
+    caller: &super::Principal,
+    id: String,
+    input: &GrantInput,
+    granted: bool,
+) -> ApiResult<Json<GrantView>> {
+    let entry = edge.owned(caller, &id).await?;
+    let who: Identity = input
         .identity
         .parse()
-        .map_err(|e| ApiError::invalid(format!("identity: {e}")))
+        .map_err(|e| ApiError::invalid(format!("identity: {e}")))?;
+    let directory = edge.inner.conversations.directory();
+    if granted {
+        directory.grant(entry.conversation, &who).await?;
+    } else {
+        directory.revoke(entry.conversation, &who).await?;
+    }
+    Ok(Json(GrantView {
+        conversation: id,
+        identity: who.to_string(),
+        granted,
+    }))
 }
 
 /// Shares a conversation with another identity (owner only): it may then read and write it.
@@ -160,18 +179,7 @@ pub async fn grant(
     Path(id): Path<String>,
     Body(input): Body<GrantInput>,
 ) -> ApiResult<Json<GrantView>> {
-    let conversation = conversation_id(&id)?;
-    let directory = edge.inner.conversations.directory();
-    directory
-        .lookup_owned(conversation, &caller.identity)
-        .await?;
-    let who = grantee(&input)?;
-    directory.grant(conversation, &who).await?;
-    Ok(Json(GrantView {
-        conversation: id,
-        identity: who.to_string(),
-        granted: true,
-    }))
+    set_grant(&edge, &caller, id, &input, true).await
 }
 
 /// Takes a share back (owner only).
@@ -185,18 +193,7 @@ pub async fn revoke(
     Path(id): Path<String>,
     Body(input): Body<GrantInput>,
 ) -> ApiResult<Json<GrantView>> {
-    let conversation = conversation_id(&id)?;
-    let directory = edge.inner.conversations.directory();
-    directory
-        .lookup_owned(conversation, &caller.identity)
-        .await?;
-    let who = grantee(&input)?;
-    directory.revoke(conversation, &who).await?;
-    Ok(Json(GrantView {
-        conversation: id,
-        identity: who.to_string(),
-        granted: false,
-    }))
+    set_grant(&edge, &caller, id, &input, false).await
 }
 
 impl Edge {
@@ -212,6 +209,22 @@ impl Edge {
             .conversations
             .directory()
             .lookup(conversation, &caller.identity)
+            .await?)
+    }
+
+    /// The conversation `id` if `caller` owns it (sharing and closing are the owner's); `404`
+    /// otherwise.
+    pub(crate) async fn owned(
+        &self,
+        caller: &super::Principal,
+        id: &str,
+    ) -> ApiResult<DirectoryEntry> {
+        let conversation = conversation_id(id)?;
+        Ok(self
+            .inner
+            .conversations
+            .directory()
+            .lookup_owned(conversation, &caller.identity)
             .await?)
     }
 
