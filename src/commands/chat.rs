@@ -64,12 +64,7 @@ pub async fn run(global: &Global, args: ChatArgs) -> Result<ExitCode> {
         Some(c) => c.clone(),
         None => pick(&client, &apps, &args, &mut input).await?,
     };
-    let view = client
-        .get(&format!("/v1/conversations/{conversation}"))
-        .await
-        .map_err(anyhow::Error::msg)?
-        .into_ok()
-        .map_err(anyhow::Error::msg)?;
+    let view = get_ok(&client, &format!("/v1/conversations/{conversation}")).await?;
     let context_length = context_length(&apps, &view);
     println!(
         "conversation {conversation} — app {}, agent {} ({})",
@@ -134,12 +129,7 @@ async fn pick(
     input: &mut tokio::io::Lines<BufReader<tokio::io::Stdin>>,
 ) -> Result<String> {
     if args.app.is_none() {
-        let list = client
-            .get("/v1/conversations?limit=10")
-            .await
-            .map_err(anyhow::Error::msg)?
-            .into_ok()
-            .map_err(anyhow::Error::msg)?;
+        let list = get_ok(client, "/v1/conversations?limit=10").await?;
         let convs = list["conversations"]
             .as_array()
             .cloned()
@@ -195,6 +185,16 @@ async fn pick(
     Ok(created["id"].as_str().unwrap_or_default().to_owned())
 }
 
+/// GETs `path`; a refusal becomes an error naming its status, code and message.
+async fn get_ok(client: &Client, path: &str) -> Result<Value> {
+    client
+        .get(path)
+        .await
+        .map_err(anyhow::Error::msg)?
+        .into_ok()
+        .map_err(anyhow::Error::msg)
+}
+
 /// Sends with an idempotency key, retrying transport failures with the same key (accepted once).
 async fn submit(client: &Client, path: &str, body: Value) -> Result<Value> {
     let key = ulid::Ulid::new().to_string();
@@ -245,12 +245,7 @@ async fn command(client: &Client, conv: &str, line: &str) -> Result<Option<Strin
         "quit" | "exit" | "q" => Ok(None),
         "help" => Ok(Some(HELP.to_owned())),
         "approve" | "reject" => {
-            let pending = client
-                .get(&format!("{c}/pending"))
-                .await
-                .map_err(anyhow::Error::msg)?
-                .into_ok()
-                .map_err(anyhow::Error::msg)?;
+            let pending = get_ok(client, &format!("{c}/pending")).await?;
             let Some(request) = pending["approvals"][0]["request_id"].as_str() else {
                 return done("nothing waits for an approval");
             };
@@ -267,12 +262,7 @@ async fn command(client: &Client, conv: &str, line: &str) -> Result<Option<Strin
             })
         }
         "answer" => {
-            let pending = client
-                .get(&format!("{c}/pending"))
-                .await
-                .map_err(anyhow::Error::msg)?
-                .into_ok()
-                .map_err(anyhow::Error::msg)?;
+            let pending = get_ok(client, &format!("{c}/pending")).await?;
             let Some(request) = pending["questions"][0]["request_id"].as_str() else {
                 return done("no question is waiting");
             };
@@ -285,12 +275,7 @@ async fn command(client: &Client, conv: &str, line: &str) -> Result<Option<Strin
             done("answered")
         }
         "pending" => {
-            let pending = client
-                .get(&format!("{c}/pending"))
-                .await
-                .map_err(anyhow::Error::msg)?
-                .into_ok()
-                .map_err(anyhow::Error::msg)?;
+            let pending = get_ok(client, &format!("{c}/pending")).await?;
             Ok(Some(serde_json::to_string_pretty(&pending)?))
         }
         "steer" => {
