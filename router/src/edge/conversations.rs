@@ -3,7 +3,7 @@
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::Json;
-use turnpike_artifactory::{DirectoryEntry, NewConversation, Record};
+use turnpike_artifactory::{DirectoryEntry, Head, NewConversation, Record};
 use turnpike_schemas::{AgentId, AppId, ConversationId, Identity};
 
 use super::error::{ApiError, ApiResult, ErrorBody};
@@ -53,7 +53,7 @@ pub async fn create(
             .with_details(serde_json::json!({ "limit_bytes": MAX_INSTRUCTIONS_BYTES })));
         }
     }
-    let (entry, _, _) = edge
+    let (entry, _, head) = edge
         .inner
         .conversations
         .create(
@@ -68,8 +68,8 @@ pub async fn create(
             },
         )
         .await?;
-    let view = edge.view(entry).await?;
-    Ok((StatusCode::CREATED, Json(view)))
+    // Just created: the head is the one the creation wrote, and it is not closed.
+    Ok((StatusCode::CREATED, Json(view_of(entry, &head, None))))
 }
 
 /// The caller's conversations, newest first.
@@ -233,6 +233,7 @@ impl Edge {
         Record::new(self.inner.conversations.store().clone(), entry.prefix())
     }
 
+    /// A conversation as the API shows it: its head and whether it is closed, read now.
     pub(crate) async fn view(&self, entry: DirectoryEntry) -> ApiResult<ConversationView> {
         let head = self.record(&entry).head().await?;
         let closed_ms = self
@@ -241,36 +242,43 @@ impl Edge {
             .directory()
             .closed_at(entry.conversation)
             .await?;
-        let state = head.state();
-        let status = if closed_ms.is_some() {
-            Status::Closed
-        } else if state.turn_open {
-            Status::Running
-        } else if state.waiting {
-            Status::Waiting
-        } else {
-            Status::Idle
-        };
-        Ok(ConversationView {
-            id: entry.conversation.to_string(),
-            tenant: entry.tenant.to_string(),
-            owner: entry.owner.to_string(),
-            app: entry.app.to_string(),
-            agent: state
-                .active_agent
-                .as_ref()
-                .unwrap_or(&entry.agent)
-                .to_string(),
-            status,
-            messages: state.messages,
-            turns: state.last_turn,
-            through: head.leaves(),
-            created_ms: entry.created_ms,
-            closed_ms,
-            instructions: entry.instructions,
-        })
+        Ok(view_of(entry, &head, closed_ms))
     }
+}
 
+/// A conversation as the API shows it, from its directory entry, a head and its closing time.
+fn view_of(entry: DirectoryEntry, head: &Head, closed_ms: Option<u64>) -> ConversationView {
+    let state = head.state();
+    let status = if closed_ms.is_some() {
+        Status::Closed
+    } else if state.turn_open {
+        Status::Running
+    } else if state.waiting {
+        Status::Waiting
+    } else {
+        Status::Idle
+    };
+    ConversationView {
+        id: entry.conversation.to_string(),
+        tenant: entry.tenant.to_string(),
+        owner: entry.owner.to_string(),
+        app: entry.app.to_string(),
+        agent: state
+            .active_agent
+            .as_ref()
+            .unwrap_or(&entry.agent)
+            .to_string(),
+        status,
+        messages: state.messages,
+        turns: state.last_turn,
+        through: head.leaves(),
+        created_ms: entry.created_ms,
+        closed_ms,
+        instructions: entry.instructions,
+    }
+}
+
+impl Edge {
     /// Refuses an app or agent this deployment does not host (`422`).
     pub(crate) fn check_agent(&self, app: &AppId, agent: &AgentId) -> ApiResult<()> {
         let catalog = &self.inner.catalog;
