@@ -33,6 +33,11 @@ pub struct Global {
     #[arg(long, global = true, env = "TURNPIKE_STORE")]
     pub store: Option<String>,
 
+    /// Skip fsync on a local filesystem store (faster; a power cut may then lose writes the
+    /// caller saw succeed). By default every object and its directory are synced on write.
+    #[arg(long, global = true, env = "TURNPIKE_NO_FSYNC")]
+    pub no_fsync: bool,
+
     /// The record signing key file (64 hex characters). The embedded default creates one under
     /// the data directory; with `--store` a key is required (this, or TURNPIKE_SIGNING_KEY).
     #[arg(long, global = true, env = "TURNPIKE_SIGNING_KEY_FILE")]
@@ -301,6 +306,10 @@ pub struct WorkerArgs {
     /// Lease time-to-live in milliseconds (renewed at a third of it).
     #[arg(long, default_value_t = 15_000)]
     pub lease_ttl_ms: u64,
+    /// How often to sweep for turns left open by dead owners, in milliseconds (also once at
+    /// start).
+    #[arg(long, default_value_t = 30_000)]
+    pub sweep_every_ms: u64,
     /// How long a delivered wake may go unacknowledged before redelivery, in milliseconds.
     #[arg(long, default_value_t = 30_000)]
     pub ack_wait_ms: u64,

@@ -3,7 +3,7 @@
 use anyhow::{bail, Context as _, Result};
 use std::path::PathBuf;
 use std::sync::Arc;
-use turnpike_artifactory::{open_store, Checkpoint, Conversations, RecordSigner, TrustedKeys};
+use turnpike_artifactory::{open_store_with, Checkpoint, Conversations, RecordSigner, TrustedKeys};
 use turnpike_schemas::ConversationId;
 use turnpike_worker::{Apps, EchoAgent, Registry};
 
@@ -34,7 +34,7 @@ impl Env {
             Some(s) => s.clone(),
             None => global.data_dir.join("store").to_string_lossy().into_owned(),
         };
-        let store = open_store(&store_location)?;
+        let store = open_store_with(&store_location, !global.no_fsync)?;
         let signer = if let Ok(hex) = std::env::var("TURNPIKE_SIGNING_KEY") {
             RecordSigner::from_hex(&hex).context("TURNPIKE_SIGNING_KEY")?
         } else if let Some(path) = &global.signing_key {
@@ -53,7 +53,8 @@ impl Env {
             );
         }
         Ok(Env {
-            conversations: Conversations::new(store.clone()),
+            conversations: Conversations::new(store.clone())
+                .trusting(TrustedKeys::new(keys.clone())),
             signer,
             trusted: TrustedKeys::new(keys),
             data_dir: global.data_dir.clone(),

@@ -33,6 +33,8 @@ struct Fleet {
     data: tempfile::TempDir,
     conversations: Conversations,
     bus: Arc<JetStreamBus>,
+    /// App manifests every process hosts besides the defaults.
+    apps: Option<PathBuf>,
 }
 
 impl Fleet {
@@ -54,6 +56,7 @@ impl Fleet {
             data: tempfile::tempdir().unwrap(),
             conversations,
             bus,
+            apps: None,
         }
     }
 
@@ -84,6 +87,9 @@ impl Fleet {
             "--nats-url".into(),
             self.nats.url(),
         ];
+        if let Some(apps) = &self.apps {
+            args.extend(["--apps".into(), apps.display().to_string()]);
+        }
         args.extend(command);
         let mut process = Process::start(
             &binary(),
@@ -502,6 +508,11 @@ impl Fleet {
     /// base URL.
     fn router(&self, tokens: &std::path::Path) -> (Process, String) {
         let port = turnpike_tests::services::free_port().unwrap();
+        self.router_on(tokens, port)
+    }
+
+    /// Starts a router process serving the API on `port`.
+    fn router_on(&self, tokens: &std::path::Path, port: u16) -> (Process, String) {
         let command = vec![
             "router".into(),
             "--listen".into(),
@@ -600,4 +611,356 @@ async fn any_router_of_a_fleet_serves_any_conversation_and_streams_from_any_work
             .unwrap();
         assert_eq!(list["conversations"][0]["id"], id.as_str());
     }
+}
+
+/// A wake handle that remembers what was done with it.
+#[derive(Clone, Default)]
+struct Recorded(Arc<std::sync::Mutex<Vec<&'static str>>>);
+
+#[async_trait]
+impl WakeAck for Recorded {
+    async fn ack(&self) -> turnpike_router::Result<()> {
+        self.0.lock().unwrap().push("ack");
+        Ok(())
+    }
+    async fn nak(&self, _: Duration) -> turnpike_router::Result<()> {
+        self.0.lock().unwrap().push("nak");
+        Ok(())
+    }
+    async fn progress(&self) -> turnpike_router::Result<()> {
+        Ok(())
+    }
+}
+
+/// Waits until `check` holds, polling; fails after `timeout` saying `what`.
+async fn until<F, Fut>(timeout: Duration, what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = std::time::Instant::now() + timeout;
+    while !check().await {
+        assert!(std::time::Instant::now() < deadline, "timed out: {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_open_turn_is_never_acked_by_a_bystander_and_a_sweep_recovers_it_with_no_event_left() {
+    use turnpike_worker::Fault;
+    let fleet = Fleet::start().await;
+    let convs = create_conversations(&fleet.conversations, &signer(), 1).await;
+    publish(fleet.bus.clone(), &fleet.conversations, &convs, 0, 1, LONG)
+        .await
+        .unwrap();
+    // The bus's own wake is taken and acked here: nothing will ever bring this event back.
+    let real = fleet.bus.next_wake().await.unwrap();
+    let seq = real.seq;
+    real.ack().await.unwrap();
+    let apps = Arc::new(Apps::new().with_fallback(Arc::new(EchoAgent)));
+    let config = WorkerConfig {
+        lease_ttl: Duration::from_millis(1500),
+        renew_every: Duration::from_millis(500),
+        ..WorkerConfig::default()
+    };
+    let doomed = Worker::new(
+        fleet.bus.clone(),
+        fleet.conversations.clone(),
+        signer(),
+        apps.clone(),
+        WorkerConfig {
+            fault: Some(Fault::HangAfterBatchOne),
+            ..config.clone()
+        },
+    );
+    doomed
+        .handle(Wake::new(
+            convs[0],
+            fixtures::tenant(),
+            seq,
+            1,
+            Box::new(HandAck),
+        ))
+        .await;
+    let rec = record(&fleet.conversations, convs[0]);
+    until(LONG, "batch one of turn 1", || async {
+        rec.head().await.unwrap().state().turn_open
+    })
+    .await;
+
+    // A bystander gets the wake again while the turn is open: it cannot take the lease, and
+    // the lane is committed past the wake — but the turn is not complete, so it must not ack.
+    let bystander = Worker::new(
+        fleet.bus.clone(),
+        fleet.conversations.clone(),
+        signer(),
+        apps,
+        config,
+    );
+    let seen = Recorded::default();
+    bystander
+        .handle(Wake::new(
+            convs[0],
+            fixtures::tenant(),
+            seq,
+            2,
+            Box::new(seen.clone()),
+        ))
+        .await;
+    assert_eq!(*seen.0.lock().unwrap(), ["nak"]);
+
+    // The owner dies between the batches, holding its lease. No event will come: the sweep
+    // alone must find the open turn once the lease lapses, and finish it under its id.
+    doomed.crash();
+    let deadline = std::time::Instant::now() + LONG;
+    loop {
+        bystander.sweep().await;
+        let head = rec.head().await.unwrap();
+        if head.state().last_turn == 1 && !head.state().turn_open {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the sweep never recovered the turn"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    bystander.idle().await;
+    check_conversation(&fleet.conversations, &signer(), convs[0], 0, 1)
+        .await
+        .unwrap();
+    let dispatches = rec
+        .entries()
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|e| matches!(e.body, EntryBody::TurnDispatched(_)))
+        .count();
+    assert_eq!(dispatches, 1, "recovered under the same turn id");
+    // The mark went with the turn.
+    assert!(fleet
+        .conversations
+        .open_turns()
+        .list()
+        .await
+        .unwrap()
+        .is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_killed_after_batch_one_with_no_later_event_is_finished_by_another() {
+    let fleet = Fleet::start().await;
+    let convs = create_conversations(&fleet.conversations, &signer(), 1).await;
+    let (mut doomed, _) = fleet.worker(&["--fault", "hang-after-batch-one"]);
+    publish(fleet.bus.clone(), &fleet.conversations, &convs, 0, 1, LONG)
+        .await
+        .unwrap();
+    doomed
+        .wait_for_line("hanging after batch one", LONG)
+        .unwrap();
+    doomed.kill();
+    // Nothing else is sent to this lane.
+    let (_rescuer, _) = fleet.worker(&["--sweep-every-ms", "500"]);
+    wait_for_turns(&fleet.conversations, &convs, 1, LONG)
+        .await
+        .unwrap();
+    check_conversation(&fleet.conversations, &signer(), convs[0], 0, 1)
+        .await
+        .unwrap();
+}
+
+const CHAOS_CONVERSATIONS: usize = 30;
+const CHAOS_MESSAGES: usize = 10;
+
+/// Sends `text` to conversation `id` with `key`, through whichever router answers; retries
+/// with the same key until one accepts it.
+async fn send_somewhere(
+    bases: &[String],
+    token: &str,
+    id: &str,
+    text: &str,
+    key: &str,
+    first: usize,
+) {
+    let deadline = std::time::Instant::now() + LONG;
+    let body = serde_json::json!({ "text": text });
+    let path = format!("/v1/conversations/{id}/messages");
+    for attempt in 0.. {
+        let base = &bases[(first + attempt) % bases.len()];
+        let client = turnpike_router::edge::client::Client::new(base, token);
+        match client
+            .send(reqwest::Method::POST, &path, Some(&body), Some(key))
+            .await
+        {
+            Ok(reply) if reply.status == 202 => return,
+            Ok(reply) if reply.status < 500 && reply.status != 429 => {
+                panic!("{text}: refused with {}: {:?}", reply.status, reply.body)
+            }
+            _ => {}
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{text} was never accepted"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fleet_driven_through_the_api_while_workers_and_routers_are_killed_finishes_everything() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use turnpike_tests::edge::{turns_of, TurnSummary};
+    let mut fleet = Fleet::start().await;
+    let apps = tempfile::tempdir().unwrap();
+    std::fs::write(
+        apps.path().join("chaos.toml"),
+        "app = \"chaos\"\n\n[agents.echo]\nprovider = \"echo\"\n",
+    )
+    .unwrap();
+    fleet.apps = Some(apps.path().to_path_buf());
+    let tokens = fleet.data.path().join("tokens.toml");
+    std::fs::write(
+        &tokens,
+        "[[tokens]]\ntoken = \"t-ana\"\nidentity = \"oidc:acme:ana\"\ntenant = \"acme\"\n",
+    )
+    .unwrap();
+    let fleet = Arc::new(fleet);
+    const WORKER_ARGS: [&str; 2] = ["--sweep-every-ms", "1000"];
+    let workers: Arc<std::sync::Mutex<Vec<Process>>> = Arc::new(std::sync::Mutex::new(
+        (0..3).map(|_| fleet.worker(&WORKER_ARGS).0).collect(),
+    ));
+    let ports: Vec<u16> = (0..2)
+        .map(|_| turnpike_tests::services::free_port().unwrap())
+        .collect();
+    let routers: Arc<std::sync::Mutex<Vec<Process>>> = Arc::new(std::sync::Mutex::new(
+        ports
+            .iter()
+            .map(|p| fleet.router_on(&tokens, *p).0)
+            .collect(),
+    ));
+    let bases: Vec<String> = ports
+        .iter()
+        .map(|p| format!("http://127.0.0.1:{p}"))
+        .collect();
+
+    let client = turnpike_router::edge::client::Client::new(&bases[0], "t-ana");
+    let mut ids = Vec::new();
+    for _ in 0..CHAOS_CONVERSATIONS {
+        let created = client
+            .post(
+                "/v1/conversations",
+                &serde_json::json!({"app": "chaos", "agent": "echo"}),
+            )
+            .await
+            .unwrap()
+            .into_ok()
+            .unwrap();
+        ids.push(created["id"].as_str().unwrap().to_owned());
+    }
+
+    // Every second a random worker is SIGKILLed and replaced; every fourth, a router too.
+    let stop = Arc::new(AtomicBool::new(false));
+    let killer = {
+        let (stop, fleet, workers, routers, tokens, ports) = (
+            stop.clone(),
+            fleet.clone(),
+            workers.clone(),
+            routers.clone(),
+            tokens.clone(),
+            ports.clone(),
+        );
+        std::thread::spawn(move || {
+            let mut kills = 0usize;
+            let mut tick = 0usize;
+            while !stop.load(Ordering::Relaxed) {
+                std::thread::sleep(Duration::from_secs(1));
+                tick += 1;
+                let victim = (tick * 7919 + 13) % 3;
+                workers.lock().unwrap()[victim].kill();
+                kills += 1;
+                let fresh = fleet.worker(&WORKER_ARGS).0;
+                workers.lock().unwrap()[victim] = fresh;
+                if tick % 4 == 0 {
+                    let r = tick / 4 % 2;
+                    routers.lock().unwrap()[r].kill();
+                    let fresh = fleet.router_on(&tokens, ports[r]).0;
+                    routers.lock().unwrap()[r] = fresh;
+                }
+            }
+            kills
+        })
+    };
+    for m in 0..CHAOS_MESSAGES {
+        let sends = ids.iter().enumerate().map(|(i, id)| {
+            let bases = bases.clone();
+            async move {
+                let text = format!("c{i}-m{m}");
+                send_somewhere(&bases, "t-ana", id, &text, &format!("key-{i}-{m}"), i + m).await
+            }
+        });
+        futures::future::join_all(sends).await;
+        // Spread the sends over several kills.
+        tokio::time::sleep(Duration::from_millis(400)).await;
+    }
+    stop.store(true, Ordering::Relaxed);
+    let kills = tokio::task::spawn_blocking(move || killer.join().unwrap())
+        .await
+        .unwrap();
+    assert!(
+        kills >= 3,
+        "only {kills} kills happened during the send phase"
+    );
+
+    // Nobody helps from here on: every conversation must finish by itself.
+    let deadline = std::time::Instant::now() + LONG;
+    let mut unfinished: Vec<(usize, Vec<TurnSummary>)> = Vec::new();
+    for (i, id) in ids.iter().enumerate() {
+        let expected: Vec<String> = (0..CHAOS_MESSAGES).map(|m| format!("c{i}-m{m}")).collect();
+        let turns = loop {
+            let client = turnpike_router::edge::client::Client::new(&bases[i % 2], "t-ana");
+            let mut cursor = turnpike_router::edge::client::Cursor::new(id);
+            let rows = cursor.read(&client).await.unwrap_or_default();
+            let turns = turns_of(&rows);
+            let inputs: Vec<String> = turns.iter().flat_map(|t| t.inputs.clone()).collect();
+            if inputs.len() >= CHAOS_MESSAGES && turns.iter().all(|t| t.outcome.is_some()) {
+                break turns;
+            }
+            if std::time::Instant::now() > deadline {
+                unfinished.push((i, turns));
+                break Vec::new();
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        };
+        if turns.is_empty() {
+            continue;
+        }
+        let inputs: Vec<String> = turns.iter().flat_map(|t| t.inputs.clone()).collect();
+        assert_eq!(
+            inputs, expected,
+            "conversation {i}: each message once, in order"
+        );
+        for t in &turns {
+            assert_eq!(
+                t.outcome.as_deref(),
+                Some("replied"),
+                "conversation {i}: {t:?}"
+            );
+        }
+        let prefix = turnpike_artifactory::ConversationPrefix::new(
+            "acme".parse().unwrap(),
+            id.parse().unwrap(),
+        );
+        let keys = turnpike_artifactory::TrustedKeys::new([signer().verifying_key()]);
+        turnpike_artifactory::Record::new(fleet.conversations.store().clone(), prefix)
+            .verify(&keys, None)
+            .await
+            .unwrap()
+            .unwrap_or_else(|f| panic!("conversation {i} does not verify: {f:?}"));
+    }
+    assert!(
+        unfinished.is_empty(),
+        "unfinished conversations: {unfinished:#?}"
+    );
+    drop(routers);
+    drop(workers);
 }

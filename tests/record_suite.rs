@@ -415,6 +415,73 @@ macro_rules! record_suite {
             }
 
             #[tokio::test]
+            async fn a_forged_state_in_the_last_root_is_detected_and_not_trusted() {
+                let (_keep, store) = store();
+                let (record, head) = record_with_turns(store.clone(), 2).await;
+                let checkpoint = record.verify(&trusted(), None).await.unwrap().unwrap();
+                let last = head.batches() - 1;
+                // Claim the lane is committed far beyond what it is, and that the project is
+                // at another version; recompute the root entry's unkeyed digest.
+                tamper(&record, &store, last, |b| {
+                    let closing = b["entries"].as_array_mut().unwrap().last_mut().unwrap();
+                    closing["payload"]["state"]["lane_through"] = 1_000_000.into();
+                    closing["payload"]["state"]["version"] = "f".repeat(40).into();
+                    rehash(closing);
+                })
+                .await;
+                let f = failure(&record).await;
+                assert_eq!(f.batch, last);
+                assert!(
+                    matches!(f.problem, Problem::ForgedState | Problem::BadSignature),
+                    "{f:?}"
+                );
+                // With the checkpoint a machine kept before the forgery, too.
+                assert!(record
+                    .verify(&trusted(), Some(&checkpoint.checkpoint))
+                    .await
+                    .unwrap()
+                    .is_err());
+                // A reader that checks signatures refuses the head; one that does not would
+                // have trusted the forged position.
+                assert_eq!(record.head().await.unwrap().state().lane_through, 1_000_000);
+                let checked = record.clone().trusting(Arc::new(trusted()));
+                let err = checked
+                    .head()
+                    .await
+                    .expect_err("a forged state is not trusted");
+                assert_eq!(err.kind(), ErrorKind::Corrupt);
+            }
+
+            #[tokio::test]
+            async fn a_forged_state_is_found_by_incremental_verify_from_a_checkpoint() {
+                let (_keep, store) = store();
+                let (record, mut head) = record_with_turns(store.clone(), 1).await;
+                let checkpoint = record.verify(&trusted(), None).await.unwrap().unwrap();
+                let conversation = record.prefix().conversation();
+                head = record
+                    .append(&signer(), &head, &batch_one(conversation, 2, "two"))
+                    .await
+                    .unwrap();
+                let last = head.batches() - 1;
+                tamper(&record, &store, last, |b| {
+                    let closing = b["entries"].as_array_mut().unwrap().last_mut().unwrap();
+                    closing["payload"]["state"]["turn_open"] = false.into();
+                    rehash(closing);
+                })
+                .await;
+                let f = record
+                    .verify(&trusted(), Some(&checkpoint.checkpoint))
+                    .await
+                    .unwrap()
+                    .expect_err("the forgery is after the checkpoint");
+                assert_eq!(f.batch, last);
+                assert!(
+                    matches!(f.problem, Problem::ForgedState | Problem::BadSignature),
+                    "{f:?}"
+                );
+            }
+
+            #[tokio::test]
             async fn a_bad_signature_is_detected() {
                 let (_keep, store) = store();
                 let (record, _) = record_with_turns(store.clone(), 2).await;
@@ -582,7 +649,7 @@ macro_rules! record_suite {
                 })
                 .await;
                 assert!(record.verify(&trusted(), None).await.unwrap().is_err());
-                let report = record.repair(&signer(), 77).await.unwrap();
+                let report = record.repair(&signer(), &trusted(), 77).await.unwrap();
                 // Batch 3 (turn 2's input and dispatch) is gone, so turn 2's reply and completion
                 // (positions 11, 12) no longer fit the record's rules; entry 17 was edited.
                 let removed: Vec<_> = report
@@ -625,6 +692,55 @@ macro_rules! record_suite {
                     )
                     .await
                     .unwrap();
+            }
+
+            #[tokio::test]
+            async fn repair_drops_forged_batches_instead_of_signing_them() {
+                let (_keep, store) = store();
+                let (record, head) = record_with_turns(store.clone(), 2).await;
+                let conversation = record.prefix().conversation();
+                // An intruder appends a batch signed with its own key …
+                let intruder = RecordSigner::from_seed([9; 32]);
+                record
+                    .append(&intruder, &head, &batch_one(conversation, 3, "planted"))
+                    .await
+                    .unwrap();
+                // … and edits turn 1's reply, recomputing every digest and even the root
+                // (but it cannot sign it).
+                tamper(&record, &store, 2, |b| {
+                    let entries = b["entries"].as_array_mut().unwrap();
+                    entries[0]["payload"]["text"] = "forged reply".into();
+                    rehash(&mut entries[0]);
+                })
+                .await;
+                assert!(record.verify(&trusted(), None).await.unwrap().is_err());
+                let report = record.repair(&signer(), &trusted(), 78).await.unwrap();
+                let dropped: Vec<_> = report
+                    .removed
+                    .iter()
+                    .filter(|r| r.position.is_none())
+                    .map(|r| r.batch)
+                    .collect();
+                assert_eq!(dropped, [2, head.batches()], "{report:?}");
+                record.verify(&trusted(), None).await.unwrap().unwrap();
+                let text = serde_json::to_string(
+                    &record
+                        .entries()
+                        .await
+                        .unwrap()
+                        .iter()
+                        .map(|e| format!("{:?}", e.body))
+                        .collect::<Vec<_>>(),
+                )
+                .unwrap();
+                assert!(
+                    !text.contains("planted"),
+                    "the intruder's batch was re-signed"
+                );
+                assert!(
+                    !text.contains("forged reply"),
+                    "the edited batch was re-signed"
+                );
             }
 
             #[tokio::test]

@@ -707,3 +707,33 @@ async fn a_large_tool_result_becomes_a_file_with_a_preview_and_a_reference() {
     assert_eq!(full["text"], big.as_str());
     rig.stop().await;
 }
+
+#[tokio::test]
+async fn a_reply_with_more_tool_calls_than_a_turn_may_record_fails_once_and_is_not_retried() {
+    let calls: Vec<String> = (0..100)
+        .map(|_| "{ name = \"list_files\" }".to_owned())
+        .collect();
+    let script = format!(
+        "[[turn]]\nwhen = \"flood\"\n[[turn.step]]\ntool_calls = [{}]\n\n[[turn]]\n[[turn.step]]\ntext = \"fine: {{last_user}}\"\n",
+        calls.join(", ")
+    );
+    let rig = Rig::start(&script, 8).await;
+    rig.say("flood me").await;
+    rig.wait_turns(1).await;
+    let log = rig.log(1).await;
+    assert_eq!(log.outcome, TurnOutcome::Failed);
+    assert!(tool_calls(&log).is_empty(), "none of the calls ran");
+    // The next message gets its turn: the failed one is not retried in front of it.
+    rig.say("after").await;
+    rig.wait_turns(2).await;
+    assert_eq!(replies(&rig.log(2).await), ["fine: after"]);
+    let entries = rig.record().entries().await.unwrap();
+    let dispatched = entries
+        .iter()
+        .filter(|e| matches!(e.body, EntryBody::TurnDispatched(_)))
+        .count();
+    assert_eq!(dispatched, 2, "turn 1 ran once");
+    assert!(entries.iter().any(|e| matches!(&e.body,
+        EntryBody::Error(err) if err.message.contains("100 tool calls"))));
+    rig.stop().await;
+}

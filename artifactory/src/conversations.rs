@@ -8,7 +8,7 @@ use turnpike_schemas::{AgentId, AppId, ConversationId, EntryBody, Identity, Tena
 
 use crate::directory::{Directory, DirectoryEntry};
 use crate::error::Result;
-use crate::keys::RecordSigner;
+use crate::keys::{RecordSigner, TrustedKeys};
 use crate::record::{Head, Record};
 use crate::turnlogs::TurnLogs;
 
@@ -29,6 +29,8 @@ pub struct NewConversation {
 pub struct Conversations {
     store: Arc<dyn ObjectStore>,
     directory: Directory,
+    /// The keys every record's head is checked against, once set.
+    keys: Option<Arc<TrustedKeys>>,
 }
 
 impl Conversations {
@@ -36,6 +38,28 @@ impl Conversations {
         Self {
             directory: Directory::new(store.clone()),
             store,
+            keys: None,
+        }
+    }
+
+    /// Every record opened through these conversations trusts a head only when its last root
+    /// is signed by one of `keys` (see [`Record::trusting`]).
+    pub fn trusting(mut self, keys: TrustedKeys) -> Self {
+        self.keys = Some(Arc::new(keys));
+        self
+    }
+
+    /// Whether heads are checked against trusted keys.
+    pub fn is_trusting(&self) -> bool {
+        self.keys.is_some()
+    }
+
+    /// The record of the conversation at `prefix` (checked against the trusted keys, if set).
+    pub fn record(&self, prefix: crate::ConversationPrefix) -> Record {
+        let record = Record::new(self.store.clone(), prefix);
+        match &self.keys {
+            Some(keys) => record.trusting(keys.clone()),
+            None => record,
         }
     }
 
@@ -54,6 +78,11 @@ impl Conversations {
         TurnLogs::new(self.store.clone())
     }
 
+    /// The open-turn marks in the same store.
+    pub fn open_turns(&self) -> crate::OpenTurns {
+        crate::OpenTurns::new(self.store.clone())
+    }
+
     /// Creates a conversation: registers it, then commits its opening batch.
     pub async fn create(
         &self,
@@ -70,7 +99,7 @@ impl Conversations {
             instructions: new.instructions.clone(),
         };
         self.directory.create(&entry).await?;
-        let record = Record::new(self.store.clone(), entry.prefix());
+        let record = self.record(entry.prefix());
         let opened = EntryBody::ConversationOpened(ConversationOpened {
             tenant: new.tenant,
             owner: new.owner,
@@ -91,7 +120,7 @@ impl Conversations {
         actor: &Identity,
     ) -> Result<(DirectoryEntry, Record)> {
         let entry = self.directory.lookup(conversation, actor).await?;
-        let record = Record::new(self.store.clone(), entry.prefix());
+        let record = self.record(entry.prefix());
         Ok((entry, record))
     }
 }

@@ -26,15 +26,35 @@ impl std::fmt::Debug for RecordSigner {
     }
 }
 
-/// The message a root signature covers: domain, partition, leaf count, root.
-pub fn signed_message(partition: &str, leaf_count: u64, root: &Hash) -> Vec<u8> {
-    let mut m = Vec::with_capacity(64 + partition.len());
-    m.extend_from_slice(b"turnpike-record-root-v1\0");
+/// The message a root signature covers: domain, partition, leaf count, root, and — from batch
+/// format 2 on — the SHA-256 of the record state the root carries (`state`), so a reader that
+/// checks the last root's signature can trust the state without replaying the record.
+/// Format 1 roots (`state: None`) signed no state.
+pub fn signed_message(
+    partition: &str,
+    leaf_count: u64,
+    root: &Hash,
+    state: Option<&Hash>,
+) -> Vec<u8> {
+    let mut m = Vec::with_capacity(96 + partition.len());
+    match state {
+        None => m.extend_from_slice(b"turnpike-record-root-v1\0"),
+        Some(_) => m.extend_from_slice(b"turnpike-record-root-v2\0"),
+    }
     m.extend_from_slice(&(partition.len() as u64).to_be_bytes());
     m.extend_from_slice(partition.as_bytes());
     m.extend_from_slice(&leaf_count.to_be_bytes());
     m.extend_from_slice(root);
+    if let Some(state) = state {
+        m.extend_from_slice(state);
+    }
     m
+}
+
+/// The digest of a record state as a signed root carries it (SHA-256 of its JSON).
+pub fn state_digest(state: &turnpike_schemas::entry::RecordState) -> Hash {
+    let bytes = serde_json::to_vec(state).expect("record states serialise");
+    Sha256::digest(&bytes).into()
 }
 
 /// The id of a public key.
@@ -129,10 +149,17 @@ impl RecordSigner {
         self.key.verifying_key()
     }
 
-    /// Signs a root of `partition` covering `leaf_count` leaves.
-    pub fn sign(&self, partition: &str, leaf_count: u64, root: &Hash) -> [u8; 64] {
+    /// Signs a root of `partition` covering `leaf_count` leaves and, when given, the digest of
+    /// the state the root carries (see [`signed_message`]).
+    pub fn sign(
+        &self,
+        partition: &str,
+        leaf_count: u64,
+        root: &Hash,
+        state: Option<&Hash>,
+    ) -> [u8; 64] {
         self.key
-            .sign(&signed_message(partition, leaf_count, root))
+            .sign(&signed_message(partition, leaf_count, root, state))
             .to_bytes()
     }
 }
@@ -161,13 +188,15 @@ impl TrustedKeys {
             .map_err(|e| Error::with_source(ErrorKind::Key, "not a valid ed25519 public key", e))
     }
 
-    /// Whether a signature by key `key_id` over this root is valid.
+    /// Whether a signature by key `key_id` over this root (and state digest, for format 2) is
+    /// valid.
     pub fn verify(
         &self,
         key_id: &str,
         partition: &str,
         leaf_count: u64,
         root: &Hash,
+        state: Option<&Hash>,
         signature: &[u8],
     ) -> SignatureCheck {
         let Some((_, key)) = self.keys.iter().find(|(id, _)| id == key_id) else {
@@ -176,7 +205,10 @@ impl TrustedKeys {
         let Ok(signature) = ed25519_dalek::Signature::from_slice(signature) else {
             return SignatureCheck::Invalid;
         };
-        match key.verify(&signed_message(partition, leaf_count, root), &signature) {
+        match key.verify(
+            &signed_message(partition, leaf_count, root, state),
+            &signature,
+        ) {
             Ok(()) => SignatureCheck::Valid,
             Err(_) => SignatureCheck::Invalid,
         }
@@ -222,30 +254,57 @@ mod tests {
         let b = RecordSigner::from_seed([2; 32]);
         let trusted = TrustedKeys::new([a.verifying_key()]);
         let root = [7u8; 32];
-        let sig = a.sign("conv-x", 3, &root);
+        let sig = a.sign("conv-x", 3, &root, None);
         assert_eq!(
-            trusted.verify(a.key_id(), "conv-x", 3, &root, &sig),
+            trusted.verify(a.key_id(), "conv-x", 3, &root, None, &sig),
             SignatureCheck::Valid
         );
         assert_eq!(
-            trusted.verify(a.key_id(), "conv-y", 3, &root, &sig),
+            trusted.verify(a.key_id(), "conv-y", 3, &root, None, &sig),
             SignatureCheck::Invalid
         );
         assert_eq!(
-            trusted.verify(a.key_id(), "conv-x", 4, &root, &sig),
+            trusted.verify(a.key_id(), "conv-x", 4, &root, None, &sig),
             SignatureCheck::Invalid
         );
-        let forged = b.sign("conv-x", 3, &root);
+        let forged = b.sign("conv-x", 3, &root, None);
         assert_eq!(
-            trusted.verify(b.key_id(), "conv-x", 3, &root, &forged),
+            trusted.verify(b.key_id(), "conv-x", 3, &root, None, &forged),
             SignatureCheck::UnknownKey
         );
         assert_eq!(
-            trusted.verify(a.key_id(), "conv-x", 3, &root, &forged),
+            trusted.verify(a.key_id(), "conv-x", 3, &root, None, &forged),
             SignatureCheck::Invalid
         );
         assert_eq!(
-            trusted.verify(a.key_id(), "conv-x", 3, &root, b"short"),
+            trusted.verify(a.key_id(), "conv-x", 3, &root, None, b"short"),
+            SignatureCheck::Invalid
+        );
+    }
+
+    #[test]
+    fn a_signature_over_a_state_binds_that_state() {
+        let a = RecordSigner::from_seed([1; 32]);
+        let trusted = TrustedKeys::new([a.verifying_key()]);
+        let root = [7u8; 32];
+        let state = turnpike_schemas::entry::RecordState {
+            lane_through: 9,
+            ..Default::default()
+        };
+        let forged = turnpike_schemas::entry::RecordState {
+            lane_through: 90,
+            ..Default::default()
+        };
+        let digest = state_digest(&state);
+        let sig = a.sign("conv-x", 3, &root, Some(&digest));
+        let check = |s: &turnpike_schemas::entry::RecordState| {
+            trusted.verify(a.key_id(), "conv-x", 3, &root, Some(&state_digest(s)), &sig)
+        };
+        assert_eq!(check(&state), SignatureCheck::Valid);
+        assert_eq!(check(&forged), SignatureCheck::Invalid);
+        // A state-covering signature is not a valid stateless one (no downgrade).
+        assert_eq!(
+            trusted.verify(a.key_id(), "conv-x", 3, &root, None, &sig),
             SignatureCheck::Invalid
         );
     }

@@ -11,6 +11,8 @@
 //! - [`directory`]: which tenant owns a conversation, and who may see it
 //! - [`layout`]: every object key, built in one place
 //! - [`store`]: opening an object store (memory, local filesystem, S3-compatible)
+//! - [`synced`]: the local filesystem store with fsync of each object and its directory
+//! - [`open_turns`]: marks of conversations whose record may end in an open turn (the sweep)
 
 pub mod conversations;
 pub mod directory;
@@ -20,8 +22,10 @@ pub mod git;
 pub mod keys;
 pub mod layout;
 pub mod mmr;
+pub mod open_turns;
 pub mod record;
 pub mod store;
+pub mod synced;
 pub mod turnlogs;
 
 pub use conversations::{Conversations, NewConversation};
@@ -30,6 +34,7 @@ pub use error::{Error, ErrorKind, Result};
 pub use files::Files;
 pub use keys::{RecordSigner, TrustedKeys};
 pub use layout::ConversationPrefix;
+pub use open_turns::OpenTurns;
 pub use record::{Checkpoint, Head, Record, RecordEntry, Transcript, Verdict};
-pub use store::open_store;
+pub use store::{open_store, open_store_with};
 pub use turnlogs::TurnLogs;

@@ -29,8 +29,16 @@ pub(crate) async fn exists(
     }
 }
 
-/// Opens the store at `location`.
+/// Opens the store at `location`, without fsync on the local filesystem (see
+/// [`open_store_with`]).
 pub fn open_store(location: &str) -> Result<Arc<dyn ObjectStore>> {
+    open_store_with(location, false)
+}
+
+/// Opens the store at `location`. With `fsync`, a local filesystem store syncs every object and
+/// its directory before a write returns (a committed batch survives a power cut); other
+/// backends ignore it (their writes are durable when acknowledged).
+pub fn open_store_with(location: &str, fsync: bool) -> Result<Arc<dyn ObjectStore>> {
     if location == "memory://" {
         return Ok(Arc::new(InMemory::new()));
     }
@@ -71,6 +79,11 @@ pub fn open_store(location: &str) -> Result<Arc<dyn ObjectStore>> {
             e,
         )
     })?;
+    if fsync {
+        let synced = crate::synced::SyncedLocalStore::new(path)
+            .map_err(|e| Error::store(&format!("opening {path:?}"), e))?;
+        return Ok(Arc::new(synced));
+    }
     let local = LocalFileSystem::new_with_prefix(path)
         .map_err(|e| Error::store(&format!("opening {path:?}"), e))?;
     Ok(Arc::new(local))

@@ -58,7 +58,7 @@ pub struct Wake {
     pub seq: u64,
     /// How many times it was delivered (1 the first time).
     pub deliveries: u64,
-    acker: Box<dyn WakeAck>,
+    acker: std::sync::Arc<dyn WakeAck>,
 }
 
 impl fmt::Debug for Wake {
@@ -85,8 +85,14 @@ impl Wake {
             tenant,
             seq,
             deliveries,
-            acker,
+            acker: acker.into(),
         }
+    }
+
+    /// A handle that keeps this wake in progress without holding the wake itself (so a caller
+    /// need not hold a lock on its wakes across the network call).
+    pub fn keeper(&self) -> WakeKeeper {
+        WakeKeeper(self.acker.clone())
     }
 
     pub async fn ack(self) -> Result<()> {
@@ -99,6 +105,17 @@ impl Wake {
 
     pub async fn progress(&self) -> Result<()> {
         self.acker.progress().await
+    }
+}
+
+/// Keeps one wake in progress; see [`Wake::keeper`].
+#[derive(Clone)]
+pub struct WakeKeeper(std::sync::Arc<dyn WakeAck>);
+
+impl WakeKeeper {
+    /// Extends the wake's ack wait.
+    pub async fn progress(&self) -> Result<()> {
+        self.0.progress().await
     }
 }
 

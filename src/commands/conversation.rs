@@ -139,7 +139,7 @@ pub async fn replay_report(
 
 async fn repair(env: &Env, conversation: ConversationId, actor: &Identity) -> Result<ExitCode> {
     let (_, record) = env.conversations.open(conversation, actor).await?;
-    let report = record.repair(&env.signer, now_ms()).await?;
+    let report = record.repair(&env.signer, &env.trusted, now_ms()).await?;
     for removed in &report.removed {
         match removed.position {
             Some(p) => println!(

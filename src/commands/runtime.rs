@@ -57,6 +57,7 @@ fn worker_config(args: &WorkerArgs) -> WorkerConfig {
         slots: args.slots.max(1),
         lease_ttl: ttl,
         renew_every: ttl / 3,
+        sweep_every: Duration::from_millis(args.sweep_every_ms.max(100)),
         grace: Duration::from_millis(args.grace_ms),
         git_remote: args.git_remote.clone(),
         fault: args.fault.map(|f| match f {

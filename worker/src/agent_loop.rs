@@ -41,6 +41,11 @@ I have nothing useful to report yet. Please retry, or rephrase the request in sm
 /// What a result says when a stop cancelled its tool.
 pub const CANCELLED_RESULT: &str = "cancelled: the user stopped the turn";
 
+/// The most tool calls one model reply may make. Every call and its result are recorded in
+/// the turn's batch two, which holds at most `MAX_BATCH_ENTRIES`; a reply past this fails the
+/// turn instead of making a batch that can never commit (and a turn retried forever).
+pub const MAX_TOOL_CALLS_PER_REPLY: usize = 64;
+
 /// One agent's settings for one turn.
 #[derive(Debug, Clone)]
 pub struct Settings {
@@ -111,6 +116,14 @@ pub async fn run(
         let ModelReply {
             text, tool_calls, ..
         } = reply;
+        if tool_calls.len() > MAX_TOOL_CALLS_PER_REPLY {
+            // Recording them all could not fit one batch; retrying would pay for the same
+            // reply again. The turn fails, visibly, once.
+            return Err(Error::Refused(format!(
+                "the model asked for {} tool calls in one reply; at most {MAX_TOOL_CALLS_PER_REPLY} are allowed",
+                tool_calls.len()
+            )));
+        }
         if tool_calls.is_empty() {
             if text.trim().is_empty() {
                 break;

@@ -26,6 +26,9 @@
 //! approval = [{ tool = "publish" },        # calls that need a person's approval: always, or
 //!   { tool = "write_file", arg = "path", matches = "deploy/*" }]   # when an argument matches
 //! compaction_prompt = "Summarise …"        # how older turns are summarised
+//! on_new_message = "queue"      # a message arriving while a turn runs: "queue" (default; it
+//!                               # starts its own turn after this one) or "interrupt" (the
+//!                               # running turn is cancelled, "superseded by a new message")
 //! ```
 //!
 //! A manifest that does not fit is refused at start with the file, the field and the reason.
@@ -86,6 +89,19 @@ pub struct AgentSpec {
     pub policy: Policy,
     /// The prompt a compaction summarises with.
     pub compaction_prompt: String,
+    /// What a message arriving on the lane does to a running turn of this agent.
+    pub on_new_message: OnNewMessage,
+}
+
+/// What a new message does to a running turn (an agent's `on_new_message`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OnNewMessage {
+    /// It waits on the lane and starts its own turn once the running one ends.
+    #[default]
+    Queue,
+    /// It cancels the running turn (recorded as superseded), then starts its own.
+    Interrupt,
 }
 
 /// The compaction prompt unless an agent sets its own.
@@ -292,6 +308,8 @@ struct RawAgent {
     approval: Vec<Gate>,
     #[serde(default)]
     compaction_prompt: Option<String>,
+    #[serde(default)]
+    on_new_message: OnNewMessage,
 }
 
 impl Manifest {
@@ -421,6 +439,7 @@ impl Manifest {
                     compaction_prompt: agent
                         .compaction_prompt
                         .unwrap_or_else(|| DEFAULT_COMPACTION_PROMPT.into()),
+                    on_new_message: agent.on_new_message,
                 }),
             );
         }

@@ -34,6 +34,8 @@ pub struct WorkerConfig {
     pub heartbeat_every: Duration,
     /// How often a running turn looks at its lane for follow-ups and stops.
     pub lane_poll: Duration,
+    /// How often the worker sweeps for turns left open by dead owners (and once at start).
+    pub sweep_every: Duration,
     /// A bare git repository that every published project version is also pushed to, as
     /// `refs/turnpike/<conversation>/turn_<n>` (a mirror: failures are logged, the object store
     /// stays the source).
@@ -54,6 +56,7 @@ impl Default for WorkerConfig {
             grace: Duration::from_secs(20),
             heartbeat_every: Duration::from_secs(5),
             lane_poll: Duration::from_millis(50),
+            sweep_every: Duration::from_secs(30),
             git_remote: None,
             workspace_root: crate::workspace::default_root(),
             fault: None,

@@ -11,6 +11,11 @@ pub enum Error {
     /// The turn's workspace could not be set up.
     #[error("{0}")]
     Workspace(String),
+    /// What a model, an app or a client produced breaks a rule of the runtime (e.g. more tool
+    /// calls in one reply than a turn may record): the turn fails with this reason, recorded
+    /// once, and is not retried.
+    #[error("{0}")]
+    Refused(String),
     /// No app or agent is hosted for the turn's address.
     #[error("{0}")]
     Route(String),

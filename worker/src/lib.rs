@@ -3,6 +3,7 @@
 //! # Layout
 //! - [`worker`]: the claim loop — wakes in, conversation owners out, bounded by turn slots
 //! - [`owner`]: one conversation's owner: lease, recovery, turns, wake acknowledgement
+//! - [`fence`]: the owner's lease deadline; fenced writes stop before it lapses
 //! - [`pool`]: workers of one process, started and stopped together
 //! - [`turn`]: one turn through batch one, the app's callback, and batch two
 //! - [`apps`]: manifests, the [`App`] trait (`on_reactive_event`) and routing
@@ -26,6 +27,7 @@ pub mod cell;
 pub mod compaction;
 pub mod config;
 pub mod error;
+pub mod fence;
 pub mod model;
 pub mod owner;
 pub mod pool;
@@ -39,7 +41,7 @@ pub mod worker;
 pub mod workspace;
 
 pub use agent::EchoAgent;
-pub use apps::{AgentLoopApp, AgentSpec, App, Apps, Manifest};
+pub use apps::{AgentLoopApp, AgentSpec, App, Apps, Manifest, OnNewMessage};
 pub use config::{Fault, WorkerConfig};
 pub use error::{Error, Result};
 pub use pool::WorkerPool;

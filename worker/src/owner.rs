@@ -6,12 +6,14 @@ use std::sync::Arc;
 
 use tokio::sync::{Mutex, OwnedSemaphorePermit};
 use tracing::{debug, warn};
-use turnpike_artifactory::{ConversationPrefix, Head, Record};
-use turnpike_router::bus::{Lease, Wake};
+use turnpike_artifactory::{ConversationPrefix, Head};
+use turnpike_router::bus::{now_ms, Lease, Wake, WakeKeeper};
 use turnpike_router::{ErrorKind, LaneMessage};
+use turnpike_schemas::entry::RecordState;
 use turnpike_schemas::{EntryBody, EventBody, TenantId};
 
 use crate::error::{Error, Result};
+use crate::fence::Fence;
 use crate::turn::{recover_turn, run_new_turn, TurnEnv};
 use crate::worker::Inner;
 
@@ -38,8 +40,14 @@ impl OwnerSlot {
         None
     }
 
-    /// Acks every held wake the record has committed past.
-    async fn settle(&self, lane_through: u64) {
+    /// Acks every held wake whose event the record holds in a **complete** turn: the lane is
+    /// committed past it and no turn is open (DESIGN step 2). While a turn is open nothing is
+    /// acked: its owner may still die before batch two, and then the wakes must come back.
+    async fn settle(&self, state: &RecordState) {
+        if state.turn_open {
+            return;
+        }
+        let lane_through = state.lane_through;
         let mut held = self.held.lock().await;
         let (done, waiting): (Vec<Wake>, Vec<Wake>) = std::mem::take(&mut held.wakes)
             .into_iter()
@@ -65,17 +73,28 @@ impl OwnerSlot {
             .unwrap_or(0)
     }
 
-    /// Keeps every held wake from being redelivered.
+    /// Keeps every held wake from being redelivered. The lock is held only to copy the
+    /// handles, never across the network calls.
     async fn progress(&self) {
-        let held = self.held.lock().await;
-        for wake in &held.wakes {
-            let _ = wake.progress().await;
+        let keepers: Vec<WakeKeeper> = self
+            .held
+            .lock()
+            .await
+            .wakes
+            .iter()
+            .map(Wake::keeper)
+            .collect();
+        for keeper in keepers {
+            let _ = keeper.progress().await;
         }
     }
 
-    /// Stops taking wakes; acks what is done and returns the rest.
-    async fn close(&self, lane_through: u64) -> Vec<Wake> {
-        self.settle(lane_through).await;
+    /// Stops taking wakes; acks what is done (`state`: the record's state at the end, if the
+    /// owner knows it) and returns the rest.
+    async fn close(&self, state: Option<&RecordState>) -> Vec<Wake> {
+        if let Some(state) = state {
+            self.settle(state).await;
+        }
         let mut held = self.held.lock().await;
         held.closed = true;
         std::mem::take(&mut held.wakes)
@@ -117,7 +136,7 @@ async fn drain(
     let mut head = env.record.head().await?;
     let mut first = true;
     loop {
-        slot.settle(head.state().lane_through).await;
+        slot.settle(head.state()).await;
         if head.state().turn_open {
             head = recover_turn(env, head).await?;
             continue;
@@ -161,10 +180,9 @@ pub(crate) async fn own(
     let env = TurnEnv {
         worker: worker.id,
         bus: worker.bus.clone(),
-        record: Record::new(
-            worker.conversations.store().clone(),
-            ConversationPrefix::new(tenant.clone(), conversation),
-        ),
+        record: worker
+            .conversations
+            .record(ConversationPrefix::new(tenant.clone(), conversation)),
         turn_logs: worker.conversations.turn_logs(),
         files: worker.files.clone(),
         resolver: worker.resolver.clone(),
@@ -174,18 +192,26 @@ pub(crate) async fn own(
         signer: worker.signer.clone(),
         apps: worker.apps.clone(),
         directory: worker.conversations.directory().clone(),
+        open_turns: worker.conversations.open_turns(),
+        fence: Fence::new(lease.expires_ms, worker.config.renew_every),
         config: worker.config.clone(),
+    };
+    // However the owner ends — a panic included — its slot is forgotten, so later wakes for
+    // the conversation are not handed to an owner that is gone.
+    let mut guard = ForgetOnDrop {
+        worker: worker.clone(),
+        conversation,
+        slot,
     };
     if worker.config.fault == Some(crate::config::Fault::HangAfterClaim) {
         eprintln!("fault: hanging after claiming {conversation}");
         std::future::pending::<()>().await;
     }
-    let mut slot = slot;
     let mut known_last = 0;
     loop {
         let epoch = lease.revision;
         let outcome = {
-            let work = drain(&env, &slot, epoch, known_last, &worker.stopping);
+            let work = drain(&env, &guard.slot, epoch, known_last, &worker.stopping);
             tokio::pin!(work);
             let every = worker.config.renew_every;
             let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
@@ -194,31 +220,43 @@ pub(crate) async fn own(
                     biased;
                     result = &mut work => break result,
                     _ = tick.tick() => {
-                        match worker.bus.renew(&lease, worker.config.lease_ttl).await {
-                            Ok(renewed) => lease = renewed,
-                            Err(e) if e.kind() == ErrorKind::LeaseLost => break Err(Error::Fenced(e.to_string())),
-                            Err(e) => warn!(%conversation, error = %e, "lease renewal failed; retrying"),
+                        // A renewal that hangs must not outlive the lease: bound it.
+                        let renewal = tokio::time::timeout(every, worker.bus.renew(&lease, worker.config.lease_ttl)).await;
+                        match renewal {
+                            Ok(Ok(renewed)) => {
+                                lease = renewed;
+                                env.fence.renewed(lease.expires_ms);
+                            }
+                            Ok(Err(e)) if e.kind() == ErrorKind::LeaseLost => break Err(Error::Fenced(e.to_string())),
+                            Ok(Err(e)) => warn!(%conversation, error = %e, "lease renewal failed; retrying"),
+                            Err(_) => warn!(%conversation, "lease renewal timed out; retrying"),
                         }
-                        slot.progress().await;
+                        // Cut off from the bus but not from the store: stop before the lease
+                        // can lapse, so no write of ours lands after another owner's.
+                        if !env.fence.holds_at(now_ms()) {
+                            break Err(Error::Fenced("the lease could not be renewed before it expires".into()));
+                        }
+                        guard.slot.progress().await;
                     }
                 }
             }
         };
-        let lane_through = match &outcome {
-            Ok(head) => head.state().lane_through,
+        let state = match &outcome {
+            Ok(head) => Some(head.state().clone()),
             Err(Error::Fenced(why)) => {
                 warn!(%conversation, worker = %worker.id, why, "fenced: another worker owns the conversation");
                 eprintln!("fenced: {conversation}: {why}");
-                0
+                None
             }
             Err(e) => {
                 warn!(%conversation, worker = %worker.id, error = %e, "owner stopped; the lane will be retried");
-                0
+                None
             }
         };
         // Step 9: stop taking wakes, give up the lease, then re-read the lane head.
-        let leftovers = slot.close(lane_through).await;
-        worker.forget_owner(conversation, &slot);
+        let lane_through = state.as_ref().map_or(0, |s| s.lane_through);
+        let leftovers = guard.slot.close(state.as_ref()).await;
+        worker.forget_owner(conversation, &guard.slot);
         // After a clean drain the rest is for whoever comes next, at once; after a failure,
         // later, so that a persistent fault does not spin.
         let delay = match outcome {
@@ -247,14 +285,29 @@ pub(crate) async fn own(
         {
             Ok(Some(again)) => {
                 lease = again;
-                slot = Arc::new(OwnerSlot::default());
-                if !worker.register_owner(conversation, slot.clone()) {
+                env.fence.renewed(lease.expires_ms);
+                guard.slot = Arc::new(OwnerSlot::default());
+                if !worker.register_owner(conversation, guard.slot.clone()) {
                     let _ = worker.bus.release(&lease).await;
                     return;
                 }
             }
             _ => return,
         }
+    }
+}
+
+/// Forgets the owner's current slot when the owner's task ends, however it ends (a slot that
+/// was already forgotten, or replaced by another owner's, is left alone).
+struct ForgetOnDrop {
+    worker: Arc<Inner>,
+    conversation: turnpike_schemas::ConversationId,
+    slot: Arc<OwnerSlot>,
+}
+
+impl Drop for ForgetOnDrop {
+    fn drop(&mut self) {
+        self.worker.forget_owner(self.conversation, &self.slot);
     }
 }
 

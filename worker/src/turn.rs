@@ -23,7 +23,7 @@ use turnpike_schemas::{
     TurnId, TurnLog, WorkerId,
 };
 
-use crate::apps::{AgentSpec, Apps};
+use crate::apps::{AgentSpec, Apps, OnNewMessage};
 use crate::config::{Fault, WorkerConfig};
 use crate::error::{Error, Result};
 use crate::timeline::Timeline;
@@ -46,6 +46,10 @@ pub struct TurnEnv {
     pub signer: RecordSigner,
     pub apps: Arc<Apps>,
     pub directory: turnpike_artifactory::Directory,
+    /// Where a sweep finds turns left open (marked before batch one, cleared after close).
+    pub open_turns: turnpike_artifactory::OpenTurns,
+    /// The owner's lease deadline: fenced writes check it first.
+    pub fence: crate::fence::Fence,
     pub config: WorkerConfig,
 }
 
@@ -53,6 +57,7 @@ impl TurnEnv {
     /// Appends a batch at `head`; a moved head or a refused entry means another owner wrote:
     /// this one is fenced. Once committed, clients are told (a "new rows" tick).
     pub async fn append(&self, head: &Head, bodies: &[EntryBody]) -> Result<Head> {
+        self.fence.check()?;
         let head = self
             .record
             .append(&self.signer, head, bodies)
@@ -66,21 +71,53 @@ impl TurnEnv {
             .await;
         Ok(head)
     }
+
+    /// Clears the conversation's open-turn mark once its turn is closed (best effort: a stale
+    /// mark only costs a sweep one head read).
+    async fn clear_open_mark(&self) {
+        if let Err(e) = self.open_turns.clear(self.record.prefix()).await {
+            warn!(conversation = %self.record.prefix().conversation(), error = %e, "could not clear the open-turn mark");
+        }
+    }
+}
+
+/// Why a running turn is asked to stop.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StopCause {
+    /// A `stop` event on the lane (a user or client pressed stop).
+    Requested,
+    /// A new message arrived and the agent's policy is `on_new_message = "interrupt"`.
+    Superseded,
+}
+
+impl StopCause {
+    /// The reason recorded on the cancelled turn, when there is one to show.
+    fn reason(self) -> Option<String> {
+        match self {
+            StopCause::Requested => None,
+            StopCause::Superseded => Some("superseded by a new message".into()),
+        }
+    }
 }
 
 /// Watches the lane while a turn runs: counts arrivals and notices a stop.
+///
+/// Contract: the stop signal is raised only by a `stop` event (or, under the `interrupt`
+/// policy, by a new message). The watch ending — a new message reached under the `queue`
+/// policy, the turn finishing — is never a stop: receivers treat a closed channel as "nothing
+/// more will come", not as an event.
 struct LaneWatch {
     arrivals: watch::Receiver<u64>,
-    stop: watch::Receiver<bool>,
+    stop: watch::Receiver<Option<StopCause>>,
     task: tokio::task::JoinHandle<()>,
 }
 
 impl LaneWatch {
-    fn start(bus: Arc<dyn Bus>, env: &TurnEnv, after: u64) -> Self {
+    fn start(bus: Arc<dyn Bus>, env: &TurnEnv, after: u64, policy: OnNewMessage) -> Self {
         let conversation = env.record.prefix().conversation();
         let every = env.config.lane_poll;
         let (count_tx, arrivals) = watch::channel(0u64);
-        let (stop_tx, stop) = watch::channel(false);
+        let (stop_tx, stop) = watch::channel(None);
         let task = tokio::spawn(async move {
             let mut cursor = after;
             let mut count = 0;
@@ -90,15 +127,19 @@ impl LaneWatch {
                     continue;
                 };
                 for m in messages {
-                    // A new message belongs to the next turn: nothing after it concerns this one.
+                    // A new message belongs to the next turn: nothing after it concerns this
+                    // one. It waits its turn, unless the agent asked to be interrupted.
                     if matches!(m.event.body, EventBody::Message { .. }) {
+                        if policy == OnNewMessage::Interrupt {
+                            let _ = stop_tx.send(Some(StopCause::Superseded));
+                        }
                         return;
                     }
                     cursor = m.seq;
                     count += 1;
                     let _ = count_tx.send(count);
                     if matches!(m.event.body, EventBody::Stop { .. }) {
-                        let _ = stop_tx.send(true);
+                        let _ = stop_tx.send(Some(StopCause::Requested));
                         return;
                     }
                 }
@@ -109,6 +150,11 @@ impl LaneWatch {
             stop,
             task,
         }
+    }
+
+    /// Why the turn was asked to stop, if it was.
+    fn cause(&self) -> Option<StopCause> {
+        *self.stop.borrow()
     }
 }
 
@@ -255,10 +301,13 @@ impl TurnContext<'_> {
         Ok(events)
     }
 
-    /// Resolves once a stop for this turn is waiting on the lane (cancel-safe).
+    /// Resolves once a stop for this turn is waiting on the lane (cancel-safe). A watch that
+    /// ended without a stop never resolves this: a closed channel is not a stop.
     pub async fn stop_requested(&self) {
         let mut stop = self.watch.stop.clone();
-        let _ = stop.wait_for(|s| *s).await;
+        if stop.wait_for(|s| s.is_some()).await.is_err() {
+            std::future::pending::<()>().await;
+        }
     }
 
     /// Counts events reaching the lane during the turn (for a model that waits on input).
@@ -309,6 +358,7 @@ impl TurnContext<'_> {
                 base: self.base_version,
             }),
             cell: &self.env.cell,
+            fence: &self.env.fence,
         }
     }
 
@@ -429,6 +479,8 @@ pub async fn run_new_turn(
         epoch,
         at_ms: now_ms(),
     }));
+    // The mark goes first: a record that ends in an open turn always has one for the sweep.
+    env.open_turns.mark(env.record.prefix()).await?;
     let head = env.append(&head, &bodies).await?;
     info!(conversation = %env.record.prefix().conversation(), %turn, worker = %env.worker, "turn dispatched");
     match env.config.fault {
@@ -503,7 +555,9 @@ pub async fn recover_turn(env: &TurnEnv, head: Head) -> Result<Head> {
                 call.tool
             ),
         });
-        return env.append(&head, &[body]).await;
+        let head = env.append(&head, &[body]).await?;
+        env.clear_open_mark().await;
+        return Ok(head);
     }
     warn!(conversation = %env.record.prefix().conversation(), %turn, "recovering a turn left open");
     finish_turn(env, head, turn, agent, events, directive).await
@@ -544,6 +598,10 @@ async fn finish_turn(
     };
     let lane_through = head.state().lane_through;
     let lineage = Lineage::new(env.files.store().clone(), env.record.prefix().clone());
+    let spec = route.as_ref().ok().and_then(|r| r.agent.clone());
+    let policy = spec
+        .as_ref()
+        .map_or(OnNewMessage::Queue, |s| s.on_new_message);
     let base_version = head
         .state()
         .version
@@ -554,7 +612,7 @@ async fn finish_turn(
         turn,
         app,
         agent: agent.clone(),
-        spec: route.as_ref().ok().and_then(|r| r.agent.clone()),
+        spec,
         identity,
         workspace,
         inputs,
@@ -568,7 +626,7 @@ async fn finish_turn(
         lineage,
         base_version,
         project: tokio::sync::OnceCell::new(),
-        watch: LaneWatch::start(env.bus.clone(), env, lane_through),
+        watch: LaneWatch::start(env.bus.clone(), env, lane_through, policy),
         deltas: delta_tx,
     };
     let result = match &route {
@@ -608,6 +666,7 @@ async fn finish_turn(
         ..
     } = ctx;
     let intents = intents.into_inner().expect("intents lock");
+    let stop_cause = watch.cause();
     drop(watch);
     drop(deltas);
     let _ = forwarder.await;
@@ -638,6 +697,7 @@ async fn finish_turn(
         outcome,
         blocks,
     };
+    env.fence.check()?;
     let digest = env.turn_logs.write(env.record.prefix(), &log).await?;
     if let Some(before) = timeline.into_inner().expect("timeline lock") {
         // What the next turn's rebuild reads in one fetch: bounded by what its agent could use.
@@ -651,6 +711,7 @@ async fn finish_turn(
             &log.blocks,
             budget,
         );
+        env.fence.check()?;
         env.turn_logs
             .write_context(env.record.prefix(), &snapshot)
             .await?;
@@ -660,9 +721,10 @@ async fn finish_turn(
             turn: Some(turn),
             message,
         })),
-        (TurnOutcome::Cancelled, None) => {
-            bodies.push(EntryBody::Cancelled(Cancelled { turn, reason: None }))
-        }
+        (TurnOutcome::Cancelled, None) => bodies.push(EntryBody::Cancelled(Cancelled {
+            turn,
+            reason: stop_cause.and_then(StopCause::reason),
+        })),
         _ => {}
     }
     bodies.push(EntryBody::TurnComplete(TurnComplete {
@@ -680,6 +742,7 @@ async fn finish_turn(
     }));
     let head = env.append(&head, &bodies).await?;
     info!(%conversation, %turn, ?outcome, "turn complete");
+    env.clear_open_mark().await;
     if let Some(queue) = &env.indexing {
         queue.push(conversation);
     }
@@ -689,6 +752,7 @@ async fn finish_turn(
 /// Commits the workspace over the version the turn started from and publishes it as the
 /// turn's ref. A retried turn whose first attempt published already keeps that ref.
 async fn publish_version(ctx: &TurnContext<'_>) -> Result<Option<git2::Oid>> {
+    ctx.env.fence.check()?;
     let empty = std::fs::read_dir(ctx.workspace.path()).map_or(true, |mut d| d.next().is_none());
     if empty && ctx.project.get().is_none() {
         // Nothing made and nothing opened: the project (if any) is unchanged.
@@ -712,6 +776,7 @@ async fn publish_version(ctx: &TurnContext<'_>) -> Result<Option<git2::Oid>> {
     let Some(commit) = project.commit_if_any(ctx.turn, &message).await? else {
         return Ok(None);
     };
+    ctx.env.fence.check()?;
     let published = publish_ref(&ctx.lineage, ctx.turn, commit).await?;
     if let Some(url) = &ctx.env.config.git_remote {
         if let Err(e) = turnpike_artifactory::git::push_to_remote(&ctx.lineage, url, ctx.turn).await

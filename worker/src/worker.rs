@@ -1,9 +1,17 @@
 //! The claim loop: wakes in, conversation owners out, bounded by turn slots.
 //!
 //! A wake for a conversation this worker owns goes to its owner, which keeps it in progress
-//! until the record has committed past it. Otherwise the worker tries to take the lease: if it
-//! gets it, it becomes the owner; if another worker holds it, the wake is acked when the record
-//! is already past it and nak'd with a delay otherwise.
+//! until the record holds it in a complete turn. Otherwise the worker tries to take the lease:
+//! if it gets it, it becomes the owner; if another worker holds it, the wake is acked only when
+//! the record is already past it **and no turn is open** (the owner may still die before batch
+//! two), and nak'd with a delay that grows with its deliveries otherwise.
+//!
+//! Wakes are handled on their own tasks, so one slow store or lease read does not stall the
+//! intake of every other conversation's wakes.
+//!
+//! A sweep — at start and every `sweep_every` — lists the open-turn marks and takes over each
+//! marked conversation whose lease has lapsed: a turn left open by a dead owner is recovered
+//! even when no wake for it will ever come again.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -13,7 +21,7 @@ use std::time::Duration;
 
 use tokio::sync::{Notify, Semaphore};
 use tracing::{debug, info, warn};
-use turnpike_artifactory::{ConversationPrefix, Conversations, Record, RecordSigner};
+use turnpike_artifactory::{ConversationPrefix, Conversations, RecordSigner};
 use turnpike_router::bus::{Bus, Wake};
 use turnpike_schemas::{ConversationId, WorkerId};
 
@@ -40,6 +48,8 @@ pub(crate) struct Inner {
     pub(crate) cell: Result<Arc<crate::cell::Cell>, String>,
     pub(crate) config: WorkerConfig,
     slots: Arc<Semaphore>,
+    /// Bounds how many wakes are being handled (claim and head reads) at once.
+    intake: Arc<Semaphore>,
     /// A plain mutex: held only to look up or change the map, never across an await.
     owners: Mutex<HashMap<ConversationId, Arc<OwnerSlot>>>,
     owner_gone: Notify,
@@ -97,10 +107,20 @@ impl Worker {
             conversations.store().clone(),
         );
         let files = turnpike_artifactory::Files::new(conversations.store().clone());
+        // A worker acts on the state of the heads it reads (what the lane is committed
+        // through): it trusts only heads signed by a key it trusts, its own at least.
+        let conversations = if conversations.is_trusting() {
+            conversations
+        } else {
+            conversations.trusting(turnpike_artifactory::TrustedKeys::new([
+                signer.verifying_key()
+            ]))
+        };
         Worker {
             inner: Arc::new(Inner {
                 id: WorkerId::new(),
                 slots: Arc::new(Semaphore::new(config.slots.max(1))),
+                intake: Arc::new(Semaphore::new(2 * config.slots.max(1))),
                 bus,
                 conversations,
                 signer,
@@ -166,6 +186,10 @@ impl Worker {
         let mut backoff = Duration::from_millis(50);
         let every = self.inner.config.heartbeat_every;
         let mut heartbeat = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+        // The first tick is at once: a worker starting up recovers what was left open.
+        let mut sweep = tokio::time::interval(self.inner.config.sweep_every);
+        sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let sweeping = Arc::new(AtomicBool::new(false));
         loop {
             tokio::select! {
                 _ = &mut shutdown => break,
@@ -174,10 +198,28 @@ impl Worker {
                     debug!(worker = %self.inner.id, owned, "heartbeat");
                     self.inner.bus.heartbeat(self.inner.id, owned).await;
                 }
+                _ = sweep.tick() => {
+                    // One sweep at a time; a slow one is not stacked upon.
+                    if !sweeping.swap(true, Ordering::AcqRel) {
+                        let worker = self.clone();
+                        let sweeping = sweeping.clone();
+                        tokio::spawn(async move {
+                            worker.sweep().await;
+                            sweeping.store(false, Ordering::Release);
+                        });
+                    }
+                }
                 wake = self.inner.bus.next_wake() => match wake {
                     Ok(wake) => {
                         backoff = Duration::from_millis(50);
-                        self.handle(wake).await;
+                        let Ok(permit) = self.inner.intake.clone().acquire_owned().await else {
+                            break;
+                        };
+                        let worker = self.clone();
+                        tokio::spawn(async move {
+                            worker.handle(wake).await;
+                            drop(permit);
+                        });
                     }
                     Err(e) => {
                         warn!(worker = %self.inner.id, error = %e, "no wakes; retrying");
@@ -205,6 +247,88 @@ impl Worker {
         }
     }
 
+    fn spawn_owner(
+        &self,
+        tenant: turnpike_schemas::TenantId,
+        lease: turnpike_router::bus::Lease,
+        slot: Arc<OwnerSlot>,
+        permit: tokio::sync::OwnedSemaphorePermit,
+    ) {
+        let inner = &self.inner;
+        let task = tokio::spawn(own(inner.clone(), tenant, lease, slot, permit));
+        let mut tasks = inner.owner_tasks.lock().expect("owner tasks lock");
+        tasks.retain(|t| !t.is_finished());
+        tasks.push(task.abort_handle());
+    }
+
+    /// One sweep: every conversation marked as possibly holding an open turn, not owned here,
+    /// whose lease is free or lapsed, is taken over — recovered if its record ends in an open
+    /// turn, its stale mark cleared otherwise (only while holding the lease). Public so tests
+    /// can sweep by hand.
+    pub async fn sweep(&self) {
+        let inner = &self.inner;
+        let marks = inner.conversations.open_turns();
+        let marked = match marks.list().await {
+            Ok(marked) => marked,
+            Err(e) => {
+                warn!(worker = %inner.id, error = %e, "cannot list open turns; the sweep retries later");
+                return;
+            }
+        };
+        for prefix in marked {
+            if inner.is_stopping() {
+                return;
+            }
+            let conversation = prefix.conversation();
+            if inner
+                .owners
+                .lock()
+                .expect("owner map lock")
+                .contains_key(&conversation)
+            {
+                continue;
+            }
+            let Ok(permit) = inner.slots.clone().try_acquire_owned() else {
+                return;
+            };
+            let lease = match inner
+                .bus
+                .claim(conversation, inner.id, inner.config.lease_ttl)
+                .await
+            {
+                Ok(Some(lease)) => lease,
+                // Someone holds it: its owner is alive, or its lease has not lapsed yet.
+                Ok(None) => continue,
+                Err(e) => {
+                    warn!(%conversation, error = %e, "sweep: cannot claim");
+                    continue;
+                }
+            };
+            let record = inner.conversations.record(prefix.clone());
+            match record.head().await {
+                Ok(head) if head.state().turn_open => {
+                    let slot = Arc::new(OwnerSlot::default());
+                    if !inner.register_owner(conversation, slot.clone()) {
+                        let _ = inner.bus.release(&lease).await;
+                        continue;
+                    }
+                    warn!(%conversation, worker = %inner.id, "sweep: taking over a turn left open");
+                    self.spawn_owner(prefix.tenant().clone(), lease, slot, permit);
+                }
+                Ok(_) => {
+                    if let Err(e) = marks.clear(&prefix).await {
+                        debug!(%conversation, error = %e, "sweep: cannot clear a stale mark");
+                    }
+                    let _ = inner.bus.release(&lease).await;
+                }
+                Err(e) => {
+                    warn!(%conversation, error = %e, "sweep: cannot read the head");
+                    let _ = inner.bus.release(&lease).await;
+                }
+            }
+        }
+    }
+
     /// Handles one wake (public so tests can deliver wakes by hand).
     pub async fn handle(&self, wake: Wake) {
         let inner = &self.inner;
@@ -223,7 +347,7 @@ impl Worker {
         };
         let busy = inner.config.busy_delay * (wake.deliveries.clamp(1, 8) as u32);
         let Ok(permit) = inner.slots.clone().try_acquire_owned() else {
-            let _ = wake.nak(inner.config.busy_delay).await;
+            let _ = wake.nak(busy).await;
             return;
         };
         match inner
@@ -241,19 +365,20 @@ impl Worker {
                 let tenant = wake.tenant.clone();
                 debug!(conversation = %wake.conversation, worker = %inner.id, epoch = lease.revision, "lease taken");
                 let _ = slot.offer(wake).await;
-                let task = tokio::spawn(own(inner.clone(), tenant, lease, slot, permit));
-                let mut tasks = inner.owner_tasks.lock().expect("owner tasks lock");
-                tasks.retain(|t| !t.is_finished());
-                tasks.push(task.abort_handle());
+                self.spawn_owner(tenant, lease, slot, permit);
             }
             Ok(None) => {
                 drop(permit);
-                let record = Record::new(
-                    inner.conversations.store().clone(),
-                    ConversationPrefix::new(wake.tenant.clone(), wake.conversation),
-                );
+                let record = inner.conversations.record(ConversationPrefix::new(
+                    wake.tenant.clone(),
+                    wake.conversation,
+                ));
                 match record.head().await {
-                    Ok(head) if head.state().lane_through >= wake.seq => {
+                    // Done only when the turn that consumed it is complete: an open turn's
+                    // owner may still die before batch two, and then this wake must come back.
+                    Ok(head)
+                        if head.state().lane_through >= wake.seq && !head.state().turn_open =>
+                    {
                         let _ = wake.ack().await;
                     }
                     _ => {

@@ -17,8 +17,11 @@ use turnpike_schemas::{EntryBody, EntryKind};
 use crate::error::{Error, ErrorKind, Result};
 use crate::mmr::{leaf_hash, Hash};
 
-/// The batch format this build writes.
-pub const BATCH_FORMAT: u16 = 1;
+/// The batch format this build writes: 2, whose signed root also signs the digest of the state
+/// it carries. Format 1 batches (roots that signed no state) are still read and verified.
+pub const BATCH_FORMAT: u16 = 2;
+/// The oldest batch format this build reads.
+pub const OLDEST_BATCH_FORMAT: u16 = 1;
 
 /// A batch as stored.
 #[derive(Debug, Serialize, Deserialize)]
@@ -100,7 +103,7 @@ impl StoredBatch {
         let batch: StoredBatch = serde_json::from_slice(bytes).map_err(|e| {
             Error::with_source(ErrorKind::Corrupt, format!("unreadable batch: {e}"), e)
         })?;
-        if batch.format != BATCH_FORMAT {
+        if !(OLDEST_BATCH_FORMAT..=BATCH_FORMAT).contains(&batch.format) {
             return Err(Error::new(
                 ErrorKind::Corrupt,
                 format!(

@@ -40,7 +40,7 @@ pub use transcript::{Transcript, TurnView};
 pub use verify::{Checkpoint, Problem, Verdict, VerifyFailure, VerifyReport};
 
 use crate::error::{Error, ErrorKind, Result};
-use crate::keys::RecordSigner;
+use crate::keys::{RecordSigner, SignatureCheck, TrustedKeys};
 use crate::layout::ConversationPrefix;
 use crate::mmr::{leaf_hash, Mmr};
 
@@ -103,12 +103,27 @@ impl Head {
 pub struct Record {
     store: Arc<dyn ObjectStore>,
     prefix: ConversationPrefix,
+    /// When set, [`Record::head`] trusts the last batch only if its root is signed by one of
+    /// these keys (over the state it carries, for format 2 batches).
+    keys: Option<Arc<TrustedKeys>>,
 }
 
 impl Record {
     /// The record of the conversation at `prefix`.
     pub fn new(store: Arc<dyn ObjectStore>, prefix: ConversationPrefix) -> Self {
-        Self { store, prefix }
+        Self {
+            store,
+            prefix,
+            keys: None,
+        }
+    }
+
+    /// Checks the last root's signature with `keys` whenever the head is read: a reader that
+    /// acts on the state (a worker skipping lane events it thinks committed) must not trust a
+    /// state nobody trusted signed.
+    pub fn trusting(mut self, keys: Arc<TrustedKeys>) -> Self {
+        self.keys = Some(keys);
+        self
     }
 
     /// The conversation's prefix.
@@ -158,6 +173,27 @@ impl Record {
             .ok_or_else(|| corrupt("has peaks that do not fit its leaf count"))?;
         if hex::encode(mmr.root()) != root.root || closing.position != root.leaf_count {
             return Err(corrupt("has a root that does not match its peaks"));
+        }
+        if let Some(keys) = &self.keys {
+            let state = (batch.format >= 2).then(|| crate::keys::state_digest(&root.state));
+            let signature = hex::decode(&root.signature).unwrap_or_default();
+            let check = keys.verify(
+                &root.key_id,
+                &self.prefix.partition(),
+                root.leaf_count,
+                &mmr.root(),
+                state.as_ref(),
+                &signature,
+            );
+            if check != SignatureCheck::Valid {
+                return Err(Error::new(
+                    ErrorKind::Corrupt,
+                    format!(
+                        "the last batch ({last}) of {} is not signed by a trusted key ({check:?}); its state is not trusted: run `turnpike conversation verify`",
+                        self.prefix.partition()
+                    ),
+                ));
+            }
         }
         mmr.push(closing.computed_hash());
         Ok(Head {
@@ -280,7 +316,12 @@ impl Record {
             peaks: mmr.peaks().iter().map(hex::encode).collect(),
             state: state.clone(),
             key_id: signer.key_id().to_owned(),
-            signature: hex::encode(signer.sign(&partition, mmr.leaves(), &root)),
+            signature: hex::encode(signer.sign(
+                &partition,
+                mmr.leaves(),
+                &root,
+                Some(&crate::keys::state_digest(&state)),
+            )),
         });
         let closing = StoredEntry::encode(mmr.leaves(), &signed);
         mmr.push(leaf_hash(

@@ -1,7 +1,10 @@
 //! Repair: remove unreadable entries and re-sign, so that the rest replays.
 //!
-//! This is an operator's tool for a damaged record, not part of normal operation. It keeps every
-//! entry that still decodes and whose digest matches its content, drops everything else, and
+//! This is an operator's tool for a damaged record, not part of normal operation. It never
+//! launders: a batch whose signed root is not signed by a trusted key, or whose entries do not
+//! add up to that root (an edit with recomputed digests), is dropped whole. Of the batches that
+//! stay it keeps every entry that still decodes and whose digest matches its content, drops
+//! everything else, and
 //! rewrites the record as freshly signed batches (one per surviving original batch). The
 //! original objects are first copied under `record-repaired/{stamp}/` so nothing is lost, and
 //! the report says exactly what was removed.
@@ -15,7 +18,8 @@ use super::format::StoredBatch;
 use super::state;
 use super::{Head, Record};
 use crate::error::{Error, ErrorKind, Result};
-use crate::keys::RecordSigner;
+use crate::keys::{RecordSigner, SignatureCheck, TrustedKeys};
+use crate::mmr::Mmr;
 
 /// One thing repair removed.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -39,8 +43,17 @@ pub struct RepairReport {
 
 impl Record {
     /// Rewrites the record without its unreadable entries. See the module docs.
-    pub async fn repair(&self, signer: &RecordSigner, stamp_ms: u64) -> Result<RepairReport> {
+    pub async fn repair(
+        &self,
+        signer: &RecordSigner,
+        keys: &TrustedKeys,
+        stamp_ms: u64,
+    ) -> Result<RepairReport> {
         let seqs = self.list_batches(0).await?;
+        // The MMR after the last batch that was checked whole, to tie the next one's entries to
+        // its signed root; `None` once a batch was dropped (the next can then only be checked
+        // by its own signature).
+        let mut chained: Option<Mmr> = Some(Mmr::new());
         let mut removed = Vec::new();
         let mut groups: Vec<Vec<EntryBody>> = Vec::new();
         let mut seen_opening = false;
@@ -62,9 +75,21 @@ impl Record {
                         position: None,
                         reason: e.to_string(),
                     });
+                    chained = None;
                     continue;
                 }
             };
+            match self.authentic(&batch, keys, chained.take()) {
+                Ok(after) => chained = Some(after),
+                Err(reason) => {
+                    removed.push(Removed {
+                        batch: seq,
+                        position: None,
+                        reason,
+                    });
+                    continue;
+                }
+            }
             let mut kept = Vec::new();
             for entry in &batch.entries {
                 if entry.kind == EntryKind::SignedRoot.as_str() {
@@ -163,5 +188,65 @@ impl Record {
             batches_after: written,
             backup_stamp: stamp_ms,
         })
+    }
+
+    /// Whether a batch is what a trusted signer wrote: its closing root is signed by a trusted
+    /// key (over its state too, for format 2), and — when the MMR before it is known — its
+    /// entries' digests add up to that root. Returns the MMR after the batch, or why not.
+    fn authentic(
+        &self,
+        batch: &StoredBatch,
+        keys: &TrustedKeys,
+        before: Option<Mmr>,
+    ) -> std::result::Result<Mmr, String> {
+        let closing = batch
+            .entries
+            .last()
+            .ok_or_else(|| "the batch is empty".to_owned())?;
+        let root = closing
+            .signed_root()
+            .ok_or_else(|| "the batch does not end with a signed root".to_owned())?;
+        let root_hash: [u8; 32] = hex::decode(&root.root)
+            .ok()
+            .and_then(|b| b.try_into().ok())
+            .ok_or_else(|| "its root is malformed".to_owned())?;
+        let state = (batch.format >= 2).then(|| crate::keys::state_digest(&root.state));
+        let signature = hex::decode(&root.signature).unwrap_or_default();
+        let check = keys.verify(
+            &root.key_id,
+            &self.prefix.partition(),
+            root.leaf_count,
+            &root_hash,
+            state.as_ref(),
+            &signature,
+        );
+        if check != SignatureCheck::Valid {
+            return Err(format!(
+                "its root is not signed by a trusted key ({check:?}); dropped, not re-signed"
+            ));
+        }
+        let peaks = super::format::decode_hashes(&root.peaks)
+            .and_then(|p| Mmr::from_peaks(root.leaf_count, p))
+            .ok_or_else(|| "its peaks do not fit its leaf count".to_owned())?;
+        if peaks.root() != root_hash {
+            return Err("its root does not match its peaks".to_owned());
+        }
+        if let Some(mut mmr) = before {
+            for entry in &batch.entries[..batch.entries.len() - 1] {
+                let digest: [u8; 32] = hex::decode(&entry.digest)
+                    .ok()
+                    .and_then(|b| b.try_into().ok())
+                    .ok_or_else(|| format!("entry {} has a malformed digest", entry.position))?;
+                mmr.push(digest);
+            }
+            if mmr.leaves() != root.leaf_count || mmr.root() != root_hash {
+                return Err(
+                    "its entries do not add up to its signed root (edited and re-hashed)".into(),
+                );
+            }
+        }
+        let mut after = peaks;
+        after.push(closing.computed_hash());
+        Ok(after)
     }
 }

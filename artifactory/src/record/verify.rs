@@ -94,6 +94,8 @@ pub enum Problem {
     BadSignature,
     /// Signed by a key that is not trusted.
     UnknownKey(String),
+    /// The state a signed root carries is not what its entries add up to.
+    ForgedState,
     /// The record is shorter than a trusted checkpoint: committed entries were dropped.
     Truncated { expected_leaves: u64 },
     /// The record's history differs from a trusted checkpoint.
@@ -138,6 +140,10 @@ impl fmt::Display for VerifyFailure {
                 "signed root does not match the entries: forged or re-hashed"
             ),
             Problem::BadSignature => write!(f, "signature invalid for the key it names"),
+            Problem::ForgedState => write!(
+                f,
+                "the state its signed root carries is not what the entries add up to"
+            ),
             Problem::UnknownKey(id) => write!(f, "signed by untrusted key {id}"),
             Problem::Truncated { expected_leaves } => write!(
                 f,
@@ -334,7 +340,7 @@ impl<'a> Walk<'a> {
             }
             match (&body, i == last) {
                 (EntryBody::SignedRoot(root), true) => {
-                    if let Err(problem) = self.check_root(root, position) {
+                    if let Err(problem) = self.check_root(root, position, batch.format) {
                         let at = if problem == Problem::RootMismatch {
                             start
                         } else {
@@ -359,6 +365,7 @@ impl<'a> Walk<'a> {
         &self,
         root: &turnpike_schemas::entry::SignedRoot,
         position: u64,
+        format: u16,
     ) -> std::result::Result<(), Problem> {
         let expected = self.mmr.root();
         let peaks: Vec<String> = self.mmr.peaks().iter().map(hex::encode).collect();
@@ -367,13 +374,20 @@ impl<'a> Walk<'a> {
             return Err(Problem::RootMismatch);
         }
         let signature = hex::decode(&root.signature).unwrap_or_default();
-        match self.keys.verify(
+        let state = (format >= 2).then(|| crate::keys::state_digest(&root.state));
+        let check = self.keys.verify(
             &root.key_id,
             &self.partition,
             position,
             &expected,
+            state.as_ref(),
             &signature,
-        ) {
+        );
+        // Whatever the format signed, the state must be what the entries add up to.
+        if check == SignatureCheck::Valid && root.state != self.state {
+            return Err(Problem::ForgedState);
+        }
+        match check {
             SignatureCheck::Valid => Ok(()),
             SignatureCheck::UnknownKey => Err(Problem::UnknownKey(root.key_id.clone())),
             SignatureCheck::Invalid => Err(Problem::BadSignature),

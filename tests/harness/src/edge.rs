@@ -143,3 +143,106 @@ pub fn files_under(dir: &Path) -> Vec<String> {
     out.sort();
     out
 }
+
+/// One turn as a client reads it from the record's rows.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct TurnSummary {
+    pub turn: String,
+    /// The texts of the messages and follow-ups committed just before (and within) it.
+    pub inputs: Vec<String>,
+    pub replies: Vec<String>,
+    /// `replied`, `cancelled`, … once complete.
+    pub outcome: Option<String>,
+    /// The reason recorded on a cancelled turn.
+    pub cancel_reason: Option<String>,
+}
+
+/// The turns of a conversation as its rows show them, in order.
+pub fn turns_of(rows: &[serde_json::Value]) -> Vec<TurnSummary> {
+    let mut turns: Vec<TurnSummary> = Vec::new();
+    let mut pending: Vec<String> = Vec::new();
+    for row in rows {
+        let kind = row["kind"].as_str().unwrap_or_default();
+        let text = row["text"].as_str().map(str::to_owned);
+        match kind {
+            "user_message" | "follow_up" => pending.extend(text),
+            "turn_dispatched" => turns.push(TurnSummary {
+                turn: row["turn"].as_str().unwrap_or_default().to_owned(),
+                inputs: std::mem::take(&mut pending),
+                ..Default::default()
+            }),
+            "assistant_message" => {
+                if let Some(t) = turns.last_mut() {
+                    t.replies.extend(text);
+                }
+            }
+            "cancelled" => {
+                if let Some(t) = turns.last_mut() {
+                    t.cancel_reason = row["data"]["reason"].as_str().map(str::to_owned);
+                }
+            }
+            "turn_complete" => {
+                if let Some(t) = turns.last_mut() {
+                    t.outcome = row["data"]["outcome"].as_str().map(str::to_owned);
+                }
+            }
+            _ => {}
+        }
+        // Inputs folded into a running turn belong to it.
+        if kind == "follow_up" && turns.last().is_some_and(|t| t.outcome.is_none()) {
+            let folded = std::mem::take(&mut pending);
+            if let Some(t) = turns.last_mut() {
+                t.inputs.extend(folded);
+            }
+        }
+    }
+    turns
+}
+
+/// Waits until the conversation holds `count` complete turns and none open; returns them.
+pub async fn wait_for_complete_turns(
+    client: &Client,
+    id: &str,
+    count: usize,
+    timeout: Duration,
+) -> Result<Vec<TurnSummary>> {
+    let deadline = std::time::Instant::now() + timeout;
+    let mut cursor = turnpike_router::edge::client::Cursor::new(id);
+    let mut rows = Vec::new();
+    loop {
+        rows.extend(cursor.read(client).await.map_err(anyhow::Error::msg)?);
+        let turns = turns_of(&rows);
+        if turns.len() >= count && turns.iter().all(|t| t.outcome.is_some()) {
+            return Ok(turns);
+        }
+        if std::time::Instant::now() > deadline {
+            anyhow::bail!("timed out waiting for {count} complete turns of {id}: {turns:#?}");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Waits until the conversation's status is `status` (e.g. `running`).
+pub async fn wait_for_status(
+    client: &Client,
+    id: &str,
+    status: &str,
+    timeout: Duration,
+) -> Result<()> {
+    let deadline = std::time::Instant::now() + timeout;
+    loop {
+        let view = client
+            .get(&format!("/v1/conversations/{id}"))
+            .await
+            .map_err(anyhow::Error::msg)?
+            .into_ok()
+            .map_err(anyhow::Error::msg)?;
+        if view["status"] == status {
+            return Ok(());
+        }
+        if std::time::Instant::now() > deadline {
+            anyhow::bail!("{id} never became {status}: {view}");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

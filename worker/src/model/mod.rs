@@ -136,9 +136,13 @@ impl CallContext {
         }
     }
 
-    /// Waits until an event arrives on the lane after the call started.
+    /// Waits until an event arrives on the lane after the call started. Once the lane watch
+    /// has ended nothing more will arrive: this then never resolves (a closed channel is not
+    /// an arrival).
     pub async fn next_arrival(&mut self) {
-        let _ = self.arrivals.changed().await;
+        if self.arrivals.changed().await.is_err() {
+            std::future::pending::<()>().await;
+        }
     }
 }
 

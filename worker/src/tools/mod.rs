@@ -53,6 +53,8 @@ pub struct ToolContext<'a> {
     pub project: Option<ProjectHandle<'a>>,
     /// The sandbox for generated code, or why there is none on this worker.
     pub cell: &'a Result<Arc<crate::cell::Cell>, String>,
+    /// The owner's lease deadline: checked before anything is hosted.
+    pub fence: &'a crate::fence::Fence,
 }
 
 /// The turn's project directory, opened on first use.
@@ -232,6 +234,10 @@ async fn bound(cx: &ToolContext<'_>, call_id: &str, mut out: ToolOutput) -> Tool
     let path = RefPath::from_segments(["tool-output".to_owned(), name]).expect("a valid path");
     let size = text.len();
     let preview: String = text.chars().take(PREVIEW_BYTES).collect();
+    if let Err(e) = cx.fence.check() {
+        out.output = json!({ "error": e.to_string() });
+        return out;
+    }
     match cx
         .files
         .host(cx.prefix, cx.turn, &path, Bytes::from(text))

@@ -90,6 +90,7 @@ impl Tool for Publish {
                 "{rel} is {size} bytes, more than the {MAX_PUBLISH_BYTES} a file may have"
             ));
         }
+        cx.fence.check().map_err(|e| e.to_string())?;
         let reference = cx
             .files
             .host(cx.prefix, cx.turn, &rel, Bytes::from(bytes))
