@@ -489,9 +489,21 @@ async fn a_zombie_owner_that_wakes_up_after_a_takeover_is_fenced() {
     wait_for_turns(&fleet.conversations, &convs, 1, LONG)
         .await
         .unwrap();
-    // The zombie wakes up and tries batch two: the record refuses it, and it stops.
+    // The zombie wakes up past its lease: its fence stops it before it writes anything — no
+    // turn log, snapshot or file of its lands over the new owner's — and it stops.
+    let log = fleet.store.path().join(
+        record(&fleet.conversations, convs[0])
+            .prefix()
+            .turn_log(turnpike_schemas::TurnId::FIRST)
+            .as_ref(),
+    );
+    let before = std::fs::metadata(&log).unwrap().modified().unwrap();
+    let thawed_at = std::time::SystemTime::now();
     zombie.thaw();
     zombie.wait_for_line("fenced", LONG).unwrap();
+    let after = std::fs::metadata(&log).unwrap().modified().unwrap();
+    assert_eq!(before, after, "the zombie rewrote the turn log");
+    assert!(after < thawed_at);
     publish(fleet.bus.clone(), &fleet.conversations, &convs, 1, 3, LONG)
         .await
         .unwrap();
@@ -858,11 +870,17 @@ async fn a_fleet_driven_through_the_api_while_workers_and_routers_are_killed_fin
         ids.push(created["id"].as_str().unwrap().to_owned());
     }
 
-    // Every second a random worker is SIGKILLed and replaced; every fourth, a router too.
+    // Every second a random worker is SIGKILLed and replaced; every fourth, a router too. The
+    // thread that starts processes must outlive them (the harness kills a process when its
+    // starting thread ends), so it stays until the test is done.
     let stop = Arc::new(AtomicBool::new(false));
+    let done = Arc::new(AtomicBool::new(false));
+    let kills = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let killer = {
-        let (stop, fleet, workers, routers, tokens, ports) = (
+        let (stop, done, kills, fleet, workers, routers, tokens, ports) = (
             stop.clone(),
+            done.clone(),
+            kills.clone(),
             fleet.clone(),
             workers.clone(),
             routers.clone(),
@@ -870,14 +888,13 @@ async fn a_fleet_driven_through_the_api_while_workers_and_routers_are_killed_fin
             ports.clone(),
         );
         std::thread::spawn(move || {
-            let mut kills = 0usize;
             let mut tick = 0usize;
             while !stop.load(Ordering::Relaxed) {
                 std::thread::sleep(Duration::from_secs(1));
                 tick += 1;
                 let victim = (tick * 7919 + 13) % 3;
                 workers.lock().unwrap()[victim].kill();
-                kills += 1;
+                kills.fetch_add(1, Ordering::Relaxed);
                 let fresh = fleet.worker(&WORKER_ARGS).0;
                 workers.lock().unwrap()[victim] = fresh;
                 if tick % 4 == 0 {
@@ -887,7 +904,11 @@ async fn a_fleet_driven_through_the_api_while_workers_and_routers_are_killed_fin
                     routers.lock().unwrap()[r] = fresh;
                 }
             }
-            kills
+            while !done.load(Ordering::Relaxed) {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            workers.lock().unwrap().clear();
+            routers.lock().unwrap().clear();
         })
     };
     for m in 0..CHAOS_MESSAGES {
@@ -903,9 +924,7 @@ async fn a_fleet_driven_through_the_api_while_workers_and_routers_are_killed_fin
         tokio::time::sleep(Duration::from_millis(400)).await;
     }
     stop.store(true, Ordering::Relaxed);
-    let kills = tokio::task::spawn_blocking(move || killer.join().unwrap())
-        .await
-        .unwrap();
+    let kills = kills.load(Ordering::Relaxed);
     assert!(
         kills >= 3,
         "only {kills} kills happened during the send phase"
@@ -963,4 +982,25 @@ async fn a_fleet_driven_through_the_api_while_workers_and_routers_are_killed_fin
     );
     drop(routers);
     drop(workers);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_changed_shard_count_or_a_recreated_lane_stream_stops_processes_from_starting() {
+    let fleet = Fleet::start().await;
+    // The first process persists the layout.
+    let (_first, _) = fleet.worker(&[]);
+    // Another shard count: refused, saying what to do.
+    let (mut other, line) = fleet.spawn(
+        vec!["--shards".into(), "4".into(), "worker".into()],
+        "lane shards",
+    );
+    assert!(line.contains("--shards 8"), "{line}");
+    assert!(other.wait_exit(LONG).is_some_and(|code| code != 0));
+    // A lane stream deleted and recreated: its sequences restart; refused too.
+    let client = async_nats::connect(fleet.nats.url()).await.unwrap();
+    let js = async_nats::jetstream::new(client);
+    js.delete_stream("TP_LANES_0").await.unwrap();
+    let (mut again, line) = fleet.spawn(vec!["worker".into()], "was recreated");
+    assert!(line.contains("TP_LANES_0"), "{line}");
+    assert!(again.wait_exit(LONG).is_some_and(|code| code != 0));
 }

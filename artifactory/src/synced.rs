@@ -181,4 +181,31 @@ mod tests {
             .unwrap();
         assert_eq!(store.syncs(), 4);
     }
+
+    #[tokio::test]
+    async fn a_record_append_is_synced_before_it_returns() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(SyncedLocalStore::new(dir.path()).unwrap());
+        let prefix = crate::ConversationPrefix::new(
+            "acme".parse().unwrap(),
+            turnpike_schemas::ConversationId::new(),
+        );
+        let record = crate::Record::new(store.clone(), prefix.clone());
+        let signer = crate::RecordSigner::from_seed([3; 32]);
+        let opened = turnpike_schemas::EntryBody::ConversationOpened(
+            turnpike_schemas::entry::ConversationOpened {
+                tenant: "acme".parse().unwrap(),
+                owner: "local:me".parse().unwrap(),
+                app: "a".parse().unwrap(),
+                agent: "g".parse().unwrap(),
+                at_ms: 1,
+            },
+        );
+        let head = record.head().await.unwrap();
+        let before = store.syncs();
+        record.append(&signer, &head, &[opened]).await.unwrap();
+        // The batch and its directory were synced by the time append returned.
+        assert!(store.syncs() >= before + 2);
+        assert!(dir.path().join(prefix.record_batch(0).as_ref()).is_file());
+    }
 }

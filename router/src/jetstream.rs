@@ -150,6 +150,25 @@ impl JetStreamBus {
         }))
     }
 
+    /// The lane layout this process runs on: the shard count and, per lane stream, its
+    /// creation time (a recreated stream restarts its sequences, so it is a new epoch).
+    pub fn layout(&self) -> crate::layout::LaneLayout {
+        crate::layout::LaneLayout {
+            shards: self.config.shards.count(),
+            streams: self
+                .streams
+                .iter()
+                .map(|s| {
+                    let info = s.cached_info();
+                    crate::layout::StreamEpoch {
+                        name: info.config.name.clone(),
+                        created: format!("{:?}", info.created),
+                    }
+                })
+                .collect(),
+        }
+    }
+
     /// The revision and value of a conversation's lease, if one was ever written.
     async fn read_lease(&self, conversation: ConversationId) -> Result<Option<(u64, LeaseValue)>> {
         match self

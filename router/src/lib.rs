@@ -5,6 +5,7 @@
 //! - [`jetstream`]: the NATS JetStream backend (fleet)
 //! - [`embedded`]: the in-process backend, durable on local disk (`turnpike serve`)
 //! - [`subject`]: every name on the bus, built in one place
+//! - [`layout`]: the persisted lane layout (shard count, stream epochs) every process checks
 //! - [`ingress`]: validating, authorising and publishing events
 //! - [`error`]: the crate's error type
 
@@ -14,6 +15,7 @@ pub mod embedded;
 pub mod error;
 pub mod ingress;
 pub mod jetstream;
+pub mod layout;
 pub mod subject;
 
 pub use bus::{Bus, LaneMessage, Lease, Published, Wake};

@@ -16,8 +16,39 @@ use crate::cli::{FaultArg, Global, RouterArgs, ServeArgs, WorkerArgs};
 use crate::env::{open_index, Env};
 use turnpike_index::indexer::{IndexQueue, Indexer};
 
+/// Where the deployment's lane layout is persisted, in the object store every process shares.
+const LANE_LAYOUT: &str = "bus/lane-layout.json";
+
+/// Persists the lane layout on first start, and refuses to run when this process's layout does
+/// not match it (another shard count, a recreated lane stream): the records' lane positions
+/// would no longer match the lanes, and events would be skipped.
+async fn check_lane_layout(
+    store: &Arc<dyn object_store::ObjectStore>,
+    layout: &turnpike_router::layout::LaneLayout,
+) -> Result<()> {
+    use object_store::{ObjectStoreExt as _, PutMode, PutOptions, PutPayload};
+    let path = object_store::path::Path::from(LANE_LAYOUT);
+    let bytes = serde_json::to_vec_pretty(layout)?;
+    let create = PutOptions {
+        mode: PutMode::Create,
+        ..Default::default()
+    };
+    match store.put_opts(&path, PutPayload::from(bytes), create).await {
+        Ok(_) => return Ok(()),
+        Err(
+            object_store::Error::AlreadyExists { .. } | object_store::Error::Precondition { .. },
+        ) => {}
+        Err(e) => return Err(e).context("persisting the lane layout"),
+    }
+    let persisted = store.get(&path).await?.bytes().await?;
+    let persisted: turnpike_router::layout::LaneLayout =
+        serde_json::from_slice(&persisted).with_context(|| format!("reading {LANE_LAYOUT}"))?;
+    layout.check(&persisted).map_err(anyhow::Error::msg)
+}
+
 /// Opens the bus the flags select: JetStream with `--nats-url`, else the embedded bus.
 pub async fn open_bus(global: &Global, ack_wait: Duration) -> Result<Arc<dyn Bus>> {
+    let env = Env::open(global)?;
     match &global.nats_url {
         Some(url) => {
             let bus = JetStreamBus::connect(JetStreamConfig {
@@ -29,6 +60,7 @@ pub async fn open_bus(global: &Global, ack_wait: Duration) -> Result<Arc<dyn Bus
             })
             .await
             .with_context(|| format!("connecting to NATS at {url}"))?;
+            check_lane_layout(env.conversations.store(), &bus.layout()).await?;
             Ok(bus)
         }
         None => {

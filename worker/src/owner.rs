@@ -274,7 +274,13 @@ pub(crate) async fn own(
             Ok(last) => last,
             Err(_) => return,
         };
-        if last <= lane_through || worker.is_stopping() {
+        if last < lane_through {
+            // The lane holds less than the record says was committed from it: the stream was
+            // recreated or re-sharded. Acking or skipping would lose events: stop and alarm.
+            tracing::error!(%conversation, lane_last = last, lane_through, "the lane is behind the record (a recreated or re-sharded lane stream); nothing is skipped, this conversation waits for an operator");
+            return;
+        }
+        if last == lane_through || worker.is_stopping() {
             return;
         }
         known_last = last;

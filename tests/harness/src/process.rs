@@ -109,6 +109,21 @@ impl Process {
         }
     }
 
+    /// Waits for the process to exit by itself; its exit code, or `None` if it is still running
+    /// after `timeout` (or was killed by a signal).
+    pub fn wait_exit(&mut self, timeout: Duration) -> Option<i32> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            match self.child.try_wait() {
+                Ok(Some(status)) => return status.code(),
+                Ok(None) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(20))
+                }
+                _ => return None,
+            }
+        }
+    }
+
     /// Asks the process to stop (SIGTERM) and waits for it to exit.
     pub fn terminate(&mut self, timeout: Duration) -> Result<std::process::ExitStatus> {
         // SAFETY: sending a signal to our own child.
