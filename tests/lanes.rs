@@ -1004,3 +1004,111 @@ async fn a_changed_shard_count_or_a_recreated_lane_stream_stops_processes_from_s
     assert!(line.contains("TP_LANES_0"), "{line}");
     assert!(again.wait_exit(LONG).is_some_and(|code| code != 0));
 }
+
+/// A fleet hosting the `queue` app, with a router; returns it, the apps directory (kept for
+/// the fleet's life) and a client of the router.
+async fn queue_fleet() -> (Fleet, tempfile::TempDir, std::path::PathBuf) {
+    let mut fleet = Fleet::start().await;
+    let apps = turnpike_tests::edge::queue_apps();
+    fleet.apps = Some(apps.path().to_path_buf());
+    let tokens = fleet.data.path().join("tokens.toml");
+    std::fs::write(
+        &tokens,
+        "[[tokens]]\ntoken = \"t-ana\"\nidentity = \"oidc:acme:ana\"\ntenant = \"acme\"\n",
+    )
+    .unwrap();
+    (fleet, apps, tokens)
+}
+
+async fn queue_conversation(client: &turnpike_router::edge::client::Client, agent: &str) -> String {
+    let created = client
+        .post(
+            "/v1/conversations",
+            &serde_json::json!({"app": "queue", "agent": agent}),
+        )
+        .await
+        .unwrap()
+        .into_ok()
+        .unwrap();
+    created["id"].as_str().unwrap().to_owned()
+}
+
+async fn say(client: &turnpike_router::edge::client::Client, id: &str, text: &str) {
+    client
+        .post(
+            &format!("/v1/conversations/{id}/messages"),
+            &serde_json::json!({ "text": text }),
+        )
+        .await
+        .unwrap()
+        .into_ok()
+        .unwrap();
+}
+
+fn assert_each_answered(turns: &[turnpike_tests::edge::TurnSummary], words: &[String]) {
+    assert_eq!(turns.len(), words.len(), "{turns:#?}");
+    for (turn, word) in turns.iter().zip(words) {
+        assert_eq!(turn.outcome.as_deref(), Some("replied"), "{turns:#?}");
+        assert_eq!(&turn.inputs, &vec![word.clone()], "{turns:#?}");
+        assert_eq!(
+            turn.replies,
+            vec![format!("answer to: {word}")],
+            "{turns:#?}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_a_fleet_every_message_gets_its_own_turn_in_order() {
+    use turnpike_tests::edge::{wait_for_complete_turns, wait_for_status};
+    let (fleet, _apps, tokens) = queue_fleet().await;
+    let _workers: Vec<_> = (0..2).map(|_| fleet.worker(&[])).collect();
+    let (_router, base) = fleet.router(&tokens);
+    let client = turnpike_router::edge::client::Client::new(&base, "t-ana");
+
+    // A second message while the slow model thinks about the first.
+    let id = queue_conversation(&client, "slow").await;
+    say(&client, &id, "one").await;
+    wait_for_status(&client, &id, "running", LONG)
+        .await
+        .unwrap();
+    say(&client, &id, "two").await;
+    let turns = wait_for_complete_turns(&client, &id, 2, LONG)
+        .await
+        .unwrap();
+    assert_each_answered(&turns, &["one".into(), "two".into()]);
+
+    // Twenty in a burst.
+    let id = queue_conversation(&client, "quick").await;
+    let words: Vec<String> = (1..=20).map(|i| format!("burst {i:02}")).collect();
+    for word in &words {
+        say(&client, &id, word).await;
+    }
+    let turns = wait_for_complete_turns(&client, &id, 20, LONG)
+        .await
+        .unwrap();
+    assert_each_answered(&turns, &words);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_turn_killed_after_batch_one_is_retried_under_its_id_before_the_waiting_message() {
+    use turnpike_tests::edge::wait_for_complete_turns;
+    let (fleet, _apps, tokens) = queue_fleet().await;
+    let (mut doomed, _) = fleet.worker(&["--fault", "hang-after-batch-one"]);
+    let (_router, base) = fleet.router(&tokens);
+    let client = turnpike_router::edge::client::Client::new(&base, "t-ana");
+    let id = queue_conversation(&client, "slow").await;
+    say(&client, &id, "one").await;
+    doomed
+        .wait_for_line("hanging after batch one", LONG)
+        .unwrap();
+    // The second message is on the lane when the first turn's worker dies.
+    say(&client, &id, "two").await;
+    doomed.kill();
+    let (_rescuer, _) = fleet.worker(&[]);
+    let turns = wait_for_complete_turns(&client, &id, 2, LONG)
+        .await
+        .unwrap();
+    assert_eq!(turns[0].turn, "turn_1");
+    assert_each_answered(&turns, &["one".into(), "two".into()]);
+}

@@ -7,60 +7,12 @@ use std::time::Duration;
 
 use serde_json::json;
 use turnpike_router::edge::client::Client;
-use turnpike_tests::edge::{wait_for_complete_turns, wait_for_status, Server, ALICE};
+use turnpike_tests::edge::{queue_apps, wait_for_complete_turns, wait_for_status, Server, ALICE};
 
 const LONG: Duration = Duration::from_secs(120);
 
-const MANIFEST: &str = r#"
-app = "queue"
-
-[agents.slow]
-provider = "script"
-script = "slow.script.toml"
-
-[agents.quick]
-provider = "script"
-script = "quick.script.toml"
-
-[agents.impatient]
-provider = "script"
-script = "slow.script.toml"
-on_new_message = "interrupt"
-
-[agents.stuck]
-provider = "script"
-script = "stuck.script.toml"
-"#;
-
-/// A model that takes 2 s and answers the message it was given.
-const SLOW: &str = r#"
-[[turn]]
-[[turn.step]]
-text = "answer to: {last_user}"
-delay_ms = 2000
-"#;
-
-const QUICK: &str = r#"
-[[turn]]
-[[turn.step]]
-text = "answer to: {last_user}"
-delay_ms = 100
-"#;
-
-/// A model that would take ten minutes.
-const STUCK: &str = r#"
-[[turn]]
-[[turn.step]]
-text = "never"
-delay_ms = 600000
-"#;
-
 fn server() -> (tempfile::TempDir, Server) {
-    let apps = tempfile::tempdir().unwrap();
-    std::fs::write(apps.path().join("queue.toml"), MANIFEST).unwrap();
-    std::fs::write(apps.path().join("slow.script.toml"), SLOW).unwrap();
-    std::fs::write(apps.path().join("quick.script.toml"), QUICK).unwrap();
-    std::fs::write(apps.path().join("stuck.script.toml"), STUCK).unwrap();
+    let apps = queue_apps();
     let binary = PathBuf::from(env!("CARGO_BIN_EXE_turnpike"));
     let server = Server::start(&binary, Some(apps.path()), &[], false).expect("serve starts");
     (apps, server)

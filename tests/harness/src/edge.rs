@@ -246,3 +246,63 @@ pub async fn wait_for_status(
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// The `queue` app: agents whose script model takes a while, to test what a message arriving
+/// during a turn does. `slow` answers its message after 2 s, `quick` after 0.1 s, `impatient`
+/// is `slow` with `on_new_message = "interrupt"`, `stuck` would take ten minutes.
+pub fn queue_apps() -> tempfile::TempDir {
+    let apps = tempfile::tempdir().expect("a temporary directory");
+    for (name, text) in [
+        ("queue.toml", QUEUE_MANIFEST),
+        ("slow.script.toml", SLOW),
+        ("quick.script.toml", QUICK),
+        ("stuck.script.toml", STUCK),
+    ] {
+        std::fs::write(apps.path().join(name), text).expect("writing an app file");
+    }
+    apps
+}
+
+const QUEUE_MANIFEST: &str = r#"
+app = "queue"
+
+[agents.slow]
+provider = "script"
+script = "slow.script.toml"
+
+[agents.quick]
+provider = "script"
+script = "quick.script.toml"
+
+[agents.impatient]
+provider = "script"
+script = "slow.script.toml"
+on_new_message = "interrupt"
+
+[agents.stuck]
+provider = "script"
+script = "stuck.script.toml"
+"#;
+
+/// A model that takes 2 s and answers the message it was given.
+const SLOW: &str = r#"
+[[turn]]
+[[turn.step]]
+text = "answer to: {last_user}"
+delay_ms = 2000
+"#;
+
+const QUICK: &str = r#"
+[[turn]]
+[[turn.step]]
+text = "answer to: {last_user}"
+delay_ms = 100
+"#;
+
+/// A model that would take ten minutes.
+const STUCK: &str = r#"
+[[turn]]
+[[turn.step]]
+text = "never"
+delay_ms = 600000
+"#;
