@@ -976,12 +976,14 @@ async fn a_fleet_driven_through_the_api_while_workers_and_routers_are_killed_fin
             .unwrap()
             .unwrap_or_else(|f| panic!("conversation {i} does not verify: {f:?}"));
     }
+    done.store(true, Ordering::Relaxed);
+    tokio::task::spawn_blocking(move || killer.join().unwrap())
+        .await
+        .unwrap();
     assert!(
         unfinished.is_empty(),
         "unfinished conversations: {unfinished:#?}"
     );
-    drop(routers);
-    drop(workers);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

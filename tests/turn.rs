@@ -423,13 +423,19 @@ async fn files_flow_through_pull_write_publish_and_a_later_turn_by_reference() {
         )
         .await
         .unwrap();
+    let theirs_prefix = ConversationPrefix::new(tenant(), theirs.conversation);
     let secret = files
         .host(
-            &ConversationPrefix::new(tenant(), theirs.conversation),
+            &theirs_prefix,
             TurnId::FIRST,
+            1,
             &turnpike_schemas::RefPath::parse("secret.txt").unwrap(),
             "secret".into(),
         )
+        .await
+        .unwrap();
+    // As if their turn 1 committed: the file is there for whoever may read it.
+    turnpike_artifactory::attempts::promote(files.store(), &theirs_prefix, TurnId::FIRST, 1)
         .await
         .unwrap();
     rig.say(&secret.to_string()).await;
@@ -735,5 +741,90 @@ async fn a_reply_with_more_tool_calls_than_a_turn_may_record_fails_once_and_is_n
     assert_eq!(dispatched, 2, "turn 1 ran once");
     assert!(entries.iter().any(|e| matches!(&e.body,
         EntryBody::Error(err) if err.message.contains("100 tool calls"))));
+    rig.stop().await;
+}
+
+const WRITER: &str = r##"
+[[turn]]
+[[turn.step]]
+tool_calls = [{ name = "write_file", arguments = { path = "plan.md", content = "# Plan for {last_user}\n" } }]
+[[turn.step]]
+text = "Wrote the plan."
+"##;
+
+#[tokio::test]
+async fn a_retried_turn_names_its_own_version_and_the_first_attempt_is_unreachable() {
+    use turnpike_artifactory::git::Lineage;
+    let mut options = RigOptions::new(WRITER);
+    options.paused = true;
+    options.lease_ttl = std::time::Duration::from_millis(600);
+    let mut rig = Rig::with(options).await;
+    rig.run_with_fault(turnpike_worker::Fault::HangBeforeBatchTwo);
+    rig.say("the launch").await;
+    // The first attempt did all its work (log, snapshot, commit) and hangs before batch two.
+    let store = rig.conversations.store().clone();
+    let attempts_of_turn_1 = |store: Arc<dyn ObjectStore>, prefix: ConversationPrefix| async move {
+        use futures::TryStreamExt as _;
+        let dir = object_store::path::Path::from(format!(
+            "tenants/{}/conversations/{}/attempts/turn_1",
+            prefix.tenant(),
+            prefix.conversation()
+        ));
+        let metas: Vec<_> = store.list(Some(&dir)).try_collect().await.unwrap();
+        let mut attempts: Vec<String> = metas
+            .iter()
+            .filter_map(|m| m.location.parts().nth(6).map(|p| p.as_ref().to_owned()))
+            .collect();
+        attempts.sort();
+        attempts.dedup();
+        attempts
+    };
+    let deadline = Instant::now() + LONG;
+    while attempts_of_turn_1(store.clone(), rig.prefix())
+        .await
+        .is_empty()
+    {
+        assert!(Instant::now() < deadline, "the first attempt never wrote");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    // Give the hanging attempt the time to reach batch two's door: wait for its log.
+    let first = attempts_of_turn_1(store.clone(), rig.prefix()).await;
+    rig.crash().await;
+    let lineage = Lineage::new(store.clone(), rig.prefix());
+    // Nothing of the first attempt is reachable: no ref, no canonical log.
+    assert_eq!(lineage.ref_of(TurnId::FIRST).await.unwrap(), None);
+    assert!(TurnLogs::new(store.clone())
+        .read(&rig.prefix(), TurnId::FIRST)
+        .await
+        .is_err());
+
+    rig.run();
+    rig.wait_turns(1).await;
+    let record = rig.record();
+    let head = record.head().await.unwrap();
+    let complete = record
+        .completion(&head, TurnId::FIRST)
+        .await
+        .unwrap()
+        .expect("turn 1 is complete");
+    let version = complete.version.clone().expect("the retry made a version");
+    // The ref is the retry's, named by the record; the retry was another attempt.
+    assert_eq!(
+        lineage
+            .ref_of(TurnId::FIRST)
+            .await
+            .unwrap()
+            .map(|o| o.to_string()),
+        Some(version)
+    );
+    let all = attempts_of_turn_1(store.clone(), rig.prefix()).await;
+    assert_eq!(all.len(), 2, "{all:?}");
+    let retry = format!("a{:020}", complete.attempt.unwrap());
+    assert!(!first.contains(&retry), "{first:?} {retry}");
+    // The log readers see is the retry's, and it matches the digest the record signed.
+    TurnLogs::new(store)
+        .read_checked(&rig.prefix(), TurnId::FIRST, complete.log_sha256.as_deref())
+        .await
+        .unwrap();
     rig.stop().await;
 }

@@ -26,19 +26,20 @@ impl Files {
         &self.store
     }
 
-    /// Hosts `bytes` as `path` of `turn`; returns `conv:fi:<conv>/turn_<n>/<path>`. A retried
-    /// turn overwrites what its failed attempt hosted.
+    /// Hosts `bytes` as `path` of `turn`, written by attempt `attempt` (created only if absent,
+    /// under the attempt's own key; see [`crate::attempts`]); returns
+    /// `conv:fi:<conv>/turn_<n>/<path>`, which resolves once the turn commits that attempt.
     pub async fn host(
         &self,
         prefix: &ConversationPrefix,
         turn: TurnId,
+        attempt: u64,
         path: &RefPath,
         bytes: Bytes,
     ) -> Result<Reference> {
-        self.store
-            .put(&prefix.hosted_file(turn, path), PutPayload::from(bytes))
-            .await
-            .map_err(|e| Error::store(&format!("hosting {path} of {turn}"), e))?;
+        let key = prefix.in_attempt(&prefix.hosted_file(turn, path), turn, attempt);
+        let what = format!("hosting {path} of {turn}");
+        crate::attempts::create(self.store.as_ref(), &key, bytes, &what).await?;
         Ok(Reference::new(
             Family::hosted_file(),
             prefix.conversation(),

@@ -100,6 +100,20 @@ impl Lineage {
         }
     }
 
+    /// Publishes `commit` as `turn`'s ref unless it is published already with that commit
+    /// (promotion of a committed turn may run more than once). A ref holding another commit is
+    /// left alone and reported: refs are never overwritten.
+    pub async fn publish_ref_once(&self, turn: TurnId, commit: Oid) -> Result<()> {
+        match self.publish_ref(turn, commit).await {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == ErrorKind::AlreadyExists => match self.ref_of(turn).await? {
+                Some(existing) if existing == commit => Ok(()),
+                _ => Err(e),
+            },
+            Err(e) => Err(e),
+        }
+    }
+
     /// One object, checked against its id.
     pub async fn object(&self, oid: Oid) -> Result<(ObjectType, Bytes)> {
         let what = format!("reading git object {oid}");

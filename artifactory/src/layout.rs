@@ -6,6 +6,9 @@
 //! tenants/{tenant}/conversations/{conv}/turns/turn_{n}/log.json
 //! tenants/{tenant}/conversations/{conv}/turns/turn_{n}/context.json   the timeline after turn n
 //! tenants/{tenant}/conversations/{conv}/turns/turn_{n}/files/{path}
+//! tenants/{tenant}/conversations/{conv}/attempts/turn_{n}/a{attempt:020}/…   what one attempt
+//!     wrote (log.json, context.json, files/…), create-only; promoted to turns/turn_{n}/… once
+//!     the record's turn_complete names that attempt
 //! tenants/{tenant}/conversations/{conv}/attachments/turn_{n}/{id}/{name}
 //! directory/conversations/{conv}.json
 //! ```
@@ -106,6 +109,31 @@ impl ConversationPrefix {
         Path::from(out)
     }
 
+    /// Where one attempt at `turn` writes its side objects (turn log, context snapshot, hosted
+    /// files) before the turn commits: `attempts/turn_{n}/a{attempt}/…`, mirroring
+    /// `turns/turn_{n}/…`. Only the attempt the record's `turn_complete` names is promoted to
+    /// the canonical keys; no other attempt's objects are ever read.
+    pub fn attempt_dir(&self, turn: TurnId, attempt: u64) -> Path {
+        Path::from(format!("{}/attempts/{turn}/a{attempt:020}", self.base()))
+    }
+
+    /// `canonical` (a key under `turns/turn_{n}/`) as attempt `attempt` writes it.
+    pub fn in_attempt(&self, canonical: &Path, turn: TurnId, attempt: u64) -> Path {
+        let turn_dir = format!("{}/turns/{turn}/", self.base());
+        let rest = canonical
+            .as_ref()
+            .strip_prefix(&turn_dir)
+            .expect("a key of the turn's own folder");
+        Path::from(format!("{}/{rest}", self.attempt_dir(turn, attempt)))
+    }
+
+    /// The canonical key of an object attempt `attempt` at `turn` wrote at `written`.
+    pub fn promoted(&self, written: &Path, turn: TurnId, attempt: u64) -> Option<Path> {
+        let dir = format!("{}/", self.attempt_dir(turn, attempt));
+        let rest = written.as_ref().strip_prefix(&dir)?;
+        Some(Path::from(format!("{}/turns/{turn}/{rest}", self.base())))
+    }
+
     /// The folder of the conversation's git lineage (`…/git/objects/…`, `…/git/refs/…`).
     pub fn git_dir(&self) -> String {
         self.base()
@@ -162,6 +190,20 @@ pub fn directory_entry(conversation: ConversationId) -> Path {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn attempt_keys_mirror_the_turn_folder_and_promote_back() {
+        let p = ConversationPrefix::new("acme".parse().unwrap(), ConversationId::new());
+        let turn = TurnId::new(7).unwrap();
+        let file = p.hosted_file(turn, &RefPath::parse("out/report.md").unwrap());
+        for canonical in [p.turn_log(turn), p.context_snapshot(turn), file] {
+            let written = p.in_attempt(&canonical, turn, 42);
+            assert!(written.as_ref().contains("/attempts/turn_7/a"), "{written}");
+            assert_eq!(p.promoted(&written, turn, 42), Some(canonical.clone()));
+            // Another attempt's object never promotes as this one's.
+            assert_eq!(p.promoted(&written, turn, 43), None);
+        }
+    }
 
     #[test]
     fn batch_keys_sort_numerically_and_parse_back() {

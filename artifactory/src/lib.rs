@@ -5,6 +5,7 @@
 //! - [`mmr`]: the Merkle Mountain Range under the record's roots
 //! - [`keys`]: ed25519 signing keys and trusted public keys
 //! - [`turnlogs`]: one object per turn
+//! - [`attempts`]: side objects written per attempt, promoted once the record commits one
 //! - [`git`]: project versions, one immutable ref per successful turn
 //! - [`files`]: files turns hosted and files users attached
 //! - [`conversations`]: creating and opening conversations as an identity
@@ -14,6 +15,7 @@
 //! - [`synced`]: the local filesystem store with fsync of each object and its directory
 //! - [`open_turns`]: marks of conversations whose record may end in an open turn (the sweep)
 
+pub mod attempts;
 pub mod conversations;
 pub mod directory;
 pub mod error;

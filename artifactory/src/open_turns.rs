@@ -3,12 +3,14 @@
 //!
 //! # Contract
 //! - An owner marks a conversation ([`OpenTurns::mark`]) **before** it appends batch one, and
-//!   clears the mark ([`OpenTurns::clear`]) after the turn closes (batch two, or a quarantine).
+//!   clears the mark ([`OpenTurns::clear`]) after the turn closes and its attempt's objects are
+//!   promoted (batch two and [`crate::attempts::promote`]; or a quarantine).
 //!   So a record that ends in an open turn always has a mark; a mark without an open turn is
 //!   stale (the owner died between the mark and batch one, or before clearing) and harmless.
 //! - Marks are hints. The record decides: a sweeper takes the conversation's lease, reads the
 //!   head, recovers the turn if one is open, and otherwise clears the stale mark — only while
-//!   holding the lease, so it never clears the mark of a turn another owner is opening.
+//!   holding the lease, so it never clears the mark of a turn another owner is opening. A mark
+//!   on a closed turn may also mean its promotion was left unfinished: finish it, then clear.
 //!
 //! Layout: `open-turns/{tenant}/{conversation}` (empty objects).
 
@@ -55,6 +57,16 @@ impl OpenTurns {
                 )
             })?;
         Ok(())
+    }
+
+    /// Whether the conversation is marked.
+    pub async fn is_marked(&self, prefix: &ConversationPrefix) -> Result<bool> {
+        crate::store::exists(
+            self.store.as_ref(),
+            &Self::path(prefix),
+            &format!("reading the open-turn mark of {}", prefix.partition()),
+        )
+        .await
     }
 
     /// Clears the mark (a missing mark is not an error).

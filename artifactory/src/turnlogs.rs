@@ -21,10 +21,33 @@ impl TurnLogs {
         Self { store }
     }
 
-    /// Writes a turn's log. A retried turn overwrites the log of its failed attempt; the log
-    /// counts only once the record holds the turn's `turn_complete`.
-    /// Returns the SHA-256 (hex) of the bytes written.
+    /// Writes a turn's log at its canonical key (for fixtures and imports; a worker writes
+    /// through [`Self::write_attempt`]). Returns the SHA-256 (hex) of the bytes written.
     pub async fn write(&self, prefix: &ConversationPrefix, log: &TurnLog) -> Result<String> {
+        let (bytes, digest) = Self::encode_log(prefix, log)?;
+        self.store
+            .put(&prefix.turn_log(log.turn), PutPayload::from(bytes))
+            .await
+            .map_err(|e| Error::store(&format!("writing the log of {}", log.turn), e))?;
+        Ok(digest)
+    }
+
+    /// Writes a turn's log as attempt `attempt` wrote it: created only if absent, under a key
+    /// no other attempt uses (see [`crate::attempts`]). Returns the SHA-256 (hex) of the bytes.
+    pub async fn write_attempt(
+        &self,
+        prefix: &ConversationPrefix,
+        log: &TurnLog,
+        attempt: u64,
+    ) -> Result<String> {
+        let (bytes, digest) = Self::encode_log(prefix, log)?;
+        let path = prefix.in_attempt(&prefix.turn_log(log.turn), log.turn, attempt);
+        let what = format!("writing the log of {} (attempt {attempt})", log.turn);
+        crate::attempts::create(self.store.as_ref(), &path, bytes.into(), &what).await?;
+        Ok(digest)
+    }
+
+    fn encode_log(prefix: &ConversationPrefix, log: &TurnLog) -> Result<(Vec<u8>, String)> {
         if log.conversation != prefix.conversation() {
             return Err(Error::new(
                 ErrorKind::InvalidInput,
@@ -33,11 +56,7 @@ impl TurnLogs {
         }
         let bytes = serde_json::to_vec(log).expect("turn logs serialise");
         let digest = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(&bytes));
-        self.store
-            .put(&prefix.turn_log(log.turn), PutPayload::from(bytes))
-            .await
-            .map_err(|e| Error::store(&format!("writing the log of {}", log.turn), e))?;
-        Ok(digest)
+        Ok((bytes, digest))
     }
 
     /// Reads a turn's log: one fetch.
@@ -82,19 +101,14 @@ impl TurnLogs {
         Ok(log)
     }
 
-    /// Writes the context snapshot after a turn (overwriting a failed attempt's).
+    /// Writes the context snapshot after a turn at its canonical key (for fixtures; a worker
+    /// writes through [`Self::write_context_attempt`]).
     pub async fn write_context(
         &self,
         prefix: &ConversationPrefix,
         snapshot: &ContextSnapshot,
     ) -> Result<()> {
-        if snapshot.conversation != prefix.conversation() {
-            return Err(Error::new(
-                ErrorKind::InvalidInput,
-                "the context snapshot belongs to another conversation",
-            ));
-        }
-        let bytes = serde_json::to_vec(snapshot).expect("snapshots serialise");
+        let bytes = Self::encode_context(prefix, snapshot)?;
         self.store
             .put(
                 &prefix.context_snapshot(snapshot.through),
@@ -108,6 +122,31 @@ impl TurnLogs {
                 )
             })?;
         Ok(())
+    }
+
+    /// Writes the context snapshot after a turn as attempt `attempt` wrote it (created only if
+    /// absent, under the attempt's own key).
+    pub async fn write_context_attempt(
+        &self,
+        prefix: &ConversationPrefix,
+        snapshot: &ContextSnapshot,
+        attempt: u64,
+    ) -> Result<()> {
+        let bytes = Self::encode_context(prefix, snapshot)?;
+        let turn = snapshot.through;
+        let path = prefix.in_attempt(&prefix.context_snapshot(turn), turn, attempt);
+        let what = format!("writing the context after {turn} (attempt {attempt})");
+        crate::attempts::create(self.store.as_ref(), &path, bytes.into(), &what).await
+    }
+
+    fn encode_context(prefix: &ConversationPrefix, snapshot: &ContextSnapshot) -> Result<Vec<u8>> {
+        if snapshot.conversation != prefix.conversation() {
+            return Err(Error::new(
+                ErrorKind::InvalidInput,
+                "the context snapshot belongs to another conversation",
+            ));
+        }
+        Ok(serde_json::to_vec(snapshot).expect("snapshots serialise"))
     }
 
     /// Reads the context snapshot after `turn`: `None` when there is none, or when what is

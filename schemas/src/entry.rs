@@ -348,6 +348,10 @@ pub struct TurnComplete {
     /// The project version the turn published (a git commit id), if the conversation has one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub version: Option<String>,
+    /// The attempt that completed the turn: its side objects (log, snapshot, files) are the
+    /// ones promoted to the turn's canonical keys. Absent in records written before attempts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attempt: Option<u64>,
     pub at_ms: u64,
 }
 

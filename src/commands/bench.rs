@@ -4,7 +4,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::Result;
+use anyhow::{Context as _, Result};
 use object_store::local::LocalFileSystem;
 use object_store::path::Path;
 use object_store::{ObjectStore, PutMode, PutOptions, PutPayload};
@@ -49,7 +49,9 @@ pub async fn run(global: &Global, command: BenchCommand) -> Result<ExitCode> {
             )
             .await
         }
-        BenchCommand::Record { appends, dir } => record(appends.max(16), dir).await,
+        BenchCommand::Record { appends, dir } => {
+            record(appends.max(16), dir, !global.no_fsync).await
+        }
         BenchCommand::Cell {
             runs,
             without_landlock,
@@ -89,6 +91,7 @@ pub async fn run(global: &Global, command: BenchCommand) -> Result<ExitCode> {
             workers,
         } => {
             super::bench_lanes::run(
+                !global.no_fsync,
                 nats,
                 conversations.max(1),
                 turns.max(1),
@@ -186,17 +189,22 @@ async fn appends(
     ))
 }
 
-async fn record(n: u64, dir: Option<std::path::PathBuf>) -> Result<ExitCode> {
+async fn record(n: u64, dir: Option<std::path::PathBuf>, fsync: bool) -> Result<ExitCode> {
     let tmp = match dir {
         Some(d) => tempfile::tempdir_in(d)?,
         None => tempfile::tempdir()?,
     };
+    // The floor is the plain store's put; the record appends through the store `turnpike
+    // serve` uses (synced unless --no-fsync), so the ratio includes fsync's cost.
     let store: Arc<dyn ObjectStore> = Arc::new(LocalFileSystem::new_with_prefix(tmp.path())?);
+    let record_store =
+        turnpike_artifactory::open_store_with(tmp.path().to_str().context("a UTF-8 path")?, fsync)?;
     let signer = RecordSigner::generate()?;
     let trusted = TrustedKeys::new([signer.verifying_key()]);
     println!(
-        "turnpike bench record: local filesystem at {}, {n} appends",
-        tmp.path().display()
+        "turnpike bench record: local filesystem at {}, {n} appends, fsync {}",
+        tmp.path().display(),
+        if fsync { "on" } else { "off" }
     );
 
     // Baseline: the store's own create-if-absent put of objects the size of a 1-entry batch.
@@ -230,9 +238,9 @@ async fn record(n: u64, dir: Option<std::path::PathBuf>) -> Result<ExitCode> {
         total: start.elapsed(),
     };
 
-    let (record, head) = new_record(&store, &signer).await?;
+    let (record, head) = new_record(&record_store, &signer).await?;
     let (single, head) = appends(&record, &signer, head, n, 1).await?;
-    let (record16, head16) = new_record(&store, &signer).await?;
+    let (record16, head16) = new_record(&record_store, &signer).await?;
     let (sixteen, _) = appends(&record16, &signer, head16, n / 16, 16).await?;
 
     println!("\nappends ({batch_size}-byte objects for 1-entry batches)");

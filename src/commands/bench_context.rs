@@ -156,6 +156,7 @@ async fn build(
             log: None,
             log_sha256: None,
             version: None,
+            attempt: None,
             at_ms: 0,
         }));
         head = record.append(signer, &head, &two).await?;

@@ -15,7 +15,7 @@ use anyhow::{Context as _, Result};
 use async_nats::jetstream::{self, consumer::pull, stream};
 use async_trait::async_trait;
 use futures::StreamExt as _;
-use turnpike_artifactory::{open_store, Conversations, NewConversation, RecordSigner};
+use turnpike_artifactory::{open_store_with, Conversations, NewConversation, RecordSigner};
 use turnpike_router::embedded::{EmbeddedBus, EmbeddedConfig};
 use turnpike_router::{Bus, Ingress, JetStreamBus, JetStreamConfig};
 use turnpike_schemas::entry::TurnOutcome;
@@ -154,6 +154,7 @@ struct Measured {
 
 /// Turnpike on a bus: latency one event at a time, then throughput over many conversations.
 async fn turnpike(
+    fsync: bool,
     bus: Arc<dyn Bus>,
     store_dir: &std::path::Path,
     workers: usize,
@@ -161,7 +162,7 @@ async fn turnpike(
     conversations: usize,
     turns: usize,
 ) -> Result<Measured> {
-    let store = open_store(store_dir.to_str().context("a UTF-8 path")?)?;
+    let store = open_store_with(store_dir.to_str().context("a UTF-8 path")?, fsync)?;
     let convs_store = Conversations::new(store);
     let signer = RecordSigner::generate()?;
     let starts = Arc::new(Starts::default());
@@ -264,6 +265,7 @@ async fn turnpike(
 }
 
 pub async fn run(
+    fsync: bool,
     nats: Option<String>,
     conversations: usize,
     turns: usize,
@@ -278,7 +280,7 @@ pub async fn run(
             started.url.clone()
         }
     };
-    println!("turnpike bench lanes: {workers} workers in-process, {conversations} conversations x {turns} turns, {samples} latency samples, NATS at {url}");
+    println!("turnpike bench lanes: {workers} workers in-process, {conversations} conversations x {turns} turns, {samples} latency samples, NATS at {url}, fsync {}", if fsync { "on" } else { "off" });
     let (mut floor, floor_rate) = raw_jetstream(&url, samples, conversations * turns).await?;
 
     let dir = tempfile::tempdir()?;
@@ -288,6 +290,7 @@ pub async fn run(
     })
     .await?;
     let mut js = turnpike(
+        fsync,
         js_bus,
         &dir.path().join("js-store"),
         workers,
@@ -298,6 +301,7 @@ pub async fn run(
     .await?;
     let embedded_bus = EmbeddedBus::open(&dir.path().join("bus.redb"), EmbeddedConfig::default())?;
     let mut emb = turnpike(
+        fsync,
         embedded_bus,
         &dir.path().join("emb-store"),
         workers,

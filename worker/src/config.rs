@@ -12,6 +12,9 @@ pub enum Fault {
     /// After batch one of a turn commits, announce it on stderr and pause three seconds before
     /// going on (a test stops the process meanwhile to make it a zombie owner).
     PauseAfterBatchOne,
+    /// With the turn's log, snapshot and version written, hang before batch two until killed
+    /// (a crash between the batches after the work was done).
+    HangBeforeBatchTwo,
 }
 
 /// How a worker behaves.

@@ -14,7 +14,7 @@ use turnpike_schemas::{EntryBody, EventBody, TenantId};
 
 use crate::error::{Error, Result};
 use crate::fence::Fence;
-use crate::turn::{recover_turn, run_new_turn, TurnEnv};
+use crate::turn::{finish_promotion, recover_turn, run_new_turn, TurnEnv};
 use crate::worker::Inner;
 
 /// The wakes an owner holds, shared with the claim loop that hands them over.
@@ -134,11 +134,13 @@ async fn drain(
 ) -> Result<Head> {
     let conversation = env.record.prefix().conversation();
     let mut head = env.record.head().await?;
+    // A previous owner may have died between a commit and its promotion.
+    finish_promotion(env, &head).await?;
     let mut first = true;
     loop {
         slot.settle(head.state()).await;
         if head.state().turn_open {
-            head = recover_turn(env, head).await?;
+            head = recover_turn(env, head, epoch).await?;
             continue;
         }
         if stopping.load(std::sync::atomic::Ordering::Relaxed) {

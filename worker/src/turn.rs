@@ -169,6 +169,9 @@ impl Drop for LaneWatch {
 pub struct TurnContext<'a> {
     env: &'a TurnEnv,
     turn: TurnId,
+    /// This attempt at the turn (the owner's lease epoch when it began): the key its side
+    /// objects are written under until the record commits it.
+    attempt: u64,
     app: AppId,
     agent: AgentId,
     spec: Option<Arc<AgentSpec>>,
@@ -345,6 +348,7 @@ impl TurnContext<'_> {
             identity: &self.identity,
             prefix: self.env.record.prefix(),
             turn: self.turn,
+            attempt: self.attempt,
             resolver: &self.env.resolver,
             files: &self.env.files,
             search: self.env.search.as_ref(),
@@ -505,11 +509,12 @@ pub async fn run_new_turn(
         EntryBody::IngressDirective(d) => Some(d.clone()),
         _ => None,
     });
-    finish_turn(env, head, turn, agent, events, directive).await
+    finish_turn(env, head, turn, agent, events, directive, epoch).await
 }
 
-/// Re-runs the open turn under the same turn id (its worker died between the batches).
-pub async fn recover_turn(env: &TurnEnv, head: Head) -> Result<Head> {
+/// Re-runs the open turn under the same turn id (its worker died between the batches), as a
+/// new attempt (`epoch`).
+pub async fn recover_turn(env: &TurnEnv, head: Head, epoch: u64) -> Result<Head> {
     let Some((turn, entries)) = env.record.open_turn(&head).await? else {
         return Ok(head);
     };
@@ -560,7 +565,7 @@ pub async fn recover_turn(env: &TurnEnv, head: Head) -> Result<Head> {
         return Ok(head);
     }
     warn!(conversation = %env.record.prefix().conversation(), %turn, "recovering a turn left open");
-    finish_turn(env, head, turn, agent, events, directive).await
+    finish_turn(env, head, turn, agent, events, directive, epoch).await
 }
 
 async fn finish_turn(
@@ -570,6 +575,7 @@ async fn finish_turn(
     agent: AgentId,
     inputs: Vec<Event>,
     directive: Option<IngressDirective>,
+    attempt: u64,
 ) -> Result<Head> {
     let conversation = env.record.prefix().conversation();
     let first = inputs.first().expect("a turn has at least one input");
@@ -610,6 +616,7 @@ async fn finish_turn(
     let ctx = TurnContext {
         env,
         turn,
+        attempt,
         app,
         agent: agent.clone(),
         spec,
@@ -698,7 +705,10 @@ async fn finish_turn(
         blocks,
     };
     env.fence.check()?;
-    let digest = env.turn_logs.write(env.record.prefix(), &log).await?;
+    let digest = env
+        .turn_logs
+        .write_attempt(env.record.prefix(), &log, attempt)
+        .await?;
     if let Some(before) = timeline.into_inner().expect("timeline lock") {
         // What the next turn's rebuild reads in one fetch: bounded by what its agent could use.
         let budget = spec
@@ -713,7 +723,7 @@ async fn finish_turn(
         );
         env.fence.check()?;
         env.turn_logs
-            .write_context(env.record.prefix(), &snapshot)
+            .write_context_attempt(env.record.prefix(), &snapshot, attempt)
             .await?;
     }
     match (outcome, failure) {
@@ -738,27 +748,38 @@ async fn finish_turn(
         )),
         log_sha256: Some(digest),
         version: version.map(|v: git2::Oid| v.to_string()),
+        attempt: Some(attempt),
         at_ms: now_ms(),
     }));
+    if env.config.fault == Some(Fault::HangBeforeBatchTwo) {
+        eprintln!("fault: hanging before batch two of {conversation} {turn}");
+        std::future::pending::<()>().await;
+    }
     let head = env.append(&head, &bodies).await?;
     info!(%conversation, %turn, ?outcome, "turn complete");
-    env.clear_open_mark().await;
+    // Committed: this attempt's objects become the turn's. Should this fail (or the worker
+    // die first), the mark stays and whoever next owns the conversation finishes it.
+    match promote(env, turn, attempt, version).await {
+        Ok(()) => env.clear_open_mark().await,
+        Err(e) => {
+            warn!(%conversation, %turn, error = %e, "promotion unfinished; the next owner finishes it")
+        }
+    }
     if let Some(queue) = &env.indexing {
         queue.push(conversation);
     }
     Ok(head)
 }
 
-/// Commits the workspace over the version the turn started from and publishes it as the
-/// turn's ref. A retried turn whose first attempt published already keeps that ref.
+/// Commits the workspace over the version the turn started from; returns the turn's version
+/// (the new commit, or the unchanged base). Nothing is published as the turn's ref here: the
+/// ref is created only for the version the record's `turn_complete` names, after the commit
+/// ([`promote`]), so a failed or superseded attempt's commit is never reachable through it.
 async fn publish_version(ctx: &TurnContext<'_>) -> Result<Option<git2::Oid>> {
     ctx.env.fence.check()?;
     let empty = std::fs::read_dir(ctx.workspace.path()).map_or(true, |mut d| d.next().is_none());
     if empty && ctx.project.get().is_none() {
         // Nothing made and nothing opened: the project (if any) is unchanged.
-        if let Some(base) = ctx.base_version {
-            publish_ref(&ctx.lineage, ctx.turn, base).await?;
-        }
         return Ok(ctx.base_version);
     }
     let project = ctx
@@ -773,29 +794,55 @@ async fn publish_version(ctx: &TurnContext<'_>) -> Result<Option<git2::Oid>> {
         ctx.env.record.prefix().conversation(),
         ctx.agent
     );
-    let Some(commit) = project.commit_if_any(ctx.turn, &message).await? else {
-        return Ok(None);
-    };
     ctx.env.fence.check()?;
-    let published = publish_ref(&ctx.lineage, ctx.turn, commit).await?;
-    if let Some(url) = &ctx.env.config.git_remote {
-        if let Err(e) = turnpike_artifactory::git::push_to_remote(&ctx.lineage, url, ctx.turn).await
-        {
-            warn!(turn = %ctx.turn, remote = %url, error = %e, "could not push the version to the git remote");
-        }
-    }
-    Ok(Some(published))
+    project
+        .commit_if_any(ctx.turn, &message)
+        .await
+        .map_err(Into::into)
 }
 
-async fn publish_ref(lineage: &Lineage, turn: TurnId, commit: git2::Oid) -> Result<git2::Oid> {
-    match lineage.publish_ref(turn, commit).await {
-        Ok(()) => Ok(commit),
-        Err(e) if e.kind() == turnpike_artifactory::ErrorKind::AlreadyExists => {
-            // An earlier attempt of this turn published; its ref stands.
-            Ok(lineage.ref_of(turn).await?.unwrap_or(commit))
+/// Promotes a committed attempt: its side objects to the turn's canonical keys, its version
+/// to the turn's git ref (and the mirror, when configured).
+async fn promote(
+    env: &TurnEnv,
+    turn: TurnId,
+    attempt: u64,
+    version: Option<git2::Oid>,
+) -> Result<()> {
+    let prefix = env.record.prefix();
+    turnpike_artifactory::attempts::promote(env.files.store(), prefix, turn, attempt).await?;
+    let Some(version) = version else {
+        return Ok(());
+    };
+    let lineage = Lineage::new(env.files.store().clone(), prefix.clone());
+    lineage.publish_ref_once(turn, version).await?;
+    if let Some(url) = &env.config.git_remote {
+        if let Err(e) = turnpike_artifactory::git::push_to_remote(&lineage, url, turn).await {
+            warn!(%turn, remote = %url, error = %e, "could not push the version to the git remote");
         }
-        Err(e) => Err(e.into()),
     }
+    Ok(())
+}
+
+/// Finishes what a committed turn's owner may have left undone (it died between the commit
+/// and the promotion): called by the next owner before anything else, when the conversation
+/// is still marked. Clears the mark once done.
+pub async fn finish_promotion(env: &TurnEnv, head: &Head) -> Result<()> {
+    if head.state().turn_open || !env.open_turns.is_marked(env.record.prefix()).await? {
+        return Ok(());
+    }
+    if let Some(turn) = TurnId::new(head.state().last_turn) {
+        if let Some(complete) = env.record.completion(head, turn).await? {
+            turnpike_artifactory::attempts::promote_committed(
+                env.files.store(),
+                env.record.prefix(),
+                &complete,
+            )
+            .await?;
+        }
+    }
+    env.clear_open_mark().await;
+    Ok(())
 }
 
 /// The record entry of a block the turn produced, for those that have one.

@@ -315,9 +315,34 @@ impl Worker {
                     warn!(%conversation, worker = %inner.id, "sweep: taking over a turn left open");
                     self.spawn_owner(prefix.tenant().clone(), lease, slot, permit);
                 }
-                Ok(_) => {
-                    if let Err(e) = marks.clear(&prefix).await {
-                        debug!(%conversation, error = %e, "sweep: cannot clear a stale mark");
+                Ok(head) => {
+                    // Closed: finish a promotion its owner may have left undone, then the mark
+                    // is stale.
+                    let promoted = match turnpike_schemas::TurnId::new(head.state().last_turn) {
+                        Some(turn) => match record.completion(&head, turn).await {
+                            Ok(Some(complete)) => {
+                                turnpike_artifactory::attempts::promote_committed(
+                                    inner.conversations.store(),
+                                    &prefix,
+                                    &complete,
+                                )
+                                .await
+                                .map_err(|e| e.to_string())
+                            }
+                            Ok(None) => Ok(()),
+                            Err(e) => Err(e.to_string()),
+                        },
+                        None => Ok(()),
+                    };
+                    match promoted {
+                        Ok(()) => {
+                            if let Err(e) = marks.clear(&prefix).await {
+                                debug!(%conversation, error = %e, "sweep: cannot clear a stale mark");
+                            }
+                        }
+                        Err(e) => {
+                            warn!(%conversation, error = %e, "sweep: cannot finish a promotion")
+                        }
                     }
                     let _ = inner.bus.release(&lease).await;
                 }

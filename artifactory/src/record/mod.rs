@@ -508,6 +508,27 @@ impl Record {
         ))
     }
 
+    /// The `turn_complete` of `turn`, read backwards from the head (the cost is the batches
+    /// since that turn was dispatched, not the record's length). `None` if the turn is not
+    /// complete (open, quarantined or never dispatched).
+    pub async fn completion(
+        &self,
+        head: &Head,
+        turn: TurnId,
+    ) -> Result<Option<turnpike_schemas::entry::TurnComplete>> {
+        for seq in (0..head.batches).rev() {
+            let batch = self.read_stored(seq).await?;
+            for entry in batch.entries.iter().rev() {
+                match entry.decode()? {
+                    EntryBody::TurnComplete(c) if c.turn == turn => return Ok(Some(c)),
+                    EntryBody::TurnDispatched(d) if d.turn <= turn => return Ok(None),
+                    _ => {}
+                }
+            }
+        }
+        Ok(None)
+    }
+
     /// Reads and decodes every entry.
     pub async fn entries(&self) -> Result<Vec<RecordEntry>> {
         self.entries_from(0).await

@@ -110,6 +110,7 @@ mod tests {
             log: None,
             log_sha256: None,
             version: None,
+            attempt: None,
             at_ms: 0,
         })
     }

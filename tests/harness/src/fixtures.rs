@@ -85,6 +85,7 @@ pub fn batch_two(n: u64, reply: &str) -> Vec<EntryBody> {
             log: None,
             log_sha256: None,
             version: None,
+            attempt: None,
             at_ms: 4,
         }),
     ]

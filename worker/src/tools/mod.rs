@@ -41,6 +41,8 @@ pub struct ToolContext<'a> {
     pub identity: &'a Identity,
     pub prefix: &'a ConversationPrefix,
     pub turn: TurnId,
+    /// The attempt running the turn: what it hosts is written under its own keys.
+    pub attempt: u64,
     pub resolver: &'a Resolver,
     pub files: &'a Files,
     pub search: Option<&'a Arc<dyn SearchIndex>>,
@@ -240,7 +242,7 @@ async fn bound(cx: &ToolContext<'_>, call_id: &str, mut out: ToolOutput) -> Tool
     }
     match cx
         .files
-        .host(cx.prefix, cx.turn, &path, Bytes::from(text))
+        .host(cx.prefix, cx.turn, cx.attempt, &path, Bytes::from(text))
         .await
     {
         Ok(reference) => {

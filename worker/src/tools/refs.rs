@@ -93,7 +93,7 @@ impl Tool for Publish {
         cx.fence.check().map_err(|e| e.to_string())?;
         let reference = cx
             .files
-            .host(cx.prefix, cx.turn, &rel, Bytes::from(bytes))
+            .host(cx.prefix, cx.turn, cx.attempt, &rel, Bytes::from(bytes))
             .await
             .map_err(|e| format!("the store failed; retry later: {e}"))?;
         let name = rel.segments().last().cloned().unwrap_or_default();

@@ -1,0 +1,119 @@
+//! Attempts: every object a turn writes besides the record goes first under a key unique to
+//! the attempt (`attempts/turn_{n}/a{attempt}/…`, created only if absent), and is promoted to
+//! the canonical key (`turns/turn_{n}/…`, also created only if absent) only once the record
+//! holds the turn's `turn_complete` naming that attempt.
+//!
+//! So a superseded owner (a zombie that lost its lease while paused or partitioned) can write
+//! what it likes under its own attempt: nothing reads it. Readers read canonical keys, which
+//! only the committed attempt ever fills — after its commit, by its owner, or by whoever finds
+//! the promotion unfinished (the next owner of the conversation, or a sweep). Promotion is
+//! idempotent: each object is copied create-only, so running it twice, or concurrently, writes
+//! each canonical object once, with the committed attempt's bytes.
+
+use std::sync::Arc;
+
+use futures::TryStreamExt as _;
+use object_store::{ObjectStore, ObjectStoreExt as _, PutMode, PutOptions, PutPayload};
+use turnpike_schemas::entry::TurnComplete;
+use turnpike_schemas::TurnId;
+
+use crate::error::{Error, Result};
+use crate::layout::ConversationPrefix;
+
+/// Writes `bytes` at `path`, created only if absent. An object already there with the same
+/// bytes is success (a repeated write of the same attempt); other bytes are an error.
+pub(crate) async fn create(
+    store: &dyn ObjectStore,
+    path: &object_store::path::Path,
+    bytes: bytes::Bytes,
+    what: &str,
+) -> Result<()> {
+    let opts = PutOptions {
+        mode: PutMode::Create,
+        ..Default::default()
+    };
+    match store
+        .put_opts(path, PutPayload::from(bytes.clone()), opts)
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(
+            object_store::Error::AlreadyExists { .. } | object_store::Error::Precondition { .. },
+        ) => {
+            let there = store
+                .get(path)
+                .await
+                .map_err(|e| Error::store(what, e))?
+                .bytes()
+                .await
+                .map_err(|e| Error::store(what, e))?;
+            if there == bytes {
+                return Ok(());
+            }
+            Err(Error::new(
+                crate::ErrorKind::AlreadyExists,
+                format!("{what}: {path} exists already with other bytes; it is never overwritten"),
+            ))
+        }
+        Err(e) => Err(Error::store(what, e)),
+    }
+}
+
+/// Promotes what attempt `attempt` at `turn` wrote to the canonical keys. Call only once the
+/// record holds the turn's `turn_complete` naming this attempt.
+pub async fn promote(
+    store: &Arc<dyn ObjectStore>,
+    prefix: &ConversationPrefix,
+    turn: TurnId,
+    attempt: u64,
+) -> Result<usize> {
+    let dir = prefix.attempt_dir(turn, attempt);
+    let what = format!(
+        "promoting attempt {attempt} of {turn} of {}",
+        prefix.partition()
+    );
+    let written: Vec<_> = store
+        .list(Some(&dir))
+        .try_collect()
+        .await
+        .map_err(|e| Error::store(&what, e))?;
+    let mut promoted = 0;
+    for meta in written {
+        let Some(canonical) = prefix.promoted(&meta.location, turn, attempt) else {
+            continue;
+        };
+        let bytes = store
+            .get(&meta.location)
+            .await
+            .map_err(|e| Error::store(&what, e))?
+            .bytes()
+            .await
+            .map_err(|e| Error::store(&what, e))?;
+        create(store.as_ref(), &canonical, bytes, &what).await?;
+        promoted += 1;
+    }
+    Ok(promoted)
+}
+
+/// Finishes the promotion of a committed turn (its owner may have died between the commit and
+/// the promotion): the attempt's objects, and its project version as the turn's git ref.
+pub async fn promote_committed(
+    store: &Arc<dyn ObjectStore>,
+    prefix: &ConversationPrefix,
+    complete: &TurnComplete,
+) -> Result<()> {
+    let Some(attempt) = complete.attempt else {
+        // Written before attempts existed: the turn wrote its canonical keys itself.
+        return Ok(());
+    };
+    promote(store, prefix, complete.turn, attempt).await?;
+    if let Some(version) = complete
+        .version
+        .as_deref()
+        .and_then(|v| git2::Oid::from_str(v).ok())
+    {
+        let lineage = crate::git::Lineage::new(store.clone(), prefix.clone());
+        lineage.publish_ref_once(complete.turn, version).await?;
+    }
+    Ok(())
+}
