@@ -486,6 +486,9 @@ pub struct Actor {
     /// Who acts: `provider:external_id` or `provider:scope:external_id`.
     #[arg(long = "actor")]
     pub identity: Identity,
+    /// The tenant the actor acts in: another tenant's conversations are not found.
+    #[arg(long = "actor-tenant", default_value = "default")]
+    pub tenant: turnpike_schemas::TenantId,
 }
 
 #[derive(Debug, Subcommand)]

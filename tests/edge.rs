@@ -10,7 +10,7 @@ use reqwest::Method;
 use serde_json::{json, Value};
 use turnpike_router::edge::client::{Client, Cursor};
 use turnpike_router::edge::model::Frame;
-use turnpike_tests::edge::{files_under, Server, ADMIN, ALICE, BOB};
+use turnpike_tests::edge::{files_under, Server, ADMIN, ALICE, ALICE_OF_BETA, BETA_ADMIN, BOB};
 
 fn binary() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_turnpike"))
@@ -545,7 +545,12 @@ async fn another_identity_gets_404_for_everything_of_a_conversation_it_may_not_s
     let outside_turns = |files: Vec<String>| -> Vec<String> {
         files
             .into_iter()
-            .filter(|f| !f.contains("/record/") && !f.contains("/turns/"))
+            .filter(|f| {
+                !f.contains("/record/")
+                    && !f.contains("/turns/")
+                    && !f.contains("/attempts/")
+                    && !f.starts_with("open-turns/")
+            })
             .collect()
     };
     let before = outside_turns(files_under(&server.store_dir()));
@@ -1244,4 +1249,114 @@ async fn questions_are_answered_agents_switched_and_compaction_asked_for_over_ht
         },
     )
     .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nothing_crosses_a_tenant_lookups_admins_grants_and_idempotency_keys() {
+    let apps = apps_dir();
+    let server = server(apps.path(), &[], false);
+    let alice = server.client(ALICE);
+    let id = create(&alice, "echo").await;
+
+    // `local:alice` of tenant beta is someone else: she sees nothing of it.
+    let beta_alice = server.client(ALICE_OF_BETA);
+    for path in [
+        format!("/v1/conversations/{id}"),
+        format!("/v1/conversations/{id}/messages"),
+    ] {
+        assert_eq!(beta_alice.get(&path).await.unwrap().status, 404, "{path}");
+    }
+    let posted = beta_alice
+        .post(
+            &format!("/v1/conversations/{id}/messages"),
+            &json!({"text": "hi"}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(posted.status, 404);
+    let listed = beta_alice
+        .get("/v1/conversations")
+        .await
+        .unwrap()
+        .into_ok()
+        .unwrap();
+    assert_eq!(listed["conversations"].as_array().unwrap().len(), 0);
+
+    // An admin of tenant beta gets the same 404 as for a missing conversation; the admin of
+    // the conversation's own tenant gets the verdict.
+    let verify = format!("/v1/admin/conversations/{id}/verify");
+    let beta_admin = server.client(BETA_ADMIN);
+    assert_eq!(
+        beta_admin.post(&verify, &json!({})).await.unwrap().status,
+        404
+    );
+    let ours = server
+        .client(ADMIN)
+        .post(&verify, &json!({}))
+        .await
+        .unwrap();
+    assert_eq!(ours.status, 200, "{:?}", ours.body);
+
+    // A grant to another tenant's identity is refused.
+    let grants = format!("/v1/conversations/{id}/grants");
+    let refused = alice
+        .post(
+            &grants,
+            &json!({"identity": "local:carol", "tenant": "beta"}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(refused.status, 403, "{:?}", refused.body);
+
+    // Shared within the tenant, the same idempotency key sent by two identities is two events,
+    // and each one's retry is a duplicate of its own.
+    alice
+        .post(&grants, &json!({"identity": "local:bob"}))
+        .await
+        .unwrap()
+        .into_ok()
+        .unwrap();
+    let bob = server.client(BOB);
+    let path = format!("/v1/conversations/{id}/messages");
+    let send = |client: &Client, text: &str| {
+        let (client, path, body) = (client.clone(), path.clone(), json!({ "text": text }));
+        async move {
+            client
+                .send(Method::POST, &path, Some(&body), Some("same-key"))
+                .await
+                .unwrap()
+        }
+    };
+    let from_alice = send(&alice, "from alice").await;
+    let from_bob = send(&bob, "from bob").await;
+    assert_eq!(from_alice.status, 202);
+    assert_eq!(from_bob.status, 202);
+    assert_eq!(from_alice.body["duplicate"], false);
+    assert_eq!(
+        from_bob.body["duplicate"], false,
+        "bob's event was swallowed"
+    );
+    assert_ne!(from_alice.body["lane_seq"], from_bob.body["lane_seq"]);
+    let again = send(&alice, "from alice").await;
+    assert_eq!(again.body["duplicate"], true);
+    assert_eq!(again.body["lane_seq"], from_alice.body["lane_seq"]);
+
+    // A store that cannot answer is not "not found": the client is told to retry.
+    let broken = create(&alice, "echo").await;
+    let entry = server
+        .store_dir()
+        .join(format!("directory/conversations/{broken}.json"));
+    std::fs::remove_file(&entry).unwrap();
+    // A link to itself: every read of it fails (ELOOP), as a disk or a bucket that cannot
+    // answer would.
+    std::os::unix::fs::symlink(&entry, &entry).unwrap();
+    let outage = alice
+        .post(
+            &format!("/v1/conversations/{broken}/messages"),
+            &json!({"text": "hello?"}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(outage.status, 503, "{:?}", outage.body);
+    assert!(outage.retry_after.is_some());
 }

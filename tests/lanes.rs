@@ -397,7 +397,7 @@ async fn bad_events_are_refused_at_ingress_and_never_reach_a_lane() {
         text: "x".repeat(turnpike_schemas::event::MAX_TEXT_BYTES + 1),
     };
     let err = ingress
-        .submit(&owner, convs[0], too_long, None)
+        .submit(&fixtures::tenant(), &owner, convs[0], too_long, None)
         .await
         .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Invalid);
@@ -405,7 +405,7 @@ async fn bad_events_are_refused_at_ingress_and_never_reach_a_lane() {
     let empty = EventBody::Message { text: " ".into() };
     assert_eq!(
         ingress
-            .submit(&owner, convs[0], empty, None)
+            .submit(&fixtures::tenant(), &owner, convs[0], empty, None)
             .await
             .unwrap_err()
             .kind(),
@@ -415,7 +415,7 @@ async fn bad_events_are_refused_at_ingress_and_never_reach_a_lane() {
     let hi = || EventBody::Message { text: "hi".into() };
     assert_eq!(
         ingress
-            .submit(&owner, convs[0], hi(), bad_key)
+            .submit(&fixtures::tenant(), &owner, convs[0], hi(), bad_key)
             .await
             .unwrap_err()
             .kind(),
@@ -424,11 +424,17 @@ async fn bad_events_are_refused_at_ingress_and_never_reach_a_lane() {
     // Someone else's conversation, and one that does not exist, look the same.
     let stranger: turnpike_schemas::Identity = "oidc:acme:u-99".parse().unwrap();
     let theirs = ingress
-        .submit(&stranger, convs[0], hi(), None)
+        .submit(&fixtures::tenant(), &stranger, convs[0], hi(), None)
         .await
         .unwrap_err();
     let missing = ingress
-        .submit(&owner, turnpike_schemas::ConversationId::new(), hi(), None)
+        .submit(
+            &fixtures::tenant(),
+            &owner,
+            turnpike_schemas::ConversationId::new(),
+            hi(),
+            None,
+        )
         .await
         .unwrap_err();
     assert_eq!(
@@ -897,7 +903,7 @@ async fn a_fleet_driven_through_the_api_while_workers_and_routers_are_killed_fin
                 kills.fetch_add(1, Ordering::Relaxed);
                 let fresh = fleet.worker(&WORKER_ARGS).0;
                 workers.lock().unwrap()[victim] = fresh;
-                if tick % 4 == 0 {
+                if tick.is_multiple_of(4) {
                     let r = tick / 4 % 2;
                     routers.lock().unwrap()[r].kill();
                     let fresh = fleet.router_on(&tokens, ports[r]).0;

@@ -117,3 +117,61 @@ pub async fn promote_committed(
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn promotes_what_the_attempt_wrote(store: Arc<dyn ObjectStore>) {
+        let prefix = ConversationPrefix::new(
+            "acme".parse().unwrap(),
+            turnpike_schemas::ConversationId::new(),
+        );
+        let turn = TurnId::new(3).unwrap();
+        let file = prefix.hosted_file(turn, &turnpike_schemas::RefPath::parse("a/b.txt").unwrap());
+        for (canonical, bytes) in [(prefix.turn_log(turn), "log"), (file.clone(), "file")] {
+            let written = prefix.in_attempt(&canonical, turn, 7);
+            create(store.as_ref(), &written, bytes.into(), "test")
+                .await
+                .unwrap();
+        }
+        // Another attempt's object is never promoted.
+        let zombie = prefix.in_attempt(&prefix.context_snapshot(turn), turn, 8);
+        create(store.as_ref(), &zombie, "zombie".into(), "test")
+            .await
+            .unwrap();
+        assert_eq!(promote(&store, &prefix, turn, 7).await.unwrap(), 2);
+        // Twice is the same as once.
+        assert_eq!(promote(&store, &prefix, turn, 7).await.unwrap(), 2);
+        let read = |p: object_store::path::Path| {
+            let store = store.clone();
+            async move { store.get(&p).await.unwrap().bytes().await.unwrap() }
+        };
+        assert_eq!(&read(prefix.turn_log(turn)).await[..], b"log");
+        assert_eq!(&read(file).await[..], b"file");
+        assert!(store.head(&prefix.context_snapshot(turn)).await.is_err());
+        // A create over other bytes is refused, never an overwrite.
+        let err = create(
+            store.as_ref(),
+            &prefix.turn_log(turn),
+            "other".into(),
+            "test",
+        )
+        .await
+        .unwrap_err();
+        assert_eq!(err.kind(), crate::ErrorKind::AlreadyExists);
+    }
+
+    #[tokio::test]
+    async fn promotion_in_memory() {
+        promotes_what_the_attempt_wrote(Arc::new(object_store::memory::InMemory::new())).await;
+    }
+
+    #[tokio::test]
+    async fn promotion_on_the_local_filesystem() {
+        let dir = tempfile::tempdir().unwrap();
+        let store =
+            Arc::new(object_store::local::LocalFileSystem::new_with_prefix(dir.path()).unwrap());
+        promotes_what_the_attempt_wrote(store).await;
+    }
+}

@@ -113,13 +113,15 @@ impl Conversations {
         Ok((entry, record, head))
     }
 
-    /// Opens a conversation as `actor`: another identity's conversation is `NotFound`.
+    /// Opens a conversation as `actor` of `tenant`: another identity's (or another tenant's)
+    /// conversation is `NotFound`.
     pub async fn open(
         &self,
         conversation: ConversationId,
+        tenant: &TenantId,
         actor: &Identity,
     ) -> Result<(DirectoryEntry, Record)> {
-        let entry = self.directory.lookup(conversation, actor).await?;
+        let entry = self.directory.lookup(conversation, tenant, actor).await?;
         let record = self.record(entry.prefix());
         Ok((entry, record))
     }

@@ -84,35 +84,62 @@ impl Directory {
         Ok(())
     }
 
-    /// Looks a conversation up for `actor`: its owner and the identities it was shared with
-    /// see it; anyone else gets the same `NotFound` as for a conversation that does not exist.
+    /// Looks a conversation up for `actor` acting in `tenant`: its owner and the identities it
+    /// was shared with see it, and only from the conversation's own tenant; anyone else gets the
+    /// same `NotFound` as for a conversation that does not exist — after the same store reads
+    /// (the entry, then the grant), so the time taken tells nothing either.
     pub async fn lookup(
         &self,
         conversation: ConversationId,
+        tenant: &TenantId,
+        actor: &Identity,
+    ) -> Result<DirectoryEntry> {
+        let entry = match self.lookup_unchecked(conversation).await {
+            Ok(entry) => Some(entry),
+            Err(e) if e.kind() == ErrorKind::NotFound => None,
+            Err(e) => return Err(e),
+        };
+        if let Some(entry) = &entry {
+            if &entry.tenant == tenant && &entry.owner == actor {
+                return Ok(entry.clone());
+            }
+        }
+        let granted = crate::store::exists(
+            self.store.as_ref(),
+            &grant_marker(conversation, actor),
+            "reading the directory",
+        )
+        .await?;
+        match entry {
+            Some(entry) if granted && &entry.tenant == tenant => Ok(entry),
+            _ => Err(not_found(conversation)),
+        }
+    }
+
+    /// Looks a conversation up for its owner only (sharing and closing are the owner's), in
+    /// the owner's tenant.
+    pub async fn lookup_owned(
+        &self,
+        conversation: ConversationId,
+        tenant: &TenantId,
         actor: &Identity,
     ) -> Result<DirectoryEntry> {
         let entry = self.lookup_unchecked(conversation).await?;
-        if &entry.owner != actor
-            && !crate::store::exists(
-                self.store.as_ref(),
-                &grant_marker(conversation, actor),
-                "reading the directory",
-            )
-            .await?
-        {
+        if &entry.owner != actor || &entry.tenant != tenant {
             return Err(not_found(conversation));
         }
         Ok(entry)
     }
 
-    /// Looks a conversation up for its owner only (sharing and closing are the owner's).
-    pub async fn lookup_owned(
+    /// Looks a conversation up for an admin of `tenant`: any conversation of that tenant, and
+    /// `NotFound` for every other tenant's.
+    pub async fn lookup_in_tenant(
         &self,
         conversation: ConversationId,
-        actor: &Identity,
+        tenant: &TenantId,
     ) -> Result<DirectoryEntry> {
         let entry = self.lookup_unchecked(conversation).await?;
-        if &entry.owner != actor {
+        if &entry.tenant != tenant {
             return Err(not_found(conversation));
         }
         Ok(entry)

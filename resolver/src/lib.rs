@@ -19,7 +19,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use thiserror::Error;
 use turnpike_artifactory::{ConversationPrefix, Directory};
-use turnpike_schemas::{Family, Identity, Reference};
+use turnpike_schemas::{Family, Identity, Reference, TenantId};
 
 /// Why a reference did not resolve.
 #[derive(Debug, Error)]
@@ -84,6 +84,8 @@ pub trait FamilyResolver: Send + Sync + 'static {
 pub struct Resolver {
     directory: Directory,
     families: HashMap<Family, Arc<dyn FamilyResolver>>,
+    /// The tenant every resolution acts in (see [`Resolver::in_tenant`]).
+    tenant: Option<TenantId>,
 }
 
 impl Resolver {
@@ -92,6 +94,18 @@ impl Resolver {
         Self {
             directory,
             families: HashMap::new(),
+            tenant: None,
+        }
+    }
+
+    /// This resolver acting in `tenant`: a reference to another tenant's conversation is
+    /// `NotFound` whoever asks. Every resolution on behalf of a caller or a turn goes through a
+    /// resolver scoped like this; an unscoped one takes the tenant from the conversation (for
+    /// single-tenant tools).
+    pub fn in_tenant(&self, tenant: &TenantId) -> Self {
+        Self {
+            tenant: Some(tenant.clone()),
+            ..self.clone()
         }
     }
 
@@ -118,11 +132,19 @@ impl Resolver {
         identity: &Identity,
         reference: &Reference,
     ) -> Result<AuthorizedReference, ResolveError> {
-        match self
-            .directory
-            .lookup(reference.conversation(), identity)
-            .await
-        {
+        let conversation = reference.conversation();
+        let looked_up = match &self.tenant {
+            Some(tenant) => self.directory.lookup(conversation, tenant, identity).await,
+            None => match self.directory.lookup_unchecked(conversation).await {
+                Ok(entry) => {
+                    self.directory
+                        .lookup(conversation, &entry.tenant, identity)
+                        .await
+                }
+                Err(e) => Err(e),
+            },
+        };
+        match looked_up {
             Ok(entry) => Ok(AuthorizedReference {
                 reference: reference.clone(),
                 prefix: entry.prefix(),

@@ -209,11 +209,16 @@ pub fn now_ms() -> u64 {
         .unwrap_or(0)
 }
 
-/// The message id a publish is deduplicated by: the idempotency key within its conversation,
-/// else the event id.
+/// The message id a publish is deduplicated by: the idempotency key of one identity within its
+/// conversation (the same key sent by two identities is two events; one identity cannot
+/// swallow another's event by guessing its key), else the event id.
 pub fn dedupe_id(event: &Event) -> String {
     match &event.idempotency_key {
-        Some(key) => format!("{}:{key}", event.address.conversation),
+        Some(key) => format!(
+            "{}:{}:{key}",
+            event.address.conversation,
+            turnpike_artifactory::layout::identity_key(&event.address.identity)
+        ),
         None => event.id.to_string(),
     }
 }

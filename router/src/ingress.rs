@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use turnpike_artifactory::Conversations;
 use turnpike_schemas::entry::IngressDirective;
-use turnpike_schemas::{Address, ConversationId, Event, EventBody, Identity};
+use turnpike_schemas::{Address, ConversationId, Event, EventBody, Identity, TenantId};
 
 use crate::bus::{now_ms, Bus, Published};
 use crate::error::{Error, ErrorKind, Result};
@@ -40,6 +40,7 @@ impl Ingress {
     /// refuses events (`Closed`).
     pub async fn submit(
         &self,
+        tenant: &TenantId,
         caller: &Identity,
         conversation: ConversationId,
         body: EventBody,
@@ -48,9 +49,17 @@ impl Ingress {
         let entry = self
             .conversations
             .directory()
-            .lookup(conversation, caller)
+            .lookup(conversation, tenant, caller)
             .await
-            .map_err(|e| Error::with_source(ErrorKind::NotFound, e.to_string(), e))?;
+            .map_err(|e| {
+                // Missing and forbidden look the same; a store that cannot answer is not
+                // "not found" (the caller should retry, not give up).
+                let kind = match e.kind() {
+                    turnpike_artifactory::ErrorKind::NotFound => ErrorKind::NotFound,
+                    _ => ErrorKind::Unavailable,
+                };
+                Error::with_source(kind, e.to_string(), e)
+            })?;
         if self
             .conversations
             .directory()

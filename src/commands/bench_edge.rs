@@ -100,6 +100,7 @@ pub async fn run(global: &Global, plan: Plan, dir: Option<PathBuf>) -> Result<Ex
         let t0 = Instant::now();
         ingress
             .submit(
+                &"default".parse()?,
                 &owner,
                 conversation,
                 EventBody::Message {
@@ -179,6 +180,7 @@ pub async fn run(global: &Global, plan: Plan, dir: Option<PathBuf>) -> Result<Ex
                     }
                     ingress
                         .submit(
+                            &"default".parse()?,
                             &owner,
                             ids[i % ids.len()],
                             EventBody::Message {

@@ -208,7 +208,9 @@ async fn turnpike(
     let mut latencies = Vec::with_capacity(samples);
     for conv in &convs {
         let body = EventBody::Message { text: "hi".into() };
-        let (event, _) = ingress.submit(&owner, *conv, body, None).await?;
+        let (event, _) = ingress
+            .submit(&"bench".parse()?, &owner, *conv, body, None)
+            .await?;
         let accepted = Instant::now();
         loop {
             let notified = starts.notify.notified();
@@ -237,7 +239,9 @@ async fn turnpike(
                     let body = EventBody::Message {
                         text: format!("m{t}"),
                     };
-                    ingress.submit(&owner, *conv, body, None).await?;
+                    ingress
+                        .submit(&"bench".parse()?, &owner, *conv, body, None)
+                        .await?;
                 }
             }
             anyhow::Ok(())

@@ -18,7 +18,16 @@ pub async fn run(env: &Env, command: ConversationCommand) -> Result<ExitCode> {
             conversation,
             actor,
             incremental,
-        } => verify(env, conversation, &actor.identity, incremental).await,
+        } => {
+            verify(
+                env,
+                conversation,
+                &actor.tenant,
+                &actor.identity,
+                incremental,
+            )
+            .await
+        }
         ConversationCommand::Replay {
             conversation,
             actor,
@@ -26,12 +35,19 @@ pub async fn run(env: &Env, command: ConversationCommand) -> Result<ExitCode> {
         } => {
             let (entry, record) = env
                 .conversations
-                .open(conversation, &actor.identity)
+                .open(conversation, &actor.tenant, &actor.identity)
                 .await?;
             let transcript = Transcript::from_entries(&record.entries().await?);
             print_transcript(&entry, &transcript);
             println!();
-            let same = replay_report(env, conversation, &actor.identity, what_if.as_ref()).await?;
+            let same = replay_report(
+                env,
+                conversation,
+                &actor.tenant,
+                &actor.identity,
+                what_if.as_ref(),
+            )
+            .await?;
             Ok(if same || what_if.is_some() {
                 ExitCode::SUCCESS
             } else {
@@ -59,7 +75,7 @@ pub async fn run(env: &Env, command: ConversationCommand) -> Result<ExitCode> {
         ConversationCommand::Repair {
             conversation,
             actor,
-        } => repair(env, conversation, &actor.identity).await,
+        } => repair(env, conversation, &actor.tenant, &actor.identity).await,
     }
 }
 
@@ -67,10 +83,11 @@ pub async fn run(env: &Env, command: ConversationCommand) -> Result<ExitCode> {
 pub async fn verify(
     env: &Env,
     conversation: ConversationId,
+    tenant: &turnpike_schemas::TenantId,
     actor: &Identity,
     incremental: bool,
 ) -> Result<ExitCode> {
-    let (_, record) = env.conversations.open(conversation, actor).await?;
+    let (_, record) = env.conversations.open(conversation, tenant, actor).await?;
     let known = env.checkpoint(conversation)?;
     let verdict = match (&known, incremental) {
         (Some(known), true) => record.verify_from(&env.trusted, known).await?,
@@ -102,10 +119,11 @@ pub async fn verify(
 pub async fn replay_report(
     env: &Env,
     conversation: ConversationId,
+    tenant: &turnpike_schemas::TenantId,
     actor: &Identity,
     what_if: Option<&WhatIf>,
 ) -> Result<bool> {
-    let (entry, _) = env.conversations.open(conversation, actor).await?;
+    let (entry, _) = env.conversations.open(conversation, tenant, actor).await?;
     let recorded = crate::commands::edge::recorded_logs(&env.conversations, &entry).await?;
     match what_if {
         Some(w) => println!("replay of {conversation} with a what-if ({w:?}):"),
@@ -137,8 +155,13 @@ pub async fn replay_report(
     Ok(same)
 }
 
-async fn repair(env: &Env, conversation: ConversationId, actor: &Identity) -> Result<ExitCode> {
-    let (_, record) = env.conversations.open(conversation, actor).await?;
+async fn repair(
+    env: &Env,
+    conversation: ConversationId,
+    tenant: &turnpike_schemas::TenantId,
+    actor: &Identity,
+) -> Result<ExitCode> {
+    let (_, record) = env.conversations.open(conversation, tenant, actor).await?;
     let report = record.repair(&env.signer, &env.trusted, now_ms()).await?;
     for removed in &report.removed {
         match removed.position {

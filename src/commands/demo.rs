@@ -76,7 +76,7 @@ pub async fn run(global: &Global) -> Result<ExitCode> {
         async move {
             let kind = body.kind_name();
             let (event, published) = ingress
-                .submit(&owner, conversation, body, Some(key))
+                .submit(&"default".parse()?, &owner, conversation, body, Some(key))
                 .await?;
             println!(
                 "sent {kind} {} (lane sequence {}{})",
@@ -162,9 +162,9 @@ pub async fn run(global: &Global) -> Result<ExitCode> {
     println!();
     search_report(&env, &entry, indexing.as_ref()).await?;
     println!();
-    let replay_ok = replay_report(&env, conversation, &owner, None).await?;
+    let replay_ok = replay_report(&env, conversation, &"default".parse()?, &owner, None).await?;
     println!();
-    let code = verify(&env, conversation, &owner, false).await?;
+    let code = verify(&env, conversation, &"default".parse()?, &owner, false).await?;
     println!("\ntry: turnpike conversation replay {conversation} --actor {owner} --what-if 'turn_1/output/4=a different reply'");
     println!("     turnpike serve   (the API on http://127.0.0.1:7700/v1), then in another terminal: turnpike chat");
     if !replay_ok {

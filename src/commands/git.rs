@@ -17,7 +17,7 @@ pub async fn run(env: &Env, command: GitCommand) -> Result<ExitCode> {
         } => {
             let (entry, record) = env
                 .conversations
-                .open(conversation, &actor.identity)
+                .open(conversation, &actor.tenant, &actor.identity)
                 .await?;
             anyhow::ensure!(
                 !dir.join("HEAD").exists(),

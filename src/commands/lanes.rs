@@ -69,6 +69,7 @@ pub async fn send(global: &Global, args: SendArgs) -> Result<ExitCode> {
     let ingress = Ingress::new(bus, env.conversations.clone());
     let (event, published) = ingress
         .submit(
+            &args.actor.tenant,
             &args.actor.identity,
             conversation,
             body,
@@ -92,7 +93,7 @@ pub async fn tail(global: &Global, args: TailArgs) -> Result<ExitCode> {
     let env = Env::open(global)?;
     let (_, record) = env
         .conversations
-        .open(args.conversation, &args.actor.identity)
+        .open(args.conversation, &args.actor.tenant, &args.actor.identity)
         .await?;
     let mut printed = 0u64;
     let deadline = args

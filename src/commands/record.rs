@@ -26,7 +26,11 @@ pub async fn run(global: &Global, command: RecordCommand) -> Result<ExitCode> {
     let env = Env::open(global)?;
     let bus = open_bus(global, std::time::Duration::from_secs(30)).await?;
     let (entry, record) = match conversation {
-        Some(id) => env.conversations.open(id, &actor.identity).await?,
+        Some(id) => {
+            env.conversations
+                .open(id, &actor.tenant, &actor.identity)
+                .await?
+        }
         None => {
             let (entry, record, _) = create(&env, actor.identity.clone()).await?;
             println!("created {}", entry.conversation);
@@ -36,6 +40,7 @@ pub async fn run(global: &Global, command: RecordCommand) -> Result<ExitCode> {
     let ingress = Ingress::new(bus.clone(), env.conversations.clone());
     let (_, published) = ingress
         .submit(
+            &actor.tenant,
             &actor.identity,
             entry.conversation,
             EventBody::Message { text: message },

@@ -132,10 +132,14 @@ impl Policy {
             }
             match (&gate.arg, &gate.matches) {
                 (Some(arg), Some(pattern)) => {
+                    // Match what the tool will act on, not how the model spelled it: the
+                    // argument as given and as the path it names once decoded and
+                    // normalised (`d%65ploy/x`, `./deploy/x`, `a/../deploy/x` are all
+                    // `deploy/x`). Any spelling that matches gates the call.
                     if arguments
                         .get(arg)
                         .and_then(Value::as_str)
-                        .is_some_and(|v| glob(pattern, v))
+                        .is_some_and(|v| spellings(v).iter().any(|s| glob(pattern, s)))
                     {
                         return true;
                     }
@@ -145,6 +149,52 @@ impl Policy {
         }
         false
     }
+}
+
+/// The spellings of an argument a gate is matched against: as given, and — read as a path
+/// the way the file tools read it — percent-decoded, with `.` segments dropped and `..`
+/// segments applied (lexically), and empty segments ignored.
+fn spellings(value: &str) -> Vec<String> {
+    let mut out = vec![value.to_owned()];
+    let mut segments: Vec<String> = Vec::new();
+    for raw in value.split('/') {
+        let decoded = percent_decoded(raw);
+        // An encoded `/` inside a segment separates segments once decoded.
+        for segment in decoded.split('/') {
+            match segment {
+                "" | "." => {}
+                ".." => {
+                    segments.pop();
+                }
+                other => segments.push(other.to_owned()),
+            }
+        }
+    }
+    let normalised = segments.join("/");
+    if normalised != value {
+        out.push(normalised);
+    }
+    out
+}
+
+/// `%XX` sequences decoded (lossily, as UTF-8); anything else kept as it is.
+fn percent_decoded(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' && i + 2 < bytes.len() {
+            let hex = |b: u8| (b as char).to_digit(16);
+            if let (Some(hi), Some(lo)) = (hex(bytes[i + 1]), hex(bytes[i + 2])) {
+                out.push((hi * 16 + lo) as u8);
+                i += 3;
+                continue;
+            }
+        }
+        out.push(bytes[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// `*` matches any run of characters; everything else matches itself.
@@ -292,6 +342,42 @@ mod tests {
         assert!(!policy.gated("read_file", &json!({})));
         assert!(!policy.gated("list_files", &json!({})));
         assert!(glob("a*b*c", "axxbyyc") && !glob("a*b*c", "axxc") && glob("*", ""));
+    }
+
+    #[test]
+    fn every_spelling_of_a_gated_path_is_gated() {
+        let policy = Policy::new(vec![Gate {
+            tool: "write_file".into(),
+            when: "always".into(),
+            arg: Some("path".into()),
+            matches: Some("deploy/*".into()),
+        }])
+        .unwrap();
+        let gated = |path: &str| {
+            policy.gated(
+                "write_file",
+                &serde_json::json!({ "path": path, "content": "x" }),
+            )
+        };
+        for spelling in [
+            "deploy/prod.yaml",
+            "d%65ploy/prod.yaml",
+            "%64%65%70%6C%6F%79/prod.yaml",
+            "./deploy/prod.yaml",
+            "a/../deploy/prod.yaml",
+            "deploy//prod.yaml",
+            "deploy%2Fprod.yaml",
+            "x/./../deploy/./prod.yaml",
+        ] {
+            assert!(gated(spelling), "{spelling} escaped the gate");
+            // And the tool reads each as the gated path (or refuses it outright).
+            if let Ok(p) = turnpike_schemas::RefPath::parse(spelling) {
+                assert_eq!(p.to_relative_path(), "deploy/prod.yaml", "{spelling}");
+            }
+        }
+        for other in ["deployment/x", "src/deploy.rs", "%", "%é1", "deploy"] {
+            assert!(!gated(other), "{other} was gated");
+        }
         assert!(Policy::new(vec![Gate {
             tool: "x".into(),
             when: "sometimes".into(),

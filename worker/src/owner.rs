@@ -187,7 +187,8 @@ pub(crate) async fn own(
             .record(ConversationPrefix::new(tenant.clone(), conversation)),
         turn_logs: worker.conversations.turn_logs(),
         files: worker.files.clone(),
-        resolver: worker.resolver.clone(),
+        // Every reference the turn follows is resolved in the conversation's own tenant.
+        resolver: worker.resolver.in_tenant(&tenant),
         search: worker.search.clone(),
         indexing: worker.indexing.clone(),
         cell: worker.cell.clone(),

@@ -420,7 +420,11 @@ impl TurnContext<'_> {
         }
         self.env
             .directory
-            .lookup(self.env.record.prefix().conversation(), identity)
+            .lookup(
+                self.env.record.prefix().conversation(),
+                self.env.record.prefix().tenant(),
+                identity,
+            )
             .await
             .is_ok()
     }

@@ -368,6 +368,7 @@ async fn an_openai_agent_holds_a_multi_turn_conversation_through_a_worker() {
     for (n, text) in [(1, "buy milk"), (2, "and eggs")] {
         ingress
             .submit(
+                &"acme".parse().unwrap(),
                 &owner,
                 entry.conversation,
                 EventBody::Message { text: text.into() },

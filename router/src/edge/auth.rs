@@ -5,8 +5,9 @@
 //!   an identity, a tenant and whether it may use the admin endpoints. Tokens are stored as
 //!   given or as their SHA-256 (`sha256 = "…"`), so the file need not hold secrets.
 //! - a **JWT verifier** for a fleet behind an identity provider: RS256/ES256/EdDSA tokens checked
-//!   against a JWKS file, with issuer and audience; the identity is `oidc:<scope>:<sub>` and the
-//!   tenant comes from a claim.
+//!   against a JWKS file, with issuer and audience; the tenant comes from a claim and the
+//!   identity is `oidc:<scope>/<tenant>:<sub>`, so the same subject in two tenants is two
+//!   identities.
 //!
 //! A request without a token, or with one no verifier accepts, is `401` with nothing revealed.
 
@@ -173,7 +174,8 @@ pub struct JwtConfig {
     pub issuer: String,
     /// The `aud` tokens must carry.
     pub audience: String,
-    /// The scope part of identities: `oidc:<scope>:<sub>`.
+    /// The scope part of identities: `oidc:<scope>/<tenant>:<sub>` (`oidc:<tenant>:<sub>` when
+    /// empty).
     pub identity_scope: String,
     /// The claim naming the tenant (tokens without it are refused).
     pub tenant_claim: String,
@@ -245,14 +247,18 @@ impl JwtVerifier {
             };
             let claims = data.claims;
             let sub = claims.get("sub")?.as_str()?;
-            let identity: Identity = format!("oidc:{}:{sub}", self.config.identity_scope)
-                .parse()
-                .ok()?;
             let tenant: TenantId = claims
                 .get(&self.config.tenant_claim)?
                 .as_str()?
                 .parse()
                 .ok()?;
+            // The same subject in two tenants is two identities: the tenant is part of the
+            // identity's scope, so nothing keyed by identity alone can cross tenants.
+            let scope = match self.config.identity_scope.as_str() {
+                "" => tenant.to_string(),
+                scope => format!("{scope}/{tenant}"),
+            };
+            let identity: Identity = format!("oidc:{scope}:{sub}").parse().ok()?;
             let admin = claims
                 .get(&self.config.admin_claim)
                 .and_then(|v| v.as_bool())
@@ -357,7 +363,12 @@ mod tests {
         };
         let good = jwt(&key, "k1", claims(&|_| {}));
         let p = verifier.verify(&good).await.expect("a valid token");
-        assert_eq!(p.identity.to_string(), "oidc:acme:u-17");
+        assert_eq!(p.identity.to_string(), "oidc:acme/acme:u-17");
+        // The same subject in another tenant is another identity.
+        let other = jwt(&key, "k1", claims(&|c| c["tenant"] = "beta".into()));
+        let q = verifier.verify(&other).await.expect("a valid token");
+        assert_eq!(q.identity.to_string(), "oidc:acme/beta:u-17");
+        assert_ne!(p.identity, q.identity);
         assert_eq!(p.tenant.to_string(), "acme");
         assert!(p.admin);
         let plain = jwt(&key, "k1", claims(&|c| c["turnpike_admin"] = false.into()));
@@ -414,7 +425,7 @@ mod tests {
         );
         assert_eq!(
             auth.authenticate(&good).await.unwrap().identity.to_string(),
-            "oidc:acme:u-17"
+            "oidc:acme/acme:u-17"
         );
         assert!(auth.authenticate("nope").await.is_none());
         assert!(JwtVerifier::from_jwks(

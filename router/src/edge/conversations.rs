@@ -99,8 +99,12 @@ pub async fn list(
     let more = ids.len() > limit;
     let mut conversations = Vec::with_capacity(limit);
     for id in ids.into_iter().take(limit) {
-        let entry = directory.lookup(id, &caller.identity).await?;
-        conversations.push(edge.view(entry).await?);
+        // The owner index is by identity; the same identity in another tenant is someone else.
+        match directory.lookup(id, &caller.tenant, &caller.identity).await {
+            Ok(entry) => conversations.push(edge.view(entry).await?),
+            Err(e) if e.kind() == turnpike_artifactory::ErrorKind::NotFound => continue,
+            Err(e) => return Err(e.into()),
+        }
     }
     let next_before = more
         .then(|| conversations.last().map(|c| c.id.clone()))
@@ -155,6 +159,18 @@ async fn set_grant(
         .identity
         .parse()
         .map_err(|e| ApiError::invalid(format!("identity: {e}")))?;
+    if let Some(tenant) = &input.tenant {
+        if tenant != entry.tenant.as_str() {
+            return Err(ApiError::new(
+                StatusCode::FORBIDDEN,
+                "cross_tenant",
+                format!(
+                    "conversations of tenant {} cannot be shared with identities of tenant {tenant}",
+                    entry.tenant
+                ),
+            ));
+        }
+    }
     let directory = edge.inner.conversations.directory();
     if granted {
         directory.grant(entry.conversation, &who).await?;
@@ -172,7 +188,8 @@ async fn set_grant(
 #[utoipa::path(post, path = "/v1/conversations/{id}/grants", tag = "conversations",
     params(("id" = String, Path, description = "conv_<ulid>")),
     request_body = GrantInput,
-    responses((status = 200, body = GrantView), (status = 404, body = ErrorBody)))]
+    responses((status = 200, body = GrantView), (status = 403, body = ErrorBody),
+              (status = 404, body = ErrorBody)))]
 pub async fn grant(
     State(edge): State<Edge>,
     Caller(caller): Caller,
@@ -186,7 +203,8 @@ pub async fn grant(
 #[utoipa::path(delete, path = "/v1/conversations/{id}/grants", tag = "conversations",
     params(("id" = String, Path, description = "conv_<ulid>")),
     request_body = GrantInput,
-    responses((status = 200, body = GrantView), (status = 404, body = ErrorBody)))]
+    responses((status = 200, body = GrantView), (status = 403, body = ErrorBody),
+              (status = 404, body = ErrorBody)))]
 pub async fn revoke(
     State(edge): State<Edge>,
     Caller(caller): Caller,
@@ -208,7 +226,7 @@ impl Edge {
             .inner
             .conversations
             .directory()
-            .lookup(conversation, &caller.identity)
+            .lookup(conversation, &caller.tenant, &caller.identity)
             .await?)
     }
 
@@ -224,7 +242,7 @@ impl Edge {
             .inner
             .conversations
             .directory()
-            .lookup_owned(conversation, &caller.identity)
+            .lookup_owned(conversation, &caller.tenant, &caller.identity)
             .await?)
     }
 

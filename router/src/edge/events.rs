@@ -39,7 +39,7 @@ impl Edge {
         let (event, published) = self
             .inner
             .ingress
-            .submit(&caller.identity, conversation, body, key)
+            .submit(&caller.tenant, &caller.identity, conversation, body, key)
             .await?;
         Ok((
             StatusCode::ACCEPTED,

@@ -11,7 +11,7 @@ use hmac::{Hmac, Mac};
 use serde::{Deserialize, Serialize};
 use sha2::Sha256;
 use turnpike_schemas::event::{MAX_ATTACHMENT_BYTES, MAX_PREVIEW_BYTES};
-use turnpike_schemas::{EventBody, Identity, TurnId};
+use turnpike_schemas::{EventBody, Identity, TenantId, TurnId};
 
 use super::error::{ApiError, ApiResult, ErrorBody};
 use super::model::{AttachmentView, FileQuery, LinkInput, LinkView};
@@ -270,11 +270,21 @@ pub async fn download(
     Caller(caller): Caller,
     Params(query): Params<FileQuery>,
 ) -> ApiResult<Response> {
-    fetch(&edge, &caller.identity, &query.reference).await
+    fetch(&edge, &caller.tenant, &caller.identity, &query.reference).await
 }
 
-async fn fetch(edge: &Edge, identity: &Identity, reference: &str) -> ApiResult<Response> {
-    let resolved = edge.inner.resolver.resolve_str(identity, reference).await?;
+async fn fetch(
+    edge: &Edge,
+    tenant: &TenantId,
+    identity: &Identity,
+    reference: &str,
+) -> ApiResult<Response> {
+    let resolved = edge
+        .inner
+        .resolver
+        .in_tenant(tenant)
+        .resolve_str(identity, reference)
+        .await?;
     let name = reference
         .rsplit('/')
         .next()
@@ -301,6 +311,8 @@ struct LinkClaims {
     r: String,
     /// The identity it resolves as.
     i: String,
+    /// The tenant it resolves in.
+    t: String,
     /// Expiry, ms since the epoch.
     e: u64,
 }
@@ -327,6 +339,7 @@ pub async fn link(
     // Only links to what the caller can read right now.
     edge.inner
         .resolver
+        .in_tenant(&caller.tenant)
         .resolve_str(&caller.identity, &input.reference)
         .await?;
     let ttl = input.ttl_seconds.unwrap_or(DEFAULT_LINK_TTL_S);
@@ -339,6 +352,7 @@ pub async fn link(
     let claims = LinkClaims {
         r: input.reference,
         i: caller.identity.to_string(),
+        t: caller.tenant.to_string(),
         e: expires_ms,
     };
     let payload = serde_json::to_vec(&claims).expect("claims serialise");
@@ -381,7 +395,8 @@ pub async fn follow_link(
         return Err(gone());
     }
     let identity: Identity = claims.i.parse().map_err(|_| gone())?;
-    fetch(&edge, &identity, &claims.r).await
+    let tenant: TenantId = claims.t.parse().map_err(|_| gone())?;
+    fetch(&edge, &tenant, &identity, &claims.r).await
 }
 
 #[cfg(test)]

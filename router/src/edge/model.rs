@@ -264,6 +264,11 @@ pub struct GrantInput {
         pattern = "^[a-z][a-z0-9_-]*(:[A-Za-z0-9._@-]+){1,2}$"
     )]
     pub identity: String,
+    /// The grantee's tenant; the owner's when absent. Grants never cross tenants: another
+    /// tenant is refused.
+    #[serde(default)]
+    #[schema(example = "acme", pattern = "^[a-z0-9][a-z0-9_-]{0,62}$")]
+    pub tenant: Option<String>,
 }
 
 /// Who a conversation is shared with.

@@ -46,7 +46,8 @@ pub async fn search(
 }
 
 impl Edge {
-    /// Any conversation, for an admin; `403` for anyone else.
+    /// Any conversation of the admin's own tenant, for an admin (another tenant's is `404`, as
+    /// for a missing one); `403` for anyone else.
     async fn administered(&self, caller: &Principal, id: &str) -> ApiResult<DirectoryEntry> {
         if !caller.admin {
             return Err(ApiError::new(
@@ -60,7 +61,7 @@ impl Edge {
             .inner
             .conversations
             .directory()
-            .lookup_unchecked(conversation)
+            .lookup_in_tenant(conversation, &caller.tenant)
             .await?)
     }
 }

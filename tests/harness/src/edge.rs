@@ -14,6 +14,10 @@ use crate::services::free_port;
 pub const ALICE: &str = "token-alice";
 pub const BOB: &str = "token-bob";
 pub const ADMIN: &str = "token-admin";
+/// `local:alice` again, but in tenant `beta`: another person who happens to share the name.
+pub const ALICE_OF_BETA: &str = "token-alice-beta";
+/// An admin of tenant `beta`.
+pub const BETA_ADMIN: &str = "token-beta-admin";
 
 const TOKENS: &str = r#"
 [[tokens]]
@@ -27,6 +31,17 @@ identity = "local:bob"
 [[tokens]]
 token = "token-admin"
 identity = "local:operator"
+admin = true
+
+[[tokens]]
+token = "token-alice-beta"
+identity = "local:alice"
+tenant = "beta"
+
+[[tokens]]
+token = "token-beta-admin"
+identity = "local:beta-operator"
+tenant = "beta"
 admin = true
 "#;
 

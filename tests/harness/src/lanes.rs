@@ -68,7 +68,13 @@ pub async fn publish(
                 loop {
                     let body = EventBody::Message { text: text(i, j) };
                     match ingress
-                        .submit(&owner, conv, body, Some(format!("k{j}")))
+                        .submit(
+                            &fixtures::tenant(),
+                            &owner,
+                            conv,
+                            body,
+                            Some(format!("k{j}")),
+                        )
                         .await
                     {
                         Ok(_) => break,

@@ -222,7 +222,7 @@ impl Rig {
     /// Submits `body` as the owner, through ingress.
     pub async fn send(&self, body: EventBody) {
         self.ingress
-            .submit(&owner(), self.conv, body, None)
+            .submit(&tenant(), &owner(), self.conv, body, None)
             .await
             .unwrap();
     }
