@@ -343,3 +343,91 @@ async fn without_a_sandbox_exec_refuses_and_runs_nothing() {
     .unwrap_err();
     assert!(missing.contains("bubblewrap is not installed"), "{missing}");
 }
+
+const LEFTOVERS: &str = r#"
+[[turn]]
+when = "fifo"
+[[turn.step]]
+tool_calls = [{ name = "exec", arguments = { code = "import os; os.mkfifo('pipe'); print('made')" } }]
+[[turn.step]]
+tool_calls = [{ name = "read_file", arguments = { path = "pipe" } }, { name = "publish", arguments = { path = "pipe" } }, { name = "write_file", arguments = { path = "pipe", content = "x" } }]
+[[turn.step]]
+text = "done with the pipe"
+
+[[turn]]
+when = "link"
+[[turn.step]]
+tool_calls = [{ name = "exec", arguments = { code = "import os; os.symlink('/etc/passwd', 'link'); open('real.txt', 'w').write('x'); print('made')" } }]
+[[turn.step]]
+text = "done with the link"
+
+[[turn]]
+when = "many"
+[[turn.step]]
+tool_calls = [{ name = "exec", arguments = { code = "import os\nos.makedirs('d', exist_ok=True)\nfor i in range(10001): open(f'd/f{i}', 'w').close()\nprint('made')" } }]
+[[turn.step]]
+text = "done with the files"
+
+[[turn]]
+when = "big"
+[[turn.step]]
+tool_calls = [{ name = "exec", arguments = { code = "for i in range(5):\n    f = open(f'big{i}', 'wb'); f.truncate(60 * 1024 * 1024); f.close()\nprint('made')" } }]
+[[turn.step]]
+text = "done with the big files"
+"#;
+
+#[tokio::test]
+async fn special_files_links_and_trees_past_the_quota_fail_the_turn_and_commit_nothing() {
+    use turnpike_schemas::{Block, EntryBody, TurnId};
+    use turnpike_tests::turns::{Rig, RigOptions};
+    let mut o = RigOptions::new(LEFTOVERS);
+    o.tools.push("exec".into());
+    o.cell = true;
+    let rig = Rig::with(o).await;
+    let lineage =
+        turnpike_artifactory::git::Lineage::new(rig.conversations.store().clone(), rig.prefix());
+    let cases = [
+        ("fifo", "a FIFO at pipe"),
+        ("link", "a symbolic link at link"),
+        ("many", "more than 10000 files"),
+        ("big", "more than 268435456 bytes"),
+    ];
+    for (n, (word, reason)) in cases.iter().enumerate() {
+        let n = n as u64 + 1;
+        rig.say(word).await;
+        rig.wait_turns(n).await;
+        let log = rig.log(n).await;
+        assert_eq!(
+            log.outcome,
+            turnpike_schemas::entry::TurnOutcome::Failed,
+            "{word}"
+        );
+        let record = rig.record();
+        let entries = record.entries().await.unwrap();
+        let error = entries
+            .iter()
+            .rev()
+            .find_map(|e| match &e.body {
+                EntryBody::Error(err) => Some(err.message.clone()),
+                _ => None,
+            })
+            .unwrap();
+        assert!(error.contains(reason), "{word}: {error}");
+        // Nothing of it was committed as a version.
+        assert_eq!(
+            lineage.ref_of(TurnId::new(n).unwrap()).await.unwrap(),
+            None,
+            "{word}"
+        );
+        if *word == "fifo" {
+            // Every tool that touched the pipe was refused at once; none blocked.
+            let refused = log
+                .blocks
+                .iter()
+                .filter(|b| matches!(b, Block::ToolResult { ok: false, .. }))
+                .count();
+            assert_eq!(refused, 3, "{:#?}", log.blocks);
+        }
+    }
+    rig.stop().await;
+}

@@ -496,30 +496,26 @@ impl Bus for JetStreamBus {
             owner: Some(lease.owner),
             expires_ms: now_ms() + ttl.as_millis() as u64,
         };
-        if let Some(revision) = self
+        match self
             .write_lease(lease.conversation, &value, lease.revision)
-            .await?
+            .await
         {
-            return Ok(self.lease(lease.conversation, lease.owner, revision, value));
-        }
-        // An earlier renewal may have been written although its acknowledgement was lost (a
-        // timeout after the write): then the lease is still ours at a newer revision. Only this
-        // worker writes its own id, and only while it holds the lease, so that is safe to adopt;
-        // the compare-and-set below still loses to anyone who took the lease meanwhile.
-        if let Some((revision, held)) = self.read_lease(lease.conversation).await? {
-            if held.owner == Some(lease.owner) && held.expires_ms > now_ms() {
-                if let Some(revision) = self
-                    .write_lease(lease.conversation, &value, revision)
-                    .await?
-                {
-                    return Ok(self.lease(lease.conversation, lease.owner, revision, value));
+            Ok(Some(revision)) => Ok(self.lease(lease.conversation, lease.owner, revision, value)),
+            Ok(None) => Err(Error::new(
+                ErrorKind::LeaseLost,
+                format!("the lease of {} was taken over", lease.conversation),
+            )),
+            // Ambiguous: the write may have landed and only its acknowledgement was lost (a
+            // timeout). If the lease now holds exactly the value this call wrote — our worker,
+            // our new expiry to the millisecond — it did: adopt its revision instead of being
+            // fenced on the next renewal. Anything else stays an error.
+            Err(e) => match self.read_lease(lease.conversation).await {
+                Ok(Some((revision, held))) if held == value => {
+                    Ok(self.lease(lease.conversation, lease.owner, revision, value))
                 }
-            }
+                _ => Err(e),
+            },
         }
-        Err(Error::new(
-            ErrorKind::LeaseLost,
-            format!("the lease of {} was taken over", lease.conversation),
-        ))
     }
 
     async fn live(&self, conversation: ConversationId, payload: bytes::Bytes) {

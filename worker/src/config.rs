@@ -45,6 +45,8 @@ pub struct WorkerConfig {
     pub git_remote: Option<String>,
     /// Where turns' workspaces are created (each is deleted when its turn ends).
     pub workspace_root: std::path::PathBuf,
+    /// What a workspace may hold when its turn ends; past it the turn fails, nothing committed.
+    pub workspace_quota: crate::workspace::Quota,
     pub fault: Option<Fault>,
 }
 
@@ -62,6 +64,7 @@ impl Default for WorkerConfig {
             sweep_every: Duration::from_secs(30),
             git_remote: None,
             workspace_root: crate::workspace::default_root(),
+            workspace_quota: crate::workspace::Quota::default(),
             fault: None,
         }
     }

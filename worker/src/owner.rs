@@ -223,16 +223,17 @@ pub(crate) async fn own(
                     biased;
                     result = &mut work => break result,
                     _ = tick.tick() => {
-                        // A renewal that hangs must not outlive the lease: bound it.
-                        let renewal = tokio::time::timeout(every, worker.bus.renew(&lease, worker.config.lease_ttl)).await;
-                        match renewal {
-                            Ok(Ok(renewed)) => {
+                        // The turn is not polled while this runs, so nothing is written
+                        // meanwhile; the fence below decides once it returns. (No timeout of
+                        // our own: dropping a renewal mid-write would make it ambiguous, which
+                        // the bus resolves only when the call runs to its end.)
+                        match worker.bus.renew(&lease, worker.config.lease_ttl).await {
+                            Ok(renewed) => {
                                 lease = renewed;
                                 env.fence.renewed(lease.expires_ms);
                             }
-                            Ok(Err(e)) if e.kind() == ErrorKind::LeaseLost => break Err(Error::Fenced(e.to_string())),
-                            Ok(Err(e)) => warn!(%conversation, error = %e, "lease renewal failed; retrying"),
-                            Err(_) => warn!(%conversation, "lease renewal timed out; retrying"),
+                            Err(e) if e.kind() == ErrorKind::LeaseLost => break Err(Error::Fenced(e.to_string())),
+                            Err(e) => warn!(%conversation, error = %e, "lease renewal failed; retrying"),
                         }
                         // Cut off from the bus but not from the store: stop before the lease
                         // can lapse, so no write of ours lands after another owner's.

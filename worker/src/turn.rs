@@ -653,6 +653,17 @@ async fn finish_turn(
     // one publishes nothing.
     let mut version = None;
     if failure.is_none() && matches!(outcome, TurnOutcome::Replied | TurnOutcome::Parked) {
+        // What generated code left must be plain files within the quota before any of it is
+        // committed (or even opened): a FIFO, a link or a huge tree fails the turn instead.
+        let root = ctx.workspace.path().to_path_buf();
+        let quota = env.config.workspace_quota;
+        match tokio::task::spawn_blocking(move || crate::workspace::audit(&root, quota)).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(why)) => failure = Some(why),
+            Err(e) => failure = Some(format!("checking the workspace failed: {e}")),
+        }
+    }
+    if failure.is_none() && matches!(outcome, TurnOutcome::Replied | TurnOutcome::Parked) {
         match publish_version(&ctx).await {
             Ok(v) => version = v,
             Err(e) => failure = Some(format!("publishing the project version failed: {e}")),

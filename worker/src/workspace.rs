@@ -43,6 +43,92 @@ impl Workspace {
     }
 }
 
+/// What a workspace may hold when its turn ends (and before anything of it is committed).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Quota {
+    pub max_files: usize,
+    pub max_bytes: u64,
+}
+
+impl Default for Quota {
+    fn default() -> Self {
+        Quota {
+            max_files: 10_000,
+            max_bytes: 256 << 20,
+        }
+    }
+}
+
+/// What an audit counted.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Audited {
+    pub files: usize,
+    pub bytes: u64,
+}
+
+/// Checks that a workspace holds only folders and regular files, within `quota`: generated
+/// code may leave a FIFO (opening it would block a host thread), a socket, a device node, a
+/// symbolic link (reading through it would leave the workspace) or a tree too large to commit.
+/// Never follows links, never opens a file, and stops as soon as the quota is passed, so a huge
+/// tree costs no more than the quota. Blocking: call it off the async threads.
+pub fn audit(root: &Path, quota: Quota) -> Result<Audited, String> {
+    let mut seen = Audited::default();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        let read =
+            std::fs::read_dir(&dir).map_err(|e| format!("cannot read the workspace: {e}"))?;
+        for entry in read {
+            let entry = entry.map_err(|e| format!("cannot read the workspace: {e}"))?;
+            let path = entry.path();
+            let rel = path
+                .strip_prefix(root)
+                .map(|p| p.display().to_string())
+                .unwrap_or_default();
+            let kind = entry
+                .file_type()
+                .map_err(|e| format!("cannot read the workspace at {rel}: {e}"))?;
+            if kind.is_dir() {
+                stack.push(path);
+                continue;
+            }
+            if !kind.is_file() {
+                let what = if kind.is_symlink() {
+                    "a symbolic link"
+                } else {
+                    use std::os::unix::fs::FileTypeExt as _;
+                    if kind.is_fifo() {
+                        "a FIFO"
+                    } else if kind.is_socket() {
+                        "a socket"
+                    } else if kind.is_block_device() || kind.is_char_device() {
+                        "a device node"
+                    } else {
+                        "a special file"
+                    }
+                };
+                return Err(format!(
+                    "the workspace holds {what} at {rel}; only folders and regular files may be left in it"
+                ));
+            }
+            seen.files += 1;
+            seen.bytes += entry.metadata().map(|m| m.len()).unwrap_or(0);
+            if seen.files > quota.max_files {
+                return Err(format!(
+                    "the workspace holds more than {} files; that is more than a turn may leave",
+                    quota.max_files
+                ));
+            }
+            if seen.bytes > quota.max_bytes {
+                return Err(format!(
+                    "the workspace holds more than {} bytes; that is more than a turn may leave",
+                    quota.max_bytes
+                ));
+            }
+        }
+    }
+    Ok(seen)
+}
+
 /// Where workspaces go by default: `$TMPDIR/turnpike-workspaces`.
 pub fn default_root() -> PathBuf {
     std::env::temp_dir().join("turnpike-workspaces")
@@ -59,6 +145,52 @@ mod tests {
         std::fs::write(ws.path().join("deep/er/file.txt"), b"x").unwrap();
         let path = ws.path().to_path_buf();
         (ws, path)
+    }
+
+    #[test]
+    fn an_audit_refuses_special_files_links_and_trees_past_the_quota() {
+        let ws = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(ws.path().join("a/b")).unwrap();
+        std::fs::write(ws.path().join("a/b/ok.txt"), b"12345").unwrap();
+        let quota = Quota {
+            max_files: 3,
+            max_bytes: 100,
+        };
+        assert_eq!(
+            audit(ws.path(), quota).unwrap(),
+            Audited { files: 1, bytes: 5 }
+        );
+        let fifo = ws.path().join("a/pipe");
+        let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+        // SAFETY: a valid C string naming a path in our own temporary directory.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        assert!(audit(ws.path(), quota)
+            .unwrap_err()
+            .contains("a FIFO at a/pipe"));
+        std::fs::remove_file(&fifo).unwrap();
+        let sock = std::os::unix::net::UnixListener::bind(ws.path().join("s")).unwrap();
+        assert!(audit(ws.path(), quota).unwrap_err().contains("a socket"));
+        drop(sock);
+        std::fs::remove_file(ws.path().join("s")).unwrap();
+        std::os::unix::fs::symlink("/etc/passwd", ws.path().join("link")).unwrap();
+        assert!(audit(ws.path(), quota)
+            .unwrap_err()
+            .contains("a symbolic link"));
+        std::fs::remove_file(ws.path().join("link")).unwrap();
+        for i in 0..3 {
+            std::fs::write(ws.path().join(format!("f{i}")), b"x").unwrap();
+        }
+        assert!(audit(ws.path(), quota)
+            .unwrap_err()
+            .contains("more than 3 files"));
+        for i in 0..3 {
+            std::fs::remove_file(ws.path().join(format!("f{i}"))).unwrap();
+        }
+        let big = std::fs::File::create(ws.path().join("big")).unwrap();
+        big.set_len(1 << 30).unwrap();
+        assert!(audit(ws.path(), quota)
+            .unwrap_err()
+            .contains("more than 100 bytes"));
     }
 
     #[tokio::test]

@@ -144,7 +144,7 @@ impl Cell {
     ) -> Result<RunResult, String> {
         let Language::Python = language;
         let started = Instant::now();
-        let before = snapshot(workspace);
+        let before = snapshot_off_thread(workspace).await;
         let mut seccomp_files = Vec::new();
         for filter in &self.filters {
             seccomp_files.push(
@@ -256,7 +256,7 @@ impl Cell {
         drop(group);
         let duration = started.elapsed();
         use std::os::unix::process::ExitStatusExt as _;
-        let after = snapshot(workspace);
+        let after = snapshot_off_thread(workspace).await;
         let files = after
             .iter()
             .filter(|(path, meta)| before.get(*path) != Some(meta))
@@ -309,16 +309,33 @@ async fn read_capped(
     (out, truncated)
 }
 
-/// Every regular file under `root` (relative path → size and modification time); symbolic
-/// links are listed as themselves, never followed.
+/// The most workspace entries a snapshot looks at: past it the workspace is over any quota,
+/// and the turn's audit fails it anyway.
+const MAX_SNAPSHOT: usize = 100_000;
+
+/// [`snapshot`] on a blocking thread (a large tree takes a while to walk).
+async fn snapshot_off_thread(root: &Path) -> BTreeMap<String, (u64, SystemTime)> {
+    let root = root.to_path_buf();
+    tokio::task::spawn_blocking(move || snapshot(&root))
+        .await
+        .unwrap_or_default()
+}
+
+/// Regular files under `root` (relative path → size and modification time), at most
+/// [`MAX_SNAPSHOT`] entries looked at; symbolic links are never followed.
 fn snapshot(root: &Path) -> BTreeMap<String, (u64, SystemTime)> {
     let mut out = BTreeMap::new();
     let mut stack = vec![root.to_path_buf()];
+    let mut looked_at = 0usize;
     while let Some(dir) = stack.pop() {
         let Ok(read) = std::fs::read_dir(&dir) else {
             continue;
         };
         for e in read.filter_map(|e| e.ok()) {
+            looked_at += 1;
+            if looked_at > MAX_SNAPSHOT {
+                return out;
+            }
             let Ok(meta) = e.path().symlink_metadata() else {
                 continue;
             };

@@ -34,16 +34,31 @@ pub(crate) fn workspace_path(workspace: &Path, raw: &str) -> Result<(RefPath, Pa
     Ok((rel, full))
 }
 
-fn open_nofollow(path: &Path) -> std::io::Result<std::fs::File> {
-    std::fs::OpenOptions::new()
+/// Opens a workspace file for reading without following a link and without blocking (a FIFO
+/// left by generated code would block an ordinary open forever), and refuses anything but a
+/// regular file.
+fn open_regular(path: &Path) -> std::io::Result<std::fs::File> {
+    let file = std::fs::OpenOptions::new()
         .read(true)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(path)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)?;
+    ensure_regular(&file)?;
+    Ok(file)
+}
+
+fn ensure_regular(file: &std::fs::File) -> std::io::Result<()> {
+    if file.metadata()?.is_file() {
+        return Ok(());
+    }
+    Err(std::io::Error::new(
+        std::io::ErrorKind::InvalidInput,
+        "not a regular file (a folder, FIFO, socket or device)",
+    ))
 }
 
 /// Reads (the start of) a workspace file.
 pub(crate) fn read_bounded(path: &Path, limit: u64) -> std::io::Result<(Vec<u8>, u64)> {
-    let file = open_nofollow(path)?;
+    let file = open_regular(path)?;
     let size = file.metadata()?.len();
     let mut bytes = Vec::new();
     file.take(limit).read_to_end(&mut bytes)?;
@@ -172,12 +187,24 @@ pub(crate) async fn write_file(full: PathBuf, bytes: Vec<u8>) -> std::io::Result
         if let Some(parent) = full.parent() {
             std::fs::create_dir_all(parent)?;
         }
+        // Refuse what is there already unless it is a regular file, before opening it: a FIFO
+        // or a device must not be opened (blocking, or truncating a device) at all.
+        match std::fs::symlink_metadata(&full) {
+            Ok(m) if !m.is_file() => {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::InvalidInput,
+                    "something other than a regular file is there",
+                ))
+            }
+            _ => {}
+        }
         let mut file = std::fs::OpenOptions::new()
             .write(true)
             .create(true)
             .truncate(true)
-            .custom_flags(libc::O_NOFOLLOW)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
             .open(&full)?;
+        ensure_regular(&file)?;
         file.write_all(&bytes)
     })
     .await
