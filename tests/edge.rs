@@ -161,6 +161,7 @@ async fn follow_until(
                 seen.extend(cursor.read(client).await.unwrap());
             }
             Some(Frame::Delta { .. }) => {}
+            Some(Frame::Closed { reason }) => panic!("the stream closed: {reason}"),
         }
     }
 }
@@ -1359,4 +1360,62 @@ async fn nothing_crosses_a_tenant_lookups_admins_grants_and_idempotency_keys() {
         .unwrap();
     assert_eq!(outage.status, 503, "{:?}", outage.body);
     assert!(outage.retry_after.is_some());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grantee_whose_grant_is_revoked_mid_stream_stops_receiving() {
+    let apps = apps_dir();
+    let server = server(apps.path(), &[], false);
+    let alice = server.client(ALICE);
+    let bob = server.client(BOB);
+    let id = create(&alice, "echo").await;
+    let grants = format!("/v1/conversations/{id}/grants");
+    alice
+        .post(&grants, &json!({"identity": "local:bob"}))
+        .await
+        .unwrap()
+        .into_ok()
+        .unwrap();
+    let mut stream = bob.stream(&id).await.unwrap();
+    assert!(matches!(
+        stream.next_within(Duration::from_secs(10)).await,
+        Some(Frame::Ready { .. })
+    ));
+    alice
+        .send(
+            Method::DELETE,
+            &grants,
+            Some(&json!({"identity": "local:bob"})),
+            None,
+        )
+        .await
+        .unwrap()
+        .into_ok()
+        .unwrap();
+    // Alice goes on talking; bob is told his access ended, then hears nothing more.
+    alice
+        .post(
+            &format!("/v1/conversations/{id}/messages"),
+            &json!({"text": "not for bob"}),
+        )
+        .await
+        .unwrap()
+        .into_ok()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let reason = loop {
+        assert!(
+            Instant::now() < deadline,
+            "the stream went on after the revocation"
+        );
+        match stream.next_within(Duration::from_secs(5)).await {
+            Some(Frame::Closed { reason }) => break reason,
+            Some(Frame::Delta { text, .. }) => {
+                assert!(!text.contains("not for bob"), "a delta leaked: {text}")
+            }
+            _ => {}
+        }
+    };
+    assert!(reason.contains("revoked"), "{reason}");
+    assert_eq!(stream.next_within(Duration::from_secs(5)).await, None);
 }

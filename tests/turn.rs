@@ -387,7 +387,7 @@ async fn files_flow_through_pull_write_publish_and_a_later_turn_by_reference() {
         match serde_json::from_slice::<LiveFrame>(&frame).unwrap() {
             LiveFrame::Delta { text, .. } => streamed.push_str(&text),
             LiveFrame::Rows { through } if through >= end => break,
-            LiveFrame::Rows { .. } => {}
+            LiveFrame::Rows { .. } | LiveFrame::Revoked { .. } => {}
         }
     }
     assert_eq!(streamed, format!("Your report: {published}"));

@@ -13,6 +13,10 @@ pub enum LiveFrame {
     Delta { turn: TurnId, text: String },
     /// The record now holds rows up to `through` (its leaf count).
     Rows { through: u64 },
+    /// `identity` may no longer see the conversation (its grant was revoked): its streams end
+    /// now, before anything more reaches them. (Streams also re-check access on every tick, so
+    /// a lost frame only delays this.)
+    Revoked { identity: crate::Identity },
 }
 
 impl LiveFrame {

@@ -390,6 +390,10 @@ async fn follow(client: Client, mut cursor: Cursor, state: Arc<Mutex<View>>) {
                     }
                     Err(e) => println!("! reading rows: {e}"),
                 },
+                Frame::Closed { reason } => {
+                    println!("\n! {reason}");
+                    return;
+                }
             }
         }
         println!("\n(connection lost; reconnecting)");

@@ -176,6 +176,14 @@ async fn set_grant(
         directory.grant(entry.conversation, &who).await?;
     } else {
         directory.revoke(entry.conversation, &who).await?;
+        // Streams the grantee holds end at once (they also re-check on their next tick).
+        let revoked = turnpike_schemas::live::LiveFrame::Revoked {
+            identity: who.clone(),
+        };
+        edge.inner
+            .bus
+            .live(entry.conversation, revoked.to_bytes().into())
+            .await;
     }
     Ok(Json(GrantView {
         conversation: id,

@@ -397,4 +397,7 @@ pub enum Frame {
     Rows { through: u64 },
     /// Streamed text of a running turn (advisory: the committed row carries all of it).
     Delta { turn: String, text: String },
+    /// The last frame: the caller may no longer see the conversation (its grant was revoked);
+    /// the stream ends (a WebSocket closes with code 4403).
+    Closed { reason: String },
 }

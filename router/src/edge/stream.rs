@@ -14,6 +14,8 @@
 //! client was away are not replayed: the turn's `assistant_message` row carries the whole text.
 //! A `rows` frame is also sent when the record grows without a live message (checked every two
 //! seconds), so a lost advisory message delays a client, never strands it.
+//! - `{"type":"closed","reason":"…"}` — last frame: access was taken away (a revoked grant);
+//!   checked on every tick, so a revoked grantee stops receiving within two seconds.
 //!
 //! On a WebSocket the server sends text frames and pings; whatever the client sends is ignored.
 //! With SSE (`GET …/events`), each frame is one `data:` line; the event name is the frame type.
@@ -37,8 +39,13 @@ use super::{Caller, Edge};
 /// How often the record is checked for rows no live message announced.
 const POLL: Duration = Duration::from_secs(2);
 
-/// The frames of one conversation from now on: `ready`, then `rows` and `delta` as they come.
-async fn frames(edge: &Edge, record: Record) -> ApiResult<BoxStream<'static, Frame>> {
+/// The frames of one conversation from now on: `ready`, then `rows` and `delta` as they come,
+/// for as long as `caller` may see the conversation (checked again on every tick).
+async fn frames(
+    edge: &Edge,
+    record: Record,
+    caller: &super::Principal,
+) -> ApiResult<BoxStream<'static, Frame>> {
     let conversation = record.prefix().conversation();
     // Subscribe before reading the head, so nothing committed in between goes unannounced.
     let live = edge
@@ -56,10 +63,26 @@ async fn frames(edge: &Edge, record: Record) -> ApiResult<BoxStream<'static, Fra
         Poll,
     }
     let told = head.leaves();
-    let state = (live, head, told, record, tokio::time::interval(POLL));
+    let access = Access {
+        directory: edge.inner.conversations.directory().clone(),
+        tenant: caller.tenant.clone(),
+        identity: caller.identity.clone(),
+        closed: false,
+    };
+    let state = (
+        live,
+        head,
+        told,
+        record,
+        tokio::time::interval(POLL),
+        access,
+    );
     let rest = futures::stream::unfold(
         state,
-        |(mut live, mut head, mut told, record, mut poll)| async move {
+        |(mut live, mut head, mut told, record, mut poll, mut access)| async move {
+            if access.closed {
+                return None;
+            }
             loop {
                 let input = tokio::select! {
                     m = live.next() => Input::Live(m),
@@ -76,8 +99,20 @@ async fn frames(edge: &Edge, record: Record) -> ApiResult<BoxStream<'static, Fra
                             told = through;
                             Some(Frame::Rows { through })
                         }
+                        Ok(LiveFrame::Revoked { identity }) if identity == access.identity => {
+                            access.closed = true;
+                            Some(Frame::Closed {
+                                reason: "access to this conversation was revoked".into(),
+                            })
+                        }
                         _ => None,
                     },
+                    Input::Poll if !access.still_visible(&record).await => {
+                        access.closed = true;
+                        Some(Frame::Closed {
+                            reason: "access to this conversation was revoked".into(),
+                        })
+                    }
                     Input::Poll => match record.head_after(Some(&head)).await {
                         Ok(now) => {
                             let through = now.leaves();
@@ -91,7 +126,7 @@ async fn frames(edge: &Edge, record: Record) -> ApiResult<BoxStream<'static, Fra
                     },
                 };
                 if let Some(frame) = frame {
-                    return Some((frame, (live, head, told, record, poll)));
+                    return Some((frame, (live, head, told, record, poll, access)));
                 }
             }
         },
@@ -99,6 +134,30 @@ async fn frames(edge: &Edge, record: Record) -> ApiResult<BoxStream<'static, Fra
     Ok(futures::stream::once(async move { ready })
         .chain(rest)
         .boxed())
+}
+
+/// Who a stream is for, checked again on every tick.
+struct Access {
+    directory: turnpike_artifactory::Directory,
+    tenant: turnpike_schemas::TenantId,
+    identity: turnpike_schemas::Identity,
+    closed: bool,
+}
+
+impl Access {
+    /// False once the caller may no longer see the conversation; a store that cannot answer
+    /// right now does not end the stream.
+    async fn still_visible(&self, record: &Record) -> bool {
+        let conversation = record.prefix().conversation();
+        match self
+            .directory
+            .lookup(conversation, &self.tenant, &self.identity)
+            .await
+        {
+            Ok(_) => true,
+            Err(e) => e.kind() != turnpike_artifactory::ErrorKind::NotFound,
+        }
+    }
 }
 
 /// The conversation's stream over a WebSocket (see the module docs for the frames).
@@ -119,7 +178,7 @@ pub async fn websocket(
             e.body_text()
         ))
     })?;
-    let frames = frames(&edge, edge.record(&entry)).await?;
+    let frames = frames(&edge, edge.record(&entry), &caller).await?;
     Ok(upgrade.on_upgrade(move |socket| pump(socket, frames)))
 }
 
@@ -133,6 +192,14 @@ async fn pump(socket: WebSocket, mut frames: BoxStream<'static, Frame>) {
                 let Some(frame) = frame else { break };
                 let text = serde_json::to_string(&frame).expect("frames serialise");
                 if tx.send(Message::Text(text.into())).await.is_err() {
+                    break;
+                }
+                if let Frame::Closed { reason } = frame {
+                    let close = axum::extract::ws::CloseFrame {
+                        code: 4403,
+                        reason: reason.into(),
+                    };
+                    let _ = tx.send(Message::Close(Some(close))).await;
                     break;
                 }
             }
@@ -161,12 +228,13 @@ pub async fn sse(
     Path(id): Path<String>,
 ) -> ApiResult<Response> {
     let entry = edge.visible(&caller, &id).await?;
-    let frames = frames(&edge, edge.record(&entry)).await?;
+    let frames = frames(&edge, edge.record(&entry), &caller).await?;
     let events = frames.map(|frame| -> Result<SseEvent, Infallible> {
         let name = match &frame {
             Frame::Ready { .. } => "ready",
             Frame::Rows { .. } => "rows",
             Frame::Delta { .. } => "delta",
+            Frame::Closed { .. } => "closed",
         };
         Ok(SseEvent::default()
             .event(name)
