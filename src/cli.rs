@@ -220,9 +220,6 @@ pub struct SearchArgs {
     pub query: String,
     #[command(flatten)]
     pub actor: Actor,
-    /// The actor's tenant.
-    #[arg(long, default_value = "default")]
-    pub tenant: turnpike_schemas::TenantId,
     /// Which retrievers: hybrid (both, fused), lexical or vector.
     #[arg(long, default_value = "hybrid")]
     pub mode: String,
@@ -465,8 +462,6 @@ pub enum ConversationCommand {
     Create {
         #[command(flatten)]
         actor: Actor,
-        #[arg(long, default_value = "default")]
-        tenant: turnpike_schemas::TenantId,
         #[arg(long, default_value = "demo")]
         app: turnpike_schemas::AppId,
         #[arg(long, default_value = "echo")]
@@ -487,7 +482,7 @@ pub struct Actor {
     #[arg(long = "actor")]
     pub identity: Identity,
     /// The tenant the actor acts in: another tenant's conversations are not found.
-    #[arg(long = "actor-tenant", default_value = "default")]
+    #[arg(long = "tenant", default_value = "default")]
     pub tenant: turnpike_schemas::TenantId,
 }
 

@@ -54,14 +54,9 @@ pub async fn run(env: &Env, command: ConversationCommand) -> Result<ExitCode> {
                 ExitCode::from(1)
             })
         }
-        ConversationCommand::Create {
-            actor,
-            tenant,
-            app,
-            agent,
-        } => {
+        ConversationCommand::Create { actor, app, agent } => {
             let new = turnpike_artifactory::NewConversation {
-                tenant,
+                tenant: actor.tenant,
                 owner: actor.identity,
                 app,
                 agent,

@@ -43,7 +43,10 @@ pub async fn search(global: &Global, args: SearchArgs) -> Result<ExitCode> {
     let request = request(&args)?;
     let env = Env::open(global)?;
     let index = open_index(global).await.map_err(anyhow::Error::msg)?;
-    let scope = Scope::new(args.tenant.to_string(), args.actor.identity.to_string());
+    let scope = Scope::new(
+        args.actor.tenant.to_string(),
+        args.actor.identity.to_string(),
+    );
     let page = turnpike_index::hydrate::search(
         &index,
         &env.resolver(),
