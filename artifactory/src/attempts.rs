@@ -95,6 +95,43 @@ pub async fn promote(
     Ok(promoted)
 }
 
+/// Reads a turn's object at its canonical key — or, while the promotion of the committed
+/// attempt is not done yet (it runs right after the commit), from that attempt's own key, the
+/// one the record's `turn_complete` names (and promotes it on the way). `None`: there is no
+/// such object for the turn, or the turn is not complete. Never reads an attempt the record
+/// does not name.
+pub async fn get_committed(
+    store: &Arc<dyn ObjectStore>,
+    prefix: &ConversationPrefix,
+    turn: TurnId,
+    canonical: &object_store::path::Path,
+) -> Result<Option<bytes::Bytes>> {
+    let what = format!("reading {canonical}");
+    match store.get(canonical).await {
+        Ok(r) => return Ok(Some(r.bytes().await.map_err(|e| Error::store(&what, e))?)),
+        Err(object_store::Error::NotFound { .. }) => {}
+        Err(e) => return Err(Error::store(&what, e)),
+    }
+    let record = crate::Record::new(store.clone(), prefix.clone());
+    let head = record.head().await?;
+    let Some(attempt) = record
+        .completion(&head, turn)
+        .await?
+        .and_then(|c| c.attempt)
+    else {
+        return Ok(None);
+    };
+    let written = prefix.in_attempt(canonical, turn, attempt);
+    let bytes = match store.get(&written).await {
+        Ok(r) => r.bytes().await.map_err(|e| Error::store(&what, e))?,
+        Err(object_store::Error::NotFound { .. }) => return Ok(None),
+        Err(e) => return Err(Error::store(&what, e)),
+    };
+    // Best effort: the committed attempt's owner (or the next one) promotes it anyway.
+    let _ = create(store.as_ref(), canonical, bytes.clone(), &what).await;
+    Ok(Some(bytes))
+}
+
 /// Finishes the promotion of a committed turn (its owner may have died between the commit and
 /// the promotion): the attempt's objects, and its project version as the turn's git ref.
 pub async fn promote_committed(

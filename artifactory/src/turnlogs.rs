@@ -73,14 +73,10 @@ impl TurnLogs {
         sha256: Option<&str>,
     ) -> Result<TurnLog> {
         let what = format!("reading the log of {turn} of {}", prefix.conversation());
-        let bytes = self
-            .store
-            .get(&prefix.turn_log(turn))
-            .await
-            .map_err(|e| Error::store(&what, e))?
-            .bytes()
-            .await
-            .map_err(|e| Error::store(&what, e))?;
+        let bytes =
+            crate::attempts::get_committed(&self.store, prefix, turn, &prefix.turn_log(turn))
+                .await?
+                .ok_or_else(|| Error::new(ErrorKind::NotFound, format!("{what}: there is none")))?;
         if let Some(expected) = sha256 {
             let actual = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(&bytes));
             if actual != expected {
@@ -161,6 +157,8 @@ impl TurnLogs {
             "reading the context after {turn} of {}",
             prefix.conversation()
         );
+        // Canonical only: an owner finishes the previous turn's promotion before it starts a
+        // turn, and a missing snapshot only means a rebuild from the logs.
         let bytes = match self.store.get(&prefix.context_snapshot(turn)).await {
             Ok(r) => r.bytes().await.map_err(|e| Error::store(&what, e))?,
             Err(object_store::Error::NotFound { .. }) => return Ok(None),

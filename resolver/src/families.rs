@@ -75,19 +75,31 @@ impl FamilyResolver for HostedFiles {
 
     async fn resolve(&self, reference: &AuthorizedReference) -> Result<Resolved, ResolveError> {
         let r = reference.reference();
-        let path = if self.family == Family::attachment() {
-            reference.prefix().attachment(r.turn(), r.path())
+        let bytes = if self.family == Family::attachment() {
+            let path = reference.prefix().attachment(r.turn(), r.path());
+            self.store
+                .get(&path)
+                .await
+                .map_err(|e| store_error(e, reference))?
+                .bytes()
+                .await
+                .map_err(|e| store_error(e, reference))?
         } else {
-            reference.prefix().hosted_file(r.turn(), r.path())
+            // A hosted file is the committed attempt's, whether or not it is promoted yet.
+            let path = reference.prefix().hosted_file(r.turn(), r.path());
+            turnpike_artifactory::attempts::get_committed(
+                &self.store,
+                reference.prefix(),
+                r.turn(),
+                &path,
+            )
+            .await
+            .map_err(|e| match e.kind() {
+                turnpike_artifactory::ErrorKind::NotFound => ResolveError::not_found(r),
+                _ => ResolveError::Unavailable(e.to_string()),
+            })?
+            .ok_or_else(|| ResolveError::not_found(r))?
         };
-        let bytes = self
-            .store
-            .get(&path)
-            .await
-            .map_err(|e| store_error(e, reference))?
-            .bytes()
-            .await
-            .map_err(|e| store_error(e, reference))?;
         let name = r
             .path()
             .segments()
