@@ -578,3 +578,111 @@ async fn compaction_keeps_instructions_verbatim_and_the_record_still_replays_and
     }
     rig.stop().await;
 }
+
+const DEPUTY: &str = r#"
+# Alice's slow turn: after its first round, whatever arrived is folded in, then it pulls the
+# latest user text as a reference and reads it back.
+[[turn]]
+when = "slowly"
+[[turn.step]]
+tool_calls = [{ name = "list_files" }]
+delay_ms = 1500
+[[turn.step]]
+tool_calls = [{ name = "pull", arguments = { reference = "{last_user}", path = "got.txt" } }]
+[[turn.step]]
+tool_calls = [{ name = "read_file", arguments = { path = "got.txt" } }]
+[[turn.step]]
+text = "read: {last_tool}"
+
+# Any other turn pulls its text as a reference and reads it back.
+[[turn]]
+[[turn.step]]
+tool_calls = [{ name = "pull", arguments = { reference = "{last_user}", path = "got.txt" } }]
+[[turn.step]]
+tool_calls = [{ name = "read_file", arguments = { path = "got.txt" } }]
+[[turn.step]]
+text = "read: {last_tool}"
+"#;
+
+#[tokio::test]
+async fn in_a_shared_conversation_nobody_reaches_what_another_participant_may_not_see() {
+    use turnpike_artifactory::{ConversationPrefix, Files, NewConversation};
+    let rig = Rig::start(DEPUTY, 8).await;
+    let bob: Identity = "oidc:acme:bob".parse().unwrap();
+    let directory = rig.conversations.directory().clone();
+    directory.grant(rig.conv, &bob).await.unwrap();
+    // Alice has another conversation, hers alone, with a secret in it.
+    let (theirs, _, _) = rig
+        .conversations
+        .create(
+            &signer(),
+            NewConversation {
+                tenant: turnpike_tests::fixtures::tenant(),
+                owner: owner(),
+                app: "support".parse().unwrap(),
+                agent: "helper".parse().unwrap(),
+                at_ms: 1,
+                instructions: None,
+            },
+        )
+        .await
+        .unwrap();
+    let prefix = ConversationPrefix::new(turnpike_tests::fixtures::tenant(), theirs.conversation);
+    let files = Files::new(rig.conversations.store().clone());
+    let secret = files
+        .host(
+            &prefix,
+            TurnId::FIRST,
+            1,
+            &turnpike_schemas::RefPath::parse("secret.txt").unwrap(),
+            "the vault code is 7319".into(),
+        )
+        .await
+        .unwrap();
+    turnpike_artifactory::attempts::promote(files.store(), &prefix, TurnId::FIRST, 1)
+        .await
+        .unwrap();
+
+    // 1. Bob's follow-up, sent while alice's turn runs, is not folded into it (it would run
+    //    as alice): it waits for a turn of its own, which runs as bob.
+    rig.say("slowly, please").await;
+    rig.wait_dispatched(1).await;
+    rig.send_as(
+        &bob,
+        EventBody::FollowUp {
+            text: secret.to_string(),
+        },
+    )
+    .await;
+    rig.wait_turns(2).await;
+    // 2. Alice herself asks for it in the shared conversation: bob would read it there.
+    rig.say(&secret.to_string()).await;
+    rig.wait_turns(3).await;
+
+    let entries = rig.record().entries().await.unwrap();
+    let record_text = format!("{entries:?}");
+    assert!(
+        !record_text.contains("7319"),
+        "the secret reached the shared record"
+    );
+    for n in 1..=3 {
+        let log = rig.log(n).await;
+        assert!(!format!("{log:?}").contains("7319"), "turn {n}'s log");
+    }
+    // The second turn was bob's own, and ran as bob.
+    let dispatched_inputs: Vec<String> = entries
+        .iter()
+        .filter_map(|e| e.body.as_input())
+        .map(|i| i.event.address.identity.to_string())
+        .collect();
+    assert_eq!(
+        dispatched_inputs,
+        [owner().to_string(), bob.to_string(), owner().to_string()]
+    );
+    // Alone in her own conversation, alice does reach it (the rule is about sharing).
+    directory.revoke(rig.conv, &bob).await.unwrap();
+    rig.say(&secret.to_string()).await;
+    rig.wait_turns(4).await;
+    assert!(format!("{:?}", rig.log(4).await).contains("7319"));
+    rig.stop().await;
+}

@@ -174,6 +174,37 @@ impl Directory {
         Ok(())
     }
 
+    /// The identities a conversation is shared with (not its owner).
+    pub async fn grantees(&self, conversation: ConversationId) -> Result<Vec<Identity>> {
+        use futures::TryStreamExt as _;
+        let dir = object_store::path::Path::from(format!("directory/grants/{conversation}"));
+        let metas: Vec<_> = self
+            .store
+            .list(Some(&dir))
+            .try_collect()
+            .await
+            .map_err(|e| Error::store(&format!("listing the grants of {conversation}"), e))?;
+        let mut out = Vec::new();
+        for meta in metas {
+            let bytes = match self.store.get(&meta.location).await {
+                Ok(r) => r
+                    .bytes()
+                    .await
+                    .map_err(|e| Error::store("reading a grant", e))?,
+                // Revoked meanwhile.
+                Err(object_store::Error::NotFound { .. }) => continue,
+                Err(e) => return Err(Error::store("reading a grant", e)),
+            };
+            if let Some(identity) = std::str::from_utf8(&bytes)
+                .ok()
+                .and_then(|t| t.parse::<Identity>().ok())
+            {
+                out.push(identity);
+            }
+        }
+        Ok(out)
+    }
+
     /// Takes a grant back (idempotent).
     pub async fn revoke(&self, conversation: ConversationId, grantee: &Identity) -> Result<()> {
         match self

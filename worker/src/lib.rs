@@ -5,6 +5,7 @@
 //! - [`owner`]: one conversation's owner: lease, recovery, turns, wake acknowledgement
 //! - [`fence`]: the owner's lease deadline; fenced writes stop before it lapses
 //! - [`pool`]: workers of one process, started and stopped together
+//! - [`reach`]: what a turn may bring in from other conversations (all participants may see it)
 //! - [`turn`]: one turn through batch one, the app's callback, and batch two
 //! - [`apps`]: manifests, the [`App`] trait (`on_reactive_event`) and routing
 //! - [`agent_loop`]: the built-in agent loop (rounds, closing call, folding, stop)
@@ -31,6 +32,7 @@ pub mod fence;
 pub mod model;
 pub mod owner;
 pub mod pool;
+pub mod reach;
 pub mod replay;
 pub mod search;
 pub mod timeline;

@@ -105,15 +105,20 @@ impl OwnerSlot {
 /// stop (recorded on their own), or a turn's inputs — the first message, any other events
 /// before it (an attachment sent ahead of its message joins it), and the non-message events
 /// after it, up to the next message. Events with no message behind them yet make a turn of
-/// their own.
+/// their own. A turn's inputs all come from one identity (the first event's; stops excepted):
+/// another participant's event starts the next turn, so nobody's words run as someone else.
 fn next_inputs(pending: Vec<LaneMessage>) -> (bool, Vec<LaneMessage>) {
     let stops_only = matches!(pending[0].event.body, EventBody::Stop { .. });
+    let sender = pending[0].event.address.identity.clone();
     let mut out = Vec::new();
     let mut seen_message = false;
     for m in pending {
         let is_stop = matches!(m.event.body, EventBody::Stop { .. });
         let is_message = matches!(m.event.body, EventBody::Message { .. });
         if (stops_only && !is_stop) || (!stops_only && seen_message && is_message) {
+            break;
+        }
+        if !stops_only && !is_stop && m.event.address.identity != sender {
             break;
         }
         seen_message |= is_message;
@@ -327,6 +332,11 @@ mod tests {
     use turnpike_schemas::{Address, ConversationId, Event};
 
     fn lane(kinds: &[&str]) -> Vec<LaneMessage> {
+        lane_of(kinds, &[])
+    }
+
+    /// A lane of events; `others` are the positions sent by another participant.
+    fn lane_of(kinds: &[&str], others: &[usize]) -> Vec<LaneMessage> {
         let address = Address {
             tenant: "t".parse().unwrap(),
             app: "a".parse().unwrap(),
@@ -343,9 +353,13 @@ mod tests {
                     "f" => EventBody::FollowUp { text: "f".into() },
                     _ => EventBody::Stop { reason: None },
                 };
+                let mut address = address.clone();
+                if others.contains(&i) {
+                    address.identity = "x:other".parse().unwrap();
+                }
                 LaneMessage {
                     seq: i as u64 + 1,
-                    event: Event::new(address.clone(), body, 0),
+                    event: Event::new(address, body, 0),
                 }
             })
             .collect()
@@ -365,5 +379,19 @@ mod tests {
         assert_eq!(split(&["f", "m", "f", "m"]), (false, vec![1, 2, 3]));
         assert_eq!(split(&["f", "f"]), (false, vec![1, 2]));
         assert_eq!(split(&["s", "s", "m"]), (true, vec![1, 2]));
+    }
+
+    #[test]
+    fn another_participants_events_start_their_own_turn() {
+        let split = |kinds: &[&str], others: &[usize]| {
+            let (stops, inputs) = next_inputs(lane_of(kinds, others));
+            (stops, inputs.iter().map(|m| m.seq).collect::<Vec<_>>())
+        };
+        // A follow-up of someone else is not folded into the message's turn.
+        assert_eq!(split(&["m", "f", "f"], &[1]), (false, vec![1]));
+        // Someone else's follow-up ahead of a message is a turn of its own.
+        assert_eq!(split(&["f", "m"], &[0]), (false, vec![1]));
+        // Anyone's stop still stops the turn.
+        assert_eq!(split(&["m", "s", "f"], &[1]), (false, vec![1, 2, 3]));
     }
 }

@@ -81,6 +81,18 @@ impl TurnEnv {
     }
 }
 
+/// Whether `event`, arriving while a turn of `identity` runs, is folded into it: follow-ups,
+/// steers, answers and attachments of the same identity, and a stop from anyone. A new message
+/// starts the next turn, and so do another participant's words: one participant never drives a
+/// turn (and its tools) that runs as another.
+pub fn folds_into(identity: &Identity, event: &Event) -> bool {
+    match event.body {
+        EventBody::Message { .. } => false,
+        EventBody::Stop { .. } => true,
+        _ => &event.address.identity == identity,
+    }
+}
+
 /// Why a running turn is asked to stop.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StopCause {
@@ -113,7 +125,13 @@ struct LaneWatch {
 }
 
 impl LaneWatch {
-    fn start(bus: Arc<dyn Bus>, env: &TurnEnv, after: u64, policy: OnNewMessage) -> Self {
+    fn start(
+        bus: Arc<dyn Bus>,
+        env: &TurnEnv,
+        after: u64,
+        policy: OnNewMessage,
+        identity: Identity,
+    ) -> Self {
         let conversation = env.record.prefix().conversation();
         let every = env.config.lane_poll;
         let (count_tx, arrivals) = watch::channel(0u64);
@@ -133,6 +151,10 @@ impl LaneWatch {
                         if policy == OnNewMessage::Interrupt {
                             let _ = stop_tx.send(Some(StopCause::Superseded));
                         }
+                        return;
+                    }
+                    // Another participant's words start a turn of their own, after this one.
+                    if !folds_into(&identity, &m.event) {
                         return;
                     }
                     cursor = m.seq;
@@ -194,6 +216,8 @@ pub struct TurnContext<'a> {
     lineage: Lineage,
     base_version: Option<git2::Oid>,
     project: tokio::sync::OnceCell<Project>,
+    /// What the turn may bring in from other conversations (all participants may see it).
+    reach: crate::reach::Reach,
     watch: LaneWatch,
     deltas: mpsc::UnboundedSender<String>,
 }
@@ -279,7 +303,7 @@ impl TurnContext<'_> {
             .await?;
         let folded: Vec<LaneMessage> = arrived
             .into_iter()
-            .take_while(|m| !matches!(m.event.body, EventBody::Message { .. }))
+            .take_while(|m| folds_into(&self.identity, &m.event))
             .collect();
         if folded.is_empty() {
             return Ok(Vec::new());
@@ -363,6 +387,7 @@ impl TurnContext<'_> {
             }),
             cell: &self.env.cell,
             fence: &self.env.fence,
+            reach: &self.reach,
         }
     }
 
@@ -403,12 +428,15 @@ impl TurnContext<'_> {
     }
 
     /// The instructions the conversation was created with, if any (read from the directory).
+    /// They are the owner's words: they steer the owner's turns only, never a turn that runs
+    /// as someone the conversation is shared with.
     pub async fn instructions(&self) -> Option<String> {
         self.env
             .directory
             .lookup_unchecked(self.env.record.prefix().conversation())
             .await
             .ok()
+            .filter(|entry| entry.owner == self.identity)
             .and_then(|entry| entry.instructions)
     }
 
@@ -594,6 +622,9 @@ async fn finish_turn(
                 env.config.workspace_root.display()
             ))
         })?;
+    let reach =
+        crate::reach::Reach::load(&env.directory, env.record.prefix().tenant(), conversation)
+            .await?;
     let blocks: Vec<Block> = inputs.iter().filter_map(|e| input_block(&e.body)).collect();
     let input_count = blocks.len();
     let (delta_tx, mut delta_rx) = mpsc::unbounded_channel::<String>();
@@ -617,6 +648,7 @@ async fn finish_turn(
         .version
         .as_deref()
         .and_then(|v| git2::Oid::from_str(v).ok());
+    let watch = LaneWatch::start(env.bus.clone(), env, lane_through, policy, identity.clone());
     let ctx = TurnContext {
         env,
         turn,
@@ -637,7 +669,8 @@ async fn finish_turn(
         lineage,
         base_version,
         project: tokio::sync::OnceCell::new(),
-        watch: LaneWatch::start(env.bus.clone(), env, lane_through, policy),
+        reach,
+        watch,
         deltas: delta_tx,
     };
     let result = match &route {

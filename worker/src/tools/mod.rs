@@ -57,6 +57,8 @@ pub struct ToolContext<'a> {
     pub cell: &'a Result<Arc<crate::cell::Cell>, String>,
     /// The owner's lease deadline: checked before anything is hosted.
     pub fence: &'a crate::fence::Fence,
+    /// What the turn may bring in from other conversations.
+    pub reach: &'a crate::reach::Reach,
 }
 
 /// The turn's project directory, opened on first use.

@@ -33,6 +33,13 @@ impl Tool for Pull {
 
     async fn call(&self, cx: &ToolContext<'_>, args: Value) -> Result<ToolOutput, String> {
         let text = str_arg(&args, "reference")?;
+        // In a shared conversation, only what every participant may see comes in; anything
+        // else looks exactly like a reference to nothing.
+        if let Ok(reference) = text.parse::<turnpike_schemas::Reference>() {
+            if !cx.reach.allows(reference.conversation()).await {
+                return Err(ResolveError::NotFound(reference.to_string()).to_string());
+            }
+        }
         let resolved = cx
             .resolver
             .resolve_str(cx.identity, text)
@@ -152,10 +159,30 @@ impl Tool for Search {
         let Some(index) = cx.search else {
             return Err("search is not available: this worker has no index configured".into());
         };
-        Ok(index
+        let mut found = index
             .search(cx.prefix.tenant(), cx.identity, query, limit)
-            .await?
-            .into())
+            .await?;
+        // In a shared conversation, only hits every participant may see.
+        if cx.reach.shared() {
+            if let Some(hits) = found.get_mut("hits").and_then(Value::as_array_mut) {
+                let mut kept = Vec::with_capacity(hits.len());
+                for hit in hits.drain(..) {
+                    let visible = match hit
+                        .get("conversation")
+                        .and_then(Value::as_str)
+                        .and_then(|c| c.parse().ok())
+                    {
+                        Some(conversation) => cx.reach.allows(conversation).await,
+                        None => false,
+                    };
+                    if visible {
+                        kept.push(hit);
+                    }
+                }
+                *hits = kept;
+            }
+        }
+        Ok(found.into())
     }
 }
 
