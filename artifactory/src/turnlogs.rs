@@ -47,6 +47,37 @@ impl TurnLogs {
         Ok(digest)
     }
 
+    /// Promotes a committed attempt's log (and snapshot) to the canonical keys from the values
+    /// its owner still holds: the same bytes the attempt wrote, without reading them back.
+    /// Call only once the record's `turn_complete` names the attempt.
+    pub async fn promote(
+        &self,
+        prefix: &ConversationPrefix,
+        log: &TurnLog,
+        snapshot: Option<&ContextSnapshot>,
+    ) -> Result<()> {
+        let (bytes, _) = Self::encode_log(prefix, log)?;
+        let what = format!("promoting the log of {}", log.turn);
+        crate::attempts::create(
+            self.store.as_ref(),
+            &prefix.turn_log(log.turn),
+            bytes.into(),
+            &what,
+        )
+        .await?;
+        if let Some(snapshot) = snapshot {
+            let bytes = Self::encode_context(prefix, snapshot)?;
+            crate::attempts::create(
+                self.store.as_ref(),
+                &prefix.context_snapshot(snapshot.through),
+                bytes.into(),
+                &what,
+            )
+            .await?;
+        }
+        Ok(())
+    }
+
     fn encode_log(prefix: &ConversationPrefix, log: &TurnLog) -> Result<(Vec<u8>, String)> {
         if log.conversation != prefix.conversation() {
             return Err(Error::new(

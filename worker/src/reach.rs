@@ -5,76 +5,76 @@
 //! read, the turn may reach whatever that identity may see. In a shared one, it may reach only
 //! what **every** participant (the owner and everyone it is shared with) may see: otherwise one
 //! participant could read, through the turn, what only another may see (a confused deputy).
-//! The participants are read when the turn starts.
+//! The participants are read the first time a tool asks (most turns never do), and a store
+//! that cannot say who they are counts as "shared with someone who may see nothing".
 
-use turnpike_artifactory::{Directory, ErrorKind};
+use tokio::sync::OnceCell;
+use turnpike_artifactory::Directory;
 use turnpike_schemas::{ConversationId, Identity, TenantId};
 
-use crate::error::Result;
-
 /// The participants of a turn's conversation, and the check against them.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct Reach {
     directory: Directory,
     tenant: TenantId,
     conversation: ConversationId,
-    participants: Vec<Identity>,
+    /// `None`: they could not be read (fail closed).
+    participants: OnceCell<Option<Vec<Identity>>>,
 }
 
 impl Reach {
-    /// The participants of `conversation` now: its owner and its grantees.
-    pub async fn load(
-        directory: &Directory,
-        tenant: &TenantId,
-        conversation: ConversationId,
-    ) -> Result<Self> {
-        let entry = directory.lookup_unchecked(conversation).await?;
-        let mut participants = vec![entry.owner];
-        participants.extend(directory.grantees(conversation).await?);
-        participants.dedup();
-        Ok(Self {
-            directory: directory.clone(),
-            tenant: tenant.clone(),
-            conversation,
-            participants,
-        })
-    }
-
-    /// A reach for a conversation of one participant (tests, replay).
-    pub fn private(
-        directory: &Directory,
-        tenant: &TenantId,
-        conversation: ConversationId,
-        owner: Identity,
-    ) -> Self {
+    /// The reach of a turn of `conversation`; nothing is read until a tool asks.
+    pub fn new(directory: &Directory, tenant: &TenantId, conversation: ConversationId) -> Self {
         Self {
             directory: directory.clone(),
             tenant: tenant.clone(),
             conversation,
-            participants: vec![owner],
+            participants: OnceCell::new(),
         }
     }
 
-    /// Whether more than one identity reads the conversation.
-    pub fn shared(&self) -> bool {
-        self.participants.len() > 1
+    async fn participants(&self) -> Option<&[Identity]> {
+        self.participants
+            .get_or_init(|| async {
+                let entry = self
+                    .directory
+                    .lookup_unchecked(self.conversation)
+                    .await
+                    .ok()?;
+                let mut all = vec![entry.owner];
+                all.extend(self.directory.grantees(self.conversation).await.ok()?);
+                all.dedup();
+                Some(all)
+            })
+            .await
+            .as_deref()
+    }
+
+    /// Whether more than one identity reads the conversation (or that cannot be told).
+    pub async fn shared(&self) -> bool {
+        self.participants().await.is_none_or(|p| p.len() > 1)
     }
 
     /// Whether the turn may bring what is in `other` into this conversation: its own always;
     /// another only if every participant may see it (a store error counts as no).
     pub async fn allows(&self, other: ConversationId) -> bool {
-        if other == self.conversation || !self.shared() {
+        if other == self.conversation {
             return true;
         }
-        for participant in &self.participants {
-            match self
+        let Some(participants) = self.participants().await else {
+            return false;
+        };
+        if participants.len() <= 1 {
+            return true;
+        }
+        for participant in participants {
+            if self
                 .directory
                 .lookup(other, &self.tenant, participant)
                 .await
+                .is_err()
             {
-                Ok(_) => {}
-                Err(e) if e.kind() == ErrorKind::NotFound => return false,
-                Err(_) => return false,
+                return false;
             }
         }
         true

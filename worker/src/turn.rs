@@ -218,6 +218,8 @@ pub struct TurnContext<'a> {
     project: tokio::sync::OnceCell<Project>,
     /// What the turn may bring in from other conversations (all participants may see it).
     reach: crate::reach::Reach,
+    /// Whether a tool hosted a file (written under the attempt, promoted after commit).
+    hosted: std::sync::atomic::AtomicBool,
     watch: LaneWatch,
     deltas: mpsc::UnboundedSender<String>,
 }
@@ -388,6 +390,7 @@ impl TurnContext<'_> {
             cell: &self.env.cell,
             fence: &self.env.fence,
             reach: &self.reach,
+            hosted: &self.hosted,
         }
     }
 
@@ -623,8 +626,7 @@ async fn finish_turn(
             ))
         })?;
     let reach =
-        crate::reach::Reach::load(&env.directory, env.record.prefix().tenant(), conversation)
-            .await?;
+        crate::reach::Reach::new(&env.directory, env.record.prefix().tenant(), conversation);
     let blocks: Vec<Block> = inputs.iter().filter_map(|e| input_block(&e.body)).collect();
     let input_count = blocks.len();
     let (delta_tx, mut delta_rx) = mpsc::unbounded_channel::<String>();
@@ -670,6 +672,7 @@ async fn finish_turn(
         base_version,
         project: tokio::sync::OnceCell::new(),
         reach,
+        hosted: Default::default(),
         watch,
         deltas: delta_tx,
     };
@@ -718,8 +721,10 @@ async fn finish_turn(
         intents,
         compaction,
         identity,
+        hosted,
         ..
     } = ctx;
+    let hosted = hosted.into_inner();
     let intents = intents.into_inner().expect("intents lock");
     let stop_cause = watch.cause();
     drop(watch);
@@ -757,12 +762,13 @@ async fn finish_turn(
         .turn_logs
         .write_attempt(env.record.prefix(), &log, attempt)
         .await?;
+    let mut snapshot = None;
     if let Some(before) = timeline.into_inner().expect("timeline lock") {
         // What the next turn's rebuild reads in one fetch: bounded by what its agent could use.
         let budget = spec
             .as_ref()
             .map_or(u64::MAX, |s| 2 * u64::from(s.context_length));
-        let snapshot = crate::timeline::snapshot_after(
+        let after = crate::timeline::snapshot_after(
             &before,
             env.record.prefix(),
             turn,
@@ -771,8 +777,9 @@ async fn finish_turn(
         );
         env.fence.check()?;
         env.turn_logs
-            .write_context_attempt(env.record.prefix(), &snapshot, attempt)
+            .write_context_attempt(env.record.prefix(), &after, attempt)
             .await?;
+        snapshot = Some(after);
     }
     match (outcome, failure) {
         (_, Some(message)) => bodies.push(EntryBody::Error(ErrorEntry {
@@ -807,7 +814,7 @@ async fn finish_turn(
     info!(%conversation, %turn, ?outcome, "turn complete");
     // Committed: this attempt's objects become the turn's. Should this fail (or the worker
     // die first), the mark stays and whoever next owns the conversation finishes it.
-    match promote(env, turn, attempt, version).await {
+    match promote(env, turn, attempt, version, &log, snapshot.as_ref(), hosted).await {
         Ok(()) => env.clear_open_mark().await,
         Err(e) => {
             warn!(%conversation, %turn, error = %e, "promotion unfinished; the next owner finishes it")
@@ -856,9 +863,17 @@ async fn promote(
     turn: TurnId,
     attempt: u64,
     version: Option<git2::Oid>,
+    log: &TurnLog,
+    snapshot: Option<&turnpike_schemas::timeline::ContextSnapshot>,
+    hosted: bool,
 ) -> Result<()> {
     let prefix = env.record.prefix();
-    turnpike_artifactory::attempts::promote(env.files.store(), prefix, turn, attempt).await?;
+    // The log and snapshot are still in hand: promote them without reading them back. Only a
+    // turn that hosted files needs the listing of what its attempt wrote.
+    env.turn_logs.promote(prefix, log, snapshot).await?;
+    if hosted {
+        turnpike_artifactory::attempts::promote(env.files.store(), prefix, turn, attempt).await?;
+    }
     let Some(version) = version else {
         return Ok(());
     };

@@ -59,6 +59,8 @@ pub struct ToolContext<'a> {
     pub fence: &'a crate::fence::Fence,
     /// What the turn may bring in from other conversations.
     pub reach: &'a crate::reach::Reach,
+    /// Set once the turn hosts a file (its attempt's files are then promoted after commit).
+    pub hosted: &'a std::sync::atomic::AtomicBool,
 }
 
 /// The turn's project directory, opened on first use.
@@ -242,6 +244,7 @@ async fn bound(cx: &ToolContext<'_>, call_id: &str, mut out: ToolOutput) -> Tool
         out.output = json!({ "error": e.to_string() });
         return out;
     }
+    cx.hosted.store(true, std::sync::atomic::Ordering::Relaxed);
     match cx
         .files
         .host(cx.prefix, cx.turn, cx.attempt, &path, Bytes::from(text))

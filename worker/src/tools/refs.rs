@@ -98,6 +98,7 @@ impl Tool for Publish {
             ));
         }
         cx.fence.check().map_err(|e| e.to_string())?;
+        cx.hosted.store(true, std::sync::atomic::Ordering::Relaxed);
         let reference = cx
             .files
             .host(cx.prefix, cx.turn, cx.attempt, &rel, Bytes::from(bytes))
@@ -163,7 +164,7 @@ impl Tool for Search {
             .search(cx.prefix.tenant(), cx.identity, query, limit)
             .await?;
         // In a shared conversation, only hits every participant may see.
-        if cx.reach.shared() {
+        if cx.reach.shared().await {
             if let Some(hits) = found.get_mut("hits").and_then(Value::as_array_mut) {
                 let mut kept = Vec::with_capacity(hits.len());
                 for hit in hits.drain(..) {
