@@ -1419,3 +1419,29 @@ async fn a_grantee_whose_grant_is_revoked_mid_stream_stops_receiving() {
     assert!(reason.contains("revoked"), "{reason}");
     assert_eq!(stream.next_within(Duration::from_secs(5)).await, None);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_in_the_url_is_accepted_only_where_a_browser_cannot_send_a_header() {
+    let apps = apps_dir();
+    let server = server(apps.path(), &[], false);
+    let alice = server.client(ALICE);
+    let id = create(&alice, "echo").await;
+    let http = reqwest::Client::new();
+    for path in [
+        "/v1/conversations".to_owned(),
+        format!("/v1/conversations/{id}"),
+        format!("/v1/conversations/{id}/messages"),
+        format!("/v1/conversations/{id}/pending"),
+    ] {
+        let url = format!("{}{path}?access_token={ALICE}", server.base);
+        let status = http.get(&url).send().await.unwrap().status();
+        assert_eq!(status, 401, "{path} took a token from the URL");
+    }
+    // The server-sent events stream takes it (an EventSource cannot set headers).
+    let url = format!(
+        "{}/v1/conversations/{id}/events?access_token={ALICE}",
+        server.base
+    );
+    let response = http.get(&url).send().await.unwrap();
+    assert_eq!(response.status(), 200);
+}

@@ -313,6 +313,9 @@ pub async fn list_rows(
     }))
 }
 
+/// How far back `pending` reads (entries).
+const MAX_PENDING_SCAN: usize = 4096;
+
 /// Approval requests and questions waiting for an answer.
 #[utoipa::path(get, path = "/v1/conversations/{id}/pending", tag = "people",
     params(("id" = String, Path, description = "conv_<ulid>")),
@@ -324,11 +327,22 @@ pub async fn pending(
 ) -> ApiResult<Json<Pending>> {
     let entry = edge.visible(&caller, &id).await?;
     let record = edge.record(&entry);
+    // Nothing waits unless the last turn parked (a new turn rejects what was pending).
+    if !record.head().await?.state().waiting {
+        return Ok(Json(Pending {
+            approvals: Vec::new(),
+            questions: Vec::new(),
+        }));
+    }
     // Requests live in the latest run of parked turns: read back to the last turn that ended
-    // otherwise (or the beginning), then replay requests and answers in order.
+    // otherwise (or the beginning), then replay requests and answers in order — at most
+    // `MAX_PENDING_SCAN` entries back, so a long run of parked turns costs a bounded read.
     let mut entries = Vec::new();
     let mut before = u64::MAX;
     'read: loop {
+        if entries.len() >= MAX_PENDING_SCAN {
+            break;
+        }
         let page = record.page_before(before, 64).await?;
         let Some(first) = page.entries.first() else {
             break;

@@ -240,8 +240,14 @@ async fn authenticate(State(edge): State<Edge>, mut request: Request, next: Next
         })
         .map(str::trim)
         .map(str::to_owned)
-        // Browsers cannot set headers on a WebSocket: they may pass the token as a query.
-        .or_else(|| query_token(request.uri()));
+        // Browsers cannot set headers on a WebSocket (or an EventSource): on the two streaming
+        // endpoints only, the token may come as a query. Everywhere else a token in a URL —
+        // which ends up in logs and browser histories — is not accepted.
+        .or_else(|| {
+            is_streaming(request.uri().path())
+                .then(|| query_token(request.uri()))
+                .flatten()
+        });
     let Some(token) = token.filter(|t| !t.is_empty()) else {
         return ApiError::unauthorized("missing bearer token (Authorization: Bearer <token>)")
             .into_response();
@@ -254,6 +260,13 @@ async fn authenticate(State(edge): State<Edge>, mut request: Request, next: Next
     }
     request.extensions_mut().insert(principal);
     next.run(request).await
+}
+
+/// The endpoints a browser opens without being able to set headers.
+fn is_streaming(path: &str) -> bool {
+    path.starts_with("/v1/conversations/")
+        && (path.ends_with("/stream") || path.ends_with("/events"))
+        && path.matches('/').count() == 4
 }
 
 fn query_token(uri: &axum::http::Uri) -> Option<String> {
