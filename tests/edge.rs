@@ -1445,3 +1445,25 @@ async fn a_token_in_the_url_is_accepted_only_where_a_browser_cannot_send_a_heade
     let response = http.get(&url).send().await.unwrap();
     assert_eq!(response.status(), 200);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_link_flood_gets_429() {
+    let apps = apps_dir();
+    let server = server(
+        apps.path(),
+        &["--rate-per-second", "1", "--rate-burst", "3"],
+        false,
+    );
+    // Links carry no token: a made-up one is as good as any to flood with.
+    let http = reqwest::Client::new();
+    let mut statuses = Vec::new();
+    for _ in 0..8 {
+        let url = format!("{}/v1/links/not-a-real-link.abc", server.base);
+        statuses.push(http.get(&url).send().await.unwrap().status().as_u16());
+    }
+    assert_eq!(statuses[0], 404, "an invalid link is simply not found");
+    assert!(
+        statuses.contains(&429),
+        "a flood of links is limited: {statuses:?}"
+    );
+}

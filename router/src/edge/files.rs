@@ -377,11 +377,19 @@ pub async fn link(
     params(("token" = String, Path, description = "the signed token from POST /v1/files/links")),
     security(()),
     responses((status = 200, description = "the file's bytes", content_type = "application/octet-stream"),
-              (status = 404, body = ErrorBody)))]
+              (status = 404, body = ErrorBody), (status = 429, body = ErrorBody)))]
 pub async fn follow_link(
     State(edge): State<Edge>,
     Path(token): Path<String>,
+    from: Option<axum::Extension<axum::extract::ConnectInfo<std::net::SocketAddr>>>,
 ) -> ApiResult<Response> {
+    // Links carry no bearer token, so the per-identity limit does not see them: limit each
+    // link, and each source address, with the same budget instead.
+    if let Some(axum::Extension(axum::extract::ConnectInfo(addr))) = from {
+        edge.inner.rates.check(&format!("addr:{}", addr.ip()))?;
+    }
+    let digest = hex::encode(&<Sha256 as sha2::Digest>::digest(token.as_bytes())[..16]);
+    edge.inner.rates.check(&format!("link:{digest}"))?;
     let gone = || ApiError::not_found("this link is not valid or has expired");
     let (payload, signature) = token.split_once('.').ok_or_else(gone)?;
     let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD;

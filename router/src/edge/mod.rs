@@ -220,7 +220,10 @@ impl Edge {
                 rates.shrink();
             }
         });
-        let result = axum::serve(listener, self.router())
+        let app = self
+            .router()
+            .into_make_service_with_connect_info::<std::net::SocketAddr>();
+        let result = axum::serve(listener, app)
             .with_graceful_shutdown(shutdown)
             .await;
         sweeper.abort();
