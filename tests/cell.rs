@@ -232,6 +232,11 @@ async fn bombs_loops_and_sleepers_are_stopped_and_the_worker_goes_on() {
     contained(&cell, "import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\nprint('CONTAINED' if libc.ptrace(0, 0, 0, 0) != 0 else 'ESCAPED')").await;
     // Namespaces and mounts.
     contained(&cell, "import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\nok = libc.unshare(0x10000000) != 0 and libc.mount(b'none', b'/tmp', b'tmpfs', 0, None) != 0\nprint('CONTAINED' if ok else 'ESCAPED')").await;
+    // io_uring (I/O the seccomp filter would never see) and vsock (the hypervisor's side door).
+    contained(&cell, "import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\nfd = libc.syscall(425, 8, ctypes.create_string_buffer(120))\nprint('CONTAINED' if fd < 0 else 'ESCAPED')").await;
+    contained(&cell, "import socket\ntry:\n    socket.socket(socket.AF_VSOCK, socket.SOCK_STREAM); print('ESCAPED')\nexcept OSError: print('CONTAINED')").await;
+    // The private /tmp is bounded: filling it stops at its size.
+    contained(&cell, "n = 0\ntry:\n    for i in range(64):\n        open(f'/tmp/f{i}', 'wb').write(b'x' * (4 << 20)); n += 1\n    print('ESCAPED')\nexcept OSError: print('CONTAINED' if n < 20 else 'ESCAPED')").await;
     // The worker is unharmed: a normal run still works.
     let r = run(&cell, ws.path(), "print(40 + 2)").await;
     assert_eq!(r.stdout.trim(), "42");

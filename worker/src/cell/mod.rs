@@ -179,7 +179,10 @@ impl Cell {
             command.args(["--symlink", "usr/lib64", "/lib64"]);
         }
         command
-            .args(["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"])
+            // A private /tmp of bounded size (the workspace has its own quota).
+            .args(["--proc", "/proc", "--dev", "/dev", "--size"])
+            .arg(TMP_BYTES.to_string())
+            .args(["--tmpfs", "/tmp"])
             .arg("--bind")
             .arg(workspace)
             .arg("/work")
@@ -356,6 +359,9 @@ fn snapshot(root: &Path) -> BTreeMap<String, (u64, SystemTime)> {
     }
     out
 }
+
+/// The size of a cell's private `/tmp`.
+const TMP_BYTES: u64 = 64 << 20;
 
 /// Where the init binary is inside a cell.
 const INIT_PATH: &str = "/run/turnpike-init";

@@ -1,6 +1,6 @@
 //! The cell's seccomp filter: everything is allowed except what code in a cell never needs,
 //! which fails with `EPERM` — tracing other processes, mounting, BPF, keyrings, perf, kernel
-//! modules, new namespaces, and raw or netlink sockets. `clone3` fails with `ENOSYS`, so the C
+//! modules, new namespaces, io_uring, and raw, netlink or vsock sockets. `clone3` fails with `ENOSYS`, so the C
 //! library falls back to `clone`, whose namespace flags the filter can see.
 
 use std::collections::BTreeMap;
@@ -38,6 +38,10 @@ const DENIED: &[i64] = &[
     libc::SYS_fsmount,
     libc::SYS_move_mount,
     libc::SYS_open_tree,
+    // io_uring performs I/O the filter never sees (its operations are not system calls).
+    libc::SYS_io_uring_setup,
+    libc::SYS_io_uring_enter,
+    libc::SYS_io_uring_register,
 ];
 
 fn cond(arg: u8, op: SeccompCmpOp, value: u64) -> Result<SeccompCondition, String> {
@@ -76,6 +80,8 @@ pub fn program() -> Result<Vec<Vec<u8>>, String> {
         vec![
             rule(vec![cond(0, SeccompCmpOp::Eq, libc::AF_NETLINK as u64)?])?,
             rule(vec![cond(0, SeccompCmpOp::Eq, libc::AF_PACKET as u64)?])?,
+            // Host/guest sockets reach the hypervisor, outside every network namespace.
+            rule(vec![cond(0, SeccompCmpOp::Eq, libc::AF_VSOCK as u64)?])?,
             rule(vec![cond(
                 1,
                 SeccompCmpOp::MaskedEq(0xf),
