@@ -256,7 +256,9 @@ impl Edge {
 
     /// The record of a visible conversation.
     pub(crate) fn record(&self, entry: &DirectoryEntry) -> Record {
-        Record::new(self.inner.conversations.store().clone(), entry.prefix())
+        // Checked against the deployment's trusted keys: a head whose root is not signed by one
+        // is refused, not shown.
+        self.inner.conversations.record(entry.prefix())
     }
 
     /// A conversation as the API shows it: its head and whether it is closed, read now.
