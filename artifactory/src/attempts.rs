@@ -114,6 +114,17 @@ pub async fn get_committed(
     }
     let record = crate::Record::new(store.clone(), prefix.clone());
     let head = record.head().await?;
+    // Only the latest completed turn can still be waiting for its promotion (an owner finishes
+    // it before running another turn): any other miss is a plain miss, at no extra cost.
+    let state = head.state();
+    let latest = if state.turn_open {
+        state.last_turn.saturating_sub(1)
+    } else {
+        state.last_turn
+    };
+    if turn.number() != latest {
+        return Ok(None);
+    }
     let Some(attempt) = record
         .completion(&head, turn)
         .await?

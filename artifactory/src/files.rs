@@ -37,9 +37,13 @@ impl Files {
         path: &RefPath,
         bytes: Bytes,
     ) -> Result<Reference> {
+        // The attempt's own key: only this attempt writes it, so publishing the same path again
+        // within the turn replaces it (the canonical key is created once, at promotion).
         let key = prefix.in_attempt(&prefix.hosted_file(turn, path), turn, attempt);
-        let what = format!("hosting {path} of {turn}");
-        crate::attempts::create(self.store.as_ref(), &key, bytes, &what).await?;
+        self.store
+            .put(&key, PutPayload::from(bytes))
+            .await
+            .map_err(|e| Error::store(&format!("hosting {path} of {turn}"), e))?;
         Ok(Reference::new(
             Family::hosted_file(),
             prefix.conversation(),

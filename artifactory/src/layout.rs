@@ -117,21 +117,34 @@ impl ConversationPrefix {
         Path::from(format!("{}/attempts/{turn}/a{attempt:020}", self.base()))
     }
 
-    /// `canonical` (a key under `turns/turn_{n}/`) as attempt `attempt` writes it.
+    fn turn_dir(&self, turn: TurnId) -> Path {
+        Path::from(format!("{}/turns/{turn}", self.base()))
+    }
+
+    /// `canonical` (a key under `turns/turn_{n}/`) as attempt `attempt` writes it. Works on
+    /// path parts, so names with characters the store encodes are not encoded twice.
     pub fn in_attempt(&self, canonical: &Path, turn: TurnId, attempt: u64) -> Path {
-        let turn_dir = format!("{}/turns/{turn}/", self.base());
+        let turn_dir = self.turn_dir(turn);
         let rest = canonical
-            .as_ref()
-            .strip_prefix(&turn_dir)
+            .prefix_match(&turn_dir)
             .expect("a key of the turn's own folder");
-        Path::from(format!("{}/{rest}", self.attempt_dir(turn, attempt)))
+        let mut out = self.attempt_dir(turn, attempt);
+        for part in rest {
+            out = out.join(part);
+        }
+        out
     }
 
     /// The canonical key of an object attempt `attempt` at `turn` wrote at `written`.
     pub fn promoted(&self, written: &Path, turn: TurnId, attempt: u64) -> Option<Path> {
-        let dir = format!("{}/", self.attempt_dir(turn, attempt));
-        let rest = written.as_ref().strip_prefix(&dir)?;
-        Some(Path::from(format!("{}/turns/{turn}/{rest}", self.base())))
+        let rest = written.prefix_match(&self.attempt_dir(turn, attempt))?;
+        let mut out = self.turn_dir(turn);
+        let mut any = false;
+        for part in rest {
+            out = out.join(part);
+            any = true;
+        }
+        any.then_some(out)
     }
 
     /// The folder of the conversation's git lineage (`…/git/objects/…`, `…/git/refs/…`).
@@ -196,7 +209,11 @@ mod tests {
         let p = ConversationPrefix::new("acme".parse().unwrap(), ConversationId::new());
         let turn = TurnId::new(7).unwrap();
         let file = p.hosted_file(turn, &RefPath::parse("out/report.md").unwrap());
-        for canonical in [p.turn_log(turn), p.context_snapshot(turn), file] {
+        let odd = p.hosted_file(
+            turn,
+            &RefPath::parse("r%C3%A9sum%C3%A9%20~%5B1%5D%23.md").unwrap(),
+        );
+        for canonical in [p.turn_log(turn), p.context_snapshot(turn), file, odd] {
             let written = p.in_attempt(&canonical, turn, 42);
             assert!(written.as_ref().contains("/attempts/turn_7/a"), "{written}");
             assert_eq!(p.promoted(&written, turn, 42), Some(canonical.clone()));

@@ -139,8 +139,19 @@ async fn drain(
 ) -> Result<Head> {
     let conversation = env.record.prefix().conversation();
     let mut head = env.record.head().await?;
-    // A previous owner may have died between a commit and its promotion.
-    finish_promotion(env, &head).await?;
+    // A previous owner may have died between a commit and its promotion. If that cannot be
+    // finished (e.g. a turn from before attempts existed left other bytes at a canonical key),
+    // say so and go on: the lane must not stall on it.
+    match finish_promotion(env, &head).await {
+        Ok(()) => {}
+        Err(Error::Artifactory(e))
+            if e.kind() == turnpike_artifactory::ErrorKind::AlreadyExists =>
+        {
+            warn!(%conversation, error = %e, "could not finish an earlier turn's promotion");
+        }
+        // Anything else (the store is away): not now; nothing new runs before it is done.
+        Err(e) => return Err(e),
+    }
     let mut first = true;
     loop {
         slot.settle(head.state()).await;

@@ -75,6 +75,10 @@ impl TurnEnv {
     /// Clears the conversation's open-turn mark once its turn is closed (best effort: a stale
     /// mark only costs a sweep one head read).
     async fn clear_open_mark(&self) {
+        // A superseded owner must not clear the mark the new owner set for its own turn.
+        if self.fence.check().is_err() {
+            return;
+        }
         if let Err(e) = self.open_turns.clear(self.record.prefix()).await {
             warn!(conversation = %self.record.prefix().conversation(), error = %e, "could not clear the open-turn mark");
         }
@@ -191,8 +195,8 @@ impl Drop for LaneWatch {
 pub struct TurnContext<'a> {
     env: &'a TurnEnv,
     turn: TurnId,
-    /// This attempt at the turn (the owner's lease epoch when it began): the key its side
-    /// objects are written under until the record commits it.
+    /// This attempt at the turn (a fresh random id): the key its side objects are written
+    /// under until the record commits it.
     attempt: u64,
     app: AppId,
     agent: AgentId,
@@ -544,11 +548,17 @@ pub async fn run_new_turn(
         EntryBody::IngressDirective(d) => Some(d.clone()),
         _ => None,
     });
-    finish_turn(env, head, turn, agent, events, directive, epoch).await
+    finish_turn(env, head, turn, agent, events, directive, new_attempt()).await
+}
+
+/// A fresh attempt id: unique across workers and restarts (the random part of a ULID), so no
+/// two attempts at a turn ever share the keys their side objects are written under.
+fn new_attempt() -> u64 {
+    ulid::Ulid::new().0 as u64
 }
 
 /// Re-runs the open turn under the same turn id (its worker died between the batches), as a
-/// new attempt (`epoch`).
+/// new attempt.
 pub async fn recover_turn(env: &TurnEnv, head: Head, epoch: u64) -> Result<Head> {
     let Some((turn, entries)) = env.record.open_turn(&head).await? else {
         return Ok(head);
@@ -599,8 +609,8 @@ pub async fn recover_turn(env: &TurnEnv, head: Head, epoch: u64) -> Result<Head>
         env.clear_open_mark().await;
         return Ok(head);
     }
-    warn!(conversation = %env.record.prefix().conversation(), %turn, "recovering a turn left open");
-    finish_turn(env, head, turn, agent, events, directive, epoch).await
+    warn!(conversation = %env.record.prefix().conversation(), %turn, epoch, "recovering a turn left open");
+    finish_turn(env, head, turn, agent, events, directive, new_attempt()).await
 }
 
 async fn finish_turn(
@@ -702,6 +712,7 @@ async fn finish_turn(
     if failure.is_none() && matches!(outcome, TurnOutcome::Replied | TurnOutcome::Parked) {
         match publish_version(&ctx).await {
             Ok(v) => version = v,
+            Err(Error::Fenced(why)) => return Err(Error::Fenced(why)),
             Err(e) => failure = Some(format!("publishing the project version failed: {e}")),
         }
     }
@@ -814,12 +825,13 @@ async fn finish_turn(
     info!(%conversation, %turn, ?outcome, "turn complete");
     // Committed: this attempt's objects become the turn's. Should this fail (or the worker
     // die first), the mark stays and whoever next owns the conversation finishes it.
-    match promote(env, turn, attempt, version, &log, snapshot.as_ref(), hosted).await {
-        Ok(()) => env.clear_open_mark().await,
-        Err(e) => {
-            warn!(%conversation, %turn, error = %e, "promotion unfinished; the next owner finishes it")
-        }
+    if let Err(e) = promote(env, turn, attempt, version, &log, snapshot.as_ref(), hosted).await {
+        // Committed but not promoted: stop here, mark kept, so that whoever owns the
+        // conversation next finishes this promotion before any other turn runs.
+        warn!(%conversation, %turn, error = %e, "promotion unfinished; the next owner finishes it");
+        return Err(e);
     }
+    env.clear_open_mark().await;
     if let Some(queue) = &env.indexing {
         queue.push(conversation);
     }

@@ -88,6 +88,15 @@ pub fn audit(root: &Path, quota: Quota) -> Result<Audited, String> {
                 .file_type()
                 .map_err(|e| format!("cannot read the workspace at {rel}: {e}"))?;
             if kind.is_dir() {
+                // Folders count against the file quota too: a tree of empty folders is no
+                // cheaper to walk and commit.
+                seen.files += 1;
+                if seen.files > quota.max_files {
+                    return Err(format!(
+                        "the workspace holds more than {} files and folders; that is more than a turn may leave",
+                        quota.max_files
+                    ));
+                }
                 stack.push(path);
                 continue;
             }
@@ -111,10 +120,13 @@ pub fn audit(root: &Path, quota: Quota) -> Result<Audited, String> {
                 ));
             }
             seen.files += 1;
-            seen.bytes += entry.metadata().map(|m| m.len()).unwrap_or(0);
+            seen.bytes += entry
+                .metadata()
+                .map_err(|e| format!("cannot read the workspace at {rel}: {e}"))?
+                .len();
             if seen.files > quota.max_files {
                 return Err(format!(
-                    "the workspace holds more than {} files; that is more than a turn may leave",
+                    "the workspace holds more than {} files and folders; that is more than a turn may leave",
                     quota.max_files
                 ));
             }
@@ -152,13 +164,14 @@ mod tests {
         let ws = tempfile::tempdir().unwrap();
         std::fs::create_dir_all(ws.path().join("a/b")).unwrap();
         std::fs::write(ws.path().join("a/b/ok.txt"), b"12345").unwrap();
+        // Two folders and a file count three.
         let quota = Quota {
-            max_files: 3,
+            max_files: 4,
             max_bytes: 100,
         };
         assert_eq!(
             audit(ws.path(), quota).unwrap(),
-            Audited { files: 1, bytes: 5 }
+            Audited { files: 3, bytes: 5 }
         );
         let fifo = ws.path().join("a/pipe");
         let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
@@ -182,7 +195,7 @@ mod tests {
         }
         assert!(audit(ws.path(), quota)
             .unwrap_err()
-            .contains("more than 3 files"));
+            .contains("more than 4 files"));
         for i in 0..3 {
             std::fs::remove_file(ws.path().join(format!("f{i}"))).unwrap();
         }
