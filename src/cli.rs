@@ -43,6 +43,17 @@ pub struct Global {
     #[arg(long, global = true, env = "TURNPIKE_SIGNING_KEY_FILE")]
     pub signing_key: Option<PathBuf>,
 
+    /// Identities that may run the operator commands (`conversation verify|replay|repair`,
+    /// `git export`) on any conversation of their own tenant (`--tenant`). Every such use is
+    /// logged with who did it.
+    #[arg(
+        long = "admin",
+        global = true,
+        env = "TURNPIKE_ADMINS",
+        value_delimiter = ','
+    )]
+    pub admins: Vec<Identity>,
+
     /// More trusted public keys (64 hex characters each), e.g. during a key rotation.
     #[arg(
         long = "trusted-key",

@@ -18,6 +18,8 @@ pub struct Env {
     pub conversations: Conversations,
     pub signer: RecordSigner,
     pub trusted: TrustedKeys,
+    /// Who may run operator commands on any conversation of their tenant.
+    pub admins: Vec<turnpike_schemas::Identity>,
     data_dir: PathBuf,
     apps_dir: Option<PathBuf>,
 }
@@ -57,6 +59,7 @@ impl Env {
                 .trusting(TrustedKeys::new(keys.clone())),
             signer,
             trusted: TrustedKeys::new(keys),
+            admins: global.admins.clone(),
             data_dir: global.data_dir.clone(),
             apps_dir: global.apps.clone(),
         })
@@ -90,6 +93,33 @@ impl Env {
                 .map_err(anyhow::Error::msg)?;
         }
         Ok(Arc::new(apps))
+    }
+
+    /// Opens a conversation for an operator command (`command`): its owner or a grantee, or an
+    /// admin of its tenant (logged with who did it). Anyone else, and any other tenant's
+    /// conversation, is not found.
+    pub async fn open_for(
+        &self,
+        command: &str,
+        conversation: turnpike_schemas::ConversationId,
+        tenant: &turnpike_schemas::TenantId,
+        actor: &turnpike_schemas::Identity,
+    ) -> Result<(
+        turnpike_artifactory::DirectoryEntry,
+        turnpike_artifactory::Record,
+    )> {
+        if !self.admins.contains(actor) {
+            return Ok(self.conversations.open(conversation, tenant, actor).await?);
+        }
+        let entry = self
+            .conversations
+            .directory()
+            .lookup_in_tenant(conversation, tenant)
+            .await?;
+        tracing::warn!(admin = %actor, %tenant, %conversation, command, "operator command run by an admin");
+        eprintln!("admin {actor} ran `{command}` on {conversation} (tenant {tenant})");
+        let record = self.conversations.record(entry.prefix());
+        Ok((entry, record))
     }
 
     /// The resolver over this environment's store (references → bytes, as an identity).

@@ -496,3 +496,50 @@ fn the_benchmarks_run() {
         String::from_utf8_lossy(&lanes.stdout).contains("turnpike embedded accept -> turn start")
     );
 }
+
+#[test]
+fn an_admin_runs_operator_commands_in_its_own_tenant_only_and_is_logged() {
+    let cli = Cli::new();
+    let conv = cli.conversation(ACTOR);
+    let admin = "oidc:acme:ops";
+    // Not named an admin: like anyone else, it is not found.
+    let plain = cli.run(&["conversation", "verify", &conv, "--actor", admin]);
+    assert_eq!(plain.status.code(), Some(2), "{}", text(&plain));
+    // Named an admin (flag or environment), in the conversation's tenant: it verifies, and the
+    // use is logged with who did it.
+    let ok = cli.run(&[
+        "--admin",
+        admin,
+        "conversation",
+        "verify",
+        &conv,
+        "--actor",
+        admin,
+    ]);
+    assert!(ok.status.success(), "{}", text(&ok));
+    let stderr = String::from_utf8_lossy(&ok.stderr);
+    assert!(
+        stderr.contains(&format!("admin {admin} ran `verify` on {conv}")),
+        "{stderr}"
+    );
+    let via_env = cli
+        .command(&["conversation", "replay", &conv, "--actor", admin])
+        .env("TURNPIKE_ADMINS", format!("local:x,{admin}"))
+        .output()
+        .unwrap();
+    assert!(via_env.status.success(), "{}", text(&via_env));
+    // An admin of another tenant gets what a missing conversation gets.
+    let elsewhere = cli.run(&[
+        "--admin",
+        admin,
+        "conversation",
+        "verify",
+        &conv,
+        "--actor",
+        admin,
+        "--tenant",
+        "other",
+    ]);
+    assert_eq!(elsewhere.status.code(), Some(2), "{}", text(&elsewhere));
+    assert!(!String::from_utf8_lossy(&elsewhere.stdout).contains("verified"));
+}

@@ -34,8 +34,7 @@ pub async fn run(env: &Env, command: ConversationCommand) -> Result<ExitCode> {
             what_if,
         } => {
             let (entry, record) = env
-                .conversations
-                .open(conversation, &actor.tenant, &actor.identity)
+                .open_for("replay", conversation, &actor.tenant, &actor.identity)
                 .await?;
             let transcript = Transcript::from_entries(&record.entries().await?);
             print_transcript(&entry, &transcript);
@@ -82,7 +81,7 @@ pub async fn verify(
     actor: &Identity,
     incremental: bool,
 ) -> Result<ExitCode> {
-    let (_, record) = env.conversations.open(conversation, tenant, actor).await?;
+    let (_, record) = env.open_for("verify", conversation, tenant, actor).await?;
     let known = env.checkpoint(conversation)?;
     let verdict = match (&known, incremental) {
         (Some(known), true) => record.verify_from(&env.trusted, known).await?,
@@ -118,7 +117,7 @@ pub async fn replay_report(
     actor: &Identity,
     what_if: Option<&WhatIf>,
 ) -> Result<bool> {
-    let (entry, _) = env.conversations.open(conversation, tenant, actor).await?;
+    let (entry, _) = env.open_for("replay", conversation, tenant, actor).await?;
     let recorded = crate::commands::edge::recorded_logs(&env.conversations, &entry).await?;
     match what_if {
         Some(w) => println!("replay of {conversation} with a what-if ({w:?}):"),
@@ -156,7 +155,7 @@ async fn repair(
     tenant: &turnpike_schemas::TenantId,
     actor: &Identity,
 ) -> Result<ExitCode> {
-    let (_, record) = env.conversations.open(conversation, tenant, actor).await?;
+    let (_, record) = env.open_for("repair", conversation, tenant, actor).await?;
     let report = record.repair(&env.signer, &env.trusted, now_ms()).await?;
     for removed in &report.removed {
         match removed.position {

@@ -16,8 +16,7 @@ pub async fn run(env: &Env, command: GitCommand) -> Result<ExitCode> {
             actor,
         } => {
             let (entry, record) = env
-                .conversations
-                .open(conversation, &actor.tenant, &actor.identity)
+                .open_for("git export", conversation, &actor.tenant, &actor.identity)
                 .await?;
             anyhow::ensure!(
                 !dir.join("HEAD").exists(),

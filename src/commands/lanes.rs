@@ -52,7 +52,7 @@ pub async fn send(global: &Global, args: SendArgs) -> Result<ExitCode> {
             .create(
                 &env.signer,
                 NewConversation {
-                    tenant: "default".parse()?,
+                    tenant: args.actor.tenant.clone(),
                     owner: args.actor.identity.clone(),
                     app: "demo".parse()?,
                     agent: "echo".parse()?,

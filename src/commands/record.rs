@@ -32,7 +32,7 @@ pub async fn run(global: &Global, command: RecordCommand) -> Result<ExitCode> {
                 .await?
         }
         None => {
-            let (entry, record, _) = create(&env, actor.identity.clone()).await?;
+            let (entry, record, _) = create(&env, &actor.tenant, actor.identity.clone()).await?;
             println!("created {}", entry.conversation);
             (entry, record)
         }
@@ -56,10 +56,14 @@ pub async fn run(global: &Global, command: RecordCommand) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// Creates a conversation owned by `owner` in the demo tenant and app.
-pub async fn create(env: &Env, owner: Identity) -> Result<(DirectoryEntry, Record, Head)> {
+/// Creates a conversation owned by `owner` in `tenant`, with the demo app.
+pub async fn create(
+    env: &Env,
+    tenant: &turnpike_schemas::TenantId,
+    owner: Identity,
+) -> Result<(DirectoryEntry, Record, Head)> {
     let new = NewConversation {
-        tenant: "default".parse()?,
+        tenant: tenant.clone(),
         owner,
         app: "demo".parse()?,
         agent: "echo".parse()?,
