@@ -663,7 +663,7 @@ async fn in_a_shared_conversation_nobody_reaches_what_another_participant_may_no
     let record_text = format!("{entries:?}");
     assert!(
         !record_text.contains("7319"),
-        "the secret reached the shared record"
+        "the secret reached the shared record: {entries:#?}"
     );
     for n in 1..=3 {
         let log = rig.log(n).await;

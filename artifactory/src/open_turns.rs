@@ -2,9 +2,10 @@
 //! without listing every conversation.
 //!
 //! # Contract
-//! - An owner marks a conversation ([`OpenTurns::mark`]) **before** it appends batch one, and
-//!   clears the mark ([`OpenTurns::clear`]) after the turn closes and its attempt's objects are
-//!   promoted (batch two and [`crate::attempts::promote`]; or a quarantine).
+//! - An owner marks a conversation ([`OpenTurns::mark`]) **before** the first batch one it
+//!   appends in a drain, and clears the mark ([`OpenTurns::clear`]) when the drain ends with
+//!   every turn closed and its attempt's objects promoted (one put and one delete per drain, not
+//!   per turn).
 //!   So a record that ends in an open turn always has a mark; a mark without an open turn is
 //!   stale (the owner died between the mark and batch one, or before clearing) and harmless.
 //! - Marks are hints. The record decides: a sweeper takes the conversation's lease, reads the

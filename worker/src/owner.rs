@@ -161,6 +161,7 @@ async fn drain(
         }
         if stopping.load(std::sync::atomic::Ordering::Relaxed) {
             // Shutting down: no new turn; what is left goes to the next owner.
+            env.end_drain().await;
             return Ok(head);
         }
         let known = slot.max_seq().await.max(known_last);
@@ -171,6 +172,7 @@ async fn drain(
             .read_lane(conversation, head.state().lane_through, until, 64)
             .await?;
         if pending.is_empty() {
+            env.end_drain().await;
             return Ok(head);
         }
         let (stops_only, inputs) = next_inputs(pending);
@@ -212,6 +214,7 @@ pub(crate) async fn own(
         apps: worker.apps.clone(),
         directory: worker.conversations.directory().clone(),
         open_turns: worker.conversations.open_turns(),
+        marked: Default::default(),
         fence: Fence::new(lease.expires_ms, worker.config.renew_every),
         config: worker.config.clone(),
     };

@@ -46,8 +46,11 @@ pub struct TurnEnv {
     pub signer: RecordSigner,
     pub apps: Arc<Apps>,
     pub directory: turnpike_artifactory::Directory,
-    /// Where a sweep finds turns left open (marked before batch one, cleared after close).
+    /// Where a sweep finds turns left open: marked before the first batch one of a drain,
+    /// cleared when the drain ends with every turn closed and promoted.
     pub open_turns: turnpike_artifactory::OpenTurns,
+    /// Whether this owner has marked the conversation (and not cleared the mark since).
+    pub marked: std::sync::atomic::AtomicBool,
     /// The owner's lease deadline: fenced writes check it first.
     pub fence: crate::fence::Fence,
     pub config: WorkerConfig,
@@ -74,11 +77,30 @@ impl TurnEnv {
 
     /// Clears the conversation's open-turn mark once its turn is closed (best effort: a stale
     /// mark only costs a sweep one head read).
+    /// Marks the conversation for the sweep, once per drain (before its first batch one).
+    async fn ensure_marked(&self) -> Result<()> {
+        use std::sync::atomic::Ordering;
+        if !self.marked.load(Ordering::Acquire) {
+            self.open_turns.mark(self.record.prefix()).await?;
+            self.marked.store(true, Ordering::Release);
+        }
+        Ok(())
+    }
+
+    /// Clears the mark at the end of a drain that left every turn closed and promoted.
+    pub async fn end_drain(&self) {
+        if self.marked.load(std::sync::atomic::Ordering::Acquire) {
+            self.clear_open_mark().await;
+        }
+    }
+
     async fn clear_open_mark(&self) {
         // A superseded owner must not clear the mark the new owner set for its own turn.
         if self.fence.check().is_err() {
             return;
         }
+        self.marked
+            .store(false, std::sync::atomic::Ordering::Release);
         if let Err(e) = self.open_turns.clear(self.record.prefix()).await {
             warn!(conversation = %self.record.prefix().conversation(), error = %e, "could not clear the open-turn mark");
         }
@@ -523,7 +545,7 @@ pub async fn run_new_turn(
         at_ms: now_ms(),
     }));
     // The mark goes first: a record that ends in an open turn always has one for the sweep.
-    env.open_turns.mark(env.record.prefix()).await?;
+    env.ensure_marked().await?;
     let head = env.append(&head, &bodies).await?;
     info!(conversation = %env.record.prefix().conversation(), %turn, worker = %env.worker, "turn dispatched");
     match env.config.fault {
@@ -605,9 +627,7 @@ pub async fn recover_turn(env: &TurnEnv, head: Head, epoch: u64) -> Result<Head>
                 call.tool
             ),
         });
-        let head = env.append(&head, &[body]).await?;
-        env.clear_open_mark().await;
-        return Ok(head);
+        return env.append(&head, &[body]).await;
     }
     warn!(conversation = %env.record.prefix().conversation(), %turn, epoch, "recovering a turn left open");
     finish_turn(env, head, turn, agent, events, directive, new_attempt()).await
@@ -831,7 +851,6 @@ async fn finish_turn(
         warn!(%conversation, %turn, error = %e, "promotion unfinished; the next owner finishes it");
         return Err(e);
     }
-    env.clear_open_mark().await;
     if let Some(queue) = &env.indexing {
         queue.push(conversation);
     }
@@ -899,11 +918,16 @@ async fn promote(
     Ok(())
 }
 
-/// Finishes what a committed turn's owner may have left undone (it died between the commit
-/// and the promotion): called by the next owner before anything else, when the conversation
-/// is still marked. Clears the mark once done.
+/// Takes over what a previous owner left marked, before anything else in a drain: its mark
+/// becomes this owner's (cleared when this drain ends), and a committed turn whose promotion
+/// it left undone (it died between the commit and the promotion) is promoted now.
 pub async fn finish_promotion(env: &TurnEnv, head: &Head) -> Result<()> {
-    if head.state().turn_open || !env.open_turns.is_marked(env.record.prefix()).await? {
+    if !env.open_turns.is_marked(env.record.prefix()).await? {
+        return Ok(());
+    }
+    env.marked.store(true, std::sync::atomic::Ordering::Release);
+    if head.state().turn_open {
+        // Recovered first; the mark stays until this drain ends.
         return Ok(());
     }
     if let Some(turn) = TurnId::new(head.state().last_turn) {
