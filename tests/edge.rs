@@ -1129,6 +1129,16 @@ async fn the_chat_client_talks_streams_answers_cards_and_reconnects_by_itself() 
     chat.type_line("/approve fine");
     chat.expect("(approved)");
     chat.expect("Published conv:fi:");
+    // The reply streams before its turn commits: let the turn finish, so that what follows is
+    // a new message rather than a follow-up to a turn the restart interrupts.
+    turnpike_tests::edge::wait_for_status(
+        &server.client(ALICE),
+        &id,
+        "idle",
+        Duration::from_secs(60),
+    )
+    .await
+    .unwrap();
 
     // The server dies and comes back: the chat reconnects by itself and goes on.
     server.restart().unwrap();

@@ -611,7 +611,8 @@ async fn in_a_shared_conversation_nobody_reaches_what_another_participant_may_no
     let bob: Identity = "oidc:acme:bob".parse().unwrap();
     let directory = rig.conversations.directory().clone();
     directory.grant(rig.conv, &bob).await.unwrap();
-    // Alice has another conversation, hers alone, with a secret in it.
+    // Alice has another conversation, hers alone, with a secret in it (words no digest, id or
+    // timestamp in a record can spell by chance).
     let (theirs, _, _) = rig
         .conversations
         .create(
@@ -635,7 +636,7 @@ async fn in_a_shared_conversation_nobody_reaches_what_another_participant_may_no
             TurnId::FIRST,
             1,
             &turnpike_schemas::RefPath::parse("secret.txt").unwrap(),
-            "the vault code is 7319".into(),
+            "the vault code is zebra-quartz-sapphire".into(),
         )
         .await
         .unwrap();
@@ -662,12 +663,15 @@ async fn in_a_shared_conversation_nobody_reaches_what_another_participant_may_no
     let entries = rig.record().entries().await.unwrap();
     let record_text = format!("{entries:?}");
     assert!(
-        !record_text.contains("7319"),
+        !record_text.contains("zebra-quartz-sapphire"),
         "the secret reached the shared record: {entries:#?}"
     );
     for n in 1..=3 {
         let log = rig.log(n).await;
-        assert!(!format!("{log:?}").contains("7319"), "turn {n}'s log");
+        assert!(
+            !format!("{log:?}").contains("zebra-quartz-sapphire"),
+            "turn {n}'s log"
+        );
     }
     // The second turn was bob's own, and ran as bob.
     let dispatched_inputs: Vec<String> = entries
@@ -683,6 +687,6 @@ async fn in_a_shared_conversation_nobody_reaches_what_another_participant_may_no
     directory.revoke(rig.conv, &bob).await.unwrap();
     rig.say(&secret.to_string()).await;
     rig.wait_turns(4).await;
-    assert!(format!("{:?}", rig.log(4).await).contains("7319"));
+    assert!(format!("{:?}", rig.log(4).await).contains("zebra-quartz-sapphire"));
     rig.stop().await;
 }
