@@ -136,7 +136,8 @@ impl Server {
 }
 
 /// Every file under `dir`, relative, sorted: a fingerprint of what a store holds. Records'
-/// head hints are left out: they are caches, rewritten in the background after appends.
+/// head hints (and their staging files) are left out: they are caches, rewritten in the
+/// background after appends.
 pub fn files_under(dir: &Path) -> Vec<String> {
     fn walk(root: &Path, dir: &Path, out: &mut Vec<String>) {
         let Ok(entries) = std::fs::read_dir(dir) else {
@@ -147,7 +148,10 @@ pub fn files_under(dir: &Path) -> Vec<String> {
             if path.is_dir() {
                 walk(root, &path, out);
             } else if let Ok(rel) = path.strip_prefix(root) {
-                if !rel.ends_with("record-head") {
+                // The hint and the staging file a local store writes it through
+                // (`record-head#N`, renamed into place) are caches written in the background.
+                let name = rel.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+                if name != "record-head" && !name.starts_with("record-head#") {
                     out.push(rel.display().to_string());
                 }
             }
