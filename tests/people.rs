@@ -606,43 +606,19 @@ text = "read: {last_tool}"
 
 #[tokio::test]
 async fn in_a_shared_conversation_nobody_reaches_what_another_participant_may_not_see() {
-    use turnpike_artifactory::{ConversationPrefix, Files, NewConversation};
     let rig = Rig::start(DEPUTY, 8).await;
     let bob: Identity = "oidc:acme:bob".parse().unwrap();
     let directory = rig.conversations.directory().clone();
     directory.grant(rig.conv, &bob).await.unwrap();
     // Alice has another conversation, hers alone, with a secret in it (words no digest, id or
     // timestamp in a record can spell by chance).
-    let (theirs, _, _) = rig
-        .conversations
-        .create(
-            &signer(),
-            NewConversation {
-                tenant: turnpike_tests::fixtures::tenant(),
-                owner: owner(),
-                app: "support".parse().unwrap(),
-                agent: "helper".parse().unwrap(),
-                at_ms: 1,
-                instructions: None,
-            },
-        )
-        .await
-        .unwrap();
-    let prefix = ConversationPrefix::new(turnpike_tests::fixtures::tenant(), theirs.conversation);
-    let files = Files::new(rig.conversations.store().clone());
-    let secret = files
-        .host(
-            &prefix,
-            TurnId::FIRST,
-            1,
-            &turnpike_schemas::RefPath::parse("secret.txt").unwrap(),
-            "the vault code is zebra-quartz-sapphire".into(),
-        )
-        .await
-        .unwrap();
-    turnpike_artifactory::attempts::promote(files.store(), &prefix, TurnId::FIRST, 1)
-        .await
-        .unwrap();
+    let secret = turnpike_tests::fixtures::conversation_with_file(
+        &rig.conversations,
+        owner(),
+        "secret.txt",
+        "the vault code is zebra-quartz-sapphire",
+    )
+    .await;
 
     // 1. Bob's follow-up, sent while alice's turn runs, is not folded into it (it would run
     //    as alice): it waits for a turn of its own, which runs as bob.

@@ -11,7 +11,7 @@ use object_store::memory::InMemory;
 use object_store::ObjectStore;
 use serde_json::{json, Value};
 use tokio::sync::Notify;
-use turnpike_artifactory::{ConversationPrefix, Conversations, Files, Record, TurnLogs};
+use turnpike_artifactory::{ConversationPrefix, Files, Record, TurnLogs};
 use turnpike_schemas::entry::{CompactionMarker, IngressDirective, TurnOutcome};
 use turnpike_schemas::live::LiveFrame;
 use turnpike_schemas::turnlog::TURN_LOG_VERSION;
@@ -407,37 +407,14 @@ async fn files_flow_through_pull_write_publish_and_a_later_turn_by_reference() {
     assert_eq!(read["text"], "# Report\nfrom the notes");
 
     // Another user's reference is the same "not found" as a missing one; paths cannot escape.
-    let other = Conversations::new(rig.conversations.store().clone());
     let stranger: turnpike_schemas::Identity = "oidc:acme:u-99".parse().unwrap();
-    let (theirs, _, _) = other
-        .create(
-            &signer(),
-            turnpike_artifactory::NewConversation {
-                tenant: tenant(),
-                owner: stranger,
-                app: "support".parse().unwrap(),
-                agent: "helper".parse().unwrap(),
-                at_ms: 1,
-                instructions: None,
-            },
-        )
-        .await
-        .unwrap();
-    let theirs_prefix = ConversationPrefix::new(tenant(), theirs.conversation);
-    let secret = files
-        .host(
-            &theirs_prefix,
-            TurnId::FIRST,
-            1,
-            &turnpike_schemas::RefPath::parse("secret.txt").unwrap(),
-            "secret".into(),
-        )
-        .await
-        .unwrap();
-    // As if their turn 1 committed: the file is there for whoever may read it.
-    turnpike_artifactory::attempts::promote(files.store(), &theirs_prefix, TurnId::FIRST, 1)
-        .await
-        .unwrap();
+    let secret = turnpike_tests::fixtures::conversation_with_file(
+        &rig.conversations,
+        stranger,
+        "secret.txt",
+        "secret",
+    )
+    .await;
     rig.say(&secret.to_string()).await;
     rig.wait_turns(3).await;
     let log = rig.log(3).await;

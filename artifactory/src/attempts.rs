@@ -14,7 +14,6 @@ use std::sync::Arc;
 
 use futures::TryStreamExt as _;
 use object_store::{ObjectStore, ObjectStoreExt as _, PutMode, PutOptions, PutPayload};
-use turnpike_schemas::entry::TurnComplete;
 use turnpike_schemas::TurnId;
 
 use crate::error::{Error, Result};
@@ -143,25 +142,33 @@ pub async fn get_committed(
     Ok(Some(bytes))
 }
 
-/// Finishes the promotion of a committed turn (its owner may have died between the commit and
-/// the promotion): the attempt's objects, and its project version as the turn's git ref.
-pub async fn promote_committed(
+/// Finishes the promotion of the record's latest turn if it is complete (its owner may have
+/// died between the commit and the promotion): the attempt's objects, and its project version
+/// as the turn's git ref. Nothing to do for an open, quarantined or pre-attempt turn.
+pub async fn finish_latest(
     store: &Arc<dyn ObjectStore>,
-    prefix: &ConversationPrefix,
-    complete: &TurnComplete,
+    record: &crate::Record,
+    head: &crate::Head,
 ) -> Result<()> {
+    let Some(turn) = TurnId::new(head.state().last_turn) else {
+        return Ok(());
+    };
+    let Some(complete) = record.completion(head, turn).await? else {
+        return Ok(());
+    };
     let Some(attempt) = complete.attempt else {
         // Written before attempts existed: the turn wrote its canonical keys itself.
         return Ok(());
     };
-    promote(store, prefix, complete.turn, attempt).await?;
+    let prefix = record.prefix();
+    promote(store, prefix, turn, attempt).await?;
     if let Some(version) = complete
         .version
         .as_deref()
         .and_then(|v| git2::Oid::from_str(v).ok())
     {
         let lineage = crate::git::Lineage::new(store.clone(), prefix.clone());
-        lineage.publish_ref_once(complete.turn, version).await?;
+        lineage.publish_ref_once(turn, version).await?;
     }
     Ok(())
 }

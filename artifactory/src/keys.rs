@@ -188,6 +188,28 @@ impl TrustedKeys {
             .map_err(|e| Error::with_source(ErrorKind::Key, "not a valid ed25519 public key", e))
     }
 
+    /// Whether a batch's signed root is signed by a trusted key over `root_hash` (the MMR root
+    /// the caller derived or parsed), its leaf count and — for batch format 2 and later — the
+    /// state it carries.
+    pub fn verify_root(
+        &self,
+        partition: &str,
+        root: &turnpike_schemas::entry::SignedRoot,
+        root_hash: &Hash,
+        format: u16,
+    ) -> SignatureCheck {
+        let state = (format >= 2).then(|| state_digest(&root.state));
+        let signature = hex::decode(&root.signature).unwrap_or_default();
+        self.verify(
+            &root.key_id,
+            partition,
+            root.leaf_count,
+            root_hash,
+            state.as_ref(),
+            &signature,
+        )
+    }
+
     /// Whether a signature by key `key_id` over this root (and state digest, for format 2) is
     /// valid.
     pub fn verify(

@@ -56,7 +56,7 @@ pub async fn run(global: &Global, plan: Plan, dir: Option<PathBuf>) -> Result<Ex
     g.nats_url = None;
     g.store = None;
     let env = Env::open(&g)?;
-    let bus = open_bus(&g, Duration::from_secs(30)).await?;
+    let bus = open_bus(&g, &env, Duration::from_secs(30)).await?;
     let apps = env.apps(true)?;
     let config = WorkerConfig {
         slots: 512,

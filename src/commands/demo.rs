@@ -32,7 +32,7 @@ pub async fn run(global: &Global) -> Result<ExitCode> {
     }
     let env = Env::open(global)?;
     let apps = env.apps(true)?;
-    let bus = open_bus(global, Duration::from_secs(30)).await?;
+    let bus = open_bus(global, &env, Duration::from_secs(30)).await?;
     let owner: Identity = "local:demo-user".parse()?;
     println!("data directory: {}", global.data_dir.display());
     let (entry, record, _) = env

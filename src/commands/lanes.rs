@@ -15,7 +15,7 @@ use crate::env::{now_ms, Env};
 
 pub async fn send(global: &Global, args: SendArgs) -> Result<ExitCode> {
     let env = Env::open(global)?;
-    let bus = open_bus(global, Duration::from_secs(30)).await?;
+    let bus = open_bus(global, &env, Duration::from_secs(30)).await?;
     let body = match args.kind {
         EventKindArg::Message => EventBody::Message { text: args.text },
         EventKindArg::FollowUp => EventBody::FollowUp { text: args.text },

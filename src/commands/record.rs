@@ -24,7 +24,7 @@ pub async fn run(global: &Global, command: RecordCommand) -> Result<ExitCode> {
         "`record append` works on the embedded default; use `send` with --nats-url"
     );
     let env = Env::open(global)?;
-    let bus = open_bus(global, std::time::Duration::from_secs(30)).await?;
+    let bus = open_bus(global, &env, std::time::Duration::from_secs(30)).await?;
     let (entry, record) = match conversation {
         Some(id) => {
             env.conversations

@@ -47,8 +47,8 @@ async fn check_lane_layout(
 }
 
 /// Opens the bus the flags select: JetStream with `--nats-url`, else the embedded bus.
-pub async fn open_bus(global: &Global, ack_wait: Duration) -> Result<Arc<dyn Bus>> {
-    let env = Env::open(global)?;
+/// A fleet's lane layout is checked against the one persisted in `env`'s store.
+pub async fn open_bus(global: &Global, env: &Env, ack_wait: Duration) -> Result<Arc<dyn Bus>> {
     match &global.nats_url {
         Some(url) => {
             let bus = JetStreamBus::connect(JetStreamConfig {
@@ -293,7 +293,7 @@ pub async fn serve(global: &Global, args: ServeArgs) -> Result<ExitCode> {
         "`serve` is the embedded default; for NATS run `turnpike router` and `turnpike worker`"
     );
     let env = Env::open(global)?;
-    let bus = open_bus(global, Duration::from_millis(args.worker.ack_wait_ms)).await?;
+    let bus = open_bus(global, &env, Duration::from_millis(args.worker.ack_wait_ms)).await?;
     eprintln!("serving from {}", global.data_dir.display());
     let apps = env.apps(false)?;
     let index = open_index(global).await;
@@ -325,7 +325,7 @@ pub async fn worker(global: &Global, args: WorkerArgs) -> Result<ExitCode> {
         "a fleet worker needs --nats-url (or TURNPIKE_NATS_URL)"
     );
     let env = Env::open(global)?;
-    let bus = open_bus(global, Duration::from_millis(args.ack_wait_ms)).await?;
+    let bus = open_bus(global, &env, Duration::from_millis(args.ack_wait_ms)).await?;
     // A fleet shares one index: Postgres. A worker's own embedded index would hold only the
     // turns it happened to run.
     let indexing = if global.index.database_url.is_some() {
@@ -351,7 +351,7 @@ pub async fn router(global: &Global, args: RouterArgs) -> Result<ExitCode> {
         "a fleet router needs --nats-url (or TURNPIKE_NATS_URL)"
     );
     let env = Env::open(global)?;
-    let bus = open_bus(global, Duration::from_secs(30)).await?;
+    let bus = open_bus(global, &env, Duration::from_secs(30)).await?;
     let apps = env.apps(false)?;
     // A fleet searches the shared index in Postgres; without it, `/v1/search` says search is off.
     let search = if global.index.database_url.is_some() {

@@ -930,16 +930,7 @@ pub async fn finish_promotion(env: &TurnEnv, head: &Head) -> Result<()> {
         // Recovered first; the mark stays until this drain ends.
         return Ok(());
     }
-    if let Some(turn) = TurnId::new(head.state().last_turn) {
-        if let Some(complete) = env.record.completion(head, turn).await? {
-            turnpike_artifactory::attempts::promote_committed(
-                env.files.store(),
-                env.record.prefix(),
-                &complete,
-            )
-            .await?;
-        }
-    }
+    turnpike_artifactory::attempts::finish_latest(env.files.store(), &env.record, head).await?;
     env.clear_open_mark().await;
     Ok(())
 }

@@ -318,23 +318,9 @@ impl Worker {
                 Ok(head) => {
                     // Closed: finish a promotion its owner may have left undone, then the mark
                     // is stale.
-                    let promoted = match turnpike_schemas::TurnId::new(head.state().last_turn) {
-                        Some(turn) => match record.completion(&head, turn).await {
-                            Ok(Some(complete)) => {
-                                turnpike_artifactory::attempts::promote_committed(
-                                    inner.conversations.store(),
-                                    &prefix,
-                                    &complete,
-                                )
-                                .await
-                                .map_err(|e| e.to_string())
-                            }
-                            Ok(None) => Ok(()),
-                            Err(e) => Err(e.to_string()),
-                        },
-                        None => Ok(()),
-                    };
-                    match promoted {
+                    let store = inner.conversations.store();
+                    match turnpike_artifactory::attempts::finish_latest(store, &record, &head).await
+                    {
                         Ok(()) => {
                             if let Err(e) = marks.clear(&prefix).await {
                                 debug!(%conversation, error = %e, "sweep: cannot clear a stale mark");

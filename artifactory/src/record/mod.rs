@@ -175,16 +175,8 @@ impl Record {
             return Err(corrupt("has a root that does not match its peaks"));
         }
         if let Some(keys) = &self.keys {
-            let state = (batch.format >= 2).then(|| crate::keys::state_digest(&root.state));
-            let signature = hex::decode(&root.signature).unwrap_or_default();
-            let check = keys.verify(
-                &root.key_id,
-                &self.prefix.partition(),
-                root.leaf_count,
-                &mmr.root(),
-                state.as_ref(),
-                &signature,
-            );
+            let check =
+                keys.verify_root(&self.prefix.partition(), &root, &mmr.root(), batch.format);
             if check != SignatureCheck::Valid {
                 return Err(Error::new(
                     ErrorKind::Corrupt,

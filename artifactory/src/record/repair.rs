@@ -210,16 +210,7 @@ impl Record {
             .ok()
             .and_then(|b| b.try_into().ok())
             .ok_or_else(|| "its root is malformed".to_owned())?;
-        let state = (batch.format >= 2).then(|| crate::keys::state_digest(&root.state));
-        let signature = hex::decode(&root.signature).unwrap_or_default();
-        let check = keys.verify(
-            &root.key_id,
-            &self.prefix.partition(),
-            root.leaf_count,
-            &root_hash,
-            state.as_ref(),
-            &signature,
-        );
+        let check = keys.verify_root(&self.prefix.partition(), &root, &root_hash, batch.format);
         if check != SignatureCheck::Valid {
             return Err(format!(
                 "its root is not signed by a trusted key ({check:?}); dropped, not re-signed"

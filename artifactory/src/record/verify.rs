@@ -373,16 +373,10 @@ impl<'a> Walk<'a> {
         {
             return Err(Problem::RootMismatch);
         }
-        let signature = hex::decode(&root.signature).unwrap_or_default();
-        let state = (format >= 2).then(|| crate::keys::state_digest(&root.state));
-        let check = self.keys.verify(
-            &root.key_id,
-            &self.partition,
-            position,
-            &expected,
-            state.as_ref(),
-            &signature,
-        );
+        // `root.leaf_count == position` was checked above.
+        let check = self
+            .keys
+            .verify_root(&self.partition, root, &expected, format);
         // The state must be what the entries add up to. Format 1 roots are left alone: they
         // predate fields the state has gained since, so theirs may legitimately differ.
         if check == SignatureCheck::Valid && format >= 2 && root.state != self.state {

@@ -114,3 +114,43 @@ pub async fn record_with_turns(store: Arc<dyn ObjectStore>, turns: u64) -> (Reco
     }
     (record, head)
 }
+
+/// A conversation of `owner` (the fixture tenant, app and agent) whose turn 1 hosted `name`
+/// with `bytes`, promoted as a committed turn's would be; returns the file's reference.
+pub async fn conversation_with_file(
+    conversations: &turnpike_artifactory::Conversations,
+    owner: Identity,
+    name: &str,
+    bytes: &'static str,
+) -> turnpike_schemas::Reference {
+    let (entry, _, _) = conversations
+        .create(
+            &signer(),
+            turnpike_artifactory::NewConversation {
+                tenant: tenant(),
+                owner,
+                app: "support".parse().unwrap(),
+                agent: "helper".parse().unwrap(),
+                at_ms: 1,
+                instructions: None,
+            },
+        )
+        .await
+        .unwrap();
+    let prefix = entry.prefix();
+    let files = turnpike_artifactory::Files::new(conversations.store().clone());
+    let reference = files
+        .host(
+            &prefix,
+            TurnId::FIRST,
+            1,
+            &turnpike_schemas::RefPath::parse(name).unwrap(),
+            bytes.into(),
+        )
+        .await
+        .unwrap();
+    turnpike_artifactory::attempts::promote(files.store(), &prefix, TurnId::FIRST, 1)
+        .await
+        .unwrap();
+    reference
+}
