@@ -805,3 +805,104 @@ async fn a_retried_turn_names_its_own_version_and_the_first_attempt_is_unreachab
         .unwrap();
     rig.stop().await;
 }
+
+const PUBLISHER: &str = r##"
+[[turn]]
+[[turn.step]]
+tool_calls = [{ name = "write_file", arguments = { path = "out.md", content = "# Out for {last_user}\n" } }]
+[[turn.step]]
+tool_calls = [{ name = "publish", arguments = { path = "out.md" } }]
+[[turn.step]]
+text = "Published {file:out.md}"
+"##;
+
+#[tokio::test]
+async fn a_worker_killed_between_the_commit_and_the_promotion_leaves_nothing_unreadable_or_unfinished(
+) {
+    use turnpike_artifactory::git::Lineage;
+    let mut options = RigOptions::new(PUBLISHER);
+    options.paused = true;
+    options.lease_ttl = std::time::Duration::from_millis(600);
+    let mut rig = Rig::with(options).await;
+    rig.run_with_fault(turnpike_worker::Fault::HangBeforePromotion);
+    rig.say("the launch").await;
+    // Turn 1 commits, then its worker dies before promoting anything; nothing else is sent.
+    rig.wait_turns(1).await;
+    rig.crash().await;
+    let store = rig.conversations.store().clone();
+    let marks = rig.conversations.open_turns();
+    assert_eq!(marks.list().await.unwrap(), vec![rig.prefix()]);
+    let lineage = Lineage::new(store.clone(), rig.prefix());
+    assert_eq!(lineage.ref_of(TurnId::FIRST).await.unwrap(), None);
+    // Readers already see the committed attempt: the log and the published file.
+    let log = rig.log(1).await;
+    let published = replies(&log)[0]
+        .strip_prefix("Published ")
+        .unwrap()
+        .to_owned();
+    let resolver =
+        turnpike_resolver::Resolver::standard(rig.conversations.directory().clone(), store.clone());
+    let bytes = resolver
+        .resolve_str(&owner(), &published)
+        .await
+        .unwrap()
+        .bytes;
+    assert_eq!(&bytes[..], b"# Out for the launch\n");
+    // Once the dead owner's lease lapses, a new worker's sweep finishes the promotion by
+    // itself: canonical objects, the version's ref, and the mark gone.
+    let deadline = Instant::now() + LONG;
+    loop {
+        if let Some(lease) = rig
+            .bus
+            .claim(rig.conv, turnpike_schemas::WorkerId::new(), LONG)
+            .await
+            .unwrap()
+        {
+            rig.bus.release(&lease).await.unwrap();
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the dead owner's lease never lapsed"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    rig.run();
+    let deadline = Instant::now() + LONG;
+    while !marks.list().await.unwrap().is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "the sweep never finished the promotion"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let head = rig.record().head().await.unwrap();
+    let complete = rig
+        .record()
+        .completion(&head, TurnId::FIRST)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        lineage
+            .ref_of(TurnId::FIRST)
+            .await
+            .unwrap()
+            .map(|o| o.to_string()),
+        complete.version
+    );
+    let canonical = rig.prefix().hosted_file(
+        TurnId::FIRST,
+        &turnpike_schemas::RefPath::parse("out.md").unwrap(),
+    );
+    assert_eq!(
+        &object_store::ObjectStoreExt::get(store.as_ref(), &canonical)
+            .await
+            .unwrap()
+            .bytes()
+            .await
+            .unwrap()[..],
+        b"# Out for the launch\n"
+    );
+    rig.stop().await;
+}

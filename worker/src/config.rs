@@ -15,6 +15,9 @@ pub enum Fault {
     /// With the turn's log, snapshot and version written, hang before batch two until killed
     /// (a crash between the batches after the work was done).
     HangBeforeBatchTwo,
+    /// With batch two committed, hang before the attempt's objects are promoted until killed
+    /// (a crash between the commit and the promotion).
+    HangBeforePromotion,
 }
 
 /// How a worker behaves.

@@ -843,6 +843,10 @@ async fn finish_turn(
     }
     let head = env.append(&head, &bodies).await?;
     info!(%conversation, %turn, ?outcome, "turn complete");
+    if env.config.fault == Some(Fault::HangBeforePromotion) {
+        eprintln!("fault: hanging before promoting {conversation} {turn}");
+        std::future::pending::<()>().await;
+    }
     // Committed: this attempt's objects become the turn's. Should this fail (or the worker
     // die first), the mark stays and whoever next owns the conversation finishes it.
     if let Err(e) = promote(env, turn, attempt, version, &log, snapshot.as_ref(), hosted).await {
