@@ -484,6 +484,22 @@ pub enum ConversationCommand {
         #[command(flatten)]
         actor: Actor,
     },
+    /// Lists the lane messages set aside as dead letters (unreadable, or refused by the record).
+    DeadLetters {
+        conversation: ConversationId,
+        #[command(flatten)]
+        actor: Actor,
+    },
+    /// Puts a dead letter's bytes back on the conversation's lane (e.g. after an upgrade that
+    /// reads them); the letter notes who requeued it and where.
+    Requeue {
+        conversation: ConversationId,
+        #[command(flatten)]
+        actor: Actor,
+        /// The lane sequence the letter was parked at.
+        #[arg(long)]
+        seq: u64,
+    },
 }
 
 /// The identity a command acts as.

@@ -299,6 +299,48 @@ macro_rules! bus_suite {
                 }
                 assert_eq!(winners, 1);
             }
+
+            #[tokio::test]
+            async fn reading_stops_before_a_message_it_cannot_read_and_hands_over_its_bytes() {
+                let b = super::$backend().await;
+                let conv = ConversationId::new();
+                let first = b.bus.publish(&event(conv, "first")).await.unwrap().seq;
+                // A newer event kind: the address reads, the body does not.
+                let mut future = serde_json::to_value(event(conv, "x")).unwrap();
+                future["body"] = serde_json::json!({ "kind": "poll", "question": "?" });
+                let raw = serde_json::to_vec(&future).unwrap();
+                let odd = b.bus.republish(conv, &raw).await.unwrap();
+                assert!(odd.seq > first && !odd.duplicate);
+                // Its wake still comes (the owner parks it); republishing is never deduplicated.
+                let again = b.bus.republish(conv, &raw).await.unwrap();
+                assert!(again.seq > odd.seq && !again.duplicate);
+                b.bus.publish(&event(conv, "last")).await.unwrap();
+                let lane = b.bus.read_lane(conv, 0, None, 100).await.unwrap();
+                assert_eq!(lane.iter().map(|m| text(&m.event)).collect::<Vec<_>>(), ["first"]);
+                let e = b.bus.read_lane(conv, first, None, 100).await.unwrap_err();
+                assert_eq!(e.kind(), ErrorKind::Unreadable);
+                let unreadable = e.unreadable().unwrap();
+                assert_eq!((unreadable.seq, unreadable.bytes.as_slice()), (odd.seq, raw.as_slice()));
+                let rest = b.bus.read_lane(conv, again.seq, None, 100).await.unwrap();
+                assert_eq!(rest.iter().map(|m| text(&m.event)).collect::<Vec<_>>(), ["last"]);
+                let mut woken = Vec::new();
+                while let Some(w) = wake_within(&b.bus, Duration::from_secs(5)).await {
+                    assert_eq!(w.conversation, conv);
+                    woken.push(w.seq);
+                    w.ack().await.unwrap();
+                    if woken.len() == 4 {
+                        break;
+                    }
+                }
+                woken.sort_unstable();
+                assert!(woken.contains(&odd.seq), "{woken:?}");
+                // Bytes addressed elsewhere, or with no address, are refused.
+                let other = serde_json::to_vec(&event(ConversationId::new(), "y")).unwrap();
+                let refused = b.bus.republish(conv, &other).await.unwrap_err();
+                assert_eq!(refused.kind(), ErrorKind::Invalid);
+                let refused = b.bus.republish(conv, b"\xff not json").await.unwrap_err();
+                assert_eq!(refused.kind(), ErrorKind::Invalid);
+            }
         }
     };
 }

@@ -543,3 +543,120 @@ fn an_admin_runs_operator_commands_in_its_own_tenant_only_and_is_logged() {
     assert_eq!(elsewhere.status.code(), Some(2), "{}", text(&elsewhere));
     assert!(!String::from_utf8_lossy(&elsewhere.stdout).contains("verified"));
 }
+
+#[test]
+fn an_operator_lists_dead_letters_and_requeues_one_once() {
+    let cli = Cli::new();
+    let sent = cli.run(&["send", "new", "--actor", ACTOR, "--text", "first"]);
+    assert!(sent.status.success(), "{}", text(&sent));
+    let conv = String::from_utf8_lossy(&sent.stdout)
+        .lines()
+        .next()
+        .unwrap()
+        .trim()
+        .to_owned();
+    let empty = cli.run(&["conversation", "dead-letters", &conv, "--actor", ACTOR]);
+    assert!(
+        String::from_utf8_lossy(&empty.stdout).contains("no dead letters"),
+        "{}",
+        text(&empty)
+    );
+    // A letter an older worker parked because it could not read it; this binary can.
+    let event = turnpike_schemas::Event::new(
+        turnpike_schemas::Address {
+            tenant: "default".parse().unwrap(),
+            app: "demo".parse().unwrap(),
+            agent: "echo".parse().unwrap(),
+            conversation: conv.parse().unwrap(),
+            identity: ACTOR.parse().unwrap(),
+        },
+        turnpike_schemas::EventBody::Message {
+            text: "from the letter".into(),
+        },
+        1,
+    );
+    let letter = turnpike_artifactory::DeadLetter::new(
+        99,
+        "this runtime cannot read it: unknown variant",
+        1,
+        &serde_json::to_vec(&event).unwrap(),
+    );
+    let dir = cli
+        .data
+        .path()
+        .join("store/tenants/default/conversations")
+        .join(&conv)
+        .join("dead-letters");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join(format!("{:020}", 99)),
+        serde_json::to_vec(&letter).unwrap(),
+    )
+    .unwrap();
+    // Another identity cannot see or requeue them.
+    let other = cli.run(&[
+        "conversation",
+        "requeue",
+        &conv,
+        "--actor",
+        "oidc:acme:mallory",
+        "--seq",
+        "99",
+    ]);
+    assert_eq!(other.status.code(), Some(2), "{}", text(&other));
+    let listed = cli.run(&["conversation", "dead-letters", &conv, "--actor", ACTOR]);
+    let listing = String::from_utf8_lossy(&listed.stdout);
+    assert!(
+        listing.contains("lane sequence 99") && listing.contains("from the letter"),
+        "{}",
+        text(&listed)
+    );
+    let requeued = cli.run(&[
+        "conversation",
+        "requeue",
+        &conv,
+        "--actor",
+        ACTOR,
+        "--seq",
+        "99",
+    ]);
+    assert!(requeued.status.success(), "{}", text(&requeued));
+    let twice = cli.run(&[
+        "conversation",
+        "requeue",
+        &conv,
+        "--actor",
+        ACTOR,
+        "--seq",
+        "99",
+    ]);
+    assert!(!twice.status.success(), "{}", text(&twice));
+    assert!(
+        String::from_utf8_lossy(&twice.stderr).contains("requeued already"),
+        "{}",
+        text(&twice)
+    );
+    let mut serve = cli
+        .command(&["serve", "--workers", "1"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let tail = cli.run(&[
+        "tail",
+        &conv,
+        "--actor",
+        ACTOR,
+        "--follow",
+        "--until-turns",
+        "2",
+        "--timeout-secs",
+        "120",
+    ]);
+    let _ = serve.kill();
+    let _ = serve.wait();
+    assert!(tail.status.success(), "{}", text(&tail));
+    let rows = String::from_utf8_lossy(&tail.stdout);
+    assert!(rows.contains("echo: first"), "{rows}");
+    assert_eq!(rows.matches("echo: from the letter").count(), 1, "{rows}");
+}

@@ -906,3 +906,126 @@ async fn a_worker_killed_between_the_commit_and_the_promotion_leaves_nothing_unr
     );
     rig.stop().await;
 }
+
+const ECHO_SCRIPT: &str = "[[turn]]\n[[turn.step]]\ntext = \"echo: {last_user}\"\n";
+
+/// The address of the rig's conversation, as a JSON value (for hand-made lane bytes).
+fn rig_address(rig: &Rig) -> Value {
+    json!({
+        "tenant": tenant().to_string(),
+        "app": "support",
+        "agent": "helper",
+        "conversation": rig.conv.to_string(),
+        "identity": owner().to_string(),
+    })
+}
+
+#[tokio::test]
+async fn a_lane_message_this_runtime_cannot_read_is_parked_once_and_the_lane_goes_on() {
+    let mut options = RigOptions::new(ECHO_SCRIPT);
+    options.paused = true;
+    let mut rig = Rig::with(options).await;
+    rig.say("before").await;
+    // A newer event kind during a rolling upgrade: the address reads, the body does not.
+    let raw = serde_json::to_vec(&json!({
+        "version": 2,
+        "id": turnpike_schemas::EventId::new().to_string(),
+        "address": rig_address(&rig),
+        "accepted_at_ms": 1,
+        "body": { "kind": "poll", "question": "lunch?" },
+    }))
+    .unwrap();
+    let parked = rig.bus.republish(rig.conv, &raw).await.unwrap().seq;
+    rig.say("after").await;
+    rig.run();
+    rig.wait_turns(2).await;
+    assert_eq!(replies(&rig.log(1).await), ["echo: before"]);
+    assert_eq!(replies(&rig.log(2).await), ["echo: after"]);
+    let entries = rig.record().entries().await.unwrap();
+    let kinds: Vec<EntryKind> = entries
+        .iter()
+        .map(|e| e.body.kind())
+        .filter(|k| k.is_input() || *k == EntryKind::LaneParked)
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            EntryKind::UserMessage,
+            EntryKind::LaneParked,
+            EntryKind::UserMessage
+        ],
+        "parked once, in lane order"
+    );
+    let letter = entries
+        .iter()
+        .find_map(|e| match &e.body {
+            EntryBody::LaneParked(p) => Some(p.clone()),
+            _ => None,
+        })
+        .unwrap();
+    assert_eq!(letter.lane_seq, parked);
+    assert!(letter.reason.contains("cannot read"), "{}", letter.reason);
+    let kept = turnpike_artifactory::DeadLetters::new(rig.conversations.store().clone())
+        .get(&rig.prefix(), parked)
+        .await
+        .unwrap();
+    assert_eq!(
+        kept.bytes().unwrap(),
+        raw,
+        "the bytes are kept as they were"
+    );
+    let keys = turnpike_artifactory::TrustedKeys::new([signer().verifying_key()]);
+    rig.record()
+        .verify(&keys, None)
+        .await
+        .unwrap()
+        .expect("the record with a parked message verifies");
+    rig.stop().await;
+}
+
+#[tokio::test]
+async fn a_conversation_created_without_its_opening_batch_is_opened_from_its_directory_entry() {
+    let mut options = RigOptions::new(ECHO_SCRIPT);
+    options.paused = true;
+    let mut rig = Rig::with(options).await;
+    // A creation that stopped after the directory entry and before the first batch.
+    let entry = turnpike_artifactory::DirectoryEntry {
+        conversation: ConversationId::new(),
+        tenant: tenant(),
+        owner: owner(),
+        app: "support".parse().unwrap(),
+        agent: "helper".parse().unwrap(),
+        created_ms: 5,
+        instructions: None,
+    };
+    rig.conversations.directory().create(&entry).await.unwrap();
+    rig.ingress
+        .submit(
+            &tenant(),
+            &owner(),
+            entry.conversation,
+            EventBody::Message {
+                text: "still here?".into(),
+            },
+            None,
+        )
+        .await
+        .unwrap();
+    rig.run();
+    turnpike_tests::lanes::wait_for_turns(&rig.conversations, &[entry.conversation], 1, LONG)
+        .await
+        .unwrap();
+    let record = Record::new(rig.conversations.store().clone(), entry.prefix());
+    let entries = record.entries().await.unwrap();
+    assert!(
+        matches!(&entries[0].body, EntryBody::ConversationOpened(o) if o.owner == owner() && o.at_ms == 5),
+        "{:?}",
+        entries[0].body
+    );
+    let log = TurnLogs::new(rig.conversations.store().clone())
+        .read(&entry.prefix(), TurnId::new(1).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(replies(&log), ["echo: still here?"]);
+    rig.stop().await;
+}

@@ -78,6 +78,11 @@ impl Conversations {
         TurnLogs::new(self.store.clone())
     }
 
+    /// The dead letters in the same store.
+    pub fn dead_letters(&self) -> crate::DeadLetters {
+        crate::DeadLetters::new(self.store.clone())
+    }
+
     /// The open-turn marks in the same store.
     pub fn open_turns(&self) -> crate::OpenTurns {
         crate::OpenTurns::new(self.store.clone())

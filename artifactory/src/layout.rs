@@ -89,6 +89,16 @@ impl ConversationPrefix {
         ))
     }
 
+    /// Where the lane message at `lane_seq` is kept when it was parked as a dead letter.
+    pub fn dead_letter(&self, lane_seq: u64) -> Path {
+        Path::from(format!("{}/dead-letters/{lane_seq:020}", self.base()))
+    }
+
+    /// The folder of the conversation's dead letters.
+    pub fn dead_letter_dir(&self) -> Path {
+        Path::from(format!("{}/dead-letters", self.base()))
+    }
+
     /// The log of one turn.
     pub fn turn_log(&self, turn: TurnId) -> Path {
         Path::from(format!("{}/turns/{turn}/log.json", self.base()))

@@ -14,9 +14,11 @@
 //! - [`store`]: opening an object store (memory, local filesystem, S3-compatible)
 //! - [`synced`]: the local filesystem store with fsync of each object and its directory
 //! - [`open_turns`]: marks of conversations whose record may end in an open turn (the sweep)
+//! - [`dead_letters`]: lane messages set aside (unreadable or refused) for an operator
 
 pub mod attempts;
 pub mod conversations;
+pub mod dead_letters;
 pub mod directory;
 pub mod error;
 pub mod files;
@@ -31,6 +33,7 @@ pub mod synced;
 pub mod turnlogs;
 
 pub use conversations::{Conversations, NewConversation};
+pub use dead_letters::{DeadLetter, DeadLetters};
 pub use directory::{Directory, DirectoryEntry};
 pub use error::{Error, ErrorKind, Result};
 pub use files::Files;

@@ -32,6 +32,56 @@ pub struct LaneMessage {
     pub event: Event,
 }
 
+/// A lane message this binary cannot read (e.g. a newer event kind during a rolling upgrade),
+/// with its bytes so that the reader can park it as a dead letter.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unreadable {
+    pub seq: u64,
+    pub bytes: Vec<u8>,
+    pub reason: String,
+}
+
+/// Decodes a lane message, or says why it cannot be read.
+pub fn decode_lane_message(seq: u64, bytes: &[u8]) -> std::result::Result<LaneMessage, Unreadable> {
+    match serde_json::from_slice::<Event>(bytes) {
+        Ok(event) => Ok(LaneMessage { seq, event }),
+        Err(e) => Err(Unreadable {
+            seq,
+            bytes: bytes.to_vec(),
+            reason: format!("this runtime cannot read it: {e}"),
+        }),
+    }
+}
+
+/// Just enough of a lane message to route its wake: its address. A message whose body this
+/// binary cannot read still wakes its conversation's owner, who parks it.
+#[derive(Debug, Deserialize)]
+pub struct Envelope {
+    pub address: turnpike_schemas::Address,
+}
+
+/// The envelope of bytes to republish on the lane of `conversation`: refused unless it names
+/// that conversation.
+pub fn republished_envelope(conversation: ConversationId, bytes: &[u8]) -> Result<Envelope> {
+    let envelope: Envelope = serde_json::from_slice(bytes).map_err(|e| {
+        crate::Error::with_source(
+            crate::ErrorKind::Invalid,
+            "the bytes to requeue carry no readable address",
+            e,
+        )
+    })?;
+    if envelope.address.conversation != conversation {
+        return Err(crate::Error::new(
+            crate::ErrorKind::Invalid,
+            format!(
+                "the bytes to requeue are addressed to {}, not {conversation}",
+                envelope.address.conversation
+            ),
+        ));
+    }
+    Ok(envelope)
+}
+
 /// The outcome of a publish.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Published {
@@ -156,7 +206,9 @@ pub trait Bus: Send + Sync + 'static {
 
     /// Up to `limit` messages of one lane with sequences above `after`, in order. With `until`
     /// (a sequence known to be on the lane, e.g. from a wake), reading may stop there instead of
-    /// asking for one more message to learn that there is none.
+    /// asking for one more message to learn that there is none. Reading stops before a message
+    /// this binary cannot read; when that is the first one, the error is
+    /// [`ErrorKind::Unreadable`](crate::ErrorKind::Unreadable) and carries its bytes.
     async fn read_lane(
         &self,
         conversation: ConversationId,
@@ -164,6 +216,10 @@ pub trait Bus: Send + Sync + 'static {
         until: Option<u64>,
         limit: usize,
     ) -> Result<Vec<LaneMessage>>;
+
+    /// Appends `bytes` as they are to the lane of `conversation`, not deduplicated: an operator
+    /// requeueing a dead letter. The bytes must carry a readable address of that conversation.
+    async fn republish(&self, conversation: ConversationId, bytes: &[u8]) -> Result<Published>;
 
     /// The last sequence on a lane (0 when empty).
     async fn lane_last(&self, conversation: ConversationId) -> Result<u64>;

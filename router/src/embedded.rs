@@ -19,7 +19,8 @@ use tokio::time::Instant;
 use turnpike_schemas::{ConversationId, Event, TenantId, WorkerId};
 
 use crate::bus::{
-    dedupe_id, may_claim, now_ms, Bus, LaneMessage, Lease, LeaseValue, Published, Wake, WakeAck,
+    decode_lane_message, dedupe_id, may_claim, now_ms, republished_envelope, Bus, LaneMessage,
+    Lease, LeaseValue, Published, Wake, WakeAck,
 };
 use crate::error::{Error, ErrorKind, Result};
 
@@ -237,6 +238,34 @@ fn storage(what: &str, e: impl std::fmt::Display) -> Error {
 }
 
 impl EmbeddedBus {
+    /// Hands one message to the writer thread and waits until it is durable.
+    async fn write(
+        &self,
+        conversation: ConversationId,
+        tenant: TenantId,
+        dedupe: String,
+        payload: Vec<u8>,
+    ) -> Result<Published> {
+        let (reply, outcome) = tokio::sync::oneshot::channel();
+        let request = PublishRequest {
+            conversation,
+            tenant,
+            dedupe,
+            payload,
+            now_ms: now_ms(),
+            window_ms: self.config.duplicate_window.as_millis() as u64,
+            reply,
+        };
+        self.writer
+            .as_ref()
+            .ok_or_else(|| storage("publishing", "the bus is closing"))?
+            .send(request)
+            .map_err(|_| storage("publishing", "the writer thread is gone"))?;
+        outcome
+            .await
+            .map_err(|_| storage("publishing", "the writer thread is gone"))?
+    }
+
     /// Opens (or creates) the bus database at `path` and queues a wake for every lane.
     pub fn open(path: &Path, config: EmbeddedConfig) -> Result<Arc<Self>> {
         if let Some(dir) = path.parent() {
@@ -389,24 +418,24 @@ impl Bus for EmbeddedBus {
     }
 
     async fn publish(&self, event: &Event) -> Result<Published> {
-        let (reply, outcome) = tokio::sync::oneshot::channel();
-        let request = PublishRequest {
-            conversation: event.address.conversation,
-            tenant: event.address.tenant.clone(),
-            dedupe: dedupe_id(event),
-            payload: serde_json::to_vec(event).expect("events serialise"),
-            now_ms: now_ms(),
-            window_ms: self.config.duplicate_window.as_millis() as u64,
-            reply,
-        };
-        self.writer
-            .as_ref()
-            .ok_or_else(|| storage("publishing", "the bus is closing"))?
-            .send(request)
-            .map_err(|_| storage("publishing", "the writer thread is gone"))?;
-        outcome
-            .await
-            .map_err(|_| storage("publishing", "the writer thread is gone"))?
+        self.write(
+            event.address.conversation,
+            event.address.tenant.clone(),
+            dedupe_id(event),
+            serde_json::to_vec(event).expect("events serialise"),
+        )
+        .await
+    }
+
+    async fn republish(&self, conversation: ConversationId, bytes: &[u8]) -> Result<Published> {
+        let envelope = republished_envelope(conversation, bytes)?;
+        self.write(
+            conversation,
+            envelope.address.tenant,
+            format!("republished:{}", turnpike_schemas::EventId::new()),
+            bytes.to_vec(),
+        )
+        .await
     }
 
     async fn read_lane(
@@ -430,15 +459,11 @@ impl Bus for EmbeddedBus {
             .map_err(|e| storage("reading a lane", e))?;
         for row in range.take(limit) {
             let (key, value) = row.map_err(|e| storage("reading a lane", e))?;
-            let seq = key.value().1;
-            let event: Event = serde_json::from_slice(value.value()).map_err(|e| {
-                Error::with_source(
-                    ErrorKind::Corrupt,
-                    format!("lane message {seq} of {conv} is unreadable"),
-                    e,
-                )
-            })?;
-            out.push(LaneMessage { seq, event });
+            match decode_lane_message(key.value().1, value.value()) {
+                Ok(message) => out.push(message),
+                Err(_) if !out.is_empty() => break,
+                Err(unreadable) => return Err(Error::unreadable_message(unreadable)),
+            }
         }
         Ok(out)
     }

@@ -18,6 +18,8 @@ pub enum ErrorKind {
     LeaseLost,
     /// Stored data that cannot be read.
     Corrupt,
+    /// A lane message this binary cannot read (see [`Error::unreadable`]): the caller parks it.
+    Unreadable,
     /// The artifactory failed.
     Artifactory,
 }
@@ -30,6 +32,7 @@ pub struct Error {
     message: String,
     #[source]
     source: Option<Box<dyn std::error::Error + Send + Sync>>,
+    unreadable: Option<Box<crate::bus::Unreadable>>,
 }
 
 impl Error {
@@ -38,6 +41,7 @@ impl Error {
             kind,
             message: message.into(),
             source: None,
+            unreadable: None,
         }
     }
 
@@ -50,7 +54,26 @@ impl Error {
             kind,
             message: message.into(),
             source: Some(source.into()),
+            unreadable: None,
         }
+    }
+
+    /// A lane message that cannot be read, with its bytes.
+    pub(crate) fn unreadable_message(message: crate::bus::Unreadable) -> Self {
+        Self {
+            kind: ErrorKind::Unreadable,
+            message: format!(
+                "lane message {} is unreadable: {}",
+                message.seq, message.reason
+            ),
+            source: None,
+            unreadable: Some(Box::new(message)),
+        }
+    }
+
+    /// The lane message that could not be read, for [`ErrorKind::Unreadable`].
+    pub fn unreadable(&self) -> Option<&crate::bus::Unreadable> {
+        self.unreadable.as_deref()
     }
 
     /// The kind of failure.

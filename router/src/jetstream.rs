@@ -21,7 +21,8 @@ use tracing::{debug, warn};
 use turnpike_schemas::{ConversationId, Event, WorkerId};
 
 use crate::bus::{
-    dedupe_id, may_claim, now_ms, Bus, LaneMessage, Lease, LeaseValue, Published, Wake, WakeAck,
+    decode_lane_message, dedupe_id, may_claim, now_ms, republished_envelope, Bus, Envelope,
+    LaneMessage, Lease, LeaseValue, Published, Wake, WakeAck,
 };
 use crate::error::{Error, ErrorKind, Result};
 use crate::subject::{
@@ -325,17 +326,19 @@ async fn feed(stream: stream::Stream, tx: mpsc::Sender<Wake>) {
             let Ok(info) = message.info() else { continue };
             let (seq, deliveries) = (info.stream_sequence, info.delivered.max(1) as u64);
             let (message, acker) = message.split();
-            let event: Event = match serde_json::from_slice(&message.payload) {
+            // Only the address is read here: a message whose body this binary cannot read
+            // still wakes its owner, who parks it as a dead letter.
+            let envelope: Envelope = match serde_json::from_slice(&message.payload) {
                 Ok(e) => e,
                 Err(e) => {
-                    warn!(seq, error = %e, "unreadable lane message; terminating its wake");
+                    warn!(seq, error = %e, "lane message without a readable address; terminating its wake");
                     let _ = acker.ack_with(AckKind::Term).await;
                     continue;
                 }
             };
             let wake = Wake::new(
-                event.address.conversation,
-                event.address.tenant.clone(),
+                envelope.address.conversation,
+                envelope.address.tenant,
                 seq,
                 deliveries,
                 Box::new(JsAck(acker)),
@@ -397,6 +400,22 @@ impl Bus for JetStreamBus {
         })
     }
 
+    async fn republish(&self, conversation: ConversationId, bytes: &[u8]) -> Result<Published> {
+        republished_envelope(conversation, bytes)?;
+        let subject = self.config.shards.lane_subject(conversation);
+        let ack = self
+            .js
+            .publish(subject, bytes.to_vec().into())
+            .await
+            .map_err(|e| unavailable("republishing to a lane", e))?
+            .await
+            .map_err(|e| unavailable("republishing to a lane (no acknowledgement)", e))?;
+        Ok(Published {
+            seq: ack.sequence,
+            duplicate: ack.duplicate,
+        })
+    }
+
     async fn read_lane(
         &self,
         conversation: ConversationId,
@@ -417,18 +436,12 @@ impl Bus for JetStreamBus {
                 Err(e) if e.kind() == stream::DirectGetErrorKind::NotFound => break,
                 Err(e) => return Err(unavailable("reading a lane", e)),
             };
-            let event: Event = serde_json::from_slice(&message.payload).map_err(|e| {
-                Error::with_source(
-                    ErrorKind::Corrupt,
-                    format!("lane message {} is unreadable", message.sequence),
-                    e,
-                )
-            })?;
+            match decode_lane_message(message.sequence, &message.payload) {
+                Ok(m) => out.push(m),
+                Err(_) if !out.is_empty() => break,
+                Err(unreadable) => return Err(Error::unreadable_message(unreadable)),
+            }
             next = message.sequence + 1;
-            out.push(LaneMessage {
-                seq: message.sequence,
-                event,
-            });
         }
         Ok(out)
     }

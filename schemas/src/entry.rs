@@ -142,6 +142,9 @@ entry_kinds! {
     Cancelled = "cancelled" => Cancelled,
     /// Something went wrong in a turn.
     Error = "error" => ErrorEntry,
+    /// A lane message this runtime could not take (unreadable, or refused by the record): set
+    /// aside as a dead letter an operator can inspect and requeue; the lane moves past it.
+    LaneParked = "lane_parked" => LaneParked,
     /// Closes every batch: an ed25519 signature over the MMR root of all entries before it.
     SignedRoot = "signed_root" => SignedRoot,
 }
@@ -477,6 +480,19 @@ pub struct ErrorEntry {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub turn: Option<TurnId>,
     pub message: String,
+}
+
+/// A lane message set aside instead of taken: the record moves past its sequence, and the
+/// message's bytes wait under `dead_letter` (a key in the conversation's store) for an operator.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LaneParked {
+    /// The lane sequence of the message.
+    pub lane_seq: u64,
+    /// Why it was not taken.
+    pub reason: String,
+    /// Where its bytes are kept.
+    pub dead_letter: String,
 }
 
 /// The signature that closes a batch.

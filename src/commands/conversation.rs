@@ -1,4 +1,4 @@
-//! `turnpike conversation verify | replay | repair`.
+//! `turnpike conversation verify | replay | repair | dead-letters | requeue`.
 
 use std::process::ExitCode;
 
@@ -12,7 +12,11 @@ use turnpike_worker::replay::WhatIf;
 use crate::cli::ConversationCommand;
 use crate::env::{now_ms, Env};
 
-pub async fn run(env: &Env, command: ConversationCommand) -> Result<ExitCode> {
+pub async fn run(
+    global: &crate::cli::Global,
+    env: &Env,
+    command: ConversationCommand,
+) -> Result<ExitCode> {
     match command {
         ConversationCommand::Verify {
             conversation,
@@ -70,6 +74,76 @@ pub async fn run(env: &Env, command: ConversationCommand) -> Result<ExitCode> {
             conversation,
             actor,
         } => repair(env, conversation, &actor.tenant, &actor.identity).await,
+        ConversationCommand::DeadLetters {
+            conversation,
+            actor,
+        } => {
+            let (entry, _) = env
+                .open_for("dead-letters", conversation, &actor.tenant, &actor.identity)
+                .await?;
+            let letters = env
+                .conversations
+                .dead_letters()
+                .list(&entry.prefix())
+                .await?;
+            if letters.is_empty() {
+                println!("no dead letters in {conversation}");
+            }
+            for letter in letters {
+                let bytes = letter.bytes()?;
+                let requeued = match &letter.requeued {
+                    Some(r) => format!(" — requeued by {} at lane sequence {}", r.by, r.lane_seq),
+                    None => String::new(),
+                };
+                println!(
+                    "lane sequence {} ({} bytes, parked at {} ms): {}{requeued}",
+                    letter.lane_seq,
+                    bytes.len(),
+                    letter.parked_ms,
+                    letter.reason
+                );
+                println!("  {}", String::from_utf8_lossy(&bytes));
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        ConversationCommand::Requeue {
+            conversation,
+            actor,
+            seq,
+        } => {
+            let (entry, _) = env
+                .open_for("requeue", conversation, &actor.tenant, &actor.identity)
+                .await?;
+            let letters = env.conversations.dead_letters();
+            let letter = letters.get(&entry.prefix(), seq).await?;
+            if let Some(r) = &letter.requeued {
+                anyhow::bail!(
+                    "lane sequence {seq} was requeued already by {} (lane sequence {})",
+                    r.by,
+                    r.lane_seq
+                );
+            }
+            let bus =
+                crate::commands::runtime::open_bus(global, env, std::time::Duration::from_secs(30))
+                    .await?;
+            let published = bus.republish(conversation, &letter.bytes()?).await?;
+            letters
+                .mark_requeued(
+                    &entry.prefix(),
+                    seq,
+                    turnpike_artifactory::dead_letters::Requeued {
+                        by: actor.identity.to_string(),
+                        at_ms: now_ms(),
+                        lane_seq: published.seq,
+                    },
+                )
+                .await?;
+            println!(
+                "requeued lane sequence {seq} of {conversation} at lane sequence {}",
+                published.seq
+            );
+            Ok(ExitCode::SUCCESS)
+        }
     }
 }
 
@@ -323,6 +397,10 @@ pub fn describe(body: &EntryBody) -> Option<String> {
         EntryBody::Cancelled(c) => Some(format!(
             "cancelled: {}",
             c.reason.as_deref().unwrap_or("stop")
+        )),
+        EntryBody::LaneParked(p) => Some(format!(
+            "lane message {} set aside as a dead letter: {}",
+            p.lane_seq, p.reason
         )),
         _ => None,
     }

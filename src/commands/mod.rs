@@ -29,7 +29,7 @@ pub async fn run(cli: Cli) -> Result<ExitCode> {
     match cli.command {
         Command::Demo => demo::run(&cli.global).await,
         Command::Conversation(command) => {
-            conversation::run(&Env::open(&cli.global)?, command).await
+            conversation::run(&cli.global, &Env::open(&cli.global)?, command).await
         }
         Command::Record(command) => record::run(&cli.global, command).await,
         Command::Bench(command) => bench::run(&cli.global, command).await,

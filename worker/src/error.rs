@@ -29,11 +29,12 @@ pub enum Error {
 }
 
 impl Error {
-    /// Maps an append failure: a moved head or a refused turn marker means someone else wrote.
+    /// Maps an append failure: a moved head means someone else wrote (fenced); entries the
+    /// record's rules refuse are a rule violation, which no retry can mend (refused).
     pub fn from_append(e: turnpike_artifactory::Error) -> Self {
         match e.kind() {
-            turnpike_artifactory::ErrorKind::HeadMoved
-            | turnpike_artifactory::ErrorKind::InvalidInput => Error::Fenced(e.to_string()),
+            turnpike_artifactory::ErrorKind::HeadMoved => Error::Fenced(e.to_string()),
+            turnpike_artifactory::ErrorKind::InvalidInput => Error::Refused(e.to_string()),
             _ => Error::Artifactory(e),
         }
     }

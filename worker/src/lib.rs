@@ -4,6 +4,7 @@
 //! - [`worker`]: the claim loop — wakes in, conversation owners out, bounded by turn slots
 //! - [`owner`]: one conversation's owner: lease, recovery, turns, wake acknowledgement
 //! - [`fence`]: the owner's lease deadline; fenced writes stop before it lapses
+//! - [`parking`]: lane messages that can never be taken become dead letters, not retries
 //! - [`pool`]: workers of one process, started and stopped together
 //! - [`reach`]: what a turn may bring in from other conversations (all participants may see it)
 //! - [`turn`]: one turn through batch one, the app's callback, and batch two
@@ -31,6 +32,7 @@ pub mod error;
 pub mod fence;
 pub mod model;
 pub mod owner;
+pub mod parking;
 pub mod pool;
 pub mod reach;
 pub mod replay;

@@ -139,6 +139,9 @@ async fn drain(
 ) -> Result<Head> {
     let conversation = env.record.prefix().conversation();
     let mut head = env.record.head().await?;
+    if head.is_empty() {
+        head = crate::parking::open_missing_record(env, head).await?;
+    }
     // A previous owner may have died between a commit and its promotion. If that cannot be
     // finished (e.g. a turn from before attempts existed left other bytes at a canonical key),
     // say so and go on: the lane must not stall on it.
@@ -167,10 +170,21 @@ async fn drain(
         let known = slot.max_seq().await.max(known_last);
         let until = (first && known > head.state().lane_through).then_some(known);
         first = false;
-        let pending = env
+        let pending = match env
             .bus
             .read_lane(conversation, head.state().lane_through, until, 64)
-            .await?;
+            .await
+        {
+            Ok(pending) => pending,
+            // A message this binary cannot read (a newer kind, mid-upgrade): set it aside.
+            Err(e) if e.kind() == ErrorKind::Unreadable => {
+                let unreadable = e.unreadable().expect("unreadable errors carry the message");
+                let letter = crate::parking::Letter::of_unreadable(unreadable);
+                head = crate::parking::park(env, &head, vec![letter]).await?;
+                continue;
+            }
+            Err(e) => return Err(e.into()),
+        };
         if pending.is_empty() {
             env.end_drain().await;
             return Ok(head);
@@ -214,6 +228,7 @@ pub(crate) async fn own(
         apps: worker.apps.clone(),
         directory: worker.conversations.directory().clone(),
         open_turns: worker.conversations.open_turns(),
+        dead_letters: worker.conversations.dead_letters(),
         marked: Default::default(),
         fence: Fence::new(lease.expires_ms, worker.config.renew_every),
         config: worker.config.clone(),
@@ -287,7 +302,12 @@ pub(crate) async fn own(
             Err(_) => worker.config.busy_delay * 4,
         };
         for wake in leftovers {
-            let _ = wake.nak(delay).await;
+            if matches!(outcome, Err(Error::Refused(_))) {
+                // Nothing a retry could mend (logged above): redelivering would only spin.
+                let _ = wake.ack().await;
+            } else {
+                let _ = wake.nak(delay).await;
+            }
         }
         let _ = worker.bus.release(&lease).await;
         if outcome.is_err() {

@@ -49,6 +49,8 @@ pub struct TurnEnv {
     /// Where a sweep finds turns left open: marked before the first batch one of a drain,
     /// cleared when the drain ends with every turn closed and promoted.
     pub open_turns: turnpike_artifactory::OpenTurns,
+    /// Where lane messages that cannot be taken are set aside.
+    pub dead_letters: turnpike_artifactory::DeadLetters,
     /// Whether this owner has marked the conversation (and not cleared the mark since).
     pub marked: std::sync::atomic::AtomicBool,
     /// The owner's lease deadline: fenced writes check it first.
@@ -57,8 +59,8 @@ pub struct TurnEnv {
 }
 
 impl TurnEnv {
-    /// Appends a batch at `head`; a moved head or a refused entry means another owner wrote:
-    /// this one is fenced. Once committed, clients are told (a "new rows" tick).
+    /// Appends a batch at `head`; a moved head means another owner wrote: this one is fenced.
+    /// Entries the record refuses are [`Error::Refused`]. Once committed, clients are told (a "new rows" tick).
     pub async fn append(&self, head: &Head, bodies: &[EntryBody]) -> Result<Head> {
         self.fence.check()?;
         let head = self
@@ -167,8 +169,12 @@ impl LaneWatch {
             let mut count = 0;
             loop {
                 tokio::time::sleep(every).await;
-                let Ok(messages) = bus.read_lane(conversation, cursor, None, 64).await else {
-                    continue;
+                let messages = match bus.read_lane(conversation, cursor, None, 64).await {
+                    Ok(messages) => messages,
+                    // A message this binary cannot read: the owner parks it after the turn;
+                    // nothing behind it concerns this one.
+                    Err(e) if e.kind() == turnpike_router::ErrorKind::Unreadable => return,
+                    Err(_) => continue,
                 };
                 for m in messages {
                     // A new message belongs to the next turn: nothing after it concerns this
@@ -328,7 +334,13 @@ impl TurnContext<'_> {
             .env
             .bus
             .read_lane(conversation, head.state().lane_through, None, 64)
-            .await?;
+            .await;
+        let arrived = match arrived {
+            Ok(arrived) => arrived,
+            // Parked by the owner once the turn is over; nothing to fold now.
+            Err(e) if e.kind() == turnpike_router::ErrorKind::Unreadable => Vec::new(),
+            Err(e) => return Err(e.into()),
+        };
         let folded: Vec<LaneMessage> = arrived
             .into_iter()
             .take_while(|m| folds_into(&self.identity, &m.event))
@@ -546,7 +558,18 @@ pub async fn run_new_turn(
     }));
     // The mark goes first: a record that ends in an open turn always has one for the sweep.
     env.ensure_marked().await?;
-    let head = env.append(&head, &bodies).await?;
+    let head = match env.append(&head, &bodies).await {
+        Ok(head) => head,
+        // Inputs the record refuses can never be taken: set them aside, visibly, once.
+        Err(Error::Refused(why)) => {
+            let letters = inputs
+                .iter()
+                .map(|m| crate::parking::Letter::of_event(m, &why))
+                .collect();
+            return crate::parking::park(env, &head, letters).await;
+        }
+        Err(e) => return Err(e),
+    };
     info!(conversation = %env.record.prefix().conversation(), %turn, worker = %env.worker, "turn dispatched");
     match env.config.fault {
         Some(Fault::HangAfterBatchOne) => {

@@ -3,7 +3,8 @@
 //! an entry that would break an invariant before anything is written.
 //!
 //! Rules:
-//! - inputs from a lane carry strictly increasing lane sequences (none applied twice, in order);
+//! - inputs from a lane, and lane messages parked as dead letters, carry strictly increasing
+//!   lane sequences (none applied twice, in order);
 //! - `turn_dispatched` opens a turn numbered above every earlier one (workers use
 //!   `last_turn + 1`; a repaired record may have gaps), and only when no turn is open;
 //! - `turn_complete` and `turn_ambiguous` close the open turn, with its id (exactly once);
@@ -34,6 +35,15 @@ pub fn apply(state: &mut RecordState, body: &EntryBody) -> Result<(), String> {
         return Ok(());
     }
     match body {
+        EntryBody::LaneParked(p) => {
+            if p.lane_seq <= state.lane_through {
+                return Err(format!(
+                    "parked lane sequence {} is not after {}",
+                    p.lane_seq, state.lane_through
+                ));
+            }
+            state.lane_through = p.lane_seq;
+        }
         EntryBody::TurnDispatched(d) => {
             if state.turn_open {
                 return Err(format!(
