@@ -660,3 +660,58 @@ fn an_operator_lists_dead_letters_and_requeues_one_once() {
     assert!(rows.contains("echo: first"), "{rows}");
     assert_eq!(rows.matches("echo: from the letter").count(), 1, "{rows}");
 }
+
+#[tokio::test]
+async fn repair_waits_for_the_lease_so_no_turn_appends_while_it_rewrites() {
+    let nats = turnpike_tests::nats::NatsServer::start().expect("nats-server");
+    let cli = Cli::new();
+    let conv = cli.conversation(ACTOR);
+    let bus = turnpike_router::JetStreamBus::connect(turnpike_router::JetStreamConfig {
+        url: nats.url(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    use turnpike_router::bus::Bus as _;
+    let lease = bus
+        .claim(
+            conv.parse().unwrap(),
+            turnpike_schemas::WorkerId::new(),
+            std::time::Duration::from_secs(60),
+        )
+        .await
+        .unwrap()
+        .expect("the lease is free");
+    let url = nats.url();
+    let repair = |cli: &Cli| {
+        cli.run(&[
+            "--nats-url",
+            &url,
+            "conversation",
+            "repair",
+            &conv,
+            "--actor",
+            ACTOR,
+        ])
+    };
+    let busy = repair(&cli);
+    assert!(!busy.status.success(), "{}", text(&busy));
+    assert!(
+        String::from_utf8_lossy(&busy.stderr).contains("a worker owns"),
+        "{}",
+        text(&busy)
+    );
+    bus.release(&lease).await.unwrap();
+    let done = repair(&cli);
+    assert!(done.status.success(), "{}", text(&done));
+    // The repair gave the lease back: a worker can take the conversation at once.
+    assert!(bus
+        .claim(
+            conv.parse().unwrap(),
+            turnpike_schemas::WorkerId::new(),
+            std::time::Duration::from_secs(60),
+        )
+        .await
+        .unwrap()
+        .is_some());
+}

@@ -695,6 +695,77 @@ macro_rules! record_suite {
             }
 
             #[tokio::test]
+            async fn a_repair_cut_short_at_any_write_leaves_the_old_record_or_rolls_forward_to_the_new() {
+                /// The record's batch objects, in order.
+                async fn batches(record: &Record, store: &Arc<dyn ObjectStore>) -> Vec<Vec<u8>> {
+                    use futures::TryStreamExt as _;
+                    let mut metas: Vec<_> = store
+                        .list(Some(&record.prefix().record_dir()))
+                        .try_collect()
+                        .await
+                        .unwrap();
+                    metas.sort_by(|a, b| a.location.cmp(&b.location));
+                    let mut out = Vec::new();
+                    for m in metas {
+                        out.push(store.get(&m.location).await.unwrap().bytes().await.unwrap().to_vec());
+                    }
+                    out
+                }
+                /// A record of 3 turns with batch 3 unreadable, on a fresh store.
+                async fn damaged() -> (turnpike_tests::stores::TestStore, Arc<dyn ObjectStore>, Record) {
+                    let (keep, store) = store();
+                    let (record, _) = record_with_turns(store.clone(), 3).await;
+                    store
+                        .put(&record.prefix().record_batch(3), PutPayload::from_static(b"{not json"))
+                        .await
+                        .unwrap();
+                    (keep, store, record)
+                }
+                // Kill it after each of its writes in turn.
+                let mut cut_at_least_once = false;
+                for budget in 0.. {
+                    let (_keep, store, record) = damaged().await;
+                    let old = batches(&record, &store).await;
+                    // What a repair that runs to its end makes of the same record (on a copy).
+                    let copy: Arc<dyn ObjectStore> = Arc::new(object_store::memory::InMemory::new());
+                    {
+                        use futures::TryStreamExt as _;
+                        let metas: Vec<_> = store.list(None).try_collect().await.unwrap();
+                        for m in metas {
+                            let bytes = store.get(&m.location).await.unwrap().bytes().await.unwrap();
+                            copy.put(&m.location, PutPayload::from(bytes)).await.unwrap();
+                        }
+                    }
+                    let whole = Record::new(copy.clone(), record.prefix().clone());
+                    whole.repair(&signer(), &trusted(), 81).await.unwrap();
+                    let new = batches(&whole, &copy).await;
+                    assert_ne!(old, new);
+                    let faulty: Arc<dyn ObjectStore> =
+                        turnpike_tests::faulty::FaultyStore::new(store.clone(), budget);
+                    let cut = Record::new(faulty, record.prefix().clone());
+                    if cut.repair(&signer(), &trusted(), 81).await.is_ok() {
+                        break;
+                    }
+                    cut_at_least_once = true;
+                    let now = batches(&record, &store).await;
+                    if now != old {
+                        // Past the commit point: whoever comes next finishes it.
+                        assert!(record.finish_repair().await.unwrap(), "budget {budget}: half a repair and no journal");
+                        assert_eq!(batches(&record, &store).await, new, "budget {budget}");
+                    } else if record.finish_repair().await.unwrap() {
+                        assert_eq!(batches(&record, &store).await, new, "budget {budget}");
+                    }
+                    let after = batches(&record, &store).await;
+                    assert!(after == old || after == new, "budget {budget}: a mix of old and new");
+                    if after == new {
+                        record.verify(&trusted(), None).await.unwrap().unwrap();
+                        assert!(!record.finish_repair().await.unwrap(), "the journal is gone");
+                    }
+                }
+                assert!(cut_at_least_once);
+            }
+
+            #[tokio::test]
             async fn repair_drops_forged_batches_instead_of_signing_them() {
                 let (_keep, store) = store();
                 let (record, head) = record_with_turns(store.clone(), 2).await;

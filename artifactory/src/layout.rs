@@ -99,6 +99,20 @@ impl ConversationPrefix {
         Path::from(format!("{}/dead-letters", self.base()))
     }
 
+    /// A repair's rewritten batches, before they replace the record's.
+    pub fn repair_staged(&self, stamp_ms: u64, seq: u64) -> Path {
+        Path::from(format!(
+            "{}/record-repair-staged/{stamp_ms}/{seq:020}",
+            self.base()
+        ))
+    }
+
+    /// The journal of a repair under way: present from the moment the rewritten record is
+    /// staged until it has replaced the old one.
+    pub fn repair_journal(&self) -> Path {
+        Path::from(format!("{}/record-repair-journal", self.base()))
+    }
+
     /// The log of one turn.
     pub fn turn_log(&self, turn: TurnId) -> Path {
         Path::from(format!("{}/turns/{turn}/log.json", self.base()))

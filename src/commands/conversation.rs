@@ -73,7 +73,7 @@ pub async fn run(
         ConversationCommand::Repair {
             conversation,
             actor,
-        } => repair(env, conversation, &actor.tenant, &actor.identity).await,
+        } => repair(global, env, conversation, &actor.tenant, &actor.identity).await,
         ConversationCommand::DeadLetters {
             conversation,
             actor,
@@ -223,14 +223,33 @@ pub async fn replay_report(
     Ok(same)
 }
 
+/// Repairs under the conversation's lease, so that no turn appends while the record is
+/// rewritten (a repair cut short is rolled forward by the next owner or the next repair).
 async fn repair(
+    global: &crate::cli::Global,
     env: &Env,
     conversation: ConversationId,
     tenant: &turnpike_schemas::TenantId,
     actor: &Identity,
 ) -> Result<ExitCode> {
     let (_, record) = env.open_for("repair", conversation, tenant, actor).await?;
-    let report = record.repair(&env.signer, &env.trusted, now_ms()).await?;
+    let bus =
+        crate::commands::runtime::open_bus(global, env, std::time::Duration::from_secs(30)).await?;
+    let Some(lease) = bus
+        .claim(
+            conversation,
+            turnpike_schemas::WorkerId::new(),
+            std::time::Duration::from_secs(300),
+        )
+        .await?
+    else {
+        anyhow::bail!(
+            "a worker owns {conversation} now; repair it when it is idle (or stop its workers)"
+        );
+    };
+    let report = record.repair(&env.signer, &env.trusted, now_ms()).await;
+    let _ = bus.release(&lease).await;
+    let report = report?;
     for removed in &report.removed {
         match removed.position {
             Some(p) => println!(

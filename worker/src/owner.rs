@@ -138,6 +138,8 @@ async fn drain(
     stopping: &std::sync::atomic::AtomicBool,
 ) -> Result<Head> {
     let conversation = env.record.prefix().conversation();
+    // A repair cut short after its commit point is finished before anything reads the head.
+    env.record.finish_repair().await?;
     let mut head = env.record.head().await?;
     if head.is_empty() {
         head = crate::parking::open_missing_record(env, head).await?;

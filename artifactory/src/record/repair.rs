@@ -8,8 +8,18 @@
 //! rewrites the record as freshly signed batches (one per surviving original batch). The
 //! original objects are first copied under `record-repaired/{stamp}/` so nothing is lost, and
 //! the report says exactly what was removed.
+//!
+//! # Crash safety
+//! The rewritten batches are staged under `record-repair-staged/{stamp}/` first; then a journal
+//! object (`record-repair-journal`) is created — the commit point — and only then are the
+//! record's batches replaced, surplus ones deleted, and the journal removed. A crash before the
+//! journal leaves the old record untouched; a crash after it is rolled forward by
+//! [`Record::finish_repair`], which every owner runs before it reads the head and the next
+//! repair runs first. Callers hold the conversation's lease while repairing, so no turn
+//! appends meanwhile.
 
-use object_store::{ObjectStoreExt as _, PutPayload};
+use object_store::{ObjectStoreExt as _, PutMode, PutOptions, PutPayload};
+use serde::{Deserialize, Serialize};
 use turnpike_schemas::{EntryBody, EntryKind};
 
 use turnpike_schemas::entry::RecordState;
@@ -41,7 +51,73 @@ pub struct RepairReport {
     pub backup_stamp: u64,
 }
 
+/// What a repair under way replaces: the staged batches `0..batches_after` of `stamp_ms`.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+struct Journal {
+    stamp_ms: u64,
+    batches_after: u64,
+}
+
 impl Record {
+    /// Rolls a repair that stopped after its commit point forward; returns whether there was
+    /// one. Costs one read when there is none.
+    pub async fn finish_repair(&self) -> Result<bool> {
+        let path = self.prefix.repair_journal();
+        let bytes = match self.store.get(&path).await {
+            Ok(r) => r
+                .bytes()
+                .await
+                .map_err(|e| Error::store("reading a repair journal", e))?,
+            Err(object_store::Error::NotFound { .. }) => return Ok(false),
+            Err(e) => return Err(Error::store("reading a repair journal", e)),
+        };
+        let journal: Journal = serde_json::from_slice(&bytes).map_err(|e| {
+            Error::with_source(ErrorKind::Corrupt, "a repair journal is unreadable", e)
+        })?;
+        self.apply_repair(journal).await?;
+        Ok(true)
+    }
+
+    /// Replaces the record's batches with the staged ones, deletes the surplus, resets the
+    /// hint, and removes the journal. Idempotent: it may be cut short and run again.
+    async fn apply_repair(&self, journal: Journal) -> Result<()> {
+        for seq in 0..journal.batches_after {
+            self.store
+                .copy(
+                    &self.prefix.repair_staged(journal.stamp_ms, seq),
+                    &self.prefix.record_batch(seq),
+                )
+                .await
+                .map_err(|e| Error::store("writing a repaired batch", e))?;
+        }
+        let seqs = self.list_batches(journal.batches_after).await?;
+        // From the end, so that a cut-short run never leaves a gap below a surplus batch.
+        for &seq in seqs.iter().rev() {
+            match self.store.delete(&self.prefix.record_batch(seq)).await {
+                Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+                Err(e) => return Err(Error::store("removing a surplus batch", e)),
+            }
+        }
+        // The hint may now be ahead of the record: point it at the new last batch, or drop it.
+        let hint = self.prefix.record_hint();
+        let hinted = match journal.batches_after.checked_sub(1) {
+            Some(last) => self
+                .store
+                .put(&hint, PutPayload::from(last.to_string().into_bytes()))
+                .await
+                .map(|_| ()),
+            None => self.store.delete(&hint).await,
+        };
+        match hinted {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+            Err(e) => return Err(Error::store("resetting the head hint", e)),
+        }
+        match self.store.delete(&self.prefix.repair_journal()).await {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+            Err(e) => Err(Error::store("removing a repair journal", e)),
+        }
+    }
+
     /// Rewrites the record without its unreadable entries. See the module docs.
     pub async fn repair(
         &self,
@@ -49,6 +125,8 @@ impl Record {
         keys: &TrustedKeys,
         stamp_ms: u64,
     ) -> Result<RepairReport> {
+        // A repair cut short finishes first: this one repairs what that one wrote.
+        self.finish_repair().await?;
         let seqs = self.list_batches(0).await?;
         // The MMR after the last batch that was checked whole, to tie the next one's entries to
         // its signed root; `None` once a batch was dropped (the next can then only be checked
@@ -152,35 +230,29 @@ impl Record {
             let (batch, next) = self.seal(signer, &head, &group);
             self.store
                 .put(
-                    &self.prefix.record_batch(written),
+                    &self.prefix.repair_staged(stamp_ms, written),
                     PutPayload::from(batch.to_bytes()),
                 )
                 .await
-                .map_err(|e| Error::store("writing a repaired batch", e))?;
+                .map_err(|e| Error::store("staging a repaired batch", e))?;
             kept_entries += group.len() as u64;
             written += 1;
             head = next;
         }
-        for &seq in seqs.iter().filter(|s| **s >= written) {
-            self.store
-                .delete(&self.prefix.record_batch(seq))
-                .await
-                .map_err(|e| Error::store("removing a surplus batch", e))?;
-        }
-        // The hint may now be ahead of the record: point it at the new last batch, or drop it.
-        let hint = self.prefix.record_hint();
-        let hinted = match written.checked_sub(1) {
-            Some(last) => self
-                .store
-                .put(&hint, PutPayload::from(last.to_string().into_bytes()))
-                .await
-                .map(|_| ()),
-            None => self.store.delete(&hint).await,
+        // The commit point: from here on the repair is rolled forward, never half-applied.
+        let journal = Journal {
+            stamp_ms,
+            batches_after: written,
         };
-        match hinted {
-            Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
-            Err(e) => return Err(Error::store("resetting the head hint", e)),
-        }
+        self.store
+            .put_opts(
+                &self.prefix.repair_journal(),
+                PutPayload::from(serde_json::to_vec(&journal).expect("journals serialise")),
+                PutOptions::from(PutMode::Create),
+            )
+            .await
+            .map_err(|e| Error::store("committing a repair", e))?;
+        self.apply_repair(journal).await?;
         Ok(RepairReport {
             removed,
             kept_entries,

@@ -7,6 +7,7 @@
 //! - [`process`]: turnpike processes, killable on demand
 //! - [`stores`]: object store backends for the shared suites (memory, local filesystem, S3)
 //! - [`counting`]: an object store that counts reads, for bounded-cost tests
+//! - [`faulty`]: an object store that stops writing after a budget, as a killed process would
 //! - [`git`]: the real `git` binary, for checking exports and mirrors
 //! - [`index`]: the real embedding model for index tests
 //! - [`fixtures`]: small builders for conversations and records
@@ -15,6 +16,7 @@
 
 pub mod counting;
 pub mod edge;
+pub mod faulty;
 pub mod fixtures;
 pub mod git;
 pub mod index;
