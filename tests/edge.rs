@@ -1477,3 +1477,56 @@ async fn a_link_flood_gets_429() {
         "a flood of links is limited: {statuses:?}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_ticket_opens_its_own_conversations_stream_and_nothing_else() {
+    let apps = apps_dir();
+    let server = server(apps.path(), &[], false);
+    let alice = server.client(ALICE);
+    let (id, other) = (create(&alice, "echo").await, create(&alice, "echo").await);
+    let issued = alice
+        .post(
+            &format!("/v1/conversations/{id}/stream-tickets"),
+            &serde_json::Value::Null,
+        )
+        .await
+        .unwrap();
+    assert_eq!(issued.status, 201, "{}", issued.body);
+    let ticket = issued.body["ticket"].as_str().unwrap().to_owned();
+    assert!(!ticket.contains(ALICE), "the ticket is not the token");
+    let http = reqwest::Client::new();
+    let get = |path: String| {
+        let http = http.clone();
+        let url = format!("{}{path}", server.base);
+        async move { http.get(&url).send().await.unwrap().status().as_u16() }
+    };
+    assert_eq!(
+        get(format!("/v1/conversations/{id}/events?ticket={ticket}")).await,
+        200
+    );
+    // Not another conversation's stream, not any other endpoint, not an altered ticket.
+    for path in [
+        format!("/v1/conversations/{other}/events?ticket={ticket}"),
+        format!("/v1/conversations/{id}/messages?ticket={ticket}"),
+        format!("/v1/conversations?ticket={ticket}"),
+        format!("/v1/conversations/{id}/events?ticket={ticket}x"),
+    ] {
+        assert_eq!(get(path.clone()).await, 401, "{path}");
+    }
+    // Nobody gets a ticket for a conversation they cannot see.
+    let bob = server.client(BOB);
+    let refused = bob
+        .post(
+            &format!("/v1/conversations/{id}/stream-tickets"),
+            &serde_json::Value::Null,
+        )
+        .await
+        .unwrap();
+    assert_eq!(refused.status, 404);
+    // The client's WebSocket uses a ticket, and receives the stream's first frame.
+    let mut stream = alice.stream(&id).await.unwrap();
+    assert!(matches!(
+        stream.next_within(Duration::from_secs(10)).await,
+        Some(Frame::Ready { .. })
+    ));
+}

@@ -163,19 +163,29 @@ impl Client {
         reply(response).await
     }
 
-    /// Opens the conversation's live stream (a WebSocket).
+    /// Opens the conversation's live stream (a WebSocket), with a short-lived stream ticket
+    /// as a browser would (the bearer token stays out of the URL).
     pub async fn stream(&self, conversation: &str) -> Result<FrameStream, String> {
+        let issued = self
+            .post(
+                &format!("/v1/conversations/{conversation}/stream-tickets"),
+                &Value::Null,
+            )
+            .await?;
+        let ticket = match (issued.status, issued.body["ticket"].as_str()) {
+            (201, Some(ticket)) => ticket.to_owned(),
+            _ => {
+                return Err(format!(
+                    "no stream ticket ({}): {}",
+                    issued.status, issued.body
+                ))
+            }
+        };
         let url = format!(
-            "{}/v1/conversations/{conversation}/stream",
+            "{}/v1/conversations/{conversation}/stream?ticket={ticket}",
             self.base.replacen("http", "ws", 1)
         );
-        let mut request = url.into_client_request().map_err(|e| e.to_string())?;
-        request.headers_mut().insert(
-            "authorization",
-            format!("Bearer {}", self.token)
-                .parse()
-                .map_err(|_| "the token is not a valid header value".to_owned())?,
-        );
+        let request = url.into_client_request().map_err(|e| e.to_string())?;
         let (socket, _) = tokio_tungstenite::connect_async(request)
             .await
             .map_err(|e| format!("connecting the stream: {e}"))?;

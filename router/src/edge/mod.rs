@@ -19,6 +19,7 @@
 //! - [`limits`]: rates per identity, in-flight submissions
 //! - [`model`]: bodies on the wire
 //! - [`conversations`], [`events`], [`files`], [`stream`], [`services`]: the handlers
+//! - [`tickets`]: short-lived stream tickets, so browsers keep bearer tokens out of URLs
 //! - [`openapi`]: the document at `/v1/openapi.json`
 
 pub mod auth;
@@ -32,6 +33,7 @@ pub mod model;
 pub mod openapi;
 pub mod services;
 pub mod stream;
+pub mod tickets;
 
 use std::sync::Arc;
 
@@ -170,6 +172,10 @@ impl Edge {
                     .layer(axum::extract::DefaultBodyLimit::max(files::MAX_UPLOAD_BODY)),
             )
             .route("/v1/conversations/{id}/stream", get(stream::websocket))
+            .route(
+                "/v1/conversations/{id}/stream-tickets",
+                post(tickets::create),
+            )
             .route("/v1/conversations/{id}/events", get(stream::sse))
             .route("/v1/files", get(files::download))
             .route("/v1/files/links", post(files::link))
@@ -247,10 +253,30 @@ async fn authenticate(State(edge): State<Edge>, mut request: Request, next: Next
         // endpoints only, the token may come as a query. Everywhere else a token in a URL —
         // which ends up in logs and browser histories — is not accepted.
         .or_else(|| {
-            is_streaming(request.uri().path())
-                .then(|| query_token(request.uri()))
-                .flatten()
+            streamed_conversation(request.uri().path())
+                .and_then(|_| query_param(request.uri(), "access_token"))
         });
+    // A stream ticket (preferred over a token in the URL) opens its own conversation's stream.
+    if token.is_none() {
+        if let (Some(conversation), Some(ticket)) = (
+            streamed_conversation(request.uri().path()),
+            query_param(request.uri(), "ticket"),
+        ) {
+            let Some(principal) = tickets::redeem(
+                &edge.inner.link_key,
+                &ticket,
+                conversation,
+                crate::bus::now_ms(),
+            ) else {
+                return tickets::refused().into_response();
+            };
+            if let Err(e) = edge.inner.rates.check(&principal.identity.to_string()) {
+                return e.into_response();
+            }
+            request.extensions_mut().insert(principal);
+            return next.run(request).await;
+        }
+    }
     let Some(token) = token.filter(|t| !t.is_empty()) else {
         return ApiError::unauthorized("missing bearer token (Authorization: Bearer <token>)")
             .into_response();
@@ -265,18 +291,21 @@ async fn authenticate(State(edge): State<Edge>, mut request: Request, next: Next
     next.run(request).await
 }
 
-/// The endpoints a browser opens without being able to set headers.
-fn is_streaming(path: &str) -> bool {
-    path.starts_with("/v1/conversations/")
-        && (path.ends_with("/stream") || path.ends_with("/events"))
-        && path.matches('/').count() == 4
+/// The conversation of an endpoint a browser opens without being able to set headers
+/// (`/v1/conversations/{id}/stream` or `…/events`); `None` for every other path.
+fn streamed_conversation(path: &str) -> Option<ConversationId> {
+    let rest = path.strip_prefix("/v1/conversations/")?;
+    let (id, endpoint) = rest.split_once('/')?;
+    matches!(endpoint, "stream" | "events")
+        .then(|| id.parse().ok())
+        .flatten()
 }
 
-fn query_token(uri: &axum::http::Uri) -> Option<String> {
+fn query_param(uri: &axum::http::Uri, name: &str) -> Option<String> {
     let query =
         axum::extract::Query::<std::collections::HashMap<String, String>>::try_from_uri(uri)
             .ok()?;
-    query.0.get("access_token").cloned()
+    query.0.get(name).cloned()
 }
 
 /// The authenticated caller.

@@ -303,6 +303,15 @@ pub struct LinkInput {
     pub ttl_seconds: Option<u64>,
 }
 
+/// A short-lived credential for one conversation's stream: `…/stream?ticket=<ticket>` or
+/// `…/events?ticket=<ticket>`.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct StreamTicket {
+    pub ticket: String,
+    /// After this (ms since the epoch) it opens nothing.
+    pub expires_ms: u64,
+}
+
 /// A link that downloads a file without a token until it expires.
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct LinkView {

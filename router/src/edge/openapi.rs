@@ -8,7 +8,7 @@ use utoipa::openapi::{RefOr, ResponseBuilder};
 use utoipa::{Modify, OpenApi};
 
 use super::model;
-use super::{conversations, error, events, files, services, stream};
+use super::{conversations, error, events, files, services, stream, tickets};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -38,6 +38,7 @@ use super::{conversations, error, events, files, services, stream};
         files::follow_link,
         stream::websocket,
         stream::sse,
+        tickets::create,
         services::search,
         services::verify,
         services::replay,
