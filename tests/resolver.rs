@@ -131,6 +131,37 @@ macro_rules! resolver_suite {
             }
 
             #[tokio::test]
+            async fn a_large_file_is_streamed_as_it_is_read_and_only_to_its_readers() {
+                use futures::StreamExt as _;
+                let keep = $make;
+                let (resolver, conv) = setup(keep.store.clone()).await;
+                let prefix =
+                    turnpike_artifactory::ConversationPrefix::new("acme".parse().unwrap(), conv);
+                let big: Vec<u8> = (0..8 * 1024 * 1024u32).map(|i| (i % 251) as u8).collect();
+                keep.store
+                    .put(
+                        &prefix.hosted_file(TurnId::FIRST, &RefPath::parse("out/big.bin").unwrap()),
+                        PutPayload::from(big.clone()),
+                    )
+                    .await
+                    .unwrap();
+                let reference = format!("conv:fi:{conv}/turn_1/out/big.bin");
+                let mut opened = resolver.open_str(&alice(), &reference).await.unwrap();
+                assert_eq!(opened.size, Some(big.len() as u64));
+                let (mut chunks, mut read) = (0, Vec::new());
+                while let Some(chunk) = opened.stream.next().await {
+                    chunks += 1;
+                    read.extend_from_slice(&chunk.unwrap());
+                }
+                assert!(read == big, "the streamed bytes are the file's");
+                if stringify!($backend) != "memory" {
+                    assert!(chunks > 1, "read whole, not streamed ({chunks} chunk)");
+                }
+                let denied = resolver.open_str(&bob(), &reference).await.err().unwrap();
+                assert!(matches!(denied, ResolveError::NotFound(_)), "{denied}");
+            }
+
+            #[tokio::test]
             async fn another_identity_gets_what_a_missing_object_gets_in_any_encoding() {
                 let keep = $make;
                 let (resolver, conv) = setup(keep.store.clone()).await;

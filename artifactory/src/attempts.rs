@@ -106,8 +106,44 @@ pub async fn get_committed(
     canonical: &object_store::path::Path,
 ) -> Result<Option<bytes::Bytes>> {
     let what = format!("reading {canonical}");
+    let Some(committed) = open_committed(store, prefix, turn, canonical).await? else {
+        return Ok(None);
+    };
+    let bytes = committed
+        .object
+        .bytes()
+        .await
+        .map_err(|e| Error::store(&what, e))?;
+    if committed.unpromoted {
+        // Best effort: the committed attempt's owner (or the next one) promotes it anyway.
+        let _ = create(store.as_ref(), canonical, bytes.clone(), &what).await;
+    }
+    Ok(Some(bytes))
+}
+
+/// A turn's object opened for reading (see [`open_committed`]).
+pub struct Committed {
+    /// The object, not read yet: stream it or read it whole.
+    pub object: object_store::GetResult,
+    /// It was read from the committed attempt's key: its promotion is not done yet.
+    pub unpromoted: bool,
+}
+
+/// Opens what [`get_committed`] reads, without reading it: for streaming large objects.
+pub async fn open_committed(
+    store: &Arc<dyn ObjectStore>,
+    prefix: &ConversationPrefix,
+    turn: TurnId,
+    canonical: &object_store::path::Path,
+) -> Result<Option<Committed>> {
+    let what = format!("reading {canonical}");
     match store.get(canonical).await {
-        Ok(r) => return Ok(Some(r.bytes().await.map_err(|e| Error::store(&what, e))?)),
+        Ok(object) => {
+            return Ok(Some(Committed {
+                object,
+                unpromoted: false,
+            }))
+        }
         Err(object_store::Error::NotFound { .. }) => {}
         Err(e) => return Err(Error::store(&what, e)),
     }
@@ -132,14 +168,14 @@ pub async fn get_committed(
         return Ok(None);
     };
     let written = prefix.in_attempt(canonical, turn, attempt);
-    let bytes = match store.get(&written).await {
-        Ok(r) => r.bytes().await.map_err(|e| Error::store(&what, e))?,
-        Err(object_store::Error::NotFound { .. }) => return Ok(None),
-        Err(e) => return Err(Error::store(&what, e)),
-    };
-    // Best effort: the committed attempt's owner (or the next one) promotes it anyway.
-    let _ = create(store.as_ref(), canonical, bytes.clone(), &what).await;
-    Ok(Some(bytes))
+    match store.get(&written).await {
+        Ok(object) => Ok(Some(Committed {
+            object,
+            unpromoted: true,
+        })),
+        Err(object_store::Error::NotFound { .. }) => Ok(None),
+        Err(e) => Err(Error::store(&what, e)),
+    }
 }
 
 /// Finishes the promotion of the record's latest turn if it is complete (its owner may have

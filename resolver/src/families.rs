@@ -14,7 +14,7 @@ use object_store::{ObjectStore, ObjectStoreExt as _};
 use turnpike_artifactory::TurnLogs;
 use turnpike_schemas::Family;
 
-use crate::{AuthorizedReference, FamilyResolver, ResolveError, Resolved};
+use crate::{AuthorizedReference, FamilyResolver, ResolveError, Resolved, ResolvedStream};
 
 fn store_error(e: object_store::Error, reference: &AuthorizedReference) -> ResolveError {
     match e {
@@ -71,6 +71,48 @@ pub fn media_type_of(name: &str) -> &'static str {
 impl FamilyResolver for HostedFiles {
     fn family(&self) -> Family {
         self.family.clone()
+    }
+
+    async fn open(&self, reference: &AuthorizedReference) -> Result<ResolvedStream, ResolveError> {
+        use futures::{StreamExt as _, TryStreamExt as _};
+        let r = reference.reference();
+        let object = if self.family == Family::attachment() {
+            let path = reference.prefix().attachment(r.turn(), r.path());
+            self.store
+                .get(&path)
+                .await
+                .map_err(|e| store_error(e, reference))?
+        } else {
+            let path = reference.prefix().hosted_file(r.turn(), r.path());
+            turnpike_artifactory::attempts::open_committed(
+                &self.store,
+                reference.prefix(),
+                r.turn(),
+                &path,
+            )
+            .await
+            .map_err(|e| match e.kind() {
+                turnpike_artifactory::ErrorKind::NotFound => ResolveError::not_found(r),
+                _ => ResolveError::Unavailable(e.to_string()),
+            })?
+            .ok_or_else(|| ResolveError::not_found(r))?
+            .object
+        };
+        let size = object.meta.size;
+        let name = r
+            .path()
+            .segments()
+            .last()
+            .map(String::as_str)
+            .unwrap_or_default();
+        Ok(ResolvedStream {
+            stream: object
+                .into_stream()
+                .map_err(|e| ResolveError::Unavailable(e.to_string()))
+                .boxed(),
+            size: Some(size),
+            media_type: media_type_of(name).to_owned(),
+        })
     }
 
     async fn resolve(&self, reference: &AuthorizedReference) -> Result<Resolved, ResolveError> {

@@ -49,6 +49,27 @@ pub struct Resolved {
     pub media_type: String,
 }
 
+/// What a reference resolved to, not read yet: the bytes come as a stream, so a large file is
+/// never held in memory whole.
+pub struct ResolvedStream {
+    pub stream: futures::stream::BoxStream<'static, Result<Bytes, ResolveError>>,
+    /// The size in bytes, when the store knows it before reading.
+    pub size: Option<u64>,
+    pub media_type: String,
+}
+
+impl ResolvedStream {
+    /// A stream of bytes already read.
+    pub fn whole(resolved: Resolved) -> Self {
+        use futures::StreamExt as _;
+        Self {
+            size: Some(resolved.bytes.len() as u64),
+            stream: futures::stream::once(async move { Ok(resolved.bytes) }).boxed(),
+            media_type: resolved.media_type,
+        }
+    }
+}
+
 /// A reference the caller's identity may read. Private fields and one constructor
 /// ([`Resolver::authorize`]): a family resolver cannot be handed an unchecked reference.
 #[derive(Debug, Clone)]
@@ -77,6 +98,12 @@ pub trait FamilyResolver: Send + Sync + 'static {
 
     /// The bytes of an authorised reference, or `NotFound` when there are none.
     async fn resolve(&self, reference: &AuthorizedReference) -> Result<Resolved, ResolveError>;
+
+    /// The same bytes as a stream (families of large objects read them as they go; the
+    /// default reads them whole first).
+    async fn open(&self, reference: &AuthorizedReference) -> Result<ResolvedStream, ResolveError> {
+        Ok(ResolvedStream::whole(self.resolve(reference).await?))
+    }
 }
 
 /// Authorises and dispatches references to the resolver of their family.
@@ -166,6 +193,22 @@ impl Resolver {
             .parse()
             .map_err(|e: turnpike_schemas::SchemaError| ResolveError::Invalid(e.to_string()))?;
         self.resolve(identity, &reference).await
+    }
+
+    /// Opens reference text as `identity`, for streaming (see [`ResolvedStream`]).
+    pub async fn open_str(
+        &self,
+        identity: &Identity,
+        text: &str,
+    ) -> Result<ResolvedStream, ResolveError> {
+        let reference: Reference = text
+            .parse()
+            .map_err(|e: turnpike_schemas::SchemaError| ResolveError::Invalid(e.to_string()))?;
+        let authorized = self.authorize(identity, &reference).await?;
+        match self.families.get(reference.family()) {
+            Some(family) => family.open(&authorized).await,
+            None => Err(ResolveError::not_found(&reference)),
+        }
     }
 
     /// Resolves a reference as `identity`.

@@ -279,19 +279,23 @@ async fn fetch(
     identity: &Identity,
     reference: &str,
 ) -> ApiResult<Response> {
+    // Streamed from the store as it is read: a large file is never held in memory whole.
     let resolved = edge
         .inner
         .resolver
         .in_tenant(tenant)
-        .resolve_str(identity, reference)
+        .open_str(identity, reference)
         .await?;
     let name = reference
         .rsplit('/')
         .next()
         .unwrap_or("file")
         .replace('"', "");
-    let mut response = (StatusCode::OK, HttpBody::from(resolved.bytes)).into_response();
+    let mut response = (StatusCode::OK, HttpBody::from_stream(resolved.stream)).into_response();
     let headers = response.headers_mut();
+    if let Some(size) = resolved.size {
+        headers.insert(header::CONTENT_LENGTH, HeaderValue::from(size));
+    }
     if let Ok(v) = HeaderValue::from_str(&resolved.media_type) {
         headers.insert(header::CONTENT_TYPE, v);
     }
