@@ -436,3 +436,109 @@ async fn special_files_links_and_trees_past_the_quota_fail_the_turn_and_commit_n
     }
     rig.stop().await;
 }
+
+/// Whether any process on this host runs as `uid`.
+fn any_process_of(uid: u32) -> bool {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter_map(|e| std::fs::read_to_string(e.path().join("status")).ok())
+        .any(|status| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix("Uid:"))
+                .and_then(|ids| ids.split_whitespace().next())
+                .and_then(|real| real.parse::<u32>().ok())
+                == Some(uid)
+        })
+}
+
+#[tokio::test]
+async fn the_cell_never_runs_as_host_root_and_may_change_what_the_host_wrote() {
+    let cell = cell().await;
+    let ws = tempfile::tempdir().unwrap();
+    // What the host (a root worker's tools) wrote before the run.
+    std::fs::write(ws.path().join("notes.txt"), "from the host\n").unwrap();
+    std::fs::create_dir(ws.path().join("data")).unwrap();
+    let r = run(
+        &cell,
+        ws.path(),
+        "import os\nopen('notes.txt', 'a').write('from the cell\\n')\nopen('data/out.csv', 'w').write('a\\n')\n\
+         print('ok')",
+    )
+    .await;
+    assert_eq!(r.exit_code, Some(0), "{r:?}");
+    assert_ne!(r.uid, 0, "a cell ran as host root");
+    // SAFETY: geteuid cannot fail.
+    if unsafe { libc::geteuid() } == 0 {
+        assert!(
+            turnpike_worker::cell::CELL_UIDS.contains(&r.uid),
+            "{}",
+            r.uid
+        );
+    }
+    // Seen from the host, what the cell made belongs to that unprivileged uid.
+    use std::os::unix::fs::MetadataExt as _;
+    let made = std::fs::metadata(ws.path().join("data/out.csv")).unwrap();
+    assert_eq!(made.uid(), r.uid);
+    assert_eq!(
+        std::fs::read_to_string(ws.path().join("notes.txt")).unwrap(),
+        "from the host\nfrom the cell\n"
+    );
+    assert!(ws.path().join("data/out.csv").is_file());
+}
+
+#[tokio::test]
+async fn a_fork_bomb_is_contained_where_no_cgroup_can_be_made() {
+    let config = CellConfig {
+        limits: Limits {
+            wall: Duration::from_secs(5),
+            cpu_seconds: 3,
+            processes: 24,
+            ..Limits::default()
+        },
+        cgroups: false,
+        init: Some(env!("CARGO_BIN_EXE_turnpike-cell-init").into()),
+        ..CellConfig::default()
+    };
+    let cell = Cell::detect(config).await.expect("the sandbox works here");
+    let ws = tempfile::tempdir().unwrap();
+    // Children that stay, forked until the kernel says no.
+    let r = run(
+        &cell,
+        ws.path(),
+        "import os, time\nn = 0\ntry:\n    while True:\n        if os.fork() == 0:\n            time.sleep(60); os._exit(0)\n        n += 1\nexcept OSError:\n    pass\nprint('forked', n, flush=True)\n",
+    )
+    .await;
+    assert_ne!(r.uid, 0);
+    let forked: u64 = r
+        .stdout
+        .trim()
+        .strip_prefix("forked ")
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{r:?}"));
+    assert!(
+        forked < 24,
+        "the process limit did not bind: {forked} forks"
+    );
+    // Nothing of the run outlives it.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while any_process_of(r.uid) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "processes of uid {} outlived their cell",
+            r.uid
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // The bomb proper: it ends, and the next run works.
+    let r = run(
+        &cell,
+        ws.path(),
+        "import os\nwhile True:\n    try: os.fork()\n    except OSError: pass\n",
+    )
+    .await;
+    assert!(r.exit_code != Some(0), "{r:?}");
+    let r = run(&cell, ws.path(), "print(40 + 2)").await;
+    assert_eq!(r.stdout.trim(), "42");
+}

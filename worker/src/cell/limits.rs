@@ -157,6 +157,67 @@ pub fn join_group(files: &[CString]) -> std::io::Result<()> {
     Ok(())
 }
 
+/// The host uids cells run as when the worker is root: far above any account's, one per run
+/// (so that `RLIMIT_NPROC` counts one cell's processes, not every cell's).
+pub const CELL_UIDS: std::ops::Range<u32> = 1_900_000_000..1_900_065_536;
+
+/// The uid the next cell runs as: `None` when the worker is not root (then the cell runs as
+/// the worker's own, unprivileged uid).
+pub fn cell_uid() -> Option<u32> {
+    // SAFETY: geteuid cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        return None;
+    }
+    let span = CELL_UIDS.end - CELL_UIDS.start;
+    let n = (std::process::id() as u64)
+        .wrapping_mul(4099)
+        .wrapping_add(unique());
+    Some(CELL_UIDS.start + (n % span as u64) as u32)
+}
+
+/// Gives the workspace to `uid` (every entry, links themselves, never followed), so that the
+/// cell may change what the host put there; at most `max` entries.
+pub fn hand_over(root: &Path, uid: u32, max: usize) -> Result<(), String> {
+    let chown = |path: &Path| {
+        std::os::unix::fs::lchown(path, Some(uid), Some(uid))
+            .map_err(|e| format!("cannot hand {} to the cell: {e}", path.display()))
+    };
+    chown(root)?;
+    let mut stack = vec![root.to_path_buf()];
+    let mut seen = 0usize;
+    while let Some(dir) = stack.pop() {
+        let Ok(read) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for entry in read.filter_map(|e| e.ok()) {
+            seen += 1;
+            if seen > max {
+                return Err(format!("the workspace holds more than {max} entries"));
+            }
+            let path = entry.path();
+            chown(&path)?;
+            if entry.file_type().map(|t| t.is_dir()).unwrap_or(false) {
+                stack.push(path);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Becomes `uid` (and gid `uid`, no supplementary groups) for good: between fork and exec.
+pub fn drop_to(uid: u32) -> std::io::Result<()> {
+    // SAFETY: setgroups/setgid/setuid are async-signal-safe; the order drops groups first.
+    unsafe {
+        if libc::setgroups(0, std::ptr::null()) != 0
+            || libc::setgid(uid) != 0
+            || libc::setuid(uid) != 0
+        {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
 /// CPU time of reaped children of this process (user + system), in milliseconds.
 pub fn children_cpu() -> u64 {
     // SAFETY: getrusage with a zeroed struct.

@@ -3,6 +3,10 @@
 //! Built on bubblewrap: every namespace unshared (network included), a read-only runtime (the
 //! host's `/usr` and nothing of `/etc`, `/home` or `/root`), the turn's workspace as the only
 //! writable path (at `/work`), a private `/tmp`, a cleared environment, all capabilities dropped,
+//! never host root: a worker running as root drops the cell (bubblewrap included) to an
+//! unprivileged host uid of its own ([`CELL_UIDS`]) before it starts, so `RLIMIT_NPROC` binds
+//! even where no cgroup can be made, and the workspace is handed over by file descriptor and
+//! owned by that uid for the run,
 //! a seccomp filter ([`seccomp`]) denying what code in a cell never needs, resource limits
 //! (CPU seconds, address space, file size, open files, processes — as a pids cgroup when the
 //! worker may create one, which is what binds root), a wall-clock timeout that kills the whole
@@ -38,6 +42,10 @@ pub struct CellConfig {
     /// The `turnpike-cell-init` binary, run inside the cell to add Landlock before the
     /// interpreter starts (none: bubblewrap and seccomp only).
     pub init: Option<PathBuf>,
+    /// Put each run in a pids (and memory) cgroup where the worker may create one. Off: the
+    /// rlimits of the unprivileged cell uid are the bound (as on a host with no writable cgroup
+    /// hierarchy).
+    pub cgroups: bool,
 }
 
 impl Default for CellConfig {
@@ -48,6 +56,7 @@ impl Default for CellConfig {
             limits: Limits::default(),
             scratch: std::env::temp_dir().join("turnpike-cell"),
             init: None,
+            cgroups: true,
         }
     }
 }
@@ -77,6 +86,8 @@ pub struct RunResult {
     pub cpu_ms: u64,
     /// Files created or changed in the workspace (relative paths).
     pub files: Vec<ChangedFile>,
+    /// The host uid the run's processes had (never 0).
+    pub uid: u32,
 }
 
 /// A file the run created or changed.
@@ -152,7 +163,26 @@ impl Cell {
                     .map_err(|e| format!("cannot open the seccomp program: {e}"))?,
             );
         }
-        let group = limits::ProcessGroup::create(&self.config.scratch, &self.config.limits);
+        let group = if self.config.cgroups {
+            limits::ProcessGroup::create(&self.config.scratch, &self.config.limits)
+        } else {
+            None
+        };
+        // Never host root: a root worker hands the workspace to a uid of the run's own.
+        let uid = match limits::cell_uid() {
+            Some(uid) => {
+                let root = workspace.to_path_buf();
+                tokio::task::spawn_blocking(move || limits::hand_over(&root, uid, MAX_SNAPSHOT))
+                    .await
+                    .map_err(|e| format!("cannot hand the workspace over: {e}"))??;
+                Some(uid)
+            }
+            None => None,
+        };
+        // The workspace (and the init binary) go in as descriptors, so that an unprivileged
+        // bubblewrap needs no path to them.
+        let work_fd = open_path(workspace)?;
+        let init_fd = self.config.init.as_deref().map(open_path).transpose()?;
         let mut command = std::process::Command::new(&self.config.bwrap);
         command
             .args([
@@ -183,16 +213,11 @@ impl Cell {
             .args(["--proc", "/proc", "--dev", "/dev", "--size"])
             .arg(TMP_BYTES.to_string())
             .args(["--tmpfs", "/tmp"])
-            .arg("--bind")
-            .arg(workspace)
-            .arg("/work")
-            .args(self.config.init.iter().flat_map(|init| {
-                [
-                    std::ffi::OsStr::new("--ro-bind"),
-                    init.as_os_str(),
-                    std::ffi::OsStr::new(INIT_PATH),
-                ]
-            }))
+            .args(["--bind-fd", &WORK_FD.to_string(), "/work"]);
+        if init_fd.is_some() {
+            command.args(["--ro-bind-fd", &INIT_FD.to_string(), INIT_PATH]);
+        }
+        command
             // The root bwrap builds is a tmpfs: make it read-only too.
             .args(["--remount-ro", "/"])
             .args(["--chdir", "/work", "--hostname", "cell"])
@@ -213,19 +238,32 @@ impl Cell {
             .map(std::os::fd::AsRawFd::as_raw_fd)
             .collect();
         let procs_file = group.as_ref().map(|g| g.procs_file());
-        // SAFETY: only async-signal-safe calls (dup2, setrlimit, open/write/close) between fork
-        // and exec.
+        let mut passed: Vec<(i32, i32)> = seccomp_fds
+            .iter()
+            .enumerate()
+            .map(|(i, fd)| (*fd, 1000 + i as i32))
+            .collect();
+        passed.push((std::os::fd::AsRawFd::as_raw_fd(&work_fd), WORK_FD));
+        if let Some(fd) = &init_fd {
+            passed.push((std::os::fd::AsRawFd::as_raw_fd(fd), INIT_FD));
+        }
+        // SAFETY: only async-signal-safe calls (dup2, open/write/close, setrlimit, setgroups,
+        // setgid, setuid) between fork and exec.
         unsafe {
             command.pre_exec(move || {
-                for (i, fd) in seccomp_fds.iter().enumerate() {
-                    if libc::dup2(*fd, 1000 + i as i32) < 0 {
+                for (from, to) in &passed {
+                    if libc::dup2(*from, *to) < 0 {
                         return Err(std::io::Error::last_os_error());
                     }
                 }
                 if let Some(path) = &procs_file {
                     limits::join_group(path)?;
                 }
-                limits.apply()
+                limits.apply()?;
+                match uid {
+                    Some(uid) => limits::drop_to(uid),
+                    None => Ok(()),
+                }
             });
         }
         let mut command = tokio::process::Command::from(command);
@@ -281,6 +319,8 @@ impl Cell {
                 .map(|t: &Instant| t.duration_since(started).as_micros() as u64),
             cpu_ms: limits::children_cpu().saturating_sub(usage_before),
             files,
+            // SAFETY: geteuid cannot fail.
+            uid: uid.unwrap_or_else(|| unsafe { libc::geteuid() }),
         })
     }
 }
@@ -362,6 +402,22 @@ fn snapshot(root: &Path) -> BTreeMap<String, (u64, SystemTime)> {
 
 /// The size of a cell's private `/tmp`.
 const TMP_BYTES: u64 = 64 << 20;
+
+/// Opens a path (the workspace, the init binary) as an `O_PATH` descriptor for bubblewrap.
+fn open_path(path: &Path) -> Result<std::fs::File, String> {
+    use std::os::unix::fs::OpenOptionsExt as _;
+    std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_PATH | libc::O_CLOEXEC)
+        .open(path)
+        .map_err(|e| format!("cannot open {}: {e}", path.display()))
+}
+
+/// The descriptor numbers the workspace and the init binary are passed at.
+const WORK_FD: i32 = 1010;
+const INIT_FD: i32 = 1011;
+
+pub use limits::CELL_UIDS;
 
 /// Where the init binary is inside a cell.
 const INIT_PATH: &str = "/run/turnpike-init";
