@@ -81,7 +81,13 @@ pub async fn list(
     Caller(caller): Caller,
     Params(query): Params<ListConversations>,
 ) -> ApiResult<Json<ConversationList>> {
-    let limit = query.limit.unwrap_or(20).clamp(1, 100) as usize;
+    let limit = query.limit.unwrap_or(20);
+    if !(1..=100).contains(&limit) {
+        return Err(ApiError::invalid(format!(
+            "limit must be 1–100, not {limit}"
+        )));
+    }
+    let limit = limit as usize;
     let before: Option<ConversationId> = match &query.before {
         Some(text) => Some(text.parse().map_err(|_| {
             ApiError::malformed(format!("before: {text:?} is not a conversation id"))
@@ -311,7 +317,7 @@ impl Edge {
     pub(crate) fn check_agent(&self, app: &AppId, agent: &AgentId) -> ApiResult<()> {
         let catalog = &self.inner.catalog;
         let Some(found) = catalog.iter().find(|a| a.id == app.as_str()) else {
-            return Err(ApiError::invalid(format!(
+            return Err(ApiError::not_found(format!(
                 "app {app:?} is not hosted here (hosted: {})",
                 catalog
                     .iter()
@@ -322,7 +328,7 @@ impl Edge {
         };
         // A native app (no declared agents) takes any agent name.
         if !found.agents.is_empty() && !found.agents.iter().any(|a| a.id == agent.as_str()) {
-            return Err(ApiError::invalid(format!(
+            return Err(ApiError::not_found(format!(
                 "app {app} has no agent {agent:?} (agents: {})",
                 found
                     .agents

@@ -72,7 +72,9 @@ pub async fn message(
         &caller,
         &id,
         &headers,
-        EventBody::Message { text: input.text },
+        EventBody::Message {
+            text: input.checked()?,
+        },
     )
     .await
 }
@@ -94,7 +96,9 @@ pub async fn follow_up(
         &caller,
         &id,
         &headers,
-        EventBody::FollowUp { text: input.text },
+        EventBody::FollowUp {
+            text: input.checked()?,
+        },
     )
     .await
 }
@@ -116,7 +120,9 @@ pub async fn steer(
         &caller,
         &id,
         &headers,
-        EventBody::Steer { text: input.text },
+        EventBody::Steer {
+            text: input.checked()?,
+        },
     )
     .await
 }
@@ -290,13 +296,26 @@ pub async fn list_rows(
     Params(query): Params<ListRows>,
 ) -> ApiResult<Json<RowPage>> {
     let entry = edge.visible(&caller, &id).await?;
-    let limit = query.limit.unwrap_or(100).clamp(1, MAX_PAGE) as usize;
+    const MAX_SEQ: u64 = (1 << 53) - 1;
+    if query.after.max(query.before).is_some_and(|s| s > MAX_SEQ) {
+        return Err(ApiError::invalid(format!(
+            "after and before are at most {MAX_SEQ}"
+        )));
+    }
+    let limit = query.limit.unwrap_or(100);
+    if !(1..=MAX_PAGE).contains(&limit) {
+        return Err(ApiError::invalid(format!(
+            "limit must be 1–{MAX_PAGE}, not {limit}"
+        )));
+    }
+    let limit = limit as usize;
     let record = edge.record(&entry);
     let page = match (query.after, query.before) {
-        (Some(_), Some(_)) => {
-            return Err(ApiError::malformed(
-                "give `after` (forwards) or `before` (backwards), not both",
-            ))
+        // Both: the rows between the two, forwards from `after`.
+        (Some(after), Some(before)) => {
+            let mut page = record.page_from(after, limit).await?;
+            page.entries.retain(|e| e.position + 1 < before);
+            page
         }
         (None, Some(before)) => record.page_before(before.saturating_sub(1), limit).await?,
         (after, None) => record.page_from(after.unwrap_or(0), limit).await?,

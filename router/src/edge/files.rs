@@ -46,7 +46,9 @@ pub async fn upload(
     let mut file: Option<(String, Option<String>, Vec<u8>)> = None;
     while let Some(mut field) = multipart.next_field().await.map_err(multipart_error)? {
         if field.name() != Some("file") {
-            continue;
+            return Err(ApiError::invalid(
+                "the form holds one field, `file`, and nothing else",
+            ));
         }
         if file.is_some() {
             return Err(ApiError::invalid("one file per upload"));
@@ -263,7 +265,7 @@ fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
 /// `conv:at:…`), resolved as the caller.
 #[utoipa::path(get, path = "/v1/files", tag = "files",
     params(FileQuery),
-    responses((status = 200, description = "the file's bytes", content_type = "application/octet-stream"),
+    responses((status = 200, description = "the file's bytes, with the media type its name says", content_type = "*/*"),
               (status = 404, body = ErrorBody), (status = 422, body = ErrorBody)))]
 pub async fn download(
     State(edge): State<Edge>,
@@ -380,7 +382,7 @@ pub async fn link(
 #[utoipa::path(get, path = "/v1/links/{token}", tag = "files",
     params(("token" = String, Path, description = "the signed token from POST /v1/files/links")),
     security(()),
-    responses((status = 200, description = "the file's bytes", content_type = "application/octet-stream"),
+    responses((status = 200, description = "the file's bytes, with the media type its name says", content_type = "*/*"),
               (status = 404, body = ErrorBody), (status = 429, body = ErrorBody)))]
 pub async fn follow_link(
     State(edge): State<Edge>,

@@ -35,13 +35,14 @@ pub struct AppList {
 #[serde(deny_unknown_fields)]
 pub struct CreateConversation {
     /// An app this deployment hosts (see `GET /v1/apps`).
-    #[schema(example = "demo")]
+    #[schema(example = "demo", pattern = "^[a-z0-9][a-z0-9_-]{0,62}$")]
     pub app: String,
     /// One of the app's agents.
-    #[schema(example = "assistant")]
+    #[schema(example = "assistant", pattern = "^[a-z0-9][a-z0-9_-]{0,62}$")]
     pub agent: String,
     /// Instructions for every turn, added to the agent's system prompt (at most 16 KiB).
     #[serde(default)]
+    #[schema(max_length = 16384)]
     pub instructions: Option<String>,
 }
 
@@ -95,8 +96,10 @@ pub struct ConversationList {
 #[into_params(parameter_in = Query)]
 pub struct ListConversations {
     /// Only conversations older than this id.
+    #[param(pattern = "^conv_[0-7][0-9A-HJKMNP-TV-Z]{25}$")]
     pub before: Option<String>,
     /// At most this many (1–100, default 20).
+    #[param(minimum = 1, maximum = 100)]
     pub limit: Option<u32>,
 }
 
@@ -104,9 +107,26 @@ pub struct ListConversations {
 #[derive(Debug, Clone, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct TextInput {
-    /// 1 byte to 64 KiB.
-    #[schema(min_length = 1, max_length = 65536)]
+    /// 1 byte to 64 KiB, not all spaces.
+    #[schema(min_length = 1, max_length = 65536, pattern = "[^\\s\\x1c-\\x1f]")]
     pub text: String,
+}
+
+/// Whether text is all spaces, as the OpenAPI document's patterns count them (Unicode white
+/// space, and the four separators `\x1c`–`\x1f` Python's `\s` includes): such text says nothing.
+pub fn blank(text: &str) -> bool {
+    text.chars()
+        .all(|c| c.is_whitespace() || ('\x1c'..='\x1f').contains(&c))
+}
+
+impl TextInput {
+    /// The text, unless it is blank.
+    pub fn checked(self) -> super::ApiResult<String> {
+        if blank(&self.text) {
+            return Err(super::ApiError::invalid("the text is empty (only spaces)"));
+        }
+        Ok(self.text)
+    }
 }
 
 /// A stop, with an optional reason.
@@ -114,6 +134,7 @@ pub struct TextInput {
 #[serde(deny_unknown_fields)]
 pub struct StopInput {
     #[serde(default)]
+    #[schema(max_length = 65536)]
     pub reason: Option<String>,
 }
 
@@ -192,10 +213,14 @@ pub struct RowPage {
 #[into_params(parameter_in = Query)]
 pub struct ListRows {
     /// Rows with `seq` above this (the replay cursor; 0 for the beginning).
+    #[param(minimum = 0, maximum = 9007199254740991_u64)]
     pub after: Option<u64>,
-    /// The rows just before this `seq`, in record order (paging backwards). Not with `after`.
+    /// The rows just before this `seq`, in record order (paging backwards). With `after` too:
+    /// the rows between the two, read forwards from `after`.
+    #[param(minimum = 0, maximum = 9007199254740991_u64)]
     pub before: Option<u64>,
     /// At most this many entries read (1–500, default 100).
+    #[param(minimum = 1, maximum = 500)]
     pub limit: Option<u32>,
 }
 
@@ -232,6 +257,7 @@ pub struct Pending {
 #[serde(deny_unknown_fields)]
 pub struct ApprovalInput {
     #[serde(default)]
+    #[schema(max_length = 65536)]
     pub reason: Option<String>,
     #[serde(default)]
     pub tool: Option<String>,
@@ -244,6 +270,7 @@ pub struct ApprovalInput {
 #[derive(Debug, Clone, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct AnswerInput {
+    #[schema(max_length = 65536)]
     pub answer: String,
 }
 
@@ -251,6 +278,7 @@ pub struct AnswerInput {
 #[derive(Debug, Clone, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SwitchInput {
+    #[schema(pattern = "^[a-z0-9][a-z0-9_-]{0,62}$")]
     pub agent: String,
 }
 
@@ -261,7 +289,8 @@ pub struct GrantInput {
     /// `provider:external_id` or `provider:scope:external_id`.
     #[schema(
         example = "local:ana",
-        pattern = "^[a-z][a-z0-9_-]*(:[A-Za-z0-9._@-]+){1,2}$"
+        pattern = "^[a-z][a-z0-9_-]{0,31}(:[^:\\s\\x00-\\x1f\\x7f-\\x9f]+){1,2}$",
+        max_length = 256
     )]
     pub identity: String,
     /// The grantee's tenant; the owner's when absent. Grants never cross tenants: another
@@ -297,10 +326,31 @@ pub struct AttachmentView {
 #[serde(deny_unknown_fields)]
 pub struct LinkInput {
     /// A reference the caller may read (`conv:fi:…` or `conv:at:…`).
+    #[schema(
+        pattern = "^conv:[a-z]{2,16}:conv_[0-7][0-9A-HJKMNP-TV-Z]{25}/turn_[1-9][0-9]{0,17}/[A-Za-z0-9_~-][A-Za-z0-9._~-]{0,63}(/[A-Za-z0-9_~-][A-Za-z0-9._~-]{0,63}){0,7}$"
+    )]
     pub reference: String,
     /// How long the link works, in seconds (1–3600, default 300).
-    #[serde(default)]
+    #[serde(default, deserialize_with = "whole_number")]
+    #[schema(minimum = 1, maximum = 3600)]
     pub ttl_seconds: Option<u64>,
+}
+
+/// A JSON number that is a whole number of 0 or more (`176` or `176.0`, as JSON Schema's
+/// `integer` allows), or null.
+fn whole_number<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+    let Some(n) = Option::<serde_json::Number>::deserialize(d)? else {
+        return Ok(None);
+    };
+    if let Some(n) = n.as_u64() {
+        return Ok(Some(n));
+    }
+    match n.as_f64() {
+        Some(f) if f >= 0.0 && f.fract() == 0.0 && f < u64::MAX as f64 => Ok(Some(f as u64)),
+        _ => Err(serde::de::Error::custom(format!(
+            "{n} is not a whole number of 0 or more"
+        ))),
+    }
 }
 
 /// A short-lived credential for one conversation's stream: `…/stream?ticket=<ticket>` or
@@ -324,23 +374,41 @@ pub struct LinkView {
 #[into_params(parameter_in = Query)]
 pub struct FileQuery {
     /// The file's reference (`conv:fi:…` or `conv:at:…`).
+    #[param(
+        pattern = "^conv:[a-z]{2,16}:conv_[0-7][0-9A-HJKMNP-TV-Z]{25}/turn_[1-9][0-9]{0,17}/[A-Za-z0-9_~-][A-Za-z0-9._~-]{0,63}(/[A-Za-z0-9_~-][A-Za-z0-9._~-]{0,63}){0,7}$"
+    )]
     pub reference: String,
 }
 
 #[derive(Debug, Clone, Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
 pub struct SearchQuery {
-    /// Words, or web-search syntax ("a phrase", -excluded, or).
+    /// Words, or web-search syntax ("a phrase", -excluded, or): 1–1024 characters, not all
+    /// spaces, no control characters.
+    #[param(
+        pattern = "^[^\\x00-\\x1f\\x7f-\\x9f]*[^\\s\\x00-\\x1f\\x7f-\\x9f][^\\x00-\\x1f\\x7f-\\x9f]*$",
+        max_length = 1024
+    )]
     pub q: String,
     /// `hybrid` (default), `lexical` or `vector`.
+    #[param(pattern = "^(hybrid|lexical|vector)$")]
     pub mode: Option<String>,
+    #[param(pattern = "^[a-z0-9][a-z0-9_-]{0,62}$")]
     pub app: Option<String>,
+    #[param(pattern = "^[a-z0-9][a-z0-9_-]{0,62}$")]
     pub agent: Option<String>,
+    #[param(pattern = "^conv_[0-7][0-9A-HJKMNP-TV-Z]{25}$")]
     pub conversation: Option<String>,
     /// Comma-separated kinds: prompt, completion, summary, attachment, file.
+    #[param(
+        pattern = "^(prompt|completion|summary|attachment|file)(,(prompt|completion|summary|attachment|file))*$"
+    )]
     pub kinds: Option<String>,
     /// 1–100, default 10.
+    #[param(minimum = 1, maximum = 100)]
     pub limit: Option<u32>,
+    /// 0–10000, default 0.
+    #[param(minimum = 0, maximum = 10000)]
     pub offset: Option<u32>,
 }
 

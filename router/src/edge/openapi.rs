@@ -145,9 +145,67 @@ fn objects(v: Option<&mut serde_json::Value>) -> impl Iterator<Item = &mut serde
         .flat_map(|o| o.values_mut())
 }
 
+/// The grammar of a conversation id, as a pattern.
+const CONVERSATION_ID: &str = "^conv_[0-7][0-9A-HJKMNP-TV-Z]{25}$";
+/// The grammar of an idempotency key: 1–128 printable ASCII characters.
+const IDEMPOTENCY_KEY: &str = "^[!-~]{1,128}$";
+
+/// Constraints the handlers' annotations cannot state in one place: every conversation `{id}`
+/// and every `Idempotency-Key` has its grammar, and an upload is a form with exactly one file.
+fn tighten(doc: &mut serde_json::Value) {
+    for (path, item) in doc
+        .get_mut("paths")
+        .and_then(|p| p.as_object_mut())
+        .into_iter()
+        .flat_map(|p| p.iter_mut())
+    {
+        let conversations = path.starts_with("/v1/conversations/{id}")
+            || path.starts_with("/v1/admin/conversations/{id}");
+        for op in item
+            .as_object_mut()
+            .into_iter()
+            .flat_map(|i| i.values_mut())
+        {
+            for param in op
+                .get_mut("parameters")
+                .and_then(|p| p.as_array_mut())
+                .into_iter()
+                .flat_map(|p| p.iter_mut())
+            {
+                let pattern = match (param["name"].as_str(), param["in"].as_str()) {
+                    (Some("id"), Some("path")) if conversations => CONVERSATION_ID,
+                    (Some("Idempotency-Key"), Some("header")) => IDEMPOTENCY_KEY,
+                    _ => continue,
+                };
+                param["schema"]["pattern"] = pattern.into();
+            }
+            if let Some(form) = op
+                .pointer_mut("/requestBody/content/multipart~1form-data")
+                .and_then(|c| c.as_object_mut())
+            {
+                form.insert(
+                    "schema".into(),
+                    serde_json::json!({
+                        "type": "object",
+                        "required": ["file"],
+                        "properties": {
+                            "file": { "type": "string", "format": "binary", "minLength": 1 }
+                        },
+                        "additionalProperties": false,
+                    }),
+                );
+            }
+            if let Some(body) = op.get_mut("requestBody").and_then(|b| b.as_object_mut()) {
+                body.insert("required".into(), true.into());
+            }
+        }
+    }
+}
+
 /// The document, as served.
 pub fn document_value() -> serde_json::Value {
     let mut doc = serde_json::to_value(ApiDoc::openapi()).expect("the document serialises");
+    tighten(&mut doc);
     // utoipa 5 writes a link's fields in snake case; the specification spells them in camel case.
     for item in objects(doc.get_mut("paths")) {
         for op in item

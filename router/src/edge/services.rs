@@ -37,12 +37,69 @@ pub async fn search(
     Caller(caller): Caller,
     Params(query): Params<SearchQuery>,
 ) -> ApiResult<Json<SearchResults>> {
+    check_search(&query)?;
     let service: &Arc<dyn SearchService> = edge
         .inner
         .search
         .as_ref()
         .ok_or_else(|| ApiError::unavailable("search is off on this deployment (no index)"))?;
     Ok(Json(service.search(&caller, query).await?))
+}
+
+/// The longest query, in characters.
+const MAX_QUERY_CHARS: usize = 1024;
+/// The furthest a search pages.
+const MAX_OFFSET: u32 = 10_000;
+
+/// Refuses what the OpenAPI document says a search may not be, before any index is asked.
+fn check_search(query: &SearchQuery) -> ApiResult<()> {
+    let invalid = |what: String| Err(ApiError::invalid(what));
+    if query.q.chars().any(char::is_control) {
+        return invalid("q: control characters are not searched for".into());
+    }
+    if super::model::blank(&query.q) {
+        return invalid("q: the query is empty".into());
+    }
+    if query.q.chars().count() > MAX_QUERY_CHARS {
+        return invalid(format!("q: longer than {MAX_QUERY_CHARS} characters"));
+    }
+    if let Some(mode) = &query.mode {
+        if !["hybrid", "lexical", "vector"].contains(&mode.as_str()) {
+            return invalid(format!(
+                "mode: unknown mode {mode:?} (hybrid, lexical, vector)"
+            ));
+        }
+    }
+    for (name, value) in [("app", &query.app), ("agent", &query.agent)] {
+        if let Some(value) = value {
+            if value.parse::<turnpike_schemas::AppId>().is_err() {
+                return invalid(format!("{name}: {value:?} is not an id"));
+            }
+        }
+    }
+    if let Some(value) = &query.conversation {
+        if value.parse::<ConversationId>().is_err() {
+            return invalid(format!("conversation: {value:?} is not a conversation id"));
+        }
+    }
+    if let Some(kinds) = &query.kinds {
+        const KINDS: [&str; 5] = ["prompt", "completion", "summary", "attachment", "file"];
+        if let Some(bad) = kinds.split(',').find(|k| !KINDS.contains(k)) {
+            return invalid(format!(
+                "kinds: {bad:?} is not a kind ({})",
+                KINDS.join(", ")
+            ));
+        }
+    }
+    if let Some(limit) = query.limit {
+        if !(1..=100).contains(&limit) {
+            return invalid(format!("limit must be 1–100, not {limit}"));
+        }
+    }
+    if query.offset.is_some_and(|o| o > MAX_OFFSET) {
+        return invalid(format!("offset must be at most {MAX_OFFSET}"));
+    }
+    Ok(())
 }
 
 impl Edge {
