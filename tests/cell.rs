@@ -237,6 +237,9 @@ async fn bombs_loops_and_sleepers_are_stopped_and_the_worker_goes_on() {
     contained(&cell, "import socket\ntry:\n    socket.socket(socket.AF_VSOCK, socket.SOCK_STREAM); print('ESCAPED')\nexcept OSError: print('CONTAINED')").await;
     // The private /tmp is bounded: filling it stops at its size.
     contained(&cell, "n = 0\ntry:\n    for i in range(64):\n        open(f'/tmp/f{i}', 'wb').write(b'x' * (4 << 20)); n += 1\n    print('ESCAPED')\nexcept OSError: print('CONTAINED' if n < 20 else 'ESCAPED')").await;
+    // /dev takes no files, and /dev/shm is bounded like /tmp.
+    contained(&cell, "try:\n    open('/dev/filler', 'wb').write(b'x'); print('ESCAPED')\nexcept OSError: print('CONTAINED')").await;
+    contained(&cell, "n = 0\ntry:\n    for i in range(64):\n        open(f'/dev/shm/f{i}', 'wb').write(b'x' * (1 << 20)); n += 1\n    print('ESCAPED')\nexcept OSError: print('CONTAINED' if n < 20 else 'ESCAPED')").await;
     // The worker is unharmed: a normal run still works.
     let r = run(&cell, ws.path(), "print(40 + 2)").await;
     assert_eq!(r.stdout.trim(), "42");

@@ -209,10 +209,13 @@ impl Cell {
             command.args(["--symlink", "usr/lib64", "/lib64"]);
         }
         command
-            // A private /tmp of bounded size (the workspace has its own quota).
+            // A private /tmp and /dev/shm of bounded size (the workspace has its own quota),
+            // and the rest of /dev read-only: no memory to fill where no cgroup bounds it.
             .args(["--proc", "/proc", "--dev", "/dev", "--size"])
             .arg(TMP_BYTES.to_string())
-            .args(["--tmpfs", "/tmp"])
+            .args(["--tmpfs", "/tmp", "--size"])
+            .arg(SHM_BYTES.to_string())
+            .args(["--tmpfs", "/dev/shm", "--remount-ro", "/dev"])
             .args(["--bind-fd", &WORK_FD.to_string(), "/work"]);
         if init_fd.is_some() {
             command.args(["--ro-bind-fd", &INIT_FD.to_string(), INIT_PATH]);
@@ -418,6 +421,9 @@ const WORK_FD: i32 = 1010;
 const INIT_FD: i32 = 1011;
 
 pub use limits::CELL_UIDS;
+
+/// The size of a cell's private `/dev/shm`.
+const SHM_BYTES: u64 = 16 << 20;
 
 /// Where the init binary is inside a cell.
 const INIT_PATH: &str = "/run/turnpike-init";
