@@ -715,3 +715,37 @@ async fn repair_waits_for_the_lease_so_no_turn_appends_while_it_rewrites() {
         .unwrap()
         .is_some());
 }
+
+#[test]
+fn a_batch_reported_appended_is_on_disk_when_the_process_is_killed_right_after() {
+    use std::io::BufRead as _;
+    let cli = Cli::new();
+    // `created <id>` is printed once the opening batch is appended (and synced): kill the
+    // process the moment the line arrives, wherever it is.
+    let mut child = cli
+        .command(&["record", "append", "--actor", ACTOR, "--message", "hello"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let mut conv = None;
+    for line in std::io::BufReader::new(stdout).lines() {
+        if let Some(id) = line.unwrap().strip_prefix("created ") {
+            child.kill().unwrap();
+            conv = Some(id.trim().to_owned());
+            break;
+        }
+    }
+    let _ = child.wait();
+    let conv = conv.expect("the conversation was created");
+    let batch = std::fs::read(cli.batch_path(&conv, 0)).expect("the opening batch is on disk");
+    assert!(
+        String::from_utf8_lossy(&batch).contains("conversation_opened"),
+        "{}",
+        String::from_utf8_lossy(&batch)
+    );
+    // Whatever else the killed process wrote is whole: the record verifies.
+    let verify = cli.run(&["conversation", "verify", &conv, "--actor", ACTOR]);
+    assert_eq!(verify.status.code(), Some(0), "{}", text(&verify));
+}
