@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 
 use reqwest::Method;
 use serde_json::{json, Value};
-use turnpike_router::edge::client::{Client, Cursor};
-use turnpike_router::edge::model::Frame;
+use turnpike_edge::client::{Client, Cursor};
+use turnpike_edge::model::Frame;
 use turnpike_tests::edge::{files_under, Server, ADMIN, ALICE, ALICE_OF_BETA, BETA_ADMIN, BOB};
 
 fn binary() -> PathBuf {
@@ -137,7 +137,7 @@ async fn conversation(client: &Client, id: &str) -> Value {
 /// Reads rows into `seen` until one satisfies `done`, following the stream's `rows` frames.
 async fn follow_until(
     client: &Client,
-    stream: &mut turnpike_router::edge::client::FrameStream,
+    stream: &mut turnpike_edge::client::FrameStream,
     cursor: &mut Cursor,
     seen: &mut Vec<Value>,
     what: &str,
@@ -1009,7 +1009,7 @@ async fn a_property_based_fuzzer_finds_no_5xx_and_no_response_off_the_schema() {
         .unwrap()
         .into_ok()
         .unwrap();
-    let generated = turnpike_router::edge::openapi::document_value();
+    let generated = turnpike_edge::openapi::document_value();
     assert_eq!(served, generated);
     assert!(served["paths"]["/v1/conversations/{id}/messages"]["post"].is_object());
 

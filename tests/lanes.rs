@@ -545,8 +545,8 @@ impl Fleet {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn any_router_of_a_fleet_serves_any_conversation_and_streams_from_any_worker() {
-    use turnpike_router::edge::client::{Client, Cursor};
-    use turnpike_router::edge::model::Frame;
+    use turnpike_edge::client::{Client, Cursor};
+    use turnpike_edge::model::Frame;
     let fleet = Fleet::start().await;
     let tokens = fleet.data.path().join("tokens.toml");
     std::fs::write(
@@ -805,7 +805,7 @@ async fn send_somewhere(
     let path = format!("/v1/conversations/{id}/messages");
     for attempt in 0.. {
         let base = &bases[(first + attempt) % bases.len()];
-        let client = turnpike_router::edge::client::Client::new(base, token);
+        let client = turnpike_edge::client::Client::new(base, token);
         match client
             .send(reqwest::Method::POST, &path, Some(&body), Some(key))
             .await
@@ -861,7 +861,7 @@ async fn a_fleet_driven_through_the_api_while_workers_and_routers_are_killed_fin
         .map(|p| format!("http://127.0.0.1:{p}"))
         .collect();
 
-    let client = turnpike_router::edge::client::Client::new(&bases[0], "t-ana");
+    let client = turnpike_edge::client::Client::new(&bases[0], "t-ana");
     let mut ids = Vec::new();
     for _ in 0..CHAOS_CONVERSATIONS {
         let created = client
@@ -942,8 +942,8 @@ async fn a_fleet_driven_through_the_api_while_workers_and_routers_are_killed_fin
     for (i, id) in ids.iter().enumerate() {
         let expected: Vec<String> = (0..CHAOS_MESSAGES).map(|m| format!("c{i}-m{m}")).collect();
         let turns = loop {
-            let client = turnpike_router::edge::client::Client::new(&bases[i % 2], "t-ana");
-            let mut cursor = turnpike_router::edge::client::Cursor::new(id);
+            let client = turnpike_edge::client::Client::new(&bases[i % 2], "t-ana");
+            let mut cursor = turnpike_edge::client::Cursor::new(id);
             let rows = cursor.read(&client).await.unwrap_or_default();
             let turns = turns_of(&rows);
             let inputs: Vec<String> = turns.iter().flat_map(|t| t.inputs.clone()).collect();
@@ -1028,7 +1028,7 @@ async fn queue_fleet() -> (Fleet, tempfile::TempDir, std::path::PathBuf) {
     (fleet, apps, tokens)
 }
 
-async fn queue_conversation(client: &turnpike_router::edge::client::Client, agent: &str) -> String {
+async fn queue_conversation(client: &turnpike_edge::client::Client, agent: &str) -> String {
     let created = client
         .post(
             "/v1/conversations",
@@ -1041,7 +1041,7 @@ async fn queue_conversation(client: &turnpike_router::edge::client::Client, agen
     created["id"].as_str().unwrap().to_owned()
 }
 
-async fn say(client: &turnpike_router::edge::client::Client, id: &str, text: &str) {
+async fn say(client: &turnpike_edge::client::Client, id: &str, text: &str) {
     client
         .post(
             &format!("/v1/conversations/{id}/messages"),
@@ -1072,7 +1072,7 @@ async fn in_a_fleet_every_message_gets_its_own_turn_in_order() {
     let (fleet, _apps, tokens) = queue_fleet().await;
     let _workers: Vec<_> = (0..2).map(|_| fleet.worker(&[])).collect();
     let (_router, base) = fleet.router(&tokens);
-    let client = turnpike_router::edge::client::Client::new(&base, "t-ana");
+    let client = turnpike_edge::client::Client::new(&base, "t-ana");
 
     // A second message while the slow model thinks about the first.
     let id = queue_conversation(&client, "slow").await;
@@ -1104,7 +1104,7 @@ async fn a_turn_killed_after_batch_one_is_retried_under_its_id_before_the_waitin
     let (fleet, _apps, tokens) = queue_fleet().await;
     let (mut doomed, _) = fleet.worker(&["--fault", "hang-after-batch-one"]);
     let (_router, base) = fleet.router(&tokens);
-    let client = turnpike_router::edge::client::Client::new(&base, "t-ana");
+    let client = turnpike_edge::client::Client::new(&base, "t-ana");
     let id = queue_conversation(&client, "slow").await;
     say(&client, &id, "one").await;
     doomed

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use serde_json::json;
-use turnpike_router::edge::client::Client;
+use turnpike_edge::client::Client;
 use turnpike_tests::edge::{queue_apps, wait_for_complete_turns, wait_for_status, Server, ALICE};
 
 const LONG: Duration = Duration::from_secs(120);

@@ -83,6 +83,28 @@ impl Conversations {
         crate::DeadLetters::new(self.store.clone())
     }
 
+    /// The committed turns' logs of a conversation, each checked against the digest its record
+    /// holds (what replay re-runs).
+    pub async fn recorded_logs(
+        &self,
+        entry: &DirectoryEntry,
+    ) -> Result<Vec<turnpike_schemas::TurnLog>> {
+        let record = self.record(entry.prefix());
+        let transcript = crate::Transcript::from_entries(&record.entries().await?);
+        let logs = self.turn_logs();
+        let mut recorded = Vec::new();
+        for view in &transcript.committed {
+            let Some(complete) = &view.complete else {
+                continue;
+            };
+            recorded.push(
+                logs.read_checked(&entry.prefix(), view.turn, complete.log_sha256.as_deref())
+                    .await?,
+            );
+        }
+        Ok(recorded)
+    }
+
     /// The open-turn marks in the same store.
     pub fn open_turns(&self) -> crate::OpenTurns {
         crate::OpenTurns::new(self.store.clone())

@@ -10,7 +10,6 @@
 //! - [`error`]: the crate's error type
 
 pub mod bus;
-pub mod edge;
 pub mod embedded;
 pub mod error;
 pub mod ingress;

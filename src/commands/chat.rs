@@ -13,8 +13,8 @@ use anyhow::{anyhow, bail, Context as _, Result};
 use reqwest::Method;
 use serde_json::{json, Value};
 use tokio::io::{AsyncBufReadExt as _, BufReader};
-use turnpike_router::edge::client::{Client, Cursor};
-use turnpike_router::edge::model::Frame;
+use turnpike_edge::client::{Client, Cursor};
+use turnpike_edge::model::Frame;
 
 use crate::cli::{ChatArgs, Global};
 

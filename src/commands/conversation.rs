@@ -192,7 +192,7 @@ pub async fn replay_report(
     what_if: Option<&WhatIf>,
 ) -> Result<bool> {
     let (entry, _) = env.open_for("replay", conversation, tenant, actor).await?;
-    let recorded = crate::commands::edge::recorded_logs(&env.conversations, &entry).await?;
+    let recorded = env.conversations.recorded_logs(&entry).await?;
     match what_if {
         Some(w) => println!("replay of {conversation} with a what-if ({w:?}):"),
         None => {

@@ -1,23 +1,13 @@
 //! Mounting the HTTP/WebSocket edge: who may call (tokens, JWTs), which apps exist, and the
-//! search and replay services the edge borrows from the index and the agent loop.
+//! keys its links are signed with.
 
 use std::path::Path;
 use std::sync::Arc;
 
 use anyhow::{bail, Context as _, Result};
-use async_trait::async_trait;
 use sha2::Digest as _;
-use turnpike_artifactory::{Conversations, DirectoryEntry, Transcript};
-use turnpike_index::{Filters, Kind, Scope, SearchRequest};
-use turnpike_router::edge::model::{
-    AgentView, AppView, ReplayTurn, ReplayView, SearchHitView, SearchQuery, SearchResults,
-};
-use turnpike_router::edge::{
-    ApiError, ApiResult, Authenticator, Edge, EdgeParts, JwtConfig, JwtVerifier, Limits, Principal,
-    ReplayService, SearchService, TokenFile,
-};
+use turnpike_edge::{Authenticator, Edge, EdgeParts, JwtConfig, JwtVerifier, Limits, TokenFile};
 use turnpike_router::Bus;
-use turnpike_schemas::TurnLog;
 use turnpike_worker::Apps;
 
 use crate::cli::{EdgeArgs, Global};
@@ -109,26 +99,6 @@ pub fn local_token(global: &Global) -> Option<String> {
         .find_map(|t| t.get("token")?.as_str().map(str::to_owned))
 }
 
-/// The apps and agents `apps` hosts, as the API lists them.
-pub fn catalog(apps: &Apps) -> Vec<AppView> {
-    apps.ids()
-        .into_iter()
-        .map(|app| AppView {
-            id: app.to_string(),
-            agents: apps
-                .agent_specs(app)
-                .iter()
-                .map(|spec| AgentView {
-                    id: spec.name.to_string(),
-                    model: spec.model.clone(),
-                    tools: spec.tools.specs().into_iter().map(|t| t.name).collect(),
-                    context_length: spec.context_length,
-                })
-                .collect(),
-        })
-        .collect()
-}
-
 /// The edge over this process's bus, store and index.
 pub fn build(
     global: &Global,
@@ -147,16 +117,8 @@ pub fn build(
         trusted: env.trusted.clone(),
         signer: env.signer.clone(),
         auth: authenticator(global, args, embedded)?,
-        catalog: catalog(apps),
-        search: index.map(|index| {
-            Arc::new(IndexSearch {
-                index,
-                resolver: env.resolver(),
-            }) as Arc<dyn SearchService>
-        }),
-        replay: Some(Arc::new(Replayer {
-            conversations: env.conversations.clone(),
-        })),
+        catalog: turnpike_edge::catalog(apps),
+        search: index,
         limits: Limits {
             rate_per_second: args.rate_per_second,
             burst: args.rate_burst,
@@ -166,123 +128,4 @@ pub fn build(
         link_key,
         directive: None,
     }))
-}
-
-/// `/v1/search` over the hybrid index.
-struct IndexSearch {
-    index: turnpike_index::Index,
-    resolver: turnpike_resolver::Resolver,
-}
-
-fn index_error(e: turnpike_index::Error) -> ApiError {
-    match e.kind() {
-        turnpike_index::ErrorKind::Invalid => ApiError::invalid(e.to_string()),
-        _ => ApiError::unavailable(e.to_string()),
-    }
-}
-
-#[async_trait]
-impl SearchService for IndexSearch {
-    async fn search(&self, caller: &Principal, query: SearchQuery) -> ApiResult<SearchResults> {
-        let mut request = SearchRequest::new(query.q);
-        if let Some(mode) = &query.mode {
-            request.mode = mode
-                .parse()
-                .map_err(|e: turnpike_index::Error| ApiError::invalid(format!("mode: {e}")))?;
-        }
-        request.filters = Filters {
-            app: query.app,
-            agent: query.agent,
-            conversation: query.conversation,
-            kinds: match &query.kinds {
-                Some(list) => list
-                    .split(',')
-                    .filter(|k| !k.trim().is_empty())
-                    .map(|k| k.trim().parse::<Kind>())
-                    .collect::<Result<_, _>>()
-                    .map_err(|e| ApiError::invalid(format!("kinds: {e}")))?,
-                None => Vec::new(),
-            },
-            since_ms: None,
-            until_ms: None,
-        };
-        request.limit = query.limit.unwrap_or(10) as usize;
-        request.offset = query.offset.unwrap_or(0) as usize;
-        request.validate().map_err(index_error)?;
-        let scope = Scope::new(caller.tenant.to_string(), caller.identity.to_string());
-        let page = turnpike_index::hydrate::search(
-            &self.index,
-            &self.resolver,
-            &caller.identity,
-            &scope,
-            &request,
-        )
-        .await
-        .map_err(index_error)?;
-        Ok(SearchResults {
-            hits: page
-                .hits
-                .into_iter()
-                .map(|h| SearchHitView {
-                    conversation: h.conversation,
-                    turn: format!("turn_{}", h.turn),
-                    kind: h.kind.as_str().to_owned(),
-                    reference: h.reference,
-                    app: h.app,
-                    agent: h.agent,
-                    at_ms: h.at_ms,
-                    score: h.score,
-                    snippet: h.snippet.unwrap_or_default(),
-                })
-                .collect(),
-            next_offset: page.next_offset.map(|o| o as u32),
-        })
-    }
-}
-
-/// The committed turns' logs of a conversation, checked against the digests its record holds.
-pub async fn recorded_logs(
-    conversations: &Conversations,
-    entry: &DirectoryEntry,
-) -> turnpike_artifactory::Result<Vec<TurnLog>> {
-    let record = turnpike_artifactory::Record::new(conversations.store().clone(), entry.prefix());
-    let transcript = Transcript::from_entries(&record.entries().await?);
-    let logs = conversations.turn_logs();
-    let mut recorded = Vec::new();
-    for view in &transcript.committed {
-        let Some(complete) = &view.complete else {
-            continue;
-        };
-        recorded.push(
-            logs.read_checked(&entry.prefix(), view.turn, complete.log_sha256.as_deref())
-                .await?,
-        );
-    }
-    Ok(recorded)
-}
-
-/// `/v1/admin/…/replay` through the agent loop's replay.
-struct Replayer {
-    conversations: Conversations,
-}
-
-#[async_trait]
-impl ReplayService for Replayer {
-    async fn replay(&self, entry: &DirectoryEntry) -> ApiResult<ReplayView> {
-        let logs = recorded_logs(&self.conversations, entry).await?;
-        let replays = turnpike_worker::replay::replay(&logs, None).await;
-        let turns: Vec<ReplayTurn> = replays
-            .iter()
-            .map(|r| ReplayTurn {
-                turn: r.turn.to_string(),
-                reproduced: r.divergence.is_none(),
-                divergence: r.divergence.as_ref().map(|d| d.to_string()),
-            })
-            .collect();
-        Ok(ReplayView {
-            conversation: entry.conversation.to_string(),
-            reproduced: turns.iter().all(|t| t.reproduced),
-            turns,
-        })
-    }
 }

@@ -235,7 +235,7 @@ async fn run_workers(
 
 /// Binds the edge's address and serves it in the background until `stop` fires.
 async fn start_edge(
-    edge: turnpike_router::edge::Edge,
+    edge: turnpike_edge::Edge,
     listen: std::net::SocketAddr,
     stop: tokio::sync::watch::Receiver<bool>,
 ) -> Result<tokio::task::JoinHandle<()>> {

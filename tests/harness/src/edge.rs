@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::Result;
-use turnpike_router::edge::client::Client;
+use turnpike_edge::client::Client;
 
 use crate::process::Process;
 use crate::services::free_port;
@@ -226,7 +226,7 @@ pub async fn wait_for_complete_turns(
     timeout: Duration,
 ) -> Result<Vec<TurnSummary>> {
     let deadline = std::time::Instant::now() + timeout;
-    let mut cursor = turnpike_router::edge::client::Cursor::new(id);
+    let mut cursor = turnpike_edge::client::Cursor::new(id);
     let mut rows = Vec::new();
     loop {
         rows.extend(cursor.read(client).await.map_err(anyhow::Error::msg)?);

@@ -114,9 +114,9 @@ impl IntoResponse for ApiError {
     }
 }
 
-impl From<crate::Error> for ApiError {
-    fn from(e: crate::Error) -> Self {
-        use crate::ErrorKind as K;
+impl From<turnpike_router::Error> for ApiError {
+    fn from(e: turnpike_router::Error) -> Self {
+        use turnpike_router::ErrorKind as K;
         match e.kind() {
             K::NotFound => ApiError::not_found(e.to_string()),
             K::Invalid => ApiError::invalid(e.to_string()),

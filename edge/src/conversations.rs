@@ -12,7 +12,7 @@ use super::model::{
     ListConversations, Status,
 };
 use super::{conversation_id, Body, Caller, Edge, Params};
-use crate::bus::now_ms;
+use turnpike_router::bus::now_ms;
 
 /// The longest instructions a conversation may be created with, in bytes.
 pub const MAX_INSTRUCTIONS_BYTES: usize = 16 * 1024;

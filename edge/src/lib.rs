@@ -21,6 +21,8 @@
 //! - [`conversations`], [`events`], [`files`], [`stream`], [`services`]: the handlers
 //! - [`tickets`]: short-lived stream tickets, so browsers keep bearer tokens out of URLs
 //! - [`openapi`]: the document at `/v1/openapi.json`
+//! - [`client`]: a client of the API (for `turnpike chat` and the tests)
+//! - [`catalog`]: the apps and agents a deployment hosts, as the API lists them
 
 pub mod auth;
 pub mod client;
@@ -48,12 +50,31 @@ use turnpike_artifactory::{Conversations, Files, RecordSigner, TrustedKeys};
 use turnpike_schemas::entry::IngressDirective;
 use turnpike_schemas::ConversationId;
 
-use crate::bus::Bus;
-use crate::ingress::Ingress;
 pub use auth::{Authenticator, JwtConfig, JwtVerifier, Principal, TokenFile, Verifier};
 pub use error::{ApiError, ApiResult, ErrorBody};
 pub use limits::Limits;
-pub use services::{ReplayService, SearchService};
+use turnpike_router::bus::Bus;
+use turnpike_router::Ingress;
+
+/// The apps and agents `apps` hosts, as the API lists them.
+pub fn catalog(apps: &turnpike_worker::Apps) -> Vec<model::AppView> {
+    apps.ids()
+        .into_iter()
+        .map(|app| model::AppView {
+            id: app.to_string(),
+            agents: apps
+                .agent_specs(app)
+                .iter()
+                .map(|spec| model::AgentView {
+                    id: spec.name.to_string(),
+                    model: spec.model.clone(),
+                    tools: spec.tools.specs().into_iter().map(|t| t.name).collect(),
+                    context_length: spec.context_length,
+                })
+                .collect(),
+        })
+        .collect()
+}
 
 /// What the edge is built from.
 pub struct EdgeParts {
@@ -65,8 +86,8 @@ pub struct EdgeParts {
     pub auth: Authenticator,
     /// The apps and agents this deployment hosts (conversations may only use these).
     pub catalog: Vec<model::AppView>,
-    pub search: Option<Arc<dyn SearchService>>,
-    pub replay: Option<Arc<dyn ReplayService>>,
+    /// The hybrid index `/v1/search` asks (none: search answers 503).
+    pub search: Option<turnpike_index::Index>,
     pub limits: Limits,
     /// The key signed file links are made with (keep it the same across a fleet's routers).
     pub link_key: [u8; 32],
@@ -90,8 +111,7 @@ struct Inner {
     signer: RecordSigner,
     auth: Authenticator,
     catalog: Vec<model::AppView>,
-    search: Option<Arc<dyn SearchService>>,
-    replay: Option<Arc<dyn ReplayService>>,
+    search: Option<turnpike_index::Index>,
     limits: Limits,
     rates: limits::RateLimits,
     in_flight: limits::InFlight,
@@ -121,7 +141,6 @@ impl Edge {
             auth: parts.auth,
             catalog: parts.catalog,
             search: parts.search,
-            replay: parts.replay,
             limits: parts.limits,
             link_key: parts.link_key,
         };
@@ -266,7 +285,7 @@ async fn authenticate(State(edge): State<Edge>, mut request: Request, next: Next
                 &edge.inner.link_key,
                 &ticket,
                 conversation,
-                crate::bus::now_ms(),
+                turnpike_router::bus::now_ms(),
             ) else {
                 return tickets::refused().into_response();
             };

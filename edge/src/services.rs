@@ -1,10 +1,6 @@
-//! Search, and the admin endpoints (verify, replay). Search and replay are provided by the
-//! process that mounts the edge (they need the index and the agent loop, which sit above
-//! this crate); verify needs only the record.
+//! Search (the hybrid index, hits hydrated as the caller), and the admin endpoints: verify (the
+//! record) and replay (the agent loop's replay of the recorded turns).
 
-use std::sync::Arc;
-
-use async_trait::async_trait;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::Json;
@@ -12,20 +8,9 @@ use turnpike_artifactory::DirectoryEntry;
 use turnpike_schemas::ConversationId;
 
 use super::error::{ApiError, ApiResult, ErrorBody};
-use super::model::{ReplayView, SearchQuery, SearchResults, VerifyView};
+use super::model::{ReplayTurn, ReplayView, SearchHitView, SearchQuery, SearchResults, VerifyView};
 use super::{conversation_id, Caller, Edge, Params, Principal};
-
-/// Searches the caller's conversations (the hybrid index), hydrating hits as the caller.
-#[async_trait]
-pub trait SearchService: Send + Sync {
-    async fn search(&self, caller: &Principal, query: SearchQuery) -> ApiResult<SearchResults>;
-}
-
-/// Re-runs a conversation's committed turns from their recorded outputs.
-#[async_trait]
-pub trait ReplayService: Send + Sync {
-    async fn replay(&self, entry: &DirectoryEntry) -> ApiResult<ReplayView>;
-}
+use turnpike_index::{Filters, Kind, Scope, SearchRequest};
 
 /// Searches every conversation the caller owns, by meaning and by words.
 #[utoipa::path(get, path = "/v1/search", tag = "search",
@@ -38,12 +23,70 @@ pub async fn search(
     Params(query): Params<SearchQuery>,
 ) -> ApiResult<Json<SearchResults>> {
     check_search(&query)?;
-    let service: &Arc<dyn SearchService> = edge
+    let index = edge
         .inner
         .search
         .as_ref()
         .ok_or_else(|| ApiError::unavailable("search is off on this deployment (no index)"))?;
-    Ok(Json(service.search(&caller, query).await?))
+    let mut request = SearchRequest::new(query.q);
+    if let Some(mode) = &query.mode {
+        request.mode = mode
+            .parse()
+            .map_err(|e: turnpike_index::Error| ApiError::invalid(format!("mode: {e}")))?;
+    }
+    request.filters = Filters {
+        app: query.app,
+        agent: query.agent,
+        conversation: query.conversation,
+        kinds: match &query.kinds {
+            Some(list) => list
+                .split(',')
+                .map(|k| k.parse::<Kind>())
+                .collect::<Result<_, _>>()
+                .map_err(|e| ApiError::invalid(format!("kinds: {e}")))?,
+            None => Vec::new(),
+        },
+        since_ms: None,
+        until_ms: None,
+    };
+    request.limit = query.limit.unwrap_or(10) as usize;
+    request.offset = query.offset.unwrap_or(0) as usize;
+    request.validate().map_err(index_error)?;
+    let scope = Scope::new(caller.tenant.to_string(), caller.identity.to_string());
+    let page = turnpike_index::hydrate::search(
+        index,
+        &edge.inner.resolver.in_tenant(&caller.tenant),
+        &caller.identity,
+        &scope,
+        &request,
+    )
+    .await
+    .map_err(index_error)?;
+    Ok(Json(SearchResults {
+        hits: page
+            .hits
+            .into_iter()
+            .map(|h| SearchHitView {
+                conversation: h.conversation,
+                turn: format!("turn_{}", h.turn),
+                kind: h.kind.as_str().to_owned(),
+                reference: h.reference,
+                app: h.app,
+                agent: h.agent,
+                at_ms: h.at_ms,
+                score: h.score,
+                snippet: h.snippet.unwrap_or_default(),
+            })
+            .collect(),
+        next_offset: page.next_offset.map(|o| o as u32),
+    }))
+}
+
+fn index_error(e: turnpike_index::Error) -> ApiError {
+    match e.kind() {
+        turnpike_index::ErrorKind::Invalid => ApiError::invalid(e.to_string()),
+        _ => ApiError::unavailable(e.to_string()),
+    }
 }
 
 /// The longest query, in characters.
@@ -170,10 +213,19 @@ pub async fn replay(
     Path(id): Path<String>,
 ) -> ApiResult<Json<ReplayView>> {
     let entry = edge.administered(&caller, &id).await?;
-    let service = edge
-        .inner
-        .replay
-        .as_ref()
-        .ok_or_else(|| ApiError::unavailable("replay is not available on this process"))?;
-    Ok(Json(service.replay(&entry).await?))
+    let logs = edge.inner.conversations.recorded_logs(&entry).await?;
+    let replays = turnpike_worker::replay::replay(&logs, None).await;
+    let turns: Vec<ReplayTurn> = replays
+        .iter()
+        .map(|r| ReplayTurn {
+            turn: r.turn.to_string(),
+            reproduced: r.divergence.is_none(),
+            divergence: r.divergence.as_ref().map(|d| d.to_string()),
+        })
+        .collect();
+    Ok(Json(ReplayView {
+        conversation: entry.conversation.to_string(),
+        reproduced: turns.iter().all(|t| t.reproduced),
+        turns,
+    }))
 }

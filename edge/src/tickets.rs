@@ -25,7 +25,7 @@ use turnpike_schemas::{ConversationId, Identity, TenantId};
 use super::error::{ApiError, ApiResult, ErrorBody};
 use super::model::StreamTicket;
 use super::{Caller, Edge, Principal};
-use crate::bus::now_ms;
+use turnpike_router::bus::now_ms;
 
 /// How long a ticket may be used to open a stream.
 pub const TICKET_TTL_S: u64 = 60;

@@ -16,7 +16,7 @@ use turnpike_schemas::{EventBody, Identity, TenantId, TurnId};
 use super::error::{ApiError, ApiResult, ErrorBody};
 use super::model::{AttachmentView, FileQuery, LinkInput, LinkView};
 use super::{Body, Caller, Edge, Params};
-use crate::bus::now_ms;
+use turnpike_router::bus::now_ms;
 
 /// The largest multipart body: one attachment at its limit plus room for the form around it.
 pub const MAX_UPLOAD_BODY: usize = MAX_ATTACHMENT_BYTES as usize + 64 * 1024;
