@@ -328,16 +328,6 @@ pub struct WorkerArgs {
     /// (`refs/turnpike/<conversation>/turn_<n>`).
     #[arg(long, env = "TURNPIKE_GIT_REMOTE")]
     pub git_remote: Option<String>,
-    /// Injects a fault (tests only).
-    #[arg(long, hide = true, value_enum)]
-    pub fault: Option<FaultArg>,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum FaultArg {
-    HangAfterBatchOne,
-    HangAfterClaim,
-    PauseAfterBatchOne,
 }
 
 #[derive(Debug, Args)]

@@ -749,3 +749,33 @@ fn a_batch_reported_appended_is_on_disk_when_the_process_is_killed_right_after()
     let verify = cli.run(&["conversation", "verify", &conv, "--actor", ACTOR]);
     assert_eq!(verify.status.code(), Some(0), "{}", text(&verify));
 }
+
+#[test]
+fn failpoints_exist_only_in_test_builds_and_the_binary_has_no_fault_flag() {
+    let tree = |edges: &str| {
+        let out = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .args(["tree", "--offline", "-p", "turnpike", "-e", edges])
+            .args(["-i", "turnpike-worker", "--prefix", "none"])
+            .output()
+            .expect("cargo tree runs");
+        assert!(out.status.success(), "{}", text(&out));
+        String::from_utf8(out.stdout).unwrap()
+    };
+    // What a release build compiles: the worker without its failpoints …
+    let release = tree("normal,features");
+    assert!(
+        release.contains("turnpike-worker feature \"default\""),
+        "{release}"
+    );
+    assert!(!release.contains("failpoints"), "{release}");
+    // … while the tests (dev-dependencies) turn them on.
+    assert!(tree("all,features").contains("turnpike-worker feature \"failpoints\""));
+    // No command line can reach them.
+    let cli = Cli::new();
+    let help = cli.run(&["worker", "--help"]);
+    assert!(help.status.success());
+    assert!(!String::from_utf8_lossy(&help.stdout).contains("--fault"));
+    let refused = cli.run(&["worker", "--fault", "hang-after-claim"]);
+    assert_eq!(refused.status.code(), Some(2), "{}", text(&refused));
+}

@@ -62,12 +62,21 @@ impl Fleet {
 
     /// Starts a worker process and waits until it is ready; returns it and its worker id.
     fn worker(&self, extra: &[&str]) -> (Process, String) {
+        self.worker_with(extra, None)
+    }
+
+    /// A worker that hangs or pauses at `failpoints` (`TURNPIKE_FAILPOINTS`).
+    fn failing_worker(&self, failpoints: &str) -> (Process, String) {
+        self.worker_with(&[], Some(failpoints))
+    }
+
+    fn worker_with(&self, extra: &[&str], failpoints: Option<&str>) -> (Process, String) {
         let mut command: Vec<String> =
             ["worker", "--lease-ttl-ms", "2000", "--ack-wait-ms", "4000"]
                 .map(String::from)
                 .to_vec();
         command.extend(extra.iter().map(|s| s.to_string()));
-        let (process, line) = self.spawn(command, "worker wkr_");
+        let (process, line) = self.spawn_with(command, "worker wkr_", failpoints);
         let id = line
             .split_whitespace()
             .nth(1)
@@ -79,6 +88,15 @@ impl Fleet {
     /// Starts `turnpike` on this fleet (its store, NATS and signing key) with `command`, and
     /// waits for a stderr line holding `ready`; returns the process and that line.
     fn spawn(&self, command: Vec<String>, ready: &str) -> (Process, String) {
+        self.spawn_with(command, ready, None)
+    }
+
+    fn spawn_with(
+        &self,
+        command: Vec<String>,
+        ready: &str,
+        failpoints: Option<&str>,
+    ) -> (Process, String) {
         let mut args: Vec<String> = vec![
             "--data-dir".into(),
             self.data.path().to_string_lossy().into_owned(),
@@ -97,6 +115,7 @@ impl Fleet {
             &[
                 ("TURNPIKE_SIGNING_KEY", signer().to_hex()),
                 ("TURNPIKE_LOG", "warn".into()),
+                ("TURNPIKE_FAILPOINTS", failpoints.unwrap_or_default().into()),
             ],
         )
         .expect("a turnpike process");
@@ -191,12 +210,12 @@ async fn two_workers_woken_for_one_conversation_open_one_turn() {
 async fn a_worker_killed_between_the_batches_is_recovered_under_the_same_turn_id() {
     let fleet = Fleet::start().await;
     let convs = create_conversations(&fleet.conversations, &signer(), 1).await;
-    let (mut doomed, doomed_id) = fleet.worker(&["--fault", "hang-after-batch-one"]);
+    let (mut doomed, doomed_id) = fleet.failing_worker("after-batch-one=hang");
     publish(fleet.bus.clone(), &fleet.conversations, &convs, 0, 3, LONG)
         .await
         .unwrap();
     doomed
-        .wait_for_line("hanging after batch one", LONG)
+        .wait_for_line("failpoint after-batch-one", LONG)
         .unwrap();
     doomed.kill();
     let (_rescuer, rescuer_id) = fleet.worker(&[]);
@@ -225,13 +244,11 @@ async fn a_worker_killed_between_the_batches_is_recovered_under_the_same_turn_id
 async fn a_lease_held_by_a_killed_worker_is_taken_over_after_its_ttl() {
     let fleet = Fleet::start().await;
     let convs = create_conversations(&fleet.conversations, &signer(), 1).await;
-    let (mut doomed, _) = fleet.worker(&["--fault", "hang-after-claim"]);
+    let (mut doomed, _) = fleet.failing_worker("after-claim=hang");
     publish(fleet.bus.clone(), &fleet.conversations, &convs, 0, 5, LONG)
         .await
         .unwrap();
-    doomed
-        .wait_for_line("hanging after claiming", LONG)
-        .unwrap();
+    doomed.wait_for_line("failpoint after-claim", LONG).unwrap();
     doomed.kill();
     let (_rescuer, _) = fleet.worker(&[]);
     wait_for_turns(&fleet.conversations, &convs, 5, LONG)
@@ -481,12 +498,12 @@ async fn sigterm_stops_a_worker_cleanly_and_another_continues_without_waiting_fo
 async fn a_zombie_owner_that_wakes_up_after_a_takeover_is_fenced() {
     let fleet = Fleet::start().await;
     let convs = create_conversations(&fleet.conversations, &signer(), 1).await;
-    let (mut zombie, _) = fleet.worker(&["--fault", "pause-after-batch-one"]);
+    let (mut zombie, _) = fleet.failing_worker("after-batch-one=pause(3000)");
     publish(fleet.bus.clone(), &fleet.conversations, &convs, 0, 1, LONG)
         .await
         .unwrap();
     zombie
-        .wait_for_line("pausing after batch one", LONG)
+        .wait_for_line("failpoint after-batch-one", LONG)
         .unwrap();
     // Frozen mid-turn: its lease is not renewed and expires; another worker takes over and
     // completes turn 1 under the same turn id.
@@ -665,7 +682,7 @@ where
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_open_turn_is_never_acked_by_a_bystander_and_a_sweep_recovers_it_with_no_event_left() {
-    use turnpike_worker::Fault;
+    use turnpike_worker::Failpoints;
     let fleet = Fleet::start().await;
     let convs = create_conversations(&fleet.conversations, &signer(), 1).await;
     publish(fleet.bus.clone(), &fleet.conversations, &convs, 0, 1, LONG)
@@ -687,7 +704,8 @@ async fn an_open_turn_is_never_acked_by_a_bystander_and_a_sweep_recovers_it_with
         signer(),
         apps.clone(),
         WorkerConfig {
-            fault: Some(Fault::HangAfterBatchOne),
+            failpoints: Failpoints::default()
+                .with("after-batch-one", turnpike_worker::failpoints::Action::Hang),
             ..config.clone()
         },
     );
@@ -769,12 +787,12 @@ async fn an_open_turn_is_never_acked_by_a_bystander_and_a_sweep_recovers_it_with
 async fn a_worker_killed_after_batch_one_with_no_later_event_is_finished_by_another() {
     let fleet = Fleet::start().await;
     let convs = create_conversations(&fleet.conversations, &signer(), 1).await;
-    let (mut doomed, _) = fleet.worker(&["--fault", "hang-after-batch-one"]);
+    let (mut doomed, _) = fleet.failing_worker("after-batch-one=hang");
     publish(fleet.bus.clone(), &fleet.conversations, &convs, 0, 1, LONG)
         .await
         .unwrap();
     doomed
-        .wait_for_line("hanging after batch one", LONG)
+        .wait_for_line("failpoint after-batch-one", LONG)
         .unwrap();
     doomed.kill();
     // Nothing else is sent to this lane.
@@ -1102,13 +1120,13 @@ async fn in_a_fleet_every_message_gets_its_own_turn_in_order() {
 async fn a_turn_killed_after_batch_one_is_retried_under_its_id_before_the_waiting_message() {
     use turnpike_tests::edge::wait_for_complete_turns;
     let (fleet, _apps, tokens) = queue_fleet().await;
-    let (mut doomed, _) = fleet.worker(&["--fault", "hang-after-batch-one"]);
+    let (mut doomed, _) = fleet.failing_worker("after-batch-one=hang");
     let (_router, base) = fleet.router(&tokens);
     let client = turnpike_edge::client::Client::new(&base, "t-ana");
     let id = queue_conversation(&client, "slow").await;
     say(&client, &id, "one").await;
     doomed
-        .wait_for_line("hanging after batch one", LONG)
+        .wait_for_line("failpoint after-batch-one", LONG)
         .unwrap();
     // The second message is on the lane when the first turn's worker dies.
     say(&client, &id, "two").await;

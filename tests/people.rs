@@ -13,7 +13,6 @@ use turnpike_tests::fixtures::{owner, signer};
 use turnpike_tests::turns::{replies, Rig, RigOptions, LONG};
 use turnpike_worker::model::ToolSpec;
 use turnpike_worker::tools::{Tool, ToolContext, ToolOutput};
-use turnpike_worker::Fault;
 
 /// `send {to, …}`: a side-effecting tool that records every call it starts (arguments and
 /// idempotency key); while `hold` is set it never finishes.
@@ -378,7 +377,7 @@ async fn a_crash_while_parked_and_right_after_the_approval_still_runs_the_call_o
     // Killed while parked.
     rig.crash().await;
     // The next worker dies right after committing the approval's batch one.
-    rig.run_with_fault(Fault::HangAfterBatchOne);
+    rig.run_hanging_at("after-batch-one");
     rig.send(approve(request_id, None)).await;
     rig.wait_dispatched(2).await;
     rig.crash().await;

@@ -736,7 +736,7 @@ async fn a_retried_turn_names_its_own_version_and_the_first_attempt_is_unreachab
     options.paused = true;
     options.lease_ttl = std::time::Duration::from_millis(600);
     let mut rig = Rig::with(options).await;
-    rig.run_with_fault(turnpike_worker::Fault::HangBeforeBatchTwo);
+    rig.run_hanging_at("before-batch-two");
     rig.say("the launch").await;
     // The first attempt did all its work (log, snapshot, commit) and hangs before batch two.
     let store = rig.conversations.store().clone();
@@ -824,7 +824,7 @@ async fn a_worker_killed_between_the_commit_and_the_promotion_leaves_nothing_unr
     options.paused = true;
     options.lease_ttl = std::time::Duration::from_millis(600);
     let mut rig = Rig::with(options).await;
-    rig.run_with_fault(turnpike_worker::Fault::HangBeforePromotion);
+    rig.run_hanging_at("before-promotion");
     rig.say("the launch").await;
     // Turn 1 commits, then its worker dies before promoting anything; nothing else is sent.
     rig.wait_turns(1).await;

@@ -10,9 +10,9 @@ use turnpike_artifactory::{Head, Record};
 use turnpike_router::embedded::{EmbeddedBus, EmbeddedConfig};
 use turnpike_router::{Bus, JetStreamBus, JetStreamConfig, Shards};
 use turnpike_worker::cell::{Cell, CellConfig};
-use turnpike_worker::{Apps, Fault, Worker, WorkerConfig, WorkerPool};
+use turnpike_worker::{Apps, Failpoints, Worker, WorkerConfig, WorkerPool};
 
-use crate::cli::{FaultArg, Global, RouterArgs, ServeArgs, WorkerArgs};
+use crate::cli::{Global, RouterArgs, ServeArgs, WorkerArgs};
 use crate::env::{open_index, Env};
 use turnpike_index::indexer::{IndexQueue, Indexer};
 
@@ -83,22 +83,18 @@ pub async fn open_bus(global: &Global, env: &Env, ack_wait: Duration) -> Result<
     }
 }
 
-fn worker_config(args: &WorkerArgs) -> WorkerConfig {
+fn worker_config(args: &WorkerArgs) -> Result<WorkerConfig> {
     let ttl = Duration::from_millis(args.lease_ttl_ms.max(300));
-    WorkerConfig {
+    Ok(WorkerConfig {
         slots: args.slots.max(1),
         lease_ttl: ttl,
         renew_every: ttl / 3,
         sweep_every: Duration::from_millis(args.sweep_every_ms.max(100)),
         grace: Duration::from_millis(args.grace_ms),
         git_remote: args.git_remote.clone(),
-        fault: args.fault.map(|f| match f {
-            FaultArg::HangAfterBatchOne => Fault::HangAfterBatchOne,
-            FaultArg::HangAfterClaim => Fault::HangAfterClaim,
-            FaultArg::PauseAfterBatchOne => Fault::PauseAfterBatchOne,
-        }),
+        failpoints: Failpoints::from_env().map_err(anyhow::Error::msg)?,
         ..Default::default()
-    }
+    })
 }
 
 /// Resolves on SIGINT or SIGTERM.
@@ -226,7 +222,7 @@ async fn run_workers(
     let hosted: Vec<String> = apps.ids().iter().map(|a| a.to_string()).collect();
     eprintln!("hosting apps: {}", hosted.join(", "));
     let pool =
-        WorkerPool::start(workers(env, &bus, &apps, count, &worker_config(args), indexing).await);
+        WorkerPool::start(workers(env, &bus, &apps, count, &worker_config(args)?, indexing).await);
     for id in pool.ids() {
         eprintln!("worker {id} ready");
     }

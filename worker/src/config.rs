@@ -2,24 +2,6 @@
 
 use std::time::Duration;
 
-/// Faults a test can inject into a worker process (hidden from users).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Fault {
-    /// After batch one of a turn commits, announce it on stderr and hang until killed.
-    HangAfterBatchOne,
-    /// After taking a lease, announce it on stderr and hang (holding it) until killed.
-    HangAfterClaim,
-    /// After batch one of a turn commits, announce it on stderr and pause three seconds before
-    /// going on (a test stops the process meanwhile to make it a zombie owner).
-    PauseAfterBatchOne,
-    /// With the turn's log, snapshot and version written, hang before batch two until killed
-    /// (a crash between the batches after the work was done).
-    HangBeforeBatchTwo,
-    /// With batch two committed, hang before the attempt's objects are promoted until killed
-    /// (a crash between the commit and the promotion).
-    HangBeforePromotion,
-}
-
 /// How a worker behaves.
 #[derive(Debug, Clone)]
 pub struct WorkerConfig {
@@ -50,7 +32,8 @@ pub struct WorkerConfig {
     pub workspace_root: std::path::PathBuf,
     /// What a workspace may hold when its turn ends; past it the turn fails, nothing committed.
     pub workspace_quota: crate::workspace::Quota,
-    pub fault: Option<Fault>,
+    /// Where tests make this worker hang or pause (nothing without the `failpoints` feature).
+    pub failpoints: crate::failpoints::Failpoints,
 }
 
 impl Default for WorkerConfig {
@@ -68,7 +51,7 @@ impl Default for WorkerConfig {
             git_remote: None,
             workspace_root: crate::workspace::default_root(),
             workspace_quota: crate::workspace::Quota::default(),
-            fault: None,
+            failpoints: Default::default(),
         }
     }
 }

@@ -19,7 +19,8 @@
 //! - [`replay`]: re-running recorded turns, and what-ifs
 //! - [`agent`]: the echo app (no model)
 //! - [`workspace`]: a fresh directory per turn, deleted however the turn ends
-//! - [`config`]: worker settings and fault injection for tests
+//! - [`config`]: worker settings
+//! - [`failpoints`]: where tests crash a worker at a step boundary (a test-only feature)
 
 pub mod agent;
 pub mod agent_loop;
@@ -29,6 +30,7 @@ pub mod cell;
 pub mod compaction;
 pub mod config;
 pub mod error;
+pub mod failpoints;
 pub mod fence;
 pub mod model;
 pub mod owner;
@@ -46,8 +48,9 @@ pub mod workspace;
 
 pub use agent::EchoAgent;
 pub use apps::{AgentLoopApp, AgentSpec, App, Apps, Manifest, OnNewMessage};
-pub use config::{Fault, WorkerConfig};
+pub use config::WorkerConfig;
 pub use error::{Error, Result};
+pub use failpoints::Failpoints;
 pub use pool::WorkerPool;
 pub use tools::Registry;
 pub use turn::TurnContext;

@@ -242,10 +242,11 @@ pub(crate) async fn own(
         conversation,
         slot,
     };
-    if worker.config.fault == Some(crate::config::Fault::HangAfterClaim) {
-        eprintln!("fault: hanging after claiming {conversation}");
-        std::future::pending::<()>().await;
-    }
+    worker
+        .config
+        .failpoints
+        .hit("after-claim", conversation)
+        .await;
     let mut known_last = 0;
     loop {
         let epoch = lease.revision;

@@ -4,7 +4,6 @@
 //! results, and `turn_complete` with the log's digest) closes the turn.
 
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use tokio::sync::{mpsc, watch};
 use tracing::{info, warn};
@@ -24,7 +23,7 @@ use turnpike_schemas::{
 };
 
 use crate::apps::{AgentSpec, Apps, OnNewMessage};
-use crate::config::{Fault, WorkerConfig};
+use crate::config::WorkerConfig;
 use crate::error::{Error, Result};
 use crate::timeline::Timeline;
 use crate::tools::{ProjectHandle, SearchIndex, ToolContext};
@@ -571,23 +570,8 @@ pub async fn run_new_turn(
         Err(e) => return Err(e),
     };
     info!(conversation = %env.record.prefix().conversation(), %turn, worker = %env.worker, "turn dispatched");
-    match env.config.fault {
-        Some(Fault::HangAfterBatchOne) => {
-            eprintln!(
-                "fault: hanging after batch one of {} {turn}",
-                env.record.prefix().conversation()
-            );
-            std::future::pending::<()>().await;
-        }
-        Some(Fault::PauseAfterBatchOne) => {
-            eprintln!(
-                "fault: pausing after batch one of {} {turn}",
-                env.record.prefix().conversation()
-            );
-            tokio::time::sleep(Duration::from_secs(3)).await;
-        }
-        _ => {}
-    }
+    let place = format!("{} {turn}", env.record.prefix().conversation());
+    env.config.failpoints.hit("after-batch-one", &place).await;
     let events = inputs.into_iter().map(|m| m.event).collect();
     let directive = bodies.iter().find_map(|b| match b {
         EntryBody::IngressDirective(d) => Some(d.clone()),
@@ -860,16 +844,11 @@ async fn finish_turn(
         attempt: Some(attempt),
         at_ms: now_ms(),
     }));
-    if env.config.fault == Some(Fault::HangBeforeBatchTwo) {
-        eprintln!("fault: hanging before batch two of {conversation} {turn}");
-        std::future::pending::<()>().await;
-    }
+    let place = format!("{conversation} {turn}");
+    env.config.failpoints.hit("before-batch-two", &place).await;
     let head = env.append(&head, &bodies).await?;
     info!(%conversation, %turn, ?outcome, "turn complete");
-    if env.config.fault == Some(Fault::HangBeforePromotion) {
-        eprintln!("fault: hanging before promoting {conversation} {turn}");
-        std::future::pending::<()>().await;
-    }
+    env.config.failpoints.hit("before-promotion", &place).await;
     // Committed: this attempt's objects become the turn's. Should this fail (or the worker
     // die first), the mark stays and whoever next owns the conversation finishes it.
     if let Err(e) = promote(env, turn, attempt, version, &log, snapshot.as_ref(), hosted).await {

@@ -14,7 +14,7 @@ use turnpike_router::{Bus, Ingress};
 use turnpike_schemas::entry::IngressDirective;
 use turnpike_schemas::{Block, ConversationId, Event, EventBody, Identity, TurnId, TurnLog};
 use turnpike_worker::tools::Tool;
-use turnpike_worker::{Apps, Fault, Registry, Worker, WorkerConfig, WorkerPool};
+use turnpike_worker::{Apps, Failpoints, Registry, Worker, WorkerConfig, WorkerPool};
 
 use crate::counting::CountingStore;
 use crate::fixtures::{owner, signer, tenant};
@@ -72,7 +72,7 @@ impl RigOptions {
 /// One conversation (app `support`, agent `helper`, owned by the fixture owner) and a worker.
 pub struct Rig {
     pub counting: Arc<CountingStore>,
-    make_worker: Box<dyn Fn(Option<Fault>) -> Worker + Send + Sync>,
+    make_worker: Box<dyn Fn(Failpoints) -> Worker + Send + Sync>,
     _dir: TempDir,
     pub bus: Arc<dyn Bus>,
     pub conversations: Conversations,
@@ -145,7 +145,7 @@ impl Rig {
                 workspaces.clone(),
                 indexing.clone(),
             );
-            move |fault: Option<Fault>| {
+            move |failpoints: Failpoints| {
                 let worker = Worker::new(
                     bus.clone(),
                     conversations.clone(),
@@ -157,7 +157,7 @@ impl Rig {
                         lease_ttl: ttl,
                         renew_every: ttl / 3,
                         busy_delay: Duration::from_millis(50),
-                        fault,
+                        failpoints,
                         git_remote: git_remote.clone(),
                         ..WorkerConfig::default()
                     },
@@ -195,13 +195,18 @@ impl Rig {
     /// Starts a fresh worker (after [`RigOptions::paused`], [`Self::crash`] or [`Self::pause`]).
     pub fn run(&mut self) {
         assert!(self.pool.is_none(), "a worker is already running");
-        self.pool = Some(WorkerPool::start([(self.make_worker)(None)]));
+        self.pool = Some(WorkerPool::start([(self.make_worker)(
+            Failpoints::default(),
+        )]));
     }
 
-    /// Starts a fresh worker with a fault injected.
-    pub fn run_with_fault(&mut self, fault: Fault) {
+    /// Starts a fresh worker that hangs at the failpoint `name` (see
+    /// [`turnpike_worker::failpoints`]).
+    pub fn run_hanging_at(&mut self, name: &str) {
         assert!(self.pool.is_none(), "a worker is already running");
-        self.pool = Some(WorkerPool::start([(self.make_worker)(Some(fault))]));
+        let failpoints =
+            Failpoints::default().with(name, turnpike_worker::failpoints::Action::Hang);
+        self.pool = Some(WorkerPool::start([(self.make_worker)(failpoints)]));
     }
 
     /// Stops the worker gracefully.
