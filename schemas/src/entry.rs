@@ -546,6 +546,93 @@ fn is_zero(n: &u64) -> bool {
     *n == 0
 }
 
+impl EntryBody {
+    /// The record entry of a block turn `turn` produced, for blocks that have one (inputs are
+    /// recorded from their events, not from blocks). `identity` is who the turn runs as;
+    /// `side_effects` says whether a tool has effects outside the turn.
+    pub fn from_block(
+        turn: TurnId,
+        block: &crate::Block,
+        identity: &crate::Identity,
+        side_effects: &dyn Fn(&str) -> bool,
+    ) -> Option<EntryBody> {
+        use crate::Block;
+        match block {
+            Block::AssistantMessage { text } => {
+                Some(EntryBody::AssistantMessage(AssistantMessage {
+                    turn,
+                    text: text.clone(),
+                }))
+            }
+            Block::ToolCall {
+                call_id,
+                tool,
+                arguments,
+            } => Some(EntryBody::ToolCall(ToolCall {
+                turn,
+                call_id: call_id.clone(),
+                tool: tool.clone(),
+                arguments: arguments.clone(),
+                side_effects: side_effects(tool),
+            })),
+            Block::ToolResult {
+                call_id,
+                ok,
+                output,
+            } => Some(EntryBody::ToolResult(ToolResult {
+                turn,
+                call_id: call_id.clone(),
+                ok: *ok,
+                output: output.clone(),
+            })),
+            Block::ApprovalRequest {
+                request_id,
+                tool,
+                arguments,
+                approvers,
+                ..
+            } => Some(EntryBody::ApprovalRequest(ApprovalRequest {
+                turn,
+                request_id: *request_id,
+                tool: tool.clone(),
+                arguments: arguments.clone(),
+                approvers: approvers.clone(),
+            })),
+            Block::ApprovalResponse {
+                request_id,
+                approved,
+                by,
+                reason,
+                automatic,
+                refused,
+            } => Some(EntryBody::ApprovalResolved(ApprovalResolved {
+                turn,
+                request_id: *request_id,
+                approved: *approved,
+                by: by.clone(),
+                reason: reason.clone(),
+                automatic: *automatic,
+                refused: refused.clone(),
+            })),
+            Block::QuestionRequest {
+                request_id,
+                question,
+                ..
+            } => Some(EntryBody::QuestionRequest(QuestionRequest {
+                turn,
+                request_id: *request_id,
+                question: question.clone(),
+            })),
+            Block::AgentSwitched { from, to } => Some(EntryBody::AgentSwitched(AgentSwitched {
+                from: from.clone(),
+                to: to.clone(),
+                by: identity.clone(),
+            })),
+            _ => None,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

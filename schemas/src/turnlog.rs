@@ -147,3 +147,30 @@ impl Block {
         }
     }
 }
+
+impl Block {
+    /// The turn-log block of an input event (events that add nothing to the timeline, such as
+    /// an approval's answer, have none).
+    pub fn from_event(body: &crate::EventBody) -> Option<Block> {
+        use crate::EventBody;
+        match body {
+            EventBody::Message { text } => Some(Block::UserMessage { text: text.clone() }),
+            EventBody::FollowUp { text } => Some(Block::FollowUp { text: text.clone() }),
+            EventBody::Steer { text } => Some(Block::Steer { text: text.clone() }),
+            EventBody::Stop { reason } => Some(Block::Stop {
+                reason: reason.clone(),
+            }),
+            EventBody::Attachment {
+                name,
+                media_type,
+                reference,
+                ..
+            } => Some(Block::Attachment {
+                name: name.clone(),
+                media_type: media_type.clone(),
+                reference: reference.clone(),
+            }),
+            _ => None,
+        }
+    }
+}

@@ -28,7 +28,7 @@ use crate::model::{
 use crate::timeline::messages;
 use crate::tokens::TokenCounter;
 use crate::tools::{run_call, ToolOutput};
-use crate::turn::{input_block, TurnContext};
+use crate::turn::TurnContext;
 
 /// What the closing call asks for.
 pub const CLOSING_PROMPT: &str = "You have used every tool round this turn allows. Do not call \
@@ -273,7 +273,10 @@ struct LaneInbox<'t, 'a> {
 impl Inbox for LaneInbox<'_, '_> {
     async fn arrivals(&mut self) -> Result<Vec<Block>> {
         let events = self.turn.commit_arrivals().await?;
-        Ok(events.iter().filter_map(|e| input_block(&e.body)).collect())
+        Ok(events
+            .iter()
+            .filter_map(|e| Block::from_event(&e.body))
+            .collect())
     }
 
     async fn stop_requested(&mut self) {

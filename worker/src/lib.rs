@@ -8,8 +8,12 @@
 //! - [`pool`]: workers of one process, started and stopped together
 //! - [`reach`]: what a turn may bring in from other conversations (all participants may see it)
 //! - [`turn`]: one turn through batch one, the app's callback, and batch two
-//! - [`apps`]: manifests, the [`App`] trait (`on_reactive_event`) and routing
+//! - [`apps`]: manifests, the [`App`] trait (`on_reactive_event`), routing, and the echo app
+//!   (`apps::echo`, no model)
 //! - [`agent_loop`]: the built-in agent loop (rounds, closing call, folding, stop)
+//! - [`approvals`]: gated calls, the canonical form an approval binds to, what is pending
+//! - [`compaction`]: older turns summarised so the context stays within the agent's budget
+//! - [`search`]: the `search` tool's view of the hybrid index, as the caller
 //! - [`model`]: model providers — `openai`, `script`, `replay`
 //! - [`cell`]: the sandbox generated code runs in (bubblewrap, seccomp, limits)
 //! - [`tools`]: the tool registry and the built-in tools
@@ -17,12 +21,11 @@
 //!   and the turn logs after it)
 //! - [`tokens`]: token accounting (a configured tokenizer, else the estimate)
 //! - [`replay`]: re-running recorded turns, and what-ifs
-//! - [`agent`]: the echo app (no model)
 //! - [`workspace`]: a fresh directory per turn, deleted however the turn ends
 //! - [`config`]: worker settings
+//! - [`error`]: the crate's error type
 //! - [`failpoints`]: where tests crash a worker at a step boundary (a test-only feature)
 
-pub mod agent;
 pub mod agent_loop;
 pub mod approvals;
 pub mod apps;
@@ -46,7 +49,7 @@ pub mod turn;
 pub mod worker;
 pub mod workspace;
 
-pub use agent::EchoAgent;
+pub use apps::echo::EchoAgent;
 pub use apps::{AgentLoopApp, AgentSpec, App, Apps, Manifest, OnNewMessage};
 pub use config::WorkerConfig;
 pub use error::{Error, Result};

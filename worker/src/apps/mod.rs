@@ -33,6 +33,8 @@
 //!
 //! A manifest that does not fit is refused at start with the file, the field and the reason.
 
+pub mod echo;
+
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

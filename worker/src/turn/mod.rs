@@ -1,0 +1,114 @@
+//! One turn, in the words of DESIGN's life of a turn: batch one (its inputs, any
+//! `ingress_directive`, and `turn_dispatched`) commits before anything runs; the app's callback
+//! works, folding in what arrives on the lane (committed before it is seen); the turn log is
+//! written; batch two (replies, tool calls and results, and `turn_complete` with the log's
+//! digest) closes the turn, and the committed attempt's objects are promoted.
+//!
+//! # Layout
+//! - [`TurnEnv`] (here): what a turn needs from its owner
+//! - [`batch_one`]: a new turn's batch one, and recovering a turn left open
+//! - [`context`]: [`TurnContext`], the turn as an app's callback sees it
+//! - [`lane_watch`]: what arrives on the lane while a turn runs (follow-ups, stops)
+//! - [`batch_two`]: the end of a turn: its entries, its version, the commit, the promotion
+
+mod batch_one;
+mod batch_two;
+mod context;
+mod lane_watch;
+
+pub use batch_one::{recover_turn, run_new_turn};
+pub use batch_two::finish_promotion;
+pub use context::TurnContext;
+pub use lane_watch::{folds_into, StopCause};
+
+use std::sync::Arc;
+
+use tracing::warn;
+use turnpike_artifactory::{Files, Head, Record, RecordSigner, TurnLogs};
+use turnpike_resolver::Resolver;
+use turnpike_router::bus::Bus;
+use turnpike_schemas::live::LiveFrame;
+use turnpike_schemas::{EntryBody, WorkerId};
+
+use crate::apps::Apps;
+use crate::config::WorkerConfig;
+use crate::error::{Error, Result};
+use crate::tools::SearchIndex;
+
+/// What a turn needs from its owner.
+pub struct TurnEnv {
+    pub worker: WorkerId,
+    pub bus: Arc<dyn Bus>,
+    pub record: Record,
+    pub turn_logs: TurnLogs,
+    pub files: Files,
+    pub resolver: Resolver,
+    pub search: Option<Arc<dyn SearchIndex>>,
+    /// Where the turn goes to be indexed once complete.
+    pub indexing: Option<turnpike_index::indexer::IndexQueue>,
+    pub cell: Result<Arc<crate::cell::Cell>, String>,
+    pub signer: RecordSigner,
+    pub apps: Arc<Apps>,
+    pub directory: turnpike_artifactory::Directory,
+    /// Where a sweep finds turns left open: marked before the first batch one of a drain,
+    /// cleared when the drain ends with every turn closed and promoted.
+    pub open_turns: turnpike_artifactory::OpenTurns,
+    /// Where lane messages that cannot be taken are set aside.
+    pub dead_letters: turnpike_artifactory::DeadLetters,
+    /// Whether this owner has marked the conversation (and not cleared the mark since).
+    pub marked: std::sync::atomic::AtomicBool,
+    /// The owner's lease deadline: fenced writes check it first.
+    pub fence: crate::fence::Fence,
+    pub config: WorkerConfig,
+}
+
+impl TurnEnv {
+    /// Appends a batch at `head`; a moved head means another owner wrote: this one is fenced.
+    /// Entries the record refuses are [`Error::Refused`]. Once committed, clients are told (a "new rows" tick).
+    pub async fn append(&self, head: &Head, bodies: &[EntryBody]) -> Result<Head> {
+        self.fence.check()?;
+        let head = self
+            .record
+            .append(&self.signer, head, bodies)
+            .await
+            .map_err(Error::from_append)?;
+        let tick = LiveFrame::Rows {
+            through: head.leaves(),
+        };
+        self.bus
+            .live(self.record.prefix().conversation(), tick.to_bytes().into())
+            .await;
+        Ok(head)
+    }
+
+    /// Clears the conversation's open-turn mark once its turn is closed (best effort: a stale
+    /// mark only costs a sweep one head read).
+    /// Marks the conversation for the sweep, once per drain (before its first batch one).
+    async fn ensure_marked(&self) -> Result<()> {
+        use std::sync::atomic::Ordering;
+        if !self.marked.load(Ordering::Acquire) {
+            self.open_turns.mark(self.record.prefix()).await?;
+            self.marked.store(true, Ordering::Release);
+        }
+        Ok(())
+    }
+
+    /// Clears the mark at the end of a drain that left every turn closed and promoted.
+    pub async fn end_drain(&self) {
+        if self.marked.load(std::sync::atomic::Ordering::Acquire) {
+            self.clear_open_mark().await;
+        }
+    }
+
+    async fn clear_open_mark(&self) {
+        // A superseded owner must not clear the mark the new owner set for its own turn.
+        if self.fence.check().is_err() {
+            return;
+        }
+        self.marked
+            .store(false, std::sync::atomic::Ordering::Release);
+        if let Err(e) = self.open_turns.clear(self.record.prefix()).await {
+            warn!(conversation = %self.record.prefix().conversation(), error = %e, "could not clear the open-turn mark");
+        }
+    }
+}
