@@ -1,5 +1,6 @@
 //! Approvals and questions: which calls are gated, the canonical form an approval binds to,
-//! and what is still pending in a conversation.
+//! what is still pending in a conversation, and a turn's prelude — the answers, automatic
+//! rejections and agent switches applied before the model runs.
 //!
 //! Binding: an approval applies to exactly one call — its request id, tool name and canonical
 //! arguments. The canonical form sorts object keys and normalises numbers (an integral float is
@@ -7,8 +8,14 @@
 //! of the same call are one call, and any other call needs another approval.
 
 use serde::Deserialize;
+use serde_json::json;
 use serde_json::{Map, Number, Value};
-use turnpike_schemas::{Block, Identity, RequestId};
+use turnpike_schemas::{Block, Event, EventBody, Identity, RequestId};
+
+use crate::agent_loop::ToolRunner;
+use crate::error::{Error, Result};
+use crate::model::ToolCallRequest;
+use crate::turn::TurnContext;
 
 /// The canonical form of a JSON value (see the module docs).
 pub fn canonical(value: &Value) -> Value {
@@ -277,6 +284,188 @@ pub fn pending<'b>(
         }
     }
     (approvals, questions)
+}
+
+// The turn's prelude: answers, automatic rejections and switches applied before the model runs.
+
+/// What the turn's inputs ask for besides answers.
+pub(crate) struct Asks {
+    /// A message, follow-up, steer or attachment: the model has work.
+    pub(crate) work: bool,
+    /// A new user message or an agent switch: pending requests are rejected first.
+    pub(crate) supersedes: bool,
+    /// A manual compaction.
+    pub(crate) compact: bool,
+}
+
+pub(crate) fn asks(inputs: &[Event]) -> Asks {
+    let mut a = Asks {
+        work: false,
+        supersedes: false,
+        compact: false,
+    };
+    for e in inputs {
+        match &e.body {
+            EventBody::Message { .. } => {
+                a.work = true;
+                a.supersedes = true;
+            }
+            EventBody::FollowUp { .. } | EventBody::Steer { .. } | EventBody::Attachment { .. } => {
+                a.work = true
+            }
+            EventBody::SwitchAgent { .. } => a.supersedes = true,
+            EventBody::Compact {} => a.compact = true,
+            _ => {}
+        }
+    }
+    a
+}
+
+/// Applies the turn's answers, automatic rejections and switches before the model runs:
+/// approvals (checked against the pending call, its approvers and the echoed call), questions,
+/// and `switch_agent`. Returns whether an answer applied (the model then continues).
+pub(crate) async fn prelude(
+    turn: &TurnContext<'_>,
+    tools: &dyn ToolRunner,
+    history: &[Block],
+    blocks: &mut Vec<Block>,
+    asks: &Asks,
+) -> Result<bool> {
+    let (mut approvals, mut questions) = pending(history.iter().chain(blocks.iter()));
+    let mut applied = false;
+    if asks.supersedes {
+        for p in approvals.drain(..) {
+            blocks.push(Block::ApprovalResponse {
+                request_id: p.request_id,
+                approved: false,
+                by: None,
+                reason: Some("superseded by a new message or an agent switch".into()),
+                automatic: true,
+                refused: None,
+            });
+        }
+        for q in questions.drain(..) {
+            blocks.push(Block::QuestionResponse {
+                request_id: q.request_id,
+                answer: "superseded by a new message or an agent switch".into(),
+                automatic: true,
+            });
+        }
+    }
+    for event in turn.inputs() {
+        let by = &event.address.identity;
+        match &event.body {
+            EventBody::ApprovalResponse {
+                request_id,
+                approve,
+                reason,
+                tool,
+                arguments,
+            } => {
+                let refuse = |why: String| Block::ApprovalResponse {
+                    request_id: *request_id,
+                    approved: *approve,
+                    by: Some(by.clone()),
+                    reason: reason.clone(),
+                    automatic: false,
+                    refused: Some(why),
+                };
+                let Some(at) = approvals.iter().position(|p| p.request_id == *request_id) else {
+                    blocks.push(refuse(format!(
+                        "no approval request {request_id} is pending (unknown, or already answered)"
+                    )));
+                    continue;
+                };
+                let p = approvals[at].clone();
+                if !turn.may_answer(by, &p.approvers).await {
+                    blocks.push(refuse(format!("{by} may not answer this request")));
+                    continue;
+                }
+                if tool.as_ref().is_some_and(|t| *t != p.tool)
+                    || arguments
+                        .as_ref()
+                        .is_some_and(|a| canonical(a) != p.arguments)
+                {
+                    blocks.push(refuse(format!(
+                        "the answer is for another call than {}({})",
+                        p.tool,
+                        canonical_string(&p.arguments)
+                    )));
+                    continue;
+                }
+                approvals.remove(at);
+                applied = true;
+                blocks.push(Block::ApprovalResponse {
+                    request_id: p.request_id,
+                    approved: *approve,
+                    by: Some(by.clone()),
+                    reason: reason.clone(),
+                    automatic: false,
+                    refused: None,
+                });
+                let call = ToolCallRequest {
+                    id: format!(
+                        "{}-{}",
+                        p.call_id,
+                        if *approve { "approved" } else { "denied" }
+                    ),
+                    name: p.tool.clone(),
+                    arguments: p.arguments.clone(),
+                };
+                blocks.push(Block::ToolCall {
+                    call_id: call.id.clone(),
+                    tool: call.name.clone(),
+                    arguments: call.arguments.clone(),
+                });
+                let (ok, out) = if *approve {
+                    tools.run(&call).await
+                } else {
+                    let why = reason.as_deref().unwrap_or("no reason given");
+                    (
+                        false,
+                        json!({ "error": format!("denied by {by}: {why}") }).into(),
+                    )
+                };
+                blocks.push(Block::ToolResult {
+                    call_id: call.id.clone(),
+                    ok,
+                    output: out.output,
+                });
+                blocks.extend(out.blocks);
+            }
+            EventBody::QuestionResponse { request_id, answer } => {
+                if let Some(at) = questions.iter().position(|q| q.request_id == *request_id) {
+                    questions.remove(at);
+                    applied = true;
+                    blocks.push(Block::QuestionResponse {
+                        request_id: *request_id,
+                        answer: answer.clone(),
+                        automatic: false,
+                    });
+                } else {
+                    // An answer to no pending question (an approval's id included) is not an
+                    // approval and changes nothing; the record keeps it as an input.
+                    tracing::warn!(%request_id, "an answer to no pending question was ignored");
+                }
+            }
+            EventBody::SwitchAgent { agent } => {
+                let current = turn.agent_id();
+                if agent != current && turn.app_agents().contains(agent) {
+                    blocks.push(Block::AgentSwitched {
+                        from: current.clone(),
+                        to: agent.clone(),
+                    });
+                } else if agent != current {
+                    return Err(Error::Route(format!(
+                        "cannot switch to agent {agent}: app {} has no such agent",
+                        turn.app()
+                    )));
+                }
+            }
+            _ => {}
+        }
+    }
+    Ok(applied)
 }
 
 #[cfg(test)]
