@@ -175,7 +175,7 @@ pub enum Command {
     /// Read-only checks and operator tools for one conversation.
     #[command(subcommand)]
     Conversation(ConversationCommand),
-    /// Writes to a conversation record directly (until lanes and turns exist).
+    /// Runs one echo turn through ingress, the lane and both batches of the record (embedded).
     #[command(subcommand)]
     Record(RecordCommand),
     /// The embedded default: router and workers in one process, data under `--data-dir`.
