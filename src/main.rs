@@ -1,5 +1,7 @@
 //! `turnpike`: the one binary. It wires the crates together; the crates do the work.
 
+#[cfg(unix)]
+mod cell_init;
 mod cli;
 mod commands;
 mod env;
@@ -15,6 +17,11 @@ fn main() -> ExitCode {
     // SAFETY: restoring the default disposition of SIGPIPE before any thread starts.
     unsafe {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+    // Started inside a cell as its init: nothing else of the binary runs.
+    #[cfg(unix)]
+    if let Some(code) = cell_init::run_if_invoked() {
+        return code;
     }
     let cli = cli::Cli::parse();
     if let Err(e) = logging::init(&cli.global) {

@@ -16,7 +16,7 @@ async fn cell() -> Cell {
             processes: 32,
             ..Limits::default()
         },
-        init: Some(env!("CARGO_BIN_EXE_turnpike-cell-init").into()),
+        init: Some(env!("CARGO_BIN_EXE_turnpike").into()),
         ..CellConfig::default()
     };
     Cell::detect(config)
@@ -501,7 +501,7 @@ async fn a_fork_bomb_is_contained_where_no_cgroup_can_be_made() {
             ..Limits::default()
         },
         cgroups: false,
-        init: Some(env!("CARGO_BIN_EXE_turnpike-cell-init").into()),
+        init: Some(env!("CARGO_BIN_EXE_turnpike").into()),
         ..CellConfig::default()
     };
     let cell = Cell::detect(config).await.expect("the sandbox works here");

@@ -116,19 +116,15 @@ pub async fn shutdown_signal() {
     ctrl_c.await.unwrap_or(());
 }
 
-/// `turnpike-cell-init` beside this binary (Landlock inside cells), if it is there.
+/// The cell's init (Landlock inside cells): this very binary, started inside a cell under the
+/// init's name (see `cell_init`).
 pub fn cell_init_binary() -> Option<std::path::PathBuf> {
-    let init = std::env::current_exe()
-        .ok()?
-        .with_file_name("turnpike-cell-init");
-    if init.is_file() {
-        Some(init)
-    } else {
-        tracing::warn!(
-            "{} is missing: cells run without Landlock (bubblewrap, seccomp and limits still apply)",
-            init.display()
-        );
-        None
+    match std::env::current_exe() {
+        Ok(exe) => Some(exe),
+        Err(e) => {
+            tracing::warn!(error = %e, "this binary cannot find itself: cells run without Landlock (bubblewrap, seccomp and limits still apply)");
+            None
+        }
     }
 }
 

@@ -39,8 +39,8 @@ pub struct CellConfig {
     pub limits: Limits,
     /// Where the seccomp program and cgroups are prepared (outside every workspace).
     pub scratch: PathBuf,
-    /// The `turnpike-cell-init` binary, run inside the cell to add Landlock before the
-    /// interpreter starts (none: bubblewrap and seccomp only).
+    /// The binary that runs inside the cell, started as [`INIT_NAME`], to add Landlock before
+    /// the interpreter starts (the `turnpike` binary; none: bubblewrap and seccomp only).
     pub init: Option<PathBuf>,
     /// Put each run in a pids (and memory) cgroup where the worker may create one. Off: the
     /// rlimits of the unprivileged cell uid are the bound (as on a host with no writable cgroup
@@ -424,6 +424,10 @@ pub use limits::CELL_UIDS;
 
 /// The size of a cell's private `/dev/shm`.
 const SHM_BYTES: u64 = 16 << 20;
+
+/// The name the init is started under inside a cell (a binary that sees this name as its own
+/// runs as the init).
+pub const INIT_NAME: &str = "turnpike-init";
 
 /// Where the init binary is inside a cell.
 const INIT_PATH: &str = "/run/turnpike-init";
