@@ -99,6 +99,10 @@ pub trait WakeAck: Send + Sync {
     async fn nak(&self, delay: Duration) -> Result<()>;
     /// Still working on it: extend the ack wait.
     async fn progress(&self) -> Result<()>;
+    /// Never deliver it again, and it is not done (a backend without the distinction acks).
+    async fn term(&self) -> Result<()> {
+        self.ack().await
+    }
 }
 
 /// "See that lane `conversation` is processed through `seq`."
@@ -145,12 +149,31 @@ impl Wake {
         WakeKeeper(self.acker.clone())
     }
 
+    /// Done (the bus primitive; handlers let go of wakes through [`Wake::settle`]).
     pub async fn ack(self) -> Result<()> {
         self.acker.ack().await
     }
 
+    /// Deliver again after `delay` (the bus primitive; see [`Wake::settle`]).
     pub async fn nak(self, delay: Duration) -> Result<()> {
         self.acker.nak(delay).await
+    }
+
+    /// Lets go of the wake as [`crate::settle::outcome`] says for `settlement`; returns the
+    /// outcome (a failure to tell the bus only means the wake comes back, and is settled then).
+    pub async fn settle(
+        self,
+        settlement: crate::settle::Settlement,
+        busy: Duration,
+    ) -> crate::settle::Outcome {
+        use crate::settle::Outcome;
+        let outcome = crate::settle::outcome(self.seq, self.deliveries, settlement, busy);
+        let _ = match outcome {
+            Outcome::Ack => self.acker.ack().await,
+            Outcome::Nak(delay) => self.acker.nak(delay).await,
+            Outcome::Term => self.acker.term().await,
+        };
+        outcome
     }
 
     pub async fn progress(&self) -> Result<()> {

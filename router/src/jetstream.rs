@@ -375,6 +375,13 @@ impl WakeAck for JsAck {
             .await
             .map_err(|e| unavailable("extending a wake", e))
     }
+
+    async fn term(&self) -> Result<()> {
+        self.0
+            .ack_with(AckKind::Term)
+            .await
+            .map_err(|e| unavailable("terminating a wake", e))
+    }
 }
 
 #[async_trait]

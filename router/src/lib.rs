@@ -5,6 +5,7 @@
 //! - [`jetstream`]: the NATS JetStream backend (fleet)
 //! - [`embedded`]: the in-process backend, durable on local disk (`turnpike serve`)
 //! - [`subject`]: every name on the bus, built in one place
+//! - [`settle`]: what becomes of a wake (ack, nak with a delay, terminate): one pure rule
 //! - [`layout`]: the persisted lane layout (shard count, stream epochs) every process checks
 //! - [`ingress`]: validating, authorising and publishing events
 //! - [`error`]: the crate's error type
@@ -15,6 +16,7 @@ pub mod error;
 pub mod ingress;
 pub mod jetstream;
 pub mod layout;
+pub mod settle;
 pub mod subject;
 
 pub use bus::{Bus, LaneMessage, Lease, Published, Wake};

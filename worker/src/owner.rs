@@ -3,11 +3,13 @@
 //! past them, then releases the lease and re-reads the lane head (DESIGN, steps 3–9).
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::sync::{Mutex, OwnedSemaphorePermit};
-use tracing::{debug, warn};
+use tracing::warn;
 use turnpike_artifactory::{ConversationPrefix, Head};
 use turnpike_router::bus::{now_ms, Lease, Wake, WakeKeeper};
+use turnpike_router::settle::{outcome, Outcome, Settlement};
 use turnpike_router::{ErrorKind, LaneMessage};
 use turnpike_schemas::entry::RecordState;
 use turnpike_schemas::{EntryBody, EventBody, TenantId};
@@ -47,17 +49,18 @@ impl OwnerSlot {
         if state.turn_open {
             return;
         }
-        let lane_through = state.lane_through;
+        let record = Settlement::Record {
+            lane_through: state.lane_through,
+            turn_open: state.turn_open,
+        };
         let mut held = self.held.lock().await;
         let (done, waiting): (Vec<Wake>, Vec<Wake>) = std::mem::take(&mut held.wakes)
             .into_iter()
-            .partition(|w| w.seq <= lane_through);
+            .partition(|w| outcome(w.seq, w.deliveries, record, Duration::ZERO) == Outcome::Ack);
         held.wakes = waiting;
         drop(held);
         for wake in done {
-            if let Err(e) = wake.ack().await {
-                debug!(error = %e, "ack failed; the wake will come back and be acked then");
-            }
+            wake.settle(record, Duration::ZERO).await;
         }
     }
 
@@ -299,18 +302,15 @@ pub(crate) async fn own(
         let leftovers = guard.slot.close(state.as_ref()).await;
         worker.forget_owner(conversation, &guard.slot);
         // After a clean drain the rest is for whoever comes next, at once; after a failure,
-        // later, so that a persistent fault does not spin.
-        let delay = match outcome {
-            Ok(_) => std::time::Duration::ZERO,
-            Err(_) => worker.config.busy_delay * 4,
+        // later, so that a persistent fault does not spin; what no retry could mend (logged
+        // above) is never redelivered.
+        let settlement = match outcome {
+            Ok(_) => Settlement::Handover,
+            Err(Error::Refused(_)) => Settlement::Poison,
+            Err(_) => Settlement::Failed,
         };
         for wake in leftovers {
-            if matches!(outcome, Err(Error::Refused(_))) {
-                // Nothing a retry could mend (logged above): redelivering would only spin.
-                let _ = wake.ack().await;
-            } else {
-                let _ = wake.nak(delay).await;
-            }
+            wake.settle(settlement, worker.config.busy_delay).await;
         }
         let _ = worker.bus.release(&lease).await;
         if outcome.is_err() {

@@ -23,6 +23,7 @@ use tokio::sync::{Notify, Semaphore};
 use tracing::{debug, info, warn};
 use turnpike_artifactory::{ConversationPrefix, Conversations, RecordSigner};
 use turnpike_router::bus::{Bus, Wake};
+use turnpike_router::settle::Settlement;
 use turnpike_schemas::{ConversationId, WorkerId};
 
 use crate::apps::Apps;
@@ -356,9 +357,9 @@ impl Worker {
             },
             None => wake,
         };
-        let busy = inner.config.busy_delay * (wake.deliveries.clamp(1, 8) as u32);
+        let busy = inner.config.busy_delay;
         let Ok(permit) = inner.slots.clone().try_acquire_owned() else {
-            let _ = wake.nak(busy).await;
+            wake.settle(Settlement::Busy, busy).await;
             return;
         };
         match inner
@@ -370,7 +371,7 @@ impl Worker {
                 let slot = Arc::new(OwnerSlot::default());
                 if !inner.register_owner(wake.conversation, slot.clone()) {
                     let _ = inner.bus.release(&lease).await;
-                    let _ = wake.nak(busy).await;
+                    wake.settle(Settlement::Busy, busy).await;
                     return;
                 }
                 let tenant = wake.tenant.clone();
@@ -384,22 +385,20 @@ impl Worker {
                     wake.tenant.clone(),
                     wake.conversation,
                 ));
-                match record.head().await {
-                    // Done only when the turn that consumed it is complete: an open turn's
-                    // owner may still die before batch two, and then this wake must come back.
-                    Ok(head)
-                        if head.state().lane_through >= wake.seq && !head.state().turn_open =>
-                    {
-                        let _ = wake.ack().await;
-                    }
-                    _ => {
-                        let _ = wake.nak(busy).await;
-                    }
-                }
+                // Done only when the turn that consumed it is complete: an open turn's owner
+                // may still die before batch two, and then this wake must come back.
+                let settlement = match record.head().await {
+                    Ok(head) => Settlement::Record {
+                        lane_through: head.state().lane_through,
+                        turn_open: head.state().turn_open,
+                    },
+                    Err(_) => Settlement::Busy,
+                };
+                wake.settle(settlement, busy).await;
             }
             Err(e) => {
                 warn!(conversation = %wake.conversation, error = %e, "cannot claim");
-                let _ = wake.nak(busy).await;
+                wake.settle(Settlement::Busy, busy).await;
             }
         }
     }

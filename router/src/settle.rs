@@ -1,0 +1,108 @@
+//! What becomes of a wake: one pure rule for every place that lets go of one.
+//!
+//! # Contract
+//! - A wake is acked only when the record holds its event in a **complete** turn: committed
+//!   through its sequence and no turn open (DESIGN step 2). Nothing else acks.
+//! - A wake nobody could take now comes back after a delay that grows with its deliveries
+//!   (capped), so a busy fleet is not hammered; one its owner handed over after a clean drain
+//!   comes back at once; one whose owner failed comes back later.
+//! - A wake nothing could ever mend (its input was set aside, or it names no conversation) is
+//!   terminated: never redelivered, never acked as done.
+
+use std::time::Duration;
+
+/// Where a wake's handler leaves it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Settlement {
+    /// The record as its reader saw it: committed through `lane_through`, a turn open or not.
+    Record { lane_through: u64, turn_open: bool },
+    /// Not taken now: no turn slot, or the lease or the record could not be read.
+    Busy,
+    /// Its owner drained the lane cleanly and let go: for whoever comes next, at once.
+    Handover,
+    /// Its owner stopped on a fault that may pass (the store or the bus away): later.
+    Failed,
+    /// Nothing a retry could mend.
+    Poison,
+}
+
+/// What the bus is told about a wake.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// Done: never delivered again.
+    Ack,
+    /// Deliver again after this delay.
+    Nak(Duration),
+    /// Never deliver again, and it is not done.
+    Term,
+}
+
+/// The outcome of the wake at lane sequence `seq`, delivered `deliveries` times, left in
+/// `settlement`; `busy` is the base delay for a wake nobody could take.
+pub fn outcome(seq: u64, deliveries: u64, settlement: Settlement, busy: Duration) -> Outcome {
+    let later = busy * deliveries.clamp(1, MAX_BACKOFF_STEPS) as u32;
+    match settlement {
+        Settlement::Record {
+            lane_through,
+            turn_open,
+        } if seq <= lane_through && !turn_open => Outcome::Ack,
+        Settlement::Record { .. } | Settlement::Busy => Outcome::Nak(later),
+        Settlement::Handover => Outcome::Nak(Duration::ZERO),
+        Settlement::Failed => Outcome::Nak(busy * FAILED_STEPS),
+        Settlement::Poison => Outcome::Term,
+    }
+}
+
+/// The most a busy wake's delay grows (in multiples of the base delay).
+const MAX_BACKOFF_STEPS: u64 = 8;
+/// How much later a wake whose owner failed comes back (in multiples of the base delay).
+const FAILED_STEPS: u32 = 4;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn settlement() -> impl Strategy<Value = Settlement> {
+        prop_oneof![
+            (0u64..100, any::<bool>()).prop_map(|(lane_through, turn_open)| Settlement::Record {
+                lane_through,
+                turn_open
+            }),
+            Just(Settlement::Busy),
+            Just(Settlement::Handover),
+            Just(Settlement::Failed),
+            Just(Settlement::Poison),
+        ]
+    }
+
+    proptest! {
+        #[test]
+        fn only_a_complete_turn_past_the_wake_acks_it(
+            seq in 0u64..100, deliveries in 0u64..1000, s in settlement(), busy_ms in 1u64..1000,
+        ) {
+            let busy = Duration::from_millis(busy_ms);
+            let out = outcome(seq, deliveries, s, busy);
+            let complete = matches!(s, Settlement::Record { lane_through, turn_open }
+                if seq <= lane_through && !turn_open);
+            prop_assert_eq!(out == Outcome::Ack, complete);
+            prop_assert_eq!(out == Outcome::Term, s == Settlement::Poison);
+            if let Outcome::Nak(delay) = out {
+                prop_assert!(delay <= busy * MAX_BACKOFF_STEPS as u32);
+            }
+        }
+
+        #[test]
+        fn a_busy_wake_waits_longer_the_more_it_was_delivered(
+            seq in 0u64..100, d in 1u64..20, busy_ms in 1u64..1000,
+        ) {
+            let busy = Duration::from_millis(busy_ms);
+            let delay = |d| match outcome(seq, d, Settlement::Busy, busy) {
+                Outcome::Nak(delay) => delay,
+                other => panic!("{other:?}"),
+            };
+            prop_assert!(delay(d) <= delay(d + 1));
+            prop_assert!(delay(d) >= busy);
+        }
+    }
+}
