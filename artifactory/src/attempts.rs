@@ -198,11 +198,7 @@ pub async fn finish_latest(
     };
     let prefix = record.prefix();
     promote(store, prefix, turn, attempt).await?;
-    if let Some(version) = complete
-        .version
-        .as_deref()
-        .and_then(|v| git2::Oid::from_str(v).ok())
-    {
+    if let Some(version) = complete.version {
         let lineage = crate::git::Lineage::new(store.clone(), prefix.clone());
         lineage.publish_ref_once(turn, version).await?;
     }

@@ -26,7 +26,7 @@ use bytes::Bytes;
 use git2::{ObjectType, Oid, Repository};
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt as _, PutMode, PutOptions, PutPayload};
-use turnpike_schemas::{RefPath, TurnId};
+use turnpike_schemas::{ProjectVersion, RefPath, TurnId};
 
 use crate::error::{Error, ErrorKind, Result};
 use crate::layout::ConversationPrefix;
@@ -37,6 +37,20 @@ fn git_error(what: &str, e: git2::Error) -> Error {
 
 fn join_error(e: tokio::task::JoinError) -> Error {
     Error::new(ErrorKind::Store, format!("a git task failed: {e}"))
+}
+
+/// The git commit id of a project version.
+fn oid(v: ProjectVersion) -> Oid {
+    Oid::from_bytes(v.as_bytes()).expect("a project version is 20 bytes")
+}
+
+/// The project version of a git commit id.
+fn version(o: Oid) -> ProjectVersion {
+    ProjectVersion::from_bytes(
+        o.as_bytes()
+            .try_into()
+            .expect("a git commit id is 20 bytes"),
+    )
 }
 
 /// One conversation's lineage in the object store.
@@ -60,13 +74,14 @@ impl Lineage {
     }
 
     /// The commit a turn published, if it did.
-    pub async fn ref_of(&self, turn: TurnId) -> Result<Option<Oid>> {
+    pub async fn ref_of(&self, turn: TurnId) -> Result<Option<ProjectVersion>> {
         let what = format!("reading the version of {turn}");
         match self.store.get(&self.ref_path(turn)).await {
             Ok(r) => {
                 let bytes = r.bytes().await.map_err(|e| Error::store(&what, e))?;
                 let text = String::from_utf8_lossy(&bytes);
-                Oid::from_str(text.trim())
+                text.trim()
+                    .parse::<ProjectVersion>()
                     .map(Some)
                     .map_err(|_| Error::new(ErrorKind::Corrupt, format!("{what}: not a commit id")))
             }
@@ -77,7 +92,7 @@ impl Lineage {
 
     /// Publishes `commit` as `turn`'s version. A turn's ref is written once: publishing it again
     /// fails with [`ErrorKind::AlreadyExists`] and changes nothing.
-    pub async fn publish_ref(&self, turn: TurnId, commit: Oid) -> Result<()> {
+    pub async fn publish_ref(&self, turn: TurnId, commit: ProjectVersion) -> Result<()> {
         let opts = PutOptions {
             mode: PutMode::Create,
             ..Default::default()
@@ -103,7 +118,7 @@ impl Lineage {
     /// Publishes `commit` as `turn`'s ref unless it is published already with that commit
     /// (promotion of a committed turn may run more than once). A ref holding another commit is
     /// left alone and reported: refs are never overwritten.
-    pub async fn publish_ref_once(&self, turn: TurnId, commit: Oid) -> Result<()> {
+    pub async fn publish_ref_once(&self, turn: TurnId, commit: ProjectVersion) -> Result<()> {
         match self.publish_ref(turn, commit).await {
             Ok(()) => Ok(()),
             Err(e) if e.kind() == ErrorKind::AlreadyExists => match self.ref_of(turn).await? {
@@ -217,7 +232,8 @@ impl Lineage {
     }
 
     /// The bytes of `path` in `commit`, or `None` if it has no such file.
-    pub async fn read_file(&self, commit: Oid, path: &RefPath) -> Result<Option<Bytes>> {
+    pub async fn read_file(&self, commit: ProjectVersion, path: &RefPath) -> Result<Option<Bytes>> {
+        let commit = oid(commit);
         let scratch =
             tempfile::tempdir().map_err(|e| Error::new(ErrorKind::Store, e.to_string()))?;
         let git_dir = scratch.path().join("git");
@@ -291,7 +307,12 @@ pub struct Project {
 impl Project {
     /// Opens the project of a turn over `workspace`, starting from `base` (the last version).
     /// The worktree starts empty; history is fetched on demand.
-    pub async fn open(lineage: Lineage, workspace: &FsPath, base: Option<Oid>) -> Result<Self> {
+    pub async fn open(
+        lineage: Lineage,
+        workspace: &FsPath,
+        base: Option<ProjectVersion>,
+    ) -> Result<Self> {
+        let base = base.map(oid);
         let git_dir = workspace.with_extension("git");
         if !git_dir.exists() {
             init_bare(&git_dir).await?;
@@ -305,8 +326,8 @@ impl Project {
     }
 
     /// The version the turn started from.
-    pub fn base(&self) -> Option<Oid> {
-        self.base
+    pub fn base(&self) -> Option<ProjectVersion> {
+        self.base.map(version)
     }
 
     /// Materialises `path` (a file, or a folder and everything under it; the root when empty)
@@ -315,9 +336,9 @@ impl Project {
     pub async fn materialise(
         &self,
         path: Option<&RefPath>,
-        commit: Option<Oid>,
+        commit: Option<ProjectVersion>,
     ) -> Result<Vec<String>> {
-        let Some(commit) = commit.or(self.base) else {
+        let Some(commit) = commit.map(oid).or(self.base) else {
             return Ok(Vec::new());
         };
         let root = self.lineage.root_of(&self.git_dir, commit).await?;
@@ -382,16 +403,24 @@ impl Project {
     /// commit to publish (the base itself when nothing changed; `None` when there is no project
     /// at all: no base and no files). Symbolic links and anything that is not a regular file are
     /// never committed.
-    pub async fn commit_if_any(&self, turn: TurnId, message: &str) -> Result<Option<Oid>> {
+    pub async fn commit_if_any(
+        &self,
+        turn: TurnId,
+        message: &str,
+    ) -> Result<Option<ProjectVersion>> {
         if is_empty_dir(&self.workspace) {
             // Nothing materialised or made: the project (if any) is unchanged.
-            return Ok(self.base);
+            return Ok(self.base.map(version));
         }
         self.commit(turn, message).await.map(Some)
     }
 
     /// [`Self::commit_if_any`], always producing a commit.
-    pub async fn commit(&self, turn: TurnId, message: &str) -> Result<Oid> {
+    pub async fn commit(&self, turn: TurnId, message: &str) -> Result<ProjectVersion> {
+        self.commit_oid(turn, message).await.map(version)
+    }
+
+    async fn commit_oid(&self, turn: TurnId, message: &str) -> Result<Oid> {
         // 1. Hash the workspace's files into the local repository.
         let workspace = self.workspace.clone();
         let files = with_repo(&self.git_dir, move |repo| {
@@ -583,10 +612,10 @@ async fn copy_reachable(lineage: &Lineage, dir: &FsPath, commit: Oid) -> Result<
 /// is refused and the remote's ref is left as it was. Network transports (https, ssh) are not
 /// built in: this build links libgit2 without them.
 pub async fn push_to_remote(lineage: &Lineage, url: &str, turn: TurnId) -> Result<()> {
-    let commit = lineage
-        .ref_of(turn)
-        .await?
-        .ok_or_else(|| Error::new(ErrorKind::NotFound, format!("{turn} published no version")))?;
+    let commit =
+        lineage.ref_of(turn).await?.map(oid).ok_or_else(|| {
+            Error::new(ErrorKind::NotFound, format!("{turn} published no version"))
+        })?;
     let path = PathBuf::from(url.strip_prefix("file://").unwrap_or(url));
     if !path.join("HEAD").is_file() {
         return Err(Error::new(
@@ -672,7 +701,7 @@ pub async fn export(lineage: &Lineage, last_turn: u64, dir: &FsPath) -> Result<u
     let mut last = None;
     for n in 1..=last_turn {
         let turn = TurnId::new(n).expect("non-zero");
-        let Some(commit) = lineage.ref_of(turn).await? else {
+        let Some(commit) = lineage.ref_of(turn).await?.map(oid) else {
             continue;
         };
         copy_reachable(lineage, dir, commit).await?;

@@ -350,7 +350,7 @@ pub struct TurnComplete {
     pub log_sha256: Option<String>,
     /// The project version the turn published (a git commit id), if the conversation has one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub version: Option<String>,
+    pub version: Option<crate::ProjectVersion>,
     /// The attempt that completed the turn: its side objects (log, snapshot, files) are the
     /// ones promoted to the turn's canonical keys. Absent in records written before attempts.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -533,7 +533,7 @@ pub struct RecordState {
     pub active_agent: Option<AgentId>,
     /// The latest project version a turn published (a git commit id).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub version: Option<String>,
+    pub version: Option<crate::ProjectVersion>,
     /// How many user messages and follow-ups are committed.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub messages: u64,

@@ -261,9 +261,81 @@ impl FromStr for TurnId {
 
 string_serde!(TurnId);
 
+/// A project version: the git commit a turn published, written as 40 lowercase hex digits.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ProjectVersion([u8; 20]);
+
+impl ProjectVersion {
+    /// The version with this commit id.
+    pub fn from_bytes(bytes: [u8; 20]) -> Self {
+        Self(bytes)
+    }
+
+    /// The commit id's bytes.
+    pub fn as_bytes(&self) -> &[u8; 20] {
+        &self.0
+    }
+}
+
+impl fmt::Display for ProjectVersion {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for b in self.0 {
+            write!(f, "{b:02x}")?;
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Debug for ProjectVersion {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
+    }
+}
+
+impl FromStr for ProjectVersion {
+    type Err = SchemaError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let fail =
+            || SchemaError::invalid_id("project version", s, "expected 40 lowercase hex digits");
+        if s.len() != 40
+            || !s
+                .bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+        {
+            return Err(fail());
+        }
+        let mut bytes = [0u8; 20];
+        for (i, pair) in s.as_bytes().chunks(2).enumerate() {
+            let text = std::str::from_utf8(pair).map_err(|_| fail())?;
+            bytes[i] = u8::from_str_radix(text, 16).map_err(|_| fail())?;
+        }
+        Ok(Self(bytes))
+    }
+}
+
+string_serde!(ProjectVersion);
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_project_version_is_40_lowercase_hex_digits_and_round_trips() {
+        let text = "0123456789abcdef0123456789abcdef01234567";
+        let v: ProjectVersion = text.parse().unwrap();
+        assert_eq!(v.to_string(), text);
+        assert_eq!(serde_json::to_string(&v).unwrap(), format!("\"{text}\""));
+        for bad in [
+            "",
+            "0123",
+            &text.to_uppercase(),
+            &format!("{text}0"),
+            "g123456789abcdef0123456789abcdef01234567",
+        ] {
+            assert!(bad.parse::<ProjectVersion>().is_err(), "{bad:?}");
+        }
+    }
     use proptest::prelude::*;
 
     #[test]

@@ -27,7 +27,9 @@ pub use entry::{EntryBody, EntryKind};
 pub use error::{SchemaError, SchemaErrorKind};
 pub use event::{Address, Event, EventBody};
 pub use identity::Identity;
-pub use ids::{AgentId, AppId, ConversationId, EventId, RequestId, TenantId, TurnId, WorkerId};
+pub use ids::{
+    AgentId, AppId, ConversationId, EventId, ProjectVersion, RequestId, TenantId, TurnId, WorkerId,
+};
 pub use reference::{Family, RefPath, Reference};
 pub use timeline::Row;
 pub use turnlog::{Block, TurnLog};

@@ -67,7 +67,7 @@ pub fn apply(state: &mut RecordState, body: &EntryBody) -> Result<(), String> {
             if let EntryBody::TurnComplete(c) = body {
                 state.waiting = c.outcome == turnpike_schemas::entry::TurnOutcome::Parked;
                 if c.version.is_some() {
-                    state.version = c.version.clone();
+                    state.version = c.version;
                 }
             }
         }

@@ -68,7 +68,7 @@ pub struct ProjectHandle<'a> {
     pub cell: &'a tokio::sync::OnceCell<Project>,
     pub lineage: &'a Lineage,
     pub workspace: &'a Path,
-    pub base: Option<git2::Oid>,
+    pub base: Option<turnpike_schemas::ProjectVersion>,
 }
 
 impl ProjectHandle<'_> {

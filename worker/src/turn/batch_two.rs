@@ -67,11 +67,7 @@ pub(super) async fn finish_turn(
     let policy = spec
         .as_ref()
         .map_or(OnNewMessage::Queue, |s| s.on_new_message);
-    let base_version = head
-        .state()
-        .version
-        .as_deref()
-        .and_then(|v| git2::Oid::from_str(v).ok());
+    let base_version = head.state().version;
     let watch = LaneWatch::start(env.bus.clone(), env, lane_through, policy, identity.clone());
     let ctx = TurnContext {
         env,
@@ -225,7 +221,7 @@ pub(super) async fn finish_turn(
             RefPath::parse("log.json").expect("a valid path"),
         )),
         log_sha256: Some(digest),
-        version: version.map(|v: git2::Oid| v.to_string()),
+        version,
         attempt: Some(attempt),
         at_ms: now_ms(),
     }));
@@ -252,7 +248,9 @@ pub(super) async fn finish_turn(
 /// (the new commit, or the unchanged base). Nothing is published as the turn's ref here: the
 /// ref is created only for the version the record's `turn_complete` names, after the commit
 /// ([`promote`]), so a failed or superseded attempt's commit is never reachable through it.
-async fn publish_version(ctx: &TurnContext<'_>) -> Result<Option<git2::Oid>> {
+async fn publish_version(
+    ctx: &TurnContext<'_>,
+) -> Result<Option<turnpike_schemas::ProjectVersion>> {
     ctx.env.fence.check()?;
     let empty = std::fs::read_dir(ctx.workspace.path()).map_or(true, |mut d| d.next().is_none());
     if empty && ctx.project.get().is_none() {
@@ -284,7 +282,7 @@ async fn promote(
     env: &TurnEnv,
     turn: TurnId,
     attempt: u64,
-    version: Option<git2::Oid>,
+    version: Option<turnpike_schemas::ProjectVersion>,
     log: &TurnLog,
     snapshot: Option<&turnpike_schemas::timeline::ContextSnapshot>,
     hosted: bool,

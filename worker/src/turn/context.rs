@@ -46,7 +46,7 @@ pub struct TurnContext<'a> {
     /// The conversation's project lineage, the version the turn started from, and the project
     /// directory once opened.
     pub(super) lineage: Lineage,
-    pub(super) base_version: Option<git2::Oid>,
+    pub(super) base_version: Option<turnpike_schemas::ProjectVersion>,
     pub(super) project: tokio::sync::OnceCell<Project>,
     /// What the turn may bring in from other conversations (all participants may see it).
     pub(super) reach: crate::reach::Reach,
