@@ -784,7 +784,7 @@ async fn a_retried_turn_names_its_own_version_and_the_first_attempt_is_unreachab
         .await
         .unwrap()
         .expect("turn 1 is complete");
-    let version = complete.version.clone().expect("the retry made a version");
+    let version = complete.version.expect("the retry made a version");
     // The ref is the retry's, named by the record; the retry was another attempt.
     assert_eq!(lineage.ref_of(TurnId::FIRST).await.unwrap(), Some(version));
     let all = attempts_of_turn_1(store.clone(), rig.prefix()).await;
