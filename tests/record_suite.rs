@@ -596,7 +596,7 @@ macro_rules! record_suite {
                                 turn,
                                 worker: WorkerId::new(),
                                 agent: "helper".parse().unwrap(),
-                                epoch: 2,
+                                epoch: turnpike_schemas::Epoch(2),
                                 at_ms: 5,
                             }),
                             EntryBody::TurnAmbiguous(TurnAmbiguous {

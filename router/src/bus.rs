@@ -197,9 +197,16 @@ impl WakeKeeper {
 pub struct Lease {
     pub conversation: ConversationId,
     pub owner: WorkerId,
-    /// The fencing epoch: increases with every claim and renewal.
+    /// The lease key's revision: increases with every claim and renewal (see [`Lease::epoch`]).
     pub revision: u64,
     pub expires_ms: u64,
+}
+
+impl Lease {
+    /// The fencing epoch of this holding of the lease.
+    pub fn epoch(&self) -> turnpike_schemas::Epoch {
+        turnpike_schemas::Epoch(self.revision)
+    }
 }
 
 /// What a lease key holds.
@@ -250,7 +257,8 @@ pub trait Bus: Send + Sync + 'static {
     /// The next wake for this process; waits until there is one.
     async fn next_wake(&self) -> Result<Wake>;
 
-    /// Takes the lease of a conversation for `ttl`, if free, expired or already ours.
+    /// Takes the lease of a conversation for `ttl` when [`may_claim`] allows it: free, released
+    /// or expired. A live lease is never claimed again, not even by its own holder.
     async fn claim(
         &self,
         conversation: ConversationId,

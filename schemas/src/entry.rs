@@ -318,7 +318,7 @@ pub struct TurnDispatched {
     pub agent: AgentId,
     /// The lease revision under which the turn was opened (the fencing epoch).
     #[serde(default)]
-    pub epoch: u64,
+    pub epoch: crate::Epoch,
     pub at_ms: u64,
 }
 

@@ -261,6 +261,30 @@ impl FromStr for TurnId {
 
 string_serde!(TurnId);
 
+/// A fencing epoch: the revision of the lease an owner held when it wrote. It only grows, so of
+/// two owners of one conversation the later one has the larger epoch.
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    Default,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Hash,
+    serde::Serialize,
+    serde::Deserialize,
+)]
+#[serde(transparent)]
+pub struct Epoch(pub u64);
+
+impl fmt::Display for Epoch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "epoch {}", self.0)
+    }
+}
+
 /// A project version: the git commit a turn published, written as 40 lowercase hex digits.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ProjectVersion([u8; 20]);

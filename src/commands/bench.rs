@@ -156,7 +156,7 @@ async fn new_record(store: &Arc<dyn ObjectStore>, signer: &RecordSigner) -> Resu
         turn: TurnId::FIRST,
         worker: WorkerId::new(),
         agent: "bench".parse()?,
-        epoch: 0,
+        epoch: turnpike_schemas::Epoch(0),
         at_ms: 0,
     });
     let head = record

@@ -87,7 +87,7 @@ async fn build(
                         turn,
                         worker: WorkerId::new(),
                         agent: "bench".parse()?,
-                        epoch: 1,
+                        epoch: turnpike_schemas::Epoch(1),
                         at_ms: 0,
                     }),
                 ],

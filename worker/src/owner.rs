@@ -136,7 +136,7 @@ fn next_inputs(pending: Vec<LaneMessage>) -> (bool, Vec<LaneMessage>) {
 async fn drain(
     env: &TurnEnv,
     slot: &OwnerSlot,
-    epoch: u64,
+    epoch: turnpike_schemas::Epoch,
     known_last: u64,
     stopping: &std::sync::atomic::AtomicBool,
 ) -> Result<Head> {
@@ -252,7 +252,7 @@ pub(crate) async fn own(
         .await;
     let mut known_last = 0;
     loop {
-        let epoch = lease.revision;
+        let epoch = lease.epoch();
         let outcome = {
             let work = drain(&env, &guard.slot, epoch, known_last, &worker.stopping);
             tokio::pin!(work);

@@ -108,7 +108,7 @@ mod tests {
             turn: TurnId::new(n).unwrap(),
             worker: WorkerId::new(),
             agent: "a".parse().unwrap(),
-            epoch: 0,
+            epoch: turnpike_schemas::Epoch(0),
             at_ms: 0,
         })
     }

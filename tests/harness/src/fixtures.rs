@@ -65,7 +65,7 @@ pub fn batch_one(conversation: ConversationId, n: u64, text: &str) -> Vec<EntryB
             turn: TurnId::new(n).unwrap(),
             worker: WorkerId::new(),
             agent: "helper".parse().unwrap(),
-            epoch: 1,
+            epoch: turnpike_schemas::Epoch(1),
             at_ms: 3,
         }),
     ]

@@ -17,7 +17,7 @@ pub async fn run_new_turn(
     env: &TurnEnv,
     head: Head,
     inputs: Vec<LaneMessage>,
-    epoch: u64,
+    epoch: turnpike_schemas::Epoch,
 ) -> Result<Head> {
     let turn = TurnId::new(head.state().last_turn + 1).expect("turn numbers start at 1");
     // The agent the conversation was last switched to, else the one it was opened with.
@@ -74,7 +74,11 @@ fn new_attempt() -> u64 {
 
 /// Re-runs the open turn under the same turn id (its worker died between the batches), as a
 /// new attempt.
-pub async fn recover_turn(env: &TurnEnv, head: Head, epoch: u64) -> Result<Head> {
+pub async fn recover_turn(
+    env: &TurnEnv,
+    head: Head,
+    epoch: turnpike_schemas::Epoch,
+) -> Result<Head> {
     let Some((turn, entries)) = env.record.open_turn(&head).await? else {
         return Ok(head);
     };
@@ -122,6 +126,6 @@ pub async fn recover_turn(env: &TurnEnv, head: Head, epoch: u64) -> Result<Head>
         });
         return env.append(&head, &[body]).await;
     }
-    warn!(conversation = %env.record.prefix().conversation(), %turn, epoch, "recovering a turn left open");
+    warn!(conversation = %env.record.prefix().conversation(), %turn, epoch = epoch.0, "recovering a turn left open");
     finish_turn(env, head, turn, agent, events, directive, new_attempt()).await
 }
