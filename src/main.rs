@@ -1,7 +1,5 @@
 //! `turnpike`: the one binary. It wires the crates together; the crates do the work.
 
-#[cfg(unix)]
-mod cell_init;
 mod cli;
 mod commands;
 mod env;
@@ -20,7 +18,7 @@ fn main() -> ExitCode {
     }
     // Started inside a cell as its init: nothing else of the binary runs.
     #[cfg(unix)]
-    if let Some(code) = cell_init::run_if_invoked() {
+    if let Some(code) = turnpike_cell_init::run_if_invoked() {
         return code;
     }
     let cli = cli::Cli::parse();

@@ -116,16 +116,19 @@ pub async fn shutdown_signal() {
     ctrl_c.await.unwrap_or(());
 }
 
-/// The cell's init (Landlock inside cells): this very binary, started inside a cell under the
-/// init's name (see `cell_init`).
+/// The cell's init (Landlock inside cells): the small `turnpike-cell-init` beside this binary
+/// when it is there (a workspace build makes it), else this very binary, which runs as the init
+/// when started under the init's name — so every build has the full sandbox.
 pub fn cell_init_binary() -> Option<std::path::PathBuf> {
-    match std::env::current_exe() {
-        Ok(exe) => Some(exe),
+    let exe = match std::env::current_exe() {
+        Ok(exe) => exe,
         Err(e) => {
             tracing::warn!(error = %e, "this binary cannot find itself: cells run without Landlock (bubblewrap, seccomp and limits still apply)");
-            None
+            return None;
         }
-    }
+    };
+    let small = exe.with_file_name("turnpike-cell-init");
+    Some(if small.is_file() { small } else { exe })
 }
 
 /// Sets up the sandbox for `exec` once per process, or says why there is none (then `exec`

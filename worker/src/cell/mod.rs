@@ -16,7 +16,6 @@
 //! Fail closed: [`Cell::detect`] checks that the sandbox can be set up on this machine; where it
 //! cannot, `exec` refuses with what is missing and nothing runs.
 
-pub mod landlock;
 mod limits;
 mod seccomp;
 
@@ -39,7 +38,7 @@ pub struct CellConfig {
     pub limits: Limits,
     /// Where the seccomp program and cgroups are prepared (outside every workspace).
     pub scratch: PathBuf,
-    /// The binary that runs inside the cell, started as [`INIT_NAME`], to add Landlock before
+    /// The binary that runs inside the cell, started as `turnpike-init`, to add Landlock before
     /// the interpreter starts (the `turnpike` binary; none: bubblewrap and seccomp only).
     pub init: Option<PathBuf>,
     /// Put each run in a pids (and memory) cgroup where the worker may create one. Off: the
@@ -424,10 +423,6 @@ pub use limits::CELL_UIDS;
 
 /// The size of a cell's private `/dev/shm`.
 const SHM_BYTES: u64 = 16 << 20;
-
-/// The name the init is started under inside a cell (a binary that sees this name as its own
-/// runs as the init).
-pub const INIT_NAME: &str = "turnpike-init";
 
 /// Where the init binary is inside a cell.
 const INIT_PATH: &str = "/run/turnpike-init";

@@ -1,5 +1,5 @@
 //! Landlock, the cell's second wall on the filesystem: applied inside the sandbox (by
-//! the cell's init (the `turnpike` binary started as `turnpike-init`), after bubblewrap has built the mounts, since a Landlock-restricted
+//! the cell's init, after bubblewrap has built the mounts, since a Landlock-restricted
 //! process may not change mounts) just before the interpreter starts. Beneath `/usr`: read and
 //! execute; `/proc` and `/dev`: read (and write files, for `/dev/null`); `/work` and `/tmp`:
 //! everything; anything else: nothing. Where the kernel has no Landlock, the cell still runs
