@@ -217,26 +217,14 @@ pub(crate) async fn own(
 ) {
     let conversation = lease.conversation;
     let env = TurnEnv {
-        worker: worker.id,
-        bus: worker.bus.clone(),
+        shared: worker.shared.clone(),
         record: worker
             .conversations
             .record(ConversationPrefix::new(tenant.clone(), conversation)),
-        turn_logs: worker.conversations.turn_logs(),
-        files: worker.files.clone(),
         // Every reference the turn follows is resolved in the conversation's own tenant.
         resolver: worker.resolver.in_tenant(&tenant),
-        search: worker.search.clone(),
-        indexing: worker.indexing.clone(),
-        cell: worker.cell.clone(),
-        signer: worker.signer.clone(),
-        apps: worker.apps.clone(),
-        directory: worker.conversations.directory().clone(),
-        open_turns: worker.conversations.open_turns(),
-        dead_letters: worker.conversations.dead_letters(),
         marked: Default::default(),
         fence: Fence::new(lease.expires_ms, worker.config.renew_every),
-        config: worker.config.clone(),
     };
     // However the owner ends — a panic included — its slot is forgotten, so later wakes for
     // the conversation are not handed to an owner that is gone.
@@ -288,12 +276,12 @@ pub(crate) async fn own(
         let state = match &outcome {
             Ok(head) => Some(head.state().clone()),
             Err(Error::Fenced(why)) => {
-                warn!(%conversation, worker = %worker.id, why, "fenced: another worker owns the conversation");
+                warn!(%conversation, worker = %worker.worker, why, "fenced: another worker owns the conversation");
                 eprintln!("fenced: {conversation}: {why}");
                 None
             }
             Err(e) => {
-                warn!(%conversation, worker = %worker.id, error = %e, "owner stopped; the lane will be retried");
+                warn!(%conversation, worker = %worker.worker, error = %e, "owner stopped; the lane will be retried");
                 None
             }
         };
@@ -332,7 +320,7 @@ pub(crate) async fn own(
         known_last = last;
         match worker
             .bus
-            .claim(conversation, worker.id, worker.config.lease_ttl)
+            .claim(conversation, worker.worker, worker.config.lease_ttl)
             .await
         {
             Ok(Some(again)) => {

@@ -29,25 +29,16 @@ use turnpike_schemas::{ConversationId, WorkerId};
 use crate::apps::Apps;
 use crate::config::WorkerConfig;
 use crate::owner::{own, OwnerSlot};
-use crate::tools::SearchIndex;
+use crate::turn::Shared;
 
 /// State shared by the claim loop and the owners it spawns.
 pub(crate) struct Inner {
-    pub(crate) id: WorkerId,
-    pub(crate) bus: Arc<dyn Bus>,
+    /// What every turn shares (the worker's id, bus, config, …; reached through `Deref`).
+    pub(crate) shared: Arc<Shared>,
     pub(crate) conversations: Conversations,
-    pub(crate) signer: RecordSigner,
-    pub(crate) apps: Arc<Apps>,
     /// The owners' tasks, so a simulated crash can drop them.
     pub(crate) owner_tasks: std::sync::Mutex<Vec<tokio::task::AbortHandle>>,
     pub(crate) resolver: turnpike_resolver::Resolver,
-    pub(crate) files: turnpike_artifactory::Files,
-    pub(crate) search: Option<Arc<dyn SearchIndex>>,
-    /// Where finished turns go to be indexed.
-    pub(crate) indexing: Option<turnpike_index::indexer::IndexQueue>,
-    /// The sandbox for generated code, or why there is none.
-    pub(crate) cell: Result<Arc<crate::cell::Cell>, String>,
-    pub(crate) config: WorkerConfig,
     slots: Arc<Semaphore>,
     /// Bounds how many wakes are being handled (claim and head reads) at once.
     intake: Arc<Semaphore>,
@@ -55,6 +46,14 @@ pub(crate) struct Inner {
     owners: Mutex<HashMap<ConversationId, Arc<OwnerSlot>>>,
     owner_gone: Notify,
     pub(crate) stopping: AtomicBool,
+}
+
+impl std::ops::Deref for Inner {
+    type Target = Shared;
+
+    fn deref(&self) -> &Shared {
+        &self.shared
+    }
 }
 
 impl Inner {
@@ -117,22 +116,29 @@ impl Worker {
                 signer.verifying_key()
             ]))
         };
+        let shared = Shared {
+            worker: WorkerId::new(),
+            bus,
+            turn_logs: conversations.turn_logs(),
+            files,
+            search: None,
+            indexing: None,
+            cell: Err("no sandbox (cell) is set up on this worker".into()),
+            signer,
+            apps,
+            directory: conversations.directory().clone(),
+            open_turns: conversations.open_turns(),
+            dead_letters: conversations.dead_letters(),
+            config,
+        };
         Worker {
             inner: Arc::new(Inner {
-                id: WorkerId::new(),
-                slots: Arc::new(Semaphore::new(config.slots.max(1))),
-                intake: Arc::new(Semaphore::new(2 * config.slots.max(1))),
-                bus,
+                slots: Arc::new(Semaphore::new(shared.config.slots.max(1))),
+                intake: Arc::new(Semaphore::new(2 * shared.config.slots.max(1))),
+                shared: Arc::new(shared),
                 conversations,
-                signer,
-                apps,
                 owner_tasks: std::sync::Mutex::new(Vec::new()),
                 resolver,
-                files,
-                search: None,
-                indexing: None,
-                cell: Err("no sandbox (cell) is set up on this worker".into()),
-                config,
                 owners: Mutex::new(HashMap::new()),
                 owner_gone: Notify::new(),
                 stopping: AtomicBool::new(false),
@@ -141,27 +147,33 @@ impl Worker {
     }
 
     pub fn id(&self) -> WorkerId {
-        self.inner.id
+        self.inner.worker
+    }
+
+    /// The parts every turn shares, to change before the worker starts.
+    fn shared_mut(&mut self, what: &str) -> &mut Shared {
+        Arc::get_mut(
+            &mut Arc::get_mut(&mut self.inner)
+                .unwrap_or_else(|| panic!("{what} is called before the worker is shared"))
+                .shared,
+        )
+        .unwrap_or_else(|| panic!("{what} is called before the worker is shared"))
     }
 
     /// Gives the worker a sandbox for `exec` (or the reason it has none). Call before the
     /// worker starts.
     pub fn with_cell(mut self, cell: Result<Arc<crate::cell::Cell>, String>) -> Self {
-        Arc::get_mut(&mut self.inner)
-            .expect("with_cell is called before the worker is shared")
-            .cell = cell;
+        self.shared_mut("with_cell").cell = cell;
         self
     }
 
     /// Indexes finished turns through `queue` and answers the `search` tool from its index.
     pub fn with_index(mut self, queue: turnpike_index::indexer::IndexQueue) -> Self {
-        let inner = Arc::get_mut(&mut self.inner)
-            .expect("with_index is called before the worker is shared");
-        inner.search = Some(Arc::new(crate::search::IndexSearch::new(
-            queue.index().clone(),
-            inner.resolver.clone(),
-        )));
-        inner.indexing = Some(queue);
+        let search =
+            crate::search::IndexSearch::new(queue.index().clone(), self.inner.resolver.clone());
+        let shared = self.shared_mut("with_index");
+        shared.search = Some(Arc::new(search));
+        shared.indexing = Some(queue);
         self
     }
 
@@ -182,7 +194,7 @@ impl Worker {
     /// Claims and runs until `shutdown` resolves; then stops claiming, lets running turns
     /// finish within the grace period, and leaves the rest to recovery.
     pub async fn run(&self, shutdown: impl Future<Output = ()>) {
-        info!(worker = %self.inner.id, "worker started");
+        info!(worker = %self.inner.worker, "worker started");
         tokio::pin!(shutdown);
         let mut backoff = Duration::from_millis(50);
         let every = self.inner.config.heartbeat_every;
@@ -196,8 +208,8 @@ impl Worker {
                 _ = &mut shutdown => break,
                 _ = heartbeat.tick() => {
                     let owned = self.inner.owners.lock().expect("owner map lock").len();
-                    debug!(worker = %self.inner.id, owned, "heartbeat");
-                    self.inner.bus.heartbeat(self.inner.id, owned).await;
+                    debug!(worker = %self.inner.worker, owned, "heartbeat");
+                    self.inner.bus.heartbeat(self.inner.worker, owned).await;
                 }
                 _ = sweep.tick() => {
                     // One sweep at a time; a slow one is not stacked upon.
@@ -223,7 +235,7 @@ impl Worker {
                         });
                     }
                     Err(e) => {
-                        warn!(worker = %self.inner.id, error = %e, "no wakes; retrying");
+                        warn!(worker = %self.inner.worker, error = %e, "no wakes; retrying");
                         tokio::time::sleep(backoff).await;
                         backoff = (backoff * 2).min(Duration::from_secs(2));
                     }
@@ -234,7 +246,7 @@ impl Worker {
         let drained = tokio::time::timeout(self.inner.config.grace, self.idle())
             .await
             .is_ok();
-        info!(worker = %self.inner.id, drained, "worker stopped");
+        info!(worker = %self.inner.worker, drained, "worker stopped");
     }
 
     /// Waits until no conversation is owned.
@@ -272,7 +284,7 @@ impl Worker {
         let marked = match marks.list().await {
             Ok(marked) => marked,
             Err(e) => {
-                warn!(worker = %inner.id, error = %e, "cannot list open turns; the sweep retries later");
+                warn!(worker = %inner.worker, error = %e, "cannot list open turns; the sweep retries later");
                 return;
             }
         };
@@ -294,7 +306,7 @@ impl Worker {
             };
             let lease = match inner
                 .bus
-                .claim(conversation, inner.id, inner.config.lease_ttl)
+                .claim(conversation, inner.worker, inner.config.lease_ttl)
                 .await
             {
                 Ok(Some(lease)) => lease,
@@ -313,7 +325,7 @@ impl Worker {
                         let _ = inner.bus.release(&lease).await;
                         continue;
                     }
-                    warn!(%conversation, worker = %inner.id, "sweep: taking over a turn left open");
+                    warn!(%conversation, worker = %inner.worker, "sweep: taking over a turn left open");
                     self.spawn_owner(prefix.tenant().clone(), lease, slot, permit);
                 }
                 Ok(head) => {
@@ -364,7 +376,7 @@ impl Worker {
         };
         match inner
             .bus
-            .claim(wake.conversation, inner.id, inner.config.lease_ttl)
+            .claim(wake.conversation, inner.worker, inner.config.lease_ttl)
             .await
         {
             Ok(Some(lease)) => {
@@ -375,7 +387,7 @@ impl Worker {
                     return;
                 }
                 let tenant = wake.tenant.clone();
-                debug!(conversation = %wake.conversation, worker = %inner.id, epoch = lease.revision, "lease taken");
+                debug!(conversation = %wake.conversation, worker = %inner.worker, epoch = lease.revision, "lease taken");
                 let _ = slot.offer(wake).await;
                 self.spawn_owner(tenant, lease, slot, permit);
             }

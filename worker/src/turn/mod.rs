@@ -35,14 +35,12 @@ use crate::config::WorkerConfig;
 use crate::error::{Error, Result};
 use crate::tools::SearchIndex;
 
-/// What a turn needs from its owner.
-pub struct TurnEnv {
+/// What every turn of a worker needs, built once per worker and shared by its owners.
+pub struct Shared {
     pub worker: WorkerId,
     pub bus: Arc<dyn Bus>,
-    pub record: Record,
     pub turn_logs: TurnLogs,
     pub files: Files,
-    pub resolver: Resolver,
     pub search: Option<Arc<dyn SearchIndex>>,
     /// Where the turn goes to be indexed once complete.
     pub indexing: Option<turnpike_index::indexer::IndexQueue>,
@@ -55,11 +53,28 @@ pub struct TurnEnv {
     pub open_turns: turnpike_artifactory::OpenTurns,
     /// Where lane messages that cannot be taken are set aside.
     pub dead_letters: turnpike_artifactory::DeadLetters,
+    pub config: WorkerConfig,
+}
+
+/// What a turn needs from its owner: the worker's [`Shared`] parts (reached through `Deref`)
+/// and what is the owner's own.
+pub struct TurnEnv {
+    pub shared: Arc<Shared>,
+    pub record: Record,
+    /// Resolves references in the conversation's own tenant.
+    pub resolver: Resolver,
     /// Whether this owner has marked the conversation (and not cleared the mark since).
     pub marked: std::sync::atomic::AtomicBool,
     /// The owner's lease deadline: fenced writes check it first.
     pub fence: crate::fence::Fence,
-    pub config: WorkerConfig,
+}
+
+impl std::ops::Deref for TurnEnv {
+    type Target = Shared;
+
+    fn deref(&self) -> &Shared {
+        &self.shared
+    }
 }
 
 impl TurnEnv {
