@@ -41,6 +41,18 @@ pub struct Unreadable {
     pub reason: String,
 }
 
+impl fmt::Display for Unreadable {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "lane message {} is unreadable: {}",
+            self.seq, self.reason
+        )
+    }
+}
+
+impl std::error::Error for Unreadable {}
+
 /// Decodes a lane message, or says why it cannot be read.
 pub fn decode_lane_message(seq: u64, bytes: &[u8]) -> std::result::Result<LaneMessage, Unreadable> {
     match serde_json::from_slice::<Event>(bytes) {

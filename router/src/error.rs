@@ -1,7 +1,5 @@
 //! The one error type of this crate, with kinds that map to outcomes in one place.
 
-use thiserror::Error;
-
 /// What went wrong, as a kind the caller can match on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
@@ -24,61 +22,24 @@ pub enum ErrorKind {
     Artifactory,
 }
 
-/// A router error: a kind, a message that says what was wrong, and the source.
-#[derive(Debug, Error)]
-#[error("{message}")]
-pub struct Error {
-    kind: ErrorKind,
-    message: String,
-    #[source]
-    source: Option<Box<dyn std::error::Error + Send + Sync>>,
-    unreadable: Option<Box<crate::bus::Unreadable>>,
-}
+turnpike_schemas::error_type!(ErrorKind);
 
 impl Error {
-    pub(crate) fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
-        Self {
-            kind,
-            message: message.into(),
-            source: None,
-            unreadable: None,
-        }
-    }
-
-    pub(crate) fn with_source(
-        kind: ErrorKind,
-        message: impl Into<String>,
-        source: impl Into<Box<dyn std::error::Error + Send + Sync>>,
-    ) -> Self {
-        Self {
-            kind,
-            message: message.into(),
-            source: Some(source.into()),
-            unreadable: None,
-        }
-    }
-
-    /// A lane message that cannot be read, with its bytes.
+    /// A lane message that cannot be read, with its bytes (kept as the source).
     pub(crate) fn unreadable_message(message: crate::bus::Unreadable) -> Self {
-        Self {
-            kind: ErrorKind::Unreadable,
-            message: format!(
+        Self::with_source(
+            ErrorKind::Unreadable,
+            format!(
                 "lane message {} is unreadable: {}",
                 message.seq, message.reason
             ),
-            source: None,
-            unreadable: Some(Box::new(message)),
-        }
+            message,
+        )
     }
 
     /// The lane message that could not be read, for [`ErrorKind::Unreadable`].
     pub fn unreadable(&self) -> Option<&crate::bus::Unreadable> {
-        self.unreadable.as_deref()
-    }
-
-    /// The kind of failure.
-    pub fn kind(&self) -> ErrorKind {
-        self.kind
+        self.source_as()
     }
 }
 
@@ -97,6 +58,3 @@ impl From<turnpike_schemas::SchemaError> for Error {
         Error::with_source(ErrorKind::Invalid, e.to_string(), e)
     }
 }
-
-/// This crate's result type.
-pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -12,10 +12,12 @@
 //! - [`live`]: advisory frames on `tp.live.{conv}`
 //! - [`timeline`]: the rows an agent is fed, each with a stable reference
 //! - [`error`]: the crate's error type
+//! - [`failure`]: the one error shape of the crates that do I/O (`error_type!`)
 
 pub mod entry;
 pub mod error;
 pub mod event;
+pub mod failure;
 pub mod identity;
 pub mod ids;
 pub mod live;
