@@ -111,7 +111,7 @@ pub async fn run(
         let reply = tokio::select! {
             biased;
             _ = inbox.stop_requested() => return cancel(inbox, blocks).await,
-            reply = model.complete(&request, cx) => reply.map_err(Error::Model)?,
+            reply = model.complete(&request, cx) => reply?,
         };
         let ModelReply {
             text, tool_calls, ..
@@ -119,7 +119,7 @@ pub async fn run(
         if tool_calls.len() > MAX_TOOL_CALLS_PER_REPLY {
             // Recording them all could not fit one batch; retrying would pay for the same
             // reply again. The turn fails, visibly, once.
-            return Err(Error::Refused(format!(
+            return Err(Error::refused(format!(
                 "the model asked for {} tool calls in one reply; at most {MAX_TOOL_CALLS_PER_REPLY} are allowed",
                 tool_calls.len()
             )));
@@ -205,7 +205,7 @@ pub async fn run(
     let reply = tokio::select! {
         biased;
         _ = inbox.stop_requested() => return cancel(inbox, blocks).await,
-        reply = model.complete(&request, cx) => reply.map_err(Error::Model)?,
+        reply = model.complete(&request, cx) => reply?,
     };
     let text = if reply.text.trim().is_empty() {
         FALLBACK_REPLY.to_owned()
@@ -348,7 +348,7 @@ impl ToolRunner for LiveTools<'_, '_> {
 /// Runs a live turn of the turn's agent (see [`crate::apps::AgentLoopApp`]).
 pub async fn run_live(turn: &TurnContext<'_>) -> Result<TurnOutcome> {
     let Some(spec) = turn.agent().cloned() else {
-        return Err(Error::Route(format!(
+        return Err(Error::route(format!(
             "agent {} of app {} has no manifest: the agent loop needs one",
             turn.agent_id(),
             turn.app()

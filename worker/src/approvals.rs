@@ -456,7 +456,7 @@ pub(crate) async fn prelude(
                         to: agent.clone(),
                     });
                 } else if agent != current {
-                    return Err(Error::Route(format!(
+                    return Err(Error::route(format!(
                         "cannot switch to agent {agent}: app {} has no such agent",
                         turn.app()
                     )));

@@ -118,7 +118,7 @@ pub async fn compact(
     cx: &mut CallContext,
 ) -> Result<(Block, CompactionMarker)> {
     let through = TurnId::new(turn.turn().number() - 1)
-        .ok_or_else(|| Error::Route("nothing before the first turn to compact".into()))?;
+        .ok_or_else(|| Error::route("nothing before the first turn to compact"))?;
     let mut messages = vec![Message::new(Role::System, spec.compaction_prompt.clone())];
     messages.extend_from_slice(history);
     messages.push(Message::new(

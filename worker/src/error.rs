@@ -1,44 +1,87 @@
-//! The worker's error type.
-
-use thiserror::Error;
+//! The worker's error type: a kind the owner decides on, a message, and the source.
 
 /// Why a turn or an owner stopped.
-#[derive(Debug, Error)]
-pub enum Error {
-    /// Another worker took the conversation over: our effects are fenced.
-    #[error("fenced: {0}")]
-    Fenced(String),
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ErrorKind {
+    /// Another worker took the conversation over (or this one may no longer write): our
+    /// effects are fenced.
+    Fenced,
     /// The turn's workspace could not be set up.
-    #[error("{0}")]
-    Workspace(String),
+    Workspace,
     /// What a model, an app or a client produced breaks a rule of the runtime (e.g. more tool
-    /// calls in one reply than a turn may record): the turn fails with this reason, recorded
-    /// once, and is not retried.
-    #[error("{0}")]
-    Refused(String),
+    /// calls in one reply than a turn may record), or the record refused an entry: the turn
+    /// fails with this reason, recorded once, and is not retried.
+    Refused,
     /// No app or agent is hosted for the turn's address.
-    #[error("{0}")]
-    Route(String),
-    /// The model call failed.
-    #[error(transparent)]
-    Model(#[from] crate::model::ModelError),
-    #[error(transparent)]
-    Bus(#[from] turnpike_router::Error),
-    #[error(transparent)]
-    Artifactory(#[from] turnpike_artifactory::Error),
+    Route,
+    /// The model call failed (the source is the [`crate::model::ModelError`]).
+    Model,
+    /// The bus failed (the source is the router's error).
+    Bus,
+    /// The durable stores failed (the source is the artifactory's error).
+    Store,
 }
 
+turnpike_schemas::error_type!(ErrorKind);
+
 impl Error {
+    /// Our effects are fenced: `why`.
+    pub fn fenced(why: impl Into<String>) -> Self {
+        Self::new(ErrorKind::Fenced, why)
+    }
+
+    /// A rule of the runtime refuses this: `why`.
+    pub fn refused(why: impl Into<String>) -> Self {
+        Self::new(ErrorKind::Refused, why)
+    }
+
+    /// Nothing is hosted for this: `why`.
+    pub fn route(why: impl Into<String>) -> Self {
+        Self::new(ErrorKind::Route, why)
+    }
+
+    /// The workspace could not be set up: `why`.
+    pub fn workspace(why: impl Into<String>) -> Self {
+        Self::new(ErrorKind::Workspace, why)
+    }
+
+    /// Whether our effects are fenced.
+    pub fn is_fenced(&self) -> bool {
+        self.kind() == ErrorKind::Fenced
+    }
+
+    /// The store's error behind this one, if it is one.
+    pub fn store_error(&self) -> Option<&turnpike_artifactory::Error> {
+        self.source_as()
+    }
+
     /// Maps an append failure: a moved head means someone else wrote (fenced); entries the
     /// record's rules refuse are a rule violation, which no retry can mend (refused).
     pub fn from_append(e: turnpike_artifactory::Error) -> Self {
-        match e.kind() {
-            turnpike_artifactory::ErrorKind::HeadMoved => Error::Fenced(e.to_string()),
-            turnpike_artifactory::ErrorKind::InvalidInput => Error::Refused(e.to_string()),
-            _ => Error::Artifactory(e),
-        }
+        let kind = match e.kind() {
+            turnpike_artifactory::ErrorKind::HeadMoved => ErrorKind::Fenced,
+            turnpike_artifactory::ErrorKind::InvalidInput => ErrorKind::Refused,
+            _ => ErrorKind::Store,
+        };
+        Self::with_source(kind, e.to_string(), e)
     }
 }
 
-/// This crate's result type.
-pub type Result<T, E = Error> = std::result::Result<T, E>;
+impl From<crate::model::ModelError> for Error {
+    fn from(e: crate::model::ModelError) -> Self {
+        Self::with_source(ErrorKind::Model, e.to_string(), e)
+    }
+}
+
+impl From<turnpike_router::Error> for Error {
+    fn from(e: turnpike_router::Error) -> Self {
+        Self::with_source(ErrorKind::Bus, e.to_string(), e)
+    }
+}
+
+impl From<turnpike_artifactory::Error> for Error {
+    fn from(e: turnpike_artifactory::Error) -> Self {
+        Self::with_source(ErrorKind::Store, e.to_string(), e)
+    }
+}

@@ -3,7 +3,7 @@
 //!
 //! Contract: the renewal loop moves the deadline forward after each successful renewal. Every
 //! write that must be fenced (record appends, the turn log, the context snapshot, hosted files,
-//! project versions) calls [`Fence::check`] first, which fails with [`Error::Fenced`] once the
+//! project versions) calls [`Fence::check`] first, which fails with a fenced [`Error`] once the
 //! lease expires within the margin. A process that was paused (SIGSTOP, a long GC-like stall)
 //! past its TTL therefore finds its deadline behind it the moment it resumes, and writes
 //! nothing.
@@ -42,13 +42,13 @@ impl Fence {
         now_ms.saturating_add(self.margin_ms) < self.expires_ms.load(Ordering::Acquire)
     }
 
-    /// Fails with [`Error::Fenced`] when the lease may lapse before a write could land.
+    /// Fails (fenced) when the lease may lapse before a write could land.
     pub fn check(&self) -> Result<()> {
         if self.holds_at(now_ms()) {
             return Ok(());
         }
-        Err(Error::Fenced(
-            "the lease could not be renewed in time; this owner stops writing".into(),
+        Err(Error::fenced(
+            "the lease could not be renewed in time; this owner stops writing",
         ))
     }
 }

@@ -152,8 +152,9 @@ async fn drain(
     // say so and go on: the lane must not stall on it.
     match finish_promotion(env, &head).await {
         Ok(()) => {}
-        Err(Error::Artifactory(e))
-            if e.kind() == turnpike_artifactory::ErrorKind::AlreadyExists =>
+        Err(e)
+            if e.store_error().map(|s| s.kind())
+                == Some(turnpike_artifactory::ErrorKind::AlreadyExists) =>
         {
             warn!(%conversation, error = %e, "could not finish an earlier turn's promotion");
         }
@@ -260,13 +261,13 @@ pub(crate) async fn own(
                                 lease = renewed;
                                 env.fence.renewed(lease.expires_ms);
                             }
-                            Err(e) if e.kind() == ErrorKind::LeaseLost => break Err(Error::Fenced(e.to_string())),
+                            Err(e) if e.kind() == ErrorKind::LeaseLost => break Err(Error::fenced(e.to_string())),
                             Err(e) => warn!(%conversation, error = %e, "lease renewal failed; retrying"),
                         }
                         // Cut off from the bus but not from the store: stop before the lease
                         // can lapse, so no write of ours lands after another owner's.
                         if !env.fence.holds_at(now_ms()) {
-                            break Err(Error::Fenced("the lease could not be renewed before it expires".into()));
+                            break Err(Error::fenced("the lease could not be renewed before it expires"));
                         }
                         guard.slot.progress().await;
                     }
@@ -275,9 +276,9 @@ pub(crate) async fn own(
         };
         let state = match &outcome {
             Ok(head) => Some(head.state().clone()),
-            Err(Error::Fenced(why)) => {
-                warn!(%conversation, worker = %worker.worker, why, "fenced: another worker owns the conversation");
-                eprintln!("fenced: {conversation}: {why}");
+            Err(e) if e.is_fenced() => {
+                warn!(%conversation, worker = %worker.worker, why = %e, "fenced: another worker owns the conversation");
+                eprintln!("fenced: {conversation}: {e}");
                 None
             }
             Err(e) => {
@@ -292,9 +293,9 @@ pub(crate) async fn own(
         // After a clean drain the rest is for whoever comes next, at once; after a failure,
         // later, so that a persistent fault does not spin; what no retry could mend (logged
         // above) is never redelivered.
-        let settlement = match outcome {
+        let settlement = match &outcome {
             Ok(_) => Settlement::Handover,
-            Err(Error::Refused(_)) => Settlement::Poison,
+            Err(e) if e.kind() == crate::error::ErrorKind::Refused => Settlement::Poison,
             Err(_) => Settlement::Failed,
         };
         for wake in leftovers {

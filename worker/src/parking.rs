@@ -78,7 +78,7 @@ pub(crate) async fn open_missing_record(env: &TurnEnv, head: Head) -> Result<Hea
     {
         Ok(entry) => entry,
         Err(e) if e.kind() == turnpike_artifactory::ErrorKind::NotFound => {
-            return Err(Error::Refused(format!(
+            return Err(Error::refused(format!(
                 "{} has no record and no directory entry: its lane belongs to no conversation",
                 prefix.partition()
             )))
@@ -96,7 +96,7 @@ pub(crate) async fn open_missing_record(env: &TurnEnv, head: Head) -> Result<Hea
     match env.append(&head, &[opened]).await {
         Ok(head) => Ok(head),
         // Its creator finished meanwhile: go on from what it wrote.
-        Err(Error::Fenced(_)) => Ok(env.record.head().await?),
+        Err(e) if e.is_fenced() => Ok(env.record.head().await?),
         Err(e) => Err(e),
     }
 }

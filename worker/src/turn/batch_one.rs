@@ -7,7 +7,7 @@ use turnpike_router::bus::{now_ms, LaneMessage};
 use turnpike_schemas::entry::{TurnAmbiguous, TurnDispatched};
 use turnpike_schemas::{AgentId, EntryBody, Event, TurnId};
 
-use crate::error::{Error, Result};
+use crate::error::Result;
 
 use super::batch_two::finish_turn;
 use super::TurnEnv;
@@ -46,7 +46,8 @@ pub async fn run_new_turn(
     let head = match env.append(&head, &bodies).await {
         Ok(head) => head,
         // Inputs the record refuses can never be taken: set them aside, visibly, once.
-        Err(Error::Refused(why)) => {
+        Err(e) if e.kind() == crate::error::ErrorKind::Refused => {
+            let why = e.to_string();
             let letters = inputs
                 .iter()
                 .map(|m| crate::parking::Letter::of_event(m, &why))

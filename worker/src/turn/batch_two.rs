@@ -39,7 +39,7 @@ pub(super) async fn finish_turn(
     let app_agents = env.apps.agents_of(&app);
     let workspace =
         Workspace::create(&env.config.workspace_root, conversation, turn).map_err(|e| {
-            Error::Workspace(format!(
+            Error::workspace(format!(
                 "cannot create a workspace under {}: {e}",
                 env.config.workspace_root.display()
             ))
@@ -96,11 +96,11 @@ pub(super) async fn finish_turn(
     };
     let result = match &route {
         Ok(route) => route.callbacks.on_reactive_event(&ctx).await,
-        Err(why) => Err(Error::Route(why.clone())),
+        Err(why) => Err(Error::route(why.clone())),
     };
     let (outcome, mut failure) = match result {
         Ok(outcome) => (outcome, None),
-        Err(Error::Fenced(why)) => return Err(Error::Fenced(why)),
+        Err(e) if e.is_fenced() => return Err(e),
         Err(e) => (TurnOutcome::Failed, Some(e.to_string())),
     };
     // A successful (or parked) turn publishes the project's next version; a failed or cancelled
@@ -120,7 +120,7 @@ pub(super) async fn finish_turn(
     if failure.is_none() && matches!(outcome, TurnOutcome::Replied | TurnOutcome::Parked) {
         match publish_version(&ctx).await {
             Ok(v) => version = v,
-            Err(Error::Fenced(why)) => return Err(Error::Fenced(why)),
+            Err(e) if e.is_fenced() => return Err(e),
             Err(e) => failure = Some(format!("publishing the project version failed: {e}")),
         }
     }

@@ -79,7 +79,7 @@ impl std::ops::Deref for TurnEnv {
 
 impl TurnEnv {
     /// Appends a batch at `head`; a moved head means another owner wrote: this one is fenced.
-    /// Entries the record refuses are [`Error::Refused`]. Once committed, clients are told (a "new rows" tick).
+    /// Entries the record refuses are refused ([`crate::error::ErrorKind::Refused`]). Once committed, clients are told (a "new rows" tick).
     pub async fn append(&self, head: &Head, bodies: &[EntryBody]) -> Result<Head> {
         self.fence.check()?;
         let head = self
