@@ -20,79 +20,14 @@ use std::time::Duration;
 use async_trait::async_trait;
 use bytes::Bytes;
 use futures::stream::BoxStream;
-use serde::{Deserialize, Serialize};
 use turnpike_schemas::{ConversationId, Event, TenantId, WorkerId};
 
 use crate::error::Result;
 
-/// An event on a lane, with its sequence.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LaneMessage {
-    pub seq: u64,
-    pub event: Event,
-}
-
-/// A lane message this binary cannot read (e.g. a newer event kind during a rolling upgrade),
-/// with its bytes so that the reader can park it as a dead letter.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Unreadable {
-    pub seq: u64,
-    pub bytes: Vec<u8>,
-    pub reason: String,
-}
-
-impl fmt::Display for Unreadable {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "lane message {} is unreadable: {}",
-            self.seq, self.reason
-        )
-    }
-}
-
-impl std::error::Error for Unreadable {}
-
-/// Decodes a lane message, or says why it cannot be read.
-pub fn decode_lane_message(seq: u64, bytes: &[u8]) -> std::result::Result<LaneMessage, Unreadable> {
-    match serde_json::from_slice::<Event>(bytes) {
-        Ok(event) => Ok(LaneMessage { seq, event }),
-        Err(e) => Err(Unreadable {
-            seq,
-            bytes: bytes.to_vec(),
-            reason: format!("this runtime cannot read it: {e}"),
-        }),
-    }
-}
-
-/// Just enough of a lane message to route its wake: its address. A message whose body this
-/// binary cannot read still wakes its conversation's owner, who parks it.
-#[derive(Debug, Deserialize)]
-pub struct Envelope {
-    pub address: turnpike_schemas::Address,
-}
-
-/// The envelope of bytes to republish on the lane of `conversation`: refused unless it names
-/// that conversation.
-pub fn republished_envelope(conversation: ConversationId, bytes: &[u8]) -> Result<Envelope> {
-    let envelope: Envelope = serde_json::from_slice(bytes).map_err(|e| {
-        crate::Error::with_source(
-            crate::ErrorKind::Invalid,
-            "the bytes to requeue carry no readable address",
-            e,
-        )
-    })?;
-    if envelope.address.conversation != conversation {
-        return Err(crate::Error::new(
-            crate::ErrorKind::Invalid,
-            format!(
-                "the bytes to requeue are addressed to {}, not {conversation}",
-                envelope.address.conversation
-            ),
-        ));
-    }
-    Ok(envelope)
-}
+pub use crate::lane::{
+    decode_lane_message, dedupe_id, republished_envelope, Envelope, LaneMessage, Unreadable,
+};
+pub use crate::lease::{may_claim, Lease, LeaseValue};
 
 /// The outcome of a publish.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -204,42 +139,6 @@ impl WakeKeeper {
     }
 }
 
-/// A held lease on one conversation.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Lease {
-    pub conversation: ConversationId,
-    pub owner: WorkerId,
-    /// The lease key's revision: increases with every claim and renewal (see [`Lease::epoch`]).
-    pub revision: u64,
-    pub expires_ms: u64,
-}
-
-impl Lease {
-    /// The fencing epoch of this holding of the lease.
-    pub fn epoch(&self) -> turnpike_schemas::Epoch {
-        turnpike_schemas::Epoch(self.revision)
-    }
-}
-
-/// What a lease key holds.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct LeaseValue {
-    /// `None` once released.
-    pub owner: Option<WorkerId>,
-    pub expires_ms: u64,
-}
-
-/// Whether a lease whose current value is `current` may be taken at `now_ms`: when it was
-/// never held, was released, or expired. A live lease is never taken again, not even by its own
-/// holder, so one worker cannot end up with two owners of one conversation.
-pub fn may_claim(current: Option<&LeaseValue>, now_ms: u64) -> bool {
-    match current {
-        None => true,
-        Some(LeaseValue { owner: None, .. }) => true,
-        Some(LeaseValue { expires_ms, .. }) => *expires_ms <= now_ms,
-    }
-}
-
 /// The bus. See the module docs for the contract.
 #[async_trait]
 pub trait Bus: Send + Sync + 'static {
@@ -306,35 +205,4 @@ pub fn now_ms() -> u64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_millis() as u64)
         .unwrap_or(0)
-}
-
-/// The message id a publish is deduplicated by: the idempotency key of one identity within its
-/// conversation (the same key sent by two identities is two events; one identity cannot
-/// swallow another's event by guessing its key), else the event id.
-pub fn dedupe_id(event: &Event) -> String {
-    match &event.idempotency_key {
-        Some(key) => format!(
-            "{}:{}:{key}",
-            event.address.conversation,
-            turnpike_artifactory::layout::identity_key(&event.address.identity)
-        ),
-        None => event.id.to_string(),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use proptest::prelude::*;
-
-    proptest! {
-        #[test]
-        fn a_live_lease_is_never_claimable(expires in 0u64..10_000, now in 0u64..10_000) {
-            let held = LeaseValue { owner: Some(WorkerId::new()), expires_ms: expires };
-            prop_assert_eq!(may_claim(Some(&held), now), expires <= now);
-            let released = LeaseValue { owner: None, expires_ms: expires };
-            prop_assert!(may_claim(Some(&released), now));
-            prop_assert!(may_claim(None, now));
-        }
-    }
 }

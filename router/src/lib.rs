@@ -1,7 +1,9 @@
 //! How an event reaches a worker: lanes, wakes and leases on a bus, with two backends.
 //!
 //! # Layout
-//! - [`bus`]: the [`Bus`] trait and its contract; wakes and leases
+//! - [`bus`]: the [`Bus`] trait and its contract; wakes
+//! - [`lane`]: lane messages, reading them (unreadable ones handed over), dedupe ids
+//! - [`lease`]: one owner per conversation, the claim rule and the fencing epoch
 //! - [`jetstream`]: the NATS JetStream backend (fleet)
 //! - [`embedded`]: the in-process backend, durable on local disk (`turnpike serve`)
 //! - [`subject`]: every name on the bus, built in one place
@@ -15,7 +17,9 @@ pub mod embedded;
 pub mod error;
 pub mod ingress;
 pub mod jetstream;
+pub mod lane;
 pub mod layout;
+pub mod lease;
 pub mod settle;
 pub mod subject;
 
