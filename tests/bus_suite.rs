@@ -309,10 +309,13 @@ macro_rules! bus_suite {
                 let mut future = serde_json::to_value(event(conv, "x")).unwrap();
                 future["body"] = serde_json::json!({ "kind": "poll", "question": "?" });
                 let raw = serde_json::to_vec(&future).unwrap();
-                let odd = b.bus.republish(conv, &raw).await.unwrap();
+                let odd = b.bus.republish(conv, &raw, "k1").await.unwrap();
                 assert!(odd.seq > first && !odd.duplicate);
-                // Its wake still comes (the owner parks it); republishing is never deduplicated.
-                let again = b.bus.republish(conv, &raw).await.unwrap();
+                // Its wake still comes (the owner parks it). A retried requeue is one message;
+                // another key is another message.
+                let retried = b.bus.republish(conv, &raw, "k1").await.unwrap();
+                assert!(retried.duplicate && retried.seq == odd.seq, "{retried:?}");
+                let again = b.bus.republish(conv, &raw, "k2").await.unwrap();
                 assert!(again.seq > odd.seq && !again.duplicate);
                 b.bus.publish(&event(conv, "last")).await.unwrap();
                 let lane = b.bus.read_lane(conv, 0, None, 100).await.unwrap();
@@ -336,9 +339,9 @@ macro_rules! bus_suite {
                 assert!(woken.contains(&odd.seq), "{woken:?}");
                 // Bytes addressed elsewhere, or with no address, are refused.
                 let other = serde_json::to_vec(&event(ConversationId::new(), "y")).unwrap();
-                let refused = b.bus.republish(conv, &other).await.unwrap_err();
+                let refused = b.bus.republish(conv, &other, "k3").await.unwrap_err();
                 assert_eq!(refused.kind(), ErrorKind::Invalid);
-                let refused = b.bus.republish(conv, b"\xff not json").await.unwrap_err();
+                let refused = b.bus.republish(conv, b"\xff not json", "k4").await.unwrap_err();
                 assert_eq!(refused.kind(), ErrorKind::Invalid);
             }
         }

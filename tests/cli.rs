@@ -544,8 +544,8 @@ fn an_admin_runs_operator_commands_in_its_own_tenant_only_and_is_logged() {
     assert!(!String::from_utf8_lossy(&elsewhere.stdout).contains("verified"));
 }
 
-#[test]
-fn an_operator_lists_dead_letters_and_requeues_one_once() {
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_lists_dead_letters_and_requeues_one_once() {
     let cli = Cli::new();
     let sent = cli.run(&["send", "new", "--actor", ACTOR, "--text", "first"]);
     assert!(sent.status.success(), "{}", text(&sent));
@@ -561,104 +561,115 @@ fn an_operator_lists_dead_letters_and_requeues_one_once() {
         "{}",
         text(&empty)
     );
-    // A letter an older worker parked because it could not read it; this binary can.
-    let event = turnpike_schemas::Event::new(
-        turnpike_schemas::Address {
-            tenant: "default".parse().unwrap(),
-            app: "demo".parse().unwrap(),
-            agent: "echo".parse().unwrap(),
-            conversation: conv.parse().unwrap(),
-            identity: ACTOR.parse().unwrap(),
-        },
-        turnpike_schemas::EventBody::Message {
-            text: "from the letter".into(),
-        },
-        1,
-    );
-    let letter = turnpike_artifactory::DeadLetter::new(
-        99,
-        "this runtime cannot read it: unknown variant",
-        1,
-        &serde_json::to_vec(&event).unwrap(),
-    );
-    let dir = cli
+    // A newer event kind lands on the lane (as from a newer binary mid-upgrade).
+    let address = serde_json::json!({
+        "tenant": "default", "app": "demo", "agent": "echo",
+        "conversation": conv, "identity": ACTOR,
+    });
+    let raw = serde_json::to_vec(&serde_json::json!({
+        "version": 2, "id": turnpike_schemas::EventId::new().to_string(), "address": address,
+        "accepted_at_ms": 1, "body": { "kind": "poll", "question": "lunch?" },
+    }))
+    .unwrap();
+    {
+        use turnpike_router::bus::Bus as _;
+        let bus = turnpike_router::EmbeddedBus::open(
+            &cli.data.path().join("bus.redb"),
+            turnpike_router::embedded::EmbeddedConfig::default(),
+        )
+        .unwrap();
+        let seq = bus
+            .republish(conv.parse().unwrap(), &raw, "upgrade")
+            .await
+            .unwrap()
+            .seq;
+        assert_eq!(seq, 2);
+    }
+    // A letter left by an owner that died before it committed the parking: the record does
+    // not hold it, so it is never requeued (its message was taken after all).
+    let letters = cli
         .data
         .path()
         .join("store/tenants/default/conversations")
         .join(&conv)
         .join("dead-letters");
-    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::create_dir_all(&letters).unwrap();
+    let orphan = turnpike_artifactory::DeadLetter::new(1, "an owner died here", 1, b"{}");
     std::fs::write(
-        dir.join(format!("{:020}", 99)),
-        serde_json::to_vec(&letter).unwrap(),
+        letters.join(format!("{:020}", 1)),
+        serde_json::to_vec(&orphan).unwrap(),
     )
     .unwrap();
-    // Another identity cannot see or requeue them.
-    let other = cli.run(&[
-        "conversation",
-        "requeue",
-        &conv,
-        "--actor",
-        "oidc:acme:mallory",
-        "--seq",
-        "99",
-    ]);
-    assert_eq!(other.status.code(), Some(2), "{}", text(&other));
+    let rows = |cli: &Cli| {
+        String::from_utf8_lossy(&cli.run(&["tail", &conv, "--actor", ACTOR]).stdout).into_owned()
+    };
+    let serve_until = |cli: &Cli, what: &str| {
+        let mut serve = cli
+            .command(&["serve", "--workers", "1"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+        while !rows(cli).contains(what) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "never: {what}\n{}",
+                rows(cli)
+            );
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        let _ = serve.kill();
+        let _ = serve.wait();
+    };
+    serve_until(&cli, "lane message 2 set aside");
+    assert!(rows(&cli).contains("echo: first"), "{}", rows(&cli));
     let listed = cli.run(&["conversation", "dead-letters", &conv, "--actor", ACTOR]);
     let listing = String::from_utf8_lossy(&listed.stdout);
     assert!(
-        listing.contains("lane sequence 99") && listing.contains("from the letter"),
+        listing.contains("lane sequence 2") && listing.contains("lunch?"),
         "{}",
         text(&listed)
     );
-    let requeued = cli.run(&[
-        "conversation",
-        "requeue",
-        &conv,
-        "--actor",
-        ACTOR,
-        "--seq",
-        "99",
-    ]);
+    let requeue = |seq: &str, actor: &str| {
+        cli.run(&[
+            "conversation",
+            "requeue",
+            &conv,
+            "--actor",
+            actor,
+            "--seq",
+            seq,
+        ])
+    };
+    // Another identity cannot see or requeue them; the orphan is refused.
+    let other = requeue("2", "oidc:acme:mallory");
+    assert_eq!(other.status.code(), Some(2), "{}", text(&other));
+    let orphaned = requeue("1", ACTOR);
+    assert!(!orphaned.status.success(), "{}", text(&orphaned));
+    assert!(
+        String::from_utf8_lossy(&orphaned.stderr).contains("not set aside"),
+        "{}",
+        text(&orphaned)
+    );
+    let requeued = requeue("2", ACTOR);
     assert!(requeued.status.success(), "{}", text(&requeued));
-    let twice = cli.run(&[
-        "conversation",
-        "requeue",
-        &conv,
-        "--actor",
-        ACTOR,
-        "--seq",
-        "99",
-    ]);
+    assert!(
+        String::from_utf8_lossy(&requeued.stdout).contains("at lane sequence 3"),
+        "{}",
+        text(&requeued)
+    );
+    let twice = requeue("2", ACTOR);
     assert!(!twice.status.success(), "{}", text(&twice));
     assert!(
         String::from_utf8_lossy(&twice.stderr).contains("requeued already"),
         "{}",
         text(&twice)
     );
-    let mut serve = cli
-        .command(&["serve", "--workers", "1"])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let tail = cli.run(&[
-        "tail",
-        &conv,
-        "--actor",
-        ACTOR,
-        "--follow",
-        "--until-turns",
-        "2",
-        "--timeout-secs",
-        "120",
-    ]);
-    let _ = serve.kill();
-    let _ = serve.wait();
-    assert!(tail.status.success(), "{}", text(&tail));
-    let rows = String::from_utf8_lossy(&tail.stdout);
-    assert!(rows.contains("echo: first"), "{rows}");
-    assert_eq!(rows.matches("echo: from the letter").count(), 1, "{rows}");
+    // This binary still cannot read it: parked again, once, at its new sequence.
+    serve_until(&cli, "lane message 3 set aside");
+    assert_eq!(rows(&cli).matches("set aside").count(), 2, "{}", rows(&cli));
+    assert_eq!(rows(&cli).matches("echo: first").count(), 1);
 }
 
 #[tokio::test]

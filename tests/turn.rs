@@ -924,7 +924,7 @@ async fn a_lane_message_this_runtime_cannot_read_is_parked_once_and_the_lane_goe
         "body": { "kind": "poll", "question": "lunch?" },
     }))
     .unwrap();
-    let parked = rig.bus.republish(rig.conv, &raw).await.unwrap().seq;
+    let parked = rig.bus.republish(rig.conv, &raw, "t1").await.unwrap().seq;
     rig.say("after").await;
     rig.run();
     rig.wait_turns(2).await;

@@ -32,7 +32,8 @@ pub struct DeadLetter {
     pub reason: String,
     /// When it was parked, in milliseconds since the Unix epoch.
     pub parked_ms: u64,
-    /// The message's bytes as they were on the lane, base64.
+    /// The message's bytes, base64: as they were on the lane for an unreadable message, the
+    /// event re-serialised for input the record refused.
     pub payload: String,
     /// When an operator requeued it (and the new lane sequence), if one did.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -59,7 +60,7 @@ impl DeadLetter {
         }
     }
 
-    /// The message's bytes as they were on the lane.
+    /// The message's bytes (see [`DeadLetter::payload`]).
     pub fn bytes(&self) -> Result<Vec<u8>> {
         base64::engine::general_purpose::STANDARD
             .decode(&self.payload)

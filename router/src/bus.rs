@@ -158,9 +158,16 @@ pub trait Bus: Send + Sync + 'static {
         limit: usize,
     ) -> Result<Vec<LaneMessage>>;
 
-    /// Appends `bytes` as they are to the lane of `conversation`, not deduplicated: an operator
-    /// requeueing a dead letter. The bytes must carry a readable address of that conversation.
-    async fn republish(&self, conversation: ConversationId, bytes: &[u8]) -> Result<Published>;
+    /// Appends `bytes` as they are to the lane of `conversation`: an operator requeueing a dead
+    /// letter. The bytes must carry a readable address of that conversation. Deduplicated by
+    /// `dedupe` like a publish (within the duplicate window), so a requeue retried after a
+    /// crash is one message.
+    async fn republish(
+        &self,
+        conversation: ConversationId,
+        bytes: &[u8],
+        dedupe: &str,
+    ) -> Result<Published>;
 
     /// The last sequence on a lane (0 when empty).
     async fn lane_last(&self, conversation: ConversationId) -> Result<u64>;

@@ -427,12 +427,17 @@ impl Bus for EmbeddedBus {
         .await
     }
 
-    async fn republish(&self, conversation: ConversationId, bytes: &[u8]) -> Result<Published> {
+    async fn republish(
+        &self,
+        conversation: ConversationId,
+        bytes: &[u8],
+        dedupe: &str,
+    ) -> Result<Published> {
         let envelope = republished_envelope(conversation, bytes)?;
         self.write(
             conversation,
             envelope.address.tenant,
-            format!("republished:{}", turnpike_schemas::EventId::new()),
+            format!("republished:{conversation}:{dedupe}"),
             bytes.to_vec(),
         )
         .await

@@ -407,12 +407,22 @@ impl Bus for JetStreamBus {
         })
     }
 
-    async fn republish(&self, conversation: ConversationId, bytes: &[u8]) -> Result<Published> {
+    async fn republish(
+        &self,
+        conversation: ConversationId,
+        bytes: &[u8],
+        dedupe: &str,
+    ) -> Result<Published> {
         republished_envelope(conversation, bytes)?;
         let subject = self.config.shards.lane_subject(conversation);
         let ack = self
             .js
-            .publish(subject, bytes.to_vec().into())
+            .send_publish(
+                subject,
+                PublishMessage::build()
+                    .payload(bytes.to_vec().into())
+                    .message_id(format!("republished:{conversation}:{dedupe}")),
+            )
             .await
             .map_err(|e| unavailable("republishing to a lane", e))?
             .await

@@ -1,13 +1,14 @@
 //! What becomes of a wake: one pure rule for every place that lets go of one.
 //!
 //! # Contract
-//! - A wake is acked only when the record holds its event in a **complete** turn: committed
-//!   through its sequence and no turn open (DESIGN step 2). Nothing else acks.
+//! - A wake is acked only when the record is committed through its sequence with no turn open
+//!   (DESIGN step 2): its event is in a complete turn, or was set aside (`lane_parked`).
 //! - A wake nobody could take now comes back after a delay that grows with its deliveries
 //!   (capped), so a busy fleet is not hammered; one its owner handed over after a clean drain
 //!   comes back at once; one whose owner failed comes back later.
-//! - A wake nothing could ever mend (its input was set aside, or it names no conversation) is
-//!   terminated: never redelivered, never acked as done.
+//! - A wake nothing could ever mend (its lane belongs to no conversation, or its owner stopped
+//!   on a rule violation it could not set aside) is terminated: never redelivered (a backend
+//!   without the distinction acks it).
 
 use std::time::Duration;
 

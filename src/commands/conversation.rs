@@ -111,11 +111,23 @@ pub async fn run(
             actor,
             seq,
         } => {
-            let (entry, _) = env
+            let (entry, record) = env
                 .open_for("requeue", conversation, &actor.tenant, &actor.identity)
                 .await?;
             let letters = env.conversations.dead_letters();
             let letter = letters.get(&entry.prefix(), seq).await?;
+            // Only a letter the record set aside: one left by an owner that died before it
+            // committed the parking was taken by the next owner, and must not run twice.
+            let parked = record
+                .entries()
+                .await?
+                .iter()
+                .any(|e| matches!(&e.body, EntryBody::LaneParked(p) if p.lane_seq == seq));
+            if !parked {
+                anyhow::bail!(
+                    "lane sequence {seq} is not set aside in the record of {conversation} (its message was taken after all); nothing was requeued"
+                );
+            }
             if let Some(r) = &letter.requeued {
                 anyhow::bail!(
                     "lane sequence {seq} was requeued already by {} (lane sequence {})",
@@ -126,7 +138,14 @@ pub async fn run(
             let bus =
                 crate::commands::runtime::open_bus(global, env, std::time::Duration::from_secs(30))
                     .await?;
-            let published = bus.republish(conversation, &letter.bytes()?).await?;
+            // Keyed by the letter: a requeue retried after a crash is one message.
+            let published = bus
+                .republish(
+                    conversation,
+                    &letter.bytes()?,
+                    &format!("dead-letter-{seq}"),
+                )
+                .await?;
             letters
                 .mark_requeued(
                     &entry.prefix(),
@@ -247,7 +266,32 @@ async fn repair(
             "a worker owns {conversation} now; repair it when it is idle (or stop its workers)"
         );
     };
+    // Renewed while the repair runs, so that no worker takes the conversation meanwhile (and
+    // should one, the repair sees its batches and changes nothing).
+    let ttl = std::time::Duration::from_secs(300);
+    let (done, mut stop) = tokio::sync::oneshot::channel::<()>();
+    let keeper = {
+        let (bus, mut held) = (bus.clone(), lease.clone());
+        tokio::spawn(async move {
+            loop {
+                // A renewal in flight runs to its end, so the lease handed back is the latest.
+                tokio::select! {
+                    _ = &mut stop => return held,
+                    _ = tokio::time::sleep(ttl / 5) => {}
+                }
+                match bus.renew(&held, ttl).await {
+                    Ok(renewed) => held = renewed,
+                    Err(e) => {
+                        eprintln!("warning: the repair's lease could not be renewed: {e}");
+                        return held;
+                    }
+                }
+            }
+        })
+    };
     let report = record.repair(&env.signer, &env.trusted, now_ms()).await;
+    let _ = done.send(());
+    let lease = keeper.await.unwrap_or(lease);
     let _ = bus.release(&lease).await;
     let report = report?;
     for removed in &report.removed {

@@ -198,10 +198,22 @@ async fn drain(
         let (stops_only, inputs) = next_inputs(pending);
         if stops_only {
             let bodies: Vec<EntryBody> = inputs
-                .into_iter()
-                .map(|m| EntryBody::input(m.event, Some(m.seq)))
+                .iter()
+                .map(|m| EntryBody::input(m.event.clone(), Some(m.seq)))
                 .collect();
-            head = env.append(&head, &bodies).await?;
+            head = match env.append(&head, &bodies).await {
+                Ok(head) => head,
+                // Refused by the record: set aside, like a turn's inputs (never retried).
+                Err(e) if e.kind() == crate::error::ErrorKind::Refused => {
+                    let why = e.to_string();
+                    let letters = inputs
+                        .iter()
+                        .map(|m| crate::parking::Letter::of_event(m, &why))
+                        .collect();
+                    crate::parking::park(env, &head, letters).await?
+                }
+                Err(e) => return Err(e),
+            };
             continue;
         }
         head = run_new_turn(env, head, inputs, epoch).await?;

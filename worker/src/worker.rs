@@ -318,6 +318,12 @@ impl Worker {
                 }
             };
             let record = inner.conversations.record(prefix.clone());
+            // Under the lease: a repair cut short is finished before the head is read.
+            if let Err(e) = record.finish_repair().await {
+                warn!(%conversation, error = %e, "sweep: cannot finish a repair");
+                let _ = inner.bus.release(&lease).await;
+                continue;
+            }
             match record.head().await {
                 Ok(head) if head.state().turn_open => {
                     let slot = Arc::new(OwnerSlot::default());
@@ -399,13 +405,20 @@ impl Worker {
                 ));
                 // Done only when the turn that consumed it is complete: an open turn's owner
                 // may still die before batch two, and then this wake must come back.
-                let settlement = match record.head().await {
+                let mut settlement = match record.head().await {
                     Ok(head) => Settlement::Record {
                         lane_through: head.state().lane_through,
                         turn_open: head.state().turn_open,
                     },
                     Err(_) => Settlement::Busy,
                 };
+                // A record under repair may be half old, half new: nothing is acked from it.
+                let acks =
+                    turnpike_router::settle::outcome(wake.seq, wake.deliveries, settlement, busy)
+                        == turnpike_router::settle::Outcome::Ack;
+                if acks && !matches!(record.repair_pending().await, Ok(false)) {
+                    settlement = Settlement::Busy;
+                }
                 wake.settle(settlement, busy).await;
             }
             Err(e) => {

@@ -59,6 +59,17 @@ struct Journal {
 }
 
 impl Record {
+    /// Whether a repair is under way (its journal exists): the record may be half old, half
+    /// new until it is finished. Costs one read.
+    pub async fn repair_pending(&self) -> Result<bool> {
+        crate::store::exists(
+            self.store.as_ref(),
+            &self.prefix.repair_journal(),
+            "reading a repair journal",
+        )
+        .await
+    }
+
     /// Rolls a repair that stopped after its commit point forward; returns whether there was
     /// one. Costs one read when there is none.
     pub async fn finish_repair(&self) -> Result<bool> {
@@ -113,9 +124,17 @@ impl Record {
             Err(e) => return Err(Error::store("resetting the head hint", e)),
         }
         match self.store.delete(&self.prefix.repair_journal()).await {
-            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
-            Err(e) => Err(Error::store("removing a repair journal", e)),
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+            Err(e) => return Err(Error::store("removing a repair journal", e)),
         }
+        // The staged copies are no longer needed (best effort: the originals are kept apart).
+        for seq in 0..journal.batches_after {
+            let _ = self
+                .store
+                .delete(&self.prefix.repair_staged(journal.stamp_ms, seq))
+                .await;
+        }
+        Ok(())
     }
 
     /// Rewrites the record without its unreadable entries. See the module docs.
@@ -238,6 +257,17 @@ impl Record {
             kept_entries += group.len() as u64;
             written += 1;
             head = next;
+        }
+        // Nothing may have been appended meanwhile (the caller holds the lease; this catches a
+        // lease that lapsed): a batch this repair did not read would be deleted by it.
+        if self.list_batches(0).await? != seqs {
+            return Err(Error::new(
+                ErrorKind::HeadMoved,
+                format!(
+                    "{} was appended to while it was being repaired; nothing was changed (repair it again)",
+                    self.prefix.partition()
+                ),
+            ));
         }
         // The commit point: from here on the repair is rolled forward, never half-applied.
         let journal = Journal {

@@ -249,14 +249,25 @@ impl Cell {
         if let Some(fd) = &init_fd {
             passed.push((std::os::fd::AsRawFd::as_raw_fd(fd), INIT_FD));
         }
-        // SAFETY: only async-signal-safe calls (dup2, open/write/close, setrlimit, setgroups,
-        // setgid, setuid) between fork and exec.
+        // Allocated here: nothing allocates between fork and exec.
+        let mut above = vec![0i32; passed.len()];
+        // SAFETY: only async-signal-safe calls (fcntl, dup2, open/write/close, setrlimit,
+        // setgroups, setgid, setuid) between fork and exec.
         unsafe {
             command.pre_exec(move || {
-                for (from, to) in &passed {
-                    if libc::dup2(*from, *to) < 0 {
+                // First every source above every target, then each into place: a source that
+                // happens to sit at a target's number is never overwritten before it is copied.
+                for (i, (from, _)) in passed.iter().enumerate() {
+                    above[i] = libc::fcntl(*from, libc::F_DUPFD, STAGING_FD);
+                    if above[i] < 0 {
                         return Err(std::io::Error::last_os_error());
                     }
+                }
+                for (i, (_, to)) in passed.iter().enumerate() {
+                    if libc::dup2(above[i], *to) < 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    libc::close(above[i]);
                 }
                 if let Some(path) = &procs_file {
                     limits::join_group(path)?;
@@ -418,6 +429,8 @@ fn open_path(path: &Path) -> Result<std::fs::File, String> {
 /// The descriptor numbers the workspace and the init binary are passed at.
 const WORK_FD: i32 = 1010;
 const INIT_FD: i32 = 1011;
+/// Where descriptors are staged before they are placed (above every target).
+const STAGING_FD: i32 = 1100;
 
 pub use limits::CELL_UIDS;
 

@@ -96,8 +96,6 @@ impl TurnEnv {
         Ok(head)
     }
 
-    /// Clears the conversation's open-turn mark once its turn is closed (best effort: a stale
-    /// mark only costs a sweep one head read).
     /// Marks the conversation for the sweep, once per drain (before its first batch one).
     async fn ensure_marked(&self) -> Result<()> {
         use std::sync::atomic::Ordering;
