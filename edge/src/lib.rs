@@ -258,7 +258,7 @@ impl Edge {
 
 /// Authenticates the request and applies the caller's rate limit.
 async fn authenticate(State(edge): State<Edge>, mut request: Request, next: Next) -> Response {
-    let token = request
+    let bearer = request
         .headers()
         .get(axum::http::header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
@@ -267,41 +267,44 @@ async fn authenticate(State(edge): State<Edge>, mut request: Request, next: Next
                 .or_else(|| v.strip_prefix("bearer "))
         })
         .map(str::trim)
-        .map(str::to_owned)
-        // Browsers cannot set headers on a WebSocket (or an EventSource): on the two streaming
-        // endpoints only, the token may come as a query. Everywhere else a token in a URL —
-        // which ends up in logs and browser histories — is not accepted.
-        .or_else(|| {
-            streamed_conversation(request.uri().path())
-                .and_then(|_| query_param(request.uri(), "access_token"))
-        });
-    // A stream ticket (preferred over a token in the URL) opens its own conversation's stream.
-    if token.is_none() {
-        if let (Some(conversation), Some(ticket)) = (
-            streamed_conversation(request.uri().path()),
-            query_param(request.uri(), "ticket"),
-        ) {
-            let Some(principal) = tickets::redeem(
+        .map(str::to_owned);
+    // Browsers cannot set headers on a WebSocket (or an EventSource): on the two streaming
+    // endpoints only, the token may come as a query, or — preferred — a short-lived stream
+    // ticket for that conversation. Everywhere else a token in a URL (which ends up in logs and
+    // browser histories) is not accepted.
+    let streamed = streamed_conversation(request.uri().path());
+    let token =
+        bearer.or_else(|| streamed.and_then(|_| query_param(request.uri(), "access_token")));
+    let ticket = match (&token, streamed) {
+        (None, Some(conversation)) => {
+            query_param(request.uri(), "ticket").map(|t| (t, conversation))
+        }
+        _ => None,
+    };
+    let principal = match (token, ticket) {
+        (_, Some((ticket, conversation))) => {
+            match tickets::redeem(
                 &edge.inner.link_key,
                 &ticket,
                 conversation,
                 turnpike_router::bus::now_ms(),
-            ) else {
-                return tickets::refused().into_response();
-            };
-            if let Err(e) = edge.inner.rates.check(&principal.identity.to_string()) {
-                return e.into_response();
+            ) {
+                Some(principal) => principal,
+                None => return tickets::refused().into_response(),
             }
-            request.extensions_mut().insert(principal);
-            return next.run(request).await;
         }
-    }
-    let Some(token) = token.filter(|t| !t.is_empty()) else {
-        return ApiError::unauthorized("missing bearer token (Authorization: Bearer <token>)")
-            .into_response();
-    };
-    let Some(principal) = edge.inner.auth.authenticate(&token).await else {
-        return ApiError::unauthorized("the bearer token is not valid").into_response();
+        (Some(token), None) if !token.is_empty() => {
+            match edge.inner.auth.authenticate(&token).await {
+                Some(principal) => principal,
+                None => {
+                    return ApiError::unauthorized("the bearer token is not valid").into_response()
+                }
+            }
+        }
+        _ => {
+            return ApiError::unauthorized("missing bearer token (Authorization: Bearer <token>)")
+                .into_response()
+        }
     };
     if let Err(e) = edge.inner.rates.check(&principal.identity.to_string()) {
         return e.into_response();

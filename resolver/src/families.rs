@@ -75,84 +75,94 @@ impl FamilyResolver for HostedFiles {
 
     async fn open(&self, reference: &AuthorizedReference) -> Result<ResolvedStream, ResolveError> {
         use futures::{StreamExt as _, TryStreamExt as _};
-        let r = reference.reference();
         let object = if self.family == Family::attachment() {
-            let path = reference.prefix().attachment(r.turn(), r.path());
-            self.store
-                .get(&path)
-                .await
-                .map_err(|e| store_error(e, reference))?
+            self.attachment(reference).await?
         } else {
-            let path = reference.prefix().hosted_file(r.turn(), r.path());
+            let r = reference.reference();
             turnpike_artifactory::attempts::open_committed(
                 &self.store,
                 reference.prefix(),
                 r.turn(),
-                &path,
+                &reference.prefix().hosted_file(r.turn(), r.path()),
             )
             .await
-            .map_err(|e| match e.kind() {
-                turnpike_artifactory::ErrorKind::NotFound => ResolveError::not_found(r),
-                _ => ResolveError::Unavailable(e.to_string()),
-            })?
+            .map_err(|e| committed_error(e, reference))?
             .ok_or_else(|| ResolveError::not_found(r))?
             .object
         };
-        let size = object.meta.size;
-        let name = r
-            .path()
-            .segments()
-            .last()
-            .map(String::as_str)
-            .unwrap_or_default();
         Ok(ResolvedStream {
+            size: Some(object.meta.size),
             stream: object
                 .into_stream()
                 .map_err(|e| ResolveError::Unavailable(e.to_string()))
                 .boxed(),
-            size: Some(size),
-            media_type: media_type_of(name).to_owned(),
+            media_type: media_type_of_reference(reference),
         })
     }
 
     async fn resolve(&self, reference: &AuthorizedReference) -> Result<Resolved, ResolveError> {
-        let r = reference.reference();
         let bytes = if self.family == Family::attachment() {
-            let path = reference.prefix().attachment(r.turn(), r.path());
-            self.store
-                .get(&path)
-                .await
-                .map_err(|e| store_error(e, reference))?
+            self.attachment(reference)
+                .await?
                 .bytes()
                 .await
                 .map_err(|e| store_error(e, reference))?
         } else {
-            // A hosted file is the committed attempt's, whether or not it is promoted yet.
-            let path = reference.prefix().hosted_file(r.turn(), r.path());
+            // A hosted file is the committed attempt's, whether or not it is promoted yet (and
+            // reading it whole promotes it on the way).
+            let r = reference.reference();
             turnpike_artifactory::attempts::get_committed(
                 &self.store,
                 reference.prefix(),
                 r.turn(),
-                &path,
+                &reference.prefix().hosted_file(r.turn(), r.path()),
             )
             .await
-            .map_err(|e| match e.kind() {
-                turnpike_artifactory::ErrorKind::NotFound => ResolveError::not_found(r),
-                _ => ResolveError::Unavailable(e.to_string()),
-            })?
+            .map_err(|e| committed_error(e, reference))?
             .ok_or_else(|| ResolveError::not_found(r))?
         };
-        let name = r
-            .path()
-            .segments()
-            .last()
-            .map(String::as_str)
-            .unwrap_or_default();
         Ok(Resolved {
             bytes,
-            media_type: media_type_of(name).to_owned(),
+            media_type: media_type_of_reference(reference),
         })
     }
+}
+
+impl HostedFiles {
+    /// The object of an attachment, not read yet.
+    async fn attachment(
+        &self,
+        reference: &AuthorizedReference,
+    ) -> Result<object_store::GetResult, ResolveError> {
+        let r = reference.reference();
+        self.store
+            .get(&reference.prefix().attachment(r.turn(), r.path()))
+            .await
+            .map_err(|e| store_error(e, reference))
+    }
+}
+
+/// A committed turn object's read failure, as the resolver reports it.
+fn committed_error(
+    e: turnpike_artifactory::Error,
+    reference: &AuthorizedReference,
+) -> ResolveError {
+    match e.kind() {
+        turnpike_artifactory::ErrorKind::NotFound => ResolveError::not_found(reference.reference()),
+        _ => ResolveError::Unavailable(e.to_string()),
+    }
+}
+
+/// The media type a reference's file name says.
+fn media_type_of_reference(reference: &AuthorizedReference) -> String {
+    let name = reference
+        .reference()
+        .path()
+        .segments()
+        .last()
+        .map(String::as_str)
+        .unwrap_or_default();
+    media_type_of(name).to_owned()
 }
 
 /// Turn logs and their blocks.

@@ -205,12 +205,7 @@ async fn drain(
                 Ok(head) => head,
                 // Refused by the record: set aside, like a turn's inputs (never retried).
                 Err(e) if e.kind() == crate::error::ErrorKind::Refused => {
-                    let why = e.to_string();
-                    let letters = inputs
-                        .iter()
-                        .map(|m| crate::parking::Letter::of_event(m, &why))
-                        .collect();
-                    crate::parking::park(env, &head, letters).await?
+                    crate::parking::park_refused(env, &head, &inputs, &e).await?
                 }
                 Err(e) => return Err(e),
             };

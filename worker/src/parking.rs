@@ -38,7 +38,7 @@ impl Letter {
     }
 
     /// An input the record refused, for `why`.
-    pub(crate) fn of_event(message: &LaneMessage, why: &str) -> Self {
+    fn of_event(message: &LaneMessage, why: &str) -> Self {
         let bytes = serde_json::to_vec(&message.event).expect("events serialise");
         Self(DeadLetter::new(
             message.seq,
@@ -65,6 +65,18 @@ pub(crate) async fn park(env: &TurnEnv, head: &Head, letters: Vec<Letter>) -> Re
         }));
     }
     env.append(head, &bodies).await
+}
+
+/// Sets aside `inputs` the record refused (with `refusal`'s reason), one letter each.
+pub(crate) async fn park_refused(
+    env: &TurnEnv,
+    head: &Head,
+    inputs: &[LaneMessage],
+    refusal: &Error,
+) -> Result<Head> {
+    let why = refusal.to_string();
+    let letters = inputs.iter().map(|m| Letter::of_event(m, &why)).collect();
+    park(env, head, letters).await
 }
 
 /// Opens a record that has no batch yet from the conversation's directory entry (its creator

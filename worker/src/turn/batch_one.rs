@@ -47,12 +47,7 @@ pub async fn run_new_turn(
         Ok(head) => head,
         // Inputs the record refuses can never be taken: set them aside, visibly, once.
         Err(e) if e.kind() == crate::error::ErrorKind::Refused => {
-            let why = e.to_string();
-            let letters = inputs
-                .iter()
-                .map(|m| crate::parking::Letter::of_event(m, &why))
-                .collect();
-            return crate::parking::park(env, &head, letters).await;
+            return crate::parking::park_refused(env, &head, &inputs, &e).await;
         }
         Err(e) => return Err(e),
     };
