@@ -1018,3 +1018,47 @@ async fn a_conversation_created_without_its_opening_batch_is_opened_from_its_dir
     assert_eq!(replies(&log), ["echo: still here?"]);
     rig.stop().await;
 }
+
+#[tokio::test]
+async fn an_owner_killed_between_keeping_a_dead_letter_and_recording_it_is_finished_by_the_next() {
+    let mut options = RigOptions::new(ECHO_SCRIPT);
+    options.paused = true;
+    // A crashed owner's wakes come back after twice the lease: keep it short.
+    options.lease_ttl = std::time::Duration::from_secs(1);
+    let mut rig = Rig::with(options).await;
+    let raw = serde_json::to_vec(&json!({
+        "version": 2,
+        "id": turnpike_schemas::EventId::new().to_string(),
+        "address": rig_address(&rig),
+        "accepted_at_ms": 1,
+        "body": { "kind": "poll", "question": "lunch?" },
+    }))
+    .unwrap();
+    let parked = rig.bus.republish(rig.conv, &raw, "t2").await.unwrap().seq;
+    rig.say("after").await;
+    rig.run_hanging_at("after-dead-letter");
+    // The letter is kept, then the owner dies before the record says so.
+    let letters = turnpike_artifactory::DeadLetters::new(rig.conversations.store().clone());
+    let deadline = Instant::now() + LONG;
+    while letters.get(&rig.prefix(), parked).await.is_err() {
+        assert!(Instant::now() < deadline, "the letter was never kept");
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    rig.crash().await;
+    assert_eq!(rig.record().head().await.unwrap().state().lane_through, 0);
+    // Nothing else is sent: the wakes come back and the next owner finishes by itself.
+    rig.run();
+    rig.wait_turns(1).await;
+    assert_eq!(replies(&rig.log(1).await), ["echo: after"]);
+    let entries = rig.record().entries().await.unwrap();
+    let parkings: Vec<u64> = entries
+        .iter()
+        .filter_map(|e| match &e.body {
+            EntryBody::LaneParked(p) => Some(p.lane_seq),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(parkings, [parked], "parked once");
+    assert_eq!(letters.list(&rig.prefix()).await.unwrap().len(), 1);
+    rig.stop().await;
+}

@@ -10,7 +10,8 @@
 //!
 //! The places: `after-claim` (a lease taken), `after-batch-one` (a turn's batch one committed),
 //! `before-batch-two` (the turn's log, snapshot and version written), `before-promotion` (batch
-//! two committed, the attempt's objects not promoted yet).
+//! two committed, the attempt's objects not promoted yet), `after-dead-letter` (a lane message
+//! kept as a dead letter, its `lane_parked` entry not committed yet).
 
 /// The failpoints a worker is configured with.
 #[derive(Debug, Clone, Default)]

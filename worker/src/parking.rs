@@ -64,6 +64,10 @@ pub(crate) async fn park(env: &TurnEnv, head: &Head, letters: Vec<Letter>) -> Re
             dead_letter: key,
         }));
     }
+    env.config
+        .failpoints
+        .hit("after-dead-letter", prefix.conversation())
+        .await;
     env.append(head, &bodies).await
 }
 
