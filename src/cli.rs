@@ -235,11 +235,11 @@ pub struct SearchArgs {
     #[arg(long, default_value = "hybrid")]
     pub mode: String,
     #[arg(long)]
-    pub app: Option<String>,
+    pub app: Option<turnpike_schemas::AppId>,
     #[arg(long)]
-    pub agent: Option<String>,
+    pub agent: Option<turnpike_schemas::AgentId>,
     #[arg(long)]
-    pub conversation: Option<String>,
+    pub conversation: Option<turnpike_schemas::ConversationId>,
     /// Only these kinds (prompt, completion, summary, attachment, file); repeatable.
     #[arg(long = "kind")]
     pub kinds: Vec<String>,
@@ -638,7 +638,7 @@ pub enum BenchCommand {
         /// Load nothing: time queries over the rows an earlier run left under this tenant
         /// (`--rows`/`--users` must match that run; the indexing rate is then meaningless).
         #[arg(long)]
-        reuse_tenant: Option<String>,
+        reuse_tenant: Option<turnpike_schemas::TenantId>,
     },
     /// Record appends per second and verify throughput on the local filesystem.
     Record {

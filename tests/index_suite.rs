@@ -6,21 +6,34 @@ use std::sync::Arc;
 
 use turnpike_index::embedded::EmbeddedIndex;
 use turnpike_index::postgres::PgIndex;
-use turnpike_index::{ErrorKind, Filters, Index, IndexRow, Kind, Mode, Scope, SearchRequest};
+use turnpike_index::{
+    ErrorKind, Filters, Index, IndexRow, Kind, Mode, RowId, RowInfo, Scope, SearchRequest,
+};
+use turnpike_schemas::{ConversationId, TenantId, TurnId};
 use turnpike_tests::index::embedder;
 
 /// A backend under test, with a tenant of its own.
 struct Fixture {
     index: Index,
-    tenant: String,
+    tenant: TenantId,
     pg: Option<PgIndex>,
     _dir: Option<tempfile::TempDir>,
 }
 
 impl Fixture {
     fn scope(&self, user: &str) -> Scope {
-        Scope::new(self.tenant.clone(), user)
+        Scope::new(self.tenant.clone(), identity(user))
     }
+}
+
+fn identity(user: &str) -> turnpike_schemas::Identity {
+    format!("test:{user}").parse().unwrap()
+}
+
+/// The corpus's conversation `c<n>`.
+fn conv(name: &str) -> ConversationId {
+    let n: u128 = name.trim_start_matches('c').parse().unwrap();
+    ConversationId::from_ulid(ulid::Ulid::from(n))
 }
 
 async fn embedded() -> Fixture {
@@ -28,7 +41,7 @@ async fn embedded() -> Fixture {
     let backend = Arc::new(EmbeddedIndex::open(dir.path()).unwrap());
     Fixture {
         index: Index::new(backend, embedder()),
-        tenant: "acme".into(),
+        tenant: "acme".parse().unwrap(),
         pg: None,
         _dir: Some(dir),
     }
@@ -40,7 +53,9 @@ async fn postgres() -> Fixture {
     Fixture {
         index: Index::new(Arc::new(pg.clone()), embedder()),
         // Tests share the server: each gets its own tenant.
-        tenant: format!("t{}", ulid::Ulid::new().to_string().to_lowercase()),
+        tenant: format!("t{}", ulid::Ulid::new().to_string().to_lowercase())
+            .parse()
+            .unwrap(),
         pg: Some(pg),
         _dir: None,
     }
@@ -162,21 +177,21 @@ fn rows(f: &Fixture) -> Vec<IndexRow> {
     CORPUS
         .iter()
         .enumerate()
-        .map(
-            |(i, (user, conv, app, agent, kind, at_ms, text))| IndexRow {
-                id: format!("conv:tl:{conv}/turn_1/blocks/{i}"),
-                scope: f.scope(user),
-                app: (*app).into(),
-                agent: (*agent).into(),
-                conversation: (*conv).into(),
-                turn: 1,
+        .map(|(i, (user, c, app, agent, kind, at_ms, text))| IndexRow {
+            scope: f.scope(user),
+            info: RowInfo {
+                id: RowId::new(format!("conv:tl:{c}/turn_1/blocks/{i}")),
+                app: app.parse().unwrap(),
+                agent: agent.parse().unwrap(),
+                conversation: conv(c),
+                turn: TurnId::FIRST,
                 kind: *kind,
-                reference: format!("conv:tl:{conv}/turn_1/blocks/{i}"),
+                reference: format!("conv:tl:{c}/turn_1/blocks/{i}"),
                 at_ms: *at_ms,
-                text: (*text).into(),
-                embedding: Vec::new(),
             },
-        )
+            text: (*text).into(),
+            embedding: Vec::new(),
+        })
         .collect()
 }
 
@@ -196,7 +211,7 @@ async fn search(f: &Fixture, user: &str, r: &SearchRequest) -> Vec<String> {
     let page = f.index.search(&f.scope(user), r).await.unwrap();
     page.hits
         .into_iter()
-        .map(|h| text_of(&h.reference))
+        .map(|h| text_of(&h.info.reference))
         .collect()
 }
 
@@ -272,17 +287,20 @@ async fn fusion_order(f: Fixture) {
     let mut expected: HashMap<String, f64> = HashMap::new();
     for page in [&lexical, &vector] {
         for (i, h) in page.hits.iter().enumerate() {
-            *expected.entry(h.reference.clone()).or_default() += 1.0 / (60.0 + (i + 1) as f64);
+            *expected.entry(h.info.reference.clone()).or_default() += 1.0 / (60.0 + (i + 1) as f64);
         }
     }
     assert_eq!(hybrid.hits.len(), expected.len(), "the union of both lists");
     for h in &hybrid.hits {
         assert!(
-            (h.score - expected[&h.reference]).abs() < 1e-9,
+            (h.score - expected[&h.info.reference]).abs() < 1e-9,
             "{}",
-            h.reference
+            h.info.reference
         );
-        let lex_rank = lexical.hits.iter().position(|l| l.reference == h.reference);
+        let lex_rank = lexical
+            .hits
+            .iter()
+            .position(|l| l.info.reference == h.info.reference);
         assert_eq!(h.lexical.map(|s| s.rank), lex_rank.map(|r| r + 1));
     }
     for pair in hybrid.hits.windows(2) {
@@ -305,7 +323,15 @@ async fn filters(f: Fixture) {
             let mut got: Vec<usize> = page
                 .hits
                 .iter()
-                .map(|h| h.reference.rsplit('/').next().unwrap().parse().unwrap())
+                .map(|h| {
+                    h.info
+                        .reference
+                        .rsplit('/')
+                        .next()
+                        .unwrap()
+                        .parse()
+                        .unwrap()
+                })
                 .collect();
             got.sort();
             assert_eq!(got, want, "filter {name}");
@@ -315,7 +341,7 @@ async fn filters(f: Fixture) {
     check(
         "app",
         Filters {
-            app: Some("notes".into()),
+            app: Some("notes".parse().unwrap()),
             ..f0()
         },
         &[4, 5, 6, 7],
@@ -324,7 +350,7 @@ async fn filters(f: Fixture) {
     check(
         "agent",
         Filters {
-            agent: Some("support".into()),
+            agent: Some("support".parse().unwrap()),
             ..f0()
         },
         &[3],
@@ -333,7 +359,7 @@ async fn filters(f: Fixture) {
     check(
         "conversation",
         Filters {
-            conversation: Some("c2".into()),
+            conversation: Some(conv("c2")),
             ..f0()
         },
         &[2, 3],
@@ -361,7 +387,7 @@ async fn filters(f: Fixture) {
     check(
         "combined",
         Filters {
-            app: Some("shop".into()),
+            app: Some("shop".parse().unwrap()),
             kinds: vec![Kind::Prompt],
             since_ms: Some(2_500),
             ..f0()
@@ -386,7 +412,7 @@ async fn pagination(f: Fixture) {
     loop {
         let page = f.index.search(&f.scope("alice"), &r).await.unwrap();
         assert!(page.hits.len() <= 2);
-        paged.extend(page.hits.iter().map(|h| text_of(&h.reference)));
+        paged.extend(page.hits.iter().map(|h| text_of(&h.info.reference)));
         match page.next_offset {
             Some(next) => r.offset = next,
             None => break,
@@ -403,9 +429,9 @@ async fn per_conversation_cap(f: Fixture) {
     let mut r = request("order status XJ-9000 invoice", Mode::Hybrid);
     let page = f.index.search(&f.scope("alice"), &r).await.unwrap();
     let per = |hits: &[turnpike_index::Hit]| {
-        let mut n: HashMap<String, usize> = HashMap::new();
+        let mut n: HashMap<ConversationId, usize> = HashMap::new();
         for h in hits {
-            *n.entry(h.conversation.clone()).or_default() += 1;
+            *n.entry(h.info.conversation).or_default() += 1;
         }
         n
     };
@@ -445,10 +471,11 @@ async fn idempotent_reindexing(f: Fixture) {
     assert_eq!(before, after);
     // Marks only move forward.
     let backend = f.index.backend();
-    backend.set_mark(&scope, "c1", 3).await.unwrap();
-    backend.set_mark(&scope, "c1", 2).await.unwrap();
-    assert_eq!(backend.mark(&scope, "c1").await.unwrap(), Some(3));
-    assert_eq!(backend.mark(&f.scope("bob"), "c1").await.unwrap(), None);
+    let (c1, turn) = (conv("c1"), |n| TurnId::new(n).unwrap());
+    backend.set_mark(&scope, c1, turn(3)).await.unwrap();
+    backend.set_mark(&scope, c1, turn(2)).await.unwrap();
+    assert_eq!(backend.mark(&scope, c1).await.unwrap(), Some(turn(3)));
+    assert_eq!(backend.mark(&f.scope("bob"), c1).await.unwrap(), None);
 }
 
 async fn isolation(f: Fixture) {
@@ -464,7 +491,7 @@ async fn isolation(f: Fixture) {
             .unwrap();
         assert!(!bob.hits.is_empty());
         assert!(
-            bob.hits.iter().all(|h| h.conversation == "c9"),
+            bob.hits.iter().all(|h| h.info.conversation == conv("c9")),
             "{mode:?}: {:?}",
             bob.hits
         );
@@ -474,11 +501,11 @@ async fn isolation(f: Fixture) {
             .await
             .unwrap();
         assert!(
-            alice.hits.iter().all(|h| h.conversation != "c9"),
+            alice.hits.iter().all(|h| h.info.conversation != conv("c9")),
             "{mode:?}"
         );
         // Another tenant with the same user name sees nothing.
-        let other = Scope::new(format!("{}x", f.tenant), "alice");
+        let other = Scope::new(format!("{}x", f.tenant).parse().unwrap(), identity("alice"));
         assert!(f
             .index
             .search(&other, &request("order", mode))
@@ -504,7 +531,7 @@ async fn isolation(f: Fixture) {
                 "{mode:?}: alice's own rows still come back"
             );
             assert!(
-                page.hits.iter().all(|h| h.conversation != "c9"),
+                page.hits.iter().all(|h| h.info.conversation != conv("c9")),
                 "{mode:?}: {:?}",
                 page.hits
             );
@@ -516,7 +543,7 @@ async fn isolation(f: Fixture) {
             .await
             .unwrap();
         assert_eq!(page.hits.len(), 1);
-        assert_eq!(page.hits[0].conversation, "c9");
+        assert_eq!(page.hits[0].info.conversation, conv("c9"));
         assert_eq!(
             unscoped.backend().count(&f.scope("alice")).await.unwrap(),
             10

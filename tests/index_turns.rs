@@ -29,15 +29,15 @@ text = "Noted: {last_user}"
 "#;
 
 fn scope() -> Scope {
-    Scope::new(tenant().to_string(), owner().to_string())
+    Scope::new(tenant(), owner())
 }
 
 /// Waits until the index has every turn of the conversation through `turn`.
 async fn wait_indexed(backend: &Arc<dyn Backend>, conv: &str, turn: u64, timeout: Duration) {
     let deadline = Instant::now() + timeout;
     loop {
-        if let Ok(Some(mark)) = backend.mark(&scope(), conv).await {
-            if mark >= turn {
+        if let Ok(Some(mark)) = backend.mark(&scope(), conv.parse().unwrap()).await {
+            if mark.number() >= turn {
                 return;
             }
         }
@@ -64,7 +64,13 @@ async fn rows(index: &Index) -> BTreeSet<(String, String, u64)> {
         .unwrap();
     page.hits
         .into_iter()
-        .map(|h| (h.reference, h.kind.as_str().to_owned(), h.turn))
+        .map(|h| {
+            (
+                h.info.reference,
+                h.info.kind.as_str().to_owned(),
+                h.info.turn.number(),
+            )
+        })
         .collect()
 }
 
@@ -121,7 +127,7 @@ async fn finished_turns_are_indexed_and_the_search_tool_finds_them_by_meaning() 
     assert!(replies(&log)[0].starts_with("Found: "));
 
     // Only the owner's scope holds the rows.
-    let stranger = Scope::new(tenant().to_string(), "test:someone-else");
+    let stranger = Scope::new(tenant(), "test:someone-else".parse().unwrap());
     let page = index
         .search(&stranger, &all_of("turbine crack"))
         .await
@@ -179,10 +185,10 @@ async fn postgres_down_while_indexing_then_rows_arrive_when_it_returns_and_a_reb
     lexical.mode = Mode::Lexical;
     let page = index.search(&scope(), &lexical).await.unwrap();
     assert_eq!(
-        page.hits[0].reference,
+        page.hits[0].info.reference,
         format!("conv:tl:{conv}/turn_2/blocks/0")
     );
-    assert_eq!(page.hits[0].kind, Kind::Prompt);
+    assert_eq!(page.hits[0].info.kind, Kind::Prompt);
     let live = rows(&index).await;
     assert_eq!(live.len(), 4, "two prompts, two completions: {live:?}");
 

@@ -35,9 +35,9 @@ pub async fn search(
             .map_err(|e: turnpike_index::Error| ApiError::invalid(format!("mode: {e}")))?;
     }
     request.filters = Filters {
-        app: query.app,
-        agent: query.agent,
-        conversation: query.conversation,
+        app: parse_id("app", query.app)?,
+        agent: parse_id("agent", query.agent)?,
+        conversation: parse_id("conversation", query.conversation)?,
         kinds: match &query.kinds {
             Some(list) => list
                 .split(',')
@@ -52,7 +52,7 @@ pub async fn search(
     request.limit = query.limit.unwrap_or(10) as usize;
     request.offset = query.offset.unwrap_or(0) as usize;
     request.validate().map_err(index_error)?;
-    let scope = Scope::new(caller.tenant.to_string(), caller.identity.to_string());
+    let scope = Scope::new(caller.tenant.clone(), caller.identity.clone());
     let page = turnpike_index::hydrate::search(
         index,
         &edge.inner.resolver.in_tenant(&caller.tenant),
@@ -67,19 +67,29 @@ pub async fn search(
             .hits
             .into_iter()
             .map(|h| SearchHitView {
-                conversation: h.conversation,
-                turn: format!("turn_{}", h.turn),
-                kind: h.kind.as_str().to_owned(),
-                reference: h.reference,
-                app: h.app,
-                agent: h.agent,
-                at_ms: h.at_ms,
+                conversation: h.info.conversation.to_string(),
+                turn: h.info.turn.to_string(),
+                kind: h.info.kind.as_str().to_owned(),
+                reference: h.info.reference,
+                app: h.info.app.to_string(),
+                agent: h.info.agent.to_string(),
+                at_ms: h.info.at_ms,
                 score: h.score,
                 snippet: h.snippet.unwrap_or_default(),
             })
             .collect(),
         next_offset: page.next_offset.map(|o| o as u32),
     }))
+}
+
+/// A filter's id, parsed (`422` naming the parameter when it is not one).
+fn parse_id<T: std::str::FromStr>(name: &str, value: Option<String>) -> ApiResult<Option<T>> {
+    value
+        .map(|v| {
+            v.parse()
+                .map_err(|_| ApiError::invalid(format!("{name}: {v:?} is not an id")))
+        })
+        .transpose()
 }
 
 fn index_error(e: turnpike_index::Error) -> ApiError {
@@ -111,18 +121,6 @@ fn check_search(query: &SearchQuery) -> ApiResult<()> {
             return invalid(format!(
                 "mode: unknown mode {mode:?} (hybrid, lexical, vector)"
             ));
-        }
-    }
-    for (name, value) in [("app", &query.app), ("agent", &query.agent)] {
-        if let Some(value) = value {
-            if value.parse::<turnpike_schemas::AppId>().is_err() {
-                return invalid(format!("{name}: {value:?} is not an id"));
-            }
-        }
-    }
-    if let Some(value) = &query.conversation {
-        if value.parse::<ConversationId>().is_err() {
-            return invalid(format!("conversation: {value:?} is not a conversation id"));
         }
     }
     if let Some(kinds) = &query.kinds {

@@ -2,6 +2,8 @@
 
 use async_trait::async_trait;
 
+use turnpike_schemas::{ConversationId, TurnId};
+
 use crate::error::Result;
 use crate::types::{Candidate, Filters, IndexRow, Scope};
 
@@ -36,9 +38,14 @@ pub trait Backend: Send + Sync + 'static {
     ) -> Result<Vec<Candidate>>;
 
     /// The last turn of `conversation` whose rows are all written, if any.
-    async fn mark(&self, scope: &Scope, conversation: &str) -> Result<Option<u64>>;
+    async fn mark(&self, scope: &Scope, conversation: ConversationId) -> Result<Option<TurnId>>;
 
-    async fn set_mark(&self, scope: &Scope, conversation: &str, turn: u64) -> Result<()>;
+    async fn set_mark(
+        &self,
+        scope: &Scope,
+        conversation: ConversationId,
+        turn: TurnId,
+    ) -> Result<()>;
 
     /// How many rows `scope` has.
     async fn count(&self, scope: &Scope) -> Result<u64>;

@@ -15,7 +15,6 @@ use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use redb::{Database, ReadableDatabase as _, ReadableTable as _, TableDefinition};
-use serde::{Deserialize, Serialize};
 use tantivy::collector::TopDocs;
 use tantivy::query::{BooleanQuery, Occur, Query, QueryParser, RangeQuery, TermQuery};
 use tantivy::schema::{
@@ -26,7 +25,9 @@ use tantivy::{Index, IndexReader, IndexWriter, ReloadPolicy, TantivyDocument, Te
 
 use crate::backend::Backend;
 use crate::error::{Error, ErrorKind, Result};
-use crate::types::{Candidate, Filters, IndexRow, Kind, Scope};
+use turnpike_schemas::{ConversationId, TurnId};
+
+use crate::types::{Candidate, Filters, IndexRow, RowId, RowInfo, Scope};
 
 const VECTORS: TableDefinition<&str, &[u8]> = TableDefinition::new("vectors");
 const MARKS: TableDefinition<&str, u64> = TableDefinition::new("marks");
@@ -89,35 +90,13 @@ fn scope_key(scope: &Scope) -> String {
     format!("{}\u{1f}{}", scope.tenant, scope.identity)
 }
 
-fn vector_key(scope: &Scope, id: &str) -> String {
+fn vector_key(scope: &Scope, id: &RowId) -> String {
     format!("{}\u{0}{id}", scope_key(scope))
 }
 
-/// What the vector store keeps beside each embedding.
-#[derive(Serialize, Deserialize)]
-struct Meta {
-    id: String,
-    app: String,
-    agent: String,
-    conversation: String,
-    turn: u64,
-    kind: Kind,
-    reference: String,
-    at_ms: i64,
-}
-
 fn encode(row: &IndexRow) -> Vec<u8> {
-    let meta = serde_json::to_vec(&Meta {
-        id: row.id.clone(),
-        app: row.app.clone(),
-        agent: row.agent.clone(),
-        conversation: row.conversation.clone(),
-        turn: row.turn,
-        kind: row.kind,
-        reference: row.reference.clone(),
-        at_ms: row.at_ms,
-    })
-    .expect("metadata serialises");
+    // What the vector store keeps beside each embedding: the row's info.
+    let meta = serde_json::to_vec(&row.info).expect("row info serialises");
     let mut out = Vec::with_capacity(4 + meta.len() + 4 * row.embedding.len());
     out.extend_from_slice(&(meta.len() as u32).to_le_bytes());
     out.extend_from_slice(&meta);
@@ -127,14 +106,14 @@ fn encode(row: &IndexRow) -> Vec<u8> {
     out
 }
 
-fn decode_meta(bytes: &[u8]) -> Result<(Meta, &[u8])> {
+fn decode_meta(bytes: &[u8]) -> Result<(RowInfo, &[u8])> {
     let corrupt = || Error::new(ErrorKind::Corrupt, "a vector-store entry is unreadable");
     let len = bytes
         .get(..4)
         .map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes")) as usize)
         .ok_or_else(corrupt)?;
     let meta = bytes.get(4..4 + len).ok_or_else(corrupt)?;
-    let meta: Meta = serde_json::from_slice(meta).map_err(|_| corrupt())?;
+    let meta: RowInfo = serde_json::from_slice(meta).map_err(|_| corrupt())?;
     Ok((meta, &bytes[4 + len..]))
 }
 
@@ -223,12 +202,12 @@ impl Inner {
         };
         let mut clauses = vec![(Occur::Must, term(f.scope, &scope_key(scope)))];
         for (field, value) in [
-            (f.app, &filters.app),
-            (f.agent, &filters.agent),
-            (f.conversation, &filters.conversation),
+            (f.app, filters.app.as_ref().map(ToString::to_string)),
+            (f.agent, filters.agent.as_ref().map(ToString::to_string)),
+            (f.conversation, filters.conversation.map(|c| c.to_string())),
         ] {
             if let Some(value) = value {
-                clauses.push((Occur::Must, term(field, value)));
+                clauses.push((Occur::Must, term(field, &value)));
             }
         }
         if !filters.kinds.is_empty() {
@@ -253,23 +232,31 @@ impl Inner {
 
     fn candidate(&self, doc: &TantivyDocument, score: f64) -> Result<Candidate> {
         let f = self.fields;
+        let corrupt = || Error::new(ErrorKind::Corrupt, "a text-index document is unreadable");
         let text = |field: Field| {
             doc.get_first(field)
                 .and_then(|v| v.as_str())
                 .map(str::to_owned)
-                .ok_or_else(|| {
-                    Error::new(ErrorKind::Corrupt, "a text-index document lacks a field")
-                })
+                .ok_or_else(corrupt)
         };
         Ok(Candidate {
-            id: text(f.id)?,
-            app: text(f.app)?,
-            agent: text(f.agent)?,
-            conversation: text(f.conversation)?,
-            turn: doc.get_first(f.turn).and_then(|v| v.as_u64()).unwrap_or(0),
-            kind: text(f.kind)?.parse()?,
-            reference: text(f.reference)?,
-            at_ms: doc.get_first(f.at_ms).and_then(|v| v.as_i64()).unwrap_or(0),
+            info: RowInfo {
+                id: RowId::new(text(f.id)?),
+                app: text(f.app)?.parse().map_err(|_| corrupt())?,
+                agent: text(f.agent)?.parse().map_err(|_| corrupt())?,
+                conversation: text(f.conversation)?.parse().map_err(|_| corrupt())?,
+                turn: doc
+                    .get_first(f.turn)
+                    .and_then(|v| v.as_u64())
+                    .and_then(TurnId::new)
+                    .ok_or_else(corrupt)?,
+                kind: text(f.kind)?.parse()?,
+                reference: text(f.reference)?,
+                at_ms: doc
+                    .get_first(f.at_ms)
+                    .and_then(|v| v.as_i64())
+                    .ok_or_else(corrupt)?,
+            },
             score,
         })
     }
@@ -296,7 +283,7 @@ impl Backend for EmbeddedIndex {
                 for row in &rows {
                     table
                         .insert(
-                            vector_key(&row.scope, &row.id).as_str(),
+                            vector_key(&row.scope, &row.info.id).as_str(),
                             encode(row).as_slice(),
                         )
                         .map_err(db("writing vectors"))?;
@@ -305,17 +292,18 @@ impl Backend for EmbeddedIndex {
             txn.commit().map_err(db("writing vectors"))?;
             let mut writer = inner.writer.lock().expect("index writer lock");
             for row in &rows {
-                writer.delete_term(Term::from_field_text(f.id, &row.id));
+                let info = &row.info;
+                writer.delete_term(Term::from_field_text(f.id, info.id.as_str()));
                 let mut doc = TantivyDocument::default();
-                doc.add_text(f.id, &row.id);
+                doc.add_text(f.id, info.id.as_str());
                 doc.add_text(f.scope, scope_key(&row.scope));
-                doc.add_text(f.app, &row.app);
-                doc.add_text(f.agent, &row.agent);
-                doc.add_text(f.conversation, &row.conversation);
-                doc.add_text(f.kind, row.kind.as_str());
-                doc.add_text(f.reference, &row.reference);
-                doc.add_u64(f.turn, row.turn);
-                doc.add_i64(f.at_ms, row.at_ms);
+                doc.add_text(f.app, info.app.as_str());
+                doc.add_text(f.agent, info.agent.as_str());
+                doc.add_text(f.conversation, info.conversation.to_string());
+                doc.add_text(f.kind, info.kind.as_str());
+                doc.add_text(f.reference, &info.reference);
+                doc.add_u64(f.turn, info.turn.number());
+                doc.add_i64(f.at_ms, info.at_ms);
                 doc.add_text(f.text_en, &row.text);
                 doc.add_text(f.text, &row.text);
                 writer
@@ -379,7 +367,7 @@ impl Backend for EmbeddedIndex {
             let table = txn.open_table(VECTORS).map_err(db("reading vectors"))?;
             let start = format!("{}\u{0}", scope_key(&scope));
             let end = format!("{}\u{1}", scope_key(&scope));
-            let mut scored: Vec<(f64, Meta)> = Vec::new();
+            let mut scored: Vec<(f64, RowInfo)> = Vec::new();
             for entry in table
                 .range(start.as_str()..end.as_str())
                 .map_err(db("reading vectors"))?
@@ -387,13 +375,7 @@ impl Backend for EmbeddedIndex {
                 let (_, value) = entry.map_err(db("reading vectors"))?;
                 let bytes = value.value();
                 let (meta, vector) = decode_meta(bytes)?;
-                if !filters.admits(
-                    &meta.app,
-                    &meta.agent,
-                    &meta.conversation,
-                    meta.kind,
-                    meta.at_ms,
-                ) {
+                if !filters.admits(&meta) {
                     continue;
                 }
                 if let Some(score) = cosine(&query, vector) {
@@ -401,7 +383,7 @@ impl Backend for EmbeddedIndex {
                 }
             }
             let k = k.max(1);
-            let order = |a: &(f64, Meta), b: &(f64, Meta)| {
+            let order = |a: &(f64, RowInfo), b: &(f64, RowInfo)| {
                 b.0.total_cmp(&a.0).then_with(|| a.1.id.cmp(&b.1.id))
             };
             if scored.len() > k {
@@ -411,23 +393,13 @@ impl Backend for EmbeddedIndex {
             scored.sort_by(order);
             Ok(scored
                 .into_iter()
-                .map(|(score, m)| Candidate {
-                    id: m.id,
-                    app: m.app,
-                    agent: m.agent,
-                    conversation: m.conversation,
-                    turn: m.turn,
-                    kind: m.kind,
-                    reference: m.reference,
-                    at_ms: m.at_ms,
-                    score,
-                })
+                .map(|(score, info)| Candidate { info, score })
                 .collect())
         })
         .await
     }
 
-    async fn mark(&self, scope: &Scope, conversation: &str) -> Result<Option<u64>> {
+    async fn mark(&self, scope: &Scope, conversation: ConversationId) -> Result<Option<TurnId>> {
         let key = format!("{}\u{0}{conversation}", scope_key(scope));
         self.blocking(move |inner| {
             let txn = inner.vectors.begin_read().map_err(db("reading marks"))?;
@@ -435,12 +407,18 @@ impl Backend for EmbeddedIndex {
             Ok(table
                 .get(key.as_str())
                 .map_err(db("reading marks"))?
-                .map(|v| v.value()))
+                .and_then(|v| TurnId::new(v.value())))
         })
         .await
     }
 
-    async fn set_mark(&self, scope: &Scope, conversation: &str, turn: u64) -> Result<()> {
+    async fn set_mark(
+        &self,
+        scope: &Scope,
+        conversation: ConversationId,
+        turn: TurnId,
+    ) -> Result<()> {
+        let turn = turn.number();
         let key = format!("{}\u{0}{conversation}", scope_key(scope));
         self.blocking(move |inner| {
             let txn = inner.vectors.begin_write().map_err(db("writing marks"))?;

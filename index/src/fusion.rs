@@ -3,7 +3,9 @@
 
 use std::collections::HashMap;
 
-use crate::types::{Candidate, Hit, Page, Recency, RetrieverScore, SearchRequest};
+use turnpike_schemas::ConversationId;
+
+use crate::types::{Candidate, Hit, Page, Recency, RetrieverScore, RowId, SearchRequest};
 
 /// The RRF constant: a hit at rank r in one retriever contributes 1 / (K + r).
 pub const RRF_K: f64 = 60.0;
@@ -14,7 +16,7 @@ pub const RRF_K: f64 = 60.0;
 /// list is ordered by score, ties broken by the earlier best rank, then by id, so the order is
 /// total and pages of the same request never overlap or skip.
 pub fn fuse(lexical: Vec<Candidate>, vector: Vec<Candidate>, request: &SearchRequest) -> Page {
-    let mut hits: HashMap<String, Hit> = HashMap::new();
+    let mut hits: HashMap<RowId, Hit> = HashMap::new();
     for (list, is_lexical) in [(lexical, true), (vector, false)] {
         for (i, c) in list.into_iter().enumerate() {
             let rank = i + 1;
@@ -22,19 +24,12 @@ pub fn fuse(lexical: Vec<Candidate>, vector: Vec<Candidate>, request: &SearchReq
                 rank,
                 score: c.score,
             };
-            let hit = hits.entry(c.id.clone()).or_insert_with(|| Hit {
-                reference: c.reference.clone(),
-                conversation: c.conversation.clone(),
-                app: c.app.clone(),
-                agent: c.agent.clone(),
-                turn: c.turn,
-                kind: c.kind,
-                at_ms: c.at_ms,
+            let hit = hits.entry(c.info.id.clone()).or_insert_with(|| Hit {
+                info: c.info,
                 score: 0.0,
                 lexical: None,
                 vector: None,
                 snippet: None,
-                id: c.id.clone(),
             });
             hit.score += 1.0 / (RRF_K + rank as f64);
             if is_lexical {
@@ -47,7 +42,7 @@ pub fn fuse(lexical: Vec<Candidate>, vector: Vec<Candidate>, request: &SearchReq
     let mut hits: Vec<Hit> = hits.into_values().collect();
     if let Some(recency) = request.recency {
         for hit in &mut hits {
-            hit.score += boost(recency, hit.at_ms);
+            hit.score += boost(recency, hit.info.at_ms);
         }
     }
     let best_rank = |h: &Hit| {
@@ -62,12 +57,12 @@ pub fn fuse(lexical: Vec<Candidate>, vector: Vec<Candidate>, request: &SearchReq
         b.score
             .total_cmp(&a.score)
             .then_with(|| best_rank(a).cmp(&best_rank(b)))
-            .then_with(|| a.id.cmp(&b.id))
+            .then_with(|| a.info.id.cmp(&b.info.id))
     });
     if let Some(cap) = request.per_conversation {
-        let mut seen: HashMap<String, usize> = HashMap::new();
+        let mut seen: HashMap<ConversationId, usize> = HashMap::new();
         hits.retain(|h| {
-            let n = seen.entry(h.conversation.clone()).or_default();
+            let n = seen.entry(h.info.conversation).or_default();
             *n += 1;
             *n <= cap
         });
@@ -95,30 +90,33 @@ fn boost(recency: Recency, at_ms: i64) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::types::Kind;
+    use crate::types::{Kind, RowInfo};
+    use turnpike_schemas::TurnId;
 
-    fn cand(id: &str, conversation: &str, at_ms: i64) -> Candidate {
+    fn cand(id: &str, conversation: u8, at_ms: i64) -> Candidate {
         Candidate {
-            id: id.into(),
-            app: "a".into(),
-            agent: "g".into(),
-            conversation: conversation.into(),
-            turn: 1,
-            kind: Kind::Prompt,
-            reference: format!("ref/{id}"),
-            at_ms,
+            info: RowInfo {
+                id: RowId::new(id),
+                app: "a".parse().unwrap(),
+                agent: "g".parse().unwrap(),
+                conversation: format!("conv_{conversation:026}").parse().unwrap(),
+                turn: TurnId::FIRST,
+                kind: Kind::Prompt,
+                reference: format!("ref/{id}"),
+                at_ms,
+            },
             score: 1.0,
         }
     }
 
     fn ids(page: &Page) -> Vec<&str> {
-        page.hits.iter().map(|h| h.id.as_str()).collect()
+        page.hits.iter().map(|h| h.info.id.as_str()).collect()
     }
 
     #[test]
     fn a_hit_both_retrievers_found_beats_hits_only_one_found() {
-        let lexical = vec![cand("x", "c", 0), cand("both", "c", 0)];
-        let vector = vec![cand("y", "c", 0), cand("both", "c", 0)];
+        let lexical = vec![cand("x", 1, 0), cand("both", 1, 0)];
+        let vector = vec![cand("y", 1, 0), cand("both", 1, 0)];
         let page = fuse(lexical, vector, &SearchRequest::new("q"));
         // both: 1/62 + 1/62 > x: 1/61 = y: 1/61; x and y tie and fall back to id order.
         assert_eq!(ids(&page), ["both", "x", "y"]);
@@ -131,7 +129,7 @@ mod tests {
     #[test]
     fn pages_cover_the_list_once_and_the_cap_holds_per_conversation() {
         let lexical: Vec<Candidate> = (0..10)
-            .map(|i| cand(&format!("r{i}"), if i % 2 == 0 { "even" } else { "odd" }, 0))
+            .map(|i| cand(&format!("r{i}"), (i % 2) as u8, 0))
             .collect();
         let mut request = SearchRequest::new("q");
         request.limit = 3;
@@ -154,7 +152,7 @@ mod tests {
 
     #[test]
     fn recency_lifts_a_fresh_hit_over_a_slightly_better_old_one() {
-        let lexical = vec![cand("old", "c", 0), cand("new", "c", 1_000_000)];
+        let lexical = vec![cand("old", 1, 0), cand("new", 1, 1_000_000)];
         let mut request = SearchRequest::new("q");
         assert_eq!(
             ids(&fuse(lexical.clone(), vec![], &request)),

@@ -55,7 +55,7 @@ fn source(reference: &str) -> Source {
 /// Fills each hit's snippet (hits whose content cannot be read keep none). Each object is read
 /// once, however many hits point into it.
 pub async fn hydrate(resolver: &Resolver, identity: &Identity, query: &str, hits: &mut [Hit]) {
-    let sources: Vec<Source> = hits.iter().map(|h| source(&h.reference)).collect();
+    let sources: Vec<Source> = hits.iter().map(|h| source(&h.info.reference)).collect();
     let mut keys: Vec<&str> = sources
         .iter()
         .map(|s| match s {

@@ -20,7 +20,7 @@ use turnpike_schemas::{
 };
 
 use crate::error::{Error, ErrorKind, Result};
-use crate::types::{IndexRow, Kind, Scope};
+use crate::types::{IndexRow, Kind, RowId, RowInfo, Scope};
 use crate::Index;
 
 /// Text files up to this size are indexed by content as well as by name.
@@ -28,7 +28,7 @@ const MAX_FILE_TEXT: u64 = 256 * 1024;
 
 /// The scope a conversation's rows belong to: its owner's.
 pub fn scope_of(entry: &DirectoryEntry) -> Scope {
-    Scope::new(entry.tenant.to_string(), entry.owner.to_string())
+    Scope::new(entry.tenant.clone(), entry.owner.clone())
 }
 
 /// Indexes conversations from their records and turn logs.
@@ -77,10 +77,7 @@ impl Indexer {
         let mark = if full {
             None
         } else {
-            self.index
-                .backend()
-                .mark(&scope, &conversation.to_string())
-                .await?
+            self.index.backend().mark(&scope, conversation).await?
         };
         let record = Record::new(self.conversations.store().clone(), entry.prefix());
         let unavailable =
@@ -88,7 +85,7 @@ impl Indexer {
         let head = record.head().await.map_err(unavailable)?;
         let state = head.state();
         let last_complete = state.last_turn.saturating_sub(u64::from(state.turn_open));
-        let after = mark.unwrap_or(0);
+        let after = mark.map_or(0, |t| t.number());
         if last_complete <= after {
             return Ok(0);
         }
@@ -128,7 +125,7 @@ impl Indexer {
             self.index.write(rows).await?;
             self.index
                 .backend()
-                .set_mark(&scope, &conversation.to_string(), turn.number())
+                .set_mark(&scope, conversation, turn)
                 .await?;
             written += 1;
         }
@@ -200,15 +197,17 @@ impl Indexer {
                 continue;
             }
             rows.push(IndexRow {
-                id: row_ref.to_string(),
                 scope: scope.clone(),
-                app: entry.app.to_string(),
-                agent: log.agent.to_string(),
-                conversation: log.conversation.to_string(),
-                turn: log.turn.number(),
-                kind,
-                reference: reference.to_string(),
-                at_ms,
+                info: RowInfo {
+                    id: RowId::new(row_ref.to_string()),
+                    app: entry.app.clone(),
+                    agent: log.agent.clone(),
+                    conversation: log.conversation,
+                    turn: log.turn,
+                    kind,
+                    reference: reference.to_string(),
+                    at_ms,
+                },
                 text,
                 embedding: Vec::new(),
             });

@@ -29,8 +29,8 @@ pub use backend::Backend;
 pub use embed::Embedder;
 pub use error::{Error, ErrorKind, Result};
 pub use types::{
-    Candidate, Filters, Hit, IndexRow, Kind, Mode, Page, Recency, RetrieverScore, Scope,
-    SearchRequest,
+    Candidate, Filters, Hit, IndexRow, Kind, Mode, Page, Recency, RetrieverScore, RowId, RowInfo,
+    Scope, SearchRequest,
 };
 
 /// How many candidates each retriever contributes to the fused list. Pages reach at most this

@@ -19,7 +19,9 @@ use sqlx::{ConnectOptions as _, Postgres, QueryBuilder, Row as _, Transaction};
 
 use crate::backend::Backend;
 use crate::error::{Error, ErrorKind, Result};
-use crate::types::{Candidate, Filters, IndexRow, Scope};
+use turnpike_schemas::{ConversationId, TurnId};
+
+use crate::types::{Candidate, Filters, IndexRow, RowId, RowInfo, Scope};
 
 /// The schema, in order; applied by [`PgIndex::connect`].
 #[derive(Debug)]
@@ -153,9 +155,9 @@ impl PgIndex {
         q.push(" WHERE TRUE");
         if self.scope_clause {
             q.push(" AND tenant = ")
-                .push_bind(scope.tenant.clone())
+                .push_bind(scope.tenant.to_string())
                 .push(" AND owner = ")
-                .push_bind(scope.identity.clone());
+                .push_bind(scope.identity.to_string());
         }
     }
 
@@ -167,12 +169,12 @@ impl PgIndex {
     ) {
         self.push_scope(q, scope);
         for (column, value) in [
-            ("app", &filters.app),
-            ("agent", &filters.agent),
-            ("conversation", &filters.conversation),
+            ("app", filters.app.as_ref().map(ToString::to_string)),
+            ("agent", filters.agent.as_ref().map(ToString::to_string)),
+            ("conversation", filters.conversation.map(|c| c.to_string())),
         ] {
             if let Some(value) = value {
-                q.push(format!(" AND {column} = ")).push_bind(value.clone());
+                q.push(format!(" AND {column} = ")).push_bind(value);
             }
         }
         if !filters.kinds.is_empty() {
@@ -193,8 +195,8 @@ async fn rebind(tx: &mut Transaction<'static, Postgres>, scope: &Scope) -> Resul
     sqlx::query(
         "SELECT set_config('turnpike.tenant', $1, true), set_config('turnpike.identity', $2, true)",
     )
-    .bind(&scope.tenant)
-    .bind(&scope.identity)
+    .bind(scope.tenant.as_str())
+    .bind(scope.identity.to_string())
     .execute(&mut **tx)
     .await
     .map_err(pg("binding the session"))?;
@@ -205,17 +207,29 @@ const COLUMNS: &str = "id, app, agent, conversation, turn, kind, reference, at_m
 
 fn candidate(row: &sqlx::postgres::PgRow) -> Result<Candidate> {
     let get = |e: sqlx::Error| Error::with_source(ErrorKind::Corrupt, "reading an index row", e);
-    let kind: String = row.try_get("kind").map_err(get)?;
+    let text = |column: &str| row.try_get::<String, _>(column).map_err(get);
+    let corrupt = |column: &'static str| {
+        move |e: turnpike_schemas::SchemaError| {
+            Error::with_source(ErrorKind::Corrupt, format!("an index row's {column}"), e)
+        }
+    };
     let turn: i64 = row.try_get("turn").map_err(get)?;
     Ok(Candidate {
-        id: row.try_get("id").map_err(get)?,
-        app: row.try_get("app").map_err(get)?,
-        agent: row.try_get("agent").map_err(get)?,
-        conversation: row.try_get("conversation").map_err(get)?,
-        turn: u64::try_from(turn).unwrap_or(0),
-        kind: kind.parse()?,
-        reference: row.try_get("reference").map_err(get)?,
-        at_ms: row.try_get("at_ms").map_err(get)?,
+        info: RowInfo {
+            id: RowId::new(text("id")?),
+            app: text("app")?.parse().map_err(corrupt("app"))?,
+            agent: text("agent")?.parse().map_err(corrupt("agent"))?,
+            conversation: text("conversation")?
+                .parse()
+                .map_err(corrupt("conversation"))?,
+            turn: u64::try_from(turn)
+                .ok()
+                .and_then(TurnId::new)
+                .ok_or_else(|| Error::new(ErrorKind::Corrupt, "an index row's turn"))?,
+            kind: text("kind")?.parse()?,
+            reference: text("reference")?,
+            at_ms: row.try_get("at_ms").map_err(get)?,
+        },
         score: row.try_get::<f64, _>("score").map_err(get)?,
     })
 }
@@ -261,7 +275,7 @@ impl Backend for PgIndex {
             if row.embedding.len() != self.dimension {
                 return Err(Error::invalid(format!(
                     "row {} has a {}-dimension embedding; the index is configured for {}",
-                    row.id,
+                    row.info.id,
                     row.embedding.len(),
                     self.dimension
                 )));
@@ -288,16 +302,17 @@ impl Backend for PgIndex {
                 );
                 q.push_values(chunk, |mut b, row| {
                     let text = truncated(&row.text).to_owned();
-                    b.push_bind(row.scope.tenant.clone())
-                        .push_bind(row.scope.identity.clone())
-                        .push_bind(row.id.clone())
-                        .push_bind(row.app.clone())
-                        .push_bind(row.agent.clone())
-                        .push_bind(row.conversation.clone())
-                        .push_bind(i64::try_from(row.turn).unwrap_or(i64::MAX))
-                        .push_bind(row.kind.as_str())
-                        .push_bind(row.reference.clone())
-                        .push_bind(row.at_ms)
+                    let info = &row.info;
+                    b.push_bind(row.scope.tenant.to_string())
+                        .push_bind(row.scope.identity.to_string())
+                        .push_bind(info.id.to_string())
+                        .push_bind(info.app.to_string())
+                        .push_bind(info.agent.to_string())
+                        .push_bind(info.conversation.to_string())
+                        .push_bind(i64::try_from(info.turn.number()).unwrap_or(i64::MAX))
+                        .push_bind(info.kind.as_str())
+                        .push_bind(info.reference.clone())
+                        .push_bind(info.at_ms)
                         .push_bind(Vector::from(row.embedding.clone()))
                         .push("to_tsvector('english', ")
                         .push_bind_unseparated(text.clone())
@@ -431,36 +446,47 @@ impl Backend for PgIndex {
         tx.commit().await.map_err(pg("searching vectors"))?;
         let mut out: Vec<Candidate> = rows.iter().map(candidate).collect::<Result<_>>()?;
         // relaxed_order may return near-ties slightly out of order; the contract is best first.
-        out.sort_by(|a, b| b.score.total_cmp(&a.score).then_with(|| a.id.cmp(&b.id)));
+        out.sort_by(|a, b| {
+            b.score
+                .total_cmp(&a.score)
+                .then_with(|| a.info.id.cmp(&b.info.id))
+        });
         Ok(out)
     }
 
-    async fn mark(&self, scope: &Scope, conversation: &str) -> Result<Option<u64>> {
+    async fn mark(&self, scope: &Scope, conversation: ConversationId) -> Result<Option<TurnId>> {
         let mut tx = self.scoped(scope).await?;
         let mut q = QueryBuilder::<Postgres>::new("SELECT turn FROM index_marks");
         self.push_scope_and_filters(&mut q, scope, &Filters::default());
         q.push(" AND conversation = ")
-            .push_bind(conversation.to_owned());
+            .push_bind(conversation.to_string());
         let turn: Option<i64> = q
             .build_query_scalar()
             .fetch_optional(&mut *tx)
             .await
             .map_err(pg("reading the index mark"))?;
         tx.commit().await.map_err(pg("reading the index mark"))?;
-        Ok(turn.and_then(|t| u64::try_from(t).ok()))
+        Ok(turn
+            .and_then(|t| u64::try_from(t).ok())
+            .and_then(TurnId::new))
     }
 
-    async fn set_mark(&self, scope: &Scope, conversation: &str, turn: u64) -> Result<()> {
+    async fn set_mark(
+        &self,
+        scope: &Scope,
+        conversation: ConversationId,
+        turn: TurnId,
+    ) -> Result<()> {
         let mut tx = self.scoped(scope).await?;
         sqlx::query(
             "INSERT INTO index_marks (tenant, owner, conversation, turn) VALUES ($1, $2, $3, $4) \
              ON CONFLICT (tenant, conversation) \
              DO UPDATE SET turn = GREATEST(index_marks.turn, EXCLUDED.turn)",
         )
-        .bind(&scope.tenant)
-        .bind(&scope.identity)
-        .bind(conversation)
-        .bind(i64::try_from(turn).unwrap_or(i64::MAX))
+        .bind(scope.tenant.as_str())
+        .bind(scope.identity.to_string())
+        .bind(conversation.to_string())
+        .bind(i64::try_from(turn.number()).unwrap_or(i64::MAX))
         .execute(&mut *tx)
         .await
         .map_err(pg("writing the index mark"))?;

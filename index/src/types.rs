@@ -1,6 +1,9 @@
 //! What the index holds and what a search asks for and returns.
 
+use std::fmt;
+
 use serde::{Deserialize, Serialize};
+use turnpike_schemas::{AgentId, AppId, ConversationId, Identity, TenantId, TurnId};
 
 use crate::error::{Error, Result};
 
@@ -58,16 +61,68 @@ impl std::str::FromStr for Kind {
 /// Whose rows a query may see: one identity of one tenant. Every query carries one.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Scope {
-    pub tenant: String,
-    pub identity: String,
+    pub tenant: TenantId,
+    pub identity: Identity,
 }
 
 impl Scope {
-    pub fn new(tenant: impl Into<String>, identity: impl Into<String>) -> Self {
-        Self {
-            tenant: tenant.into(),
-            identity: identity.into(),
-        }
+    pub fn new(tenant: TenantId, identity: Identity) -> Self {
+        Self { tenant, identity }
+    }
+}
+
+/// A row's id: stable across re-indexing (the reference of the block it came from), so writing
+/// a row again replaces it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct RowId(String);
+
+impl RowId {
+    pub fn new(id: impl Into<String>) -> Self {
+        Self(id.into())
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for RowId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// What the index knows about a row besides its words and embedding: the same in what is
+/// written ([`IndexRow`]), what a retriever finds ([`Candidate`]), what a search returns
+/// ([`Hit`]) and what the embedded vector store keeps beside each vector.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RowInfo {
+    pub id: RowId,
+    pub app: AppId,
+    pub agent: AgentId,
+    pub conversation: ConversationId,
+    /// Serialised as the bare number (the stored form predates the typed id).
+    #[serde(with = "turn_number")]
+    pub turn: TurnId,
+    pub kind: Kind,
+    /// Where the content lives (a turn-log block, a hosted file, an attachment).
+    pub reference: String,
+    /// When it was said or made, in milliseconds since the epoch.
+    pub at_ms: i64,
+}
+
+/// A [`TurnId`] as its number.
+mod turn_number {
+    use serde::{de::Error as _, Deserialize, Deserializer, Serializer};
+    use turnpike_schemas::TurnId;
+
+    pub fn serialize<S: Serializer>(turn: &TurnId, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_u64(turn.number())
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<TurnId, D::Error> {
+        TurnId::new(u64::deserialize(d)?).ok_or_else(|| D::Error::custom("turn 0 does not exist"))
     }
 }
 
@@ -75,19 +130,8 @@ impl Scope {
 /// hydrated from the turn log through the resolver.
 #[derive(Debug, Clone, PartialEq)]
 pub struct IndexRow {
-    /// Stable across re-indexing (the reference of the block it came from), so writing a row
-    /// again replaces it.
-    pub id: String,
     pub scope: Scope,
-    pub app: String,
-    pub agent: String,
-    pub conversation: String,
-    pub turn: u64,
-    pub kind: Kind,
-    /// Where the content lives (a turn-log block, a hosted file, an attachment).
-    pub reference: String,
-    /// When it was said or made, in milliseconds since the epoch.
-    pub at_ms: i64,
+    pub info: RowInfo,
     pub text: String,
     pub embedding: Vec<f32>,
 }
@@ -96,11 +140,11 @@ pub struct IndexRow {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Filters {
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub app: Option<String>,
+    pub app: Option<AppId>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub agent: Option<String>,
+    pub agent: Option<AgentId>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub conversation: Option<String>,
+    pub conversation: Option<ConversationId>,
     /// Any of these kinds; empty: all kinds.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub kinds: Vec<Kind>,
@@ -113,25 +157,15 @@ pub struct Filters {
 }
 
 impl Filters {
-    /// Whether a row's attributes pass (the backends push filters into their queries; this is
-    /// the same rule, for code that checks rows itself).
-    pub fn admits(
-        &self,
-        app: &str,
-        agent: &str,
-        conversation: &str,
-        kind: Kind,
-        at_ms: i64,
-    ) -> bool {
-        self.app.as_deref().is_none_or(|a| a == app)
-            && self.agent.as_deref().is_none_or(|a| a == agent)
-            && self
-                .conversation
-                .as_deref()
-                .is_none_or(|c| c == conversation)
-            && (self.kinds.is_empty() || self.kinds.contains(&kind))
-            && self.since_ms.is_none_or(|s| at_ms >= s)
-            && self.until_ms.is_none_or(|u| at_ms < u)
+    /// Whether a row passes (the backends push filters into their queries; this is the same
+    /// rule, for code that checks rows itself).
+    pub fn admits(&self, row: &RowInfo) -> bool {
+        self.app.as_ref().is_none_or(|a| *a == row.app)
+            && self.agent.as_ref().is_none_or(|a| *a == row.agent)
+            && self.conversation.is_none_or(|c| c == row.conversation)
+            && (self.kinds.is_empty() || self.kinds.contains(&row.kind))
+            && self.since_ms.is_none_or(|s| row.at_ms >= s)
+            && self.until_ms.is_none_or(|u| row.at_ms < u)
     }
 }
 
@@ -244,14 +278,7 @@ pub const MAX_QUERY_BYTES: usize = 4096;
 /// A row a retriever found, with its score under that retriever.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Candidate {
-    pub id: String,
-    pub app: String,
-    pub agent: String,
-    pub conversation: String,
-    pub turn: u64,
-    pub kind: Kind,
-    pub reference: String,
-    pub at_ms: i64,
+    pub info: RowInfo,
     pub score: f64,
 }
 
@@ -265,13 +292,8 @@ pub struct RetrieverScore {
 /// A ranked hit.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Hit {
-    pub reference: String,
-    pub conversation: String,
-    pub app: String,
-    pub agent: String,
-    pub turn: u64,
-    pub kind: Kind,
-    pub at_ms: i64,
+    #[serde(flatten)]
+    pub info: RowInfo,
     /// The fused score (reciprocal-rank fusion, plus the recency boost if asked).
     pub score: f64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -281,9 +303,6 @@ pub struct Hit {
     /// A short excerpt of the content, read through the resolver as the caller.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub snippet: Option<String>,
-    /// Stable row id (for de-duplication across pages).
-    #[serde(skip)]
-    pub id: String,
 }
 
 /// One page of hits.
@@ -293,4 +312,27 @@ pub struct Page {
     /// The offset of the next page, if there is one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub next_offset: Option<usize>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn row_info_keeps_the_stored_shape_and_refuses_what_is_not_an_id() {
+        // The embedded vector store keeps this JSON beside every vector: its shape predates the
+        // typed ids (the turn is a bare number), and entries written then must still read.
+        let stored = r#"{"id":"r1","app":"shop","agent":"clerk","conversation":"conv_01ARZ3NDEKTSV4RRFFQ69G5FAV","turn":3,"kind":"prompt","reference":"x","at_ms":7}"#;
+        let info: RowInfo = serde_json::from_str(stored).unwrap();
+        assert_eq!(info.turn.number(), 3);
+        assert_eq!(info.id.as_str(), "r1");
+        assert_eq!(serde_json::to_string(&info).unwrap(), stored);
+        for bad in [
+            stored.replace("\"turn\":3", "\"turn\":0"),
+            stored.replace("conv_01ARZ3NDEKTSV4RRFFQ69G5FAV", "c1"),
+            stored.replace("\"shop\"", "\"Shop Floor\""),
+        ] {
+            assert!(serde_json::from_str::<RowInfo>(&bad).is_err(), "{bad}");
+        }
+    }
 }

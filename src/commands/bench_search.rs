@@ -12,7 +12,10 @@ use turnpike_index::embed::MiniLm;
 use turnpike_index::embedded::EmbeddedIndex;
 use turnpike_index::eval::{average_precision, ndcg_at, Collection, Grades, QueryNumbering};
 use turnpike_index::postgres::PgIndex;
-use turnpike_index::{Backend, Embedder, Index, IndexRow, Kind, Mode, Scope, SearchRequest};
+use turnpike_index::{
+    Backend, Embedder, Index, IndexRow, Kind, Mode, RowId, RowInfo, Scope, SearchRequest,
+};
+use turnpike_schemas::{ConversationId, TenantId, TurnId};
 
 use super::bench::Series;
 use crate::cli::{BackendArg, Global, GradesArg, QueryNumberingArg};
@@ -46,12 +49,36 @@ async fn backends(
 }
 
 /// This run's tenant: its rows never mix with anyone's.
-fn bench_tenant() -> String {
+fn bench_tenant() -> TenantId {
     format!("bench{}", std::process::id())
+        .parse()
+        .expect("a valid tenant id")
 }
 
-fn bench_scope(tenant: &str, user: usize) -> Scope {
-    Scope::new(tenant, format!("bench:user{user}"))
+fn bench_scope(tenant: &TenantId, user: usize) -> Scope {
+    let identity = format!("bench:user{user}")
+        .parse()
+        .expect("a valid identity");
+    Scope::new(tenant.clone(), identity)
+}
+
+/// The conversation a benchmark row belongs to: the `n`th.
+fn bench_conversation(n: usize) -> ConversationId {
+    ConversationId::from_ulid(ulid::Ulid::from(n as u128))
+}
+
+/// A benchmark row's info.
+fn bench_info(id: String, conversation: usize, turn: u64, kind: Kind, at_ms: i64) -> RowInfo {
+    RowInfo {
+        reference: id.clone(),
+        id: RowId::new(id),
+        app: "bench".parse().expect("a valid app id"),
+        agent: "bench".parse().expect("a valid agent id"),
+        conversation: bench_conversation(conversation),
+        turn: TurnId::new(turn).expect("turns start at 1"),
+        kind,
+        at_ms,
+    }
 }
 
 /// `turnpike bench search --collection DIR`.
@@ -115,16 +142,10 @@ pub async fn quality(
             .docs
             .iter()
             .zip(&doc_vectors)
-            .map(|((id, text), v)| IndexRow {
-                id: id.clone(),
+            .enumerate()
+            .map(|(n, ((id, text), v))| IndexRow {
                 scope: scope.clone(),
-                app: "bench".into(),
-                agent: "bench".into(),
-                conversation: format!("doc{id}"),
-                turn: 1,
-                kind: Kind::File,
-                reference: id.clone(),
-                at_ms: 0,
+                info: bench_info(id.clone(), n, 1, Kind::File, 0),
                 text: text.clone(),
                 embedding: v.clone(),
             })
@@ -151,7 +172,8 @@ pub async fn quality(
                 let page = index
                     .search_embedded(&scope, &request, Some(&query_vectors[k]))
                     .await?;
-                let ranking: Vec<String> = page.hits.into_iter().map(|h| h.reference).collect();
+                let ranking: Vec<String> =
+                    page.hits.into_iter().map(|h| h.info.reference).collect();
                 let judgments = &collection.judgments[key];
                 ndcg += ndcg_at(&ranking, judgments, 10);
                 map += average_precision(&ranking, judgments);
@@ -310,21 +332,20 @@ impl Synthetic {
         turnpike_index::embed::normalized(v)
     }
 
-    fn row(&mut self, n: usize, users: usize, tenant: &str) -> IndexRow {
+    fn row(&mut self, n: usize, users: usize, tenant: &TenantId) -> IndexRow {
         let topic = self.rng.below(TOPICS);
         let user = n % users;
         let mut words: Vec<String> = (0..24).map(|_| word(self.rng.zipf(VOCABULARY))).collect();
         words.push(word(VOCABULARY + topic));
         IndexRow {
-            id: format!("row{n}"),
             scope: bench_scope(tenant, user),
-            app: "bench".into(),
-            agent: "bench".into(),
-            conversation: format!("conv{}", n / 10),
-            turn: (n % 10) as u64 + 1,
-            kind: Kind::Prompt,
-            reference: format!("row{n}"),
-            at_ms: n as i64,
+            info: bench_info(
+                format!("row{n}"),
+                n / 10,
+                (n % 10) as u64 + 1,
+                Kind::Prompt,
+                n as i64,
+            ),
             text: words.join(" "),
             embedding: self.vector_near(topic, 0.8),
         }
@@ -341,7 +362,7 @@ pub struct Scale {
     /// Leave the rows in place afterwards.
     pub keep: bool,
     /// Load nothing; query the rows an earlier run left under this tenant.
-    pub reuse: Option<String>,
+    pub reuse: Option<TenantId>,
 }
 
 /// `turnpike bench index`.

@@ -186,13 +186,12 @@ async fn search_report(
     };
     let index = queue.index();
     let scope = turnpike_index::indexer::scope_of(entry);
-    let conversation = entry.conversation.to_string();
     let deadline = Instant::now() + Duration::from_secs(60);
     while index
         .backend()
-        .mark(&scope, &conversation)
+        .mark(&scope, entry.conversation)
         .await?
-        .unwrap_or(0)
+        .map_or(0, |t| t.number())
         < 2
     {
         if Instant::now() > deadline {
@@ -214,8 +213,8 @@ async fn search_report(
         println!(
             "  {}. {} {} (lexical {}, vector {})",
             i + 1,
-            hit.kind.as_str(),
-            hit.reference,
+            hit.info.kind.as_str(),
+            hit.info.reference,
             rank(hit.lexical),
             rank(hit.vector)
         );

@@ -16,7 +16,7 @@ fn request(args: &SearchArgs) -> Result<SearchRequest> {
     request.filters = Filters {
         app: args.app.clone(),
         agent: args.agent.clone(),
-        conversation: args.conversation.clone(),
+        conversation: args.conversation,
         kinds: args
             .kinds
             .iter()
@@ -43,10 +43,7 @@ pub async fn search(global: &Global, args: SearchArgs) -> Result<ExitCode> {
     let request = request(&args)?;
     let env = Env::open(global)?;
     let index = open_index(global).await.map_err(anyhow::Error::msg)?;
-    let scope = Scope::new(
-        args.actor.tenant.to_string(),
-        args.actor.identity.to_string(),
-    );
+    let scope = Scope::new(args.actor.tenant.clone(), args.actor.identity.clone());
     let page = turnpike_index::hydrate::search(
         &index,
         &env.resolver(),
@@ -73,11 +70,11 @@ pub async fn search(global: &Global, args: SearchArgs) -> Result<ExitCode> {
             hit.score,
             retriever("lexical", hit.lexical),
             retriever("vector", hit.vector),
-            hit.kind.as_str(),
-            hit.conversation,
-            hit.turn
+            hit.info.kind.as_str(),
+            hit.info.conversation,
+            hit.info.turn.number()
         );
-        println!("     {}", hit.reference);
+        println!("     {}", hit.info.reference);
         if let Some(snippet) = &hit.snippet {
             println!("     {snippet}");
         }

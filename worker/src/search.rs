@@ -30,7 +30,7 @@ impl SearchIndex for IndexSearch {
         query: &str,
         limit: usize,
     ) -> Result<Value, String> {
-        let scope = Scope::new(tenant.to_string(), identity.to_string());
+        let scope = Scope::new(tenant.clone(), identity.clone());
         let mut request = SearchRequest::new(query);
         request.limit = limit.clamp(1, 50);
         let page = turnpike_index::hydrate::search(
@@ -47,10 +47,10 @@ impl SearchIndex for IndexSearch {
             .iter()
             .map(|h| {
                 json!({
-                    "reference": h.reference,
-                    "conversation": h.conversation,
-                    "turn": h.turn,
-                    "kind": h.kind,
+                    "reference": h.info.reference,
+                    "conversation": h.info.conversation,
+                    "turn": h.info.turn.number(),
+                    "kind": h.info.kind,
                     "snippet": h.snippet,
                     "score": h.score,
                 })
