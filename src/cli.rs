@@ -156,13 +156,6 @@ pub enum GradesArg {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum BackendArg {
-    Embedded,
-    Postgres,
-    Both,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum LogFormat {
     Text,
     Json,
@@ -627,8 +620,8 @@ pub enum BenchCommand {
         #[arg(long, default_value_t = 500)]
         queries: usize,
         /// Which backends.
-        #[arg(long, value_enum, default_value_t = BackendArg::Both)]
-        backend: BackendArg,
+        #[arg(long, value_enum, default_value_t = turnpike_bench::search::Backends::Both)]
+        backend: turnpike_bench::search::Backends,
         /// Where to build the embedded index (a temporary directory under it).
         #[arg(long)]
         dir: Option<PathBuf>,

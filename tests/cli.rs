@@ -495,6 +495,30 @@ fn the_benchmarks_run() {
     assert!(
         String::from_utf8_lossy(&lanes.stdout).contains("turnpike embedded accept -> turn start")
     );
+    // The edge benchmark over the stack the binary wires (turnpike-bench measures, the binary
+    // starts the edge and its worker).
+    let edge = cli.run(&[
+        "bench",
+        "edge",
+        "--conversations",
+        "2",
+        "--rounds",
+        "2",
+        "--messages",
+        "20",
+        "--clients",
+        "2",
+    ]);
+    assert!(edge.status.success(), "{}", text(&edge));
+    let out = String::from_utf8_lossy(&edge.stdout);
+    assert!(
+        out.contains("over the API, 2 concurrent conversation(s)"),
+        "{out}"
+    );
+    assert!(out.contains("messages accepted/s"), "{out}");
+    let git = cli.run(&["bench", "git", "--turns", "10"]);
+    assert!(git.status.success(), "{}", text(&git));
+    assert!(String::from_utf8_lossy(&git.stdout).contains("turn    10"));
 }
 
 #[test]

@@ -1,20 +1,26 @@
-//! `turnpike bench …`: measurements, each beside a baseline measured in the same run.
+//! `turnpike bench …`: the wiring for the benchmarks of `turnpike-bench` (the configuration, and
+//! the stack `bench edge` measures).
 
+use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{Context as _, Result};
-use object_store::local::LocalFileSystem;
-use object_store::path::Path;
-use object_store::{ObjectStore, PutMode, PutOptions, PutPayload};
-use turnpike_artifactory::{ConversationPrefix, Head, Record, RecordSigner, TrustedKeys};
-use turnpike_schemas::entry::{AssistantMessage, ConversationOpened, TurnDispatched};
-use turnpike_schemas::{ConversationId, EntryBody, TurnId, WorkerId};
+use turnpike_bench::edge::{EdgeStack, Plan};
+use turnpike_bench::search::{Scale, SearchConfig};
+use turnpike_index::eval::{Grades, QueryNumbering};
+use turnpike_router::Ingress;
+use turnpike_worker::{WorkerConfig, WorkerPool};
 
-use crate::cli::{BenchCommand, Global};
+use crate::cli::{BenchCommand, EdgeArgs, Global, GradesArg, QueryNumberingArg};
+use crate::commands::runtime::{open_bus, workers};
+use crate::env::Env;
 
 pub async fn run(global: &Global, command: BenchCommand) -> Result<ExitCode> {
+    let search = SearchConfig {
+        database_url: global.index.database_url.clone(),
+        embedding_model: global.index.embedding_model.clone(),
+    };
     match command {
         BenchCommand::Search {
             collection,
@@ -23,7 +29,15 @@ pub async fn run(global: &Global, command: BenchCommand) -> Result<ExitCode> {
             grades,
             dir,
         } => {
-            super::bench_search::quality(global, &collection, json, query_numbering, grades, dir)
+            let numbering = match query_numbering {
+                QueryNumberingArg::Position => QueryNumbering::Position,
+                QueryNumberingArg::Id => QueryNumbering::Id,
+            };
+            let grades = match grades {
+                GradesArg::LowerIsBetter => Grades::LowerIsBetter,
+                GradesArg::HigherIsBetter => Grades::HigherIsBetter,
+            };
+            turnpike_bench::search::quality(&search, &collection, json, numbering, grades, dir)
                 .await
         }
         BenchCommand::Index {
@@ -35,33 +49,37 @@ pub async fn run(global: &Global, command: BenchCommand) -> Result<ExitCode> {
             keep,
             reuse_tenant,
         } => {
-            super::bench_search::scale(
-                global,
-                super::bench_search::Scale {
-                    rows: rows.max(1000),
-                    users: users.max(1),
-                    queries: queries.max(10),
-                    backend,
-                    dir,
-                    keep,
-                    reuse: reuse_tenant,
-                },
-            )
-            .await
+            let scale = Scale {
+                rows: rows.max(1000),
+                users: users.max(1),
+                queries: queries.max(10),
+                backend,
+                dir,
+                keep,
+                reuse: reuse_tenant,
+            };
+            turnpike_bench::search::scale(&search, scale).await
         }
         BenchCommand::Record { appends, dir } => {
-            record(appends.max(16), dir, !global.no_fsync).await
+            turnpike_bench::record::run(appends.max(16), dir, !global.no_fsync).await
         }
         BenchCommand::Cell {
             runs,
             without_landlock,
-        } => super::cell::bench(runs.max(10), !without_landlock).await,
-        BenchCommand::Git { turns, dir } => super::bench_git::run(turns.max(10), dir).await,
+        } => {
+            let init = if without_landlock {
+                None
+            } else {
+                super::runtime::cell_init_binary()
+            };
+            turnpike_bench::cell::run(runs.max(10), init).await
+        }
+        BenchCommand::Git { turns, dir } => turnpike_bench::git::run(turns.max(10), dir).await,
         BenchCommand::Context {
             samples,
             dir,
             store,
-        } => super::bench_context::run(samples.max(5), dir, store).await,
+        } => turnpike_bench::context::run(samples.max(5), dir, store).await,
         BenchCommand::Edge {
             conversations,
             rounds,
@@ -70,18 +88,24 @@ pub async fn run(global: &Global, command: BenchCommand) -> Result<ExitCode> {
             accept_only,
             dir,
         } => {
-            super::bench_edge::run(
-                global,
-                super::bench_edge::Plan {
-                    conversations,
-                    rounds,
-                    messages: messages.max(1),
-                    clients: clients.max(1),
-                    accept_only,
-                },
-                dir,
-            )
-            .await
+            let tmp = match &dir {
+                Some(d) => tempfile::tempdir_in(d)?,
+                None => tempfile::tempdir()?,
+            };
+            let stack = edge_stack(global, tmp.path().to_path_buf()).await?;
+            println!(
+                "edge on {}, one worker, the demo app's scripted model; data in {}",
+                stack.url,
+                tmp.path().display()
+            );
+            let plan = Plan {
+                conversations,
+                rounds,
+                messages: messages.max(1),
+                clients: clients.max(1),
+                accept_only,
+            };
+            turnpike_bench::edge::run(stack, plan).await
         }
         BenchCommand::Lanes {
             nats,
@@ -90,7 +114,7 @@ pub async fn run(global: &Global, command: BenchCommand) -> Result<ExitCode> {
             samples,
             workers,
         } => {
-            super::bench_lanes::run(
+            turnpike_bench::lanes::run(
                 !global.no_fsync,
                 nats,
                 conversations.max(1),
@@ -103,221 +127,47 @@ pub async fn run(global: &Global, command: BenchCommand) -> Result<ExitCode> {
     }
 }
 
-/// Latency percentiles and rate of a series of operations.
-pub(crate) struct Series {
-    pub(crate) samples: Vec<Duration>,
-    pub(crate) total: Duration,
-}
-
-impl Series {
-    pub(crate) fn percentile(&self, p: f64) -> Duration {
-        let mut sorted = self.samples.clone();
-        sorted.sort_unstable();
-        let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-        sorted[i]
-    }
-
-    fn per_second(&self, units: u64) -> f64 {
-        units as f64 / self.total.as_secs_f64()
-    }
-
-    fn line(&self, name: &str, ops: u64, unit: &str, units: u64) -> String {
-        format!(
-            "{name:<34} {:>10.0} ops/s {:>10.0} {unit}/s   p50 {:>8.3} ms   p99 {:>8.3} ms",
-            self.per_second(ops),
-            self.per_second(units),
-            self.percentile(0.5).as_secs_f64() * 1e3,
-            self.percentile(0.99).as_secs_f64() * 1e3,
-        )
-    }
-}
-
-fn message(i: u64) -> EntryBody {
-    EntryBody::AssistantMessage(AssistantMessage {
-        turn: TurnId::FIRST,
-        text: format!("benchmark entry {i}: a short reply of about the size of a sentence"),
+/// `turnpike serve`'s stack in this process, on loopback, with its data in `data_dir`: the
+/// embedded bus, one worker with many slots, the edge with a generated token.
+async fn edge_stack(global: &Global, data_dir: PathBuf) -> Result<EdgeStack> {
+    let mut g = global.clone();
+    g.data_dir = data_dir;
+    g.nats_url = None;
+    g.store = None;
+    let env = Env::open(&g)?;
+    let bus = open_bus(&g, &env, Duration::from_secs(30)).await?;
+    let apps = env.apps(true)?;
+    let config = WorkerConfig {
+        slots: 512,
+        ..WorkerConfig::default()
+    };
+    let pool = WorkerPool::start(workers(&env, &bus, &apps, 1, &config, None).await);
+    let args = EdgeArgs {
+        listen: "127.0.0.1:0".parse()?,
+        tokens: None,
+        jwks: None,
+        jwt_issuer: String::new(),
+        jwt_audience: String::new(),
+        jwt_identity_scope: String::new(),
+        jwt_tenant_claim: String::new(),
+        jwt_admin_claim: String::new(),
+        rate_per_second: 0,
+        rate_burst: 0,
+        max_in_flight: 8192,
+    };
+    let edge = super::edge::build(&g, &env, bus.clone(), &apps, None, &args, true)?;
+    let listener = tokio::net::TcpListener::bind(args.listen).await?;
+    let addr = listener.local_addr()?;
+    let server = tokio::spawn(async move {
+        let _ = edge.serve(listener, std::future::pending()).await;
+    });
+    Ok(EdgeStack {
+        url: format!("http://{addr}"),
+        token: super::edge::local_token(&g).context("the generated token")?,
+        owner: super::edge::LOCAL_IDENTITY.parse()?,
+        ingress: Ingress::new(bus.clone(), env.conversations.clone()),
+        bus,
+        workers: pool,
+        server,
     })
-}
-
-async fn new_record(store: &Arc<dyn ObjectStore>, signer: &RecordSigner) -> Result<(Record, Head)> {
-    let record = Record::new(
-        store.clone(),
-        ConversationPrefix::new("bench".parse()?, ConversationId::new()),
-    );
-    let opened = EntryBody::ConversationOpened(ConversationOpened {
-        tenant: "bench".parse()?,
-        owner: "local:bench".parse()?,
-        app: "bench".parse()?,
-        agent: "bench".parse()?,
-        at_ms: 0,
-    });
-    // Turn 1 stays open, so the benchmark's replies belong to it.
-    let dispatched = EntryBody::TurnDispatched(TurnDispatched {
-        turn: TurnId::FIRST,
-        worker: WorkerId::new(),
-        agent: "bench".parse()?,
-        epoch: turnpike_schemas::Epoch(0),
-        at_ms: 0,
-    });
-    let head = record
-        .append(signer, &record.head().await?, &[opened, dispatched])
-        .await?;
-    Ok((record, head))
-}
-
-async fn appends(
-    record: &Record,
-    signer: &RecordSigner,
-    mut head: Head,
-    batches: u64,
-    size: u64,
-) -> Result<(Series, Head)> {
-    let mut samples = Vec::with_capacity(batches as usize);
-    let start = Instant::now();
-    for b in 0..batches {
-        let bodies: Vec<EntryBody> = (0..size).map(|i| message(b * size + i)).collect();
-        let t = Instant::now();
-        head = record.append(signer, &head, &bodies).await?;
-        samples.push(t.elapsed());
-    }
-    Ok((
-        Series {
-            samples,
-            total: start.elapsed(),
-        },
-        head,
-    ))
-}
-
-async fn record(n: u64, dir: Option<std::path::PathBuf>, fsync: bool) -> Result<ExitCode> {
-    let tmp = match dir {
-        Some(d) => tempfile::tempdir_in(d)?,
-        None => tempfile::tempdir()?,
-    };
-    // The floor is the plain store's put; the record appends through the store `turnpike
-    // serve` uses (synced unless --no-fsync), so the ratio includes fsync's cost.
-    let store: Arc<dyn ObjectStore> = Arc::new(LocalFileSystem::new_with_prefix(tmp.path())?);
-    let record_store =
-        turnpike_artifactory::open_store_with(tmp.path().to_str().context("a UTF-8 path")?, fsync)?;
-    let signer = RecordSigner::generate()?;
-    let trusted = TrustedKeys::new([signer.verifying_key()]);
-    println!(
-        "turnpike bench record: local filesystem at {}, {n} appends, fsync {}",
-        tmp.path().display(),
-        if fsync { "on" } else { "off" }
-    );
-
-    // Baseline: the store's own create-if-absent put of objects the size of a 1-entry batch.
-    let (probe, probe_head) = new_record(&store, &signer).await?;
-    let probe_head = probe.append(&signer, &probe_head, &[message(0)]).await?;
-    let batch_size = {
-        use object_store::ObjectStoreExt as _;
-        let path = probe.prefix().record_batch(probe_head.batches() - 1);
-        store.head(&path).await?.size
-    };
-    let payload = vec![b'x'; batch_size as usize];
-    let mut samples = Vec::new();
-    let start = Instant::now();
-    for i in 0..n {
-        let t = Instant::now();
-        let opts = PutOptions {
-            mode: PutMode::Create,
-            ..Default::default()
-        };
-        store
-            .put_opts(
-                &Path::from(format!("baseline/{i:020}")),
-                PutPayload::from(payload.clone()),
-                opts,
-            )
-            .await?;
-        samples.push(t.elapsed());
-    }
-    let baseline = Series {
-        samples,
-        total: start.elapsed(),
-    };
-
-    let (record, head) = new_record(&record_store, &signer).await?;
-    let (single, head) = appends(&record, &signer, head, n, 1).await?;
-    let (record16, head16) = new_record(&record_store, &signer).await?;
-    let (sixteen, _) = appends(&record16, &signer, head16, n / 16, 16).await?;
-
-    println!("\nappends ({batch_size}-byte objects for 1-entry batches)");
-    println!(
-        "{}",
-        baseline.line("baseline: raw create-if-absent put", n, "objects", n)
-    );
-    println!(
-        "{}",
-        single.line("record append, 1-entry batches", n, "entries", n)
-    );
-    println!(
-        "{}",
-        sixteen.line("record append, 16-entry batches", n / 16, "entries", n)
-    );
-    println!(
-        "ratio to baseline (ops/s): 1-entry {:.2}, 16-entry {:.2}",
-        single.per_second(n) / baseline.per_second(n),
-        sixteen.per_second(n / 16) / baseline.per_second(n)
-    );
-
-    // Verify: full over the whole record, then incremental over a tenth more.
-    let t = Instant::now();
-    let full = record
-        .verify(&trusted, None)
-        .await?
-        .map_err(|f| anyhow::anyhow!("{f}"))?;
-    let full_time = t.elapsed();
-    let (_, _) = appends(&record, &signer, head, n / 10, 1).await?;
-    let t = Instant::now();
-    let incremental = record
-        .verify_from(&trusted, &full.checkpoint)
-        .await?
-        .map_err(|f| anyhow::anyhow!("{f}"))?;
-    let incremental_time = t.elapsed();
-    let t = Instant::now();
-    let full_again = record
-        .verify(&trusted, None)
-        .await?
-        .map_err(|f| anyhow::anyhow!("{f}"))?;
-    let full_again_time = t.elapsed();
-    let t = Instant::now();
-    let full16 = record16
-        .verify(&trusted, None)
-        .await?
-        .map_err(|f| anyhow::anyhow!("{f}"))?;
-    let full16_time = t.elapsed();
-    println!(
-        "\nverify (1-entry batches: a signature per entry; 16-entry batches: one per 17 entries)"
-    );
-    for (name, entries, time) in [
-        (
-            "full, 16-entry batches",
-            full16.entries_checked,
-            full16_time,
-        ),
-        ("full", full.entries_checked, full_time),
-        (
-            "full, after 10% more",
-            full_again.entries_checked,
-            full_again_time,
-        ),
-        (
-            "incremental, the 10% only",
-            incremental.entries_checked,
-            incremental_time,
-        ),
-    ] {
-        println!(
-            "{name:<34} {entries:>8} entries in {:>9.3} ms = {:>10.0} entries/s",
-            time.as_secs_f64() * 1e3,
-            entries as f64 / time.as_secs_f64()
-        );
-    }
-    println!(
-        "incremental verify takes {:.1}% of the time of a full verify of the same record",
-        100.0 * incremental_time.as_secs_f64() / full_again_time.as_secs_f64()
-    );
-    Ok(ExitCode::SUCCESS)
 }

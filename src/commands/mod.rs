@@ -1,11 +1,6 @@
 //! One module per command family.
 
 mod bench;
-mod bench_context;
-mod bench_edge;
-mod bench_git;
-mod bench_lanes;
-mod bench_search;
 mod cell;
 mod chat;
 mod conversation;

@@ -8,25 +8,20 @@
 //! - messages accepted per second at the edge (202s), many clients over many conversations,
 //!   beside in-process ingress on the same bus.
 
-use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::{anyhow, Context as _, Result};
+use anyhow::{anyhow, Result};
 use futures::StreamExt as _;
 use serde_json::json;
 use turnpike_edge::client::{Client, Cursor, FrameStream};
 use turnpike_edge::model::Frame;
-use turnpike_router::Ingress;
+use turnpike_router::{Bus, Ingress};
 use turnpike_schemas::live::LiveFrame;
 use turnpike_schemas::{ConversationId, EventBody, Identity};
-use turnpike_worker::{WorkerConfig, WorkerPool};
-
-use crate::cli::{EdgeArgs, Global};
-use crate::commands::runtime::{open_bus, workers};
-use crate::env::Env;
+use turnpike_worker::WorkerPool;
 
 /// What to run.
 pub struct Plan {
@@ -46,52 +41,35 @@ fn pct(samples: &mut [Duration], p: f64) -> f64 {
     samples[((samples.len() as f64 - 1.0) * p).round() as usize].as_secs_f64() * 1e3
 }
 
-pub async fn run(global: &Global, plan: Plan, dir: Option<PathBuf>) -> Result<ExitCode> {
-    let tmp = match &dir {
-        Some(d) => tempfile::tempdir_in(d)?,
-        None => tempfile::tempdir()?,
-    };
-    let mut g = global.clone();
-    g.data_dir = tmp.path().to_path_buf();
-    g.nats_url = None;
-    g.store = None;
-    let env = Env::open(&g)?;
-    let bus = open_bus(&g, &env, Duration::from_secs(30)).await?;
-    let apps = env.apps(true)?;
-    let config = WorkerConfig {
-        slots: 512,
-        ..WorkerConfig::default()
-    };
-    let pool = WorkerPool::start(workers(&env, &bus, &apps, 1, &config, None).await);
-    let args = EdgeArgs {
-        listen: "127.0.0.1:0".parse()?,
-        tokens: None,
-        jwks: None,
-        jwt_issuer: String::new(),
-        jwt_audience: String::new(),
-        jwt_identity_scope: String::new(),
-        jwt_tenant_claim: String::new(),
-        jwt_admin_claim: String::new(),
-        rate_per_second: 0,
-        rate_burst: 0,
-        max_in_flight: 8192,
-    };
-    let edge = crate::commands::edge::build(&g, &env, bus.clone(), &apps, None, &args, true)?;
-    let listener = tokio::net::TcpListener::bind(args.listen).await?;
-    let addr = listener.local_addr()?;
-    let server = tokio::spawn(async move {
-        let _ = edge.serve(listener, std::future::pending()).await;
-    });
-    let token = crate::commands::edge::local_token(&g).context("the generated token")?;
-    let client = Client::new(&format!("http://{addr}"), &token);
-    println!(
-        "edge on http://{addr}, one worker, the demo app's scripted model; data in {}",
-        tmp.path().display()
-    );
+/// The stack under test, which the caller starts: an edge serving on loopback over a bus with
+/// workers running the demo app's scripted model.
+pub struct EdgeStack {
+    /// The edge's base URL.
+    pub url: String,
+    /// A token the edge accepts, for `owner`.
+    pub token: String,
+    pub owner: Identity,
+    pub bus: Arc<dyn Bus>,
+    /// Ingress on the same bus and store: the in-process floor.
+    pub ingress: Ingress,
+    pub workers: WorkerPool,
+    /// The task serving the edge; aborted at the end.
+    pub server: tokio::task::JoinHandle<()>,
+}
 
+/// `turnpike bench edge` over `stack`.
+pub async fn run(stack: EdgeStack, plan: Plan) -> Result<ExitCode> {
+    let EdgeStack {
+        url,
+        token,
+        owner,
+        bus,
+        ingress,
+        workers: pool,
+        server,
+    } = stack;
+    let client = Client::new(&url, &token);
     // Baseline: the same path in process.
-    let owner: Identity = crate::commands::edge::LOCAL_IDENTITY.parse()?;
-    let ingress = Ingress::new(bus.clone(), env.conversations.clone());
     let mut base = Vec::new();
     let conv = create(&client).await?;
     let conversation: ConversationId = conv.parse()?;

@@ -30,7 +30,7 @@ use turnpike_schemas::{
 };
 use turnpike_worker::timeline;
 
-use super::bench::Series;
+use crate::Series;
 
 /// Writes a conversation whose next turn is `next`, with a summary in turn `summary_at`.
 async fn build(

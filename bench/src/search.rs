@@ -17,23 +17,39 @@ use turnpike_index::{
 };
 use turnpike_schemas::{ConversationId, TenantId, TurnId};
 
-use super::bench::Series;
-use crate::cli::{BackendArg, Global, GradesArg, QueryNumberingArg};
+use crate::Series;
+
+/// Where the search benchmarks find their services.
+#[derive(Debug, Clone)]
+pub struct SearchConfig {
+    /// Postgres with pgvector; without it, only the embedded backend is measured.
+    pub database_url: Option<String>,
+    /// The all-MiniLM-L6-v2 files.
+    pub embedding_model: PathBuf,
+}
+
+/// Which backends a benchmark loads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Backends {
+    Embedded,
+    Postgres,
+    Both,
+}
 
 /// The backends to measure: the embedded one in a temporary directory, and Postgres when a
 /// database URL is configured. Each with a tenant of its own, forgotten afterwards.
 async fn backends(
-    global: &Global,
-    which: BackendArg,
+    config: &SearchConfig,
+    which: Backends,
     dimension: usize,
     dir: &Path,
 ) -> Result<Vec<(Arc<dyn Backend>, Option<PgIndex>)>> {
     let mut out: Vec<(Arc<dyn Backend>, Option<PgIndex>)> = Vec::new();
-    if which != BackendArg::Postgres {
+    if which != Backends::Postgres {
         out.push((Arc::new(EmbeddedIndex::open(dir)?), None));
     }
-    if which != BackendArg::Embedded {
-        match &global.index.database_url {
+    if which != Backends::Embedded {
+        match &config.database_url {
             Some(url) => {
                 let pg = PgIndex::connect(url, dimension)
                     .await
@@ -83,24 +99,14 @@ fn bench_info(id: String, conversation: usize, turn: u64, kind: Kind, at_ms: i64
 
 /// `turnpike bench search --collection DIR`.
 pub async fn quality(
-    global: &Global,
+    config: &SearchConfig,
     dir: &Path,
     json_out: bool,
-    numbering: QueryNumberingArg,
-    grades: GradesArg,
+    numbering: QueryNumbering,
+    grades: Grades,
     work: Option<PathBuf>,
 ) -> Result<ExitCode> {
-    let collection = Collection::load(
-        dir,
-        match numbering {
-            QueryNumberingArg::Position => QueryNumbering::Position,
-            QueryNumberingArg::Id => QueryNumbering::Id,
-        },
-        match grades {
-            GradesArg::LowerIsBetter => Grades::LowerIsBetter,
-            GradesArg::HigherIsBetter => Grades::HigherIsBetter,
-        },
-    )?;
+    let collection = Collection::load(dir, numbering, grades)?;
     let judged: Vec<usize> = (0..collection.queries.len())
         .filter(|&i| collection.judgments.contains_key(&collection.queries[i].0))
         .collect();
@@ -111,7 +117,7 @@ pub async fn quality(
         collection.queries.len(),
         judged.len()
     );
-    let model = global.index.embedding_model.clone();
+    let model = config.embedding_model.clone();
     let embedder: Arc<dyn Embedder> =
         Arc::new(tokio::task::spawn_blocking(move || MiniLm::load(&model)).await??);
     let started = Instant::now();
@@ -134,9 +140,7 @@ pub async fn quality(
     }
     let tmp = tempdir_in(work.as_deref())?;
     let scope = bench_scope(&bench_tenant(), 0);
-    for (backend, pg) in
-        backends(global, BackendArg::Both, embedder.dimension(), tmp.path()).await?
-    {
+    for (backend, pg) in backends(config, Backends::Both, embedder.dimension(), tmp.path()).await? {
         let index = Index::new(backend.clone(), embedder.clone());
         let rows: Vec<IndexRow> = collection
             .docs
@@ -357,7 +361,7 @@ pub struct Scale {
     pub rows: usize,
     pub users: usize,
     pub queries: usize,
-    pub backend: BackendArg,
+    pub backend: Backends,
     pub dir: Option<PathBuf>,
     /// Leave the rows in place afterwards.
     pub keep: bool,
@@ -366,7 +370,7 @@ pub struct Scale {
 }
 
 /// `turnpike bench index`.
-pub async fn scale(global: &Global, options: Scale) -> Result<ExitCode> {
+pub async fn scale(config: &SearchConfig, options: Scale) -> Result<ExitCode> {
     let Scale {
         rows,
         users,
@@ -379,7 +383,7 @@ pub async fn scale(global: &Global, options: Scale) -> Result<ExitCode> {
     let loading = reuse.is_none();
     let tenant = reuse.unwrap_or_else(bench_tenant);
     let tmp = tempdir_in(work.as_deref())?;
-    let model = global.index.embedding_model.clone();
+    let model = config.embedding_model.clone();
     let embedder: Arc<dyn Embedder> =
         Arc::new(tokio::task::spawn_blocking(move || MiniLm::load(&model)).await??);
     // The query embedding's own cost (the local model, one short query at a time).
@@ -404,7 +408,7 @@ pub async fn scale(global: &Global, options: Scale) -> Result<ExitCode> {
         "{rows} rows over {users} users ({} rows each), {DIMENSION}-d",
         rows / users
     );
-    for (backend, pg) in backends(global, which, DIMENSION, tmp.path()).await? {
+    for (backend, pg) in backends(config, which, DIMENSION, tmp.path()).await? {
         let index = Index::new(backend.clone(), embedder.clone());
         let mut data = Synthetic::new();
         // Writes grouped by user, as turns are (one conversation's rows at a time).

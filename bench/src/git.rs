@@ -14,7 +14,7 @@ use turnpike_artifactory::git::{Lineage, Project};
 use turnpike_artifactory::ConversationPrefix;
 use turnpike_schemas::{ConversationId, RefPath, TurnId};
 
-use super::bench::Series;
+use crate::Series;
 
 fn p50(samples: &[Duration]) -> f64 {
     Series {

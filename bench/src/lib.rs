@@ -1,0 +1,26 @@
+//! The benchmarks `turnpike bench …` runs. Each measures beside a floor taken in the same run
+//! (the raw store put, bare Python, raw JetStream, in-process ingress, …), so its numbers read
+//! as ratios that hold on a noisy machine.
+//!
+//! # Layout
+//! - [`series`]: [`Series`], percentiles and rates of timed operations
+//! - [`record`]: appends and verification of the signed record
+//! - [`search`]: ranking quality on a test collection, and the index at scale
+//! - [`context`]: the context rebuild of a long conversation
+//! - [`git`]: project versions
+//! - [`lanes`]: accept → turn start and turns per second, embedded and on JetStream
+//! - [`edge`]: the HTTP/WebSocket edge over a stack the caller starts
+//! - [`cell`]: the cell's overhead over bare Python
+//!
+//! The binary does the wiring (configuration, the stack under test) and calls these.
+
+pub mod cell;
+pub mod context;
+pub mod edge;
+pub mod git;
+pub mod lanes;
+pub mod record;
+pub mod search;
+pub mod series;
+
+pub use series::Series;
