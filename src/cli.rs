@@ -182,6 +182,8 @@ pub enum Command {
     Send(SendArgs),
     /// Prints a conversation's committed rows from the record, optionally following it.
     Tail(TailArgs),
+    /// Lists a fleet's live workers: those whose heartbeat arrives within a window.
+    Workers(WorkersArgs),
     /// Benchmarks.
     #[command(subcommand)]
     Bench(BenchCommand),
@@ -317,6 +319,9 @@ pub struct WorkerArgs {
     /// Grace period for running turns at shutdown, in milliseconds.
     #[arg(long, default_value_t = 20_000)]
     pub grace_ms: u64,
+    /// How often the worker announces itself (`turnpike workers` lists it), in milliseconds.
+    #[arg(long, default_value_t = 5_000)]
+    pub heartbeat_ms: u64,
     /// A bare git repository to mirror every project version into
     /// (`refs/turnpike/<conversation>/turn_<n>`).
     #[arg(long, env = "TURNPIKE_GIT_REMOTE")]
@@ -412,6 +417,17 @@ pub struct SendArgs {
     /// The client's idempotency key: a retried send with the same key is accepted once.
     #[arg(long)]
     pub idempotency_key: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct WorkersArgs {
+    /// How long to listen, in milliseconds (a worker beats every `--heartbeat-ms`, 5 s by
+    /// default).
+    #[arg(long, default_value_t = 6_000)]
+    pub window_ms: u64,
+    /// One JSON object per worker.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Args)]

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use turnpike_router::bus::Bus;
 use turnpike_router::embedded::{EmbeddedBus, EmbeddedConfig};
-use turnpike_router::{ErrorKind, JetStreamBus, JetStreamConfig};
+use turnpike_router::{ErrorKind, Heartbeat, JetStreamBus, JetStreamConfig};
 use turnpike_schemas::{Address, ConversationId, Event, EventBody, WorkerId};
 use turnpike_tests::nats::NatsServer;
 
@@ -343,6 +343,37 @@ macro_rules! bus_suite {
                 assert_eq!(refused.kind(), ErrorKind::Invalid);
                 let refused = b.bus.republish(conv, b"\xff not json", "k4").await.unwrap_err();
                 assert_eq!(refused.kind(), ErrorKind::Invalid);
+            }
+
+            #[tokio::test]
+            async fn heartbeats_sent_in_the_window_are_listed_newest_per_worker() {
+                let b = super::$backend().await;
+                let (w1, w2) = (WorkerId::new(), WorkerId::new());
+                let listening = {
+                    let bus = b.bus.clone();
+                    tokio::spawn(async move { bus.heartbeats(Duration::from_secs(2)).await })
+                };
+                // Beat until the listener has returned (it may subscribe after the first beats).
+                let mut n = 0u64;
+                while !listening.is_finished() {
+                    n += 1;
+                    for (worker, owned) in [(w1, n as usize), (w2, 7)] {
+                        let beat = Heartbeat { worker, owned, slots: 64, at_ms: n };
+                        b.bus.heartbeat(&beat).await;
+                    }
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                let listed = listening.await.unwrap().unwrap();
+                assert_eq!(listed.len(), 2, "{listed:?}");
+                let one = listed.iter().find(|h| h.worker == w1).unwrap();
+                let two = listed.iter().find(|h| h.worker == w2).unwrap();
+                // The newest beat of each: w1's `owned` counted up with its beats.
+                assert_eq!(one.owned as u64, one.at_ms);
+                assert!(one.at_ms > 1 && one.slots == 64, "{one:?}");
+                assert_eq!(two.owned, 7);
+                // After the window, nothing more is listed: a listing is of who spoke in it.
+                let later = b.bus.heartbeats(Duration::from_millis(200)).await.unwrap();
+                assert!(later.is_empty(), "{later:?}");
             }
         }
     };

@@ -91,12 +91,8 @@ impl Fleet {
         self.spawn_with(command, ready, None)
     }
 
-    fn spawn_with(
-        &self,
-        command: Vec<String>,
-        ready: &str,
-        failpoints: Option<&str>,
-    ) -> (Process, String) {
+    /// The global arguments of every process on this fleet.
+    fn fleet_args(&self) -> Vec<String> {
         let mut args: Vec<String> = vec![
             "--data-dir".into(),
             self.data.path().to_string_lossy().into_owned(),
@@ -108,6 +104,27 @@ impl Fleet {
         if let Some(apps) = &self.apps {
             args.extend(["--apps".into(), apps.display().to_string()]);
         }
+        args
+    }
+
+    /// Runs a `turnpike` command on this fleet to its end.
+    fn run(&self, command: &[&str]) -> std::process::Output {
+        std::process::Command::new(binary())
+            .args(self.fleet_args())
+            .args(command)
+            .env("TURNPIKE_SIGNING_KEY", signer().to_hex())
+            .env("TURNPIKE_LOG", "warn")
+            .output()
+            .expect("a turnpike process")
+    }
+
+    fn spawn_with(
+        &self,
+        command: Vec<String>,
+        ready: &str,
+        failpoints: Option<&str>,
+    ) -> (Process, String) {
+        let mut args = self.fleet_args();
         args.extend(command);
         let mut process = Process::start(
             &binary(),
@@ -159,6 +176,52 @@ async fn many_conversations_on_four_worker_processes_keep_order_and_lose_nothing
     assert!(dispatchers
         .iter()
         .all(|d| workers.iter().any(|(_, id)| id == d)));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn turnpike_workers_lists_the_live_workers_of_a_fleet_and_not_a_killed_one() {
+    let fleet = Fleet::start().await;
+    let (_kept, kept) = fleet.worker(&["--heartbeat-ms", "200", "--slots", "7"]);
+    let (mut doomed, doomed_id) = fleet.worker(&["--heartbeat-ms", "200"]);
+    let listed = |fleet: &Fleet| -> Vec<serde_json::Value> {
+        let out = fleet.run(&["workers", "--window-ms", "1500", "--json"]);
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    };
+    let ids = |beats: &[serde_json::Value]| -> Vec<String> {
+        let mut ids: Vec<String> = beats
+            .iter()
+            .map(|b| b["worker"].as_str().unwrap().to_owned())
+            .collect();
+        ids.sort();
+        ids
+    };
+    let beats = listed(&fleet);
+    let mut both = vec![kept.clone(), doomed_id.clone()];
+    both.sort();
+    assert_eq!(ids(&beats), both);
+    let mine = beats.iter().find(|b| b["worker"] == kept.as_str()).unwrap();
+    assert_eq!(
+        (mine["slots"].as_u64(), mine["owned"].as_u64()),
+        (Some(7), Some(0))
+    );
+    // A worker killed is no longer heard from.
+    doomed.kill();
+    assert_eq!(ids(&listed(&fleet)), [kept]);
+    // Without a fleet there is nothing to list: a clear error.
+    let embedded = std::process::Command::new(binary())
+        .args([
+            "--data-dir",
+            &fleet.data.path().to_string_lossy(),
+            "workers",
+        ])
+        .output()
+        .unwrap();
+    assert!(!embedded.status.success());
+    assert!(String::from_utf8_lossy(&embedded.stderr).contains("needs --nats-url"));
 }
 
 /// A wake delivered by hand, acknowledged nowhere.

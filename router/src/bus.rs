@@ -23,6 +23,7 @@ use futures::stream::BoxStream;
 use turnpike_schemas::{ConversationId, Event, TenantId, WorkerId};
 
 use crate::error::Result;
+use crate::heartbeat::Heartbeat;
 
 pub use crate::lane::{
     decode_lane_message, dedupe_id, republished_envelope, Envelope, LaneMessage, Unreadable,
@@ -190,10 +191,11 @@ pub trait Bus: Send + Sync + 'static {
     /// Gives a lease up (a lease already lost is not an error).
     async fn release(&self, lease: &Lease) -> Result<()>;
 
-    /// Announces that `worker` is alive and owns `owned` conversations (advisory, best effort).
-    async fn heartbeat(&self, worker: WorkerId, owned: usize) {
-        let _ = (worker, owned);
-    }
+    /// Announces that a worker is alive and how much it owns (advisory, best effort).
+    async fn heartbeat(&self, beat: &Heartbeat);
+
+    /// The heartbeats sent during the next `window` (the newest of each worker): who is alive.
+    async fn heartbeats(&self, window: Duration) -> Result<Vec<Heartbeat>>;
 
     /// Publishes an advisory message (a token delta, a "new rows" tick) on `tp.live.{conv}`.
     /// Best effort and never durable: it carries nothing the record lacks.

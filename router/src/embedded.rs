@@ -23,6 +23,7 @@ use crate::bus::{
     Lease, LeaseValue, Published, Wake, WakeAck,
 };
 use crate::error::{Error, ErrorKind, Result};
+use crate::heartbeat::Heartbeat;
 
 /// (conversation, seq) → event JSON.
 const LANES: TableDefinition<(&str, u64), &[u8]> = TableDefinition::new("lanes");
@@ -114,6 +115,8 @@ pub struct EmbeddedBus {
     writer_thread: Option<std::thread::JoinHandle<()>>,
     /// Advisory live messages, one channel per conversation someone listens to.
     live: Mutex<HashMap<ConversationId, tokio::sync::broadcast::Sender<bytes::Bytes>>>,
+    /// Heartbeats of the workers in this process, to whoever listens.
+    heartbeats: tokio::sync::broadcast::Sender<Heartbeat>,
 }
 
 /// One event waiting to be committed by the writer thread.
@@ -306,6 +309,7 @@ impl EmbeddedBus {
             writer: Some(writer),
             writer_thread: Some(writer_thread),
             live: Mutex::new(HashMap::new()),
+            heartbeats: tokio::sync::broadcast::channel(256).0,
         });
         bus.requeue_all()?;
         Ok(bus)
@@ -383,6 +387,27 @@ impl WakeAck for EmbeddedAck {
 
 #[async_trait]
 impl Bus for EmbeddedBus {
+    async fn heartbeat(&self, beat: &Heartbeat) {
+        // Nobody listening is not an error.
+        let _ = self.heartbeats.send(beat.clone());
+    }
+
+    async fn heartbeats(&self, window: Duration) -> Result<Vec<Heartbeat>> {
+        let mut rx = self.heartbeats.subscribe();
+        let mut beats = Vec::new();
+        let _ = tokio::time::timeout(window, async {
+            loop {
+                match rx.recv().await {
+                    Ok(beat) => beats.push(beat),
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
+                    Err(tokio::sync::broadcast::error::RecvError::Closed) => break,
+                }
+            }
+        })
+        .await;
+        Ok(crate::heartbeat::latest(beats))
+    }
+
     async fn live(&self, conversation: ConversationId, payload: bytes::Bytes) {
         let mut channels = self.live.lock().expect("live channels lock");
         if let Some(tx) = channels.get(&conversation) {

@@ -25,6 +25,7 @@ use crate::bus::{
     LaneMessage, Lease, LeaseValue, Published, Wake, WakeAck,
 };
 use crate::error::{Error, ErrorKind, Result};
+use crate::heartbeat::Heartbeat;
 use crate::subject::{
     heartbeat_subject, lease_subject, Shards, DISPATCH_CONSUMER, LEASE_STREAM, LEASE_SUBJECTS,
 };
@@ -573,13 +574,35 @@ impl Bus for JetStreamBus {
         Ok(subscriber.map(|m| m.payload).boxed())
     }
 
-    async fn heartbeat(&self, worker: WorkerId, owned: usize) {
-        let beat = serde_json::json!({ "worker": worker, "owned": owned, "at_ms": now_ms() });
-        let payload = serde_json::to_vec(&beat).expect("heartbeats serialise");
+    async fn heartbeat(&self, beat: &Heartbeat) {
+        let payload = serde_json::to_vec(beat).expect("heartbeats serialise");
         let _ = self
             .client
-            .publish(heartbeat_subject(worker), payload.into())
+            .publish(heartbeat_subject(beat.worker), payload.into())
             .await;
+    }
+
+    async fn heartbeats(&self, window: Duration) -> Result<Vec<Heartbeat>> {
+        let mut subscriber = self
+            .client
+            .subscribe(crate::subject::HEARTBEATS)
+            .await
+            .map_err(|e| unavailable("listening for heartbeats", e))?;
+        self.client
+            .flush()
+            .await
+            .map_err(|e| unavailable("listening for heartbeats", e))?;
+        let mut beats = Vec::new();
+        let _ = tokio::time::timeout(window, async {
+            while let Some(message) = subscriber.next().await {
+                // Anything else on the subject (an older or foreign sender) is skipped.
+                if let Ok(beat) = serde_json::from_slice::<Heartbeat>(&message.payload) {
+                    beats.push(beat);
+                }
+            }
+        })
+        .await;
+        Ok(crate::heartbeat::latest(beats))
     }
 
     async fn release(&self, lease: &Lease) -> Result<()> {

@@ -7,6 +7,7 @@
 //! - [`jetstream`]: the NATS JetStream backend (fleet)
 //! - [`embedded`]: the in-process backend, durable on local disk (`turnpike serve`)
 //! - [`subject`]: every name on the bus, built in one place
+//! - [`heartbeat`]: workers saying they are alive, and listing them
 //! - [`settle`]: what becomes of a wake (ack, nak with a delay, terminate): one pure rule
 //! - [`layout`]: the persisted lane layout (shard count, stream epochs) every process checks
 //! - [`ingress`]: validating, authorising and publishing events
@@ -15,6 +16,7 @@
 pub mod bus;
 pub mod embedded;
 pub mod error;
+pub mod heartbeat;
 pub mod ingress;
 pub mod jetstream;
 pub mod lane;
@@ -26,6 +28,7 @@ pub mod subject;
 pub use bus::{Bus, LaneMessage, Lease, Published, Wake};
 pub use embedded::EmbeddedBus;
 pub use error::{Error, ErrorKind, Result};
+pub use heartbeat::Heartbeat;
 pub use ingress::Ingress;
 pub use jetstream::{JetStreamBus, JetStreamConfig};
 pub use subject::Shards;

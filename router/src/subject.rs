@@ -76,6 +76,9 @@ pub fn heartbeat_subject(worker: turnpike_schemas::WorkerId) -> String {
     format!("tp.heartbeat.{worker}")
 }
 
+/// Every worker's heartbeats.
+pub const HEARTBEATS: &str = "tp.heartbeat.>";
+
 /// Advisory live deltas of a conversation: `tp.live.{conv}`.
 pub fn live_subject(conversation: ConversationId) -> String {
     format!("tp.live.{conversation}")

@@ -1,4 +1,5 @@
 //! `turnpike send` and `turnpike tail`: an event onto a lane; committed rows off the record.
+//! `turnpike workers`: who is alive in a fleet.
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -8,10 +9,41 @@ use turnpike_artifactory::{NewConversation, Transcript};
 use turnpike_router::Ingress;
 use turnpike_schemas::{ConversationId, EntryBody, EventBody};
 
-use crate::cli::{EventKindArg, Global, SendArgs, TailArgs};
+use crate::cli::{EventKindArg, Global, SendArgs, TailArgs, WorkersArgs};
 use crate::commands::conversation::describe;
 use crate::commands::runtime::open_bus;
 use crate::env::{now_ms, Env};
+
+/// `turnpike workers`: listens to a fleet's heartbeats for a window and lists who spoke.
+pub async fn workers(global: &Global, args: WorkersArgs) -> Result<ExitCode> {
+    anyhow::ensure!(
+        global.nats_url.is_some(),
+        "`turnpike workers` lists a fleet's workers: it needs --nats-url (`turnpike serve` runs its workers in its own process)"
+    );
+    let env = Env::open(global)?;
+    let bus = open_bus(global, &env, Duration::from_secs(30)).await?;
+    let beats = bus
+        .heartbeats(Duration::from_millis(args.window_ms.max(1)))
+        .await?;
+    let now = now_ms();
+    for beat in &beats {
+        if args.json {
+            println!("{}", serde_json::to_string(beat)?);
+        } else {
+            println!(
+                "{}  owns {} of {} slots  (heard {:.1} s ago)",
+                beat.worker,
+                beat.owned,
+                beat.slots,
+                now.saturating_sub(beat.at_ms) as f64 / 1e3
+            );
+        }
+    }
+    if beats.is_empty() && !args.json {
+        println!("no worker heard from within {} ms", args.window_ms.max(1));
+    }
+    Ok(ExitCode::SUCCESS)
+}
 
 pub async fn send(global: &Global, args: SendArgs) -> Result<ExitCode> {
     let env = Env::open(global)?;

@@ -35,6 +35,7 @@ pub async fn run(cli: Cli) -> Result<ExitCode> {
         Command::Worker(args) => runtime::worker(&cli.global, args).await,
         Command::Send(args) => lanes::send(&cli.global, args).await,
         Command::Tail(args) => lanes::tail(&cli.global, args).await,
+        Command::Workers(args) => lanes::workers(&cli.global, args).await,
         Command::Search(args) => search::search(&cli.global, args).await,
         Command::Chat(args) => chat::run(&cli.global, args).await,
         Command::Index(command) => search::index(&cli.global, command).await,

@@ -91,6 +91,7 @@ fn worker_config(args: &WorkerArgs) -> Result<WorkerConfig> {
         renew_every: ttl / 3,
         sweep_every: Duration::from_millis(args.sweep_every_ms.max(100)),
         grace: Duration::from_millis(args.grace_ms),
+        heartbeat_every: Duration::from_millis(args.heartbeat_ms.max(100)),
         git_remote: args.git_remote.clone(),
         failpoints: Failpoints::from_env().map_err(anyhow::Error::msg)?,
         ..Default::default()

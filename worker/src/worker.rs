@@ -22,8 +22,9 @@ use std::time::Duration;
 use tokio::sync::{Notify, Semaphore};
 use tracing::{debug, info, warn};
 use turnpike_artifactory::{ConversationPrefix, Conversations, RecordSigner};
-use turnpike_router::bus::{Bus, Wake};
+use turnpike_router::bus::{now_ms, Bus, Wake};
 use turnpike_router::settle::Settlement;
+use turnpike_router::Heartbeat;
 use turnpike_schemas::{ConversationId, WorkerId};
 
 use crate::apps::Apps;
@@ -198,7 +199,8 @@ impl Worker {
         tokio::pin!(shutdown);
         let mut backoff = Duration::from_millis(50);
         let every = self.inner.config.heartbeat_every;
-        let mut heartbeat = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+        // The first heartbeat at once: a listing sees a worker as soon as it runs.
+        let mut heartbeat = tokio::time::interval(every);
         // The first tick is at once: a worker starting up recovers what was left open.
         let mut sweep = tokio::time::interval(self.inner.config.sweep_every);
         sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -209,7 +211,13 @@ impl Worker {
                 _ = heartbeat.tick() => {
                     let owned = self.inner.owners.lock().expect("owner map lock").len();
                     debug!(worker = %self.inner.worker, owned, "heartbeat");
-                    self.inner.bus.heartbeat(self.inner.worker, owned).await;
+                    let beat = Heartbeat {
+                        worker: self.inner.worker,
+                        owned,
+                        slots: self.inner.config.slots,
+                        at_ms: now_ms(),
+                    };
+                    self.inner.bus.heartbeat(&beat).await;
                 }
                 _ = sweep.tick() => {
                     // One sweep at a time; a slow one is not stacked upon.
