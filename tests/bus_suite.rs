@@ -382,6 +382,34 @@ macro_rules! bus_suite {
 bus_suite!(jetstream);
 bus_suite!(embedded);
 
+/// Leases run on the clock tokio can pause: a ten-minute lease lapses at once in virtual time,
+/// and not a moment before.
+#[tokio::test(start_paused = true)]
+async fn a_lease_expires_on_the_paused_clock_and_not_before() {
+    let b = embedded().await;
+    let conv = ConversationId::new();
+    let (w1, w2) = (WorkerId::new(), WorkerId::new());
+    let ttl = Duration::from_secs(600);
+    let l1 = b
+        .bus
+        .claim(conv, w1, ttl)
+        .await
+        .unwrap()
+        .expect("free lease");
+    tokio::time::advance(Duration::from_secs(590)).await;
+    assert!(
+        b.bus.claim(conv, w2, ttl).await.unwrap().is_none(),
+        "still held"
+    );
+    tokio::time::advance(Duration::from_secs(11)).await;
+    let l2 = b.bus.claim(conv, w2, ttl).await.unwrap().expect("expired");
+    assert!(l2.revision > l1.revision);
+    assert_eq!(
+        b.bus.renew(&l1, ttl).await.unwrap_err().kind(),
+        ErrorKind::LeaseLost
+    );
+}
+
 #[tokio::test]
 async fn the_embedded_bus_keeps_accepted_events_across_a_restart() {
     let dir = tempfile::tempdir().unwrap();

@@ -208,10 +208,4 @@ pub trait Bus: Send + Sync + 'static {
     ) -> Result<BoxStream<'static, Bytes>>;
 }
 
-/// Milliseconds since the Unix epoch.
-pub fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}
+pub use crate::clock::now_ms;

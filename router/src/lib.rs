@@ -2,6 +2,7 @@
 //!
 //! # Layout
 //! - [`bus`]: the [`Bus`] trait and its contract; wakes
+//! - [`clock`]: the time leases and owners read (pausable in tests)
 //! - [`lane`]: lane messages, reading them (unreadable ones handed over), dedupe ids
 //! - [`lease`]: one owner per conversation, the claim rule and the fencing epoch
 //! - [`jetstream`]: the NATS JetStream backend (fleet)
@@ -14,6 +15,7 @@
 //! - [`error`]: the crate's error type
 
 pub mod bus;
+pub mod clock;
 pub mod embedded;
 pub mod error;
 pub mod heartbeat;

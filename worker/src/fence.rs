@@ -57,6 +57,16 @@ impl Fence {
 mod tests {
     use super::*;
 
+    #[tokio::test(start_paused = true)]
+    async fn a_fence_lapses_on_the_paused_clock() {
+        let fence = Fence::new(now_ms() + 60_000, Duration::from_secs(5));
+        assert!(fence.check().is_ok());
+        tokio::time::advance(Duration::from_secs(54)).await;
+        assert!(fence.check().is_ok());
+        tokio::time::advance(Duration::from_secs(2)).await;
+        assert!(fence.check().unwrap_err().is_fenced());
+    }
+
     #[test]
     fn a_fence_holds_until_the_margin_before_expiry() {
         let fence = Fence::new(10_000, Duration::from_millis(1_000));
