@@ -826,6 +826,7 @@ macro_rules! record_suite {
                     turn: TurnId::FIRST,
                     agent: "helper".parse().unwrap(),
                     outcome: turnpike_schemas::entry::TurnOutcome::Replied,
+                    usage: None,
                     blocks: vec![
                         Block::UserMessage { text: "q".into() },
                         Block::AssistantMessage { text: "a".into() },

@@ -54,6 +54,7 @@ async fn setup(store: Arc<dyn ObjectStore>) -> (Resolver, ConversationId) {
             turn: TurnId::FIRST,
             agent: "helper".parse().unwrap(),
             outcome: turnpike_schemas::entry::TurnOutcome::Replied,
+            usage: None,
             blocks: vec![Block::UserMessage {
                 text: "secret question".into(),
             }],

@@ -502,6 +502,7 @@ async fn build_conversation(
                 turn,
                 agent: "helper".parse().unwrap(),
                 outcome: TurnOutcome::Replied,
+                usage: None,
                 blocks,
             },
         )

@@ -143,6 +143,7 @@ async fn build(
                 agent: "bench".parse()?,
                 outcome: TurnOutcome::Replied,
                 blocks,
+                usage: None,
             },
         )
         .await?;

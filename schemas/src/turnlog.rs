@@ -22,6 +22,27 @@ pub struct TurnLog {
     pub agent: AgentId,
     pub outcome: TurnOutcome,
     pub blocks: Vec<Block>,
+    /// The tokens the turn's model calls used, summed, as the endpoints reported them (absent
+    /// when no endpoint reports usage: scripted and replayed models).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Usage>,
+}
+
+/// Token counts a model endpoint reported.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Usage {
+    pub prompt_tokens: u64,
+    pub completion_tokens: u64,
+}
+
+impl Usage {
+    /// The sum of two counts.
+    pub fn plus(self, other: Usage) -> Usage {
+        Usage {
+            prompt_tokens: self.prompt_tokens + other.prompt_tokens,
+            completion_tokens: self.completion_tokens + other.completion_tokens,
+        }
+    }
 }
 
 /// One step of a turn.

@@ -23,7 +23,8 @@ use crate::approvals::{canonical, pending};
 use crate::apps::AgentSpec;
 use crate::error::{Error, Result};
 use crate::model::{
-    CallContext, Message, ModelProvider, ModelReply, ModelRequest, Role, ToolCallRequest, ToolSpec,
+    CallContext, Message, ModelProvider, ModelReply, ModelRequest, Role, ToolCallRequest,
+    ToolChoice, ToolSpec,
 };
 use crate::timeline::messages;
 use crate::tokens::TokenCounter;
@@ -56,6 +57,9 @@ pub struct Settings {
     pub history_budget: u64,
     /// How tokens are counted.
     pub tokens: TokenCounter,
+    /// Whether the first round must call a tool (later rounds choose freely).
+    pub tool_choice: ToolChoice,
+    pub temperature: Option<f32>,
 }
 
 /// Where a turn's arrivals come from.
@@ -107,12 +111,17 @@ pub async fn run(
             break;
         }
         round += 1;
-        let request = request(settings, &history, blocks, &specs, false);
+        let mut request = request(settings, &history, blocks, &specs, false);
+        request.tool_choice = match &settings.tool_choice {
+            forced if forced.forces() && round > 1 => ToolChoice::Auto,
+            choice => choice.clone(),
+        };
         let reply = tokio::select! {
             biased;
             _ = inbox.stop_requested() => return cancel(inbox, blocks).await,
             reply = model.complete(&request, cx) => reply?,
         };
+        cx.add_usage(reply.usage);
         let ModelReply {
             text, tool_calls, ..
         } = reply;
@@ -207,6 +216,7 @@ pub async fn run(
         _ = inbox.stop_requested() => return cancel(inbox, blocks).await,
         reply = model.complete(&request, cx) => reply?,
     };
+    cx.add_usage(reply.usage);
     let text = if reply.text.trim().is_empty() {
         FALLBACK_REPLY.to_owned()
     } else {
@@ -243,6 +253,8 @@ fn request(
         closing,
         compaction: false,
         max_tokens: None,
+        tool_choice: ToolChoice::Auto,
+        temperature: settings.temperature,
     }
 }
 
@@ -408,6 +420,8 @@ pub async fn run_live(turn: &TurnContext<'_>) -> Result<TurnOutcome> {
         max_rounds: turn.max_rounds(),
         history_budget: budget,
         tokens: spec.tokens.clone(),
+        tool_choice: spec.tool_choice.clone(),
+        temperature: spec.temperature,
     };
     let mut inbox = LaneInbox { turn };
     let result = run(
@@ -421,6 +435,7 @@ pub async fn run_live(turn: &TurnContext<'_>) -> Result<TurnOutcome> {
     )
     .await;
     turn.set_blocks(blocks);
+    turn.set_usage(cx.usage());
     result
 }
 
@@ -430,6 +445,110 @@ pub const COMPACT_AT_PERCENT: u64 = 90;
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::Mutex;
+
+    /// A model that calls `read_file` while it may and says "done" once it was free to choose,
+    /// recording the tool choice of every call.
+    struct Choosy(Mutex<Vec<ToolChoice>>);
+
+    #[async_trait]
+    impl ModelProvider for Choosy {
+        async fn complete(
+            &self,
+            request: &ModelRequest,
+            _cx: &mut CallContext,
+        ) -> std::result::Result<ModelReply, crate::model::ModelError> {
+            self.0.lock().unwrap().push(request.tool_choice.clone());
+            let n = self.0.lock().unwrap().len();
+            Ok(if request.tool_choice.forces() {
+                ModelReply {
+                    tool_calls: vec![ToolCallRequest {
+                        id: format!("c{n}"),
+                        name: "read_file".into(),
+                        arguments: json!({"path": "a"}),
+                    }],
+                    usage: Some(crate::model::Usage {
+                        prompt_tokens: 10,
+                        completion_tokens: 2,
+                    }),
+                    ..Default::default()
+                }
+            } else {
+                ModelReply {
+                    text: "done".into(),
+                    usage: Some(crate::model::Usage {
+                        prompt_tokens: 20,
+                        completion_tokens: 1,
+                    }),
+                    ..Default::default()
+                }
+            })
+        }
+    }
+
+    struct NoTools;
+
+    #[async_trait]
+    impl ToolRunner for NoTools {
+        fn specs(&self) -> Vec<ToolSpec> {
+            vec![ToolSpec {
+                name: "read_file".into(),
+                description: String::new(),
+                parameters: json!({}),
+            }]
+        }
+        async fn run(&self, _call: &ToolCallRequest) -> (bool, crate::tools::ToolOutput) {
+            (true, json!("text").into())
+        }
+    }
+
+    struct Quiet;
+
+    #[async_trait]
+    impl Inbox for Quiet {
+        async fn arrivals(&mut self) -> Result<Vec<Block>> {
+            Ok(Vec::new())
+        }
+        async fn stop_requested(&mut self) {
+            std::future::pending::<()>().await
+        }
+    }
+
+    #[tokio::test]
+    async fn a_forced_tool_choice_holds_for_the_first_round_only_and_usage_adds_up() {
+        for forced in [ToolChoice::Required, ToolChoice::Tool("read_file".into())] {
+            let settings = Settings {
+                model: "m".into(),
+                system_prompt: String::new(),
+                max_rounds: 4,
+                history_budget: 1_000,
+                tokens: TokenCounter::Estimate,
+                tool_choice: forced.clone(),
+                temperature: None,
+            };
+            let model = Choosy(Mutex::new(Vec::new()));
+            let mut blocks = vec![Block::UserMessage { text: "hi".into() }];
+            let mut cx = CallContext::detached();
+            let outcome = run(
+                &settings,
+                Vec::new(),
+                &mut blocks,
+                &model,
+                &NoTools,
+                &mut Quiet,
+                &mut cx,
+            )
+            .await
+            .unwrap();
+            assert_eq!(outcome, TurnOutcome::Replied);
+            assert_eq!(*model.0.lock().unwrap(), [forced, ToolChoice::Auto]);
+            assert!(
+                matches!(blocks.last(), Some(Block::AssistantMessage { text }) if text == "done")
+            );
+            let usage = cx.usage().unwrap();
+            assert_eq!((usage.prompt_tokens, usage.completion_tokens), (30, 3));
+        }
+    }
 
     #[test]
     fn history_is_trimmed_oldest_first_by_the_agents_token_count() {

@@ -133,8 +133,11 @@ pub async fn compact(
         closing: false,
         compaction: true,
         max_tokens: None,
+        tool_choice: Default::default(),
+        temperature: spec.temperature,
     };
     let reply = spec.provider.complete(&request, cx).await?;
+    cx.add_usage(reply.usage);
     let kept = verbatim(history_blocks);
     let text = if kept.is_empty() {
         reply.text.trim().to_owned()

@@ -387,6 +387,8 @@ pub async fn replay(logs: &[TurnLog], what_if: Option<&WhatIf>) -> Vec<TurnRepla
             max_rounds: recorded.outputs.len().max(1) as u32,
             history_budget: u64::MAX,
             tokens: Default::default(),
+            tool_choice: Default::default(),
+            temperature: None,
         };
         let mut blocks = recorded.inputs.clone();
         let mut cx = CallContext::detached();
@@ -442,6 +444,7 @@ mod tests {
             agent: "a".parse().unwrap(),
             outcome: TurnOutcome::Replied,
             blocks,
+            usage: None,
         }
     }
 

@@ -17,7 +17,7 @@ use serde_json::{json, Value};
 use tokio::sync::{mpsc, watch};
 use turnpike_worker::model::openai::{OpenAi, OpenAiConfig};
 use turnpike_worker::model::{
-    CallContext, Message, ModelErrorKind, ModelProvider, ModelRequest, Role, ToolSpec,
+    CallContext, Message, ModelErrorKind, ModelProvider, ModelRequest, Role, ToolChoice, ToolSpec,
 };
 
 /// A request body and its authorization header.
@@ -137,6 +137,8 @@ fn provider(base_url: String) -> OpenAi {
 
 fn request(model: &str) -> ModelRequest {
     ModelRequest {
+        tool_choice: Default::default(),
+        temperature: None,
         model: model.into(),
         messages: vec![
             Message::new(Role::System, "be brief"),
@@ -208,6 +210,50 @@ async fn parallel_tool_calls_are_assembled_from_fragments() {
     assert_eq!(reply.tool_calls[1].name, "list_files");
     assert_eq!(reply.tool_calls[1].arguments, json!({"path": "docs"}));
     assert_eq!(reply.finish_reason.as_deref(), Some("tool_calls"));
+}
+
+#[tokio::test]
+async fn tool_choice_and_temperature_are_sent_as_the_protocol_says() {
+    set_key();
+    let (url, seen) = server().await;
+    let (mut cx, _) = context();
+    let choices = [
+        (ToolChoice::Auto, json!("auto")),
+        (ToolChoice::Required, json!("required")),
+        (ToolChoice::None, json!("none")),
+        (
+            ToolChoice::Tool("read_file".into()),
+            json!({"type": "function", "function": {"name": "read_file"}}),
+        ),
+    ];
+    for (choice, want) in choices {
+        let mut r = request("tools");
+        r.tool_choice = choice;
+        r.temperature = Some(0.0);
+        provider(url.clone()).complete(&r, &mut cx).await.unwrap();
+        let body = seen.requests.lock().unwrap()["tools"]
+            .last()
+            .unwrap()
+            .0
+            .clone();
+        assert_eq!(body["tool_choice"], want);
+        assert_eq!(body["temperature"], json!(0.0));
+    }
+    // A closing call has no tools, so no tool choice; no temperature leaves the default.
+    let mut r = request("tools");
+    r.closing = true;
+    r.tool_choice = ToolChoice::Required;
+    provider(url).complete(&r, &mut cx).await.unwrap();
+    let body = seen.requests.lock().unwrap()["tools"]
+        .last()
+        .unwrap()
+        .0
+        .clone();
+    assert!(
+        body.get("tools").is_none() && body.get("tool_choice").is_none(),
+        "{body}"
+    );
+    assert!(body.get("temperature").is_none(), "{body}");
 }
 
 #[tokio::test]

@@ -21,6 +21,9 @@
 //! reply_reserve = 4096          # tokens kept free for the reply
 //! tokenizer = "gpt.tokenizer.json"         # optional: a Hugging Face tokenizer.json for the
 //!                               # model family (relative to the manifest); else an estimate
+//! tool_choice = "auto"          # "auto" (default), "required", "none" or a tool's name: a
+//!                               # forced choice applies to the first round of each turn
+//! temperature = 0.0             # sampling temperature (0–2); absent: the endpoint's default
 //! stall_timeout_secs = 60       # openai: the longest gap between streamed chunks
 //! deadline_secs = 600           # openai: the longest a model call may take
 //! approval = [{ tool = "publish" },        # calls that need a person's approval: always, or
@@ -49,7 +52,7 @@ use crate::approvals::{Gate, Policy};
 use crate::error::Result;
 use crate::model::openai::{OpenAi, OpenAiConfig};
 use crate::model::script::{Script, ScriptModel};
-use crate::model::ModelProvider;
+use crate::model::{ModelProvider, ToolChoice};
 use crate::tokens::TokenCounter;
 use crate::tools::{Registry, Toolset};
 use crate::turn::TurnContext;
@@ -93,6 +96,10 @@ pub struct AgentSpec {
     pub compaction_prompt: String,
     /// What a message arriving on the lane does to a running turn of this agent.
     pub on_new_message: OnNewMessage,
+    /// Whether the first round of a turn must call a tool.
+    pub tool_choice: ToolChoice,
+    /// Sampling temperature for every call; `None`: the endpoint's default.
+    pub temperature: Option<f32>,
 }
 
 /// What a new message does to a running turn (an agent's `on_new_message`).
@@ -312,6 +319,10 @@ struct RawAgent {
     compaction_prompt: Option<String>,
     #[serde(default)]
     on_new_message: OnNewMessage,
+    #[serde(default)]
+    tool_choice: Option<String>,
+    #[serde(default)]
+    temperature: Option<f32>,
 }
 
 impl Manifest {
@@ -419,6 +430,26 @@ impl Manifest {
                     .map_err(|e| format!("{}: {e}", field("tokenizer")))?,
                 None => TokenCounter::Estimate,
             };
+            let tool_choice = ToolChoice::parse(agent.tool_choice.as_deref().unwrap_or("auto"));
+            match &tool_choice {
+                ToolChoice::Required if agent.tools.is_empty() => {
+                    return Err(format!(
+                        "{}: \"required\" needs the agent to have tools",
+                        field("tool_choice")
+                    ))
+                }
+                ToolChoice::Tool(tool) if !agent.tools.contains(tool) => return Err(format!(
+                    "{}: {tool:?} is not one of the agent's tools ({}), nor auto, required or none",
+                    field("tool_choice"),
+                    agent.tools.join(", ")
+                )),
+                _ => {}
+            }
+            if let Some(t) = agent.temperature {
+                if !(0.0..=2.0).contains(&t) {
+                    return Err(format!("{}: must be 0–2, not {t}", field("temperature")));
+                }
+            }
             let policy = Policy::new(agent.approval).map_err(|e| format!("agents.{name}.{e}"))?;
             for gate in policy_tools(&policy) {
                 if !tools.contains(&gate) {
@@ -442,6 +473,8 @@ impl Manifest {
                         .compaction_prompt
                         .unwrap_or_else(|| DEFAULT_COMPACTION_PROMPT.into()),
                     on_new_message: agent.on_new_message,
+                    tool_choice,
+                    temperature: agent.temperature,
                 }),
             );
         }
@@ -474,6 +507,9 @@ mod tests {
             ("app = \"x\"\n[agents.a]\nprovider = \"script\"\nscript = \"missing.toml\"\n", "agents.a.script"),
             ("app = \"x\"\n[agents.a]\nprovider = \"openai\"\nmodel = \"m\"\ncolour = 1\n", "colour"),
             ("app = \"x\"\n[agents.a]\nprovider = \"echo\"\ntokenizer = \"nope.json\"\n", "agents.a.tokenizer: cannot load"),
+            ("app = \"x\"\n[agents.a]\nprovider = \"echo\"\ntools = [\"read_file\"]\ntool_choice = \"write_file\"\n", "agents.a.tool_choice: \"write_file\" is not one of the agent's tools"),
+            ("app = \"x\"\n[agents.a]\nprovider = \"echo\"\ntool_choice = \"required\"\n", "agents.a.tool_choice: \"required\" needs the agent to have tools"),
+            ("app = \"x\"\n[agents.a]\nprovider = \"echo\"\ntemperature = 3.5\n", "agents.a.temperature: must be 0–2"),
         ];
         for (text, expected) in cases {
             match parse(text) {

@@ -84,14 +84,46 @@ pub struct ModelRequest {
     /// A compaction: a summary of the messages is wanted, not a reply.
     pub compaction: bool,
     pub max_tokens: Option<u32>,
+    /// Whether (and which) tool the model must call; only sent with tools.
+    pub tool_choice: ToolChoice,
+    /// Sampling temperature; `None` leaves the endpoint's default.
+    pub temperature: Option<f32>,
 }
 
-/// Token counts a provider reported.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Usage {
-    pub prompt_tokens: u64,
-    pub completion_tokens: u64,
+/// Whether the model must call a tool, in the protocol's terms. The agent loop applies a forced
+/// choice (`required` or a named tool) to the first round of a turn only and lets the model
+/// choose afterwards, so a forced tool cannot loop a turn through all of its rounds.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum ToolChoice {
+    /// The model decides.
+    #[default]
+    Auto,
+    /// The model must call some tool.
+    Required,
+    /// The model may not call tools.
+    None,
+    /// The model must call this tool.
+    Tool(String),
 }
+
+impl ToolChoice {
+    /// Parses a manifest's `tool_choice`: `auto`, `required`, `none` or a tool's name.
+    pub fn parse(s: &str) -> Self {
+        match s {
+            "auto" => Self::Auto,
+            "required" => Self::Required,
+            "none" => Self::None,
+            name => Self::Tool(name.to_owned()),
+        }
+    }
+
+    /// Whether the model is made to call a tool.
+    pub fn forces(&self) -> bool {
+        matches!(self, Self::Required | Self::Tool(_))
+    }
+}
+
+pub use turnpike_schemas::turnlog::Usage;
 
 /// What the model answered.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -106,6 +138,7 @@ pub struct ModelReply {
 pub struct CallContext {
     deltas: Option<mpsc::UnboundedSender<String>>,
     arrivals: watch::Receiver<u64>,
+    usage: Option<Usage>,
 }
 
 impl CallContext {
@@ -115,7 +148,11 @@ impl CallContext {
         deltas: Option<mpsc::UnboundedSender<String>>,
         arrivals: watch::Receiver<u64>,
     ) -> Self {
-        Self { deltas, arrivals }
+        Self {
+            deltas,
+            arrivals,
+            usage: None,
+        }
     }
 
     /// A context that streams nowhere and never sees arrivals.
@@ -126,7 +163,20 @@ impl CallContext {
         Self {
             deltas: None,
             arrivals: rx,
+            usage: None,
         }
+    }
+
+    /// Adds a call's reported usage to the turn's.
+    pub fn add_usage(&mut self, usage: Option<Usage>) {
+        if let Some(u) = usage {
+            self.usage = Some(self.usage.unwrap_or_default().plus(u));
+        }
+    }
+
+    /// The usage the turn's calls reported so far (`None`: none reported any).
+    pub fn usage(&self) -> Option<Usage> {
+        self.usage
     }
 
     /// Publishes a streamed text delta (advisory; the durable reply is in the turn log).

@@ -24,7 +24,7 @@ use tokio::time::Instant;
 
 use super::{
     CallContext, Message, ModelError, ModelErrorKind, ModelProvider, ModelReply, ModelRequest,
-    Role, ToolCallRequest, Usage,
+    Role, ToolCallRequest, ToolChoice, Usage,
 };
 
 /// How to reach an endpoint.
@@ -98,6 +98,15 @@ impl OpenAi {
                         "name": t.name, "description": t.description, "parameters": t.parameters}})
                 })
                 .collect();
+            body["tool_choice"] = match &request.tool_choice {
+                ToolChoice::Auto => json!("auto"),
+                ToolChoice::Required => json!("required"),
+                ToolChoice::None => json!("none"),
+                ToolChoice::Tool(name) => json!({"type": "function", "function": {"name": name}}),
+            };
+        }
+        if let Some(t) = request.temperature {
+            body["temperature"] = json!(t);
         }
         if let Some(max) = request.max_tokens {
             body["max_tokens"] = json!(max);

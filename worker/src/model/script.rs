@@ -304,6 +304,8 @@ mod tests {
 
     fn request(messages: Vec<Message>, turn_start: usize) -> ModelRequest {
         ModelRequest {
+            tool_choice: Default::default(),
+            temperature: None,
             model: "m".into(),
             messages,
             tools: Vec::new(),

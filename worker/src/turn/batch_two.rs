@@ -82,6 +82,7 @@ pub(super) async fn finish_turn(
         directive,
         head: Mutex::new(head),
         blocks: Mutex::new(blocks),
+        usage: Mutex::new(None),
         timeline: Mutex::new(None),
         app_agents,
         intents: Mutex::new(Default::default()),
@@ -141,8 +142,10 @@ pub(super) async fn finish_turn(
         compaction,
         identity,
         hosted,
+        usage,
         ..
     } = ctx;
+    let turn_usage = usage.into_inner().expect("usage lock");
     let hosted = hosted.into_inner();
     let intents = intents.into_inner().expect("intents lock");
     let stop_cause = watch.cause();
@@ -175,6 +178,7 @@ pub(super) async fn finish_turn(
         agent,
         outcome,
         blocks,
+        usage: turn_usage,
     };
     env.fence.check()?;
     let digest = env

@@ -35,6 +35,8 @@ pub struct TurnContext<'a> {
     pub(super) directive: Option<IngressDirective>,
     pub(super) head: Mutex<Head>,
     pub(super) blocks: Mutex<Vec<Block>>,
+    /// The tokens the turn's model calls reported.
+    pub(super) usage: Mutex<Option<turnpike_schemas::turnlog::Usage>>,
     /// The timeline the turn was built on, once asked for; the snapshot after the turn extends it.
     pub(super) timeline: Mutex<Option<Timeline>>,
     /// Every agent of the turn's app.
@@ -117,6 +119,11 @@ impl TurnContext<'_> {
     /// The turn's blocks so far.
     pub fn blocks(&self) -> Vec<Block> {
         self.blocks.lock().expect("blocks lock").clone()
+    }
+
+    /// The tokens the turn's model calls used, as their endpoints reported them.
+    pub fn set_usage(&self, usage: Option<turnpike_schemas::turnlog::Usage>) {
+        *self.usage.lock().expect("usage lock") = usage;
     }
 
     /// Replaces the turn's blocks (an agent loop that kept its own).
