@@ -95,6 +95,16 @@ async fn completions(
             ],
             false,
         ),
+        // llama-cpp-python's way: the id and the name again in every fragment.
+        "repeats" => sse(
+            vec![
+                delta(json!({"role": "assistant", "content": null, "tool_calls": null})),
+                delta(json!({"tool_calls": [{"index": 0, "id": "call_x", "type": "function", "function": {"name": "read_file", "arguments": "{\"path\""}}]})),
+                delta(json!({"tool_calls": [{"index": 0, "id": "call_x", "type": "function", "function": {"name": "read_file", "arguments": ": \"a.txt\"}"}}]})),
+                json!({"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]}),
+            ],
+            false,
+        ),
         "stall" => sse(vec![delta(json!({"content": "thinking"}))], true),
         "flaky" if attempt == 1 => (
             StatusCode::TOO_MANY_REQUESTS,
@@ -257,6 +267,21 @@ async fn tool_choice_and_temperature_are_sent_as_the_protocol_says() {
 }
 
 #[tokio::test]
+async fn an_id_and_name_repeated_in_every_fragment_are_taken_once() {
+    set_key();
+    let (url, _) = server().await;
+    let (mut cx, _) = context();
+    let reply = provider(url)
+        .complete(&request("repeats"), &mut cx)
+        .await
+        .unwrap();
+    assert_eq!(reply.tool_calls.len(), 1);
+    assert_eq!(reply.tool_calls[0].id, "call_x");
+    assert_eq!(reply.tool_calls[0].name, "read_file");
+    assert_eq!(reply.tool_calls[0].arguments, json!({"path": "a.txt"}));
+}
+
+#[tokio::test]
 async fn a_stalled_stream_times_out_and_is_not_retried() {
     set_key();
     let (url, seen) = server().await;
@@ -331,21 +356,27 @@ async fn chat(State(seen): State<Seen>, Json(body): Json<Value>) -> Response {
         .push((body.clone(), None));
     let messages = body["messages"].as_array().cloned().unwrap_or_default();
     let last = messages.last().cloned().unwrap_or_default();
+    // Usage: ten prompt tokens per message, one completion token per call.
+    let usage = json!({"choices": [], "usage": {"prompt_tokens": 10 * messages.len(), "completion_tokens": 1}});
     if last["role"] == "user" {
         let text = last["content"].as_str().unwrap_or_default();
         let args = json!({"path": "note.txt", "content": text}).to_string();
         sse(
-            vec![delta(
-                json!({"tool_calls": [{"index": 0, "id": format!("call_{}", messages.len()),
+            vec![
+                delta(
+                    json!({"tool_calls": [{"index": 0, "id": format!("call_{}", messages.len()),
                 "type": "function", "function": {"name": "write_file", "arguments": args}}]}),
-            )],
+                ),
+                usage,
+            ],
             false,
         )
     } else {
         sse(
-            vec![delta(
-                json!({"content": format!("noted; I saw {} messages", messages.len())}),
-            )],
+            vec![
+                delta(json!({"content": format!("noted; I saw {} messages", messages.len())})),
+                usage,
+            ],
             false,
         )
     }
@@ -446,6 +477,9 @@ async fn an_openai_agent_holds_a_multi_turn_conversation_through_a_worker() {
     });
     // system, turn 1 (user, assistant+call, tool, assistant), turn 2 (user, assistant+call, tool)
     assert_eq!(reply.as_deref(), Some("noted; I saw 8 messages"));
+    // Turn 2's two calls saw 6 and 8 messages: the usage the endpoint reported, summed.
+    let usage = two.usage.expect("the endpoint reported usage");
+    assert_eq!((usage.prompt_tokens, usage.completion_tokens), (140, 2));
     let requests = seen.requests.lock().unwrap();
     let bodies: Vec<&Value> = requests["chat"].iter().map(|(b, _)| b).collect();
     assert_eq!(bodies.len(), 4, "two model calls per turn");

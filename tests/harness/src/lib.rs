@@ -10,6 +10,7 @@
 //! - [`faulty`]: an object store that stops writing after a budget, as a killed process would
 //! - [`git`]: the real `git` binary, for checking exports and mirrors
 //! - [`index`]: the real embedding model for index tests
+//! - [`llm`]: a real language model (llama.cpp's server, SmolLM2-135M) for model tests
 //! - [`fixtures`]: small builders for conversations and records
 //! - [`turns`]: a conversation with a scripted agent on one worker, for turn tests
 //! - [`lanes`]: publishing many events and checking they were committed in order, once
@@ -21,6 +22,7 @@ pub mod fixtures;
 pub mod git;
 pub mod index;
 pub mod lanes;
+pub mod llm;
 pub mod nats;
 pub mod postgres;
 pub mod process;

@@ -57,6 +57,18 @@ impl Service {
         timeout: Duration,
         signal: &str,
     ) -> Result<Self> {
+        Self::start_logging(program, args, addr, timeout, signal, None)
+    }
+
+    /// Like [`Service::start_stopping_with`], its output appended to `log` when given.
+    pub fn start_logging(
+        program: &str,
+        args: &[String],
+        addr: SocketAddr,
+        timeout: Duration,
+        signal: &str,
+        log: Option<&std::path::Path>,
+    ) -> Result<Self> {
         // The shell watches the test process and stops the service when it is gone; a TERM
         // (from `Drop`) stops it at once.
         let script = r#"p="$1"; s="$2"; shift 2; "$@" & c=$!; trap 'kill -$s $c 2>/dev/null; wait $c; exit 0' TERM INT; trap 'kill -$s $c 2>/dev/null' EXIT; while kill -0 "$p" 2>/dev/null && kill -0 "$c" 2>/dev/null; do sleep 0.2; done"#;
@@ -69,9 +81,20 @@ impl Service {
             .arg(signal)
             .arg(program)
             .args(args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null());
+            .stdin(Stdio::null());
+        match log {
+            Some(path) => {
+                let file = std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(path)
+                    .with_context(|| format!("opening {}", path.display()))?;
+                command.stdout(file.try_clone()?).stderr(file);
+            }
+            None => {
+                command.stdout(Stdio::null()).stderr(Stdio::null());
+            }
+        }
         let child = command
             .spawn()
             .with_context(|| format!("starting {program}"))?;

@@ -438,11 +438,13 @@ impl Manifest {
                         field("tool_choice")
                     ))
                 }
-                ToolChoice::Tool(tool) if !agent.tools.contains(tool) => return Err(format!(
+                ToolChoice::Tool(tool) if !agent.tools.contains(tool) => {
+                    return Err(format!(
                     "{}: {tool:?} is not one of the agent's tools ({}), nor auto, required or none",
                     field("tool_choice"),
                     agent.tools.join(", ")
-                )),
+                ))
+                }
                 _ => {}
             }
             if let Some(t) = agent.temperature {

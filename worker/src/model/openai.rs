@@ -3,7 +3,8 @@
 //! Contract:
 //! - requests stream (`stream: true`, usage included); text deltas go to the call context as
 //!   they arrive; tool calls are assembled from their streamed fragments (parallel calls by
-//!   `index`, arguments concatenated, then parsed as JSON);
+//!   `index`, the first id and name, arguments concatenated, then parsed as JSON); a server
+//!   that streams no usage (llama-cpp-python) leaves the reply's usage empty;
 //! - the API key comes from the environment variable the config names, read at each call, and
 //!   is sent as a bearer token;
 //! - connecting is bounded by `connect_timeout`; after the response starts, every gap between
@@ -303,9 +304,18 @@ impl OpenAi {
     }
 }
 
+/// `null` where a list is expected reads as empty (llama-cpp-python sends `"tool_calls": null`).
+fn null_as_empty<'de, D, T>(d: D) -> Result<Vec<T>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    Ok(Option::<Vec<T>>::deserialize(d)?.unwrap_or_default())
+}
+
 #[derive(Deserialize)]
 struct Chunk {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_empty")]
     choices: Vec<Choice>,
     #[serde(default)]
     usage: Option<Usage>,
@@ -323,7 +333,7 @@ struct Choice {
 struct Delta {
     #[serde(default)]
     content: Option<String>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_empty")]
     tool_calls: Vec<ToolCallDelta>,
 }
 
@@ -368,12 +378,18 @@ impl Assembly {
             }
             for call in choice.delta.tool_calls {
                 let entry = self.calls.entry(call.index).or_default();
+                // The id and the name come whole in a call's first fragment; some servers
+                // (llama-cpp-python) repeat them in every fragment: the first one counts.
                 if let Some(id) = call.id {
-                    entry.0.push_str(&id);
+                    if entry.0.is_empty() {
+                        entry.0 = id;
+                    }
                 }
                 if let Some(f) = call.function {
                     if let Some(name) = f.name {
-                        entry.1.push_str(&name);
+                        if entry.1.is_empty() {
+                            entry.1 = name;
+                        }
                     }
                     if let Some(args) = f.arguments {
                         entry.2.push_str(&args);
