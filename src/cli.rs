@@ -161,10 +161,25 @@ pub enum LogFormat {
     Json,
 }
 
+#[derive(Debug, Args)]
+pub struct DemoArgs {
+    /// The demo assistant's model: `script` (deterministic, the default) or `local` (a small
+    /// language model served by llama.cpp on 127.0.0.1:8080; started here when installed with
+    /// `scripts/services install llm` and not already running).
+    #[arg(long, value_enum, default_value_t = DemoModel::Script)]
+    pub model: DemoModel,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum DemoModel {
+    Script,
+    Local,
+}
+
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Runs the whole system on the embedded default and shows what it did.
-    Demo,
+    Demo(DemoArgs),
     /// Read-only checks and operator tools for one conversation.
     #[command(subcommand)]
     Conversation(ConversationCommand),

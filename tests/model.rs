@@ -51,6 +51,7 @@ system_prompt = "You read files for the user with the read_file tool."
 temperature = 0.0
 tools = ["read_file"]
 tool_choice = "read_file"
+max_tokens = 200
 max_rounds = 3
 context_length = 4096
 reply_reserve = 1024
@@ -62,6 +63,7 @@ base_url = "{tiny_url}"
 api_key_env = ""
 system_prompt = "Answer briefly."
 temperature = 0.0
+max_tokens = 128
 context_length = {tiny}
 reply_reserve = 160
 "#,

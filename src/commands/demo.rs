@@ -19,17 +19,24 @@ use turnpike_schemas::live::LiveFrame;
 use turnpike_schemas::{Block, ConversationId, EventBody, Identity, TurnId};
 use turnpike_worker::{WorkerConfig, WorkerPool};
 
-use crate::cli::Global;
+use crate::cli::{DemoArgs, DemoModel, Global};
 use crate::commands::conversation::{print_transcript, replay_report, verify};
 use crate::commands::runtime::{indexing, open_bus, workers};
 use crate::env::{now_ms, Env};
 
 const NOTES: &str = "Launch sync, Monday.\n- The launch moves to Thursday.\n- Ana owns the checklist.\n- Ben checks the billing migration.\n";
 
-pub async fn run(global: &Global) -> Result<ExitCode> {
+/// Where the demo's `local` agent finds its model (see `apps/demo.toml`).
+const LOCAL_MODEL_URL: &str = "http://127.0.0.1:8080/v1";
+
+pub async fn run(global: &Global, args: DemoArgs) -> Result<ExitCode> {
     if global.nats_url.is_some() {
         bail!("the demo runs on the embedded default; drop --nats-url");
     }
+    let (agent, _model_server) = match args.model {
+        DemoModel::Script => ("assistant", None),
+        DemoModel::Local => ("local", local_model().await?),
+    };
     let env = Env::open(global)?;
     let apps = env.apps(true)?;
     let bus = open_bus(global, &env, Duration::from_secs(30)).await?;
@@ -43,14 +50,21 @@ pub async fn run(global: &Global) -> Result<ExitCode> {
                 tenant: "default".parse()?,
                 owner: owner.clone(),
                 app: "demo".parse()?,
-                agent: "assistant".parse()?,
+                agent: agent.parse()?,
                 at_ms: now_ms(),
                 instructions: None,
             },
         )
         .await?;
     let conversation = entry.conversation;
-    println!("created {conversation} for {owner} (app demo, agent assistant: a scripted model)");
+    match args.model {
+        DemoModel::Script => println!(
+            "created {conversation} for {owner} (app demo, agent assistant: a scripted model)"
+        ),
+        DemoModel::Local => println!(
+            "created {conversation} for {owner} (app demo, agent local: SmolLM2-135M on {LOCAL_MODEL_URL})"
+        ),
+    }
 
     let files = Files::new(env.conversations.store().clone());
     let attachment = files
@@ -123,7 +137,9 @@ pub async fn run(global: &Global) -> Result<ExitCode> {
         .await,
     );
     wait(&record, |s| s.last_turn >= 1, "turn_1 to start").await?;
-    send(
+    // The follow-up joins turn_1 while it runs (a quick model may have finished turn_1 first:
+    // then it starts a turn of its own). Either way: wait until the lane is worked off.
+    let follow_up = send(
         EventBody::FollowUp {
             text: "Also list the action items, please.".into(),
         },
@@ -132,11 +148,11 @@ pub async fn run(global: &Global) -> Result<ExitCode> {
     .await?;
     wait(
         &record,
-        |s| s.last_turn >= 1 && !s.turn_open,
+        |s| s.lane_through >= follow_up.seq && !s.turn_open,
         "turn_1 to finish",
     )
     .await?;
-    send(
+    let question = send(
         EventBody::Message {
             text: "What does the report from before say?".into(),
         },
@@ -145,10 +161,11 @@ pub async fn run(global: &Global) -> Result<ExitCode> {
     .await?;
     wait(
         &record,
-        |s| s.last_turn >= 2 && !s.turn_open,
-        "turn_2 to finish",
+        |s| s.lane_through >= question.seq && !s.turn_open,
+        "the last turn to finish",
     )
     .await?;
+    let turns = record.head().await?.state().last_turn;
     pool.stop().await;
     deltas.abort();
     let streamed = streamed.load(std::sync::atomic::Ordering::Relaxed);
@@ -157,7 +174,7 @@ pub async fn run(global: &Global) -> Result<ExitCode> {
     let transcript = Transcript::from_entries(&record.entries().await?);
     print_transcript(&entry, &transcript);
     println!();
-    print_references(&env, &entry.prefix(), conversation, 2).await?;
+    print_references(&env, &entry.prefix(), conversation, turns).await?;
     println!("live: {streamed} streamed deltas were published on tp.live.{conversation} while the turns ran");
     println!();
     search_report(&env, &entry, indexing.as_ref()).await?;
@@ -231,7 +248,8 @@ async fn wait(
     done: impl Fn(&turnpike_schemas::entry::RecordState) -> bool,
     what: &str,
 ) -> Result<()> {
-    let deadline = Instant::now() + Duration::from_secs(60);
+    // A scripted turn takes a second; a small local model's, on two cores, up to minutes.
+    let deadline = Instant::now() + Duration::from_secs(300);
     loop {
         let head = record.head().await?;
         if done(head.state()) {
@@ -279,4 +297,70 @@ async fn print_references(
         }
     }
     Ok(())
+}
+
+/// A model server this command started; stopped when dropped.
+struct ModelServer(std::process::Child);
+
+impl Drop for ModelServer {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Whether an OpenAI-compatible server answers at `url`.
+async fn model_answers(url: &str) -> bool {
+    let client = reqwest::Client::new();
+    matches!(
+        tokio::time::timeout(Duration::from_secs(2), client.get(format!("{url}/models")).send()).await,
+        Ok(Ok(r)) if r.status().is_success()
+    )
+}
+
+/// The local model for `--model local`: the one already serving on [`LOCAL_MODEL_URL`], or one
+/// started here from what `scripts/services install llm` installed.
+async fn local_model() -> Result<Option<ModelServer>> {
+    if model_answers(LOCAL_MODEL_URL).await {
+        println!("local model: using the server on {LOCAL_MODEL_URL}");
+        return Ok(None);
+    }
+    let state = std::env::var("TURNPIKE_SERVICES_DIR")
+        .unwrap_or_else(|_| "/var/tmp/turnpike-services".into());
+    let python = format!("{state}/venv/bin/python");
+    let gguf = format!("{state}/models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf");
+    if !std::path::Path::new(&python).exists() || !std::path::Path::new(&gguf).exists() {
+        bail!(
+            "no model answers on {LOCAL_MODEL_URL} and none is installed: run `scripts/services install llm` (or start your own OpenAI-compatible server there)"
+        );
+    }
+    println!("local model: starting llama.cpp's server with SmolLM2-135M on {LOCAL_MODEL_URL}");
+    let child = std::process::Command::new(&python)
+        .args([
+            "-m",
+            "llama_cpp.server",
+            "--model",
+            &gguf,
+            "--model_alias",
+            "smollm2",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "8080",
+            "--n_ctx",
+            "4096",
+        ])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()?;
+    let server = ModelServer(child);
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !model_answers(LOCAL_MODEL_URL).await {
+        if Instant::now() > deadline {
+            bail!("the model server did not come up on {LOCAL_MODEL_URL} within two minutes");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    Ok(Some(server))
 }

@@ -22,7 +22,7 @@ use crate::env::Env;
 /// Runs a parsed command line. `Ok(code)` carries the exit code of a command that ran.
 pub async fn run(cli: Cli) -> Result<ExitCode> {
     match cli.command {
-        Command::Demo => demo::run(&cli.global).await,
+        Command::Demo(args) => demo::run(&cli.global, args).await,
         Command::Conversation(command) => {
             conversation::run(&cli.global, &Env::open(&cli.global)?, command).await
         }

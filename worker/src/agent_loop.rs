@@ -60,6 +60,8 @@ pub struct Settings {
     /// Whether the first round must call a tool (later rounds choose freely).
     pub tool_choice: ToolChoice,
     pub temperature: Option<f32>,
+    /// The most tokens one reply may take.
+    pub max_tokens: Option<u32>,
 }
 
 /// Where a turn's arrivals come from.
@@ -252,7 +254,7 @@ fn request(
         turn_start,
         closing,
         compaction: false,
-        max_tokens: None,
+        max_tokens: settings.max_tokens,
         tool_choice: ToolChoice::Auto,
         temperature: settings.temperature,
     }
@@ -422,6 +424,7 @@ pub async fn run_live(turn: &TurnContext<'_>) -> Result<TurnOutcome> {
         tokens: spec.tokens.clone(),
         tool_choice: spec.tool_choice.clone(),
         temperature: spec.temperature,
+        max_tokens: spec.max_tokens,
     };
     let mut inbox = LaneInbox { turn };
     let result = run(
@@ -525,6 +528,7 @@ mod tests {
                 tokens: TokenCounter::Estimate,
                 tool_choice: forced.clone(),
                 temperature: None,
+                max_tokens: None,
             };
             let model = Choosy(Mutex::new(Vec::new()));
             let mut blocks = vec![Block::UserMessage { text: "hi".into() }];

@@ -389,6 +389,7 @@ pub async fn replay(logs: &[TurnLog], what_if: Option<&WhatIf>) -> Vec<TurnRepla
             tokens: Default::default(),
             tool_choice: Default::default(),
             temperature: None,
+            max_tokens: None,
         };
         let mut blocks = recorded.inputs.clone();
         let mut cx = CallContext::detached();

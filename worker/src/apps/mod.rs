@@ -24,6 +24,8 @@
 //! tool_choice = "auto"          # "auto" (default), "required", "none" or a tool's name: a
 //!                               # forced choice applies to the first round of each turn
 //! temperature = 0.0             # sampling temperature (0–2); absent: the endpoint's default
+//! max_tokens = 512              # the most tokens a reply may take (≤ reply_reserve); absent:
+//!                               # the endpoint's default
 //! stall_timeout_secs = 60       # openai: the longest gap between streamed chunks
 //! deadline_secs = 600           # openai: the longest a model call may take
 //! approval = [{ tool = "publish" },        # calls that need a person's approval: always, or
@@ -100,6 +102,8 @@ pub struct AgentSpec {
     pub tool_choice: ToolChoice,
     /// Sampling temperature for every call; `None`: the endpoint's default.
     pub temperature: Option<f32>,
+    /// The most tokens one reply may take; `None`: the endpoint's default.
+    pub max_tokens: Option<u32>,
 }
 
 /// What a new message does to a running turn (an agent's `on_new_message`).
@@ -323,6 +327,8 @@ struct RawAgent {
     tool_choice: Option<String>,
     #[serde(default)]
     temperature: Option<f32>,
+    #[serde(default)]
+    max_tokens: Option<u32>,
 }
 
 impl Manifest {
@@ -452,6 +458,14 @@ impl Manifest {
                     return Err(format!("{}: must be 0–2, not {t}", field("temperature")));
                 }
             }
+            if let Some(m) = agent.max_tokens {
+                if m == 0 || m > reply_reserve {
+                    return Err(format!(
+                        "{}: must be 1–{reply_reserve} (the reply reserve), not {m}",
+                        field("max_tokens")
+                    ));
+                }
+            }
             let policy = Policy::new(agent.approval).map_err(|e| format!("agents.{name}.{e}"))?;
             for gate in policy_tools(&policy) {
                 if !tools.contains(&gate) {
@@ -477,6 +491,7 @@ impl Manifest {
                     on_new_message: agent.on_new_message,
                     tool_choice,
                     temperature: agent.temperature,
+                    max_tokens: agent.max_tokens,
                 }),
             );
         }
@@ -512,6 +527,7 @@ mod tests {
             ("app = \"x\"\n[agents.a]\nprovider = \"echo\"\ntools = [\"read_file\"]\ntool_choice = \"write_file\"\n", "agents.a.tool_choice: \"write_file\" is not one of the agent's tools"),
             ("app = \"x\"\n[agents.a]\nprovider = \"echo\"\ntool_choice = \"required\"\n", "agents.a.tool_choice: \"required\" needs the agent to have tools"),
             ("app = \"x\"\n[agents.a]\nprovider = \"echo\"\ntemperature = 3.5\n", "agents.a.temperature: must be 0–2"),
+            ("app = \"x\"\n[agents.a]\nprovider = \"echo\"\nreply_reserve = 100\nmax_tokens = 200\n", "agents.a.max_tokens: must be 1–100"),
         ];
         for (text, expected) in cases {
             match parse(text) {
