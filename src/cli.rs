@@ -564,6 +564,23 @@ pub enum BenchCommand {
         #[arg(long, default_value_t = 1)]
         workers: usize,
     },
+    /// What Turnpike adds to a real model: time to first token straight from the server and
+    /// through the API, and a tool-using turn's time beside its model calls' time.
+    Model {
+        /// The model server's API base; the default is the local model (`scripts/services
+        /// install llm`), started for the run when nothing serves there.
+        #[arg(long, default_value = "http://127.0.0.1:8080/v1")]
+        url: String,
+        /// The model's name on that server.
+        #[arg(long, default_value = "smollm2")]
+        model: String,
+        /// Time-to-first-token samples on each path (interleaved).
+        #[arg(long, default_value_t = 20)]
+        samples: usize,
+        /// Tool-using turns.
+        #[arg(long, default_value_t = 3)]
+        turns: usize,
+    },
     /// The HTTP edge over `turnpike serve`'s stack (embedded bus, workers, the demo's scripted
     /// model): accept → first streamed token at 1 and at many concurrent conversations, and
     /// messages accepted per second.

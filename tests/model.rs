@@ -375,3 +375,42 @@ async fn a_context_too_small_for_the_history_still_gets_a_request_the_server_acc
         "the server refused a request:\n{log}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_model_benchmark_runs_against_the_real_server() {
+    let model = llm::shared();
+    let data = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new(binary())
+        .args(["--data-dir", &data.path().to_string_lossy()])
+        .args([
+            "bench",
+            "model",
+            "--url",
+            &model.url(),
+            "--samples",
+            "2",
+            "--turns",
+            "1",
+        ])
+        .env("TURNPIKE_EMBEDDING_MODEL", "/nonexistent-model")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("added by Turnpike"), "{stdout}");
+    // The tool-using turn was made to call write_file first: at least two model calls.
+    let turn = stdout
+        .lines()
+        .find(|l| l.starts_with("tool-using turn 1:"))
+        .unwrap_or_else(|| panic!("{stdout}"));
+    let calls: usize = turn
+        .split_whitespace()
+        .nth(3)
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{turn}"));
+    assert!(calls >= 2, "{turn}");
+}

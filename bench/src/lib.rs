@@ -11,6 +11,7 @@
 //! - [`lanes`]: accept → turn start and turns per second, embedded and on JetStream
 //! - [`edge`]: the HTTP/WebSocket edge over a stack the caller starts
 //! - [`cell`]: the cell's overhead over bare Python
+//! - [`model`]: what Turnpike adds to a real model's first token and to a tool-using turn
 //!
 //! The binary does the wiring (configuration, the stack under test) and calls these.
 
@@ -19,6 +20,7 @@ pub mod context;
 pub mod edge;
 pub mod git;
 pub mod lanes;
+pub mod model;
 pub mod record;
 pub mod search;
 pub mod series;

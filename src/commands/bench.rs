@@ -107,6 +107,38 @@ pub async fn run(global: &Global, command: BenchCommand) -> Result<ExitCode> {
             };
             turnpike_bench::edge::run(stack, plan).await
         }
+        BenchCommand::Model {
+            url,
+            model,
+            samples,
+            turns,
+        } => {
+            let _local = if url == super::demo::LOCAL_MODEL_URL {
+                super::demo::local_model().await?
+            } else {
+                None
+            };
+            let (tools_url, calls, proxy) = turnpike_bench::model::timing_proxy(&url).await?;
+            let tmp = tempfile::tempdir()?;
+            let apps = tmp.path().join("apps");
+            std::fs::create_dir_all(&apps)?;
+            std::fs::write(
+                apps.join("bench-model.toml"),
+                turnpike_bench::model::manifest(&url, &tools_url, &model),
+            )?;
+            let mut g = global.clone();
+            g.apps = Some(apps);
+            let stack = edge_stack(&g, tmp.path().join("data")).await?;
+            let plan = turnpike_bench::model::Plan {
+                url,
+                model,
+                samples: samples.max(1),
+                turns,
+            };
+            let code = turnpike_bench::model::run(stack, plan, calls).await;
+            proxy.abort();
+            code
+        }
         BenchCommand::Lanes {
             nats,
             conversations,

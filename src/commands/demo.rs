@@ -27,7 +27,7 @@ use crate::env::{now_ms, Env};
 const NOTES: &str = "Launch sync, Monday.\n- The launch moves to Thursday.\n- Ana owns the checklist.\n- Ben checks the billing migration.\n";
 
 /// Where the demo's `local` agent finds its model (see `apps/demo.toml`).
-const LOCAL_MODEL_URL: &str = "http://127.0.0.1:8080/v1";
+pub(crate) const LOCAL_MODEL_URL: &str = "http://127.0.0.1:8080/v1";
 
 pub async fn run(global: &Global, args: DemoArgs) -> Result<ExitCode> {
     if global.nats_url.is_some() {
@@ -300,7 +300,7 @@ async fn print_references(
 }
 
 /// A model server this command started; stopped when dropped.
-struct ModelServer(std::process::Child);
+pub(crate) struct ModelServer(std::process::Child);
 
 impl Drop for ModelServer {
     fn drop(&mut self) {
@@ -320,7 +320,7 @@ async fn model_answers(url: &str) -> bool {
 
 /// The local model for `--model local`: the one already serving on [`LOCAL_MODEL_URL`], or one
 /// started here from what `scripts/services install llm` installed.
-async fn local_model() -> Result<Option<ModelServer>> {
+pub(crate) async fn local_model() -> Result<Option<ModelServer>> {
     if model_answers(LOCAL_MODEL_URL).await {
         println!("local model: using the server on {LOCAL_MODEL_URL}");
         return Ok(None);
