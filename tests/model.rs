@@ -42,6 +42,18 @@ temperature = 0.0
 context_length = 4096
 reply_reserve = 1024
 
+[agents.counted]
+provider = "openai"
+model = "{model}"
+base_url = "{url}"
+api_key_env = ""
+system_prompt = "You are a helpful assistant. Answer in one short sentence."
+temperature = 0.0
+max_tokens = 64
+stream = false
+context_length = 4096
+reply_reserve = 1024
+
 [agents.reader]
 provider = "openai"
 model = "{model}"
@@ -211,11 +223,62 @@ async fn three_turns_stream_and_the_server_receives_their_history() {
     assert_eq!(messages[1..], want[..]);
     assert_eq!(requests[2]["temperature"], json!(0.0));
     // llama-cpp-python streams no usage (it ignores `stream_options`): the turn log then says
-    // nothing rather than inventing a count (an endpoint that reports usage has it summed in
-    // the log: worker/tests/openai.rs).
+    // nothing rather than inventing a count (see the next test for usage it reports).
     for turn in 1..=3 {
         assert_eq!(turn_log(&server, &id, turn).await.usage, None);
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn usage_the_server_reports_lands_in_each_turn_log() {
+    // Unstreamed (`stream = false`), llama-cpp-python reports usage: it is summed per turn.
+    let model = llm::shared();
+    let apps = apps(&model.url(), &model.url());
+    let server = serve(apps.path());
+    let alice = server.client(ALICE);
+    let id = create(&alice, "counted").await;
+    let mut stream = alice.stream(&id).await.unwrap();
+    say(&alice, &id, "Tell me one fact about the moon.").await;
+    let mut streamed = String::new();
+    let turns = loop {
+        if let Some(Frame::Delta { text, .. }) =
+            stream.next_within(Duration::from_millis(200)).await
+        {
+            streamed.push_str(&text);
+        }
+        let turns = turns_of(&all_rows(&alice, &id).await);
+        if turns.first().is_some_and(|t| t.outcome.is_some()) {
+            break turns;
+        }
+    };
+    while let Some(frame) = stream.next_within(Duration::from_millis(500)).await {
+        if let Frame::Delta { text, .. } = frame {
+            streamed.push_str(&text);
+        }
+    }
+    assert_eq!(turns[0].outcome.as_deref(), Some("replied"), "{turns:#?}");
+    // The reply arrives whole, as one delta, and is what was committed.
+    assert_eq!(streamed, turns[0].replies[0]);
+    say(&alice, &id, "And one more fact, please.").await;
+    wait_for_complete_turns(&alice, &id, 2, LONG).await.unwrap();
+    let one = turn_log(&server, &id, 1)
+        .await
+        .usage
+        .expect("usage of turn 1");
+    let two = turn_log(&server, &id, 2)
+        .await
+        .usage
+        .expect("usage of turn 2");
+    assert!(
+        one.prompt_tokens > 0 && one.completion_tokens > 0,
+        "{one:?}"
+    );
+    assert!(one.completion_tokens <= 64, "max_tokens holds: {one:?}");
+    // Turn 2's prompt holds turn 1's exchange.
+    assert!(
+        two.prompt_tokens > one.prompt_tokens + one.completion_tokens,
+        "{one:?} {two:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -141,6 +141,7 @@ fn provider(base_url: String) -> OpenAi {
         deadline: Duration::from_secs(30),
         max_retries: 2,
         backoff: Duration::from_millis(10),
+        stream: true,
     })
     .unwrap()
 }

@@ -26,6 +26,8 @@
 //! temperature = 0.0             # sampling temperature (0–2); absent: the endpoint's default
 //! max_tokens = 512              # the most tokens a reply may take (≤ reply_reserve); absent:
 //!                               # the endpoint's default
+//! stream = true                 # openai: stream replies (default); false: one response per
+//!                               # call (for endpoints that report usage only unstreamed)
 //! stall_timeout_secs = 60       # openai: the longest gap between streamed chunks
 //! deadline_secs = 600           # openai: the longest a model call may take
 //! approval = [{ tool = "publish" },        # calls that need a person's approval: always, or
@@ -329,6 +331,8 @@ struct RawAgent {
     temperature: Option<f32>,
     #[serde(default)]
     max_tokens: Option<u32>,
+    #[serde(default)]
+    stream: Option<bool>,
 }
 
 impl Manifest {
@@ -419,6 +423,9 @@ impl Manifest {
                     }
                     if let Some(s) = agent.deadline_secs {
                         config.deadline = Duration::from_secs(s.max(1));
+                    }
+                    if let Some(stream) = agent.stream {
+                        config.stream = stream;
                     }
                     let provider =
                         OpenAi::new(config).map_err(|e| format!("{}: {e}", field("provider")))?;

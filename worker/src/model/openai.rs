@@ -44,6 +44,9 @@ pub struct OpenAiConfig {
     pub max_retries: u32,
     /// The first backoff; doubled per retry.
     pub backoff: Duration,
+    /// Stream the reply (the default). Off: one response per call, its text published as one
+    /// delta — for endpoints that stream badly or report usage only unstreamed.
+    pub stream: bool,
 }
 
 impl Default for OpenAiConfig {
@@ -56,6 +59,7 @@ impl Default for OpenAiConfig {
             deadline: Duration::from_secs(600),
             max_retries: 3,
             backoff: Duration::from_millis(500),
+            stream: true,
         }
     }
 }
@@ -82,14 +86,16 @@ impl OpenAi {
         )
     }
 
-    fn body(request: &ModelRequest) -> Value {
+    fn body(&self, request: &ModelRequest) -> Value {
         let messages: Vec<Value> = request.messages.iter().map(message_json).collect();
         let mut body = json!({
             "model": request.model,
             "messages": messages,
-            "stream": true,
-            "stream_options": {"include_usage": true},
+            "stream": self.config.stream,
         });
+        if self.config.stream {
+            body["stream_options"] = json!({"include_usage": true});
+        }
         if !request.tools.is_empty() && !request.closing {
             body["tools"] = request
                 .tools
@@ -159,7 +165,7 @@ impl ModelProvider for OpenAi {
         cx: &mut CallContext,
     ) -> Result<ModelReply, ModelError> {
         let deadline = Instant::now() + self.config.deadline;
-        let body = Self::body(request);
+        let body = self.body(request);
         let mut attempt = 0;
         loop {
             let call = self.attempt(&body, cx);
@@ -261,6 +267,9 @@ impl OpenAi {
                 retry_after,
             });
         }
+        if !self.config.stream {
+            return self.whole(response, cx).await;
+        }
         let mut events = response.bytes_stream().eventsource();
         let mut assembly = Assembly::default();
         loop {
@@ -311,6 +320,103 @@ where
     T: Deserialize<'de>,
 {
     Ok(Option::<Vec<T>>::deserialize(d)?.unwrap_or_default())
+}
+
+impl OpenAi {
+    /// An unstreamed response: the whole reply at once, its text published as one delta.
+    async fn whole(
+        &self,
+        response: reqwest::Response,
+        cx: &mut CallContext,
+    ) -> Result<ModelReply, Attempt> {
+        let failed = |kind, message: String| Attempt {
+            error: ModelError::new(kind, message),
+            retry: false,
+            retry_after: None,
+        };
+        let text = tokio::time::timeout(self.config.stall_timeout, response.text())
+            .await
+            .map_err(|_| {
+                failed(
+                    ModelErrorKind::Timeout,
+                    format!("no reply within {:?}", self.config.stall_timeout),
+                )
+            })?
+            .map_err(|e| failed(ModelErrorKind::Unavailable, format!("the reply broke: {e}")))?;
+        let whole: Whole = serde_json::from_str(&text).map_err(|e| {
+            failed(
+                ModelErrorKind::Protocol,
+                format!("the reply is not a chat completion: {e}"),
+            )
+        })?;
+        // The same assembly as a stream of one chunk.
+        let mut assembly = Assembly {
+            usage: whole.usage,
+            ..Assembly::default()
+        };
+        for choice in whole.choices {
+            let calls = choice
+                .message
+                .tool_calls
+                .into_iter()
+                .enumerate()
+                .map(|(index, c)| ToolCallDelta {
+                    index,
+                    id: c.id,
+                    function: c.function,
+                })
+                .collect();
+            assembly.add(
+                Chunk {
+                    choices: vec![Choice {
+                        delta: Delta {
+                            content: choice.message.content,
+                            tool_calls: calls,
+                        },
+                        finish_reason: choice.finish_reason,
+                    }],
+                    usage: None,
+                },
+                cx,
+            );
+        }
+        assembly
+            .finish()
+            .map_err(|error| failed(error.kind.clone(), error.message))
+    }
+}
+
+/// An unstreamed chat completion.
+#[derive(Deserialize)]
+struct Whole {
+    #[serde(default, deserialize_with = "null_as_empty")]
+    choices: Vec<WholeChoice>,
+    #[serde(default)]
+    usage: Option<Usage>,
+}
+
+#[derive(Deserialize)]
+struct WholeChoice {
+    #[serde(default)]
+    message: WholeMessage,
+    #[serde(default)]
+    finish_reason: Option<String>,
+}
+
+#[derive(Deserialize, Default)]
+struct WholeMessage {
+    #[serde(default)]
+    content: Option<String>,
+    #[serde(default, deserialize_with = "null_as_empty")]
+    tool_calls: Vec<WholeCall>,
+}
+
+#[derive(Deserialize)]
+struct WholeCall {
+    #[serde(default)]
+    id: Option<String>,
+    #[serde(default)]
+    function: Option<FunctionDelta>,
 }
 
 #[derive(Deserialize)]
