@@ -138,6 +138,8 @@ entry_kinds! {
     CompactionMarker = "compaction_marker" => CompactionMarker,
     /// The conversation moved to another agent.
     AgentSwitched = "agent_switched" => AgentSwitched,
+    /// What a turn's context rebuild recalled from the index (references, not content).
+    Recall = "recall" => RecallEntry,
     /// A turn was cancelled.
     Cancelled = "cancelled" => Cancelled,
     /// Something went wrong in a turn.
@@ -464,6 +466,17 @@ pub struct AgentSwitched {
     pub by: Identity,
 }
 
+/// What a turn recalled: the query and the references, best first; a note when recall failed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RecallEntry {
+    pub turn: TurnId,
+    pub query: String,
+    pub references: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+}
+
 /// A turn was cancelled.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -627,6 +640,12 @@ impl EntryBody {
                 from: from.clone(),
                 to: to.clone(),
                 by: identity.clone(),
+            })),
+            Block::Recall { query, hits, note } => Some(EntryBody::Recall(RecallEntry {
+                turn,
+                query: query.clone(),
+                references: hits.iter().map(|h| h.reference.clone()).collect(),
+                note: note.clone(),
             })),
             _ => None,
         }

@@ -35,4 +35,4 @@ pub use ids::{
 };
 pub use reference::{Family, RefPath, Reference};
 pub use timeline::Row;
-pub use turnlog::{Block, TurnLog};
+pub use turnlog::{Block, RecallHit, TurnLog};

@@ -143,6 +143,32 @@ pub enum Block {
         from: AgentId,
         to: AgentId,
     },
+    /// What the context rebuild recalled from the hybrid index for this turn: references and
+    /// scores, pinned (a replay uses these, never the index), for this turn only (later turns'
+    /// timelines leave it out). `note` says why nothing was recalled when the index failed.
+    Recall {
+        query: String,
+        #[serde(default)]
+        hits: Vec<RecallHit>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        note: Option<String>,
+    },
+}
+
+/// One recalled row: where it is and how well it matched. The snippet the model was shown is
+/// read through the resolver at rebuild and is not kept in the log (the bytes stay where they
+/// are, and leave with them).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RecallHit {
+    pub reference: String,
+    pub conversation: ConversationId,
+    pub turn: TurnId,
+    /// The index's kind of the row (`prompt`, `completion`, …).
+    pub kind: String,
+    /// The fused score.
+    pub score: f64,
+    #[serde(skip)]
+    pub snippet: String,
 }
 
 impl Block {
@@ -165,6 +191,7 @@ impl Block {
             Block::QuestionRequest { .. } => "question_request",
             Block::QuestionResponse { .. } => "question_response",
             Block::AgentSwitched { .. } => "agent_switched",
+            Block::Recall { .. } => "recall",
         }
     }
 }

@@ -494,6 +494,17 @@ fn show(view: &mut View, row: &Value) {
             data["event"]["body"]["preview"].as_str().unwrap_or("")
         ),
         "agent_switched" => println!("  (now talking to {})", data["to"].as_str().unwrap_or("?")),
+        "recall" => {
+            let refs: Vec<&str> = data["references"]
+                .as_array()
+                .map(|r| r.iter().filter_map(|x| x.as_str()).collect())
+                .unwrap_or_default();
+            match data["note"].as_str() {
+                Some(note) => println!("  ({note})"),
+                None if refs.is_empty() => {}
+                None => println!("  (recalled: {})", refs.join(", ")),
+            }
+        }
         "compaction_marker" => println!("  (older turns compacted into a summary)"),
         "error" => println!("! {}", data["message"].as_str().unwrap_or("")),
         "cancelled" => println!("  (turn cancelled)"),

@@ -451,6 +451,11 @@ pub fn describe(body: &EntryBody) -> Option<String> {
             "agent switched from {} to {} by {}",
             a.from, a.to, a.by
         )),
+        EntryBody::Recall(r) => Some(match &r.note {
+            Some(note) => format!("recall: {note}"),
+            None if r.references.is_empty() => "recall: nothing matched".to_owned(),
+            None => format!("recalled {}", r.references.join(", ")),
+        }),
         EntryBody::CompactionMarker(m) => Some(format!(
             "compacted turns through {} into a summary ({} bytes, model {})",
             m.through,

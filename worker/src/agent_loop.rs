@@ -401,6 +401,37 @@ pub async fn run_live(turn: &TurnContext<'_>) -> Result<TurnOutcome> {
             }
         }
     }
+    // Recall, after the turn's inputs: what the history leaves of the budget, at most.
+    if let (Some(recall), true) = (&spec.recall, asks.work) {
+        let used: u64 = history.iter().map(|m| spec.tokens.count(m)).sum();
+        let in_timeline = timeline
+            .rows
+            .iter()
+            .map(|r| r.reference.to_string())
+            .collect();
+        let found = turn
+            .recall(crate::recall::RecallInput {
+                spec: recall,
+                index: None,
+                tenant: turn.tenant(),
+                identity: turn.identity(),
+                conversation: turn.conversation(),
+                app: turn.app(),
+                blocks: &blocks,
+                in_timeline: &in_timeline,
+                available_tokens: budget.saturating_sub(used),
+                tokens: &spec.tokens,
+                reach: turn.reach(),
+            })
+            .await;
+        if let Some(block) = found {
+            let at = blocks
+                .iter()
+                .take_while(|b| crate::replay::is_input(b))
+                .count();
+            blocks.insert(at, block);
+        }
+    }
     let (still_pending, _) = pending(history_blocks.iter().chain(blocks.iter()));
     if !asks.work && !applied {
         turn.set_blocks(blocks);

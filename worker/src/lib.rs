@@ -7,6 +7,7 @@
 //! - [`parking`]: lane messages that can never be taken become dead letters, not retries
 //! - [`pool`]: workers of one process, started and stopped together
 //! - [`reach`]: what a turn may bring in from other conversations (all participants may see it)
+//! - [`recall`]: rows of the user's other conversations the context rebuild brings in
 //! - [`turn`]: one turn through batch one, the app's callback, and batch two
 //! - [`apps`]: manifests, the [`App`] trait (`on_reactive_event`), routing, and the echo app
 //!   (`apps::echo`, no model)
@@ -40,6 +41,7 @@ pub mod owner;
 pub mod parking;
 pub mod pool;
 pub mod reach;
+pub mod recall;
 pub mod replay;
 pub mod search;
 pub mod timeline;

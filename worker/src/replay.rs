@@ -46,7 +46,9 @@ pub struct Recorded {
     pub requests: HashMap<String, Block>,
 }
 
-fn is_input(block: &Block) -> bool {
+/// Whether a block leads a turn (its inputs, a summary, what was recalled) rather than being
+/// something the turn did.
+pub fn is_input(block: &Block) -> bool {
     matches!(
         block,
         Block::UserMessage { .. }
@@ -56,6 +58,8 @@ fn is_input(block: &Block) -> bool {
             | Block::Attachment { .. }
             // A compaction's summary leads the turn that made it.
             | Block::Summary { .. }
+            // So does what the rebuild recalled.
+            | Block::Recall { .. }
     )
 }
 

@@ -3,9 +3,11 @@
 
 use async_trait::async_trait;
 use serde_json::{json, Value};
-use turnpike_index::{Index, Scope, SearchRequest};
+use turnpike_index::{Filters, Index, Kind, Scope, SearchRequest};
 use turnpike_resolver::Resolver;
-use turnpike_schemas::{Identity, TenantId};
+use turnpike_schemas::{Identity, RecallHit, TenantId};
+
+use crate::recall::RecallFilter;
 
 use crate::tools::SearchIndex;
 
@@ -57,5 +59,49 @@ impl SearchIndex for IndexSearch {
             })
             .collect();
         Ok(json!({ "hits": hits }))
+    }
+
+    async fn recall(
+        &self,
+        tenant: &TenantId,
+        identity: &Identity,
+        query: &str,
+        filter: &RecallFilter,
+    ) -> Result<Vec<RecallHit>, String> {
+        let scope = Scope::new(tenant.clone(), identity.clone());
+        let mut request = SearchRequest::new(query);
+        request.limit = filter.k.clamp(1, 100);
+        request.filters = Filters {
+            app: filter.app.clone(),
+            conversation: filter.conversation,
+            kinds: filter
+                .kinds
+                .iter()
+                .map(|k| k.parse::<Kind>())
+                .collect::<Result<_, _>>()
+                .map_err(|e| e.to_string())?,
+            ..Filters::default()
+        };
+        let page = turnpike_index::hydrate::search(
+            &self.index,
+            &self.resolver,
+            identity,
+            &scope,
+            &request,
+        )
+        .await
+        .map_err(|e| format!("recall failed: {e}"))?;
+        Ok(page
+            .hits
+            .into_iter()
+            .map(|h| RecallHit {
+                reference: h.info.reference,
+                conversation: h.info.conversation,
+                turn: h.info.turn,
+                kind: h.info.kind.as_str().to_owned(),
+                score: h.score,
+                snippet: h.snippet.unwrap_or_default(),
+            })
+            .collect())
     }
 }

@@ -108,7 +108,10 @@ pub async fn rebuild_from_logs(
     let mut rows = Vec::new();
     for log in all {
         for (i, block) in log.blocks.into_iter().enumerate() {
-            rows.push(Row::new(prefix.conversation(), log.turn, i, block));
+            // What a turn recalled was for that turn only.
+            if !matches!(block, Block::Recall { .. }) {
+                rows.push(Row::new(prefix.conversation(), log.turn, i, block));
+            }
         }
     }
     Ok(Timeline {
@@ -131,6 +134,7 @@ pub fn snapshot_after(
     let own: Vec<Row> = blocks
         .iter()
         .enumerate()
+        .filter(|(_, b)| !matches!(b, Block::Recall { .. }))
         .map(|(i, b)| Row::new(prefix.conversation(), turn, i, b.clone()))
         .collect();
     // A summary in this turn replaces the turns through its `through`.
@@ -371,16 +375,85 @@ where
                 Role::System,
                 format!("The conversation was handed from agent {from} to agent {to}."),
             )),
+            Block::Recall { hits, .. } if !hits.is_empty() => {
+                out.push(Message::new(Role::System, recall_message(hits)))
+            }
+            Block::Recall { .. } => {}
         }
     }
     flush(&mut out, &mut pending_unanswered);
     out
 }
 
+/// How recalled rows read to the model: one line each, best first.
+pub fn recall_message(hits: &[turnpike_schemas::RecallHit]) -> String {
+    let mut text = String::from(RECALL_HEADER);
+    for h in hits {
+        text.push_str(&format!(
+            "\n- {} ({}, score {:.3}): {}",
+            h.reference, h.kind, h.score, h.snippet
+        ));
+    }
+    text
+}
+
+/// The first line of a recall message.
+pub const RECALL_HEADER: &str =
+    "Recalled from the user's earlier conversations (pull a reference for the whole of it):";
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn what_a_turn_recalled_is_its_own_and_leaves_no_row_for_later_turns() {
+        let conversation = turnpike_schemas::ConversationId::new();
+        let prefix = ConversationPrefix::new("acme".parse().unwrap(), conversation);
+        let hit = turnpike_schemas::RecallHit {
+            reference: "conv:tl:conv_01ARZ3NDEKTSV4RRFFQ69G5FAV/turn_1/blocks/0".into(),
+            conversation: "conv_01ARZ3NDEKTSV4RRFFQ69G5FAV".parse().unwrap(),
+            turn: TurnId::FIRST,
+            kind: "prompt".into(),
+            score: 0.5,
+            snippet: "the locker code is 4417".into(),
+        };
+        let blocks = vec![
+            Block::UserMessage {
+                text: "code?".into(),
+            },
+            Block::Recall {
+                query: "code?".into(),
+                hits: vec![hit],
+                note: None,
+            },
+            Block::AssistantMessage {
+                text: "4417".into(),
+            },
+        ];
+        // The turn itself reads it …
+        let own = messages(blocks.iter());
+        assert!(own.iter().any(|m| m.role == Role::System
+            && m.content.starts_with(RECALL_HEADER)
+            && m.content.contains("4417")));
+        // … the next turn's timeline does not, and the rows keep their log positions.
+        let snapshot = snapshot_after(
+            &Timeline::default(),
+            &prefix,
+            TurnId::FIRST,
+            &blocks,
+            10_000,
+        );
+        assert_eq!(snapshot.rows.len(), 2);
+        assert!(snapshot.rows[1]
+            .reference
+            .to_string()
+            .ends_with("/blocks/2"));
+        assert!(snapshot
+            .rows
+            .iter()
+            .all(|r| !matches!(r.block, Block::Recall { .. })));
+    }
 
     #[test]
     fn tool_calls_group_onto_their_message_and_unanswered_calls_are_closed() {

@@ -26,6 +26,9 @@
 //! temperature = 0.0             # sampling temperature (0–2); absent: the endpoint's default
 //! max_tokens = 512              # the most tokens a reply may take (≤ reply_reserve); absent:
 //!                               # the endpoint's default
+//! recall = { k = 5, scope = "identity", kinds = ["prompt", "completion"], min_score = 0.0,
+//!            budget_tokens = 1000 }   # optional: rows of the user's other conversations that
+//!                               # match the turn's input join its context (see `recall`)
 //! stream = true                 # openai: stream replies (default); false: one response per
 //!                               # call (for endpoints that report usage only unstreamed)
 //! stall_timeout_secs = 60       # openai: the longest gap between streamed chunks
@@ -106,6 +109,8 @@ pub struct AgentSpec {
     pub temperature: Option<f32>,
     /// The most tokens one reply may take; `None`: the endpoint's default.
     pub max_tokens: Option<u32>,
+    /// What the context rebuild recalls from the index; `None`: nothing.
+    pub recall: Option<crate::recall::RecallSpec>,
 }
 
 /// What a new message does to a running turn (an agent's `on_new_message`).
@@ -333,6 +338,8 @@ struct RawAgent {
     max_tokens: Option<u32>,
     #[serde(default)]
     stream: Option<bool>,
+    #[serde(default)]
+    recall: Option<crate::recall::RecallSpec>,
 }
 
 impl Manifest {
@@ -465,6 +472,11 @@ impl Manifest {
                     return Err(format!("{}: must be 0–2, not {t}", field("temperature")));
                 }
             }
+            if let Some(recall) = &agent.recall {
+                recall
+                    .validate()
+                    .map_err(|e| format!("{}.{e}", field("recall")))?;
+            }
             if let Some(m) = agent.max_tokens {
                 if m == 0 || m > reply_reserve {
                     return Err(format!(
@@ -499,6 +511,7 @@ impl Manifest {
                     tool_choice,
                     temperature: agent.temperature,
                     max_tokens: agent.max_tokens,
+                    recall: agent.recall,
                 }),
             );
         }

@@ -16,7 +16,8 @@
 //! A top-level `compaction = "…"` is the summary a compaction call gets.
 //!
 //! Placeholders in texts and string arguments: `{last_user}` (the latest user message),
-//! `{last_tool}` (the latest tool result),
+//! `{last_tool}` (the latest tool result), `{recalled}` (what the context rebuild recalled, or
+//! `nothing recalled`),
 //! `{attachment}` (the latest attachment reference seen in the conversation), `{file:NAME}`
 //! (the latest hosted-file reference ending in `/NAME`), `{turn_file:NAME}` (the same, but only
 //! from earlier turns). Text is streamed word by word.
@@ -202,6 +203,7 @@ fn stream(text: &str, cx: &CallContext) {
 struct Vars {
     last_user: String,
     last_tool: String,
+    recalled: String,
     /// Every reference seen in the conversation, oldest first, with whether it was before the
     /// running turn.
     references: Vec<(String, bool)>,
@@ -223,6 +225,13 @@ impl Vars {
             .find(|m| m.role == Role::Tool)
             .map(|m| m.content.clone())
             .unwrap_or_default();
+        let recalled = request
+            .messages
+            .iter()
+            .find(|m| {
+                m.role == Role::System && m.content.starts_with(crate::timeline::RECALL_HEADER)
+            })
+            .map_or_else(|| "nothing recalled".to_owned(), |m| m.content.clone());
         let mut references = Vec::new();
         for (i, m) in request.messages.iter().enumerate() {
             for word in m
@@ -237,6 +246,7 @@ impl Vars {
         Self {
             last_user,
             last_tool,
+            recalled,
             references,
         }
     }
@@ -268,6 +278,7 @@ impl Vars {
             let value = match name.split_once(':') {
                 None if name == "last_user" => Some(self.last_user.clone()),
                 None if name == "last_tool" => Some(self.last_tool.clone()),
+                None if name == "recalled" => Some(self.recalled.clone()),
                 None if name == "attachment" => Some(self.latest("at", None, false)),
                 Some(("file", file)) => Some(self.latest("fi", Some(file), false)),
                 Some(("turn_file", file)) => Some(self.latest("fi", Some(file), true)),

@@ -133,6 +133,16 @@ pub trait SearchIndex: Send + Sync + 'static {
         query: &str,
         limit: usize,
     ) -> Result<Value, String>;
+
+    /// The rows a turn recalls (see [`crate::recall`]): `identity`'s own, best first, with
+    /// snippets read as `identity`.
+    async fn recall(
+        &self,
+        tenant: &TenantId,
+        identity: &Identity,
+        query: &str,
+        filter: &crate::recall::RecallFilter,
+    ) -> Result<Vec<turnpike_schemas::RecallHit>, String>;
 }
 
 /// `search {query, limit?}`.

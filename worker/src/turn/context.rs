@@ -212,6 +212,27 @@ impl TurnContext<'_> {
         Ok(timeline)
     }
 
+    /// Recalls for the turn through this worker's index (see [`crate::recall::recall`]).
+    pub async fn recall(&self, mut input: crate::recall::RecallInput<'_>) -> Option<Block> {
+        input.index = self.env.search.as_ref();
+        crate::recall::recall(input).await
+    }
+
+    /// What the turn may bring in from other conversations.
+    pub fn reach(&self) -> &crate::reach::Reach {
+        &self.reach
+    }
+
+    /// The conversation.
+    pub fn conversation(&self) -> turnpike_schemas::ConversationId {
+        self.env.record.prefix().conversation()
+    }
+
+    /// The conversation's tenant.
+    pub fn tenant(&self) -> &turnpike_schemas::TenantId {
+        self.env.record.prefix().tenant()
+    }
+
     /// What call `call_id` of this turn can reach.
     pub fn tool_context<'c>(&'c self, call_id: &'c str) -> ToolContext<'c> {
         ToolContext {

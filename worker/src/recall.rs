@@ -1,0 +1,227 @@
+//! Recall: at the context rebuild, before the first model round, an agent that opts in
+//! (`recall = { … }` in its manifest) gets rows of the user's other conversations that match the
+//! turn's input, from the hybrid index — scoped exactly as a `search` by the turn's identity
+//! would be, and in a shared conversation to what every participant may see.
+//!
+//! Contract:
+//! - the hits become one [`Block::Recall`] after the turn's inputs: references and scores are
+//!   pinned in the turn log (replay and `--what-if` use them, never the index); the snippets
+//!   the model reads are fetched through the resolver at rebuild and are not kept;
+//! - rows the timeline already holds, and the running conversation's own rows, are left out;
+//! - recalled rows take what the history leaves of the budget, and at most `budget_tokens`:
+//!   the lowest scores go first when it is tight;
+//! - an index that fails makes a recall with no hits and a note saying why; the turn runs.
+
+use serde::Deserialize;
+use turnpike_schemas::{AppId, Block, ConversationId, RecallHit};
+
+use crate::model::{Message, Role};
+use crate::tokens::TokenCounter;
+use crate::tools::SearchIndex;
+
+/// Which of the user's rows recall may bring in.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RecallScope {
+    /// Every conversation of the turn's identity.
+    #[default]
+    Identity,
+    /// Only the running conversation (rows compaction took out of the timeline).
+    Conversation,
+    /// The identity's conversations with this app.
+    App,
+}
+
+/// An agent's `recall = { … }`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RecallSpec {
+    /// Hits at most (1–20).
+    #[serde(default = "default_k")]
+    pub k: usize,
+    #[serde(default)]
+    pub scope: RecallScope,
+    /// Index kinds to recall (`prompt`, `completion`, `summary`, `attachment`, `file`); empty:
+    /// all.
+    #[serde(default)]
+    pub kinds: Vec<String>,
+    /// Hits scoring below this are dropped.
+    #[serde(default)]
+    pub min_score: f64,
+    /// The most tokens recalled rows may take.
+    #[serde(default = "default_budget")]
+    pub budget_tokens: u64,
+}
+
+fn default_k() -> usize {
+    5
+}
+
+fn default_budget() -> u64 {
+    1_000
+}
+
+impl RecallSpec {
+    /// Checks the values; says which is wrong.
+    pub fn validate(&self) -> Result<(), String> {
+        if !(1..=20).contains(&self.k) {
+            return Err(format!("k: must be 1–20, not {}", self.k));
+        }
+        const KINDS: [&str; 5] = ["prompt", "completion", "summary", "attachment", "file"];
+        if let Some(bad) = self.kinds.iter().find(|k| !KINDS.contains(&k.as_str())) {
+            return Err(format!(
+                "kinds: unknown kind {bad:?} ({})",
+                KINDS.join(", ")
+            ));
+        }
+        if !self.min_score.is_finite() || self.min_score < 0.0 {
+            return Err(format!("min_score: must be ≥ 0, not {}", self.min_score));
+        }
+        Ok(())
+    }
+}
+
+/// What a recall query is narrowed to.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RecallFilter {
+    pub k: usize,
+    pub kinds: Vec<String>,
+    pub conversation: Option<ConversationId>,
+    pub app: Option<AppId>,
+}
+
+/// The turn's input as a query: its messages, follow-ups and steers, in order.
+pub fn query_of(blocks: &[Block]) -> String {
+    blocks
+        .iter()
+        .filter_map(|b| match b {
+            Block::UserMessage { text } | Block::FollowUp { text } | Block::Steer { text } => {
+                Some(text.as_str())
+            }
+            _ => None,
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Everything [`recall`] needs to know about the turn.
+pub struct RecallInput<'a> {
+    pub spec: &'a RecallSpec,
+    pub index: Option<&'a std::sync::Arc<dyn SearchIndex>>,
+    pub tenant: &'a turnpike_schemas::TenantId,
+    pub identity: &'a turnpike_schemas::Identity,
+    pub conversation: ConversationId,
+    pub app: &'a AppId,
+    /// The turn's blocks so far (its inputs).
+    pub blocks: &'a [Block],
+    /// References of the rows the timeline holds.
+    pub in_timeline: &'a std::collections::HashSet<String>,
+    /// Tokens the history leaves of the agent's budget.
+    pub available_tokens: u64,
+    pub tokens: &'a TokenCounter,
+    pub reach: &'a crate::reach::Reach,
+}
+
+/// The recall block of the turn (`None` when its input has no words to search for).
+pub async fn recall(input: RecallInput<'_>) -> Option<Block> {
+    let query = query_of(input.blocks);
+    if query.trim().is_empty() {
+        return None;
+    }
+    let Some(index) = input.index else {
+        return Some(Block::Recall {
+            query,
+            hits: Vec::new(),
+            note: Some("recall skipped: this worker has no index configured".into()),
+        });
+    };
+    let spec = input.spec;
+    let filter = RecallFilter {
+        // Room for what is filtered out below.
+        k: (spec.k * 3).min(50),
+        kinds: spec.kinds.clone(),
+        conversation: (spec.scope == RecallScope::Conversation).then_some(input.conversation),
+        app: (spec.scope == RecallScope::App).then(|| input.app.clone()),
+    };
+    let found = match index
+        .recall(input.tenant, input.identity, &query, &filter)
+        .await
+    {
+        Ok(found) => found,
+        Err(e) => {
+            tracing::warn!(error = %e, "recall failed; the turn runs without it");
+            return Some(Block::Recall {
+                query,
+                hits: Vec::new(),
+                note: Some(format!("recall skipped: the index is unavailable ({e})")),
+            });
+        }
+    };
+    let shared = input.reach.shared().await;
+    let mut hits: Vec<RecallHit> = Vec::new();
+    for hit in found {
+        if hit.score < spec.min_score || input.in_timeline.contains(&hit.reference) {
+            continue;
+        }
+        // The running conversation's own rows are in the timeline or its summary, unless the
+        // agent recalls exactly those.
+        if hit.conversation == input.conversation && spec.scope != RecallScope::Conversation {
+            continue;
+        }
+        if shared && !input.reach.allows(hit.conversation).await {
+            continue;
+        }
+        hits.push(hit);
+    }
+    hits.sort_by(|a, b| b.score.total_cmp(&a.score));
+    hits.truncate(spec.k);
+    // The budget: best first while they fit; the rest (the lowest scores) are dropped.
+    let budget = spec.budget_tokens.min(input.available_tokens);
+    let mut kept: Vec<RecallHit> = Vec::new();
+    for hit in hits {
+        let mut trial = kept.clone();
+        trial.push(hit);
+        let message = Message::new(Role::System, crate::timeline::recall_message(&trial));
+        if input.tokens.count(&message) > budget {
+            break;
+        }
+        kept = trial;
+    }
+    Some(Block::Recall {
+        query,
+        hits: kept,
+        note: None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bad_specs_say_which_field() {
+        let spec = |text: &str| -> RecallSpec { toml::from_str(text).unwrap() };
+        assert!(spec("k = 5").validate().is_ok());
+        assert!(spec("k = 0").validate().unwrap_err().starts_with("k:"));
+        assert!(spec("kinds = [\"email\"]")
+            .validate()
+            .unwrap_err()
+            .starts_with("kinds:"));
+        assert!(spec("min_score = -1.0")
+            .validate()
+            .unwrap_err()
+            .starts_with("min_score:"));
+        assert!(toml::from_str::<RecallSpec>("colour = 1").is_err());
+        assert_eq!(spec("scope = \"app\"").scope, RecallScope::App);
+    }
+
+    #[test]
+    fn the_query_is_the_turns_words() {
+        let blocks = vec![
+            Block::UserMessage { text: "a".into() },
+            Block::Stop { reason: None },
+            Block::FollowUp { text: "b".into() },
+        ];
+        assert_eq!(query_of(&blocks), "a\nb");
+    }
+}
