@@ -188,6 +188,38 @@ pub async fn quality(
                 json!({"ndcg@10": round4(ndcg / n), "map": round4(map / n)}),
             );
         }
+        // What recall (k = 5, hybrid) adds to a turn's context rebuild: the query embedded on
+        // this CPU, then both retrievers and fusion; and the search alone.
+        let (mut recall, mut search_only) = (Vec::new(), Vec::new());
+        for (k, &i) in judged.iter().enumerate().take(100) {
+            let mut request = SearchRequest::new(collection.queries[i].1.clone());
+            request.limit = 5;
+            let t = Instant::now();
+            index.search(&scope, &request).await?;
+            recall.push(t.elapsed());
+            let t = Instant::now();
+            index
+                .search_embedded(&scope, &request, Some(&query_vectors[k]))
+                .await?;
+            search_only.push(t.elapsed());
+        }
+        let recall = Series {
+            total: recall.iter().sum(),
+            samples: recall,
+        };
+        let search_only = Series {
+            total: search_only.iter().sum(),
+            samples: search_only,
+        };
+        report.insert(
+            "recall_k5_ms".into(),
+            json!({
+                "p50": round4(ms(recall.percentile(0.5))),
+                "p99": round4(ms(recall.percentile(0.99))),
+                "search_only_p50": round4(ms(search_only.percentile(0.5))),
+                "search_only_p99": round4(ms(search_only.percentile(0.99))),
+            }),
+        );
         backend.forget(&scope).await?;
         let report = serde_json::Value::Object(report);
         if json_out {
@@ -201,6 +233,14 @@ pub async fn quality(
                     report[name]["map"].as_f64().unwrap_or(0.0)
                 );
             }
+            let r = &report["recall_k5_ms"];
+            println!(
+                "  recall k=5 (query embedded here, hybrid): p50 {:.2} ms  p99 {:.2} ms; the search alone p50 {:.2} ms  p99 {:.2} ms",
+                r["p50"].as_f64().unwrap_or(0.0),
+                r["p99"].as_f64().unwrap_or(0.0),
+                r["search_only_p50"].as_f64().unwrap_or(0.0),
+                r["search_only_p99"].as_f64().unwrap_or(0.0)
+            );
         }
     }
     Ok(ExitCode::SUCCESS)

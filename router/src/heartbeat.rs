@@ -13,7 +13,8 @@ pub struct Heartbeat {
     pub worker: WorkerId,
     /// Conversations it owns right now.
     pub owned: usize,
-    /// How many it may own at once.
+    /// How many it may own at once (absent from older workers' beats: 0).
+    #[serde(default)]
     pub slots: usize,
     /// When it was sent, in milliseconds since the epoch (the sender's clock).
     pub at_ms: u64,

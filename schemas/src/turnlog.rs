@@ -28,10 +28,12 @@ pub struct TurnLog {
     pub usage: Option<Usage>,
 }
 
-/// Token counts a model endpoint reported.
+/// Token counts a model endpoint reported (a count it left out reads as zero).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Usage {
+    #[serde(default)]
     pub prompt_tokens: u64,
+    #[serde(default)]
     pub completion_tokens: u64,
 }
 
@@ -39,8 +41,10 @@ impl Usage {
     /// The sum of two counts.
     pub fn plus(self, other: Usage) -> Usage {
         Usage {
-            prompt_tokens: self.prompt_tokens + other.prompt_tokens,
-            completion_tokens: self.completion_tokens + other.completion_tokens,
+            prompt_tokens: self.prompt_tokens.saturating_add(other.prompt_tokens),
+            completion_tokens: self
+                .completion_tokens
+                .saturating_add(other.completion_tokens),
         }
     }
 }

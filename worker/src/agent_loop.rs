@@ -403,7 +403,14 @@ pub async fn run_live(turn: &TurnContext<'_>) -> Result<TurnOutcome> {
     }
     // Recall, after the turn's inputs: what the history leaves of the budget, at most.
     if let (Some(recall), true) = (&spec.recall, asks.work) {
-        let used: u64 = history.iter().map(|m| spec.tokens.count(m)).sum();
+        // What the request holds besides recall: the history, the system prompt, the turn's
+        // own input.
+        let used: u64 = history
+            .iter()
+            .chain(&messages(blocks.iter()))
+            .chain(&[Message::new(Role::System, spec.system_prompt.clone())])
+            .map(|m| spec.tokens.count(m))
+            .sum();
         let in_timeline = timeline
             .rows
             .iter()
@@ -435,6 +442,7 @@ pub async fn run_live(turn: &TurnContext<'_>) -> Result<TurnOutcome> {
     let (still_pending, _) = pending(history_blocks.iter().chain(blocks.iter()));
     if !asks.work && !applied {
         turn.set_blocks(blocks);
+        turn.set_usage(cx.usage());
         // Nothing for the model: a refused answer leaves the turn parked; a switch or a
         // compaction alone is done.
         return Ok(if still_pending.is_empty() {
@@ -453,7 +461,13 @@ pub async fn run_live(turn: &TurnContext<'_>) -> Result<TurnOutcome> {
         max_rounds: turn.max_rounds(),
         history_budget: budget,
         tokens: spec.tokens.clone(),
-        tool_choice: spec.tool_choice.clone(),
+        // A forced tool is for turns with new input: a turn that only applies an answer (an
+        // approval, a question) lets the model choose.
+        tool_choice: if asks.work {
+            spec.tool_choice.clone()
+        } else {
+            ToolChoice::Auto
+        },
         temperature: spec.temperature,
         max_tokens: spec.max_tokens,
     };

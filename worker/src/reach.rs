@@ -50,9 +50,13 @@ impl Reach {
             .as_deref()
     }
 
-    /// Whether more than one identity reads the conversation (or that cannot be told).
-    pub async fn shared(&self) -> bool {
-        self.participants().await.is_none_or(|p| p.len() > 1)
+    /// Whether `identity` is the conversation's only reader. Not so when it was shared, and not
+    /// so when `identity` is not a reader at all (a grant revoked while its message waited):
+    /// then what the turn brings in must pass [`Reach::allows`].
+    pub async fn private_to(&self, identity: &Identity) -> bool {
+        self.participants()
+            .await
+            .is_some_and(|p| p.len() == 1 && p[0] == *identity)
     }
 
     /// Whether the turn may bring what is in `other` into this conversation: its own always;
@@ -64,9 +68,6 @@ impl Reach {
         let Some(participants) = self.participants().await else {
             return false;
         };
-        if participants.len() <= 1 {
-            return true;
-        }
         for participant in participants {
             if self
                 .directory

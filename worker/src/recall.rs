@@ -10,7 +10,12 @@
 //! - rows the timeline already holds, and the running conversation's own rows, are left out;
 //! - recalled rows take what the history leaves of the budget, and at most `budget_tokens`:
 //!   the lowest scores go first when it is tight;
-//! - an index that fails makes a recall with no hits and a note saying why; the turn runs.
+//! - an index that fails (or takes longer than [`RECALL_TIMEOUT`]) makes a recall with no hits
+//!   and a note saying why; the turn runs;
+//! - recalled rows reach the model as quoted material in a user message, never with a system
+//!   message's authority: they may hold text someone else wrote (a file, a web page).
+
+use std::time::Duration;
 
 use serde::Deserialize;
 use turnpike_schemas::{AppId, Block, ConversationId, RecallHit};
@@ -42,10 +47,12 @@ pub struct RecallSpec {
     #[serde(default)]
     pub scope: RecallScope,
     /// Index kinds to recall (`prompt`, `completion`, `summary`, `attachment`, `file`); empty:
-    /// all.
+    /// what the user and the agent said (`prompt`, `completion`, `summary`) — files and
+    /// attachments only when named.
     #[serde(default)]
     pub kinds: Vec<String>,
-    /// Hits scoring below this are dropped.
+    /// Hits whose fused score is below this are dropped. The score is reciprocal-rank fusion:
+    /// about 0.016 for a row one retriever ranked first, about 0.033 for one both did.
     #[serde(default)]
     pub min_score: f64,
     /// The most tokens recalled rows may take.
@@ -74,8 +81,11 @@ impl RecallSpec {
                 KINDS.join(", ")
             ));
         }
-        if !self.min_score.is_finite() || self.min_score < 0.0 {
-            return Err(format!("min_score: must be ≥ 0, not {}", self.min_score));
+        if !self.min_score.is_finite() || !(0.0..=0.05).contains(&self.min_score) {
+            return Err(format!(
+                "min_score: must be 0–0.05 (a fused reciprocal-rank score), not {}",
+                self.min_score
+            ));
         }
         Ok(())
     }
@@ -90,9 +100,16 @@ pub struct RecallFilter {
     pub app: Option<AppId>,
 }
 
-/// The turn's input as a query: its messages, follow-ups and steers, in order.
+/// The longest query recall sends (the index takes 4 KiB): the most recent input is kept.
+pub const MAX_QUERY_BYTES: usize = 4000;
+
+/// How long recall may take before the turn goes on without it.
+pub const RECALL_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The turn's input as a query: its messages, follow-ups and steers, in order — the last
+/// [`MAX_QUERY_BYTES`] of it.
 pub fn query_of(blocks: &[Block]) -> String {
-    blocks
+    let all = blocks
         .iter()
         .filter_map(|b| match b {
             Block::UserMessage { text } | Block::FollowUp { text } | Block::Steer { text } => {
@@ -101,7 +118,15 @@ pub fn query_of(blocks: &[Block]) -> String {
             _ => None,
         })
         .collect::<Vec<_>>()
-        .join("\n")
+        .join("\n");
+    if all.len() <= MAX_QUERY_BYTES {
+        return all;
+    }
+    let mut start = all.len() - MAX_QUERY_BYTES;
+    while !all.is_char_boundary(start) {
+        start += 1;
+    }
+    all[start..].to_owned()
 }
 
 /// Everything [`recall`] needs to know about the turn.
@@ -116,7 +141,7 @@ pub struct RecallInput<'a> {
     pub blocks: &'a [Block],
     /// References of the rows the timeline holds.
     pub in_timeline: &'a std::collections::HashSet<String>,
-    /// Tokens the history leaves of the agent's budget.
+    /// Tokens the history, the system prompt and the turn's own input leave of the budget.
     pub available_tokens: u64,
     pub tokens: &'a TokenCounter,
     pub reach: &'a crate::reach::Reach,
@@ -139,25 +164,36 @@ pub async fn recall(input: RecallInput<'_>) -> Option<Block> {
     let filter = RecallFilter {
         // Room for what is filtered out below.
         k: (spec.k * 3).min(50),
-        kinds: spec.kinds.clone(),
+        kinds: if spec.kinds.is_empty() {
+            ["prompt", "completion", "summary"]
+                .map(String::from)
+                .to_vec()
+        } else {
+            spec.kinds.clone()
+        },
         conversation: (spec.scope == RecallScope::Conversation).then_some(input.conversation),
         app: (spec.scope == RecallScope::App).then(|| input.app.clone()),
     };
-    let found = match index
-        .recall(input.tenant, input.identity, &query, &filter)
-        .await
-    {
+    let asked = index.recall(input.tenant, input.identity, &query, &filter);
+    let failed = match tokio::time::timeout(RECALL_TIMEOUT, asked).await {
+        Ok(Ok(found)) => Ok(found),
+        Ok(Err(e)) => Err(format!("recall skipped: the index failed ({e})")),
+        Err(_) => Err(format!(
+            "recall skipped: the index did not answer within {RECALL_TIMEOUT:?}"
+        )),
+    };
+    let found = match failed {
         Ok(found) => found,
-        Err(e) => {
-            tracing::warn!(error = %e, "recall failed; the turn runs without it");
+        Err(note) => {
+            tracing::warn!(%note, "the turn runs without recall");
             return Some(Block::Recall {
                 query,
                 hits: Vec::new(),
-                note: Some(format!("recall skipped: the index is unavailable ({e})")),
+                note: Some(note),
             });
         }
     };
-    let shared = input.reach.shared().await;
+    let private = input.reach.private_to(input.identity).await;
     let mut hits: Vec<RecallHit> = Vec::new();
     for hit in found {
         if hit.score < spec.min_score || input.in_timeline.contains(&hit.reference) {
@@ -168,7 +204,7 @@ pub async fn recall(input: RecallInput<'_>) -> Option<Block> {
         if hit.conversation == input.conversation && spec.scope != RecallScope::Conversation {
             continue;
         }
-        if shared && !input.reach.allows(hit.conversation).await {
+        if !private && !input.reach.allows(hit.conversation).await {
             continue;
         }
         hits.push(hit);
@@ -181,7 +217,7 @@ pub async fn recall(input: RecallInput<'_>) -> Option<Block> {
     for hit in hits {
         let mut trial = kept.clone();
         trial.push(hit);
-        let message = Message::new(Role::System, crate::timeline::recall_message(&trial));
+        let message = Message::new(Role::User, crate::timeline::recall_message(&trial));
         if input.tokens.count(&message) > budget {
             break;
         }
@@ -211,6 +247,10 @@ mod tests {
             .validate()
             .unwrap_err()
             .starts_with("min_score:"));
+        assert!(
+            spec("min_score = 0.3").validate().is_err(),
+            "off the fused scale"
+        );
         assert!(toml::from_str::<RecallSpec>("colour = 1").is_err());
         assert_eq!(spec("scope = \"app\"").scope, RecallScope::App);
     }
@@ -223,5 +263,15 @@ mod tests {
             Block::FollowUp { text: "b".into() },
         ];
         assert_eq!(query_of(&blocks), "a\nb");
+        // A long input keeps its most recent words, cut on a character boundary.
+        let long = vec![Block::UserMessage {
+            text: format!("{}ünd the end", "é".repeat(3000)),
+        }];
+        let q = query_of(&long);
+        assert!(
+            q.len() <= MAX_QUERY_BYTES && q.ends_with("ünd the end"),
+            "{}",
+            q.len()
+        );
     }
 }

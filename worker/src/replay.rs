@@ -414,7 +414,13 @@ pub async fn replay(logs: &[TurnLog], what_if: Option<&WhatIf>) -> Vec<TurnRepla
             recorded: log.blocks.get(i).cloned(),
             replayed: blocks.get(i).cloned(),
         });
-        history.extend(blocks.iter().cloned());
+        // As the live timeline: what a turn recalled was for that turn only.
+        history.extend(
+            blocks
+                .iter()
+                .filter(|b| !matches!(b, Block::Recall { .. }))
+                .cloned(),
+        );
         let context_changed = out
             .iter()
             .any(|r| r.divergence.is_some() || r.context_changed);

@@ -91,16 +91,20 @@ impl SearchIndex for IndexSearch {
         )
         .await
         .map_err(|e| format!("recall failed: {e}"))?;
+        // A hit whose content the identity cannot read (gone, no longer granted, a stale row)
+        // is not recalled.
         Ok(page
             .hits
             .into_iter()
-            .map(|h| RecallHit {
-                reference: h.info.reference,
-                conversation: h.info.conversation,
-                turn: h.info.turn,
-                kind: h.info.kind.as_str().to_owned(),
-                score: h.score,
-                snippet: h.snippet.unwrap_or_default(),
+            .filter_map(|h| {
+                Some(RecallHit {
+                    snippet: h.snippet?,
+                    reference: h.info.reference,
+                    conversation: h.info.conversation,
+                    turn: h.info.turn,
+                    kind: h.info.kind.as_str().to_owned(),
+                    score: h.score,
+                })
             })
             .collect())
     }

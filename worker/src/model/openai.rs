@@ -215,7 +215,14 @@ impl OpenAi {
             })?;
             req = req.bearer_auth(key);
         }
-        let response = tokio::time::timeout(self.config.stall_timeout, req.send())
+        // Unstreamed, the headers come only once the whole reply is made: the call's deadline
+        // bounds that wait, not the stall timeout.
+        let wait = if self.config.stream {
+            self.config.stall_timeout
+        } else {
+            self.config.deadline
+        };
+        let response = tokio::time::timeout(wait, req.send())
             .await
             .map_err(|_| Attempt {
                 error: ModelError::new(
@@ -397,7 +404,7 @@ struct Whole {
 
 #[derive(Deserialize)]
 struct WholeChoice {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     message: WholeMessage,
     #[serde(default)]
     finish_reason: Option<String>,
@@ -457,8 +464,30 @@ struct ToolCallDelta {
 struct FunctionDelta {
     #[serde(default)]
     name: Option<String>,
-    #[serde(default)]
+    /// A JSON text (the protocol); some servers send the object itself.
+    #[serde(default, deserialize_with = "text_or_json")]
     arguments: Option<String>,
+}
+
+/// A string as it is; any other JSON value as its text.
+fn text_or_json<'de, D>(d: D) -> Result<Option<String>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+{
+    Ok(match Option::<Value>::deserialize(d)? {
+        None | Some(Value::Null) => None,
+        Some(Value::String(s)) => Some(s),
+        Some(other) => Some(other.to_string()),
+    })
+}
+
+/// `null` reads as the default.
+fn null_as_default<'de, D, T>(d: D) -> Result<T, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Deserialize<'de> + Default,
+{
+    Ok(Option::<T>::deserialize(d)?.unwrap_or_default())
 }
 
 /// A reply being assembled from streamed chunks.

@@ -228,9 +228,7 @@ impl Vars {
         let recalled = request
             .messages
             .iter()
-            .find(|m| {
-                m.role == Role::System && m.content.starts_with(crate::timeline::RECALL_HEADER)
-            })
+            .find(|m| m.content.starts_with(crate::timeline::RECALL_HEADER))
             .map_or_else(|| "nothing recalled".to_owned(), |m| m.content.clone());
         let mut references = Vec::new();
         for (i, m) in request.messages.iter().enumerate() {

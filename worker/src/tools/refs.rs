@@ -173,8 +173,9 @@ impl Tool for Search {
         let mut found = index
             .search(cx.prefix.tenant(), cx.identity, query, limit)
             .await?;
-        // In a shared conversation, only hits every participant may see.
-        if cx.reach.shared().await {
+        // Unless the caller is the conversation's only reader, only hits every participant may
+        // see.
+        if !cx.reach.private_to(cx.identity).await {
             if let Some(hits) = found.get_mut("hits").and_then(Value::as_array_mut) {
                 let mut kept = Vec::with_capacity(hits.len());
                 for hit in hits.drain(..) {
