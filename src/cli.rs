@@ -150,6 +150,13 @@ pub enum QueryNumberingArg {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum JudgmentsFormatArg {
+    Auto,
+    Smart,
+    Trec,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum GradesArg {
     LowerIsBetter,
     HigherIsBetter,
@@ -651,6 +658,19 @@ pub enum BenchCommand {
         /// What grades mean: 1 = most relevant (Cranfield), or higher = more relevant.
         #[arg(long, value_enum, default_value_t = GradesArg::LowerIsBetter)]
         grades: GradesArg,
+        /// The documents file, where its content cannot tell (else found in the directory).
+        #[arg(long)]
+        docs: Option<PathBuf>,
+        /// The queries file, where its content cannot tell.
+        #[arg(long)]
+        queries: Option<PathBuf>,
+        /// The judgments file, where its content cannot tell.
+        #[arg(long)]
+        judgments: Option<PathBuf>,
+        /// The judgments' shape: `smart` (`query doc [grade]`, or four columns with the last two
+        /// unused) or `trec` (`query 0 doc relevance`); `auto` tells by the content.
+        #[arg(long, value_enum, default_value_t = JudgmentsFormatArg::Auto)]
+        judgments_format: JudgmentsFormatArg,
         /// Where to build the embedded index (a temporary directory under it).
         #[arg(long)]
         dir: Option<PathBuf>,

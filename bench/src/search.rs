@@ -10,7 +10,7 @@ use anyhow::{Context as _, Result};
 use serde_json::json;
 use turnpike_index::embed::MiniLm;
 use turnpike_index::embedded::EmbeddedIndex;
-use turnpike_index::eval::{average_precision, ndcg_at, Collection, Grades, QueryNumbering};
+use turnpike_index::eval::{average_precision, ndcg_at, Collection, Files, Grades, QueryNumbering};
 use turnpike_index::postgres::PgIndex;
 use turnpike_index::{
     Backend, Embedder, Index, IndexRow, Kind, Mode, RowId, RowInfo, Scope, SearchRequest,
@@ -101,12 +101,13 @@ fn bench_info(id: String, conversation: usize, turn: u64, kind: Kind, at_ms: i64
 pub async fn quality(
     config: &SearchConfig,
     dir: &Path,
+    files: &Files,
     json_out: bool,
     numbering: QueryNumbering,
     grades: Grades,
     work: Option<PathBuf>,
 ) -> Result<ExitCode> {
-    let collection = Collection::load(dir, numbering, grades)?;
+    let collection = Collection::load_files(dir, files, numbering, grades)?;
     let judged: Vec<usize> = (0..collection.queries.len())
         .filter(|&i| collection.judgments.contains_key(&collection.queries[i].0))
         .collect();

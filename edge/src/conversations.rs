@@ -149,6 +149,7 @@ pub async fn close(
         .directory()
         .close(entry.conversation, now_ms())
         .await?;
+    edge.inner.ingress.forget_open(entry.conversation);
     Ok(Json(edge.view(entry).await?))
 }
 

@@ -1,15 +1,33 @@
 //! Ingress: the one way an event reaches a lane. It validates the event, checks that the
 //! conversation exists and belongs to the caller, binds the caller's identity, and publishes.
 //! A refused event never reaches a lane.
+//!
+//! What it reads per event is remembered per process (shared by clones):
+//! - directory entries, which never change once written;
+//! - that a conversation is closed, which never changes back;
+//! - that it is open, for [`OPEN_FOR`]: a close through this ingress's process is seen at once
+//!   ([`Ingress::forget_open`]), one through another process within that time. (Checking and
+//!   publishing were never one step: an event racing a close could always slip in.)
+//!
+//! Grants are not remembered: a caller who is not the owner is checked against the store every
+//! time, so a revoked grant refuses the next event.
 
-use std::sync::Arc;
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
-use turnpike_artifactory::Conversations;
+use turnpike_artifactory::{Conversations, DirectoryEntry};
 use turnpike_schemas::entry::IngressDirective;
 use turnpike_schemas::{Address, ConversationId, Event, EventBody, Identity, TenantId};
 
 use crate::bus::{now_ms, Bus, Published};
 use crate::error::{Error, ErrorKind, Result};
+
+/// How long a conversation seen open is taken to be open without looking again.
+pub const OPEN_FOR: Duration = Duration::from_secs(1);
+
+/// The most conversations remembered; past it the memory starts over.
+const MEMO_LIMIT: usize = 100_000;
 
 /// Publishes events on behalf of authenticated callers.
 #[derive(Clone)]
@@ -17,6 +35,24 @@ pub struct Ingress {
     bus: Arc<dyn Bus>,
     conversations: Conversations,
     directive: Option<IngressDirective>,
+    memo: Arc<Memo>,
+}
+
+/// What ingress remembers (see the module's contract).
+#[derive(Default)]
+struct Memo {
+    entries: Mutex<HashMap<ConversationId, DirectoryEntry>>,
+    open: Mutex<HashMap<ConversationId, Instant>>,
+    closed: Mutex<HashSet<ConversationId>>,
+}
+
+/// Inserts into a bounded map, starting over when it is full.
+fn remember<K: std::hash::Hash + Eq, V>(map: &Mutex<HashMap<K, V>>, key: K, value: V) {
+    let mut map = map.lock().expect("ingress memo lock");
+    if map.len() >= MEMO_LIMIT {
+        map.clear();
+    }
+    map.insert(key, value);
 }
 
 impl Ingress {
@@ -25,7 +61,99 @@ impl Ingress {
             bus,
             conversations,
             directive: None,
+            memo: Arc::default(),
         }
+    }
+
+    /// This process closed `conversation`: the next event looks again (and finds it closed).
+    pub fn forget_open(&self, conversation: ConversationId) {
+        self.memo
+            .open
+            .lock()
+            .expect("ingress memo lock")
+            .remove(&conversation);
+    }
+
+    /// The directory entry, if `caller` may send to it (its owner, or a grantee — checked in
+    /// the store every time).
+    async fn entry_for(
+        &self,
+        conversation: ConversationId,
+        tenant: &TenantId,
+        caller: &Identity,
+    ) -> Result<DirectoryEntry> {
+        let directory = self.conversations.directory();
+        let as_error = |e: turnpike_artifactory::Error| {
+            // Missing and forbidden look the same; a store that cannot answer is not "not
+            // found" (the caller should retry, not give up).
+            let kind = match e.kind() {
+                turnpike_artifactory::ErrorKind::NotFound => ErrorKind::NotFound,
+                _ => ErrorKind::Unavailable,
+            };
+            Error::with_source(kind, e.to_string(), e)
+        };
+        let known = self
+            .memo
+            .entries
+            .lock()
+            .expect("ingress memo lock")
+            .get(&conversation)
+            .cloned();
+        if let Some(entry) = known {
+            if &entry.tenant == tenant && &entry.owner == caller {
+                return Ok(entry);
+            }
+            return directory
+                .lookup(conversation, tenant, caller)
+                .await
+                .map_err(as_error);
+        }
+        let entry = directory
+            .lookup(conversation, tenant, caller)
+            .await
+            .map_err(as_error)?;
+        remember(&self.memo.entries, conversation, entry.clone());
+        Ok(entry)
+    }
+
+    /// Whether `conversation` is closed (see the module's contract for what is remembered).
+    async fn closed(&self, conversation: ConversationId) -> Result<bool> {
+        if self
+            .memo
+            .closed
+            .lock()
+            .expect("ingress memo lock")
+            .contains(&conversation)
+        {
+            return Ok(true);
+        }
+        let fresh = self
+            .memo
+            .open
+            .lock()
+            .expect("ingress memo lock")
+            .get(&conversation)
+            .is_some_and(|seen| seen.elapsed() < OPEN_FOR);
+        if fresh {
+            return Ok(false);
+        }
+        let seen = Instant::now();
+        let closed = self
+            .conversations
+            .directory()
+            .closed_at(conversation)
+            .await?
+            .is_some();
+        if closed {
+            let mut set = self.memo.closed.lock().expect("ingress memo lock");
+            if set.len() >= MEMO_LIMIT {
+                set.clear();
+            }
+            set.insert(conversation);
+        } else {
+            remember(&self.memo.open, conversation, seen);
+        }
+        Ok(closed)
     }
 
     /// Attaches `directive` to every event this ingress accepts (a deployment's policy: it can
@@ -46,27 +174,8 @@ impl Ingress {
         body: EventBody,
         idempotency_key: Option<String>,
     ) -> Result<(Event, Published)> {
-        let entry = self
-            .conversations
-            .directory()
-            .lookup(conversation, tenant, caller)
-            .await
-            .map_err(|e| {
-                // Missing and forbidden look the same; a store that cannot answer is not
-                // "not found" (the caller should retry, not give up).
-                let kind = match e.kind() {
-                    turnpike_artifactory::ErrorKind::NotFound => ErrorKind::NotFound,
-                    _ => ErrorKind::Unavailable,
-                };
-                Error::with_source(kind, e.to_string(), e)
-            })?;
-        if self
-            .conversations
-            .directory()
-            .closed_at(conversation)
-            .await?
-            .is_some()
-        {
+        let entry = self.entry_for(conversation, tenant, caller).await?;
+        if self.closed(conversation).await? {
             return Err(Error::new(
                 ErrorKind::Closed,
                 format!("conversation {conversation} is closed; it accepts no more events"),

@@ -8,11 +8,13 @@ use std::time::Duration;
 use anyhow::{Context as _, Result};
 use turnpike_bench::edge::{EdgeStack, Plan};
 use turnpike_bench::search::{Scale, SearchConfig};
-use turnpike_index::eval::{Grades, QueryNumbering};
+use turnpike_index::eval::{Files, Grades, JudgmentsFormat, QueryNumbering};
 use turnpike_router::Ingress;
 use turnpike_worker::{WorkerConfig, WorkerPool};
 
-use crate::cli::{BenchCommand, EdgeArgs, Global, GradesArg, QueryNumberingArg};
+use crate::cli::{
+    BenchCommand, EdgeArgs, Global, GradesArg, JudgmentsFormatArg, QueryNumberingArg,
+};
 use crate::commands::runtime::{open_bus, workers};
 use crate::env::Env;
 
@@ -28,7 +30,21 @@ pub async fn run(global: &Global, command: BenchCommand) -> Result<ExitCode> {
             query_numbering,
             grades,
             dir,
+            docs,
+            queries,
+            judgments,
+            judgments_format,
         } => {
+            let files = Files {
+                docs,
+                queries,
+                judgments,
+                judgments_format: match judgments_format {
+                    JudgmentsFormatArg::Auto => JudgmentsFormat::Auto,
+                    JudgmentsFormatArg::Smart => JudgmentsFormat::Smart,
+                    JudgmentsFormatArg::Trec => JudgmentsFormat::Trec,
+                },
+            };
             let numbering = match query_numbering {
                 QueryNumberingArg::Position => QueryNumbering::Position,
                 QueryNumberingArg::Id => QueryNumbering::Id,
@@ -37,8 +53,16 @@ pub async fn run(global: &Global, command: BenchCommand) -> Result<ExitCode> {
                 GradesArg::LowerIsBetter => Grades::LowerIsBetter,
                 GradesArg::HigherIsBetter => Grades::HigherIsBetter,
             };
-            turnpike_bench::search::quality(&search, &collection, json, numbering, grades, dir)
-                .await
+            turnpike_bench::search::quality(
+                &search,
+                &collection,
+                &files,
+                json,
+                numbering,
+                grades,
+                dir,
+            )
+            .await
         }
         BenchCommand::Index {
             rows,
