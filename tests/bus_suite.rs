@@ -346,6 +346,30 @@ macro_rules! bus_suite {
             }
 
             #[tokio::test]
+            async fn a_lane_signals_each_publish_to_it_and_only_to_it() {
+                use futures::StreamExt as _;
+                let b = super::$backend().await;
+                let (mine, other) = (ConversationId::new(), ConversationId::new());
+                let mut signals = b.bus.lane_signals(mine).await.unwrap();
+                b.bus.publish(&event(other, "elsewhere")).await.unwrap();
+                b.bus.publish(&event(mine, "here")).await.unwrap();
+                tokio::time::timeout(Duration::from_secs(10), signals.next())
+                    .await
+                    .expect("a signal for the publish")
+                    .expect("the signals go on");
+                // The other lane's publish signalled nothing here; nothing else is waiting.
+                assert!(
+                    tokio::time::timeout(Duration::from_millis(300), signals.next())
+                        .await
+                        .is_err(),
+                    "a signal for another lane"
+                );
+                // And the lane the signal was for holds the message.
+                let lane = b.bus.read_lane(mine, 0, None, 10).await.unwrap();
+                assert_eq!(lane.iter().map(|m| text(&m.event)).collect::<Vec<_>>(), ["here"]);
+            }
+
+            #[tokio::test]
             async fn heartbeats_sent_in_the_window_are_listed_newest_per_worker() {
                 let b = super::$backend().await;
                 let (w1, w2) = (WorkerId::new(), WorkerId::new());

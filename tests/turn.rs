@@ -3,7 +3,7 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use futures::StreamExt as _;
@@ -252,6 +252,34 @@ async fn a_stop_cancels_the_model_stream_and_the_turn_is_committed_cancelled() {
     rig.send(EventBody::Stop { reason: None }).await;
     rig.wait_turns(2).await;
     rig.stop().await;
+}
+
+#[tokio::test]
+async fn stops_and_steers_reach_a_running_turn_by_the_lanes_signal_without_polling() {
+    // Polling once an hour: only the bus's signal can bring the steer and the stop in.
+    let mut options = RigOptions::new(WAITING);
+    options.lane_poll = Duration::from_secs(3600);
+    let rig = Rig::with(options).await;
+    rig.say("write about cats").await;
+    rig.wait_dispatched(1).await;
+    rig.send(EventBody::Steer {
+        text: "dogs instead".into(),
+    })
+    .await;
+    rig.wait_turns(1).await;
+    assert_eq!(
+        replies(&rig.log(1).await),
+        ["now answering: [steer: change course] dogs instead"]
+    );
+    let mut options =
+        RigOptions::new("[[turn]]\n[[turn.step]]\ndelay_ms = 600000\ntext = \"never\"\n");
+    options.lane_poll = Duration::from_secs(3600);
+    let rig = Rig::with(options).await;
+    rig.say("take your time").await;
+    rig.wait_dispatched(1).await;
+    rig.send(EventBody::Stop { reason: None }).await;
+    rig.wait_turns(1).await;
+    assert_eq!(rig.log(1).await.outcome, TurnOutcome::Cancelled);
 }
 
 #[tokio::test]

@@ -20,6 +20,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use bytes::Bytes;
 use futures::stream::BoxStream;
+use futures::StreamExt as _;
 use turnpike_schemas::{ConversationId, Event, TenantId, WorkerId};
 
 use crate::error::Result;
@@ -196,6 +197,14 @@ pub trait Bus: Send + Sync + 'static {
 
     /// The heartbeats sent during the next `window` (the newest of each worker): who is alive.
     async fn heartbeats(&self, window: Duration) -> Result<Vec<Heartbeat>>;
+
+    /// A signal each time something is put on `conversation`'s lane from now on (advisory: a
+    /// signal may be missed or spurious; the lane is the truth). A turn watching its lane reads
+    /// it on a signal instead of polling. The default never signals (readers poll).
+    async fn lane_signals(&self, conversation: ConversationId) -> Result<BoxStream<'static, ()>> {
+        let _ = conversation;
+        Ok(futures::stream::pending().boxed())
+    }
 
     /// Publishes an advisory message (a token delta, a "new rows" tick) on `tp.live.{conv}`.
     /// Best effort and never durable: it carries nothing the record lacks.

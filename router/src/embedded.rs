@@ -115,6 +115,8 @@ pub struct EmbeddedBus {
     writer_thread: Option<std::thread::JoinHandle<()>>,
     /// Advisory live messages, one channel per conversation someone listens to.
     live: Mutex<HashMap<ConversationId, tokio::sync::broadcast::Sender<bytes::Bytes>>>,
+    /// A signal per lane someone watches, sent after each write to it commits.
+    lane_signals: Mutex<HashMap<ConversationId, tokio::sync::broadcast::Sender<()>>>,
     /// Heartbeats of the workers in this process, to whoever listens.
     heartbeats: tokio::sync::broadcast::Sender<Heartbeat>,
 }
@@ -264,9 +266,17 @@ impl EmbeddedBus {
             .ok_or_else(|| storage("publishing", "the bus is closing"))?
             .send(request)
             .map_err(|_| storage("publishing", "the writer thread is gone"))?;
-        outcome
+        let published = outcome
             .await
-            .map_err(|_| storage("publishing", "the writer thread is gone"))?
+            .map_err(|_| storage("publishing", "the writer thread is gone"))??;
+        let mut signals = self.lane_signals.lock().expect("lane signals lock");
+        if let Some(tx) = signals.get(&conversation) {
+            if tx.send(()).is_err() {
+                // Nobody watches any more.
+                signals.remove(&conversation);
+            }
+        }
+        Ok(published)
     }
 
     /// Opens (or creates) the bus database at `path` and queues a wake for every lane.
@@ -310,6 +320,7 @@ impl EmbeddedBus {
             writer_thread: Some(writer_thread),
             live: Mutex::new(HashMap::new()),
             heartbeats: tokio::sync::broadcast::channel(256).0,
+            lane_signals: Mutex::new(HashMap::new()),
         });
         bus.requeue_all()?;
         Ok(bus)
@@ -387,6 +398,28 @@ impl WakeAck for EmbeddedAck {
 
 #[async_trait]
 impl Bus for EmbeddedBus {
+    async fn lane_signals(
+        &self,
+        conversation: ConversationId,
+    ) -> Result<futures::stream::BoxStream<'static, ()>> {
+        use futures::StreamExt as _;
+        let rx = self
+            .lane_signals
+            .lock()
+            .expect("lane signals lock")
+            .entry(conversation)
+            .or_insert_with(|| tokio::sync::broadcast::channel(16).0)
+            .subscribe();
+        // A lagged receiver missed signals, which is still a signal.
+        Ok(futures::stream::unfold(rx, |mut rx| async move {
+            match rx.recv().await {
+                Ok(()) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => Some(((), rx)),
+                Err(tokio::sync::broadcast::error::RecvError::Closed) => None,
+            }
+        })
+        .boxed())
+    }
+
     async fn heartbeat(&self, beat: &Heartbeat) {
         // Nobody listening is not an error.
         let _ = self.heartbeats.send(beat.clone());

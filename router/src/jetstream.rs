@@ -574,6 +574,23 @@ impl Bus for JetStreamBus {
         Ok(subscriber.map(|m| m.payload).boxed())
     }
 
+    async fn lane_signals(
+        &self,
+        conversation: ConversationId,
+    ) -> Result<futures::stream::BoxStream<'static, ()>> {
+        // JetStream messages are delivered to core subscribers of their subject too.
+        let subscriber = self
+            .client
+            .subscribe(self.config.shards.lane_subject(conversation))
+            .await
+            .map_err(|e| unavailable("watching a lane", e))?;
+        self.client
+            .flush()
+            .await
+            .map_err(|e| unavailable("watching a lane", e))?;
+        Ok(subscriber.map(|_| ()).boxed())
+    }
+
     async fn heartbeat(&self, beat: &Heartbeat) {
         let payload = serde_json::to_vec(beat).expect("heartbeats serialise");
         let _ = self

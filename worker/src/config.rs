@@ -46,7 +46,7 @@ impl Default for WorkerConfig {
             max_rounds: 8,
             grace: Duration::from_secs(20),
             heartbeat_every: Duration::from_secs(5),
-            lane_poll: Duration::from_millis(50),
+            lane_poll: Duration::from_secs(1),
             sweep_every: Duration::from_secs(30),
             git_remote: None,
             workspace_root: crate::workspace::default_root(),

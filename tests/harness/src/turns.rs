@@ -46,6 +46,8 @@ pub struct RigOptions {
     pub cell: bool,
     /// Index finished turns into this index (and answer `search` from it).
     pub index: Option<turnpike_index::Index>,
+    /// How often a running turn polls its lane besides the bus's signals.
+    pub lane_poll: Duration,
 }
 
 impl RigOptions {
@@ -65,6 +67,7 @@ impl RigOptions {
             git_remote: None,
             cell: false,
             index: None,
+            lane_poll: Duration::from_millis(10),
         }
     }
 }
@@ -124,6 +127,7 @@ impl Rig {
         .unwrap();
         let workspaces = dir.path().join("workspaces");
         let ttl = options.lease_ttl;
+        let lane_poll = options.lane_poll;
         let git_remote = options.git_remote.clone();
         let cell: Result<Arc<turnpike_worker::cell::Cell>, String> = if options.cell {
             turnpike_worker::cell::Cell::detect(turnpike_worker::cell::CellConfig::default())
@@ -153,7 +157,7 @@ impl Rig {
                     apps.clone(),
                     WorkerConfig {
                         workspace_root: workspaces.clone(),
-                        lane_poll: Duration::from_millis(10),
+                        lane_poll,
                         lease_ttl: ttl,
                         renew_every: ttl / 3,
                         busy_delay: Duration::from_millis(50),

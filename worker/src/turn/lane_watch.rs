@@ -1,7 +1,9 @@
 //! Watching the lane while a turn runs: what folds into it, and what stops it.
 
 use std::sync::Arc;
+use std::time::Duration;
 
+use futures::StreamExt as _;
 use tokio::sync::watch;
 use turnpike_router::bus::Bus;
 use turnpike_schemas::{Event, EventBody, Identity};
@@ -21,6 +23,9 @@ pub fn folds_into(identity: &Identity, event: &Event) -> bool {
         _ => &event.address.identity == identity,
     }
 }
+
+/// How soon a lane is read again when a signal ran ahead of the read.
+const LOOK_AGAIN: Duration = Duration::from_millis(20);
 
 /// Why a running turn is asked to stop.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -68,10 +73,37 @@ impl LaneWatch {
         let task = tokio::spawn(async move {
             let mut cursor = after;
             let mut count = 0;
+            // Signalled on every publish to the lane (watching before the first read, so
+            // nothing slips between); `every` is the fallback for a missed signal.
+            let mut signals = match bus.lane_signals(conversation).await {
+                Ok(s) => s,
+                Err(_) => futures::stream::pending().boxed(),
+            };
+            // Whether the next pass reads again shortly: a signal came, but the read did not
+            // yet show the message (a signal can run ahead of what a read sees).
+            let mut relook = false;
+            let mut first = true;
             loop {
-                tokio::time::sleep(every).await;
+                let mut signalled = false;
+                if relook {
+                    relook = false;
+                    tokio::time::sleep(LOOK_AGAIN).await;
+                } else if !first {
+                    tokio::select! {
+                        signal = signals.next() => match signal {
+                            Some(()) => signalled = true,
+                            // The signals ended: poll from here on.
+                            None => signals = futures::stream::pending().boxed(),
+                        },
+                        _ = tokio::time::sleep(every) => {}
+                    }
+                }
+                first = false;
                 let messages = match bus.read_lane(conversation, cursor, None, 64).await {
-                    Ok(messages) => messages,
+                    Ok(messages) => {
+                        relook = signalled && messages.is_empty();
+                        messages
+                    }
                     // A message this binary cannot read: the owner parks it after the turn;
                     // nothing behind it concerns this one.
                     Err(e) if e.kind() == turnpike_router::ErrorKind::Unreadable => return,
