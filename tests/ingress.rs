@@ -5,11 +5,11 @@
 use std::sync::Arc;
 
 use object_store::memory::InMemory;
-use turnpike_artifactory::{Conversations, NewConversation};
+use turnpike_artifactory::Conversations;
 use turnpike_router::embedded::{EmbeddedBus, EmbeddedConfig};
 use turnpike_router::{Bus, ErrorKind, Ingress};
 use turnpike_schemas::{EventBody, Identity};
-use turnpike_tests::fixtures::{owner, signer, tenant};
+use turnpike_tests::fixtures::{owner, support_conversation, tenant};
 
 fn message() -> EventBody {
     EventBody::Message { text: "hi".into() }
@@ -21,21 +21,9 @@ async fn remembered_entries_never_outlive_a_revoked_grant_or_a_close() {
     let conversations = Conversations::new(Arc::new(InMemory::new()));
     let bus: Arc<dyn Bus> =
         EmbeddedBus::open(&dir.path().join("bus.redb"), EmbeddedConfig::default()).unwrap();
-    let (entry, _, _) = conversations
-        .create(
-            &signer(),
-            NewConversation {
-                tenant: tenant(),
-                owner: owner(),
-                app: "support".parse().unwrap(),
-                agent: "helper".parse().unwrap(),
-                at_ms: 1,
-                instructions: None,
-            },
-        )
+    let conv = support_conversation(&conversations, owner())
         .await
-        .unwrap();
-    let conv = entry.conversation;
+        .conversation;
     let ingress = Ingress::new(bus.clone(), conversations.clone());
     let guest: Identity = "oidc:acme:guest".parse().unwrap();
     let send = |who: Identity| {

@@ -6,12 +6,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use turnpike_artifactory::NewConversation;
 use turnpike_index::embedded::EmbeddedIndex;
 use turnpike_index::postgres::PgIndex;
 use turnpike_index::Index;
 use turnpike_schemas::{Block, ConversationId, EventBody, Identity, RecallHit, TurnLog};
-use turnpike_tests::fixtures::{owner, signer, tenant};
+use turnpike_tests::fixtures::{owner, support_conversation, tenant};
 use turnpike_tests::index::embedder;
 use turnpike_tests::lanes::wait_for_turns;
 use turnpike_tests::postgres::Postgres;
@@ -45,21 +44,7 @@ async fn conversation_saying(
     who: &Identity,
     text: &str,
 ) -> ConversationId {
-    let (entry, _, _) = rig
-        .conversations
-        .create(
-            &signer(),
-            NewConversation {
-                tenant: tenant(),
-                owner: who.clone(),
-                app: "support".parse().unwrap(),
-                agent: "helper".parse().unwrap(),
-                at_ms: 1,
-                instructions: None,
-            },
-        )
-        .await
-        .unwrap();
+    let entry = support_conversation(&rig.conversations, who.clone()).await;
     rig.ingress
         .submit(
             &tenant(),

@@ -21,6 +21,19 @@ impl IndexSearch {
     pub fn new(index: Index, resolver: Resolver) -> Self {
         Self { index, resolver }
     }
+
+    /// One page of `identity`'s hits, hydrated as `identity`.
+    async fn page(
+        &self,
+        tenant: &TenantId,
+        identity: &Identity,
+        request: &SearchRequest,
+    ) -> Result<turnpike_index::Page, String> {
+        let scope = Scope::new(tenant.clone(), identity.clone());
+        turnpike_index::hydrate::search(&self.index, &self.resolver, identity, &scope, request)
+            .await
+            .map_err(|e| format!("search failed: {e}"))
+    }
 }
 
 #[async_trait]
@@ -32,18 +45,9 @@ impl SearchIndex for IndexSearch {
         query: &str,
         limit: usize,
     ) -> Result<Value, String> {
-        let scope = Scope::new(tenant.clone(), identity.clone());
         let mut request = SearchRequest::new(query);
         request.limit = limit.clamp(1, 50);
-        let page = turnpike_index::hydrate::search(
-            &self.index,
-            &self.resolver,
-            identity,
-            &scope,
-            &request,
-        )
-        .await
-        .map_err(|e| format!("search failed: {e}"))?;
+        let page = self.page(tenant, identity, &request).await?;
         let hits: Vec<Value> = page
             .hits
             .iter()
@@ -68,7 +72,6 @@ impl SearchIndex for IndexSearch {
         query: &str,
         filter: &RecallFilter,
     ) -> Result<Vec<RecallHit>, String> {
-        let scope = Scope::new(tenant.clone(), identity.clone());
         let mut request = SearchRequest::new(query);
         request.limit = filter.k.clamp(1, 100);
         request.filters = Filters {
@@ -82,15 +85,7 @@ impl SearchIndex for IndexSearch {
                 .map_err(|e| e.to_string())?,
             ..Filters::default()
         };
-        let page = turnpike_index::hydrate::search(
-            &self.index,
-            &self.resolver,
-            identity,
-            &scope,
-            &request,
-        )
-        .await
-        .map_err(|e| format!("recall failed: {e}"))?;
+        let page = self.page(tenant, identity, &request).await?;
         // A hit whose content the identity cannot read (gone, no longer granted, a stale row)
         // is not recalled.
         Ok(page

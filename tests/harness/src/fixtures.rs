@@ -117,12 +117,11 @@ pub async fn record_with_turns(store: Arc<dyn ObjectStore>, turns: u64) -> (Reco
 
 /// A conversation of `owner` (the fixture tenant, app and agent) whose turn 1 hosted `name`
 /// with `bytes`, promoted as a committed turn's would be; returns the file's reference.
-pub async fn conversation_with_file(
+/// A new conversation of `owner` in the fixture tenant, app `support`, agent `helper`.
+pub async fn support_conversation(
     conversations: &turnpike_artifactory::Conversations,
     owner: Identity,
-    name: &str,
-    bytes: &'static str,
-) -> turnpike_schemas::Reference {
+) -> turnpike_artifactory::DirectoryEntry {
     let (entry, _, _) = conversations
         .create(
             &signer(),
@@ -137,6 +136,16 @@ pub async fn conversation_with_file(
         )
         .await
         .unwrap();
+    entry
+}
+
+pub async fn conversation_with_file(
+    conversations: &turnpike_artifactory::Conversations,
+    owner: Identity,
+    name: &str,
+    bytes: &'static str,
+) -> turnpike_schemas::Reference {
+    let entry = support_conversation(conversations, owner).await;
     let prefix = entry.prefix();
     let files = turnpike_artifactory::Files::new(conversations.store().clone());
     let reference = files
