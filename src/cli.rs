@@ -675,6 +675,16 @@ pub enum BenchCommand {
         #[arg(long)]
         dir: Option<PathBuf>,
     },
+    /// The local embedder: documents per second (batched, as a rebuild embeds them) and short
+    /// queries one at a time (as a search or recall does), on a SMART collection.
+    Embed {
+        /// The collection's directory (e.g. Cranfield).
+        #[arg(long)]
+        collection: PathBuf,
+        /// Documents to embed (the collection's first).
+        #[arg(long, default_value_t = 200)]
+        docs: usize,
+    },
     /// Index scale: synthetic rows (384-d vectors, generated text) spread over users; indexing
     /// rows per second and hybrid query latency, on the embedded backend and (with
     /// --database-url) on Postgres.

@@ -247,6 +247,68 @@ pub async fn quality(
     Ok(ExitCode::SUCCESS)
 }
 
+/// `turnpike bench embed --collection DIR`: documents embedded per second (the collection's
+/// first `docs`, as a rebuild embeds them: in batches), and short queries one at a time (as a
+/// search or a recall embeds them), p50/p99.
+pub async fn embed(
+    config: &SearchConfig,
+    dir: &Path,
+    files: &Files,
+    docs: usize,
+) -> Result<ExitCode> {
+    let collection =
+        Collection::load_files(dir, files, QueryNumbering::Position, Grades::LowerIsBetter)?;
+    let model = config.embedding_model.clone();
+    let embedder: Arc<dyn Embedder> =
+        Arc::new(tokio::task::spawn_blocking(move || MiniLm::load(&model)).await??);
+    let texts: Vec<String> = collection
+        .docs
+        .iter()
+        .take(docs.max(1))
+        .map(|(_, t)| t.clone())
+        .collect();
+    // Warm the model (first-call allocations).
+    embedder.embed(&texts[..1]).await?;
+    // As before length batching: 32 at a time in the collection's order (the floor).
+    let t = Instant::now();
+    for chunk in texts.chunks(32) {
+        embedder.embed(chunk).await?;
+    }
+    let unsorted = t.elapsed();
+    let t = Instant::now();
+    embedder.embed(&texts).await?;
+    let took = t.elapsed();
+    let mut queries = Vec::new();
+    for (_, q) in collection.queries.iter().take(100) {
+        let t = Instant::now();
+        embedder.embed(std::slice::from_ref(q)).await?;
+        queries.push(t.elapsed());
+    }
+    let queries = Series {
+        total: queries.iter().sum(),
+        samples: queries,
+    };
+    let rate = |d: Duration| texts.len() as f64 / d.as_secs_f64();
+    println!(
+        "{}: {} documents, 32 per batch in collection order: {:.1} documents/s",
+        embedder.model(),
+        texts.len(),
+        rate(unsorted)
+    );
+    println!(
+        "batched by length: {:.1} documents/s (×{:.2}; goal ≥ 40/s)",
+        rate(took),
+        unsorted.as_secs_f64() / took.as_secs_f64()
+    );
+    println!(
+        "short queries, one at a time: p50 {:.2} ms  p99 {:.2} ms ({} queries)",
+        ms(queries.percentile(0.5)),
+        ms(queries.percentile(0.99)),
+        queries.samples.len()
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
 /// The documents' embeddings, from a cache file beside the system's temp dir when an earlier
 /// run made them with the same model for the same texts (the model is slow on a small CPU;
 /// the measured numbers do not depend on when the vectors were made).

@@ -182,14 +182,20 @@ impl Embedder for MiniLm {
     }
 
     async fn embed(&self, texts: &[String]) -> Result<Vec<Vec<f32>>> {
-        let mut out = Vec::with_capacity(texts.len());
-        for chunk in texts.chunks(BATCH) {
+        // Batches of texts of about one length: a batch is padded to its longest text, and
+        // attention costs the square of that. The vectors go back in the callers' order.
+        let mut order: Vec<usize> = (0..texts.len()).collect();
+        order.sort_by_key(|&i| texts[i].len());
+        let mut out: Vec<Vec<f32>> = vec![Vec::new(); texts.len()];
+        for chunk in order.chunks(BATCH) {
             let inner = self.inner.clone();
-            let chunk = chunk.to_vec();
-            let vectors = tokio::task::spawn_blocking(move || inner.embed_batch(&chunk))
+            let batch: Vec<String> = chunk.iter().map(|&i| texts[i].clone()).collect();
+            let vectors = tokio::task::spawn_blocking(move || inner.embed_batch(&batch))
                 .await
                 .map_err(|e| Error::new(ErrorKind::Embedder, format!("embedding task: {e}")))??;
-            out.extend(vectors);
+            for (&i, v) in chunk.iter().zip(vectors) {
+                out[i] = v;
+            }
         }
         Ok(out)
     }

@@ -84,6 +84,9 @@ pub async fn run(global: &Global, command: BenchCommand) -> Result<ExitCode> {
             };
             turnpike_bench::search::scale(&search, scale).await
         }
+        BenchCommand::Embed { collection, docs } => {
+            turnpike_bench::search::embed(&search, &collection, &Files::default(), docs).await
+        }
         BenchCommand::Record { appends, dir } => {
             turnpike_bench::record::run(appends.max(16), dir, !global.no_fsync).await
         }
