@@ -175,9 +175,14 @@ pub async fn recall(input: RecallInput<'_>) -> Option<Block> {
         app: (spec.scope == RecallScope::App).then(|| input.app.clone()),
     };
     let asked = index.recall(input.tenant, input.identity, &query, &filter);
+    // The note is for the user's record: what happened, not the index's internals (those go
+    // to the log).
     let failed = match tokio::time::timeout(RECALL_TIMEOUT, asked).await {
         Ok(Ok(found)) => Ok(found),
-        Ok(Err(e)) => Err(format!("recall skipped: the index failed ({e})")),
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, "recall failed; the turn runs without it");
+            Err("recall skipped: the index failed".to_owned())
+        }
         Err(_) => Err(format!(
             "recall skipped: the index did not answer within {RECALL_TIMEOUT:?}"
         )),
@@ -185,7 +190,6 @@ pub async fn recall(input: RecallInput<'_>) -> Option<Block> {
     let found = match failed {
         Ok(found) => found,
         Err(note) => {
-            tracing::warn!(%note, "the turn runs without recall");
             return Some(Block::Recall {
                 query,
                 hits: Vec::new(),
