@@ -114,11 +114,68 @@ pub struct EmbeddedBus {
     /// The writer thread, joined on drop so the database is closed when the bus is gone.
     writer_thread: Option<std::thread::JoinHandle<()>>,
     /// Advisory live messages, one channel per conversation someone listens to.
-    live: Mutex<HashMap<ConversationId, tokio::sync::broadcast::Sender<bytes::Bytes>>>,
+    live: Fanout<bytes::Bytes>,
     /// A signal per lane someone watches, sent after each write to it commits.
-    lane_signals: Mutex<HashMap<ConversationId, tokio::sync::broadcast::Sender<()>>>,
+    lane_signals: Fanout<()>,
     /// Heartbeats of the workers in this process, to whoever listens.
     heartbeats: tokio::sync::broadcast::Sender<Heartbeat>,
+}
+
+/// Per-conversation broadcast channels, made when someone subscribes and dropped when a send
+/// finds nobody listening.
+struct Fanout<T> {
+    channels: Mutex<HashMap<ConversationId, tokio::sync::broadcast::Sender<T>>>,
+    capacity: usize,
+}
+
+impl<T: Clone + Send + 'static> Fanout<T> {
+    fn new(capacity: usize) -> Self {
+        Self {
+            channels: Mutex::new(HashMap::new()),
+            capacity,
+        }
+    }
+
+    fn send(&self, conversation: ConversationId, item: T) {
+        let mut channels = self.channels.lock().expect("fanout lock");
+        if let Some(tx) = channels.get(&conversation) {
+            if tx.send(item).is_err() {
+                channels.remove(&conversation);
+            }
+        }
+    }
+
+    /// What is sent to `conversation` from now on; missed items (a slow reader) are skipped,
+    /// or reported as one item when `lagged` says what stands for them.
+    fn subscribe(
+        &self,
+        conversation: ConversationId,
+        lagged: Option<T>,
+    ) -> futures::stream::BoxStream<'static, T> {
+        use futures::StreamExt as _;
+        use tokio::sync::broadcast::error::RecvError;
+        let rx = self
+            .channels
+            .lock()
+            .expect("fanout lock")
+            .entry(conversation)
+            .or_insert_with(|| tokio::sync::broadcast::channel(self.capacity).0)
+            .subscribe();
+        futures::stream::unfold((rx, lagged), |(mut rx, lagged)| async move {
+            loop {
+                match rx.recv().await {
+                    Ok(item) => return Some((item, (rx, lagged))),
+                    Err(RecvError::Lagged(_)) => {
+                        if let Some(item) = lagged.clone() {
+                            return Some((item, (rx, lagged)));
+                        }
+                    }
+                    Err(RecvError::Closed) => return None,
+                }
+            }
+        })
+        .boxed()
+    }
 }
 
 /// One event waiting to be committed by the writer thread.
@@ -269,13 +326,7 @@ impl EmbeddedBus {
         let published = outcome
             .await
             .map_err(|_| storage("publishing", "the writer thread is gone"))??;
-        let mut signals = self.lane_signals.lock().expect("lane signals lock");
-        if let Some(tx) = signals.get(&conversation) {
-            if tx.send(()).is_err() {
-                // Nobody watches any more.
-                signals.remove(&conversation);
-            }
-        }
+        self.lane_signals.send(conversation, ());
         Ok(published)
     }
 
@@ -318,9 +369,9 @@ impl EmbeddedBus {
             config,
             writer: Some(writer),
             writer_thread: Some(writer_thread),
-            live: Mutex::new(HashMap::new()),
+            live: Fanout::new(1024),
             heartbeats: tokio::sync::broadcast::channel(256).0,
-            lane_signals: Mutex::new(HashMap::new()),
+            lane_signals: Fanout::new(16),
         });
         bus.requeue_all()?;
         Ok(bus)
@@ -402,22 +453,8 @@ impl Bus for EmbeddedBus {
         &self,
         conversation: ConversationId,
     ) -> Result<futures::stream::BoxStream<'static, ()>> {
-        use futures::StreamExt as _;
-        let rx = self
-            .lane_signals
-            .lock()
-            .expect("lane signals lock")
-            .entry(conversation)
-            .or_insert_with(|| tokio::sync::broadcast::channel(16).0)
-            .subscribe();
         // A lagged receiver missed signals, which is still a signal.
-        Ok(futures::stream::unfold(rx, |mut rx| async move {
-            match rx.recv().await {
-                Ok(()) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => Some(((), rx)),
-                Err(tokio::sync::broadcast::error::RecvError::Closed) => None,
-            }
-        })
-        .boxed())
+        Ok(self.lane_signals.subscribe(conversation, Some(())))
     }
 
     async fn heartbeat(&self, beat: &Heartbeat) {
@@ -442,37 +479,15 @@ impl Bus for EmbeddedBus {
     }
 
     async fn live(&self, conversation: ConversationId, payload: bytes::Bytes) {
-        let mut channels = self.live.lock().expect("live channels lock");
-        if let Some(tx) = channels.get(&conversation) {
-            if tx.send(payload).is_err() {
-                // Nobody listens any more.
-                channels.remove(&conversation);
-            }
-        }
+        self.live.send(conversation, payload);
     }
 
     async fn subscribe_live(
         &self,
         conversation: ConversationId,
     ) -> Result<futures::stream::BoxStream<'static, bytes::Bytes>> {
-        use futures::StreamExt as _;
-        let rx = self
-            .live
-            .lock()
-            .expect("live channels lock")
-            .entry(conversation)
-            .or_insert_with(|| tokio::sync::broadcast::channel(1024).0)
-            .subscribe();
-        let stream = futures::stream::unfold(rx, move |mut rx| async move {
-            loop {
-                match rx.recv().await {
-                    Ok(payload) => return Some((payload, rx)),
-                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
-                    Err(tokio::sync::broadcast::error::RecvError::Closed) => return None,
-                }
-            }
-        });
-        Ok(stream.boxed())
+        // Live messages are advisory: missed ones are skipped.
+        Ok(self.live.subscribe(conversation, None))
     }
 
     async fn publish(&self, event: &Event) -> Result<Published> {

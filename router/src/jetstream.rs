@@ -78,6 +78,21 @@ fn unavailable(what: &str, e: impl std::fmt::Display) -> Error {
 }
 
 impl JetStreamBus {
+    /// A core subscription to `subject`, registered with the server before it is returned (so
+    /// nothing published after this call is missed).
+    async fn subscribed(&self, subject: String, what: &str) -> Result<async_nats::Subscriber> {
+        let subscriber = self
+            .client
+            .subscribe(subject)
+            .await
+            .map_err(|e| unavailable(what, e))?;
+        self.client
+            .flush()
+            .await
+            .map_err(|e| unavailable(what, e))?;
+        Ok(subscriber)
+    }
+
     /// Connects and creates (or checks) the streams, consumers and lease bucket.
     pub async fn connect(config: JetStreamConfig) -> Result<Arc<Self>> {
         let client = async_nats::ConnectOptions::new()
@@ -562,15 +577,11 @@ impl Bus for JetStreamBus {
     ) -> Result<futures::stream::BoxStream<'static, bytes::Bytes>> {
         use futures::StreamExt as _;
         let subscriber = self
-            .client
-            .subscribe(crate::subject::live_subject(conversation))
-            .await
-            .map_err(|e| unavailable("subscribing to live messages", e))?;
-        // The subscription is registered once the server has seen it.
-        self.client
-            .flush()
-            .await
-            .map_err(|e| unavailable("subscribing to live messages", e))?;
+            .subscribed(
+                crate::subject::live_subject(conversation),
+                "subscribing to live messages",
+            )
+            .await?;
         Ok(subscriber.map(|m| m.payload).boxed())
     }
 
@@ -580,14 +591,11 @@ impl Bus for JetStreamBus {
     ) -> Result<futures::stream::BoxStream<'static, ()>> {
         // JetStream messages are delivered to core subscribers of their subject too.
         let subscriber = self
-            .client
-            .subscribe(self.config.shards.lane_subject(conversation))
-            .await
-            .map_err(|e| unavailable("watching a lane", e))?;
-        self.client
-            .flush()
-            .await
-            .map_err(|e| unavailable("watching a lane", e))?;
+            .subscribed(
+                self.config.shards.lane_subject(conversation),
+                "watching a lane",
+            )
+            .await?;
         Ok(subscriber.map(|_| ()).boxed())
     }
 
@@ -601,14 +609,11 @@ impl Bus for JetStreamBus {
 
     async fn heartbeats(&self, window: Duration) -> Result<Vec<Heartbeat>> {
         let mut subscriber = self
-            .client
-            .subscribe(crate::subject::HEARTBEATS)
-            .await
-            .map_err(|e| unavailable("listening for heartbeats", e))?;
-        self.client
-            .flush()
-            .await
-            .map_err(|e| unavailable("listening for heartbeats", e))?;
+            .subscribed(
+                crate::subject::HEARTBEATS.into(),
+                "listening for heartbeats",
+            )
+            .await?;
         let mut beats = Vec::new();
         let _ = tokio::time::timeout(window, async {
             while let Some(message) = subscriber.next().await {
