@@ -344,6 +344,10 @@ pub struct WorkerArgs {
     /// How often the worker announces itself (`turnpike workers` lists it), in milliseconds.
     #[arg(long, default_value_t = 5_000)]
     pub heartbeat_ms: u64,
+    /// How often to look for changed manifests in the apps folders, in milliseconds (0: never;
+    /// a change that does not load keeps the running apps and is logged).
+    #[arg(long, default_value_t = 2_000)]
+    pub apps_poll_ms: u64,
     /// A bare git repository to mirror every project version into
     /// (`refs/turnpike/<conversation>/turn_<n>`).
     #[arg(long, env = "TURNPIKE_GIT_REMOTE")]

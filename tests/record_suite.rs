@@ -827,6 +827,7 @@ macro_rules! record_suite {
                     agent: "helper".parse().unwrap(),
                     outcome: turnpike_schemas::entry::TurnOutcome::Replied,
                     usage: None,
+                    exchange: None,
                     blocks: vec![
                         Block::UserMessage { text: "q".into() },
                         Block::AssistantMessage { text: "a".into() },

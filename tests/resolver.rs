@@ -55,6 +55,7 @@ async fn setup(store: Arc<dyn ObjectStore>) -> (Resolver, ConversationId) {
             agent: "helper".parse().unwrap(),
             outcome: turnpike_schemas::entry::TurnOutcome::Replied,
             usage: None,
+            exchange: None,
             blocks: vec![Block::UserMessage {
                 text: "secret question".into(),
             }],

@@ -531,6 +531,7 @@ async fn build_conversation(
                 agent: "helper".parse().unwrap(),
                 outcome: TurnOutcome::Replied,
                 usage: None,
+                exchange: None,
                 blocks,
             },
         )

@@ -144,6 +144,7 @@ async fn build(
                 outcome: TurnOutcome::Replied,
                 blocks,
                 usage: None,
+                exchange: None,
             },
         )
         .await?;

@@ -63,7 +63,7 @@ pub fn catalog(apps: &turnpike_worker::Apps) -> Vec<model::AppView> {
         .map(|app| model::AppView {
             id: app.to_string(),
             agents: apps
-                .agent_specs(app)
+                .agent_specs(&app)
                 .iter()
                 .map(|spec| model::AgentView {
                     id: spec.name.to_string(),

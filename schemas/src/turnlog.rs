@@ -26,6 +26,35 @@ pub struct TurnLog {
     /// when no endpoint reports usage: scripted and replayed models).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub usage: Option<Usage>,
+    /// A remote app's turn: what the app asked for and what it was sent, in order (absent for
+    /// the built-in agent loop and native apps). Replay re-drives the turn from it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exchange: Option<Exchange>,
+}
+
+/// The exchange between a worker and a remote app during one turn attempt.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Exchange {
+    /// The idempotency key every attempt at the turn carries (`{conversation}/{turn}`).
+    pub key: String,
+    /// How many of the turn's blocks it had when the exchange started (its inputs, what the
+    /// turn applied first: approvals, a summary, what was recalled).
+    pub lead: usize,
+    pub steps: Vec<ExchangeStep>,
+}
+
+/// One step of an exchange with a remote app.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "step", rename_all = "snake_case")]
+pub enum ExchangeStep {
+    /// An action the app sent, as it was sent (keepalives are not kept).
+    Action { action: Value },
+    /// What the worker sent the app: a result, an event, an error, the end.
+    Sent { message: Value },
+    /// Events that reached the turn (committed) while the app worked, as blocks.
+    Arrived { blocks: Vec<Block> },
+    /// A stop reached the turn while the app worked (committed with what came with it).
+    Stopped { blocks: Vec<Block> },
 }
 
 /// Token counts a model endpoint reported (a count it left out reads as zero).

@@ -221,8 +221,11 @@ async fn run_workers(
 ) -> Result<WorkerPool> {
     let hosted: Vec<String> = apps.ids().iter().map(|a| a.to_string()).collect();
     eprintln!("hosting apps: {}", hosted.join(", "));
-    let pool =
+    let mut pool =
         WorkerPool::start(workers(env, &bus, &apps, count, &worker_config(args)?, indexing).await);
+    if args.apps_poll_ms > 0 {
+        pool.keep(apps.watch(std::time::Duration::from_millis(args.apps_poll_ms)));
+    }
     for id in pool.ids() {
         eprintln!("worker {id} ready");
     }

@@ -233,7 +233,8 @@ async fn cancel(inbox: &mut dyn Inbox, blocks: &mut Vec<Block>) -> Result<TurnOu
     Ok(TurnOutcome::Cancelled)
 }
 
-fn request(
+/// The model request of a round: the system prompt, the history, the turn's blocks.
+pub(crate) fn request(
     settings: &Settings,
     history: &[Message],
     blocks: &[Block],
@@ -262,7 +263,7 @@ fn request(
 
 /// Keeps the newest messages that fit `budget` estimated tokens, never starting on a tool
 /// result (whose call would be cut off).
-fn fit(history: Vec<Message>, budget: u64, tokens: &TokenCounter) -> Vec<Message> {
+pub(crate) fn fit(history: Vec<Message>, budget: u64, tokens: &TokenCounter) -> Vec<Message> {
     let mut total = 0;
     let mut start = history.len();
     for (i, m) in history.iter().enumerate().rev() {
@@ -472,16 +473,34 @@ pub async fn run_live(turn: &TurnContext<'_>) -> Result<TurnOutcome> {
         max_tokens: spec.max_tokens,
     };
     let mut inbox = LaneInbox { turn };
-    let result = run(
-        &settings,
-        history,
-        &mut blocks,
-        spec.provider.as_ref(),
-        &tools,
-        &mut inbox,
-        &mut cx,
-    )
-    .await;
+    let result = match &spec.remote {
+        Some(remote) => {
+            crate::remote::run_live(
+                turn,
+                remote,
+                &settings,
+                history,
+                &mut blocks,
+                spec.provider.as_ref(),
+                &tools,
+                &mut inbox,
+                &mut cx,
+            )
+            .await
+        }
+        None => {
+            run(
+                &settings,
+                history,
+                &mut blocks,
+                spec.provider.as_ref(),
+                &tools,
+                &mut inbox,
+                &mut cx,
+            )
+            .await
+        }
+    };
     turn.set_blocks(blocks);
     turn.set_usage(cx.usage());
     result

@@ -17,6 +17,9 @@ pub enum ErrorKind {
     Route,
     /// The model call failed (the source is the [`crate::model::ModelError`]).
     Model,
+    /// A remote app could not be reached, timed out, or broke the protocol: the turn fails
+    /// with this reason, recorded once, and is not retried.
+    App,
     /// The bus failed (the source is the router's error).
     Bus,
     /// The durable stores failed (the source is the artifactory's error).
@@ -34,6 +37,11 @@ impl Error {
     /// A rule of the runtime refuses this: `why`.
     pub fn refused(why: impl Into<String>) -> Self {
         Self::new(ErrorKind::Refused, why)
+    }
+
+    /// A remote app failed: `why`.
+    pub fn app(why: impl Into<String>) -> Self {
+        Self::new(ErrorKind::App, why)
     }
 
     /// Nothing is hosted for this: `why`.

@@ -12,6 +12,7 @@
 //! - [`apps`]: manifests, the [`App`] trait (`on_reactive_event`), routing, and the echo app
 //!   (`apps::echo`, no model)
 //! - [`agent_loop`]: the built-in agent loop (rounds, closing call, folding, stop)
+//! - [`remote`]: agents run by a remote app over HTTP (the protocol, its driver, its replay)
 //! - [`approvals`]: gated calls, the canonical form an approval binds to, what is pending
 //! - [`compaction`]: older turns summarised so the context stays within the agent's budget
 //! - [`search`]: the `search` tool's view of the hybrid index, as the caller
@@ -42,6 +43,7 @@ pub mod parking;
 pub mod pool;
 pub mod reach;
 pub mod recall;
+pub mod remote;
 pub mod replay;
 pub mod search;
 pub mod timeline;

@@ -12,6 +12,8 @@ pub struct WorkerPool {
     handles: Vec<JoinHandle<()>>,
     ids: Vec<WorkerId>,
     workers: Vec<Worker>,
+    /// Background tasks that live as long as the workers (e.g. the apps folder watch).
+    companions: Vec<JoinHandle<()>>,
 }
 
 impl WorkerPool {
@@ -38,7 +40,13 @@ impl WorkerPool {
             handles,
             ids,
             workers: all,
+            companions: Vec::new(),
         }
+    }
+
+    /// Keeps `task` running while the workers run; it is aborted when they stop.
+    pub fn keep(&mut self, task: JoinHandle<()>) {
+        self.companions.push(task);
     }
 
     /// The workers' ids.
@@ -48,6 +56,9 @@ impl WorkerPool {
 
     /// Stops every worker at once, as a crash would (for tests): no grace, no lease released.
     pub async fn crash(self) {
+        for task in &self.companions {
+            task.abort();
+        }
         for handle in &self.handles {
             handle.abort();
         }
@@ -62,6 +73,9 @@ impl WorkerPool {
     /// Stops every worker (each lets its running turns finish within its grace period) and
     /// waits for them.
     pub async fn stop(self) {
+        for task in &self.companions {
+            task.abort();
+        }
         let _ = self.stop.send(true);
         for handle in self.handles {
             let _ = handle.await;

@@ -373,13 +373,25 @@ pub async fn replay(logs: &[TurnLog], what_if: Option<&WhatIf>) -> Vec<TurnRepla
             }
             _ => {}
         }
-        let model = ReplayModel::new(recorded.outputs.clone());
         let tools = ReplayTools {
             requests: recorded.requests.clone(),
             results: recorded.results.clone(),
             recorded_calls,
             specs: Vec::new(),
         };
+        if let Some(exchange) = &log.exchange {
+            // A remote app's turn: re-driven from its exchange, without the app.
+            let (outcome, blocks) = match what_if {
+                Some(WhatIf::OutputText { turn, .. }) if *turn == log.turn => (
+                    Err("a remote app's turn has no model outputs to change: change a tool result instead".to_owned()),
+                    Vec::new(),
+                ),
+                _ => crate::remote::replay_turn(log, exchange, &tools).await,
+            };
+            out.push(finish(log, outcome, blocks, &mut history, &out));
+            continue;
+        }
+        let model = ReplayModel::new(recorded.outputs.clone());
         let mut inbox = ReplayInbox {
             arrivals: recorded.arrivals.clone(),
             next: 0,
@@ -408,32 +420,43 @@ pub async fn replay(logs: &[TurnLog], what_if: Option<&WhatIf>) -> Vec<TurnRepla
         )
         .await
         .map_err(|e| e.to_string());
-        let divergence = first_difference(&log.blocks, &blocks).map(|i| Divergence {
-            turn: log.turn,
-            block: i,
-            recorded: log.blocks.get(i).cloned(),
-            replayed: blocks.get(i).cloned(),
-        });
-        // As the live timeline: what a turn recalled was for that turn only.
-        history.extend(
-            blocks
-                .iter()
-                .filter(|b| !matches!(b, Block::Recall { .. }))
-                .cloned(),
-        );
-        let context_changed = out
-            .iter()
-            .any(|r| r.divergence.is_some() || r.context_changed);
-        out.push(TurnReplay {
-            context_changed,
-            turn: log.turn,
-            recorded_outcome: log.outcome,
-            outcome,
-            blocks,
-            divergence,
-        });
+        out.push(finish(log, outcome, blocks, &mut history, &out));
     }
     out
+}
+
+/// A turn's replay, compared with its record; its blocks join the history of the next.
+fn finish(
+    log: &TurnLog,
+    outcome: std::result::Result<TurnOutcome, String>,
+    blocks: Vec<Block>,
+    history: &mut Vec<Block>,
+    before: &[TurnReplay],
+) -> TurnReplay {
+    let divergence = first_difference(&log.blocks, &blocks).map(|i| Divergence {
+        turn: log.turn,
+        block: i,
+        recorded: log.blocks.get(i).cloned(),
+        replayed: blocks.get(i).cloned(),
+    });
+    // As the live timeline: what a turn recalled was for that turn only.
+    history.extend(
+        blocks
+            .iter()
+            .filter(|b| !matches!(b, Block::Recall { .. }))
+            .cloned(),
+    );
+    let context_changed = before
+        .iter()
+        .any(|r| r.divergence.is_some() || r.context_changed);
+    TurnReplay {
+        context_changed,
+        turn: log.turn,
+        recorded_outcome: log.outcome,
+        outcome,
+        blocks,
+        divergence,
+    }
 }
 
 fn first_difference(a: &[Block], b: &[Block]) -> Option<usize> {
@@ -456,6 +479,7 @@ mod tests {
             outcome: TurnOutcome::Replied,
             blocks,
             usage: None,
+            exchange: None,
         }
     }
 

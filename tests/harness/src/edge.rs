@@ -60,6 +60,18 @@ impl Server {
     /// app manifests in `apps` too, with `extra` flags. With `search`, the embedding model is
     /// passed so the index is on.
     pub fn start(binary: &Path, apps: Option<&Path>, extra: &[&str], search: bool) -> Result<Self> {
+        Self::start_with_env(binary, apps, extra, search, &[])
+    }
+
+    /// [`Self::start`] with more environment variables (`RUST_LOG` among them overrides the
+    /// default `warn`).
+    pub fn start_with_env(
+        binary: &Path,
+        apps: Option<&Path>,
+        extra: &[&str],
+        search: bool,
+        more: &[(&'static str, String)],
+    ) -> Result<Self> {
         let data = tempfile::tempdir()?;
         let tokens = data.path().join("test-tokens.toml");
         std::fs::write(&tokens, TOKENS)?;
@@ -86,6 +98,10 @@ impl Server {
                 "/nonexistent-model".into()
             },
         ));
+        for (key, value) in more {
+            envs.retain(|(k, _)| k != key);
+            envs.push((key, value.clone()));
+        }
         let process = Self::launch(binary, &args, &envs)?;
         Ok(Self {
             process,

@@ -36,6 +36,8 @@
 //! approval = [{ tool = "publish" },        # calls that need a person's approval: always, or
 //!   { tool = "write_file", arg = "path", matches = "deploy/*" }]   # when an argument matches
 //! compaction_prompt = "Summarise …"        # how older turns are summarised
+//! remote = { url = "http://127.0.0.1:9000" }   # optional: a remote app runs the agent's
+//!                               # turns (see `remote`); `provider` answers its model calls
 //! on_new_message = "queue"      # a message arriving while a turn runs: "queue" (default; it
 //!                               # starts its own turn after this one) or "interrupt" (the
 //!                               # running turn is cancelled, "superseded by a new message")
@@ -47,7 +49,7 @@ pub mod echo;
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -111,6 +113,9 @@ pub struct AgentSpec {
     pub max_tokens: Option<u32>,
     /// What the context rebuild recalls from the index; `None`: nothing.
     pub recall: Option<crate::recall::RecallSpec>,
+    /// The remote app that runs the agent's turns; `None`: the built-in agent loop. The
+    /// provider then answers the app's `model` actions.
+    pub remote: Option<Arc<crate::remote::RemoteSpec>>,
 }
 
 /// What a new message does to a running turn (an agent's `on_new_message`).
@@ -127,6 +132,7 @@ pub enum OnNewMessage {
 /// The compaction prompt unless an agent sets its own.
 pub const DEFAULT_COMPACTION_PROMPT: &str = "Summarise the conversation so far for your own later use: the user's goals, decisions made, facts learned, files made (with their references) and open questions. Be brief and concrete.";
 
+#[derive(Clone)]
 struct HostedApp {
     tenants: Vec<TenantId>,
     agents: BTreeMap<AgentId, Arc<AgentSpec>>,
@@ -140,10 +146,17 @@ pub struct Route {
     pub agent: Option<Arc<AgentSpec>>,
 }
 
-/// The apps a worker hosts.
+/// The apps a worker hosts: native apps and manifests given in code, and the manifests of the
+/// apps folders, which [`Apps::reload`] reads again while the worker runs (a folder that no
+/// longer loads keeps the apps it had, and says why).
 #[derive(Default)]
 pub struct Apps {
-    apps: HashMap<AppId, HostedApp>,
+    fixed: HashMap<AppId, HostedApp>,
+    loaded: RwLock<HashMap<AppId, HostedApp>>,
+    dirs: Vec<PathBuf>,
+    registry: Registry,
+    /// What the folders held at the last (re)load.
+    fingerprint: Mutex<u64>,
     fallback: Option<Arc<dyn App>>,
 }
 
@@ -161,7 +174,7 @@ impl Apps {
 
     /// Hosts a native app with no manifest.
     pub fn with_native(mut self, app: AppId, callbacks: Arc<dyn App>) -> Self {
-        self.apps.insert(
+        self.fixed.insert(
             app,
             HostedApp {
                 tenants: Vec::new(),
@@ -175,46 +188,97 @@ impl Apps {
     /// Hosts an app from its manifest, with the built-in agent loop as its callback (or
     /// `callbacks`).
     pub fn with_manifest(mut self, manifest: Manifest, callbacks: Option<Arc<dyn App>>) -> Self {
-        self.apps.insert(
-            manifest.app,
-            HostedApp {
-                tenants: manifest.tenants,
-                agents: manifest.agents,
-                callbacks: callbacks.unwrap_or_else(|| Arc::new(AgentLoopApp)),
-            },
-        );
+        self.fixed.insert(manifest.app.clone(), hosted(manifest, callbacks));
         self
     }
 
-    /// Loads every `*.toml` manifest of a folder (scripts named `*.script.toml` are skipped).
+    /// Loads every `*.toml` manifest of a folder (scripts named `*.script.toml` are skipped);
+    /// [`Self::reload`] reads the folder again.
     pub fn load_dir(mut self, dir: &Path, tools: &Registry) -> Result<Self, String> {
-        let mut paths: Vec<PathBuf> = std::fs::read_dir(dir)
-            .map_err(|e| format!("cannot read the apps folder {}: {e}", dir.display()))?
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter(|p| {
-                let name = p.file_name().and_then(|n| n.to_str()).unwrap_or_default();
-                name.ends_with(".toml") && !name.ends_with(".script.toml")
-            })
-            .collect();
-        paths.sort();
-        for path in paths {
-            let manifest = Manifest::load(&path, tools)?;
-            if self.apps.contains_key(&manifest.app) {
-                return Err(format!(
-                    "{}: app: {} is declared twice",
-                    path.display(),
-                    manifest.app
-                ));
-            }
-            self = self.with_manifest(manifest, None);
-        }
+        self.dirs.push(dir.to_path_buf());
+        self.registry = tools.clone();
+        let loaded = self.read_dirs()?;
+        *self.loaded.get_mut().expect("apps lock") = loaded;
+        *self.fingerprint.get_mut().expect("fingerprint lock") = fingerprint(&self.dirs);
         Ok(self)
+    }
+
+    /// Every manifest of the folders, checked (a bad one, or an app declared twice, is an
+    /// error naming the file).
+    fn read_dirs(&self) -> Result<HashMap<AppId, HostedApp>, String> {
+        let mut loaded = HashMap::new();
+        for dir in &self.dirs {
+            let mut paths: Vec<PathBuf> = std::fs::read_dir(dir)
+                .map_err(|e| format!("cannot read the apps folder {}: {e}", dir.display()))?
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| is_manifest(p))
+                .collect();
+            paths.sort();
+            for path in paths {
+                let manifest = Manifest::load(&path, &self.registry)?;
+                if self.fixed.contains_key(&manifest.app) || loaded.contains_key(&manifest.app) {
+                    return Err(format!(
+                        "{}: app: {} is declared twice",
+                        path.display(),
+                        manifest.app
+                    ));
+                }
+                loaded.insert(manifest.app.clone(), hosted(manifest, None));
+            }
+        }
+        Ok(loaded)
+    }
+
+    /// Reads the apps folders again if anything in them changed: `Ok(true)` when the new
+    /// manifests replaced the old, `Ok(false)` when nothing changed, and the reason when they do
+    /// not load (the running apps stay as they were; the same change is not reported twice).
+    pub fn reload(&self) -> Result<bool, String> {
+        let now = fingerprint(&self.dirs);
+        {
+            let mut seen = self.fingerprint.lock().expect("fingerprint lock");
+            if *seen == now {
+                return Ok(false);
+            }
+            *seen = now;
+        }
+        let loaded = self.read_dirs()?;
+        *self.loaded.write().expect("apps lock") = loaded;
+        Ok(true)
+    }
+
+    /// Reloads the folders every `every` until the returned task is aborted, logging what
+    /// changed and what was refused.
+    pub fn watch(self: &Arc<Self>, every: Duration) -> tokio::task::JoinHandle<()> {
+        let apps = Arc::downgrade(self);
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(every).await;
+                let Some(apps) = apps.upgrade() else { return };
+                let result = tokio::task::spawn_blocking(move || apps.reload()).await;
+                match result {
+                    Ok(Ok(true)) => tracing::info!("reloaded the apps folders"),
+                    Ok(Ok(false)) => {}
+                    Ok(Err(why)) => {
+                        tracing::warn!(%why, "kept the running apps: the changed manifests do not load")
+                    }
+                    Err(e) => tracing::warn!(error = %e, "reloading the apps failed"),
+                }
+            }
+        })
+    }
+
+    fn lookup(&self, app: &AppId) -> Option<HostedApp> {
+        self.loaded
+            .read()
+            .expect("apps lock")
+            .get(app)
+            .cloned()
+            .or_else(|| self.fixed.get(app).cloned())
     }
 
     /// The agents of an app (empty for a native app or one not hosted).
     pub fn agents_of(&self, app: &AppId) -> Vec<AgentId> {
-        self.apps
-            .get(app)
+        self.lookup(app)
             .map(|a| a.agents.keys().cloned().collect())
             .unwrap_or_default()
     }
@@ -222,22 +286,28 @@ impl Apps {
     /// The agents of an app with their specs, in name order (empty for a native app or one not
     /// hosted).
     pub fn agent_specs(&self, app: &AppId) -> Vec<Arc<AgentSpec>> {
-        self.apps
-            .get(app)
+        self.lookup(app)
             .map(|a| a.agents.values().cloned().collect())
             .unwrap_or_default()
     }
 
     /// The app ids hosted (not counting the fallback).
-    pub fn ids(&self) -> Vec<&AppId> {
-        let mut ids: Vec<_> = self.apps.keys().collect();
+    pub fn ids(&self) -> Vec<AppId> {
+        let mut ids: Vec<AppId> = self
+            .loaded
+            .read()
+            .expect("apps lock")
+            .keys()
+            .chain(self.fixed.keys())
+            .cloned()
+            .collect();
         ids.sort();
         ids
     }
 
     /// The callbacks and agent for a turn of (tenant, app, agent), or why there are none.
     pub fn route(&self, tenant: &TenantId, app: &AppId, agent: &AgentId) -> Result<Route, String> {
-        match self.apps.get(app) {
+        match self.lookup(app) {
             Some(hosted) => {
                 if !hosted.tenants.is_empty() && !hosted.tenants.contains(tenant) {
                     return Err(format!("app {app} is not offered to tenant {tenant}"));
@@ -273,6 +343,41 @@ impl Apps {
             },
         }
     }
+}
+
+fn hosted(manifest: Manifest, callbacks: Option<Arc<dyn App>>) -> HostedApp {
+    HostedApp {
+        tenants: manifest.tenants,
+        agents: manifest.agents,
+        callbacks: callbacks.unwrap_or_else(|| Arc::new(AgentLoopApp)),
+    }
+}
+
+fn is_manifest(path: &Path) -> bool {
+    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+    name.ends_with(".toml") && !name.ends_with(".script.toml")
+}
+
+/// What the folders hold, as far as a reload cares: every file's name, size and modification
+/// time (manifests and what they name: scripts, tokenizers).
+fn fingerprint(dirs: &[PathBuf]) -> u64 {
+    use std::hash::{Hash as _, Hasher as _};
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    for dir in dirs {
+        let mut entries: Vec<(PathBuf, u64, Option<std::time::SystemTime>)> =
+            std::fs::read_dir(dir)
+                .into_iter()
+                .flatten()
+                .filter_map(|e| e.ok())
+                .filter_map(|e| {
+                    let meta = e.metadata().ok()?;
+                    Some((e.path(), meta.len(), meta.modified().ok()))
+                })
+                .collect();
+        entries.sort();
+        entries.hash(&mut hasher);
+    }
+    hasher.finish()
 }
 
 fn policy_tools(policy: &Policy) -> Vec<String> {
@@ -340,6 +445,8 @@ struct RawAgent {
     stream: Option<bool>,
     #[serde(default)]
     recall: Option<crate::recall::RecallSpec>,
+    #[serde(default)]
+    remote: Option<crate::remote::RawRemote>,
 }
 
 impl Manifest {
@@ -485,6 +592,13 @@ impl Manifest {
                     ));
                 }
             }
+            let remote = match agent.remote {
+                Some(raw) => Some(Arc::new(
+                    raw.validate()
+                        .map_err(|e| format!("{}.{e}", field("remote")))?,
+                )),
+                None => None,
+            };
             let policy = Policy::new(agent.approval).map_err(|e| format!("agents.{name}.{e}"))?;
             for gate in policy_tools(&policy) {
                 if !tools.contains(&gate) {
@@ -512,6 +626,7 @@ impl Manifest {
                     temperature: agent.temperature,
                     max_tokens: agent.max_tokens,
                     recall: agent.recall,
+                    remote,
                 }),
             );
         }
@@ -548,6 +663,7 @@ mod tests {
             ("app = \"x\"\n[agents.a]\nprovider = \"echo\"\ntool_choice = \"required\"\n", "agents.a.tool_choice: \"required\" needs the agent to have tools"),
             ("app = \"x\"\n[agents.a]\nprovider = \"echo\"\ntemperature = 3.5\n", "agents.a.temperature: must be 0–2"),
             ("app = \"x\"\n[agents.a]\nprovider = \"echo\"\nreply_reserve = 100\nmax_tokens = 200\n", "agents.a.max_tokens: must be 1–100"),
+            ("app = \"x\"\n[agents.a]\nprovider = \"echo\"\nremote = { url = \"nope\" }\n", "agents.a.remote.url: \"nope\" is not a URL"),
         ];
         for (text, expected) in cases {
             match parse(text) {

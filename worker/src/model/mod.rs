@@ -167,6 +167,16 @@ impl CallContext {
         }
     }
 
+    /// A context for a call whose text is not the user's: it sees the same arrivals but
+    /// streams nowhere and counts its own usage.
+    pub fn quiet(&self) -> Self {
+        Self {
+            deltas: None,
+            arrivals: self.arrivals.clone(),
+            usage: None,
+        }
+    }
+
     /// Adds a call's reported usage to the turn's.
     pub fn add_usage(&mut self, usage: Option<Usage>) {
         if let Some(u) = usage {

@@ -83,6 +83,7 @@ pub(super) async fn finish_turn(
         head: Mutex::new(head),
         blocks: Mutex::new(blocks),
         usage: Mutex::new(None),
+        exchange: Mutex::new(None),
         timeline: Mutex::new(None),
         app_agents,
         intents: Mutex::new(Default::default()),
@@ -143,9 +144,11 @@ pub(super) async fn finish_turn(
         identity,
         hosted,
         usage,
+        exchange,
         ..
     } = ctx;
     let turn_usage = usage.into_inner().expect("usage lock");
+    let exchange = exchange.into_inner().expect("exchange lock");
     let hosted = hosted.into_inner();
     let intents = intents.into_inner().expect("intents lock");
     let stop_cause = watch.cause();
@@ -179,6 +182,7 @@ pub(super) async fn finish_turn(
         outcome,
         blocks,
         usage: turn_usage,
+        exchange,
     };
     env.fence.check()?;
     let digest = env

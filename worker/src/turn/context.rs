@@ -37,6 +37,8 @@ pub struct TurnContext<'a> {
     pub(super) blocks: Mutex<Vec<Block>>,
     /// The tokens the turn's model calls reported.
     pub(super) usage: Mutex<Option<turnpike_schemas::turnlog::Usage>>,
+    /// A remote app's exchange, for the turn log.
+    pub(super) exchange: Mutex<Option<turnpike_schemas::turnlog::Exchange>>,
     /// The timeline the turn was built on, once asked for; the snapshot after the turn extends it.
     pub(super) timeline: Mutex<Option<Timeline>>,
     /// Every agent of the turn's app.
@@ -62,6 +64,16 @@ impl TurnContext<'_> {
     /// The turn being run.
     pub fn turn(&self) -> TurnId {
         self.turn
+    }
+
+    /// This attempt at the turn: a recovered turn runs again under its id as a new attempt.
+    pub fn attempt(&self) -> u64 {
+        self.attempt
+    }
+
+    /// Keeps a remote app's exchange for the turn log.
+    pub fn set_exchange(&self, exchange: turnpike_schemas::turnlog::Exchange) {
+        *self.exchange.lock().expect("exchange lock") = Some(exchange);
     }
 
     /// The app and agent the turn runs for.

@@ -1,0 +1,292 @@
+//! Remote apps: an agent whose callbacks are a service in any language, reached over HTTP. The
+//! worker stays the one writer of the record: the app asks (say, call a tool, ask the model,
+//! ask the user, publish), the worker does it — through the same approval gate, cell, resolver
+//! and limits as the built-in loop — commits it, and tells the app the result.
+//!
+//! ```toml
+//! [agents.support]
+//! provider = "script"            # the model the app's `model` actions ask
+//! script = "support.script.toml"
+//! tools = ["write_file", "publish", "ask_user"]
+//!
+//! [agents.support.remote]
+//! url = "http://127.0.0.1:9000"  # the app's base URL
+//! secret_env = "SUPPORT_SECRET"  # optional: sent as a bearer token
+//! connect_timeout_ms = 5000
+//! read_timeout_ms = 30000        # the longest the app may be silent (the SDK sends keepalives)
+//! deadline_secs = 600            # the longest one turn's exchange may take
+//! max_actions = 1000             # actions per turn
+//! max_bytes = 4194304            # bytes of the app's stream per turn
+//! max_line_bytes = 1048576       # bytes of one action
+//! ```
+//!
+//! # Layout
+//! - [`protocol`]: the actions an app sends and the messages it is sent
+//! - [`driver`]: one turn, against an [`driver::Exchange`]
+//! - [`http`]: the live exchange
+//! - [`recorded`]: replaying a turn from its exchange log
+//!
+//! The protocol for app authors: `docs/remote-apps.md`; its schema:
+//! `docs/remote-apps.schema.json`; a Python SDK: `sdk/python/`.
+
+pub mod driver;
+pub mod http;
+pub mod protocol;
+pub mod recorded;
+
+use std::time::Duration;
+
+use serde::Deserialize;
+use serde_json::{json, Value};
+use turnpike_schemas::entry::TurnOutcome;
+use turnpike_schemas::turnlog::Exchange;
+use turnpike_schemas::{Block, TurnLog};
+
+use crate::agent_loop::{Inbox, Settings, ToolRunner};
+use crate::error::Result;
+use crate::model::{CallContext, Message, ModelRequest, ToolChoice};
+use crate::turn::TurnContext;
+use driver::{drive, Run, Trace};
+use protocol::{Limits, PROTOCOL_VERSION};
+
+/// How to reach an agent's remote app.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RemoteSpec {
+    pub url: String,
+    /// The environment variable holding the bearer secret sent to the app.
+    pub secret_env: Option<String>,
+    pub connect_timeout: Duration,
+    pub read_timeout: Duration,
+    pub deadline: Duration,
+    pub max_actions: u32,
+    pub max_bytes: u64,
+    pub max_line_bytes: u64,
+}
+
+/// A manifest's `remote` table, as written.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawRemote {
+    url: String,
+    #[serde(default)]
+    secret_env: Option<String>,
+    #[serde(default)]
+    connect_timeout_ms: Option<u64>,
+    #[serde(default)]
+    read_timeout_ms: Option<u64>,
+    #[serde(default)]
+    deadline_secs: Option<u64>,
+    #[serde(default)]
+    max_actions: Option<u32>,
+    #[serde(default)]
+    max_bytes: Option<u64>,
+    #[serde(default)]
+    max_line_bytes: Option<u64>,
+}
+
+impl RawRemote {
+    /// Checks the table; the error names the field (relative to the table) and the reason.
+    pub fn validate(self) -> std::result::Result<RemoteSpec, String> {
+        let url = url::Url::parse(&self.url)
+            .map_err(|e| format!("url: {:?} is not a URL: {e}", self.url))?;
+        if !matches!(url.scheme(), "http" | "https") || url.host().is_none() {
+            return Err(format!("url: {:?} is not an http(s) URL", self.url));
+        }
+        if url.query().is_some() || url.fragment().is_some() {
+            return Err(format!("url: {:?} must not have a query or fragment", self.url));
+        }
+        if let Some(var) = &self.secret_env {
+            let valid = !var.is_empty()
+                && var
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '_');
+            if !valid {
+                return Err(format!("secret_env: {var:?} is not a variable name"));
+            }
+        }
+        let positive = |field: &str, v: Option<u64>, default: u64| match v {
+            Some(0) => Err(format!("{field}: must be more than 0")),
+            Some(v) => Ok(v),
+            None => Ok(default),
+        };
+        let max_bytes = positive("max_bytes", self.max_bytes, 4 << 20)?;
+        let max_line_bytes = positive("max_line_bytes", self.max_line_bytes, 1 << 20)?;
+        if max_line_bytes > max_bytes {
+            return Err(format!(
+                "max_line_bytes: {max_line_bytes} is more than max_bytes ({max_bytes})"
+            ));
+        }
+        Ok(RemoteSpec {
+            url: self.url,
+            secret_env: self.secret_env,
+            connect_timeout: Duration::from_millis(positive(
+                "connect_timeout_ms",
+                self.connect_timeout_ms,
+                5_000,
+            )?),
+            read_timeout: Duration::from_millis(positive(
+                "read_timeout_ms",
+                self.read_timeout_ms,
+                30_000,
+            )?),
+            deadline: Duration::from_secs(positive("deadline_secs", self.deadline_secs, 600)?),
+            max_actions: positive("max_actions", self.max_actions.map(u64::from), 1_000)? as u32,
+            max_bytes,
+            max_line_bytes,
+        })
+    }
+}
+
+/// The idempotency key of a turn: the same for every attempt at it.
+pub fn idempotency_key(turn: &TurnContext<'_>) -> String {
+    format!("{}/{}", turn.conversation(), turn.turn())
+}
+
+/// Runs a live turn of a remote app (after the turn's prelude: approvals applied, a summary,
+/// what was recalled are in `blocks`).
+#[allow(clippy::too_many_arguments)]
+pub async fn run_live(
+    turn: &TurnContext<'_>,
+    remote: &RemoteSpec,
+    settings: &Settings,
+    history: Vec<Message>,
+    blocks: &mut Vec<Block>,
+    model: &dyn crate::model::ModelProvider,
+    tools: &dyn ToolRunner,
+    inbox: &mut dyn Inbox,
+    cx: &mut CallContext,
+) -> Result<TurnOutcome> {
+    let key = idempotency_key(turn);
+    let id = format!(
+        "{}.{}.{:016x}",
+        turn.conversation(),
+        turn.turn(),
+        turn.attempt()
+    );
+    let limits = Limits {
+        max_rounds: settings.max_rounds,
+        max_actions: remote.max_actions,
+        max_bytes: remote.max_bytes,
+        max_line_bytes: remote.max_line_bytes,
+        read_timeout_ms: remote.read_timeout.as_millis() as u64,
+        deadline_ms: remote.deadline.as_millis() as u64,
+    };
+    let history = crate::agent_loop::fit(history, settings.history_budget, &settings.tokens);
+    let specs = tools.specs();
+    let base = crate::agent_loop::request(settings, &history, &[], &specs, false);
+    let context = json!({
+        "protocol": PROTOCOL_VERSION,
+        "exchange": id,
+        "idempotency_key": key,
+        "attempt": format!("{:016x}", turn.attempt()),
+        "tenant": turn.tenant(),
+        "conversation": turn.conversation(),
+        "turn": turn.turn(),
+        "app": turn.app(),
+        "agent": turn.agent_id(),
+        "identity": turn.identity(),
+        "system_prompt": settings.system_prompt,
+        "history": history,
+        "tools": specs,
+        "limits": limits,
+    });
+    let Value::Object(context) = context else {
+        unreachable!("a JSON object literal")
+    };
+    let mut exchange = http::HttpExchange::new(remote, id, key.clone(), limits)?;
+    let mut trace = Trace::default();
+    let run = Run {
+        context,
+        base,
+        limits,
+        model,
+        tools,
+    };
+    let result = drive(run, &mut exchange, blocks, inbox, cx, &mut trace).await;
+    turn.set_exchange(Exchange {
+        key,
+        lead: trace.lead,
+        steps: trace.steps,
+    });
+    result
+}
+
+/// Replays a remote app's turn from its log (`tools` answer with the recorded results, a
+/// what-if's change applied); the app is not called. Returns the outcome and the blocks.
+pub async fn replay_turn(
+    log: &TurnLog,
+    exchange: &Exchange,
+    tools: &dyn ToolRunner,
+) -> (std::result::Result<TurnOutcome, String>, Vec<Block>) {
+    let lead = exchange.lead.min(log.blocks.len());
+    let mut blocks = log.blocks[..lead].to_vec();
+    let model = recorded::RecordedModel::from_steps(&exchange.steps);
+    let mut recorded = recorded::RecordedExchange::new(exchange.steps.clone());
+    let run = Run {
+        context: Default::default(),
+        base: ModelRequest {
+            model: "replay".into(),
+            messages: Vec::new(),
+            tools: Vec::new(),
+            turn_start: 0,
+            closing: false,
+            compaction: false,
+            max_tokens: None,
+            tool_choice: ToolChoice::Auto,
+            temperature: None,
+        },
+        limits: Limits {
+            max_rounds: u32::MAX,
+            max_actions: u32::MAX,
+            max_bytes: u64::MAX,
+            max_line_bytes: u64::MAX,
+            read_timeout_ms: u64::MAX,
+            deadline_ms: u64::MAX,
+        },
+        model: &model,
+        tools,
+    };
+    let mut cx = CallContext::detached();
+    let mut trace = Trace::default();
+    let outcome = drive(
+        run,
+        &mut recorded,
+        &mut blocks,
+        &mut recorded::EmptyInbox,
+        &mut cx,
+        &mut trace,
+    )
+    .await
+    .map_err(|e| e.to_string());
+    (outcome, blocks)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> std::result::Result<RemoteSpec, String> {
+        toml::from_str::<RawRemote>(text)
+            .map_err(|e| e.to_string())?
+            .validate()
+    }
+
+    #[test]
+    fn remote_tables_are_checked() {
+        let spec = parse("url = \"http://127.0.0.1:9000/app\"\nsecret_env = \"S\"\n").unwrap();
+        assert_eq!(spec.read_timeout, Duration::from_secs(30));
+        assert_eq!(spec.max_actions, 1_000);
+        for (text, expected) in [
+            ("url = \"nope\"", "url: \"nope\" is not a URL"),
+            ("url = \"ftp://h/\"", "not an http(s) URL"),
+            ("url = \"http://h/?a=1\"", "query"),
+            ("url = \"http://h/\"\nsecret_env = \"A B\"", "secret_env"),
+            ("url = \"http://h/\"\nread_timeout_ms = 0", "read_timeout_ms: must be more than 0"),
+            ("url = \"http://h/\"\nmax_bytes = 10\nmax_line_bytes = 20", "max_line_bytes"),
+            ("url = \"http://h/\"\ncolour = 1", "unknown field"),
+        ] {
+            let e = parse(text).unwrap_err();
+            assert!(e.contains(expected), "{text}: {e}");
+        }
+    }
+}

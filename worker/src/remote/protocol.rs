@@ -1,0 +1,215 @@
+//! The remote app protocol, version 1: what a worker sends an app and what the app may answer.
+//! `docs/remote-apps.md` describes it for app authors; `docs/remote-apps.schema.json` is its
+//! JSON schema. Every message is one JSON object; the app's actions are one per line (NDJSON).
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use turnpike_schemas::entry::TurnOutcome;
+use turnpike_schemas::Block;
+
+use crate::model::{Message, ToolCallRequest, Usage};
+
+/// The protocol version this worker speaks (sent as `Turnpike-Protocol` and in the context).
+pub const PROTOCOL_VERSION: u32 = 1;
+
+/// The longest id an app may give an action.
+pub const MAX_ID_BYTES: usize = 128;
+
+/// One action of an app, read from its stream. Unknown fields and unknown types are refused.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Action {
+    /// Text for the user, streamed as it comes; consecutive `say`s make one reply.
+    Say { text: String },
+    /// Calls one of the agent's tools; the worker runs it (approval gate, cell, resolver) and
+    /// sends a [`ToApp::ToolResult`] with the same id.
+    Tool {
+        id: String,
+        name: String,
+        #[serde(default)]
+        arguments: Value,
+    },
+    /// Asks the deployment's model; the worker sends a [`ToApp::ModelResult`] with the same id.
+    Model {
+        id: String,
+        /// The messages to send; absent: the conversation as the built-in loop would send it
+        /// (system prompt, history, this turn).
+        #[serde(default)]
+        messages: Option<Vec<Message>>,
+        /// Offer the agent's tools to the model (its calls come back to the app, not run).
+        #[serde(default)]
+        tools: bool,
+        /// Stream the model's text to the user as part of the reply, too.
+        #[serde(default)]
+        say: bool,
+        #[serde(default)]
+        temperature: Option<f32>,
+        #[serde(default)]
+        max_tokens: Option<u32>,
+    },
+    /// Asks the user a question: the turn parks until the answer (the `ask_user` tool).
+    AskUser { id: String, question: String },
+    /// Publishes a file of the workspace (the `publish` tool).
+    Publish { id: String, path: String },
+    /// The turn is done.
+    Done {},
+    /// The app failed; the turn fails with this message.
+    Error { message: String },
+    /// Nothing to do yet (keeps the read timeout from firing); not recorded.
+    Keepalive {},
+}
+
+impl Action {
+    /// Parses one line of an app's stream, or says what is wrong with it.
+    pub fn parse(line: &[u8]) -> Result<Self, String> {
+        let action: Action = serde_json::from_slice(line).map_err(|e| {
+            let shown: String = String::from_utf8_lossy(line).chars().take(120).collect();
+            format!("malformed action {shown:?}: {e}")
+        })?;
+        if let Some(id) = action.id() {
+            if id.is_empty() || id.len() > MAX_ID_BYTES || id.chars().any(char::is_control) {
+                return Err(format!(
+                    "an action id must be 1–{MAX_ID_BYTES} bytes without control characters, not {id:?}"
+                ));
+            }
+        }
+        if let Action::Model {
+            temperature: Some(t),
+            ..
+        } = &action
+        {
+            if !(0.0..=2.0).contains(t) {
+                return Err(format!("model temperature must be 0–2, not {t}"));
+            }
+        }
+        Ok(action)
+    }
+
+    /// The id of an action that waits for an answer.
+    pub fn id(&self) -> Option<&str> {
+        match self {
+            Action::Tool { id, .. }
+            | Action::Model { id, .. }
+            | Action::AskUser { id, .. }
+            | Action::Publish { id, .. } => Some(id),
+            _ => None,
+        }
+    }
+
+    /// The tool call an action stands for (`tool`, `ask_user`, `publish`).
+    pub fn as_call(&self) -> Option<ToolCallRequest> {
+        let (id, name, arguments) = match self {
+            Action::Tool {
+                id,
+                name,
+                arguments,
+            } => (id, name.as_str(), arguments.clone()),
+            Action::AskUser { id, question } => {
+                (id, "ask_user", serde_json::json!({ "question": question }))
+            }
+            Action::Publish { id, path } => (id, "publish", serde_json::json!({ "path": path })),
+            _ => return None,
+        };
+        Some(ToolCallRequest {
+            id: id.clone(),
+            name: name.to_owned(),
+            arguments,
+        })
+    }
+}
+
+/// What a worker sends an app during a turn (`POST /v1/turns/{exchange}/messages`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ToApp {
+    /// A tool call's result.
+    ToolResult { id: String, ok: bool, output: Value },
+    /// A model call's answer.
+    ModelResult {
+        id: String,
+        text: String,
+        tool_calls: Vec<ToolCallRequest>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        usage: Option<Usage>,
+    },
+    /// What reached the conversation while the turn runs (follow-ups, steers, attachments),
+    /// already committed to its record.
+    Events { blocks: Vec<Block> },
+    /// The call with this id parks the turn (an approval, a question): the turn ends here and
+    /// a later turn continues once it is answered. Nothing more is read from the app.
+    Parked { id: String, reason: String },
+    /// An action was refused: the turn fails with this reason. Nothing more is read.
+    Refused { message: String },
+    /// The user stopped the turn. Nothing more is read.
+    Stop {},
+    /// The turn ended (sent when the app's stream is still open).
+    End { outcome: TurnOutcome },
+}
+
+/// The limits of one turn, sent to the app with its context.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Limits {
+    /// Tool calls the turn may make.
+    pub max_rounds: u32,
+    /// Actions the app may send (keepalives not counted).
+    pub max_actions: u32,
+    /// Bytes the app's stream may carry in all.
+    pub max_bytes: u64,
+    /// The longest one line (action) may be.
+    pub max_line_bytes: u64,
+    /// The longest the app may stay silent (the SDK sends keepalives).
+    pub read_timeout_ms: u64,
+    /// The longest the whole exchange may take.
+    pub deadline_ms: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn actions_parse_and_bad_ones_say_why() {
+        let ok = [
+            (r#"{"type":"say","text":"hi"}"#, "say"),
+            (
+                r#"{"type":"tool","id":"t1","name":"read_file","arguments":{"path":"a"}}"#,
+                "tool",
+            ),
+            (r#"{"type":"model","id":"m1","say":true}"#, "model"),
+            (r#"{"type":"ask_user","id":"q","question":"why?"}"#, "ask"),
+            (r#"{"type":"publish","id":"p","path":"out.md"}"#, "publish"),
+            (r#"{"type":"done"}"#, "done"),
+            (r#"{"type":"keepalive"}"#, "keepalive"),
+        ];
+        for (line, what) in ok {
+            assert!(Action::parse(line.as_bytes()).is_ok(), "{what}: {line}");
+        }
+        let bad = [
+            (r#"{"type":"shout","text":"hi"}"#, "unknown variant"),
+            (r#"{"type":"say","text":"hi","colour":1}"#, "unknown field"),
+            (r#"{"type":"tool","name":"read_file"}"#, "missing field `id`"),
+            (r#"{"type":"tool","id":"","name":"x"}"#, "action id"),
+            (r#"{"type":"model","id":"m","temperature":9}"#, "temperature"),
+            ("not json", "malformed action"),
+            (r#"[1,2]"#, "malformed action"),
+        ];
+        for (line, expected) in bad {
+            let e = Action::parse(line.as_bytes()).unwrap_err();
+            assert!(e.contains(expected), "{line}: {e}");
+        }
+    }
+
+    #[test]
+    fn ask_user_and_publish_are_tool_calls() {
+        let a = Action::parse(br#"{"type":"publish","id":"p","path":"out.md"}"#).unwrap();
+        let call = a.as_call().unwrap();
+        assert_eq!((call.id.as_str(), call.name.as_str()), ("p", "publish"));
+        assert_eq!(call.arguments["path"], "out.md");
+        let a = Action::parse(br#"{"type":"ask_user","id":"q","question":"ok?"}"#).unwrap();
+        assert_eq!(a.as_call().unwrap().name, "ask_user");
+        assert!(Action::parse(br#"{"type":"done"}"#)
+            .unwrap()
+            .as_call()
+            .is_none());
+    }
+}
