@@ -280,6 +280,79 @@ async fn a_python_app_streams_calls_tools_and_the_model_parks_on_an_approval_and
     );
     let out = String::from_utf8_lossy(&changed.stdout).to_string()
         + &String::from_utf8_lossy(&changed.stderr);
-    eprintln!("WHATIF {out}");
     assert!(out.contains("DIVERGES: turn_2"), "{out}");
 }
+
+/// Sends a message and waits until its turn is complete; returns the conversation's rows.
+async fn turn(client: &Client, id: &str, text: &str, count: usize) -> Vec<Value> {
+    say(client, id, text).await;
+    wait_for_complete_turns(client, id, count, LONG)
+        .await
+        .unwrap();
+    rows(client, id).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_reaches_the_app_mid_turn_and_the_conversation_goes_on() {
+    let mut app = PyApp::start();
+    let apps = apps(app.port, &[]);
+    let server = serve(apps.path());
+    let alice = server.client(ALICE);
+    let id = create(&alice, "support", "bot").await;
+    let mut deltas = Deltas::open(&alice, &id).await;
+    say(&alice, &id, "ticket: lost badge").await;
+    deltas.until("Send details").await;
+    post(&alice, &id, "follow-ups", json!({"text": "blue lanyard"})).await;
+    deltas.until("Noted: blue lanyard").await;
+    post(&alice, &id, "stop", json!({})).await;
+    let turns = wait_for_complete_turns(&alice, &id, 1, LONG).await.unwrap();
+    assert_eq!(turns[0].outcome.as_deref(), Some("cancelled"), "{turns:#?}");
+    // The app heard the stop: its handler was cancelled.
+    let line = app
+        .process
+        .wait_for_line("stopped", LONG)
+        .expect("the app logs the stop");
+    assert!(line.contains(&id), "{line}");
+    // What the app said before the stop is in the record.
+    assert!(turns[0].replies.iter().any(|r| r.contains("Noted: blue lanyard")));
+    // The conversation goes on: the next message is answered by the app through the model.
+    let all = turn(&alice, &id, "hello there", 2).await;
+    let turns = turns_of(&all);
+    assert_eq!(turns[1].outcome.as_deref(), Some("replied"), "{turns:#?}");
+    assert_eq!(turns[1].replies, ["Summary: hello there"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_killed_mid_turn_is_replaced_and_the_app_called_again_with_the_same_key() {
+    let mut app = PyApp::start();
+    let apps = apps(app.port, &[]);
+    let mut server = serve(apps.path());
+    let alice = server.client(ALICE);
+    let id = create(&alice, "support", "bot").await;
+    say(&alice, &id, "ticket: broken chair").await;
+    let first = app
+        .process
+        .wait_for_line(&format!("turn {id}.turn_1."), LONG)
+        .unwrap();
+    // The app is waiting for details: the worker dies (SIGKILL), another takes over.
+    server.restart().unwrap();
+    let key = format!("key {id}/turn_1");
+    assert!(first.ends_with(&key), "{first}");
+    let second = app.process.wait_for_lines(&key, 2, LONG).unwrap().remove(1);
+    assert_ne!(first, second, "a new attempt, a new exchange");
+    let attempt = |line: &str| line.split(" attempt ").nth(1).unwrap().to_owned();
+    assert_ne!(attempt(&first), attempt(&second));
+    // The new attempt completes the turn, once.
+    let alice = server.client(ALICE);
+    post(&alice, &id, "follow-ups", json!({"text": "submit"})).await;
+    let turns = wait_for_complete_turns(&alice, &id, 1, LONG).await.unwrap();
+    assert_eq!(turns.len(), 1, "{turns:#?}");
+    assert_eq!(turns[0].outcome.as_deref(), Some("parked"), "{turns:#?}");
+    let all = rows(&alice, &id).await;
+    let completes = all
+        .iter()
+        .filter(|r| r["kind"] == "turn_complete")
+        .count();
+    assert_eq!(completes, 1);
+}
+

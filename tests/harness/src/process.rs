@@ -66,21 +66,34 @@ impl Process {
 
     /// Waits for a stderr line containing `needle`; returns it.
     pub fn wait_for_line(&mut self, needle: &str, timeout: Duration) -> Result<String> {
-        if let Some(line) = self.seen.iter().find(|l| l.contains(needle)) {
-            return Ok(line.clone());
-        }
+        let mut lines = self.wait_for_lines(needle, 1, timeout)?;
+        Ok(lines.remove(0))
+    }
+
+    /// Waits until `count` stderr lines contain `needle`; returns the first `count`.
+    pub fn wait_for_lines(
+        &mut self,
+        needle: &str,
+        count: usize,
+        timeout: Duration,
+    ) -> Result<Vec<String>> {
         let deadline = Instant::now() + timeout;
         loop {
+            let found: Vec<String> = self
+                .seen
+                .iter()
+                .filter(|l| l.contains(needle))
+                .take(count)
+                .cloned()
+                .collect();
+            if found.len() == count {
+                return Ok(found);
+            }
             let left = deadline.saturating_duration_since(Instant::now());
             match self.lines.recv_timeout(left) {
-                Ok(line) => {
-                    self.seen.push(line.clone());
-                    if line.contains(needle) {
-                        return Ok(line);
-                    }
-                }
+                Ok(line) => self.seen.push(line),
                 Err(_) => bail!(
-                    "no line containing {needle:?} within {timeout:?}; stderr so far:\n{}",
+                    "not {count} lines containing {needle:?} within {timeout:?}; stderr so far:\n{}",
                     self.seen.join("\n")
                 ),
             }

@@ -5,8 +5,9 @@
 //! - what waits on the lane when the turn starts is committed and folded in before the app is
 //!   called; a stop there ends the turn `cancelled` without calling the app;
 //! - every action is parsed and checked before anything runs: a malformed one, an id used
-//!   twice, more than `max_actions` actions: the app is sent `refused` and the turn fails with
-//!   that reason;
+//!   twice, more than `max_actions` actions — or a stream that breaks, runs too long or goes
+//!   quiet — and the app is sent `refused` (if it still listens) and the turn fails with that
+//!   reason, recorded once; the user retries, nothing spins;
 //! - `say` streams to the user at once; consecutive `say`s become one reply block, closed by
 //!   the next other step;
 //! - a tool call (`tool`, `ask_user`, `publish`) is one round, run exactly as the built-in loop
@@ -131,7 +132,15 @@ struct Driver<'d, 'r> {
 impl Driver<'_, '_> {
     async fn steps(&mut self, inbox: &mut dyn Inbox, cx: &mut CallContext) -> Result<TurnOutcome> {
         loop {
-            match self.exchange.next(inbox, cx).await? {
+            let step = match self.exchange.next(inbox, cx).await {
+                Ok(step) => step,
+                // The app broke the protocol or went quiet: it is told why, if it still hears.
+                Err(e) if e.kind() == crate::error::ErrorKind::App => {
+                    return self.refuse(e.to_string()).await
+                }
+                Err(e) => return Err(e),
+            };
+            match step {
                 Step::Stopped(arrived) => return self.cancel(arrived).await,
                 Step::Arrived(arrived) if arrived.iter().any(|b| matches!(b, Block::Stop { .. })) => {
                     return self.cancel(arrived).await
