@@ -356,3 +356,198 @@ async fn a_worker_killed_mid_turn_is_replaced_and_the_app_called_again_with_the_
     assert_eq!(completes, 1);
 }
 
+
+/// An app that misbehaves on purpose, by what the user says: `malformed` (an unknown action),
+/// `huge` (a line past the agent's limit), `slow` (answers, then says nothing); anything else
+/// gets a proper reply. It keeps what the worker sends it.
+struct RawApp {
+    port: u16,
+    received: Arc<Mutex<Vec<Value>>>,
+}
+
+impl RawApp {
+    async fn start() -> RawApp {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let received = Arc::new(Mutex::new(Vec::new()));
+        let keep = received.clone();
+        tokio::spawn(async move {
+            while let Ok((socket, _)) = listener.accept().await {
+                tokio::spawn(Self::serve(socket, keep.clone()));
+            }
+        });
+        RawApp { port, received }
+    }
+
+    async fn serve(socket: tokio::net::TcpStream, received: Arc<Mutex<Vec<Value>>>) {
+        let mut socket = BufReader::new(socket);
+        loop {
+            let mut head = Vec::new();
+            loop {
+                let mut line = String::new();
+                if socket.read_line(&mut line).await.unwrap_or(0) == 0 {
+                    return;
+                }
+                if line == "\r\n" {
+                    break;
+                }
+                head.push(line);
+            }
+            let length: usize = head
+                .iter()
+                .find_map(|h| {
+                    let (k, v) = h.split_once(':')?;
+                    k.eq_ignore_ascii_case("content-length")
+                        .then(|| v.trim().parse().ok())?
+                })
+                .unwrap_or(0);
+            let mut body = vec![0; length];
+            socket.read_exact(&mut body).await.unwrap();
+            let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+            if head[0].contains("/messages") {
+                received.lock().unwrap().push(body);
+                let _ = socket
+                    .write_all(b"HTTP/1.1 204 No Content\r\ncontent-length: 0\r\n\r\n")
+                    .await;
+                continue;
+            }
+            let said = body["inputs"][0]["text"].as_str().unwrap_or_default();
+            let actions = match said {
+                "malformed" => "{\"type\":\"say\",\"text\":\"hm\"}\n{\"type\":\"shout\"}\n".to_owned(),
+                "huge" => format!("{{\"type\":\"say\",\"text\":\"{}\"}}\n", "x".repeat(4000)),
+                "slow" => String::new(),
+                _ => "{\"type\":\"say\",\"text\":\"hi from raw\"}\n{\"type\":\"done\"}\n".to_owned(),
+            };
+            let _ = socket
+                .write_all(
+                    format!("HTTP/1.1 200 OK\r\ncontent-type: application/x-ndjson\r\nconnection: close\r\n\r\n{actions}")
+                        .as_bytes(),
+                )
+                .await;
+            if said == "slow" || said == "malformed" {
+                // Hold the stream open until the worker hangs up.
+                let mut rest = Vec::new();
+                let _ = socket.read_to_end(&mut rest).await;
+            }
+            return;
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_oversized_slow_and_unreachable_apps_fail_the_turn_with_a_recorded_reason() {
+    let raw = RawApp::start().await;
+    let closed = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let manifest = format!(
+        r#"
+app = "raw"
+
+[agents.edgy]
+provider = "echo"
+[agents.edgy.remote]
+url = "http://127.0.0.1:{}"
+read_timeout_ms = 500
+max_line_bytes = 1024
+
+[agents.gone]
+provider = "echo"
+[agents.gone.remote]
+url = "http://127.0.0.1:{closed}"
+connect_timeout_ms = 500
+"#,
+        raw.port
+    );
+    let apps = apps(1, &[("raw.toml", manifest)]);
+    let server = serve(apps.path());
+    let alice = server.client(ALICE);
+    let id = create(&alice, "raw", "edgy").await;
+    let error_of = |rows: &[Value], turn: &str| -> String {
+        rows.iter()
+            .find(|r| r["kind"] == "error" && r.to_string().contains(turn))
+            .map(|r| r.to_string())
+            .unwrap_or_else(|| panic!("no error row for {turn}: {rows:#?}"))
+    };
+    let cases = [
+        ("malformed", "unknown variant `shout`"),
+        ("huge", "an action longer than 1024 bytes"),
+        ("slow", "silent for longer than the read timeout of 500 ms"),
+    ];
+    for (n, (text, reason)) in cases.iter().enumerate() {
+        let all = turn(&alice, &id, text, n + 1).await;
+        let turns = turns_of(&all);
+        assert_eq!(turns[n].outcome.as_deref(), Some("failed"), "{text}: {turns:#?}");
+        let error = error_of(&all, &format!("turn_{}", n + 1));
+        assert!(error.contains(reason), "{text}: {error}");
+    }
+    // The app heard why its turn was refused.
+    let received = raw.received.lock().unwrap().clone();
+    assert!(
+        received
+            .iter()
+            .any(|m| m["type"] == "refused" && m["message"].as_str().unwrap().contains("shout")),
+        "{received:?}"
+    );
+    // The conversation goes on, and nothing was retried on its own: one turn per message.
+    let all = turn(&alice, &id, "hello", 4).await;
+    let turns = turns_of(&all);
+    assert_eq!(turns.len(), 4);
+    assert_eq!(turns[3].outcome.as_deref(), Some("replied"));
+    assert_eq!(turns[3].replies, ["hi from raw"]);
+
+    // An app nobody answers for: a clear failure, recorded.
+    let id = create(&alice, "raw", "gone").await;
+    let all = turn(&alice, &id, "hello", 1).await;
+    assert_eq!(turns_of(&all)[0].outcome.as_deref(), Some("failed"));
+    let error = error_of(&all, "turn_1");
+    assert!(error.contains("cannot reach the app at http://127.0.0.1:"), "{error}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_changed_manifest_is_picked_up_by_a_running_worker_and_a_broken_one_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let manifest = |script: &str| {
+        format!("app = \"hot\"\n[agents.a]\nprovider = \"script\"\nscript = \"{script}\"\n")
+    };
+    let script = |text: &str| format!("[[turn]]\n[[turn.step]]\ntext = \"{text} {{last_user}}\"\n");
+    std::fs::write(dir.path().join("hot.toml"), manifest("v1.script.toml")).unwrap();
+    std::fs::write(dir.path().join("v1.script.toml"), script("one:")).unwrap();
+    let mut server = Server::start_with_env(
+        &binary(),
+        Some(dir.path()),
+        &["--apps-poll-ms", "100"],
+        false,
+        &[("RUST_LOG", "warn,turnpike_worker=info".to_owned())],
+    )
+    .unwrap();
+    let alice = server.client(ALICE);
+    let id = create(&alice, "hot", "a").await;
+    let all = turn(&alice, &id, "a", 1).await;
+    assert_eq!(turns_of(&all)[0].replies, ["one: a"]);
+
+    // A new script, named by the changed manifest: picked up without a restart.
+    std::fs::write(dir.path().join("v2.script.toml"), script("two:")).unwrap();
+    std::fs::write(dir.path().join("hot.toml"), manifest("v2.script.toml")).unwrap();
+    server
+        .process
+        .wait_for_line("reloaded the apps folders", LONG)
+        .unwrap();
+    let all = turn(&alice, &id, "b", 2).await;
+    assert_eq!(turns_of(&all)[1].replies, ["two: b"]);
+
+    // A broken manifest: refused, with the reason; the running one keeps serving.
+    std::fs::write(
+        dir.path().join("hot.toml"),
+        "app = \"hot\"\n[agents.a]\nprovider = \"nope\"\n",
+    )
+    .unwrap();
+    let refused = server
+        .process
+        .wait_for_line("kept the running apps", LONG)
+        .unwrap();
+    assert!(refused.contains("unknown provider"), "{refused}");
+    let all = turn(&alice, &id, "c", 3).await;
+    assert_eq!(turns_of(&all)[2].replies, ["two: c"]);
+}

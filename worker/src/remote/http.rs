@@ -137,10 +137,20 @@ impl HttpExchange {
         Err(Error::app(format!("the app answered {status}: {shown}")))
     }
 
+    fn too_long(&self) -> Error {
+        Error::app(format!(
+            "the app sent an action longer than {} bytes",
+            self.limits.max_line_bytes
+        ))
+    }
+
     /// The next complete line of the stream, or `None` at its end.
     async fn line(&mut self) -> Result<Option<Vec<u8>>> {
         loop {
             if let Some(at) = self.buf.iter().position(|b| *b == b'\n') {
+                if at as u64 > self.limits.max_line_bytes {
+                    return Err(self.too_long());
+                }
                 let mut line: Vec<u8> = self.buf.drain(..=at).collect();
                 line.pop();
                 if line.last() == Some(&b'\r') {
@@ -152,10 +162,7 @@ impl HttpExchange {
                 return Ok(Some(line));
             }
             if self.buf.len() as u64 > self.limits.max_line_bytes {
-                return Err(Error::app(format!(
-                    "the app sent an action longer than {} bytes",
-                    self.limits.max_line_bytes
-                )));
+                return Err(self.too_long());
             }
             let until = self.silence_until();
             let Some(stream) = self.stream.as_mut() else {
