@@ -592,6 +592,16 @@ pub enum BenchCommand {
         #[arg(long, default_value_t = 3)]
         turns: usize,
     },
+    /// What a remote app costs: a no-op turn run by an app over HTTP beside the same turn of
+    /// the built-in loop, and the cost of one streamed action.
+    Remote {
+        /// No-op turns of each kind (interleaved).
+        #[arg(long, default_value_t = 100)]
+        samples: usize,
+        /// `say` actions in the long turns.
+        #[arg(long, default_value_t = 2000)]
+        actions: usize,
+    },
     /// The HTTP edge over `turnpike serve`'s stack (embedded bus, workers, the demo's scripted
     /// model): accept → first streamed token at 1 and at many concurrent conversations, and
     /// messages accepted per second.

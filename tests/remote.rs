@@ -204,7 +204,10 @@ async fn a_python_app_streams_calls_tools_and_the_model_parks_on_an_approval_and
     deltas.until("Summary: printer on fire").await;
     let turns = wait_for_complete_turns(&alice, &id, 1, LONG).await.unwrap();
     assert_eq!(turns[0].outcome.as_deref(), Some("parked"), "{turns:#?}");
-    assert_eq!(turns[0].inputs, ["ticket: printer on fire", "It smokes", "submit"]);
+    assert_eq!(
+        turns[0].inputs,
+        ["ticket: printer on fire", "It smokes", "submit"]
+    );
 
     // Approved: the next turn writes the file and calls the app, whose publish call the
     // worker runs; the app reports the file.
@@ -235,7 +238,10 @@ async fn a_python_app_streams_calls_tools_and_the_model_parks_on_an_approval_and
 
     // What streamed is what was recorded: every reply of turn 1 streamed.
     for reply in &turns[0].replies {
-        assert!(deltas.text.contains(reply.as_str()), "{reply:?} never streamed");
+        assert!(
+            deltas.text.contains(reply.as_str()),
+            "{reply:?} never streamed"
+        );
     }
 
     // Replay re-drives both turns from their exchange logs with the app gone.
@@ -314,7 +320,10 @@ async fn a_stop_reaches_the_app_mid_turn_and_the_conversation_goes_on() {
         .expect("the app logs the stop");
     assert!(line.contains(&id), "{line}");
     // What the app said before the stop is in the record.
-    assert!(turns[0].replies.iter().any(|r| r.contains("Noted: blue lanyard")));
+    assert!(turns[0]
+        .replies
+        .iter()
+        .any(|r| r.contains("Noted: blue lanyard")));
     // The conversation goes on: the next message is answered by the app through the model.
     let all = turn(&alice, &id, "hello there", 2).await;
     let turns = turns_of(&all);
@@ -349,13 +358,9 @@ async fn a_worker_killed_mid_turn_is_replaced_and_the_app_called_again_with_the_
     assert_eq!(turns.len(), 1, "{turns:#?}");
     assert_eq!(turns[0].outcome.as_deref(), Some("parked"), "{turns:#?}");
     let all = rows(&alice, &id).await;
-    let completes = all
-        .iter()
-        .filter(|r| r["kind"] == "turn_complete")
-        .count();
+    let completes = all.iter().filter(|r| r["kind"] == "turn_complete").count();
     assert_eq!(completes, 1);
 }
-
 
 /// An app that misbehaves on purpose, by what the user says: `malformed` (an unknown action),
 /// `huge` (a line past the agent's limit), `slow` (answers, then says nothing); anything else
@@ -413,10 +418,14 @@ impl RawApp {
             }
             let said = body["inputs"][0]["text"].as_str().unwrap_or_default();
             let actions = match said {
-                "malformed" => "{\"type\":\"say\",\"text\":\"hm\"}\n{\"type\":\"shout\"}\n".to_owned(),
+                "malformed" => {
+                    "{\"type\":\"say\",\"text\":\"hm\"}\n{\"type\":\"shout\"}\n".to_owned()
+                }
                 "huge" => format!("{{\"type\":\"say\",\"text\":\"{}\"}}\n", "x".repeat(4000)),
                 "slow" => String::new(),
-                _ => "{\"type\":\"say\",\"text\":\"hi from raw\"}\n{\"type\":\"done\"}\n".to_owned(),
+                _ => {
+                    "{\"type\":\"say\",\"text\":\"hi from raw\"}\n{\"type\":\"done\"}\n".to_owned()
+                }
             };
             let _ = socket
                 .write_all(
@@ -478,7 +487,11 @@ connect_timeout_ms = 500
     for (n, (text, reason)) in cases.iter().enumerate() {
         let all = turn(&alice, &id, text, n + 1).await;
         let turns = turns_of(&all);
-        assert_eq!(turns[n].outcome.as_deref(), Some("failed"), "{text}: {turns:#?}");
+        assert_eq!(
+            turns[n].outcome.as_deref(),
+            Some("failed"),
+            "{text}: {turns:#?}"
+        );
         let error = error_of(&all, &format!("turn_{}", n + 1));
         assert!(error.contains(reason), "{text}: {error}");
     }
@@ -502,7 +515,10 @@ connect_timeout_ms = 500
     let all = turn(&alice, &id, "hello", 1).await;
     assert_eq!(turns_of(&all)[0].outcome.as_deref(), Some("failed"));
     let error = error_of(&all, "turn_1");
-    assert!(error.contains("cannot reach the app at http://127.0.0.1:"), "{error}");
+    assert!(
+        error.contains("cannot reach the app at http://127.0.0.1:"),
+        "{error}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -12,6 +12,7 @@
 //! - [`edge`]: the HTTP/WebSocket edge over a stack the caller starts
 //! - [`cell`]: the cell's overhead over bare Python
 //! - [`model`]: what Turnpike adds to a real model's first token and to a tool-using turn
+//! - [`remote`]: what a remote app adds to a turn, and the cost of one streamed action
 //!
 //! The binary does the wiring (configuration, the stack under test) and calls these.
 
@@ -22,6 +23,7 @@ pub mod git;
 pub mod lanes;
 pub mod model;
 pub mod record;
+pub mod remote;
 pub mod search;
 pub mod series;
 

@@ -166,6 +166,22 @@ pub async fn run(global: &Global, command: BenchCommand) -> Result<ExitCode> {
             proxy.abort();
             code
         }
+        BenchCommand::Remote { samples, actions } => {
+            let (url, app) = turnpike_bench::remote::app_server().await?;
+            let tmp = tempfile::tempdir()?;
+            let apps = tmp.path().join("apps");
+            std::fs::create_dir_all(&apps)?;
+            std::fs::write(
+                apps.join("bench-remote.toml"),
+                turnpike_bench::remote::manifest(&url),
+            )?;
+            let mut g = global.clone();
+            g.apps = Some(apps);
+            let stack = edge_stack(&g, tmp.path().join("data")).await?;
+            let code = turnpike_bench::remote::run(stack, samples.max(5), actions.max(2)).await;
+            app.abort();
+            code
+        }
         BenchCommand::Lanes {
             nats,
             conversations,

@@ -188,7 +188,8 @@ impl Apps {
     /// Hosts an app from its manifest, with the built-in agent loop as its callback (or
     /// `callbacks`).
     pub fn with_manifest(mut self, manifest: Manifest, callbacks: Option<Arc<dyn App>>) -> Self {
-        self.fixed.insert(manifest.app.clone(), hosted(manifest, callbacks));
+        self.fixed
+            .insert(manifest.app.clone(), hosted(manifest, callbacks));
         self
     }
 
@@ -354,7 +355,10 @@ fn hosted(manifest: Manifest, callbacks: Option<Arc<dyn App>>) -> HostedApp {
 }
 
 fn is_manifest(path: &Path) -> bool {
-    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+    let name = path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or_default();
     name.ends_with(".toml") && !name.ends_with(".script.toml")
 }
 

@@ -142,7 +142,9 @@ impl Driver<'_, '_> {
             };
             match step {
                 Step::Stopped(arrived) => return self.cancel(arrived).await,
-                Step::Arrived(arrived) if arrived.iter().any(|b| matches!(b, Block::Stop { .. })) => {
+                Step::Arrived(arrived)
+                    if arrived.iter().any(|b| matches!(b, Block::Stop { .. })) =>
+                {
                     return self.cancel(arrived).await
                 }
                 Step::Arrived(arrived) if arrived.is_empty() => {}
@@ -274,7 +276,8 @@ impl Driver<'_, '_> {
         self.rounds += 1;
         if self.rounds > self.run.limits.max_rounds {
             let max = self.run.limits.max_rounds;
-            let output = json!({ "error": format!("not run: this turn may make at most {max} tool calls") });
+            let output =
+                json!({ "error": format!("not run: this turn may make at most {max} tool calls") });
             self.send(ToApp::ToolResult {
                 id: call.id,
                 ok: false,

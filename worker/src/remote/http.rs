@@ -48,10 +48,7 @@ impl HttpExchange {
     /// An exchange `id` (unique per attempt) under the idempotency `key` (the same for every
     /// attempt at the turn).
     pub fn new(spec: &RemoteSpec, id: String, key: String, limits: Limits) -> Result<Self> {
-        let client = reqwest::Client::builder()
-            .connect_timeout(spec.connect_timeout)
-            .build()
-            .map_err(|e| Error::app(format!("cannot build an HTTP client: {e}")))?;
+        let client = spec.client.clone();
         let secret = match &spec.secret_env {
             Some(var) => Some(std::env::var(var).map_err(|_| {
                 Error::app(format!(

@@ -50,9 +50,11 @@ use driver::{drive, Run, Trace};
 use protocol::{Limits, PROTOCOL_VERSION};
 
 /// How to reach an agent's remote app.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct RemoteSpec {
     pub url: String,
+    /// The agent's HTTP client: its connections are pooled across turns.
+    pub client: reqwest::Client,
     /// The environment variable holding the bearer secret sent to the app.
     pub secret_env: Option<String>,
     pub connect_timeout: Duration,
@@ -93,13 +95,14 @@ impl RawRemote {
             return Err(format!("url: {:?} is not an http(s) URL", self.url));
         }
         if url.query().is_some() || url.fragment().is_some() {
-            return Err(format!("url: {:?} must not have a query or fragment", self.url));
+            return Err(format!(
+                "url: {:?} must not have a query or fragment",
+                self.url
+            ));
         }
         if let Some(var) = &self.secret_env {
-            let valid = !var.is_empty()
-                && var
-                    .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || c == '_');
+            let valid =
+                !var.is_empty() && var.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
             if !valid {
                 return Err(format!("secret_env: {var:?} is not a variable name"));
             }
@@ -116,14 +119,20 @@ impl RawRemote {
                 "max_line_bytes: {max_line_bytes} is more than max_bytes ({max_bytes})"
             ));
         }
+        let connect_timeout = Duration::from_millis(positive(
+            "connect_timeout_ms",
+            self.connect_timeout_ms,
+            5_000,
+        )?);
+        let client = reqwest::Client::builder()
+            .connect_timeout(connect_timeout)
+            .build()
+            .map_err(|e| format!("url: cannot build an HTTP client: {e}"))?;
         Ok(RemoteSpec {
             url: self.url,
+            client,
             secret_env: self.secret_env,
-            connect_timeout: Duration::from_millis(positive(
-                "connect_timeout_ms",
-                self.connect_timeout_ms,
-                5_000,
-            )?),
+            connect_timeout,
             read_timeout: Duration::from_millis(positive(
                 "read_timeout_ms",
                 self.read_timeout_ms,
@@ -281,8 +290,14 @@ mod tests {
             ("url = \"ftp://h/\"", "not an http(s) URL"),
             ("url = \"http://h/?a=1\"", "query"),
             ("url = \"http://h/\"\nsecret_env = \"A B\"", "secret_env"),
-            ("url = \"http://h/\"\nread_timeout_ms = 0", "read_timeout_ms: must be more than 0"),
-            ("url = \"http://h/\"\nmax_bytes = 10\nmax_line_bytes = 20", "max_line_bytes"),
+            (
+                "url = \"http://h/\"\nread_timeout_ms = 0",
+                "read_timeout_ms: must be more than 0",
+            ),
+            (
+                "url = \"http://h/\"\nmax_bytes = 10\nmax_line_bytes = 20",
+                "max_line_bytes",
+            ),
             ("url = \"http://h/\"\ncolour = 1", "unknown field"),
         ] {
             let e = parse(text).unwrap_err();

@@ -187,9 +187,15 @@ mod tests {
         let bad = [
             (r#"{"type":"shout","text":"hi"}"#, "unknown variant"),
             (r#"{"type":"say","text":"hi","colour":1}"#, "unknown field"),
-            (r#"{"type":"tool","name":"read_file"}"#, "missing field `id`"),
+            (
+                r#"{"type":"tool","name":"read_file"}"#,
+                "missing field `id`",
+            ),
             (r#"{"type":"tool","id":"","name":"x"}"#, "action id"),
-            (r#"{"type":"model","id":"m","temperature":9}"#, "temperature"),
+            (
+                r#"{"type":"model","id":"m","temperature":9}"#,
+                "temperature",
+            ),
             ("not json", "malformed action"),
             (r#"[1,2]"#, "malformed action"),
         ];
@@ -211,5 +217,107 @@ mod tests {
             .unwrap()
             .as_call()
             .is_none());
+    }
+
+    /// The published schema names every action and message these types know, with the same
+    /// required fields (a variant added here without the schema fails this).
+    #[test]
+    fn the_published_schema_matches_the_types() {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../docs/remote-apps.schema.json"
+        );
+        let schema: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        let defs = &schema["$defs"];
+        let actions = [
+            r#"{"type":"say","text":"t"}"#,
+            r#"{"type":"tool","id":"i","name":"n"}"#,
+            r#"{"type":"model","id":"i"}"#,
+            r#"{"type":"ask_user","id":"i","question":"q"}"#,
+            r#"{"type":"publish","id":"i","path":"p"}"#,
+            r#"{"type":"done"}"#,
+            r#"{"type":"error","message":"m"}"#,
+            r#"{"type":"keepalive"}"#,
+        ];
+        let listed = defs["action"]["oneOf"].as_array().unwrap().len();
+        assert_eq!(listed, actions.len(), "every action is in the schema");
+        for text in actions {
+            let action = Action::parse(text.as_bytes()).unwrap();
+            let value: serde_json::Value = serde_json::from_str(text).unwrap();
+            let kind = value["type"].as_str().unwrap();
+            let def = &defs[format!("action_{kind}")];
+            let required: Vec<&str> = def["required"]
+                .as_array()
+                .unwrap_or_else(|| panic!("no schema for {kind}"))
+                .iter()
+                .map(|v| v.as_str().unwrap())
+                .collect();
+            let mut fields: Vec<&str> = value
+                .as_object()
+                .unwrap()
+                .keys()
+                .map(|k| k.as_str())
+                .collect();
+            fields.sort_unstable();
+            let mut want = required.clone();
+            want.sort_unstable();
+            assert_eq!(
+                fields, want,
+                "{kind}: the minimal action has the required fields"
+            );
+            // Every field the type serialises is one the schema knows.
+            let full = serde_json::to_value(&action).unwrap();
+            for key in full.as_object().unwrap().keys() {
+                assert!(
+                    def["properties"].get(key).is_some(),
+                    "{kind}.{key} not in the schema"
+                );
+            }
+        }
+        let messages = [
+            ToApp::ToolResult {
+                id: "i".into(),
+                ok: true,
+                output: serde_json::json!(1),
+            },
+            ToApp::ModelResult {
+                id: "i".into(),
+                text: "t".into(),
+                tool_calls: vec![],
+                usage: None,
+            },
+            ToApp::Events { blocks: vec![] },
+            ToApp::Parked {
+                id: "i".into(),
+                reason: "r".into(),
+            },
+            ToApp::Refused {
+                message: "m".into(),
+            },
+            ToApp::Stop {},
+            ToApp::End {
+                outcome: TurnOutcome::Replied,
+            },
+        ];
+        assert_eq!(
+            defs["to_app"]["oneOf"].as_array().unwrap().len(),
+            messages.len()
+        );
+        for message in messages {
+            let value = serde_json::to_value(&message).unwrap();
+            let kind = value["type"].as_str().unwrap();
+            let def = &defs[format!("to_app_{kind}")];
+            for required in def["required"].as_array().unwrap() {
+                let required = required.as_str().unwrap();
+                assert!(value.get(required).is_some(), "{kind} lacks {required}");
+            }
+            for key in value.as_object().unwrap().keys() {
+                assert!(
+                    def["properties"].get(key).is_some(),
+                    "{kind}.{key} not in the schema"
+                );
+            }
+        }
     }
 }
