@@ -369,6 +369,9 @@ pub struct ServeArgs {
 pub struct RouterArgs {
     #[command(flatten)]
     pub edge: EdgeArgs,
+    /// How often to look for changed manifests in the apps folders, in milliseconds (0: never).
+    #[arg(long, default_value_t = 2_000)]
+    pub apps_poll_ms: u64,
 }
 
 /// The HTTP/WebSocket edge.

@@ -345,7 +345,7 @@ async fn a_worker_killed_mid_turn_is_replaced_and_the_app_called_again_with_the_
         .unwrap();
     // The app is waiting for details: the worker dies (SIGKILL), another takes over.
     server.restart().unwrap();
-    let key = format!("key {id}/turn_1");
+    let key = format!("key default/{id}/turn_1");
     assert!(first.ends_with(&key), "{first}");
     let second = app.process.wait_for_lines(&key, 2, LONG).unwrap().remove(1);
     assert_ne!(first, second, "a new attempt, a new exchange");
@@ -423,6 +423,11 @@ impl RawApp {
                 }
                 "huge" => format!("{{\"type\":\"say\",\"text\":\"{}\"}}\n", "x".repeat(4000)),
                 "slow" => String::new(),
+                "chatty" => (0..20)
+                    .map(|i| {
+                        format!("{{\"type\":\"model\",\"id\":\"m{i}\",\"max_tokens\":100000}}\n")
+                    })
+                    .collect(),
                 _ => {
                     "{\"type\":\"say\",\"text\":\"hi from raw\"}\n{\"type\":\"done\"}\n".to_owned()
                 }
@@ -433,7 +438,7 @@ impl RawApp {
                         .as_bytes(),
                 )
                 .await;
-            if said == "slow" || said == "malformed" {
+            if matches!(said, "slow" | "malformed" | "chatty") {
                 // Hold the stream open until the worker hangs up.
                 let mut rest = Vec::new();
                 let _ = socket.read_to_end(&mut rest).await;
@@ -483,6 +488,8 @@ connect_timeout_ms = 500
         ("malformed", "unknown variant `shout`"),
         ("huge", "an action longer than 1024 bytes"),
         ("slow", "silent for longer than the read timeout of 500 ms"),
+        // As the built-in loop: a model call per round and a closing one (8 + 1).
+        ("chatty", "asked the model more than 9 times in one turn"),
     ];
     for (n, (text, reason)) in cases.iter().enumerate() {
         let all = turn(&alice, &id, text, n + 1).await;
@@ -495,8 +502,13 @@ connect_timeout_ms = 500
         let error = error_of(&all, &format!("turn_{}", n + 1));
         assert!(error.contains(reason), "{text}: {error}");
     }
-    // The app heard why its turn was refused.
+    // The app heard why its turn was refused; the model answered nine calls, no more.
     let received = raw.received.lock().unwrap().clone();
+    let answered = received
+        .iter()
+        .filter(|m| m["type"] == "model_result")
+        .count();
+    assert_eq!(answered, 9, "{received:?}");
     assert!(
         received
             .iter()
@@ -504,11 +516,11 @@ connect_timeout_ms = 500
         "{received:?}"
     );
     // The conversation goes on, and nothing was retried on its own: one turn per message.
-    let all = turn(&alice, &id, "hello", 4).await;
+    let all = turn(&alice, &id, "hello", 5).await;
     let turns = turns_of(&all);
-    assert_eq!(turns.len(), 4);
-    assert_eq!(turns[3].outcome.as_deref(), Some("replied"));
-    assert_eq!(turns[3].replies, ["hi from raw"]);
+    assert_eq!(turns.len(), 5);
+    assert_eq!(turns[4].outcome.as_deref(), Some("replied"));
+    assert_eq!(turns[4].replies, ["hi from raw"]);
 
     // An app nobody answers for: a clear failure, recorded.
     let id = create(&alice, "raw", "gone").await;
@@ -521,15 +533,45 @@ connect_timeout_ms = 500
     );
 }
 
+/// Writes a file whole (a temporary name, then a rename): a reload never sees half of it.
+fn put(dir: &Path, name: &str, text: &str) {
+    let tmp = dir.join(format!("{name}.tmp"));
+    std::fs::write(&tmp, text).unwrap();
+    std::fs::rename(tmp, dir.join(name)).unwrap();
+}
+
+/// Waits until the API's catalogue lists `app` (with `model`, if given).
+async fn listed(client: &Client, app: &str, model: Option<&str>) {
+    let deadline = Instant::now() + LONG;
+    loop {
+        let apps = client.get("/v1/apps").await.unwrap().into_ok().unwrap();
+        let found = apps["apps"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|a| a["id"] == app);
+        if let Some(found) = found {
+            if model.is_none_or(|m| found["agents"][0]["model"] == m) {
+                return;
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{app} never listed as wanted: {apps}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_changed_manifest_is_picked_up_by_a_running_worker_and_a_broken_one_refused() {
     let dir = tempfile::tempdir().unwrap();
-    let manifest = |script: &str| {
-        format!("app = \"hot\"\n[agents.a]\nprovider = \"script\"\nscript = \"{script}\"\n")
+    let manifest = |n: u32| {
+        format!("app = \"hot\"\n[agents.a]\nprovider = \"script\"\nmodel = \"v{n}\"\nscript = \"v{n}.script.toml\"\n")
     };
     let script = |text: &str| format!("[[turn]]\n[[turn.step]]\ntext = \"{text} {{last_user}}\"\n");
-    std::fs::write(dir.path().join("hot.toml"), manifest("v1.script.toml")).unwrap();
-    std::fs::write(dir.path().join("v1.script.toml"), script("one:")).unwrap();
+    put(dir.path(), "v1.script.toml", &script("one:"));
+    put(dir.path(), "hot.toml", &manifest(1));
     let mut server = Server::start_with_env(
         &binary(),
         Some(dir.path()),
@@ -543,22 +585,38 @@ async fn a_changed_manifest_is_picked_up_by_a_running_worker_and_a_broken_one_re
     let all = turn(&alice, &id, "a", 1).await;
     assert_eq!(turns_of(&all)[0].replies, ["one: a"]);
 
-    // A new script, named by the changed manifest: picked up without a restart.
-    std::fs::write(dir.path().join("v2.script.toml"), script("two:")).unwrap();
-    std::fs::write(dir.path().join("hot.toml"), manifest("v2.script.toml")).unwrap();
-    server
-        .process
-        .wait_for_line("reloaded the apps folders", LONG)
+    // An app the API does not know yet is refused...
+    let unknown = alice
+        .post("/v1/conversations", &json!({"app": "fresh", "agent": "a"}))
+        .await
         .unwrap();
+    assert_eq!(unknown.status, 404, "{:?}", unknown.body);
+    // ... until its manifest appears: the API's catalogue and the worker follow the folder.
+    put(
+        dir.path(),
+        "fresh.toml",
+        "app = \"fresh\"\n[agents.a]\nprovider = \"echo\"\n",
+    );
+    listed(&alice, "fresh", None).await;
+    let fresh = create(&alice, "fresh", "a").await;
+    let outcome = turns_of(&turn(&alice, &fresh, "hi", 1).await)[0]
+        .outcome
+        .clone();
+    assert_eq!(outcome.as_deref(), Some("replied"));
+
+    // A changed manifest naming a new script: the next turn runs on it, without a restart.
+    put(dir.path(), "v2.script.toml", &script("two:"));
+    put(dir.path(), "hot.toml", &manifest(2));
+    listed(&alice, "hot", Some("v2")).await;
     let all = turn(&alice, &id, "b", 2).await;
     assert_eq!(turns_of(&all)[1].replies, ["two: b"]);
 
     // A broken manifest: refused, with the reason; the running one keeps serving.
-    std::fs::write(
-        dir.path().join("hot.toml"),
+    put(
+        dir.path(),
+        "hot.toml",
         "app = \"hot\"\n[agents.a]\nprovider = \"nope\"\n",
-    )
-    .unwrap();
+    );
     let refused = server
         .process
         .wait_for_line("kept the running apps", LONG)
@@ -566,4 +624,5 @@ async fn a_changed_manifest_is_picked_up_by_a_running_worker_and_a_broken_one_re
     assert!(refused.contains("unknown provider"), "{refused}");
     let all = turn(&alice, &id, "c", 3).await;
     assert_eq!(turns_of(&all)[2].replies, ["two: c"]);
+    listed(&alice, "hot", Some("v2")).await;
 }

@@ -22,7 +22,7 @@ pub const MAX_INSTRUCTIONS_BYTES: usize = 16 * 1024;
     responses((status = 200, body = AppList)))]
 pub async fn list_apps(State(edge): State<Edge>, _caller: Caller) -> Json<AppList> {
     Json(AppList {
-        apps: edge.inner.catalog.clone(),
+        apps: crate::catalog(&edge.inner.apps),
     })
 }
 
@@ -316,7 +316,7 @@ fn view_of(entry: DirectoryEntry, head: &Head, closed_ms: Option<u64>) -> Conver
 impl Edge {
     /// Refuses an app or agent this deployment does not host (`422`).
     pub(crate) fn check_agent(&self, app: &AppId, agent: &AgentId) -> ApiResult<()> {
-        let catalog = &self.inner.catalog;
+        let catalog = crate::catalog(&self.inner.apps);
         let Some(found) = catalog.iter().find(|a| a.id == app.as_str()) else {
             return Err(ApiError::not_found(format!(
                 "app {app:?} is not hosted here (hosted: {})",

@@ -84,8 +84,9 @@ pub struct EdgeParts {
     /// Signs the opening batch of conversations created here.
     pub signer: RecordSigner,
     pub auth: Authenticator,
-    /// The apps and agents this deployment hosts (conversations may only use these).
-    pub catalog: Vec<model::AppView>,
+    /// The apps and agents this deployment hosts (conversations may only use these), read
+    /// at each request: a reload of the apps folders shows at once.
+    pub apps: std::sync::Arc<turnpike_worker::Apps>,
     /// The hybrid index `/v1/search` asks (none: search answers 503).
     pub search: Option<turnpike_index::Index>,
     pub limits: Limits,
@@ -110,7 +111,7 @@ struct Inner {
     trusted: TrustedKeys,
     signer: RecordSigner,
     auth: Authenticator,
-    catalog: Vec<model::AppView>,
+    apps: std::sync::Arc<turnpike_worker::Apps>,
     search: Option<turnpike_index::Index>,
     limits: Limits,
     rates: limits::RateLimits,
@@ -139,7 +140,7 @@ impl Edge {
             trusted: parts.trusted,
             signer: parts.signer,
             auth: parts.auth,
-            catalog: parts.catalog,
+            apps: parts.apps,
             search: parts.search,
             limits: parts.limits,
             link_key: parts.link_key,

@@ -40,6 +40,9 @@ pub struct Exchange {
     /// How many of the turn's blocks it had when the exchange started (its inputs, what the
     /// turn applied first: approvals, a summary, what was recalled).
     pub lead: usize,
+    /// The turn's limits as the app was sent them (a replay keeps to them).
+    #[serde(default)]
+    pub limits: Value,
     pub steps: Vec<ExchangeStep>,
 }
 

@@ -104,7 +104,7 @@ pub fn build(
     global: &Global,
     env: &Env,
     bus: Arc<dyn Bus>,
-    apps: &Apps,
+    apps: &Arc<Apps>,
     index: Option<turnpike_index::Index>,
     args: &EdgeArgs,
     embedded: bool,
@@ -117,7 +117,7 @@ pub fn build(
         trusted: env.trusted.clone(),
         signer: env.signer.clone(),
         auth: authenticator(global, args, embedded)?,
-        catalog: turnpike_edge::catalog(apps),
+        apps: apps.clone(),
         search: index,
         limits: Limits {
             rate_per_second: args.rate_per_second,

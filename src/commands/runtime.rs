@@ -365,11 +365,17 @@ pub async fn router(global: &Global, args: RouterArgs) -> Result<ExitCode> {
         None
     };
     let edge = crate::commands::edge::build(global, &env, bus, &apps, search, &args.edge, false)?;
+    // The catalogue a router checks conversations against follows its apps folders.
+    let watch =
+        (args.apps_poll_ms > 0).then(|| apps.watch(Duration::from_millis(args.apps_poll_ms)));
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let server = start_edge(edge, args.edge.listen, stop_rx).await?;
     eprintln!("router ready: {} lane streams", global.shards);
     shutdown_signal().await;
     let _ = stop_tx.send(true);
     let _ = tokio::time::timeout(Duration::from_secs(5), server).await;
+    if let Some(watch) = watch {
+        watch.abort();
+    }
     Ok(ExitCode::SUCCESS)
 }

@@ -481,7 +481,7 @@ pub async fn run_live(turn: &TurnContext<'_>) -> Result<TurnOutcome> {
                 &settings,
                 history,
                 &mut blocks,
-                spec.provider.as_ref(),
+                &spec,
                 &tools,
                 &mut inbox,
                 &mut cx,

@@ -386,6 +386,17 @@ pub async fn replay(logs: &[TurnLog], what_if: Option<&WhatIf>) -> Vec<TurnRepla
                     Err("a remote app's turn has no model outputs to change: change a tool result instead".to_owned()),
                     Vec::new(),
                 ),
+                Some(WhatIf::ToolResult { turn, call_id, .. })
+                    if *turn == log.turn
+                        && log.blocks[..exchange.lead.min(log.blocks.len())].iter().any(
+                            |b| matches!(b, Block::ToolResult { call_id: c, .. } if c == call_id),
+                        ) =>
+                {
+                    (
+                        Err(format!("{call_id}'s result reached the app with the turn's inputs: what the app does with another is unknown to a replay")),
+                        Vec::new(),
+                    )
+                }
                 _ => crate::remote::replay_turn(log, exchange, &tools).await,
             };
             out.push(finish(log, outcome, blocks, &mut history, &out));

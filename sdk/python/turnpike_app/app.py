@@ -110,8 +110,9 @@ class Context:
         return [b for b in self.inputs if b.get("kind") == "file"]
 
     def _next_id(self, prefix: str) -> str:
+        # Unique across turns and attempts: a retried turn's calls are new calls.
         self._ids += 1
-        return f"{prefix}{self._ids}"
+        return f"{self.turn}-{self.attempt[:8]}-{prefix}{self._ids}"
 
     async def say(self, text: str) -> None:
         """Streams text to the user; consecutive calls make one reply."""
@@ -219,6 +220,8 @@ class App:
             secret = os.environ.get(secret_env)
             if secret is None:
                 raise RuntimeError(f"the secret variable {secret_env} is not set")
+        if secret is not None and not secret:
+            raise RuntimeError("the secret is empty: set one, or pass none to accept any caller")
         self.secret = secret
         self.keepalive_seconds = keepalive_seconds
         self._handler: Optional[Handler] = None
@@ -256,14 +259,23 @@ class App:
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             while True:
-                request = await http.read_request(reader)
+                request = await http.read_head(reader)
                 if request is None:
                     return
+                # Nobody's body is read before they are known.
+                health = request.method == "GET" and request.path.split("?", 1)[0] == "/healthz"
+                if not health and not self._authorized(request):
+                    await http.respond(writer, 401, {"error": "unauthorized"}, close=True)
+                    return
+                await http.read_body(reader, request)
                 if not await self._route(request, reader, writer):
                     return
         except http.BadRequest as e:
-            await http.respond(writer, 400, {"error": str(e)}, close=True)
-        except (ConnectionError, asyncio.IncompleteReadError):
+            try:
+                await http.respond(writer, 400, {"error": str(e)}, close=True)
+            except ConnectionError:
+                pass
+        except (ConnectionError, asyncio.IncompleteReadError, asyncio.TimeoutError):
             pass
         finally:
             writer.close()
@@ -277,13 +289,13 @@ class App:
         if request.method != "POST":
             await http.respond(writer, 405, {"error": "method not allowed"})
             return True
-        if not self._authorized(request):
-            await http.respond(writer, 401, {"error": "unauthorized"})
-            return True
         try:
             body = json.loads(request.body or b"{}")
         except ValueError as e:
             await http.respond(writer, 400, {"error": f"not JSON: {e}"})
+            return True
+        if not isinstance(body, dict):
+            await http.respond(writer, 400, {"error": "the body must be a JSON object"})
             return True
         if path == "/v1/turns":
             await self._turn(body, reader, writer)
@@ -332,14 +344,20 @@ class App:
         self._by_key[ctx.idempotency_key] = ctx.exchange
 
         async def keepalive() -> None:
-            while True:
-                await asyncio.sleep(self.keepalive_seconds)
-                await emit({"type": "keepalive"})
+            try:
+                while True:
+                    await asyncio.sleep(self.keepalive_seconds)
+                    await emit({"type": "keepalive"})
+            finally:
+                task.cancel()
 
         async def hangup() -> None:
-            # The worker sends nothing more on this connection: its end is the end of the turn.
-            await reader.read()
-            task.cancel()
+            # The worker sends nothing more on this connection: its end (or reset) is the end
+            # of the turn.
+            try:
+                await reader.read()
+            finally:
+                task.cancel()
 
         beat = asyncio.ensure_future(keepalive())
         watcher = asyncio.ensure_future(hangup())
@@ -358,9 +376,12 @@ class App:
                 pass
 
     async def _run(self, ctx: Context, emit) -> None:
+        deadline = ctx.limits.get("deadline_ms")
         try:
-            await self._handler(ctx)
+            await asyncio.wait_for(self._handler(ctx), deadline / 1000 if deadline else None)
             await emit({"type": "done"})
+        except asyncio.TimeoutError:
+            log.warning("exchange %s ran past the turn's deadline", ctx.exchange)
         except Parked as e:
             log.info("exchange %s parked: %s", ctx.exchange, e.reason)
         except Refused as e:

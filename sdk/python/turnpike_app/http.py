@@ -26,10 +26,20 @@ class Request:
     body: bytes
 
 
-async def read_request(reader: asyncio.StreamReader) -> Optional[Request]:
-    """The next request on the connection, or `None` at its end."""
+#: The longest a connection may sit idle before its next request (a pooled connection of the
+#: worker is reused within this).
+IDLE_SECONDS = 120.0
+#: The longest a request's headers and body may take to arrive once started.
+READ_SECONDS = 30.0
+
+
+async def read_head(reader: asyncio.StreamReader) -> Optional[Request]:
+    """The next request's line and headers (its body not read), or `None` at the
+    connection's end or after it sat idle too long."""
     try:
-        head = await reader.readuntil(b"\r\n\r\n")
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), IDLE_SECONDS)
+    except asyncio.TimeoutError:
+        return None
     except asyncio.IncompleteReadError as e:
         if e.partial.strip():
             raise BadRequest("the request ended inside its headers")
@@ -42,43 +52,60 @@ async def read_request(reader: asyncio.StreamReader) -> Optional[Request]:
     try:
         method, path, _version = lines[0].split(" ", 2)
     except ValueError:
-        raise BadRequest(f"not a request line: {lines[0]!r}")
+        raise BadRequest(f"not a request line: {lines[0][:80]!r}")
     headers: Dict[str, str] = {}
     for line in lines[1:]:
         if not line:
             continue
         name, sep, value = line.partition(":")
         if not sep:
-            raise BadRequest(f"not a header: {line!r}")
-        headers[name.strip().lower()] = value.strip()
-    if headers.get("transfer-encoding", "").lower() == "chunked":
-        body = await _read_chunked(reader)
-    else:
-        try:
-            length = int(headers.get("content-length", "0"))
-        except ValueError:
-            raise BadRequest("a bad Content-Length")
-        if length < 0 or length > MAX_BODY_BYTES:
-            raise BadRequest("the body is too large")
-        body = await reader.readexactly(length)
-    return Request(method, path, headers, body)
+            raise BadRequest(f"not a header: {line[:80]!r}")
+        name = name.strip().lower()
+        if name in headers and name in ("content-length", "transfer-encoding"):
+            raise BadRequest(f"{name} given twice")
+        headers[name] = value.strip()
+    return Request(method, path, headers, b"")
 
 
-async def _read_chunked(reader: asyncio.StreamReader) -> bytes:
+async def read_body(reader: asyncio.StreamReader, request: Request, limit: int = MAX_BODY_BYTES) -> None:
+    """Reads the request's body (at most `limit` bytes) into it."""
+    encoding = request.headers.get("transfer-encoding")
+    if encoding is not None:
+        if encoding.lower() != "chunked":
+            raise BadRequest(f"transfer-encoding {encoding!r} is not supported")
+        if "content-length" in request.headers:
+            raise BadRequest("both content-length and transfer-encoding")
+        request.body = await asyncio.wait_for(_read_chunked(reader, limit), READ_SECONDS)
+        return
+    raw = request.headers.get("content-length", "0")
+    if not raw.isdigit():
+        raise BadRequest("a bad Content-Length")
+    length = int(raw)
+    if length > limit:
+        raise BadRequest("the body is too large")
+    request.body = await asyncio.wait_for(reader.readexactly(length), READ_SECONDS)
+
+
+async def _read_chunked(reader: asyncio.StreamReader, limit: int) -> bytes:
     body = bytearray()
-    while True:
-        size_line = await reader.readuntil(b"\r\n")
-        try:
-            size = int(size_line.split(b";")[0].strip(), 16)
-        except ValueError:
-            raise BadRequest("a bad chunk size")
-        if size == 0:
-            await reader.readuntil(b"\r\n")
-            return bytes(body)
-        if len(body) + size > MAX_BODY_BYTES:
-            raise BadRequest("the body is too large")
-        body += await reader.readexactly(size)
-        await reader.readexactly(2)
+    try:
+        while True:
+            size_line = (await reader.readuntil(b"\r\n"))[:-2].split(b";")[0].strip()
+            if not size_line or any(c not in b"0123456789abcdefABCDEF" for c in size_line):
+                raise BadRequest("a bad chunk size")
+            size = int(size_line, 16)
+            if size == 0:
+                # Trailers, if any, up to the empty line.
+                while await reader.readuntil(b"\r\n") != b"\r\n":
+                    pass
+                return bytes(body)
+            if len(body) + size > limit:
+                raise BadRequest("the body is too large")
+            body += await reader.readexactly(size)
+            if await reader.readexactly(2) != b"\r\n":
+                raise BadRequest("a chunk without its CRLF")
+    except asyncio.LimitOverrunError:
+        raise BadRequest("a chunk line is too long")
 
 
 async def respond(writer: asyncio.StreamWriter, status: int, body: Any, close: bool = False) -> None:

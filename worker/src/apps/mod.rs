@@ -374,7 +374,8 @@ fn fingerprint(dirs: &[PathBuf]) -> u64 {
                 .flatten()
                 .filter_map(|e| e.ok())
                 .filter_map(|e| {
-                    let meta = e.metadata().ok()?;
+                    // Through symlinks: a linked manifest changes when its target does.
+                    let meta = std::fs::metadata(e.path()).ok()?;
                     Some((e.path(), meta.len(), meta.modified().ok()))
                 })
                 .collect();

@@ -177,6 +177,16 @@ impl CallContext {
         }
     }
 
+    /// A context streaming to the same place, with its own view of the arrivals and its own
+    /// usage.
+    pub fn fork(&self) -> Self {
+        Self {
+            deltas: self.deltas.clone(),
+            arrivals: self.arrivals.clone(),
+            usage: None,
+        }
+    }
+
     /// Adds a call's reported usage to the turn's.
     pub fn add_usage(&mut self, usage: Option<Usage>) {
         if let Some(u) = usage {

@@ -55,11 +55,18 @@ pub trait Exchange: Send {
     async fn start(&mut self, context: &Value) -> Result<()>;
     /// The next step: a line from the app, events on the lane, or a stop (cancel-safe).
     async fn next(&mut self, inbox: &mut dyn Inbox, cx: &mut CallContext) -> Result<Step>;
-    /// Resolves once a stop is waiting, with the stop's committed blocks (cancel-safe; may
-    /// never resolve).
-    async fn stopped(&mut self, inbox: &mut dyn Inbox) -> Result<Vec<Block>>;
+    /// Resolves once a stop is waiting (cancel-safe, writes nothing: it is raced against
+    /// tools and model calls; may never resolve).
+    async fn stop_signal(&mut self, inbox: &mut dyn Inbox);
+    /// The stop's blocks, committed (after [`Self::stop_signal`] resolved).
+    async fn stop_blocks(&mut self, inbox: &mut dyn Inbox) -> Result<Vec<Block>>;
     /// Sends the app a message.
     async fn send(&mut self, message: &ToApp) -> Result<()>;
+    /// Sends the app the exchange's last message (a stop, a park, a refusal): it may take
+    /// less time than the app's read timeout.
+    async fn send_final(&mut self, message: &ToApp) -> Result<()> {
+        self.send(message).await
+    }
 }
 
 /// One turn's run: what the driver needs besides the exchange.
@@ -70,6 +77,8 @@ pub struct Run<'r> {
     /// the base of the app's `model` actions.
     pub base: ModelRequest,
     pub limits: Limits,
+    /// The most tokens one model reply may take (an app asking for more gets this).
+    pub max_reply_tokens: Option<u32>,
     pub model: &'r dyn ModelProvider,
     pub tools: &'r dyn ToolRunner,
 }
@@ -93,12 +102,11 @@ pub async fn drive(
     trace: &mut Trace,
 ) -> Result<TurnOutcome> {
     let arrived = inbox.arrivals().await?;
-    let stopped = arrived.iter().any(|b| matches!(b, Block::Stop { .. }));
     blocks.extend(arrived);
-    if stopped || blocks.iter().any(|b| matches!(b, Block::Stop { .. })) {
+    trace.lead = blocks.len();
+    if blocks.iter().any(|b| matches!(b, Block::Stop { .. })) {
         return Ok(TurnOutcome::Cancelled);
     }
-    trace.lead = blocks.len();
     let mut context = run.context.clone();
     context.insert("inputs".into(), json!(blocks));
     exchange.start(&Value::Object(context)).await?;
@@ -111,6 +119,7 @@ pub async fn drive(
         ids: HashSet::new(),
         actions: 0,
         rounds: 0,
+        model_calls: 0,
     };
     let result = d.steps(inbox, cx).await;
     d.flush();
@@ -127,6 +136,7 @@ struct Driver<'d, 'r> {
     ids: HashSet<String>,
     actions: u32,
     rounds: u32,
+    model_calls: u32,
 }
 
 impl Driver<'_, '_> {
@@ -141,11 +151,11 @@ impl Driver<'_, '_> {
                 Err(e) => return Err(e),
             };
             match step {
-                Step::Stopped(arrived) => return self.cancel(arrived).await,
+                Step::Stopped(arrived) => return self.cancelled(arrived).await,
                 Step::Arrived(arrived)
                     if arrived.iter().any(|b| matches!(b, Block::Stop { .. })) =>
                 {
-                    return self.cancel(arrived).await
+                    return self.cancelled(arrived).await
                 }
                 Step::Arrived(arrived) if arrived.is_empty() => {}
                 Step::Arrived(arrived) => {
@@ -219,6 +229,16 @@ impl Driver<'_, '_> {
                 temperature,
                 max_tokens,
             } => {
+                // As the built-in loop: a model call per round, and a closing one.
+                self.model_calls += 1;
+                let max = self.run.limits.max_rounds.saturating_add(1);
+                if self.model_calls > max {
+                    return self
+                        .refuse(format!(
+                            "the app asked the model more than {max} times in one turn"
+                        ))
+                        .await;
+                }
                 let mut request = self.run.base.clone();
                 match asked {
                     Some(asked) => {
@@ -234,17 +254,19 @@ impl Driver<'_, '_> {
                     request.tools = Vec::new();
                 }
                 request.temperature = temperature.or(request.temperature);
-                request.max_tokens = max_tokens.or(request.max_tokens);
-                let reply = {
-                    let mut quiet = cx.quiet();
-                    let call_cx = if say { &mut *cx } else { &mut quiet };
-                    tokio::select! {
-                        biased;
-                        arrived = self.exchange.stopped(inbox) => {
-                            return self.cancel(arrived?).await.map(Some);
-                        }
-                        reply = self.run.model.complete(&request, call_cx) => reply,
+                request.max_tokens = match (max_tokens, self.run.max_reply_tokens) {
+                    (Some(asked), Some(cap)) => Some(asked.min(cap)),
+                    (asked, cap) => asked.or(cap),
+                };
+                // The call sees the turn's arrivals on its own receiver: a model that waits
+                // for input cannot take a wake meant for the exchange.
+                let mut call_cx = if say { cx.fork() } else { cx.quiet() };
+                let reply = tokio::select! {
+                    biased;
+                    _ = self.exchange.stop_signal(inbox) => {
+                        return self.cancel(inbox).await.map(Some);
                     }
+                    reply = self.run.model.complete(&request, &mut call_cx) => reply,
                 };
                 let reply = reply?;
                 cx.add_usage(reply.usage);
@@ -311,13 +333,13 @@ impl Driver<'_, '_> {
         });
         let (ok, out) = tokio::select! {
             biased;
-            arrived = self.exchange.stopped(inbox) => {
+            _ = self.exchange.stop_signal(inbox) => {
                 self.blocks.push(Block::ToolResult {
                     call_id: call.id.clone(),
                     ok: false,
                     output: json!({ "error": CANCELLED_RESULT }),
                 });
-                return self.cancel(arrived?).await.map(Some);
+                return self.cancel(inbox).await.map(Some);
             }
             result = self.run.tools.run(&call) => result,
         };
@@ -358,7 +380,13 @@ impl Driver<'_, '_> {
         self.said.clear();
     }
 
-    async fn cancel(&mut self, arrived: Vec<Block>) -> Result<TurnOutcome> {
+    /// A stop was signalled while something ran: its blocks are committed now.
+    async fn cancel(&mut self, inbox: &mut dyn Inbox) -> Result<TurnOutcome> {
+        let arrived = self.exchange.stop_blocks(inbox).await?;
+        self.cancelled(arrived).await
+    }
+
+    async fn cancelled(&mut self, arrived: Vec<Block>) -> Result<TurnOutcome> {
         self.flush();
         self.trace.steps.push(ExchangeStep::Stopped {
             blocks: arrived.clone(),
@@ -386,7 +414,10 @@ impl Driver<'_, '_> {
 
     /// Sends the exchange's last message: the turn ends whether or not the app hears it.
     async fn send_last(&mut self, message: ToApp) {
-        if let Err(e) = self.send(message).await {
+        self.trace.steps.push(ExchangeStep::Sent {
+            message: serde_json::to_value(&message).unwrap_or(Value::Null),
+        });
+        if let Err(e) = self.exchange.send_final(&message).await {
             tracing::debug!(error = %e, "the app did not take the exchange's last message");
         }
     }

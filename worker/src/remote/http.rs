@@ -15,7 +15,7 @@ use std::pin::Pin;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use futures::{Stream, StreamExt as _};
 use serde_json::Value;
 use tokio::time::Instant;
@@ -40,9 +40,14 @@ pub struct HttpExchange {
     limits: Limits,
     deadline: Instant,
     stream: Option<ByteStream>,
-    buf: Vec<u8>,
+    /// Bytes read and not yet taken as lines; `scanned` of them hold no newline.
+    buf: BytesMut,
+    scanned: usize,
     read: u64,
 }
+
+/// The longest the exchange's last message (a stop, a park, a refusal) may take.
+const FINAL_SEND: Duration = Duration::from_secs(5);
 
 impl HttpExchange {
     /// An exchange `id` (unique per attempt) under the idempotency `key` (the same for every
@@ -66,7 +71,8 @@ impl HttpExchange {
             limits,
             deadline: Instant::now() + Duration::from_millis(limits.deadline_ms),
             stream: None,
-            buf: Vec::new(),
+            buf: BytesMut::new(),
+            scanned: 0,
             read: 0,
         })
     }
@@ -134,6 +140,14 @@ impl HttpExchange {
         Err(Error::app(format!("the app answered {status}: {shown}")))
     }
 
+    async fn post_message(&mut self, message: &ToApp, until: Instant) -> Result<()> {
+        let path = format!("/v1/turns/{}/messages", self.id);
+        let request = self.post(&path).json(message);
+        let (timed_out, base) = (self.timed_out(until), self.base.clone());
+        Self::answered(request, until, timed_out, &base).await?;
+        Ok(())
+    }
+
     fn too_long(&self) -> Error {
         Error::app(format!(
             "the app sent an action longer than {} bytes",
@@ -141,23 +155,31 @@ impl HttpExchange {
         ))
     }
 
-    /// The next complete line of the stream, or `None` at its end.
+    /// The next complete line of the stream, or `None` at its end. Each byte is scanned for
+    /// a newline once, and taking a line moves nothing: a stream of tiny chunks or empty lines
+    /// costs time in proportion to its length, which `max_bytes` bounds.
     async fn line(&mut self) -> Result<Option<Vec<u8>>> {
         loop {
-            if let Some(at) = self.buf.iter().position(|b| *b == b'\n') {
-                if at as u64 > self.limits.max_line_bytes {
+            if Instant::now() >= self.deadline {
+                return Err(self.timed_out(self.deadline));
+            }
+            if let Some(at) = self.buf[self.scanned..].iter().position(|b| *b == b'\n') {
+                let end = self.scanned + at;
+                self.scanned = 0;
+                if end as u64 > self.limits.max_line_bytes {
                     return Err(self.too_long());
                 }
-                let mut line: Vec<u8> = self.buf.drain(..=at).collect();
-                line.pop();
+                let mut line = self.buf.split_to(end + 1);
+                line.truncate(end);
                 if line.last() == Some(&b'\r') {
-                    line.pop();
+                    line.truncate(end - 1);
                 }
                 if line.iter().all(u8::is_ascii_whitespace) {
                     continue;
                 }
-                return Ok(Some(line));
+                return Ok(Some(line.to_vec()));
             }
+            self.scanned = self.buf.len();
             if self.buf.len() as u64 > self.limits.max_line_bytes {
                 return Err(self.too_long());
             }
@@ -175,7 +197,7 @@ impl HttpExchange {
                         return Ok(None);
                     }
                     // A last line without its newline.
-                    self.buf.push(b'\n');
+                    self.buf.extend_from_slice(b"\n");
                 }
                 Some(Err(e)) => {
                     return Err(Error::app(format!(
@@ -226,7 +248,18 @@ impl Exchange for HttpExchange {
         tokio::select! {
             biased;
             _ = inbox.stop_requested() => Ok(Step::Stopped(inbox.arrivals().await?)),
-            _ = cx.next_arrival() => Ok(Step::Arrived(inbox.arrivals().await?)),
+            _ = cx.next_arrival() => {
+                // One read takes a page of the lane: take what waits, all of it.
+                let mut arrived = Vec::new();
+                loop {
+                    let page = inbox.arrivals().await?;
+                    if page.is_empty() {
+                        break;
+                    }
+                    arrived.extend(page);
+                }
+                Ok(Step::Arrived(arrived))
+            }
             line = self.line() => Ok(match line? {
                 Some(line) => Step::Line(line),
                 None => Step::Closed,
@@ -234,19 +267,21 @@ impl Exchange for HttpExchange {
         }
     }
 
-    async fn stopped(&mut self, inbox: &mut dyn Inbox) -> Result<Vec<Block>> {
-        inbox.stop_requested().await;
+    async fn stop_signal(&mut self, inbox: &mut dyn Inbox) {
+        inbox.stop_requested().await
+    }
+
+    async fn stop_blocks(&mut self, inbox: &mut dyn Inbox) -> Result<Vec<Block>> {
         inbox.arrivals().await
     }
 
     async fn send(&mut self, message: &ToApp) -> Result<()> {
-        let path = format!("/v1/turns/{}/messages", self.id);
-        let request = self.post(&path).json(message);
-        let (until, timed_out, base) = {
-            let until = self.silence_until();
-            (until, self.timed_out(until), self.base.clone())
-        };
-        Self::answered(request, until, timed_out, &base).await?;
-        Ok(())
+        let until = self.silence_until();
+        self.post_message(message, until).await
+    }
+
+    async fn send_final(&mut self, message: &ToApp) -> Result<()> {
+        let until = self.silence_until().min(Instant::now() + FINAL_SEND);
+        self.post_message(message, until).await
     }
 }

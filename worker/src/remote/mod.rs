@@ -124,8 +124,11 @@ impl RawRemote {
             self.connect_timeout_ms,
             5_000,
         )?);
+        // Redirects are not followed: the context (history, identity) goes to the URL the
+        // manifest names and nowhere else.
         let client = reqwest::Client::builder()
             .connect_timeout(connect_timeout)
+            .redirect(reqwest::redirect::Policy::none())
             .build()
             .map_err(|e| format!("url: cannot build an HTTP client: {e}"))?;
         Ok(RemoteSpec {
@@ -148,7 +151,7 @@ impl RawRemote {
 
 /// The idempotency key of a turn: the same for every attempt at it.
 pub fn idempotency_key(turn: &TurnContext<'_>) -> String {
-    format!("{}/{}", turn.conversation(), turn.turn())
+    format!("{}/{}/{}", turn.tenant(), turn.conversation(), turn.turn())
 }
 
 /// Runs a live turn of a remote app (after the turn's prelude: approvals applied, a summary,
@@ -160,7 +163,7 @@ pub async fn run_live(
     settings: &Settings,
     history: Vec<Message>,
     blocks: &mut Vec<Block>,
-    model: &dyn crate::model::ModelProvider,
+    spec: &crate::apps::AgentSpec,
     tools: &dyn ToolRunner,
     inbox: &mut dyn Inbox,
     cx: &mut CallContext,
@@ -202,19 +205,28 @@ pub async fn run_live(
     let Value::Object(context) = context else {
         unreachable!("a JSON object literal")
     };
-    let mut exchange = http::HttpExchange::new(remote, id, key.clone(), limits)?;
-    let mut trace = Trace::default();
-    let run = Run {
-        context,
-        base,
-        limits,
-        model,
-        tools,
+    let mut trace = Trace {
+        lead: blocks.len(),
+        ..Default::default()
     };
-    let result = drive(run, &mut exchange, blocks, inbox, cx, &mut trace).await;
+    let result = match http::HttpExchange::new(remote, id, key.clone(), limits) {
+        Ok(mut exchange) => {
+            let run = Run {
+                context,
+                base,
+                limits,
+                max_reply_tokens: Some(spec.max_tokens.unwrap_or(spec.reply_reserve)),
+                model: spec.provider.as_ref(),
+                tools,
+            };
+            drive(run, &mut exchange, blocks, inbox, cx, &mut trace).await
+        }
+        Err(e) => Err(e),
+    };
     turn.set_exchange(Exchange {
         key,
         lead: trace.lead,
+        limits: serde_json::to_value(limits).unwrap_or_default(),
         steps: trace.steps,
     });
     result
@@ -244,14 +256,16 @@ pub async fn replay_turn(
             tool_choice: ToolChoice::Auto,
             temperature: None,
         },
-        limits: Limits {
+        // The live turn's limits (a call past its rounds was answered, not run).
+        limits: serde_json::from_value(exchange.limits.clone()).unwrap_or(Limits {
             max_rounds: u32::MAX,
             max_actions: u32::MAX,
             max_bytes: u64::MAX,
             max_line_bytes: u64::MAX,
             read_timeout_ms: u64::MAX,
             deadline_ms: u64::MAX,
-        },
+        }),
+        max_reply_tokens: None,
         model: &model,
         tools,
     };

@@ -12,8 +12,9 @@ use crate::model::{Message, ToolCallRequest, Usage};
 /// The protocol version this worker speaks (sent as `Turnpike-Protocol` and in the context).
 pub const PROTOCOL_VERSION: u32 = 1;
 
-/// The longest id an app may give an action.
-pub const MAX_ID_BYTES: usize = 128;
+/// The longest id an app may give an action (ids are ASCII letters, digits, `_` and `-`, so
+/// that no two map to one stored name).
+pub const MAX_ID_BYTES: usize = 64;
 
 /// One action of an app, read from its stream. Unknown fields and unknown types are refused.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -67,9 +68,14 @@ impl Action {
             format!("malformed action {shown:?}: {e}")
         })?;
         if let Some(id) = action.id() {
-            if id.is_empty() || id.len() > MAX_ID_BYTES || id.chars().any(char::is_control) {
+            let valid = !id.is_empty()
+                && id.len() <= MAX_ID_BYTES
+                && id
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+            if !valid {
                 return Err(format!(
-                    "an action id must be 1–{MAX_ID_BYTES} bytes without control characters, not {id:?}"
+                    "an action id must be 1–{MAX_ID_BYTES} ASCII letters, digits, `_` or `-`, not {id:?}"
                 ));
             }
         }
@@ -192,6 +198,7 @@ mod tests {
                 "missing field `id`",
             ),
             (r#"{"type":"tool","id":"","name":"x"}"#, "action id"),
+            (r#"{"type":"tool","id":"a.b","name":"x"}"#, "action id"),
             (
                 r#"{"type":"model","id":"m","temperature":9}"#,
                 "temperature",

@@ -61,13 +61,23 @@ impl Exchange for RecordedExchange {
         Ok(step)
     }
 
-    async fn stopped(&mut self, _inbox: &mut dyn Inbox) -> Result<Vec<Block>> {
-        if let Some(ExchangeStep::Stopped { blocks }) = self.steps.get(self.at) {
-            let blocks = blocks.clone();
-            self.at += 1;
-            return Ok(blocks);
+    async fn stop_signal(&mut self, _inbox: &mut dyn Inbox) {
+        if !matches!(self.steps.get(self.at), Some(ExchangeStep::Stopped { .. })) {
+            std::future::pending::<()>().await
         }
-        std::future::pending().await
+    }
+
+    async fn stop_blocks(&mut self, _inbox: &mut dyn Inbox) -> Result<Vec<Block>> {
+        match self.steps.get(self.at) {
+            Some(ExchangeStep::Stopped { blocks }) => {
+                let blocks = blocks.clone();
+                self.at += 1;
+                Ok(blocks)
+            }
+            _ => Err(Self::diverged(
+                "the replay stops where the record did not".into(),
+            )),
+        }
     }
 
     async fn send(&mut self, message: &ToApp) -> Result<()> {
