@@ -599,6 +599,88 @@ async fn forget_and_bad_input(f: Fixture) {
     assert!(bob.hits.is_empty());
 }
 
+async fn memory_lists_and_forgets_only_the_callers_rows(f: Fixture) {
+    let f = loaded(f).await;
+    let backend = f.index.backend();
+    let alice = f.scope("alice");
+    let all = backend
+        .list(&alice, &Filters::default(), 0, 100)
+        .await
+        .unwrap();
+    assert_eq!(all.len(), 10);
+    // Newest first, then by id; pages follow on.
+    assert!(all
+        .windows(2)
+        .all(|w| (w[1].at_ms, &w[0].id) <= (w[0].at_ms, &w[1].id)));
+    let page = backend
+        .list(&alice, &Filters::default(), 3, 4)
+        .await
+        .unwrap();
+    assert_eq!(page, all[3..7]);
+    let in_c1 = Filters {
+        conversation: Some(conv("c1")),
+        ..Default::default()
+    };
+    let c1 = backend.list(&alice, &in_c1, 0, 100).await.unwrap();
+    assert!(!c1.is_empty() && c1.iter().all(|r| r.conversation == conv("c1")));
+
+    // Bob's rows by id, asked for as alice: nothing happens to them.
+    let bobs: Vec<RowId> = backend
+        .list(&f.scope("bob"), &Filters::default(), 0, 100)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| r.id)
+        .collect();
+    assert_eq!(bobs.len(), 2);
+    let none = backend
+        .delete(&alice, &Filters::default(), Some(&bobs))
+        .await
+        .unwrap();
+    assert_eq!(none, 0);
+    assert_eq!(backend.count(&f.scope("bob")).await.unwrap(), 2);
+
+    // One row by id: gone from listing and from both retrievers.
+    let first = all[0].clone();
+    let gone = backend
+        .delete(
+            &alice,
+            &Filters::default(),
+            Some(std::slice::from_ref(&first.id)),
+        )
+        .await
+        .unwrap();
+    assert_eq!(gone, 1);
+    let after = backend
+        .list(&alice, &Filters::default(), 0, 100)
+        .await
+        .unwrap();
+    assert_eq!(after.len(), 9);
+    assert!(after.iter().all(|r| r.id != first.id));
+    for mode in [Mode::Lexical, Mode::Vector, Mode::Hybrid] {
+        let mut r = request("order status part XJ-9000 blue cardigan", mode);
+        r.limit = 50;
+        let page = f.index.search(&alice, &r).await.unwrap();
+        assert!(page.hits.iter().all(|h| h.info.id != first.id), "{mode:?}");
+    }
+    // A whole conversation.
+    let gone = backend.delete(&alice, &in_c1, None).await.unwrap();
+    assert_eq!(
+        gone as usize,
+        c1.iter().filter(|r| r.id != first.id).count()
+    );
+    assert!(backend
+        .list(&alice, &in_c1, 0, 100)
+        .await
+        .unwrap()
+        .is_empty());
+    assert_eq!(
+        backend.count(&f.scope("bob")).await.unwrap(),
+        2,
+        "others keep theirs"
+    );
+}
+
 macro_rules! suite {
     ($($case:ident),* $(,)?) => {
         mod embedded_backend {
@@ -622,4 +704,5 @@ suite!(
     idempotent_reindexing,
     isolation,
     forget_and_bad_input,
+    memory_lists_and_forgets_only_the_callers_rows,
 );

@@ -828,6 +828,7 @@ macro_rules! record_suite {
                     outcome: turnpike_schemas::entry::TurnOutcome::Replied,
                     usage: None,
                     exchange: None,
+                    unindexed: false,
                     blocks: vec![
                         Block::UserMessage { text: "q".into() },
                         Block::AssistantMessage { text: "a".into() },

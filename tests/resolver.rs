@@ -56,6 +56,7 @@ async fn setup(store: Arc<dyn ObjectStore>) -> (Resolver, ConversationId) {
             outcome: turnpike_schemas::entry::TurnOutcome::Replied,
             usage: None,
             exchange: None,
+            unindexed: false,
             blocks: vec![Block::UserMessage {
                 text: "secret question".into(),
             }],

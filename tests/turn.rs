@@ -532,6 +532,7 @@ async fn build_conversation(
                 outcome: TurnOutcome::Replied,
                 usage: None,
                 exchange: None,
+                unindexed: false,
                 blocks,
             },
         )

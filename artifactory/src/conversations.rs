@@ -73,6 +73,11 @@ impl Conversations {
         &self.directory
     }
 
+    /// What owners asked the index to forget, in the same store.
+    pub fn forgotten(&self) -> crate::Forgotten {
+        crate::Forgotten::new(self.store.clone())
+    }
+
     /// The turn logs in the same store.
     pub fn turn_logs(&self) -> TurnLogs {
         TurnLogs::new(self.store.clone())

@@ -10,6 +10,8 @@
 //!     wrote (log.json, context.json, files/…), create-only; promoted to turns/turn_{n}/… once
 //!     the record's turn_complete names that attempt
 //! tenants/{tenant}/conversations/{conv}/attachments/turn_{n}/{id}/{name}
+//! tenants/{tenant}/conversations/{conv}/forgotten/rows/{hash}     index rows the owner forgot
+//! tenants/{tenant}/conversations/{conv}/forgotten/through/{turn:020}
 //! directory/conversations/{conv}.json
 //! ```
 
@@ -174,6 +176,26 @@ impl ConversationPrefix {
     /// The folder of the conversation's git lineage (`…/git/objects/…`, `…/git/refs/…`).
     pub fn git_dir(&self) -> String {
         self.base()
+    }
+
+    /// What the owner asked the index to forget of this conversation: `forgotten/rows/{hash
+    /// of a row id}` and `forgotten/through/{turn:020}` (every row up to that turn).
+    pub fn forgotten_dir(&self) -> Path {
+        Path::from(format!("{}/forgotten", self.base()))
+    }
+
+    /// The marker that forgets one row (named by a hash of its id: ids are references).
+    pub fn forgotten_row(&self, row_hash: &str) -> Path {
+        Path::from(format!("{}/forgotten/rows/{row_hash}", self.base()))
+    }
+
+    /// The marker that forgets every row up to `turn`.
+    pub fn forgotten_through(&self, turn: TurnId) -> Path {
+        Path::from(format!(
+            "{}/forgotten/through/{:020}",
+            self.base(),
+            turn.number()
+        ))
     }
 
     /// A file the user attached before `turn`: `attachments/turn_{n}/{path}`.

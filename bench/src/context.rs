@@ -145,6 +145,7 @@ async fn build(
                 blocks,
                 usage: None,
                 exchange: None,
+                unindexed: false,
             },
         )
         .await?;

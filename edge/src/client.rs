@@ -124,6 +124,10 @@ impl Client {
         self.send(Method::POST, path, Some(body), None).await
     }
 
+    pub async fn delete(&self, path: &str) -> Result<Reply, String> {
+        self.send(Method::DELETE, path, None, None).await
+    }
+
     /// Downloads bytes (a file, a signed link), with or without the token.
     pub async fn bytes(&self, path: &str, authorised: bool) -> Result<(u16, Vec<u8>), String> {
         let mut request = self.http.get(format!("{}{path}", self.base));

@@ -19,6 +19,7 @@
 //! - [`limits`]: rates per identity, in-flight submissions
 //! - [`model`]: bodies on the wire
 //! - [`conversations`], [`events`], [`files`], [`stream`], [`services`]: the handlers
+//! - [`memory`]: what the index remembers of the caller, and forgetting it
 //! - [`tickets`]: short-lived stream tickets, so browsers keep bearer tokens out of URLs
 //! - [`openapi`]: the document at `/v1/openapi.json`
 //! - [`client`]: a client of the API (for `turnpike chat` and the tests)
@@ -31,6 +32,7 @@ pub mod error;
 pub mod events;
 pub mod files;
 pub mod limits;
+pub mod memory;
 pub mod model;
 pub mod openapi;
 pub mod services;
@@ -200,6 +202,14 @@ impl Edge {
             .route("/v1/files", get(files::download))
             .route("/v1/files/links", post(files::link))
             .route("/v1/search", get(services::search))
+            .route(
+                "/v1/memory",
+                get(memory::list).delete(memory::forget_conversation),
+            )
+            .route(
+                "/v1/memory/{row}",
+                axum::routing::delete(memory::forget_row),
+            )
             .route(
                 "/v1/admin/conversations/{id}/verify",
                 post(services::verify),

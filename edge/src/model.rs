@@ -433,6 +433,56 @@ pub struct SearchResults {
     pub next_offset: Option<u32>,
 }
 
+/// Which of the caller's memory to list: a conversation's, or all of it.
+#[derive(Debug, Clone, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct MemoryQuery {
+    #[param(pattern = "^conv_[0-7][0-9A-HJKMNP-TV-Z]{25}$")]
+    pub conversation: Option<String>,
+    /// 1–500, default 100.
+    #[param(minimum = 1, maximum = 500)]
+    pub limit: Option<u32>,
+    /// 0–100000, default 0.
+    #[param(minimum = 0, maximum = 100000)]
+    pub offset: Option<u32>,
+}
+
+/// Which conversation's memory to forget.
+#[derive(Debug, Clone, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct ForgetQuery {
+    #[param(pattern = "^conv_[0-7][0-9A-HJKMNP-TV-Z]{25}$")]
+    pub conversation: String,
+}
+
+/// One row the index remembers of the caller: what it points at (read it through the
+/// resolver) and where it came from.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct MemoryRowView {
+    /// The row's id (a reference; percent-encode it in `DELETE /v1/memory/{row}`).
+    pub id: String,
+    pub conversation: String,
+    pub turn: String,
+    pub kind: String,
+    pub reference: String,
+    pub app: String,
+    pub agent: String,
+    pub at_ms: i64,
+}
+
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct MemoryList {
+    pub rows: Vec<MemoryRowView>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub next_offset: Option<u32>,
+}
+
+/// How many rows left the index.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct ForgottenView {
+    pub forgotten: u64,
+}
+
 /// What `verify` found.
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct VerifyView {

@@ -8,7 +8,7 @@ use utoipa::openapi::{RefOr, ResponseBuilder};
 use utoipa::{Modify, OpenApi};
 
 use super::model;
-use super::{conversations, error, events, files, services, stream, tickets};
+use super::{conversations, error, events, files, memory, services, stream, tickets};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -40,6 +40,9 @@ use super::{conversations, error, events, files, services, stream, tickets};
         stream::sse,
         tickets::create,
         services::search,
+        memory::list,
+        memory::forget_row,
+        memory::forget_conversation,
         services::verify,
         services::replay,
     ),

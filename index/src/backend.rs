@@ -5,7 +5,7 @@ use async_trait::async_trait;
 use turnpike_schemas::{ConversationId, TurnId};
 
 use crate::error::Result;
-use crate::types::{Candidate, Filters, IndexRow, Scope};
+use crate::types::{Candidate, Filters, IndexRow, RowId, RowInfo, Scope};
 
 /// Where index rows live and how each retriever finds candidates.
 ///
@@ -15,6 +15,7 @@ use crate::types::{Candidate, Filters, IndexRow, Scope};
 /// - `lexical` and `vector` return at most `k` candidates, best first, only rows of `scope`
 ///   that pass `filters`. `vector` ignores rows of another dimension.
 /// - `mark`/`set_mark`: how far a conversation is indexed; `set_mark` never moves it back.
+/// - `list` and `delete` see only `scope`: a user lists and forgets only their own rows.
 #[async_trait]
 pub trait Backend: Send + Sync + 'static {
     fn name(&self) -> &'static str;
@@ -52,4 +53,19 @@ pub trait Backend: Send + Sync + 'static {
 
     /// Deletes every row and mark of `scope` (a user's data leaving); returns the rows deleted.
     async fn forget(&self, scope: &Scope) -> Result<u64>;
+
+    /// The rows of `scope` that pass `filters`, newest first (then by id), skipping `offset`,
+    /// at most `limit`: what the index remembers of a user.
+    async fn list(
+        &self,
+        scope: &Scope,
+        filters: &Filters,
+        offset: usize,
+        limit: usize,
+    ) -> Result<Vec<RowInfo>>;
+
+    /// Deletes the rows of `scope` that pass `filters` and, if given, have one of `ids`;
+    /// marks stay (the record is not re-indexed for it). Returns the rows deleted. Rows of
+    /// another scope are never touched, whatever the ids.
+    async fn delete(&self, scope: &Scope, filters: &Filters, ids: Option<&[RowId]>) -> Result<u64>;
 }

@@ -493,4 +493,80 @@ impl Backend for EmbeddedIndex {
         })
         .await
     }
+
+    async fn list(
+        &self,
+        scope: &Scope,
+        filters: &Filters,
+        offset: usize,
+        limit: usize,
+    ) -> Result<Vec<RowInfo>> {
+        let (scope, filters) = (scope.clone(), filters.clone());
+        self.blocking(move |inner| {
+            let txn = inner.vectors.begin_read().map_err(db("reading vectors"))?;
+            let table = txn.open_table(VECTORS).map_err(db("reading vectors"))?;
+            let start = format!("{}\u{0}", scope_key(&scope));
+            let end = format!("{}\u{1}", scope_key(&scope));
+            let mut rows = Vec::new();
+            for entry in table
+                .range(start.as_str()..end.as_str())
+                .map_err(db("reading vectors"))?
+            {
+                let (_, value) = entry.map_err(db("reading vectors"))?;
+                let (meta, _) = decode_meta(value.value())?;
+                if filters.admits(&meta) {
+                    rows.push(meta);
+                }
+            }
+            rows.sort_by(|a, b| b.at_ms.cmp(&a.at_ms).then_with(|| a.id.cmp(&b.id)));
+            Ok(rows.into_iter().skip(offset).take(limit).collect())
+        })
+        .await
+    }
+
+    async fn delete(&self, scope: &Scope, filters: &Filters, ids: Option<&[RowId]>) -> Result<u64> {
+        let (scope, filters) = (scope.clone(), filters.clone());
+        let ids: Option<std::collections::HashSet<RowId>> =
+            ids.map(|ids| ids.iter().cloned().collect());
+        self.blocking(move |inner| {
+            let start = format!("{}\u{0}", scope_key(&scope));
+            let end = format!("{}\u{1}", scope_key(&scope));
+            // The vector store says which rows are this scope's: only those leave the text
+            // index too.
+            let txn = inner.vectors.begin_write().map_err(db("deleting rows"))?;
+            let gone: Vec<RowId> = {
+                let mut table = txn.open_table(VECTORS).map_err(db("deleting rows"))?;
+                let mut gone = Vec::new();
+                for entry in table
+                    .extract_from_if(start.as_str()..end.as_str(), |_, value| {
+                        decode_meta(value).is_ok_and(|(meta, _)| {
+                            filters.admits(&meta)
+                                && ids.as_ref().is_none_or(|ids| ids.contains(&meta.id))
+                        })
+                    })
+                    .map_err(db("deleting rows"))?
+                {
+                    let (_, value) = entry.map_err(db("deleting rows"))?;
+                    gone.push(decode_meta(value.value())?.0.id);
+                }
+                gone
+            };
+            txn.commit().map_err(db("deleting rows"))?;
+            if gone.is_empty() {
+                return Ok(0);
+            }
+            let mut writer = inner.writer.lock().expect("index writer lock");
+            for id in &gone {
+                writer.delete_term(Term::from_field_text(inner.fields.id, id.as_str()));
+            }
+            writer.commit().map_err(tantivy_error("deleting text"))?;
+            drop(writer);
+            inner
+                .reader
+                .reload()
+                .map_err(tantivy_error("reloading the text index"))?;
+            Ok(gone.len() as u64)
+        })
+        .await
+    }
 }

@@ -113,6 +113,13 @@ impl Indexer {
         if completed.len() < wanted && head.batches() > window {
             completed = completed_after(&record.entries().await.map_err(unavailable)?);
         }
+        // What the owner asked to forget stays forgotten, however often this runs.
+        let forgotten = self
+            .conversations
+            .forgotten()
+            .list(&entry.prefix())
+            .await
+            .map_err(unavailable)?;
         let mut written = 0;
         for (turn, at_ms) in completed {
             let log = self
@@ -121,7 +128,13 @@ impl Indexer {
                 .read(&entry.prefix(), turn)
                 .await
                 .map_err(|e| Error::new(ErrorKind::Unavailable, e.to_string()))?;
-            let rows = self.rows_of(&entry, &log, at_ms as i64).await;
+            let mut rows = if log.unindexed {
+                // The agent opted out of indexing: the turn is marked done with no rows.
+                Vec::new()
+            } else {
+                self.rows_of(&entry, &log, at_ms as i64).await
+            };
+            rows.retain(|r| !forgotten.forgets(r.info.id.as_str(), r.info.turn));
             self.index.write(rows).await?;
             self.index
                 .backend()

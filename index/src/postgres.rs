@@ -523,6 +523,48 @@ impl Backend for PgIndex {
         tx.commit().await.map_err(pg("forgetting index rows"))?;
         Ok(done.rows_affected())
     }
+
+    async fn list(
+        &self,
+        scope: &Scope,
+        filters: &Filters,
+        offset: usize,
+        limit: usize,
+    ) -> Result<Vec<RowInfo>> {
+        let mut tx = self.scoped(scope).await?;
+        let mut q = QueryBuilder::<Postgres>::new(format!(
+            "SELECT {COLUMNS}, 0::float8 AS score FROM index_rows"
+        ));
+        self.push_scope_and_filters(&mut q, scope, filters);
+        q.push(" ORDER BY at_ms DESC, id LIMIT ")
+            .push_bind(i64::try_from(limit).unwrap_or(i64::MAX))
+            .push(" OFFSET ")
+            .push_bind(i64::try_from(offset).unwrap_or(i64::MAX));
+        let rows = q
+            .build()
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(pg("listing index rows"))?;
+        tx.commit().await.map_err(pg("listing index rows"))?;
+        rows.iter().map(|r| candidate(r).map(|c| c.info)).collect()
+    }
+
+    async fn delete(&self, scope: &Scope, filters: &Filters, ids: Option<&[RowId]>) -> Result<u64> {
+        let mut tx = self.scoped(scope).await?;
+        let mut q = QueryBuilder::<Postgres>::new("DELETE FROM index_rows");
+        self.push_scope_and_filters(&mut q, scope, filters);
+        if let Some(ids) = ids {
+            let ids: Vec<String> = ids.iter().map(|i| i.as_str().to_owned()).collect();
+            q.push(" AND id = ANY(").push_bind(ids).push(")");
+        }
+        let done = q
+            .build()
+            .execute(&mut *tx)
+            .await
+            .map_err(pg("deleting index rows"))?;
+        tx.commit().await.map_err(pg("deleting index rows"))?;
+        Ok(done.rows_affected())
+    }
 }
 
 #[cfg(test)]

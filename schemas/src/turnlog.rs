@@ -30,6 +30,10 @@ pub struct TurnLog {
     /// the built-in agent loop and native apps). Replay re-drives the turn from it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub exchange: Option<Exchange>,
+    /// The turn's agent opted out of indexing: nothing of it is remembered across
+    /// conversations.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub unindexed: bool,
 }
 
 /// The exchange between a worker and a remote app during one turn attempt.

@@ -491,6 +491,7 @@ mod tests {
             blocks,
             usage: None,
             exchange: None,
+            unindexed: false,
         }
     }
 

@@ -38,6 +38,8 @@
 //! compaction_prompt = "Summarise …"        # how older turns are summarised
 //! remote = { url = "http://127.0.0.1:9000" }   # optional: a remote app runs the agent's
 //!                               # turns (see `remote`); `provider` answers its model calls
+//! index = true                  # false: the agent's turns are not indexed (not searchable,
+//!                               # not recalled: nothing of them is remembered)
 //! on_new_message = "queue"      # a message arriving while a turn runs: "queue" (default; it
 //!                               # starts its own turn after this one) or "interrupt" (the
 //!                               # running turn is cancelled, "superseded by a new message")
@@ -116,6 +118,8 @@ pub struct AgentSpec {
     /// The remote app that runs the agent's turns; `None`: the built-in agent loop. The
     /// provider then answers the app's `model` actions.
     pub remote: Option<Arc<crate::remote::RemoteSpec>>,
+    /// Whether the agent's turns are indexed (remembered across the user's conversations).
+    pub index: bool,
 }
 
 /// What a new message does to a running turn (an agent's `on_new_message`).
@@ -452,6 +456,12 @@ struct RawAgent {
     recall: Option<crate::recall::RecallSpec>,
     #[serde(default)]
     remote: Option<crate::remote::RawRemote>,
+    #[serde(default = "yes")]
+    index: bool,
+}
+
+fn yes() -> bool {
+    true
 }
 
 impl Manifest {
@@ -632,6 +642,7 @@ impl Manifest {
                     max_tokens: agent.max_tokens,
                     recall: agent.recall,
                     remote,
+                    index: agent.index,
                 }),
             );
         }

@@ -183,6 +183,7 @@ pub(super) async fn finish_turn(
         blocks,
         usage: turn_usage,
         exchange,
+        unindexed: spec.as_ref().is_some_and(|s| !s.index),
     };
     env.fence.check()?;
     let digest = env
