@@ -506,6 +506,17 @@ pub enum ConversationCommand {
         #[arg(long, default_value = "echo")]
         agent: turnpike_schemas::AgentId,
     },
+    /// Deletes a conversation from every store (its owner, or an admin of its tenant): record,
+    /// turn logs, files, attachments, project versions, index rows, grants, directory entry,
+    /// the rest of its lane. A tombstone keeps who, when, why and the record's final root.
+    Delete {
+        conversation: ConversationId,
+        #[command(flatten)]
+        actor: Actor,
+        /// Why (kept in the tombstone).
+        #[arg(long, default_value = "erasure requested")]
+        reason: String,
+    },
     /// Removes unreadable entries and re-signs the rest; reports what it removed.
     Repair {
         conversation: ConversationId,

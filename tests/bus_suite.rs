@@ -87,6 +87,24 @@ macro_rules! bus_suite {
             use super::*;
 
             #[tokio::test]
+            async fn a_purged_lane_is_empty_and_its_neighbours_keep_theirs() {
+                let b = super::$backend().await;
+                let (a, c) = (ConversationId::new(), ConversationId::new());
+                for i in 0..3 {
+                    b.bus.publish(&event(a, &format!("a{i}"))).await.unwrap();
+                    b.bus.publish(&event(c, &format!("c{i}"))).await.unwrap();
+                }
+                let last = b.bus.lane_last(a).await.unwrap();
+                b.bus.purge_lane(a).await.unwrap();
+                assert!(b.bus.read_lane(a, 0, None, 100).await.unwrap().is_empty());
+                assert_eq!(b.bus.read_lane(c, 0, None, 100).await.unwrap().len(), 3);
+                // Idempotent; a later message follows the last, never reusing a sequence.
+                b.bus.purge_lane(a).await.unwrap();
+                let next = b.bus.publish(&event(a, "late")).await.unwrap().seq;
+                assert!(next > last, "{next} after {last}");
+            }
+
+            #[tokio::test]
             async fn lanes_keep_order_per_conversation() {
                 let b = super::$backend().await;
                 let (a, c) = (ConversationId::new(), ConversationId::new());

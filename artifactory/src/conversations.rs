@@ -73,6 +73,11 @@ impl Conversations {
         &self.directory
     }
 
+    /// The tombstones of deleted conversations, in the same store.
+    pub fn tombstones(&self) -> crate::Tombstones {
+        crate::Tombstones::new(self.store.clone())
+    }
+
     /// What owners asked the index to forget, in the same store.
     pub fn forgotten(&self) -> crate::Forgotten {
         crate::Forgotten::new(self.store.clone())

@@ -217,6 +217,32 @@ impl Directory {
         }
     }
 
+    /// Removes a conversation from the directory: its grants, its closed marker, its owner's
+    /// listing, and last its entry (idempotent; a removal cut short is finished by running it
+    /// again). From the first step on nobody else is shown it.
+    pub async fn remove(&self, entry: &DirectoryEntry) -> Result<()> {
+        use futures::TryStreamExt as _;
+        let grants =
+            object_store::path::Path::from(format!("directory/grants/{}", entry.conversation));
+        let mut paths: Vec<object_store::path::Path> = self
+            .store
+            .list(Some(&grants))
+            .map_ok(|m| m.location)
+            .try_collect()
+            .await
+            .map_err(|e| Error::store("listing grants to remove", e))?;
+        paths.push(closed_marker(entry.conversation));
+        paths.push(owned_marker(&entry.owner, entry.conversation));
+        paths.push(directory_entry(entry.conversation));
+        for path in paths {
+            match self.store.delete(&path).await {
+                Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+                Err(e) => return Err(Error::store(&format!("removing {path}"), e)),
+            }
+        }
+        Ok(())
+    }
+
     /// Closes a conversation: it accepts no more events (idempotent; reading stays possible).
     pub async fn close(&self, conversation: ConversationId, at_ms: u64) -> Result<()> {
         let opts = PutOptions {

@@ -31,6 +31,7 @@ pub mod open_turns;
 pub mod record;
 pub mod store;
 pub mod synced;
+pub mod tombstones;
 pub mod turnlogs;
 
 pub use conversations::{Conversations, NewConversation};
@@ -44,4 +45,5 @@ pub use layout::ConversationPrefix;
 pub use open_turns::OpenTurns;
 pub use record::{Checkpoint, Head, Record, RecordEntry, Transcript, Verdict};
 pub use store::{open_store, open_store_with};
+pub use tombstones::{Tombstone, Tombstones};
 pub use turnlogs::TurnLogs;

@@ -153,6 +153,49 @@ pub async fn close(
     Ok(Json(edge.view(entry).await?))
 }
 
+/// Deletes a conversation from every store — its record, turn logs, files, attachments,
+/// project versions, index rows, grants, directory entry, the rest of its lane (its owner, or
+/// an admin of its tenant). A tombstone outside the deleted data keeps who, when, why and the
+/// record's final root. A running turn makes it `409`: retry once it ends, or stop it first.
+#[utoipa::path(delete, path = "/v1/conversations/{id}", tag = "conversations",
+    params(("id" = String, Path, description = "conv_<ulid>")),
+    responses((status = 200, body = crate::model::TombstoneView), (status = 404, body = ErrorBody),
+              (status = 409, body = ErrorBody)))]
+pub async fn delete(
+    State(edge): State<Edge>,
+    Caller(caller): Caller,
+    Path(id): Path<String>,
+) -> ApiResult<Json<crate::model::TombstoneView>> {
+    let conversation = crate::conversation_id(&id)?;
+    let directory = edge.inner.conversations.directory();
+    let entry = if caller.admin {
+        directory
+            .lookup_in_tenant(conversation, &caller.tenant)
+            .await?
+    } else {
+        directory
+            .lookup_owned(conversation, &caller.tenant, &caller.identity)
+            .await?
+    };
+    let reason = if entry.owner == caller.identity {
+        "erasure requested by the owner"
+    } else {
+        "erasure requested by an admin of the tenant"
+    };
+    let tombstone = edge
+        .eraser()
+        .erase(&entry, &caller.identity.to_string(), reason)
+        .await
+        .map_err(|e| match e {
+            turnpike_worker::erasure::ErasureError::Busy => ApiError::conflict(e.to_string()),
+            turnpike_worker::erasure::ErasureError::Failed(_) => {
+                ApiError::unavailable(e.to_string())
+            }
+        })?;
+    edge.inner.ingress.forget(conversation);
+    Ok(Json(tombstone.into()))
+}
+
 /// Shares (`granted`) or unshares the conversation `id` of `caller` with `input`'s identity.
 async fn set_grant(
     edge: &Edge,
@@ -259,6 +302,15 @@ impl Edge {
             .directory()
             .lookup_owned(conversation, &caller.tenant, &caller.identity)
             .await?)
+    }
+
+    /// What deletes conversations from every store this edge reaches.
+    pub(crate) fn eraser(&self) -> turnpike_worker::erasure::Eraser {
+        turnpike_worker::erasure::Eraser::new(
+            self.inner.conversations.clone(),
+            self.inner.bus.clone(),
+            self.inner.search.clone(),
+        )
     }
 
     /// The record of a visible conversation.

@@ -160,7 +160,10 @@ impl Edge {
                 "/v1/conversations",
                 get(conversations::list).post(conversations::create),
             )
-            .route("/v1/conversations/{id}", get(conversations::get_one))
+            .route(
+                "/v1/conversations/{id}",
+                get(conversations::get_one).delete(conversations::delete),
+            )
             .route("/v1/conversations/{id}/close", post(conversations::close))
             .route(
                 "/v1/conversations/{id}/grants",

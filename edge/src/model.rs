@@ -483,6 +483,38 @@ pub struct ForgottenView {
     pub forgotten: u64,
 }
 
+/// The evidence of a deletion: who, when, why, and the record's final root.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct TombstoneView {
+    pub conversation: String,
+    pub tenant: String,
+    pub owner: String,
+    pub deleted_by: String,
+    pub reason: String,
+    pub requested_ms: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub final_root: Option<String>,
+    pub final_leaves: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub finished_ms: Option<u64>,
+}
+
+impl From<turnpike_artifactory::Tombstone> for TombstoneView {
+    fn from(t: turnpike_artifactory::Tombstone) -> Self {
+        Self {
+            conversation: t.conversation.to_string(),
+            tenant: t.tenant.to_string(),
+            owner: t.owner.to_string(),
+            deleted_by: t.deleted_by,
+            reason: t.reason,
+            requested_ms: t.requested_ms,
+            final_root: t.final_root,
+            final_leaves: t.final_leaves,
+            finished_ms: t.finished_ms,
+        }
+    }
+}
+
 /// What `verify` found.
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct VerifyView {

@@ -19,6 +19,7 @@ use super::{conversations, error, events, files, memory, services, stream, ticke
         conversations::list,
         conversations::get_one,
         conversations::close,
+        conversations::delete,
         conversations::grant,
         conversations::revoke,
         events::message,

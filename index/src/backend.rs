@@ -68,4 +68,8 @@ pub trait Backend: Send + Sync + 'static {
     /// marks stay (the record is not re-indexed for it). Returns the rows deleted. Rows of
     /// another scope are never touched, whatever the ids.
     async fn delete(&self, scope: &Scope, filters: &Filters, ids: Option<&[RowId]>) -> Result<u64>;
+
+    /// Deletes a conversation's mark (the conversation is gone; its rows are deleted with
+    /// [`Backend::delete`]).
+    async fn drop_mark(&self, scope: &Scope, conversation: ConversationId) -> Result<()>;
 }

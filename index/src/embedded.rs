@@ -494,6 +494,19 @@ impl Backend for EmbeddedIndex {
         .await
     }
 
+    async fn drop_mark(&self, scope: &Scope, conversation: ConversationId) -> Result<()> {
+        let key = format!("{}\u{0}{conversation}", scope_key(scope));
+        self.blocking(move |inner| {
+            let txn = inner.vectors.begin_write().map_err(db("dropping a mark"))?;
+            {
+                let mut table = txn.open_table(MARKS).map_err(db("dropping a mark"))?;
+                table.remove(key.as_str()).map_err(db("dropping a mark"))?;
+            }
+            txn.commit().map_err(db("dropping a mark"))
+        })
+        .await
+    }
+
     async fn list(
         &self,
         scope: &Scope,

@@ -524,6 +524,20 @@ impl Backend for PgIndex {
         Ok(done.rows_affected())
     }
 
+    async fn drop_mark(&self, scope: &Scope, conversation: ConversationId) -> Result<()> {
+        let mut tx = self.scoped(scope).await?;
+        let mut q = QueryBuilder::<Postgres>::new("DELETE FROM index_marks");
+        self.push_scope(&mut q, scope);
+        q.push(" AND conversation = ")
+            .push_bind(conversation.to_string());
+        q.build()
+            .execute(&mut *tx)
+            .await
+            .map_err(pg("dropping an index mark"))?;
+        tx.commit().await.map_err(pg("dropping an index mark"))?;
+        Ok(())
+    }
+
     async fn list(
         &self,
         scope: &Scope,

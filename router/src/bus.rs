@@ -174,6 +174,10 @@ pub trait Bus: Send + Sync + 'static {
     /// The last sequence on a lane (0 when empty).
     async fn lane_last(&self, conversation: ConversationId) -> Result<u64>;
 
+    /// Deletes every message of a conversation's lane (a deleted conversation's remainder).
+    /// Sequences are not reused: a lane's next message, if any came, would follow the last.
+    async fn purge_lane(&self, conversation: ConversationId) -> Result<()>;
+
     /// The next wake for this process; waits until there is one.
     async fn next_wake(&self) -> Result<Wake>;
 

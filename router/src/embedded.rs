@@ -561,6 +561,25 @@ impl Bus for EmbeddedBus {
             .unwrap_or(0))
     }
 
+    async fn purge_lane(&self, conversation: ConversationId) -> Result<()> {
+        let db = self.db.clone();
+        let conv = conversation.to_string();
+        tokio::task::spawn_blocking(move || {
+            let txn = db.begin_write().map_err(|e| storage("purging a lane", e))?;
+            {
+                let mut lanes = txn
+                    .open_table(LANES)
+                    .map_err(|e| storage("purging a lane", e))?;
+                lanes
+                    .retain_in((conv.as_str(), 0)..=(conv.as_str(), u64::MAX), |_, _| false)
+                    .map_err(|e| storage("purging a lane", e))?;
+            }
+            txn.commit().map_err(|e| storage("purging a lane", e))
+        })
+        .await
+        .map_err(|e| storage("purging a lane", e))?
+    }
+
     async fn next_wake(&self) -> Result<Wake> {
         loop {
             let notified = self.wakes.notify.notified();

@@ -3,11 +3,12 @@
 //! A refused event never reaches a lane.
 //!
 //! What it reads per event is remembered per process (shared by clones):
-//! - directory entries, which never change once written;
+//! - directory entries, which never change once written (but a conversation may be deleted);
 //! - that a conversation is closed, which never changes back;
-//! - that it is open, for [`OPEN_FOR`]: a close through this ingress's process is seen at once
-//!   ([`Ingress::forget_open`]), one through another process within that time. (Checking and
-//!   publishing were never one step: an event racing a close could always slip in.)
+//! - that it is open (closed nor deleted), for [`OPEN_FOR`]: a close or a deletion through this
+//!   ingress's process is seen at once ([`Ingress::forget_open`], [`Ingress::forget`]), one
+//!   through another process within that time. (Checking and publishing were never one step:
+//!   an event racing a close could always slip in.)
 //!
 //! Grants are not remembered: a caller who is not the owner is checked against the store every
 //! time, so a revoked grant refuses the next event.
@@ -69,6 +70,16 @@ impl Ingress {
     pub fn forget_open(&self, conversation: ConversationId) {
         self.memo
             .open
+            .lock()
+            .expect("ingress memo lock")
+            .remove(&conversation);
+    }
+
+    /// This process deleted `conversation`: nothing of it is remembered.
+    pub fn forget(&self, conversation: ConversationId) {
+        self.forget_open(conversation);
+        self.memo
+            .entries
             .lock()
             .expect("ingress memo lock")
             .remove(&conversation);
@@ -144,6 +155,21 @@ impl Ingress {
             .closed_at(conversation)
             .await?
             .is_some();
+        if !closed {
+            // Still there? A conversation deleted elsewhere is seen within OPEN_FOR.
+            if let Err(e) = self
+                .conversations
+                .directory()
+                .lookup_unchecked(conversation)
+                .await
+            {
+                if e.kind() == turnpike_artifactory::ErrorKind::NotFound {
+                    self.forget(conversation);
+                    return Err(Error::with_source(ErrorKind::NotFound, e.to_string(), e));
+                }
+                return Err(e.into());
+            }
+        }
         if closed {
             let mut set = self.memo.closed.lock().expect("ingress memo lock");
             if set.len() >= MEMO_LIMIT {

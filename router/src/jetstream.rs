@@ -492,6 +492,16 @@ impl Bus for JetStreamBus {
         }
     }
 
+    async fn purge_lane(&self, conversation: ConversationId) -> Result<()> {
+        let subject = self.config.shards.lane_subject(conversation);
+        self.stream_of(conversation)
+            .purge()
+            .filter(subject)
+            .await
+            .map_err(|e| unavailable("purging a lane", e))?;
+        Ok(())
+    }
+
     async fn next_wake(&self) -> Result<Wake> {
         let wakes = self.wakes.get_or_init(|| self.start_feeders()).await;
         wakes

@@ -74,6 +74,21 @@ pub async fn run(
             conversation,
             actor,
         } => repair(global, env, conversation, &actor.tenant, &actor.identity).await,
+        ConversationCommand::Delete {
+            conversation,
+            actor,
+            reason,
+        } => {
+            delete(
+                global,
+                env,
+                conversation,
+                &actor.tenant,
+                &actor.identity,
+                &reason,
+            )
+            .await
+        }
         ConversationCommand::DeadLetters {
             conversation,
             actor,
@@ -240,6 +255,43 @@ pub async fn replay_report(
         }
     }
     Ok(same)
+}
+
+/// Deletes a conversation from every store, as its owner or an admin of its tenant.
+async fn delete(
+    global: &crate::cli::Global,
+    env: &Env,
+    conversation: ConversationId,
+    tenant: &turnpike_schemas::TenantId,
+    actor: &Identity,
+    reason: &str,
+) -> Result<ExitCode> {
+    let (entry, _) = env.open_for("delete", conversation, tenant, actor).await?;
+    if entry.owner != *actor && !env.admins.contains(actor) {
+        // A grantee sees it, and may not delete it: say nothing more than for a stranger.
+        anyhow::bail!("not found: {conversation}");
+    }
+    let bus =
+        crate::commands::runtime::open_bus(global, env, std::time::Duration::from_secs(30)).await?;
+    let index = match crate::env::open_index(global).await {
+        Ok(index) => Some(index),
+        Err(why) => {
+            eprintln!("(no index reachable, so no index rows to delete: {why})");
+            None
+        }
+    };
+    let failpoints = turnpike_worker::Failpoints::from_env().map_err(anyhow::Error::msg)?;
+    let eraser = turnpike_worker::erasure::Eraser::new(env.conversations.clone(), bus, index)
+        .with_failpoints(failpoints);
+    let tombstone = eraser
+        .erase(&entry, &actor.to_string(), reason)
+        .await
+        .map_err(anyhow::Error::new)?;
+    println!(
+        "deleted {conversation}: tombstone {}",
+        serde_json::to_string(&tombstone)?
+    );
+    Ok(ExitCode::SUCCESS)
 }
 
 /// Repairs under the conversation's lease, so that no turn appends while the record is

@@ -24,6 +24,7 @@
 //! - [`tokens`]: token accounting (a configured tokenizer, else the estimate)
 //! - [`replay`]: re-running recorded turns, and what-ifs
 //! - [`workspace`]: a fresh directory per turn, deleted however the turn ends
+//! - [`erasure`]: deleting a conversation from every store, with a tombstone; finishing cut-short deletions
 //! - [`config`]: worker settings
 //! - [`error`]: the crate's error type
 //! - [`failpoints`]: where tests crash a worker at a step boundary (a test-only feature)
@@ -34,6 +35,7 @@ pub mod apps;
 pub mod cell;
 pub mod compaction;
 pub mod config;
+pub mod erasure;
 pub mod error;
 pub mod failpoints;
 pub mod fence;

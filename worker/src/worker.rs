@@ -365,6 +365,21 @@ impl Worker {
                 }
             }
         }
+        // Deletions a crash cut short are finished here too.
+        let eraser = crate::erasure::Eraser::new(
+            inner.conversations.clone(),
+            inner.bus.clone(),
+            inner.indexing.as_ref().map(|q| q.index().clone()),
+        );
+        match eraser.finish_pending().await {
+            Ok(0) => {}
+            Ok(n) => {
+                info!(worker = %inner.worker, finished = n, "sweep: finished deletions a crash cut short")
+            }
+            Err(e) => {
+                warn!(worker = %inner.worker, error = %e, "sweep: cannot finish pending deletions")
+            }
+        }
     }
 
     /// Handles one wake (public so tests can deliver wakes by hand).

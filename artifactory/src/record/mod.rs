@@ -92,6 +92,12 @@ impl Head {
         self.mmr.leaves()
     }
 
+    /// The MMR root over every committed entry (hex): what the last batch's signature
+    /// covers.
+    pub fn root_hex(&self) -> String {
+        hex::encode(self.mmr.root())
+    }
+
     /// Whether the record has no batch yet.
     pub fn is_empty(&self) -> bool {
         self.batches == 0

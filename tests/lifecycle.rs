@@ -1,0 +1,289 @@
+//! Deleting conversations: erasure by the owner or an admin of the tenant (over the API and the
+//! CLI) removes the conversation from every store — the object store's listing, the index, the
+//! lane — and leaves a tombstone; a stranger deletes nothing; a deletion cut short by a crash is
+//! finished by the next sweep.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use turnpike_edge::client::Client;
+use turnpike_router::bus::Bus as _;
+use turnpike_tests::edge::{
+    files_under, wait_for_complete_turns, Server, ADMIN, ALICE, BETA_ADMIN, BOB,
+};
+use turnpike_tests::process::Process;
+
+const LONG: Duration = Duration::from_secs(90);
+
+const MANIFEST: &str = r#"
+app = "life"
+
+[agents.writer]
+provider = "script"
+script = "writer.script.toml"
+tools = ["write_file", "publish"]
+"#;
+
+const SCRIPT: &str = r#"
+[[turn]]
+[[turn.step]]
+text = "Writing."
+tool_calls = [{ name = "write_file", arguments = { path = "note.md", content = "{last_user}" } }]
+[[turn.step]]
+tool_calls = [{ name = "publish", arguments = { path = "note.md" } }]
+[[turn.step]]
+text = "Published the note."
+"#;
+
+fn binary() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_turnpike"))
+}
+
+fn apps() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("life.toml"), MANIFEST).unwrap();
+    std::fs::write(dir.path().join("writer.script.toml"), SCRIPT).unwrap();
+    dir
+}
+
+/// A conversation of alice's with one turn that published a file, and an attachment.
+async fn conversation(client: &Client, text: &str) -> String {
+    let reply = client
+        .post(
+            "/v1/conversations",
+            &json!({"app": "life", "agent": "writer"}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(reply.status, 201, "{:?}", reply.body);
+    let id = reply.body["id"].as_str().unwrap().to_owned();
+    let attached = client
+        .attach(&id, "notes.txt", "text/plain", b"attached words".to_vec())
+        .await
+        .unwrap();
+    assert!(attached.status < 300, "{:?}", attached.body);
+    client
+        .post(
+            &format!("/v1/conversations/{id}/messages"),
+            &json!({ "text": text }),
+        )
+        .await
+        .unwrap()
+        .into_ok()
+        .unwrap();
+    let turns = wait_for_complete_turns(client, &id, 1, LONG).await.unwrap();
+    assert_eq!(turns[0].outcome.as_deref(), Some("replied"), "{turns:#?}");
+    id
+}
+
+/// The store's objects that belong to `id` (its tombstone aside).
+fn objects_of(store: &Path, id: &str) -> Vec<String> {
+    files_under(store)
+        .into_iter()
+        .filter(|p| p.contains(id) && !p.starts_with("tombstones/"))
+        .collect()
+}
+
+async fn memory_of(client: &Client, id: &str) -> Vec<Value> {
+    let page = client
+        .get(&format!("/v1/memory?conversation={id}"))
+        .await
+        .unwrap()
+        .into_ok()
+        .unwrap();
+    page["rows"].as_array().unwrap().clone()
+}
+
+async fn wait_until<F, Fut>(what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + LONG;
+    while !check().await {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn tombstone(store: &Path, id: &str) -> Value {
+    let path = store.join(format!("tombstones/default/{id}.json"));
+    serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn erasure_removes_a_conversation_from_every_store_and_leaves_a_tombstone() {
+    let apps = apps();
+    let mut server = Server::start(&binary(), Some(apps.path()), &[], true).unwrap();
+    let store = server.store_dir();
+    let alice = server.client(ALICE);
+    let mine = conversation(&alice, "Keep the blue folder.").await;
+    let theirs = conversation(&alice, "Water the plants.").await;
+    for id in [&mine, &theirs] {
+        wait_until("the index to remember it", || {
+            let (alice, id) = (alice.clone(), id.clone());
+            async move { memory_of(&alice, &id).await.len() >= 2 }
+        })
+        .await;
+        let objects = objects_of(&store, id);
+        for part in ["/record/", "/turns/", "/attachments/", "/git/", "/files/"] {
+            assert!(
+                objects.iter().any(|p| p.contains(part)),
+                "no {part} in {objects:#?}"
+            );
+        }
+    }
+
+    // A stranger, and an admin of another tenant: not found, nothing deleted.
+    for token in [BOB, BETA_ADMIN] {
+        let refused = server
+            .client(token)
+            .delete(&format!("/v1/conversations/{mine}"))
+            .await
+            .unwrap();
+        assert_eq!(refused.status, 404, "{:?}", refused.body);
+    }
+    assert!(!objects_of(&store, &mine).is_empty());
+    assert!(memory_of(&alice, &mine).await.len() >= 2);
+
+    // The owner deletes one; an admin of the tenant the other.
+    let done = alice
+        .delete(&format!("/v1/conversations/{mine}"))
+        .await
+        .unwrap()
+        .into_ok()
+        .unwrap();
+    assert_eq!(done["reason"], "erasure requested by the owner");
+    assert_eq!(done["owner"], done["deleted_by"]);
+    assert!(
+        done["final_root"].as_str().is_some_and(|r| r.len() == 64),
+        "{done}"
+    );
+    assert!(done["final_leaves"].as_u64().unwrap() > 0);
+    assert!(done["finished_ms"].as_u64().is_some());
+    let by_admin = server
+        .client(ADMIN)
+        .delete(&format!("/v1/conversations/{theirs}"))
+        .await
+        .unwrap()
+        .into_ok()
+        .unwrap();
+    assert_eq!(
+        by_admin["reason"],
+        "erasure requested by an admin of the tenant"
+    );
+
+    for id in [&mine, &theirs] {
+        // Gone from the object store (the tombstone stays), the directory, the index.
+        assert_eq!(objects_of(&store, id), Vec::<String>::new());
+        let gone = alice.get(&format!("/v1/conversations/{id}")).await.unwrap();
+        assert_eq!(gone.status, 404);
+        assert!(memory_of(&alice, id).await.is_empty());
+        let listed = alice
+            .get("/v1/conversations")
+            .await
+            .unwrap()
+            .into_ok()
+            .unwrap();
+        assert!(!listed.to_string().contains(id.as_str()), "{listed}");
+        let kept = tombstone(&store, id);
+        assert_eq!(kept["conversation"], id.as_str());
+        // A message to it is refused; deleting again is not found.
+        let late = alice
+            .post(
+                &format!("/v1/conversations/{id}/messages"),
+                &json!({"text": "hello?"}),
+            )
+            .await
+            .unwrap();
+        assert_eq!(late.status, 404, "{:?}", late.body);
+        let again = alice
+            .delete(&format!("/v1/conversations/{id}"))
+            .await
+            .unwrap();
+        assert_eq!(again.status, 404);
+    }
+    // The lanes are empty (read with the server stopped: the embedded bus is its).
+    server.process.kill();
+    let bus = turnpike_router::embedded::EmbeddedBus::open(
+        &server.data.path().join("bus.redb"),
+        Default::default(),
+    )
+    .unwrap();
+    for id in [&mine, &theirs] {
+        let lane = bus
+            .read_lane(id.parse().unwrap(), 0, None, 100)
+            .await
+            .unwrap();
+        assert!(lane.is_empty(), "{lane:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deletion_cut_short_by_a_crash_is_finished_by_the_next_sweep() {
+    let apps = apps();
+    let mut server = Server::start(&binary(), Some(apps.path()), &[], true).unwrap();
+    let store = server.store_dir();
+    let alice = server.client(ALICE);
+    let id = conversation(&alice, "Call the plumber.").await;
+    wait_until("the index to remember it", || {
+        let alice = alice.clone();
+        let id = id.clone();
+        async move { memory_of(&alice, &id).await.len() >= 2 }
+    })
+    .await;
+    server.process.kill();
+
+    // The CLI deletes as the owner and is killed between the directory and the objects.
+    let data = server.data.path().display().to_string();
+    let mut cli = Process::start(
+        &binary(),
+        &[
+            "--data-dir".into(),
+            data,
+            "conversation".into(),
+            "delete".into(),
+            id.clone(),
+            "--actor".into(),
+            "local:alice".into(),
+            "--reason".into(),
+            "the user asked".into(),
+        ],
+        &[
+            (
+                "TURNPIKE_FAILPOINTS",
+                "erase-after-directory=hang".to_owned(),
+            ),
+            (
+                "TURNPIKE_EMBEDDING_MODEL",
+                turnpike_tests::index::model_dir().display().to_string(),
+            ),
+        ],
+    )
+    .unwrap();
+    cli.wait_for_line("failpoint erase-after-directory", LONG)
+        .unwrap();
+    cli.kill();
+    let pending = tombstone(&store, &id);
+    assert_eq!(pending["reason"], "the user asked");
+    assert!(pending.get("finished_ms").is_none(), "{pending}");
+    assert!(
+        !objects_of(&store, &id).is_empty(),
+        "cut short before the objects"
+    );
+
+    // The next start sweeps: the deletion is finished, everywhere.
+    server.restart().unwrap();
+    let alice = server.client(ALICE);
+    wait_until("the sweep to finish the deletion", || {
+        let store = store.clone();
+        let id = id.clone();
+        async move { tombstone(&store, &id).get("finished_ms").is_some() }
+    })
+    .await;
+    assert_eq!(objects_of(&store, &id), Vec::<String>::new());
+    assert!(memory_of(&alice, &id).await.is_empty());
+    let gone = alice.get(&format!("/v1/conversations/{id}")).await.unwrap();
+    assert_eq!(gone.status, 404);
+}
