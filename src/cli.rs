@@ -348,6 +348,10 @@ pub struct WorkerArgs {
     /// a change that does not load keeps the running apps and is logged).
     #[arg(long, default_value_t = 2_000)]
     pub apps_poll_ms: u64,
+    /// Delete conversations closed for longer than this (`off`, or e.g. `24h`, `7d`); a
+    /// setting that does not parse deletes nothing and says so at start.
+    #[arg(long, default_value = "off")]
+    pub retention: String,
     /// A bare git repository to mirror every project version into
     /// (`refs/turnpike/<conversation>/turn_<n>`).
     #[arg(long, env = "TURNPIKE_GIT_REMOTE")]

@@ -287,3 +287,119 @@ async fn a_deletion_cut_short_by_a_crash_is_finished_by_the_next_sweep() {
     let gone = alice.get(&format!("/v1/conversations/{id}")).await.unwrap();
     assert_eq!(gone.status, 404);
 }
+
+async fn close(client: &Client, id: &str) {
+    client
+        .post(&format!("/v1/conversations/{id}/close"), &json!({}))
+        .await
+        .unwrap()
+        .into_ok()
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retention_deletes_closed_conversations_and_a_malformed_setting_deletes_nothing() {
+    let apps = apps();
+    let server = Server::start(
+        &binary(),
+        Some(apps.path()),
+        &["--retention", "1s", "--sweep-every-ms", "200"],
+        false,
+    )
+    .unwrap();
+    let store = server.store_dir();
+    let alice = server.client(ALICE);
+    let closed = conversation(&alice, "Old news.").await;
+    let open = conversation(&alice, "Still going.").await;
+    close(&alice, &closed).await;
+    wait_until("retention to delete the closed conversation", || {
+        let store = store.clone();
+        let closed = closed.clone();
+        async move {
+            store
+                .join(format!("tombstones/default/{closed}.json"))
+                .exists()
+                && tombstone(&store, &closed).get("finished_ms").is_some()
+        }
+    })
+    .await;
+    let kept = tombstone(&store, &closed);
+    assert_eq!(kept["deleted_by"], "retention");
+    assert_eq!(kept["reason"], "retention: closed for more than 1s");
+    assert_eq!(objects_of(&store, &closed), Vec::<String>::new());
+    // The open one is untouched.
+    assert!(!objects_of(&store, &open).is_empty());
+    let view = alice
+        .get(&format!("/v1/conversations/{open}"))
+        .await
+        .unwrap()
+        .into_ok()
+        .unwrap();
+    assert_eq!(view["id"], open.as_str());
+
+    // A setting that does not parse: said at start, and nothing is deleted, sweep after sweep.
+    let mut careful = Server::start_with_env(
+        &binary(),
+        Some(apps.path()),
+        &["--retention", "banana", "--sweep-every-ms", "200"],
+        false,
+        &[("RUST_LOG", "warn,turnpike_worker::worker=debug".to_owned())],
+    )
+    .unwrap();
+    let said = careful
+        .process
+        .wait_for_line("retention is off", LONG)
+        .unwrap();
+    assert!(said.contains("banana"), "{said}");
+    let store = careful.store_dir();
+    let alice = careful.client(ALICE);
+    let closed = conversation(&alice, "Keep me anyway.").await;
+    close(&alice, &closed).await;
+    let sweeps = careful.process.count_lines("sweep done");
+    careful
+        .process
+        .wait_for_lines("sweep done", sweeps + 3, LONG)
+        .unwrap();
+    assert!(!store
+        .join(format!("tombstones/default/{closed}.json"))
+        .exists());
+    assert!(!objects_of(&store, &closed).is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_user_erases_everything_of_theirs_and_nothing_of_anyone_elses() {
+    let apps = apps();
+    let server = Server::start(&binary(), Some(apps.path()), &[], false).unwrap();
+    let store = server.store_dir();
+    let (alice, bob) = (server.client(ALICE), server.client(BOB));
+    let bobs = [
+        conversation(&bob, "Bob's first.").await,
+        conversation(&bob, "Bob's second.").await,
+    ];
+    let alices = conversation(&alice, "Alice's own.").await;
+    let erased = bob.delete("/v1/me").await.unwrap().into_ok().unwrap();
+    let gone: Vec<&str> = erased["conversations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["conversation"].as_str().unwrap())
+        .collect();
+    assert_eq!(gone.len(), 2, "{erased}");
+    for id in &bobs {
+        assert!(gone.contains(&id.as_str()));
+        assert_eq!(objects_of(&store, id), Vec::<String>::new());
+        assert_eq!(
+            tombstone(&store, id)["deleted_by"],
+            erased["conversations"][0]["owner"]
+        );
+    }
+    assert!(!objects_of(&store, &alices).is_empty());
+    let mine = alice
+        .get(&format!("/v1/conversations/{alices}"))
+        .await
+        .unwrap();
+    assert_eq!(mine.status, 200);
+    // Again: nothing left to erase.
+    let again = bob.delete("/v1/me").await.unwrap().into_ok().unwrap();
+    assert_eq!(again["conversations"], json!([]));
+}

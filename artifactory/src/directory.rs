@@ -243,6 +243,28 @@ impl Directory {
         Ok(())
     }
 
+    /// Every closed conversation with when it was closed (the marker's write time, ms since
+    /// the epoch): one listing, no object read.
+    pub async fn closed_list(&self) -> Result<Vec<(ConversationId, u64)>> {
+        use futures::TryStreamExt as _;
+        let metas: Vec<_> = self
+            .store
+            .list(Some(&object_store::path::Path::from("directory/closed")))
+            .try_collect()
+            .await
+            .map_err(|e| Error::store("listing closed conversations", e))?;
+        Ok(metas
+            .into_iter()
+            .filter_map(|m| {
+                let id = m.location.filename()?.parse().ok()?;
+                Some((
+                    id,
+                    u64::try_from(m.last_modified.timestamp_millis()).unwrap_or(0),
+                ))
+            })
+            .collect())
+    }
+
     /// Closes a conversation: it accepts no more events (idempotent; reading stays possible).
     pub async fn close(&self, conversation: ConversationId, at_ms: u64) -> Result<()> {
         let opts = PutOptions {

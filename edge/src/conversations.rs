@@ -196,6 +196,65 @@ pub async fn delete(
     Ok(Json(tombstone.into()))
 }
 
+/// Erases everything of the caller's (a data-protection request): every conversation they own,
+/// as `DELETE /v1/conversations/{id}` does, and everything the index remembers of them. A
+/// conversation with a running turn makes it `409` once the others are deleted: retry.
+#[utoipa::path(delete, path = "/v1/me", tag = "conversations",
+    responses((status = 200, body = crate::model::ErasedView),
+              (status = 409, body = ErrorBody), (status = 503, body = ErrorBody)))]
+pub async fn delete_me(
+    State(edge): State<Edge>,
+    Caller(caller): Caller,
+) -> ApiResult<Json<crate::model::ErasedView>> {
+    let directory = edge.inner.conversations.directory();
+    let eraser = edge.eraser();
+    let mut deleted = Vec::new();
+    let mut busy = Vec::new();
+    for id in directory.owned(&caller.identity).await? {
+        // Owned in this tenant only: an identity's conversations elsewhere are not this call's.
+        let Ok(entry) = directory
+            .lookup_owned(id, &caller.tenant, &caller.identity)
+            .await
+        else {
+            continue;
+        };
+        match eraser
+            .erase(
+                &entry,
+                &caller.identity.to_string(),
+                "erasure of everything of the user's, requested by the user",
+            )
+            .await
+        {
+            Ok(tombstone) => deleted.push(tombstone.into()),
+            Err(turnpike_worker::erasure::ErasureError::Busy) => busy.push(id.to_string()),
+            Err(e) => return Err(ApiError::unavailable(e.to_string())),
+        }
+        edge.inner.ingress.forget(id);
+    }
+    let mut forgotten = 0;
+    if let Some(index) = &edge.inner.search {
+        let scope = turnpike_index::Scope::new(caller.tenant.clone(), caller.identity.clone());
+        forgotten = index
+            .backend()
+            .forget(&scope)
+            .await
+            .map_err(|e| ApiError::unavailable(e.to_string()))?;
+    }
+    if !busy.is_empty() {
+        return Err(ApiError::conflict(format!(
+            "{} of your conversations have a running turn ({}); the other {} are deleted: retry",
+            busy.len(),
+            busy.join(", "),
+            deleted.len()
+        )));
+    }
+    Ok(Json(crate::model::ErasedView {
+        conversations: deleted,
+        forgotten,
+    }))
+}
+
 /// Shares (`granted`) or unshares the conversation `id` of `caller` with `input`'s identity.
 async fn set_grant(
     edge: &Edge,

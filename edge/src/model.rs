@@ -515,6 +515,15 @@ impl From<turnpike_artifactory::Tombstone> for TombstoneView {
     }
 }
 
+/// What `DELETE /v1/me` erased.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct ErasedView {
+    /// The conversations deleted (each with its tombstone).
+    pub conversations: Vec<TombstoneView>,
+    /// Rows the index remembered of the caller, forgotten.
+    pub forgotten: u64,
+}
+
 /// What `verify` found.
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct VerifyView {

@@ -20,6 +20,7 @@ use super::{conversations, error, events, files, memory, services, stream, ticke
         conversations::get_one,
         conversations::close,
         conversations::delete,
+        conversations::delete_me,
         conversations::grant,
         conversations::revoke,
         events::message,

@@ -90,6 +90,15 @@ fn worker_config(args: &WorkerArgs) -> Result<WorkerConfig> {
         lease_ttl: ttl,
         renew_every: ttl / 3,
         sweep_every: Duration::from_millis(args.sweep_every_ms.max(100)),
+        retention: match turnpike_worker::config::parse_retention(&args.retention) {
+            Ok(retention) => retention,
+            Err(why) => {
+                // Deleting on a misread setting would lose data: nothing is deleted.
+                eprintln!("retention is off: --retention {why}");
+                tracing::warn!(%why, "retention is off: the setting does not parse");
+                None
+            }
+        },
         grace: Duration::from_millis(args.grace_ms),
         heartbeat_every: Duration::from_millis(args.heartbeat_ms.max(100)),
         git_remote: args.git_remote.clone(),

@@ -24,6 +24,8 @@ pub struct WorkerConfig {
     pub lane_poll: Duration,
     /// How often the worker sweeps for turns left open by dead owners (and once at start).
     pub sweep_every: Duration,
+    /// Conversations closed longer than this are deleted by the sweep (`None`: never).
+    pub retention: Option<Duration>,
     /// A bare git repository that every published project version is also pushed to, as
     /// `refs/turnpike/<conversation>/turn_<n>` (a mirror: failures are logged, the object store
     /// stays the source).
@@ -48,10 +50,69 @@ impl Default for WorkerConfig {
             heartbeat_every: Duration::from_secs(5),
             lane_poll: Duration::from_secs(1),
             sweep_every: Duration::from_secs(30),
+            retention: None,
             git_remote: None,
             workspace_root: crate::workspace::default_root(),
             workspace_quota: crate::workspace::Quota::default(),
             failpoints: Default::default(),
+        }
+    }
+}
+
+/// Parses a retention setting: `off`, or a duration such as `90s`, `30m`, `24h`, `7d`. The
+/// error says what is wrong (a deployment then deletes nothing, and says so).
+pub fn parse_retention(text: &str) -> Result<Option<Duration>, String> {
+    let text = text.trim();
+    if text == "off" {
+        return Ok(None);
+    }
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .ok_or_else(|| format!("{text:?} has no unit (s, m, h or d)"))?;
+    let (number, unit) = text.split_at(split);
+    let n: u64 = number
+        .parse()
+        .map_err(|_| format!("{text:?} does not start with a number"))?;
+    let seconds = match unit {
+        "s" => n,
+        "m" => n.saturating_mul(60),
+        "h" => n.saturating_mul(3_600),
+        "d" => n.saturating_mul(86_400),
+        other => {
+            return Err(format!(
+                "{other:?} in {text:?} is not a unit (s, m, h or d)"
+            ))
+        }
+    };
+    if seconds == 0 {
+        return Err(format!(
+            "{text:?} is no time at all; say `off` to keep everything"
+        ));
+    }
+    Ok(Some(Duration::from_secs(seconds)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retention_settings_parse_or_say_why_not() {
+        assert_eq!(parse_retention("off").unwrap(), None);
+        assert_eq!(
+            parse_retention("24h").unwrap(),
+            Some(Duration::from_secs(86_400))
+        );
+        assert_eq!(
+            parse_retention("90s").unwrap(),
+            Some(Duration::from_secs(90))
+        );
+        assert_eq!(
+            parse_retention("7d").unwrap(),
+            Some(Duration::from_secs(604_800))
+        );
+        for bad in ["banana", "24", "h", "0s", "5w", "-3h", ""] {
+            assert!(parse_retention(bad).is_err(), "{bad}");
         }
     }
 }

@@ -380,6 +380,49 @@ impl Worker {
                 warn!(worker = %inner.worker, error = %e, "sweep: cannot finish pending deletions")
             }
         }
+        if let Some(retention) = inner.config.retention {
+            self.retain(&eraser, retention).await;
+        }
+        debug!(worker = %inner.worker, "sweep done");
+    }
+
+    /// Deletes the conversations closed longer than `retention` ago. Any worker may run it:
+    /// each deletion holds the conversation's lease, and one that another finished first is
+    /// not found. Costs one listing of the closed markers when nothing is due.
+    async fn retain(&self, eraser: &crate::erasure::Eraser, retention: Duration) {
+        let inner = &self.inner;
+        let closed = match inner.conversations.directory().closed_list().await {
+            Ok(closed) => closed,
+            Err(e) => {
+                warn!(worker = %inner.worker, error = %e, "sweep: cannot list closed conversations");
+                return;
+            }
+        };
+        let now = turnpike_router::clock::now_ms();
+        let window = retention.as_millis() as u64;
+        for (conversation, closed_ms) in closed {
+            if inner.is_stopping() || now.saturating_sub(closed_ms) <= window {
+                continue;
+            }
+            let entry = match inner
+                .conversations
+                .directory()
+                .lookup_unchecked(conversation)
+                .await
+            {
+                Ok(entry) => entry,
+                Err(_) => continue,
+            };
+            let reason = format!(
+                "retention: closed for more than {}",
+                humantime_secs(retention.as_secs())
+            );
+            match eraser.erase(&entry, "retention", &reason).await {
+                Ok(_) => info!(%conversation, "sweep: deleted a conversation past its retention"),
+                Err(crate::erasure::ErasureError::Busy) => {}
+                Err(e) => warn!(%conversation, error = %e, "sweep: retention could not delete"),
+            }
+        }
     }
 
     /// Handles one wake (public so tests can deliver wakes by hand).
@@ -450,4 +493,14 @@ impl Worker {
             }
         }
     }
+}
+
+/// `90s`, `30m`, `24h`, `7d`: the largest unit that divides the time.
+fn humantime_secs(secs: u64) -> String {
+    for (unit, size) in [("d", 86_400), ("h", 3_600), ("m", 60)] {
+        if secs >= size && secs.is_multiple_of(size) {
+            return format!("{}{unit}", secs / size);
+        }
+    }
+    format!("{secs}s")
 }

@@ -70,6 +70,14 @@ impl Process {
         Ok(lines.remove(0))
     }
 
+    /// How many stderr lines so far contain `needle` (without waiting).
+    pub fn count_lines(&mut self, needle: &str) -> usize {
+        while let Ok(line) = self.lines.try_recv() {
+            self.seen.push(line);
+        }
+        self.seen.iter().filter(|l| l.contains(needle)).count()
+    }
+
     /// Waits until `count` stderr lines contain `needle`; returns the first `count`.
     pub fn wait_for_lines(
         &mut self,
