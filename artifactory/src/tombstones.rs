@@ -3,7 +3,9 @@
 //! finished once every store is clean; an unfinished one is a deletion that a crash cut short,
 //! which the next sweep finishes.
 //!
-//! Layout: `tombstones/{tenant}/{conversation}.json`.
+//! Layout: `tombstones/{tenant}/{conversation}.json`, and while the deletion runs
+//! `tombstones-pending/{tenant}/{conversation}` (empty): a sweep lists only those, so its cost
+//! does not grow with the conversations ever deleted.
 
 use std::sync::Arc;
 
@@ -49,6 +51,10 @@ fn path(tenant: &TenantId, conversation: ConversationId) -> Path {
     Path::from(format!("tombstones/{tenant}/{conversation}.json"))
 }
 
+fn pending_path(tenant: &TenantId, conversation: ConversationId) -> Path {
+    Path::from(format!("tombstones-pending/{tenant}/{conversation}"))
+}
+
 /// The tombstones in one object store.
 #[derive(Debug, Clone)]
 pub struct Tombstones {
@@ -60,8 +66,16 @@ impl Tombstones {
         Self { store }
     }
 
-    /// Writes (or rewrites) a tombstone.
+    /// Writes (or rewrites) a tombstone: an unfinished one is listed as pending first, a
+    /// finished one is no longer listed as pending once written.
     pub async fn put(&self, tombstone: &Tombstone) -> Result<()> {
+        let pending = pending_path(&tombstone.tenant, tombstone.conversation);
+        if tombstone.finished_ms.is_none() {
+            self.store
+                .put(&pending, PutPayload::from_static(b""))
+                .await
+                .map_err(|e| Error::store("listing a deletion as pending", e))?;
+        }
         let bytes = serde_json::to_vec_pretty(tombstone).expect("tombstones serialise");
         self.store
             .put(
@@ -70,7 +84,43 @@ impl Tombstones {
             )
             .await
             .map_err(|e| Error::store("writing a tombstone", e))?;
+        if tombstone.finished_ms.is_some() {
+            match self.store.delete(&pending).await {
+                Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+                Err(e) => return Err(Error::store("clearing a pending deletion", e)),
+            }
+        }
         Ok(())
+    }
+
+    /// The deletions that have not finished (one listing; a tombstone read for each).
+    pub async fn pending(&self) -> Result<Vec<Tombstone>> {
+        let metas: Vec<_> = self
+            .store
+            .list(Some(&Path::from("tombstones-pending")))
+            .try_collect()
+            .await
+            .map_err(|e| Error::store("listing pending deletions", e))?;
+        let mut out = Vec::new();
+        for meta in metas {
+            let parts: Vec<String> = meta
+                .location
+                .parts()
+                .map(|p| p.as_ref().to_owned())
+                .collect();
+            let [_, tenant, conversation] = parts.as_slice() else {
+                continue;
+            };
+            let (Ok(tenant), Ok(conversation)) = (tenant.parse(), conversation.parse()) else {
+                continue;
+            };
+            if let Some(t) = self.get(&tenant, conversation).await? {
+                if t.finished_ms.is_none() {
+                    out.push(t);
+                }
+            }
+        }
+        Ok(out)
     }
 
     /// The tombstone of a conversation, if it was deleted (or is being deleted).

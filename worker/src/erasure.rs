@@ -193,15 +193,12 @@ impl Eraser {
     /// Finishes every deletion a crash cut short (under each conversation's lease); returns
     /// how many it finished.
     pub async fn finish_pending(&self) -> Result<usize, ErasureError> {
-        let pending: Vec<Tombstone> = self
+        let pending = self
             .conversations
             .tombstones()
-            .list()
+            .pending()
             .await
-            .map_err(failed)?
-            .into_iter()
-            .filter(|t| t.finished_ms.is_none())
-            .collect();
+            .map_err(failed)?;
         let mut finished = 0;
         for tombstone in pending {
             let conversation = tombstone.conversation;
