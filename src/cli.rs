@@ -610,6 +610,18 @@ pub enum BenchCommand {
         #[arg(long, default_value_t = 3)]
         turns: usize,
     },
+    /// How fast conversations (10 turns, 3 files each) are deleted from every store, beside
+    /// deleting as many plain objects; and the sweep's cost when nothing is due.
+    Erase {
+        #[arg(long, default_value_t = 50)]
+        conversations: usize,
+        /// Where the local store goes (default: the system's temporary folder).
+        #[arg(long)]
+        dir: Option<std::path::PathBuf>,
+        /// An object store URL instead (e.g. s3://bucket/prefix against moto).
+        #[arg(long)]
+        store: Option<String>,
+    },
     /// What a remote app costs: a no-op turn run by an app over HTTP beside the same turn of
     /// the built-in loop, and the cost of one streamed action.
     Remote {

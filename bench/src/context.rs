@@ -33,7 +33,7 @@ use turnpike_worker::timeline;
 use crate::Series;
 
 /// Writes a conversation whose next turn is `next`, with a summary in turn `summary_at`.
-async fn build(
+pub(crate) async fn build(
     store: &Arc<dyn ObjectStore>,
     signer: &RecordSigner,
     next: u64,

@@ -9,6 +9,7 @@
 //! - [`context`]: the context rebuild of a long conversation
 //! - [`git`]: project versions
 //! - [`lanes`]: accept → turn start and turns per second, embedded and on JetStream
+//! - [`erase`]: deleting conversations from every store, and the sweep with nothing due
 //! - [`edge`]: the HTTP/WebSocket edge over a stack the caller starts
 //! - [`cell`]: the cell's overhead over bare Python
 //! - [`model`]: what Turnpike adds to a real model's first token and to a tool-using turn
@@ -19,6 +20,7 @@
 pub mod cell;
 pub mod context;
 pub mod edge;
+pub mod erase;
 pub mod git;
 pub mod lanes;
 pub mod model;

@@ -166,6 +166,11 @@ pub async fn run(global: &Global, command: BenchCommand) -> Result<ExitCode> {
             proxy.abort();
             code
         }
+        BenchCommand::Erase {
+            conversations,
+            dir,
+            store,
+        } => turnpike_bench::erase::run(conversations.max(1), dir, store).await,
         BenchCommand::Remote { samples, actions } => {
             let (url, app) = turnpike_bench::remote::app_server().await?;
             let tmp = tempfile::tempdir()?;
