@@ -519,6 +519,18 @@ fn the_benchmarks_run() {
     let git = cli.run(&["bench", "git", "--turns", "10"]);
     assert!(git.status.success(), "{}", text(&git));
     assert!(String::from_utf8_lossy(&git.stdout).contains("turn    10"));
+    // Erasure leaves nothing behind (the benchmark checks the store is empty after).
+    let erase = cli.run(&["bench", "erase", "--conversations", "3"]);
+    assert!(erase.status.success(), "{}", text(&erase));
+    let out = String::from_utf8_lossy(&erase.stdout);
+    assert!(out.contains("3 conversations in") && out.contains("0 object reads"), "{out}");
+    let remote = cli.run(&["bench", "remote", "--samples", "5", "--actions", "20"]);
+    assert!(remote.status.success(), "{}", text(&remote));
+    assert!(
+        String::from_utf8_lossy(&remote.stdout).contains("µs per action"),
+        "{}",
+        text(&remote)
+    );
 }
 
 #[test]
