@@ -510,6 +510,19 @@ pub enum ConversationCommand {
         #[arg(long, default_value = "echo")]
         agent: turnpike_schemas::AgentId,
     },
+    /// Lists the tenant's conversations for an operator (an admin): NAME PHASE READY AGENT AGE,
+    /// like `kubectl get`; `--json` adds every condition with its reason.
+    List {
+        #[command(flatten)]
+        actor: Actor,
+        #[arg(long)]
+        app: Option<turnpike_schemas::AppId>,
+        /// Only this phase: idle, running, waiting, closed.
+        #[arg(long)]
+        status: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
     /// Deletes a conversation from every store (its owner, or an admin of its tenant): record,
     /// turn logs, files, attachments, project versions, index rows, grants, directory entry,
     /// the rest of its lane. A tombstone keeps who, when, why and the record's final root.

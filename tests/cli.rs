@@ -523,7 +523,10 @@ fn the_benchmarks_run() {
     let erase = cli.run(&["bench", "erase", "--conversations", "3"]);
     assert!(erase.status.success(), "{}", text(&erase));
     let out = String::from_utf8_lossy(&erase.stdout);
-    assert!(out.contains("3 conversations in") && out.contains("0 object reads"), "{out}");
+    assert!(
+        out.contains("3 conversations in") && out.contains("0 object reads"),
+        "{out}"
+    );
     let remote = cli.run(&["bench", "remote", "--samples", "5", "--actions", "20"]);
     assert!(remote.status.success(), "{}", text(&remote));
     assert!(

@@ -415,3 +415,133 @@ async fn a_user_erases_everything_of_theirs_and_nothing_of_anyone_elses() {
     let again = bob.delete("/v1/me").await.unwrap().into_ok().unwrap();
     assert_eq!(again["conversations"], json!([]));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn operators_see_phases_and_what_is_degraded() {
+    let apps = apps();
+    let mut server = Server::start(&binary(), Some(apps.path()), &[], false).unwrap();
+    let store = server.store_dir();
+    let alice = server.client(ALICE);
+    let idle = conversation(&alice, "Idle one.").await;
+    let closed = conversation(&alice, "Closed one.").await;
+    close(&alice, &closed).await;
+    let broken = conversation(&alice, "Broken one.").await;
+    // Its last batch is damaged on disk: its head no longer verifies.
+    let record = store.join(format!("tenants/default/conversations/{broken}/record"));
+    let mut batches: Vec<_> = std::fs::read_dir(&record)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    batches.sort();
+    std::fs::write(batches.last().unwrap(), b"{}").unwrap();
+
+    let refused = alice.get("/v1/admin/conversations").await.unwrap();
+    assert_eq!(refused.status, 403);
+    let admin = server.client(ADMIN);
+    let list = admin
+        .get("/v1/admin/conversations")
+        .await
+        .unwrap()
+        .into_ok()
+        .unwrap();
+    let of = |id: &str| -> Value {
+        list["conversations"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["conversation"] == id)
+            .unwrap_or_else(|| panic!("{id} not listed: {list}"))
+            .clone()
+    };
+    let condition = |c: &Value, kind: &str| -> Value {
+        c["conditions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|x| x["kind"] == kind)
+            .unwrap()
+            .clone()
+    };
+    let i = of(&idle);
+    assert_eq!(
+        (i["phase"].as_str(), i["ready"].as_bool()),
+        (Some("Idle"), Some(true)),
+        "{i}"
+    );
+    assert_eq!(condition(&i, "Degraded")["status"], false);
+    let c = of(&closed);
+    assert_eq!(
+        (c["phase"].as_str(), c["ready"].as_bool()),
+        (Some("Closed"), Some(false)),
+        "{c}"
+    );
+    let b = of(&broken);
+    let degraded = condition(&b, "Degraded");
+    assert_eq!(degraded["status"], true, "{b}");
+    assert!(
+        degraded["reason"]
+            .as_str()
+            .unwrap()
+            .contains("does not verify"),
+        "{degraded}"
+    );
+    // Filters; another tenant's admin sees none of it.
+    let closed_only = admin
+        .get("/v1/admin/conversations?status=closed")
+        .await
+        .unwrap()
+        .into_ok()
+        .unwrap();
+    assert_eq!(closed_only["conversations"].as_array().unwrap().len(), 1);
+    let beta = server
+        .client(BETA_ADMIN)
+        .get("/v1/admin/conversations")
+        .await
+        .unwrap()
+        .into_ok()
+        .unwrap();
+    assert_eq!(beta["conversations"], json!([]));
+
+    // The same from the CLI, like `kubectl get`.
+    server.process.kill();
+    let out = std::process::Command::new(binary())
+        .args(["--data-dir", server.data.path().to_str().unwrap()])
+        .args([
+            "--admin",
+            "local:ops",
+            "conversation",
+            "list",
+            "--actor",
+            "local:ops",
+        ])
+        .env("TURNPIKE_EMBEDDING_MODEL", "/nonexistent-model")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lines: Vec<&str> = text.lines().collect();
+    assert!(
+        lines[0].starts_with("NAME") && lines[0].contains("READY"),
+        "{text}"
+    );
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.starts_with(&idle) && l.contains("Idle") && l.contains("True")),
+        "{text}"
+    );
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.starts_with(&closed) && l.contains("Closed") && l.contains("False")),
+        "{text}"
+    );
+    assert!(
+        text.contains("Degraded: the record's head does not verify"),
+        "{text}"
+    );
+}

@@ -206,6 +206,7 @@ impl Edge {
             .route("/v1/files/links", post(files::link))
             .route("/v1/search", get(services::search))
             .route("/v1/me", axum::routing::delete(conversations::delete_me))
+            .route("/v1/admin/conversations", get(services::phases))
             .route(
                 "/v1/memory",
                 get(memory::list).delete(memory::forget_conversation),

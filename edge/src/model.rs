@@ -524,6 +524,45 @@ pub struct ErasedView {
     pub forgotten: u64,
 }
 
+/// Which conversations an admin lists.
+#[derive(Debug, Clone, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct PhaseQuery {
+    #[param(pattern = "^[a-z0-9][a-z0-9_-]{0,62}$")]
+    pub app: Option<String>,
+    /// idle, running, waiting or closed.
+    #[param(pattern = "^(idle|running|waiting|closed)$")]
+    pub status: Option<String>,
+}
+
+/// One condition of a conversation: whether it holds, and why.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct ConditionView {
+    /// Ready, Progressing or Degraded.
+    pub kind: String,
+    pub status: bool,
+    pub reason: String,
+}
+
+/// A conversation as an operator sees it.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct PhaseView {
+    pub conversation: String,
+    pub app: String,
+    pub agent: String,
+    /// Idle, Running, Waiting, Closed, or Unknown.
+    pub phase: String,
+    pub ready: bool,
+    pub conditions: Vec<ConditionView>,
+    pub created_ms: u64,
+    pub turns: u64,
+}
+
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct PhaseList {
+    pub conversations: Vec<PhaseView>,
+}
+
 /// What `verify` found.
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct VerifyView {

@@ -45,6 +45,7 @@ use super::{conversations, error, events, files, memory, services, stream, ticke
         memory::list,
         memory::forget_row,
         memory::forget_conversation,
+        services::phases,
         services::verify,
         services::replay,
     ),

@@ -164,6 +164,73 @@ impl Edge {
     }
 }
 
+/// The tenant's conversations with their phases and conditions (admins): what needs an
+/// operator shows as Degraded, with the reason.
+#[utoipa::path(get, path = "/v1/admin/conversations", tag = "admin", params(crate::model::PhaseQuery),
+    responses((status = 200, body = crate::model::PhaseList), (status = 403, body = ErrorBody),
+              (status = 422, body = ErrorBody)))]
+pub async fn phases(
+    State(edge): State<Edge>,
+    Caller(caller): Caller,
+    crate::Params(query): crate::Params<crate::model::PhaseQuery>,
+) -> ApiResult<Json<crate::model::PhaseList>> {
+    if !caller.admin {
+        return Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "forbidden",
+            "admin endpoints need an admin identity",
+        ));
+    }
+    let app: Option<turnpike_schemas::AppId> = parse_id("app", query.app)?;
+    if let Some(s) = &query.status {
+        if !["idle", "running", "waiting", "closed"].contains(&s.as_str()) {
+            return Err(ApiError::invalid(format!(
+                "status: {s:?} is not idle, running, waiting or closed"
+            )));
+        }
+    }
+    let conversations = &edge.inner.conversations;
+    let mut entries: Vec<_> = conversations
+        .directory()
+        .list()
+        .await?
+        .into_iter()
+        .filter(|e| e.tenant == caller.tenant && app.as_ref().is_none_or(|a| *a == e.app))
+        .collect();
+    entries.sort_by(|a, b| b.created_ms.cmp(&a.created_ms));
+    let mut out = Vec::new();
+    for entry in &entries {
+        let p =
+            turnpike_worker::phases::phase(conversations, entry, edge.inner.search.as_ref()).await;
+        if query
+            .status
+            .as_ref()
+            .is_some_and(|s| !p.phase.eq_ignore_ascii_case(s))
+        {
+            continue;
+        }
+        out.push(crate::model::PhaseView {
+            conversation: p.conversation,
+            app: p.app,
+            agent: p.agent,
+            phase: p.phase.to_owned(),
+            ready: p.ready,
+            conditions: p
+                .conditions
+                .into_iter()
+                .map(|c| crate::model::ConditionView {
+                    kind: c.kind.to_owned(),
+                    status: c.status,
+                    reason: c.reason,
+                })
+                .collect(),
+            created_ms: p.created_ms,
+            turns: p.turns,
+        });
+    }
+    Ok(Json(crate::model::PhaseList { conversations: out }))
+}
+
 /// Verifies a conversation's record: every entry, every signature, against the trusted keys.
 #[utoipa::path(post, path = "/v1/admin/conversations/{id}/verify", tag = "admin",
     params(("id" = String, Path, description = "conv_<ulid>")),

@@ -74,6 +74,12 @@ pub async fn run(
             conversation,
             actor,
         } => repair(global, env, conversation, &actor.tenant, &actor.identity).await,
+        ConversationCommand::List {
+            actor,
+            app,
+            status,
+            json,
+        } => list(global, env, &actor, app, status, json).await,
         ConversationCommand::Delete {
             conversation,
             actor,
@@ -255,6 +261,89 @@ pub async fn replay_report(
         }
     }
     Ok(same)
+}
+
+/// Lists a tenant's conversations with their phases, for an admin of that tenant.
+async fn list(
+    global: &crate::cli::Global,
+    env: &Env,
+    actor: &crate::cli::Actor,
+    app: Option<turnpike_schemas::AppId>,
+    status: Option<String>,
+    json: bool,
+) -> Result<ExitCode> {
+    if !env.admins.contains(&actor.identity) {
+        anyhow::bail!("listing a tenant's conversations is for its admins (--admin)");
+    }
+    if let Some(s) = &status {
+        anyhow::ensure!(
+            ["idle", "running", "waiting", "closed"].contains(&s.as_str()),
+            "--status {s:?}: one of idle, running, waiting, closed"
+        );
+    }
+    let index = if global.index.database_url.is_some() || global.data_dir.join("index").exists() {
+        crate::env::open_index(global).await.ok()
+    } else {
+        None
+    };
+    let mut entries: Vec<DirectoryEntry> = env
+        .conversations
+        .directory()
+        .list()
+        .await?
+        .into_iter()
+        .filter(|e| e.tenant == actor.tenant && app.as_ref().is_none_or(|a| *a == e.app))
+        .collect();
+    entries.sort_by(|a, b| b.created_ms.cmp(&a.created_ms));
+    let mut phases = Vec::new();
+    for entry in &entries {
+        let p = turnpike_worker::phases::phase(&env.conversations, entry, index.as_ref()).await;
+        if status
+            .as_ref()
+            .is_none_or(|s| p.phase.eq_ignore_ascii_case(s))
+        {
+            phases.push(p);
+        }
+    }
+    tracing::warn!(admin = %actor.identity, tenant = %actor.tenant, "conversation list run by an admin");
+    if json {
+        println!("{}", serde_json::to_string_pretty(&phases)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    println!(
+        "{:<31} {:<8} {:<6} {:<16} {:>6}",
+        "NAME", "PHASE", "READY", "AGENT", "AGE"
+    );
+    let now = now_ms();
+    for p in &phases {
+        println!(
+            "{:<31} {:<8} {:<6} {:<16} {:>6}",
+            p.conversation,
+            p.phase,
+            if p.ready { "True" } else { "False" },
+            p.agent,
+            age(now.saturating_sub(p.created_ms))
+        );
+        for c in p
+            .conditions
+            .iter()
+            .filter(|c| c.kind == "Degraded" && c.status)
+        {
+            println!("  Degraded: {}", c.reason);
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `42s`, `5m`, `3h`, `2d`, as `kubectl get` shows ages.
+fn age(ms: u64) -> String {
+    let s = ms / 1000;
+    match s {
+        0..=119 => format!("{s}s"),
+        120..=7_199 => format!("{}m", s / 60),
+        7_200..=172_799 => format!("{}h", s / 3_600),
+        _ => format!("{}d", s / 86_400),
+    }
 }
 
 /// Deletes a conversation from every store, as its owner or an admin of its tenant.

@@ -25,6 +25,7 @@
 //! - [`replay`]: re-running recorded turns, and what-ifs
 //! - [`workspace`]: a fresh directory per turn, deleted however the turn ends
 //! - [`erasure`]: deleting a conversation from every store, with a tombstone; finishing cut-short deletions
+//! - [`phases`]: conversation phases and conditions for operators (`conversation list`)
 //! - [`config`]: worker settings
 //! - [`error`]: the crate's error type
 //! - [`failpoints`]: where tests crash a worker at a step boundary (a test-only feature)
@@ -42,6 +43,7 @@ pub mod fence;
 pub mod model;
 pub mod owner;
 pub mod parking;
+pub mod phases;
 pub mod pool;
 pub mod reach;
 pub mod recall;
