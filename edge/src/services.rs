@@ -197,7 +197,7 @@ pub async fn phases(
         .into_iter()
         .filter(|e| e.tenant == caller.tenant && app.as_ref().is_none_or(|a| *a == e.app))
         .collect();
-    entries.sort_by(|a, b| b.created_ms.cmp(&a.created_ms));
+    entries.sort_by_key(|e| std::cmp::Reverse(e.created_ms));
     let mut out = Vec::new();
     for entry in &entries {
         let p =

@@ -294,7 +294,7 @@ async fn list(
         .into_iter()
         .filter(|e| e.tenant == actor.tenant && app.as_ref().is_none_or(|a| *a == e.app))
         .collect();
-    entries.sort_by(|a, b| b.created_ms.cmp(&a.created_ms));
+    entries.sort_by_key(|e| std::cmp::Reverse(e.created_ms));
     let mut phases = Vec::new();
     for entry in &entries {
         let p = turnpike_worker::phases::phase(&env.conversations, entry, index.as_ref()).await;
