@@ -15,7 +15,6 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::Result;
-use object_store::local::LocalFileSystem;
 use object_store::ObjectStore;
 use serde_json::json;
 use turnpike_artifactory::{ConversationPrefix, Record, RecordSigner, TurnLogs};
@@ -214,17 +213,7 @@ pub async fn run(
     dir: Option<std::path::PathBuf>,
     store_url: Option<String>,
 ) -> Result<ExitCode> {
-    let tmp = match dir {
-        Some(d) => tempfile::tempdir_in(d)?,
-        None => tempfile::tempdir()?,
-    };
-    let (store, place): (Arc<dyn ObjectStore>, String) = match store_url {
-        Some(url) => (turnpike_artifactory::open_store(&url)?, url),
-        None => (
-            Arc::new(LocalFileSystem::new_with_prefix(tmp.path())?),
-            format!("local filesystem at {}", tmp.path().display()),
-        ),
-    };
+    let (_tmp, store, place) = crate::bench_store(dir, store_url)?;
     let signer = RecordSigner::generate()?;
     println!("turnpike bench context: {place}, {samples} rebuilds per scenario");
     let scenarios: [(&str, u64, Option<u64>); 4] = [

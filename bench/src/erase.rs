@@ -13,7 +13,6 @@ use std::time::{Duration, Instant};
 use anyhow::Result;
 use bytes::Bytes;
 use futures::TryStreamExt as _;
-use object_store::local::LocalFileSystem;
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt as _, PutPayload};
 use turnpike_artifactory::{Conversations, DirectoryEntry, Files, RecordSigner};
@@ -70,21 +69,7 @@ pub async fn run(
     dir: Option<std::path::PathBuf>,
     store_url: Option<String>,
 ) -> Result<ExitCode> {
-    let tmp = match dir {
-        Some(d) => tempfile::tempdir_in(d)?,
-        None => tempfile::tempdir()?,
-    };
-    let (store, place): (Arc<dyn ObjectStore>, String) = match store_url {
-        Some(url) => (turnpike_artifactory::open_store(&url)?, url),
-        None => {
-            let root = tmp.path().join("store");
-            std::fs::create_dir_all(&root)?;
-            (
-                Arc::new(LocalFileSystem::new_with_prefix(&root)?),
-                format!("local filesystem at {}", root.display()),
-            )
-        }
-    };
+    let (tmp, store, place) = crate::bench_store(dir, store_url)?;
     let bus = turnpike_router::embedded::EmbeddedBus::open(
         &tmp.path().join("bus.redb"),
         Default::default(),

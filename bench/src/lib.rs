@@ -18,6 +18,37 @@
 //! The binary does the wiring (configuration, the stack under test) and calls these.
 
 pub mod cell;
+
+/// The store a benchmark writes to: a local filesystem under a fresh folder in `dir` (or the
+/// system's temporary folder), or the object store at `url`. Returns the folder (kept as long
+/// as the store is used), the store, and where it is, for the report.
+pub fn bench_store(
+    dir: Option<std::path::PathBuf>,
+    url: Option<String>,
+) -> anyhow::Result<(
+    tempfile::TempDir,
+    std::sync::Arc<dyn object_store::ObjectStore>,
+    String,
+)> {
+    let tmp = match dir {
+        Some(d) => tempfile::tempdir_in(d)?,
+        None => tempfile::tempdir()?,
+    };
+    let (store, place): (std::sync::Arc<dyn object_store::ObjectStore>, String) = match url {
+        Some(url) => (turnpike_artifactory::open_store(&url)?, url),
+        None => {
+            let root = tmp.path().join("store");
+            std::fs::create_dir_all(&root)?;
+            (
+                std::sync::Arc::new(object_store::local::LocalFileSystem::new_with_prefix(
+                    &root,
+                )?),
+                format!("local filesystem at {}", root.display()),
+            )
+        }
+    };
+    Ok((tmp, store, place))
+}
 pub mod context;
 pub mod edge;
 pub mod erase;

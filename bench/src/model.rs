@@ -116,14 +116,19 @@ async fn direct_first_token(http: &reqwest::Client, plan: &Plan) -> Result<Durat
     bail!("the server streamed no content")
 }
 
-async fn create(client: &Client, agent: &str) -> Result<String> {
+/// A new conversation of `app`'s `agent` over the API; returns its id.
+pub(crate) async fn create_in(client: &Client, app: &str, agent: &str) -> Result<String> {
     let reply = client
-        .post("/v1/conversations", &json!({"app": APP, "agent": agent}))
+        .post("/v1/conversations", &json!({"app": app, "agent": agent}))
         .await
         .map_err(anyhow::Error::msg)?
         .into_ok()
         .map_err(anyhow::Error::msg)?;
     Ok(reply["id"].as_str().unwrap_or_default().to_owned())
+}
+
+async fn create(client: &Client, agent: &str) -> Result<String> {
+    create_in(client, APP, agent).await
 }
 
 async fn say(client: &Client, conv: &str, text: &str) -> Result<()> {

@@ -65,20 +65,10 @@ pub async fn app_server() -> Result<(String, tokio::task::JoinHandle<()>)> {
     Ok((url, server))
 }
 
-async fn create(client: &Client, agent: &str) -> Result<String> {
-    let reply = client
-        .post("/v1/conversations", &json!({"app": APP, "agent": agent}))
-        .await
-        .map_err(anyhow::Error::msg)?
-        .into_ok()
-        .map_err(anyhow::Error::msg)?;
-    Ok(reply["id"].as_str().unwrap_or_default().to_owned())
-}
-
 /// One turn on a fresh conversation of `agent`: from the message's submission to its
 /// `turn_complete` row.
 async fn turn(client: &Client, agent: &str, text: &str) -> Result<Duration> {
-    let conv = create(client, agent).await?;
+    let conv = crate::model::create_in(client, APP, agent).await?;
     let mut cursor = Cursor::new(&conv);
     cursor.read(client).await.map_err(anyhow::Error::msg)?;
     let t0 = Instant::now();
