@@ -217,9 +217,10 @@ impl Directory {
         }
     }
 
-    /// Removes a conversation from the directory: its grants, its closed marker, its owner's
-    /// listing, and last its entry (idempotent; a removal cut short is finished by running it
-    /// again). From the first step on nobody else is shown it.
+    /// Removes a conversation from the directory: its entry first (from then on nobody finds
+    /// it), then its grants, its owner's listing, and last its closed marker (so a removal cut
+    /// short never leaves a closed conversation open). Idempotent: a removal cut short is
+    /// finished by running it again.
     pub async fn remove(&self, entry: &DirectoryEntry) -> Result<()> {
         use futures::TryStreamExt as _;
         let grants =
@@ -231,9 +232,9 @@ impl Directory {
             .try_collect()
             .await
             .map_err(|e| Error::store("listing grants to remove", e))?;
-        paths.push(closed_marker(entry.conversation));
+        paths.insert(0, directory_entry(entry.conversation));
         paths.push(owned_marker(&entry.owner, entry.conversation));
-        paths.push(directory_entry(entry.conversation));
+        paths.push(closed_marker(entry.conversation));
         for path in paths {
             match self.store.delete(&path).await {
                 Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
@@ -257,10 +258,9 @@ impl Directory {
             .into_iter()
             .filter_map(|m| {
                 let id = m.location.filename()?.parse().ok()?;
-                Some((
-                    id,
-                    u64::try_from(m.last_modified.timestamp_millis()).unwrap_or(0),
-                ))
+                // A time before the epoch is not a closing time anyone can trust: skipped.
+                let at = u64::try_from(m.last_modified.timestamp_millis()).ok()?;
+                Some((id, at))
             })
             .collect())
     }

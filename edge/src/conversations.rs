@@ -188,6 +188,9 @@ pub async fn delete(
         .await
         .map_err(|e| match e {
             turnpike_worker::erasure::ErasureError::Busy => ApiError::conflict(e.to_string()),
+            turnpike_worker::erasure::ErasureError::Gone => {
+                ApiError::not_found(format!("no conversation {conversation}"))
+            }
             turnpike_worker::erasure::ErasureError::Failed(_) => {
                 ApiError::unavailable(e.to_string())
             }
@@ -228,6 +231,7 @@ pub async fn delete_me(
         {
             Ok(tombstone) => deleted.push(tombstone.into()),
             Err(turnpike_worker::erasure::ErasureError::Busy) => busy.push(id.to_string()),
+            Err(turnpike_worker::erasure::ErasureError::Gone) => {}
             Err(e) => return Err(ApiError::unavailable(e.to_string())),
         }
         edge.inner.ingress.forget(id);

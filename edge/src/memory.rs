@@ -97,6 +97,8 @@ pub async fn forget_row(
     let not_found = || ApiError::not_found(format!("no remembered row {row:?}"));
     // Row ids are references to what the row came from: its conversation is in it.
     let reference: Reference = row.parse().map_err(|_| not_found())?;
+    // The canonical spelling is the row's id (a reference may be written more than one way).
+    let row = reference.to_string();
     let entry = edge
         .inner
         .conversations

@@ -544,27 +544,28 @@ impl Backend for EmbeddedIndex {
         self.blocking(move |inner| {
             let start = format!("{}\u{0}", scope_key(&scope));
             let end = format!("{}\u{1}", scope_key(&scope));
-            // The vector store says which rows are this scope's: only those leave the text
-            // index too.
-            let txn = inner.vectors.begin_write().map_err(db("deleting rows"))?;
+            // The vector store says which rows are this scope's. Their text goes first, then
+            // their vectors: a deletion cut short between the two is found again, whole, by
+            // its retry (never text left behind that no vector points at).
+            let txn = inner.vectors.begin_read().map_err(db("deleting rows"))?;
             let gone: Vec<RowId> = {
-                let mut table = txn.open_table(VECTORS).map_err(db("deleting rows"))?;
+                let table = txn.open_table(VECTORS).map_err(db("deleting rows"))?;
                 let mut gone = Vec::new();
                 for entry in table
-                    .extract_from_if(start.as_str()..end.as_str(), |_, value| {
-                        decode_meta(value).is_ok_and(|(meta, _)| {
-                            filters.admits(&meta)
-                                && ids.as_ref().is_none_or(|ids| ids.contains(&meta.id))
-                        })
-                    })
+                    .range(start.as_str()..end.as_str())
                     .map_err(db("deleting rows"))?
                 {
                     let (_, value) = entry.map_err(db("deleting rows"))?;
-                    gone.push(decode_meta(value.value())?.0.id);
+                    let (meta, _) = decode_meta(value.value())?;
+                    if filters.admits(&meta)
+                        && ids.as_ref().is_none_or(|ids| ids.contains(&meta.id))
+                    {
+                        gone.push(meta.id);
+                    }
                 }
                 gone
             };
-            txn.commit().map_err(db("deleting rows"))?;
+            drop(txn);
             if gone.is_empty() {
                 return Ok(0);
             }
@@ -578,6 +579,16 @@ impl Backend for EmbeddedIndex {
                 .reader
                 .reload()
                 .map_err(tantivy_error("reloading the text index"))?;
+            let txn = inner.vectors.begin_write().map_err(db("deleting rows"))?;
+            {
+                let mut table = txn.open_table(VECTORS).map_err(db("deleting rows"))?;
+                for id in &gone {
+                    table
+                        .remove(vector_key(&scope, id).as_str())
+                        .map_err(db("deleting rows"))?;
+                }
+            }
+            txn.commit().map_err(db("deleting rows"))?;
             Ok(gone.len() as u64)
         })
         .await

@@ -67,12 +67,17 @@ impl Indexer {
         conversation: ConversationId,
         full: bool,
     ) -> Result<usize> {
-        let entry = self
+        let entry = match self
             .conversations
             .directory()
             .lookup_unchecked(conversation)
             .await
-            .map_err(|e| Error::new(ErrorKind::Unavailable, e.to_string()))?;
+        {
+            Ok(entry) => entry,
+            // Deleted (or never finished being created): nothing to index, nothing to retry.
+            Err(e) if e.kind() == turnpike_artifactory::ErrorKind::NotFound => return Ok(0),
+            Err(e) => return Err(Error::new(ErrorKind::Unavailable, e.to_string())),
+        };
         let scope = scope_of(&entry);
         let mark = if full {
             None
@@ -135,7 +140,30 @@ impl Indexer {
                 self.rows_of(&entry, &log, at_ms as i64).await
             };
             rows.retain(|r| !forgotten.forgets(r.info.id.as_str(), r.info.turn));
+            let ids: Vec<RowId> = rows.iter().map(|r| r.info.id.clone()).collect();
             self.index.write(rows).await?;
+            // What was deleted or forgotten while these rows were made goes again now: the
+            // tombstone and the forget markers are written before their deletions, so one
+            // that this check misses deletes the rows written here itself.
+            if self.undo_if_gone(&entry, &scope).await? {
+                return Ok(written);
+            }
+            let forgotten_now = self
+                .conversations
+                .forgotten()
+                .list(&entry.prefix())
+                .await
+                .map_err(unavailable)?;
+            if forgotten_now != forgotten {
+                let undone: Vec<RowId> = ids
+                    .into_iter()
+                    .filter(|id| forgotten_now.forgets(id.as_str(), turn))
+                    .collect();
+                self.index
+                    .backend()
+                    .delete(&scope, &Default::default(), Some(&undone))
+                    .await?;
+            }
             self.index
                 .backend()
                 .set_mark(&scope, conversation, turn)
@@ -143,6 +171,30 @@ impl Indexer {
             written += 1;
         }
         Ok(written)
+    }
+
+    /// Whether the conversation was deleted (a tombstone exists) — then its rows and mark,
+    /// written by this indexer after the deletion removed them, are removed again.
+    async fn undo_if_gone(&self, entry: &DirectoryEntry, scope: &Scope) -> Result<bool> {
+        let tombstone = self
+            .conversations
+            .tombstones()
+            .get(&entry.tenant, entry.conversation)
+            .await
+            .map_err(|e| Error::new(ErrorKind::Unavailable, e.to_string()))?;
+        if tombstone.is_none() {
+            return Ok(false);
+        }
+        let filters = crate::types::Filters {
+            conversation: Some(entry.conversation),
+            ..Default::default()
+        };
+        self.index.backend().delete(scope, &filters, None).await?;
+        self.index
+            .backend()
+            .drop_mark(scope, entry.conversation)
+            .await?;
+        Ok(true)
     }
 
     /// Catches up every conversation in the store (the rebuild; `full`: every turn again):

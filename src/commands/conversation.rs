@@ -362,12 +362,14 @@ async fn delete(
     }
     let bus =
         crate::commands::runtime::open_bus(global, env, std::time::Duration::from_secs(30)).await?;
+    // A deployment with an index must reach it: rows left behind would outlive the deletion.
+    let has_index = global.index.database_url.is_some() || global.data_dir.join("index").exists();
     let index = match crate::env::open_index(global).await {
         Ok(index) => Some(index),
-        Err(why) => {
-            eprintln!("(no index reachable, so no index rows to delete: {why})");
-            None
+        Err(why) if has_index => {
+            anyhow::bail!("the index is configured but cannot be opened, so its rows could not be deleted: {why}")
         }
+        Err(_) => None,
     };
     let failpoints = turnpike_worker::Failpoints::from_env().map_err(anyhow::Error::msg)?;
     let eraser = turnpike_worker::erasure::Eraser::new(env.conversations.clone(), bus, index)

@@ -30,6 +30,8 @@ use crate::failpoints::Failpoints;
 pub enum ErasureError {
     /// A turn runs (its owner holds the lease): retry later.
     Busy,
+    /// Someone else deleted it meanwhile.
+    Gone,
     /// A store, the index or the bus failed; what was done stays done, and the tombstone says
     /// the rest is pending.
     Failed(String),
@@ -41,6 +43,7 @@ impl std::fmt::Display for ErasureError {
             ErasureError::Busy => f.write_str(
                 "a turn is running in the conversation; retry once it ends (or stop it)",
             ),
+            ErasureError::Gone => f.write_str("the conversation was deleted meanwhile"),
             ErasureError::Failed(why) => write!(f, "the deletion did not finish: {why}"),
         }
     }
@@ -98,11 +101,10 @@ impl Eraser {
             .await
             .map_err(failed)?
             .ok_or(ErasureError::Busy)?;
-        let result = self.erase_held(entry, by, reason).await;
-        if let Err(e) = self.bus.release(&lease).await {
-            warn!(conversation = %entry.conversation, error = %e, "could not release the deleter's lease");
-        }
-        result
+        // The lease is renewed while the deletion runs: no owner takes the conversation and
+        // writes into what is being deleted.
+        self.holding(lease, self.erase_held(entry, by, reason))
+            .await
     }
 
     async fn erase_held(
@@ -112,8 +114,35 @@ impl Eraser {
         reason: &str,
     ) -> Result<Tombstone, ErasureError> {
         let tombstones = self.conversations.tombstones();
-        let record = self.conversations.record(entry.prefix());
-        let head = record.head().await.map_err(failed)?;
+        // Under the lease, look again: another deletion may have finished meanwhile (its
+        // tombstone is the evidence and is not overwritten).
+        match self
+            .conversations
+            .directory()
+            .lookup_unchecked(entry.conversation)
+            .await
+        {
+            Ok(_) => {}
+            Err(e) if e.kind() == turnpike_artifactory::ErrorKind::NotFound => {
+                return Err(ErasureError::Gone)
+            }
+            Err(e) => return Err(failed(e)),
+        }
+        if let Some(earlier) = tombstones
+            .get(&entry.tenant, entry.conversation)
+            .await
+            .map_err(failed)?
+        {
+            return self.finish(earlier).await;
+        }
+        // The head as stored, verified or not: a record nobody trusts can still be deleted.
+        let record =
+            turnpike_artifactory::Record::new(self.conversations.store().clone(), entry.prefix());
+        let head = record.head().await.ok();
+        let (final_root, final_leaves) = match &head {
+            Some(head) if !head.is_empty() => (Some(head.root_hex()), head.leaves()),
+            _ => (None, 0),
+        };
         let tombstone = Tombstone {
             conversation: entry.conversation,
             tenant: entry.tenant.clone(),
@@ -123,8 +152,8 @@ impl Eraser {
             deleted_by: by.to_owned(),
             reason: reason.to_owned(),
             requested_ms: now_ms(),
-            final_root: (!head.is_empty()).then(|| head.root_hex()),
-            final_leaves: head.leaves(),
+            final_root,
+            final_leaves,
             finished_ms: None,
         };
         tombstones.put(&tombstone).await.map_err(failed)?;
@@ -146,15 +175,25 @@ impl Eraser {
         };
         let directory = self.conversations.directory();
         directory.remove(&entry).await.map_err(failed)?;
+        // What waits on the lane goes at once (and again at the end, for what raced in).
+        self.bus.purge_lane(conversation).await.map_err(failed)?;
         self.failpoints
             .hit("erase-after-directory", conversation)
             .await;
-        let objects = self
-            .conversations
-            .tombstones()
-            .purge(&prefix)
-            .await
-            .map_err(failed)?;
+        // Until a listing finds nothing: what a racing writer added meanwhile goes too.
+        let mut objects = 0;
+        for _ in 0..3 {
+            let n = self
+                .conversations
+                .tombstones()
+                .purge(&prefix)
+                .await
+                .map_err(failed)?;
+            objects += n;
+            if n == 0 {
+                break;
+            }
+        }
         self.conversations
             .open_turns()
             .clear(&prefix)
@@ -190,6 +229,46 @@ impl Eraser {
         Ok(tombstone)
     }
 
+    /// Renews the lease in `held` at a third of its time until the task is aborted; `held`
+    /// always holds the latest lease (to release it by).
+    fn renew(
+        &self,
+        held: Arc<std::sync::Mutex<turnpike_router::Lease>>,
+    ) -> tokio::task::JoinHandle<()> {
+        let (bus, ttl) = (self.bus.clone(), self.lease_ttl);
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(ttl / 3).await;
+                let current = held.lock().expect("lease lock").clone();
+                match bus.renew(&current, ttl).await {
+                    Ok(renewed) => *held.lock().expect("lease lock") = renewed,
+                    Err(e) => {
+                        warn!(conversation = %current.conversation, error = %e, "the deleter lost its lease");
+                        return;
+                    }
+                }
+            }
+        })
+    }
+
+    /// Runs `work` while renewing `lease`, then releases it.
+    async fn holding<T>(
+        &self,
+        lease: turnpike_router::Lease,
+        work: impl std::future::Future<Output = T>,
+    ) -> T {
+        let held = Arc::new(std::sync::Mutex::new(lease));
+        let renewing = self.renew(held.clone());
+        let result = work.await;
+        renewing.abort();
+        let _ = renewing.await;
+        let lease = held.lock().expect("lease lock").clone();
+        if let Err(e) = self.bus.release(&lease).await {
+            warn!(conversation = %lease.conversation, error = %e, "could not release the deleter's lease");
+        }
+        result
+    }
+
     /// Finishes every deletion a crash cut short (under each conversation's lease); returns
     /// how many it finished.
     pub async fn finish_pending(&self) -> Result<usize, ErasureError> {
@@ -210,8 +289,7 @@ impl Eraser {
             else {
                 continue;
             };
-            let result = self.finish(tombstone).await;
-            let _ = self.bus.release(&lease).await;
+            let result = self.holding(lease, self.finish(tombstone)).await;
             match result {
                 Ok(_) => finished += 1,
                 Err(e) => {

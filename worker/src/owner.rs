@@ -141,6 +141,18 @@ async fn drain(
     stopping: &std::sync::atomic::AtomicBool,
 ) -> Result<Head> {
     let conversation = env.record.prefix().conversation();
+    // A conversation being (or once) deleted runs nothing more: its wakes are dropped, and a
+    // deletion cut short is the sweep's to finish.
+    let tombstones = turnpike_artifactory::Tombstones::new(env.files.store().clone());
+    if tombstones
+        .get(env.record.prefix().tenant(), conversation)
+        .await?
+        .is_some()
+    {
+        return Err(Error::refused(format!(
+            "{conversation} is deleted: nothing more runs in it"
+        )));
+    }
     // A repair cut short after its commit point is finished before anything reads the head.
     env.record.finish_repair().await?;
     let mut head = env.record.head().await?;
