@@ -236,7 +236,11 @@ async fn catching_up_one_turn_reads_the_records_tail_not_the_whole_record() {
     );
     // The window's listing, and the conversation's forget markers before and after writing
     // (so that a row forgotten meanwhile is not written back).
-    assert!(rig.counting.lists() <= 3, "{} listings", rig.counting.lists());
+    assert!(
+        rig.counting.lists() <= 3,
+        "{} listings",
+        rig.counting.lists()
+    );
     rig.counting.reset();
     assert_eq!(indexer.catch_up(rig.conv).await.unwrap(), 0);
     let idle = rig.counting.gets();
