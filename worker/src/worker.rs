@@ -400,9 +400,15 @@ impl Worker {
         };
         let now = turnpike_router::clock::now_ms();
         let window = retention.as_millis() as u64;
+        let mut deleted = 0;
         for (conversation, closed_ms) in closed {
             if inner.is_stopping() || now.saturating_sub(closed_ms) <= window {
                 continue;
+            }
+            // A backlog is worked off a bounded slice per sweep, so that turns left open are
+            // not kept waiting behind it.
+            if deleted >= RETENTION_PER_SWEEP {
+                break;
             }
             let entry = match inner
                 .conversations
@@ -418,7 +424,10 @@ impl Worker {
                 humantime_secs(retention.as_secs())
             );
             match eraser.erase(&entry, "retention", &reason).await {
-                Ok(_) => info!(%conversation, "sweep: deleted a conversation past its retention"),
+                Ok(_) => {
+                    deleted += 1;
+                    info!(%conversation, "sweep: deleted a conversation past its retention")
+                }
                 Err(crate::erasure::ErasureError::Busy) => {}
                 Err(e) => warn!(%conversation, error = %e, "sweep: retention could not delete"),
             }
@@ -494,6 +503,9 @@ impl Worker {
         }
     }
 }
+
+/// The most conversations one sweep deletes for retention.
+const RETENTION_PER_SWEEP: usize = 100;
 
 /// `90s`, `30m`, `24h`, `7d`: the largest unit that divides the time.
 fn humantime_secs(secs: u64) -> String {
