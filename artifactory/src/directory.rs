@@ -11,7 +11,8 @@ use turnpike_schemas::{AgentId, AppId, ConversationId, Identity, TenantId};
 
 use crate::error::{Error, ErrorKind, Result};
 use crate::layout::{
-    closed_marker, directory_entry, grant_marker, owned_dir, owned_marker, ConversationPrefix,
+    closed_dir, closed_marker, directory_entry, grant_marker, grants_dir, owned_dir, owned_marker,
+    ConversationPrefix,
 };
 
 /// What the directory knows of a conversation.
@@ -177,7 +178,7 @@ impl Directory {
     /// The identities a conversation is shared with (not its owner).
     pub async fn grantees(&self, conversation: ConversationId) -> Result<Vec<Identity>> {
         use futures::TryStreamExt as _;
-        let dir = object_store::path::Path::from(format!("directory/grants/{conversation}"));
+        let dir = grants_dir(conversation);
         let metas: Vec<_> = self
             .store
             .list(Some(&dir))
@@ -221,20 +222,18 @@ impl Directory {
     /// it), then its grants, its owner's listing, and last its closed marker (so a removal cut
     /// short never leaves a closed conversation open). Idempotent: a removal cut short is
     /// finished by running it again.
-    pub async fn remove(&self, entry: &DirectoryEntry) -> Result<()> {
+    pub async fn remove(&self, conversation: ConversationId, owner: &Identity) -> Result<()> {
         use futures::TryStreamExt as _;
-        let grants =
-            object_store::path::Path::from(format!("directory/grants/{}", entry.conversation));
         let mut paths: Vec<object_store::path::Path> = self
             .store
-            .list(Some(&grants))
+            .list(Some(&grants_dir(conversation)))
             .map_ok(|m| m.location)
             .try_collect()
             .await
             .map_err(|e| Error::store("listing grants to remove", e))?;
-        paths.insert(0, directory_entry(entry.conversation));
-        paths.push(owned_marker(&entry.owner, entry.conversation));
-        paths.push(closed_marker(entry.conversation));
+        paths.insert(0, directory_entry(conversation));
+        paths.push(owned_marker(owner, conversation));
+        paths.push(closed_marker(conversation));
         for path in paths {
             match self.store.delete(&path).await {
                 Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
@@ -250,7 +249,7 @@ impl Directory {
         use futures::TryStreamExt as _;
         let metas: Vec<_> = self
             .store
-            .list(Some(&object_store::path::Path::from("directory/closed")))
+            .list(Some(&closed_dir()))
             .try_collect()
             .await
             .map_err(|e| Error::store("listing closed conversations", e))?;

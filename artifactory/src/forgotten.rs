@@ -87,11 +87,7 @@ impl Forgotten {
             .map_err(|e| Error::store("listing forgotten rows", e))?;
         let mut list = ForgetList::default();
         for meta in metas {
-            let parts: Vec<String> = meta
-                .location
-                .parts()
-                .map(|p| p.as_ref().to_owned())
-                .collect();
+            let parts = crate::layout::segments(&meta.location);
             let Some(name) = parts.last().cloned() else {
                 continue;
             };

@@ -13,6 +13,9 @@
 //! tenants/{tenant}/conversations/{conv}/forgotten/rows/{hash}     index rows the owner forgot
 //! tenants/{tenant}/conversations/{conv}/forgotten/through/{turn:020}
 //! directory/conversations/{conv}.json
+//! directory/closed/{conv}, directory/grants/{conv}/{identity key}, directory/owners/{key}/{conv}
+//! tombstones/{tenant}/{conv}.json                 what proves a deletion (outside the data)
+//! tombstones-pending/{tenant}/{conv}              while that deletion runs
 //! ```
 
 use object_store::path::Path;
@@ -54,6 +57,11 @@ impl ConversationPrefix {
             "tenants/{}/conversations/{}",
             self.tenant, self.conversation
         )
+    }
+
+    /// The folder holding everything of the conversation (what a deletion removes).
+    pub fn dir(&self) -> Path {
+        Path::from(self.base())
     }
 
     /// The folder holding the record's batches.
@@ -226,6 +234,36 @@ pub fn owned_marker(owner: &turnpike_schemas::Identity, conversation: Conversati
 /// The folder of an owner's markers.
 pub fn owned_dir(owner: &turnpike_schemas::Identity) -> Path {
     Path::from(format!("directory/owners/{}", identity_key(owner)))
+}
+
+/// The folder of the closed markers.
+pub fn closed_dir() -> Path {
+    Path::from("directory/closed")
+}
+
+/// The folder of a conversation's grants.
+pub fn grants_dir(conversation: ConversationId) -> Path {
+    Path::from(format!("directory/grants/{conversation}"))
+}
+
+/// The tombstone of a deleted conversation.
+pub fn tombstone(tenant: &TenantId, conversation: ConversationId) -> Path {
+    Path::from(format!("tombstones/{tenant}/{conversation}.json"))
+}
+
+/// The marker of a deletion that has not finished.
+pub fn tombstone_pending(tenant: &TenantId, conversation: ConversationId) -> Path {
+    Path::from(format!("tombstones-pending/{tenant}/{conversation}"))
+}
+
+/// The folder of the pending-deletion markers.
+pub fn tombstones_pending_dir() -> Path {
+    Path::from("tombstones-pending")
+}
+
+/// A key's segments, as strings.
+pub fn segments(path: &Path) -> Vec<String> {
+    path.parts().map(|p| p.as_ref().to_owned()).collect()
 }
 
 /// The marker that says a conversation is closed.

@@ -3,9 +3,9 @@
 //! finished once every store is clean; an unfinished one is a deletion that a crash cut short,
 //! which the next sweep finishes.
 //!
-//! Layout: `tombstones/{tenant}/{conversation}.json`, and while the deletion runs
-//! `tombstones-pending/{tenant}/{conversation}` (empty): a sweep lists only those, so its cost
-//! does not grow with the conversations ever deleted.
+//! Layout (see [`crate::layout`]): `tombstones/{tenant}/{conversation}.json`, and while the
+//! deletion runs `tombstones-pending/{tenant}/{conversation}` (empty): a sweep lists only
+//! those, so its cost does not grow with the conversations ever deleted.
 
 use std::sync::Arc;
 
@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 use turnpike_schemas::{AgentId, AppId, ConversationId, Identity, TenantId};
 
 use crate::error::{Error, ErrorKind, Result};
-use crate::layout::ConversationPrefix;
+use crate::layout::{self, ConversationPrefix};
 
 /// The evidence of one deletion.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -47,14 +47,6 @@ impl Tombstone {
     }
 }
 
-fn path(tenant: &TenantId, conversation: ConversationId) -> Path {
-    Path::from(format!("tombstones/{tenant}/{conversation}.json"))
-}
-
-fn pending_path(tenant: &TenantId, conversation: ConversationId) -> Path {
-    Path::from(format!("tombstones-pending/{tenant}/{conversation}"))
-}
-
 /// The tombstones in one object store.
 #[derive(Debug, Clone)]
 pub struct Tombstones {
@@ -69,7 +61,7 @@ impl Tombstones {
     /// Writes (or rewrites) a tombstone: an unfinished one is listed as pending first, a
     /// finished one is no longer listed as pending once written.
     pub async fn put(&self, tombstone: &Tombstone) -> Result<()> {
-        let pending = pending_path(&tombstone.tenant, tombstone.conversation);
+        let pending = layout::tombstone_pending(&tombstone.tenant, tombstone.conversation);
         if tombstone.finished_ms.is_none() {
             self.store
                 .put(&pending, PutPayload::from_static(b""))
@@ -79,7 +71,7 @@ impl Tombstones {
         let bytes = serde_json::to_vec_pretty(tombstone).expect("tombstones serialise");
         self.store
             .put(
-                &path(&tombstone.tenant, tombstone.conversation),
+                &layout::tombstone(&tombstone.tenant, tombstone.conversation),
                 PutPayload::from(bytes),
             )
             .await
@@ -97,17 +89,13 @@ impl Tombstones {
     pub async fn pending(&self) -> Result<Vec<Tombstone>> {
         let metas: Vec<_> = self
             .store
-            .list(Some(&Path::from("tombstones-pending")))
+            .list(Some(&layout::tombstones_pending_dir()))
             .try_collect()
             .await
             .map_err(|e| Error::store("listing pending deletions", e))?;
         let mut out = Vec::new();
         for meta in metas {
-            let parts: Vec<String> = meta
-                .location
-                .parts()
-                .map(|p| p.as_ref().to_owned())
-                .collect();
+            let parts = layout::segments(&meta.location);
             let [_, tenant, conversation] = parts.as_slice() else {
                 continue;
             };
@@ -129,7 +117,11 @@ impl Tombstones {
         tenant: &TenantId,
         conversation: ConversationId,
     ) -> Result<Option<Tombstone>> {
-        match self.store.get(&path(tenant, conversation)).await {
+        match self
+            .store
+            .get(&layout::tombstone(tenant, conversation))
+            .await
+        {
             Ok(found) => {
                 let bytes = found
                     .bytes()
@@ -144,43 +136,13 @@ impl Tombstones {
         }
     }
 
-    /// Every tombstone (of every tenant).
-    pub async fn list(&self) -> Result<Vec<Tombstone>> {
-        let metas: Vec<_> = self
-            .store
-            .list(Some(&Path::from("tombstones")))
-            .try_collect()
-            .await
-            .map_err(|e| Error::store("listing tombstones", e))?;
-        let mut out = Vec::new();
-        for meta in metas {
-            let bytes = match self.store.get(&meta.location).await {
-                Ok(r) => r
-                    .bytes()
-                    .await
-                    .map_err(|e| Error::store("reading a tombstone", e))?,
-                Err(object_store::Error::NotFound { .. }) => continue,
-                Err(e) => return Err(Error::store("reading a tombstone", e)),
-            };
-            if let Ok(t) = serde_json::from_slice::<Tombstone>(&bytes) {
-                out.push(t);
-            }
-        }
-        Ok(out)
-    }
-
     /// Deletes every object under the conversation's prefix (its record, turn logs, snapshots,
     /// files, attachments, project versions, dead letters, forget markers); returns how many.
     /// Idempotent.
     pub async fn purge(&self, prefix: &ConversationPrefix) -> Result<usize> {
-        let base = Path::from(format!(
-            "tenants/{}/conversations/{}",
-            prefix.tenant(),
-            prefix.conversation()
-        ));
         let paths: Vec<Path> = self
             .store
-            .list(Some(&base))
+            .list(Some(&prefix.dir()))
             .map_ok(|m| m.location)
             .try_collect()
             .await

@@ -164,17 +164,11 @@ impl Eraser {
     async fn finish(&self, mut tombstone: Tombstone) -> Result<Tombstone, ErasureError> {
         let prefix = tombstone.prefix();
         let conversation = tombstone.conversation;
-        let entry = DirectoryEntry {
-            conversation,
-            tenant: tombstone.tenant.clone(),
-            owner: tombstone.owner.clone(),
-            app: tombstone.app.clone(),
-            agent: tombstone.agent.clone(),
-            created_ms: 0,
-            instructions: None,
-        };
-        let directory = self.conversations.directory();
-        directory.remove(&entry).await.map_err(failed)?;
+        self.conversations
+            .directory()
+            .remove(conversation, &tombstone.owner)
+            .await
+            .map_err(failed)?;
         // What waits on the lane goes at once (and again at the end, for what raced in).
         self.bus.purge_lane(conversation).await.map_err(failed)?;
         self.failpoints
