@@ -183,6 +183,12 @@ pub fn now_ms() -> u64 {
 
 /// The hybrid index the flags select, or why there is none (search is then off; nothing else
 /// depends on it).
+/// Whether this deployment has an index: a Postgres URL, or an embedded index in the data
+/// directory.
+pub fn index_configured(global: &Global) -> bool {
+    global.index.database_url.is_some() || global.data_dir.join("index").exists()
+}
+
 pub async fn open_index(global: &Global) -> Result<turnpike_index::Index, String> {
     use turnpike_index::embed::{Embedder, MiniLm, OpenAiEmbedder};
     let args = &global.index;

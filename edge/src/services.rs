@@ -183,32 +183,22 @@ pub async fn phases(
     }
     let app: Option<turnpike_schemas::AppId> = parse_id("app", query.app)?;
     if let Some(s) = &query.status {
-        if !["idle", "running", "waiting", "closed"].contains(&s.as_str()) {
+        if !turnpike_worker::phases::PHASES.contains(&s.as_str()) {
             return Err(ApiError::invalid(format!(
                 "status: {s:?} is not idle, running, waiting or closed"
             )));
         }
     }
-    let conversations = &edge.inner.conversations;
-    let mut entries: Vec<_> = conversations
-        .directory()
-        .list()
-        .await?
-        .into_iter()
-        .filter(|e| e.tenant == caller.tenant && app.as_ref().is_none_or(|a| *a == e.app))
-        .collect();
-    entries.sort_by_key(|e| std::cmp::Reverse(e.created_ms));
+    let phases = turnpike_worker::phases::list(
+        &edge.inner.conversations,
+        &caller.tenant,
+        app.as_ref(),
+        query.status.as_deref(),
+        edge.inner.search.as_ref(),
+    )
+    .await?;
     let mut out = Vec::new();
-    for entry in &entries {
-        let p =
-            turnpike_worker::phases::phase(conversations, entry, edge.inner.search.as_ref()).await;
-        if query
-            .status
-            .as_ref()
-            .is_some_and(|s| !p.phase.eq_ignore_ascii_case(s))
-        {
-            continue;
-        }
+    for p in phases {
         out.push(crate::model::PhaseView {
             conversation: p.conversation,
             app: p.app,

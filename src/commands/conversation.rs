@@ -277,34 +277,23 @@ async fn list(
     }
     if let Some(s) = &status {
         anyhow::ensure!(
-            ["idle", "running", "waiting", "closed"].contains(&s.as_str()),
+            turnpike_worker::phases::PHASES.contains(&s.as_str()),
             "--status {s:?}: one of idle, running, waiting, closed"
         );
     }
-    let index = if global.index.database_url.is_some() || global.data_dir.join("index").exists() {
+    let index = if crate::env::index_configured(global) {
         crate::env::open_index(global).await.ok()
     } else {
         None
     };
-    let mut entries: Vec<DirectoryEntry> = env
-        .conversations
-        .directory()
-        .list()
-        .await?
-        .into_iter()
-        .filter(|e| e.tenant == actor.tenant && app.as_ref().is_none_or(|a| *a == e.app))
-        .collect();
-    entries.sort_by_key(|e| std::cmp::Reverse(e.created_ms));
-    let mut phases = Vec::new();
-    for entry in &entries {
-        let p = turnpike_worker::phases::phase(&env.conversations, entry, index.as_ref()).await;
-        if status
-            .as_ref()
-            .is_none_or(|s| p.phase.eq_ignore_ascii_case(s))
-        {
-            phases.push(p);
-        }
-    }
+    let phases = turnpike_worker::phases::list(
+        &env.conversations,
+        &actor.tenant,
+        app.as_ref(),
+        status.as_deref(),
+        index.as_ref(),
+    )
+    .await?;
     tracing::warn!(admin = %actor.identity, tenant = %actor.tenant, "conversation list run by an admin");
     if json {
         println!("{}", serde_json::to_string_pretty(&phases)?);
@@ -363,10 +352,11 @@ async fn delete(
     let bus =
         crate::commands::runtime::open_bus(global, env, std::time::Duration::from_secs(30)).await?;
     // A deployment with an index must reach it: rows left behind would outlive the deletion.
-    let has_index = global.index.database_url.is_some() || global.data_dir.join("index").exists();
+    // (Asked before opening: opening an embedded index creates its folder.)
+    let configured = crate::env::index_configured(global);
     let index = match crate::env::open_index(global).await {
         Ok(index) => Some(index),
-        Err(why) if has_index => {
+        Err(why) if configured => {
             anyhow::bail!("the index is configured but cannot be opened, so its rows could not be deleted: {why}")
         }
         Err(_) => None,

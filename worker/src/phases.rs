@@ -10,7 +10,37 @@
 
 use serde::Serialize;
 use turnpike_artifactory::{Conversations, DirectoryEntry};
-use turnpike_schemas::EntryBody;
+use turnpike_schemas::{AppId, EntryBody, TenantId};
+
+/// The phases a listing can be narrowed to.
+pub const PHASES: [&str; 4] = ["idle", "running", "waiting", "closed"];
+
+/// The phases of `tenant`'s conversations (of `app`, when given), newest first; with
+/// `status` (one of [`PHASES`]), only those in that phase.
+pub async fn list(
+    conversations: &Conversations,
+    tenant: &TenantId,
+    app: Option<&AppId>,
+    status: Option<&str>,
+    index: Option<&turnpike_index::Index>,
+) -> turnpike_artifactory::Result<Vec<Phase>> {
+    let mut entries: Vec<DirectoryEntry> = conversations
+        .directory()
+        .list()
+        .await?
+        .into_iter()
+        .filter(|e| e.tenant == *tenant && app.is_none_or(|a| *a == e.app))
+        .collect();
+    entries.sort_by_key(|e| std::cmp::Reverse(e.created_ms));
+    let mut out = Vec::new();
+    for entry in &entries {
+        let p = phase(conversations, entry, index).await;
+        if status.is_none_or(|s| p.phase.eq_ignore_ascii_case(s)) {
+            out.push(p);
+        }
+    }
+    Ok(out)
+}
 
 /// One condition: whether it holds, and why.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
