@@ -33,14 +33,6 @@ pub struct Plan {
     pub accept_only: bool,
 }
 
-fn pct(samples: &mut [Duration], p: f64) -> f64 {
-    if samples.is_empty() {
-        return f64::NAN;
-    }
-    samples.sort_unstable();
-    samples[((samples.len() as f64 - 1.0) * p).round() as usize].as_secs_f64() * 1e3
-}
-
 /// The stack under test, which the caller starts: an edge serving on loopback over a bus with
 /// workers running the demo app's scripted model.
 pub struct EdgeStack {
@@ -99,7 +91,10 @@ pub async fn run(stack: EdgeStack, plan: Plan) -> Result<ExitCode> {
         }
         wait_idle(&client, &conv).await?;
     }
-    let (b50, b99) = (pct(&mut base, 0.5), pct(&mut base, 0.99));
+    let (b50, b99) = (
+        crate::series::percentile_ms(&mut base, 0.5),
+        crate::series::percentile_ms(&mut base, 0.99),
+    );
     println!("in process (ingress + live subscription): accept → first token p50 {b50:.2} ms, p99 {b99:.2} ms ({} samples)", base.len());
 
     for &n in &plan.conversations {
@@ -109,13 +104,16 @@ pub async fn run(stack: EdgeStack, plan: Plan) -> Result<ExitCode> {
             (60 / n.max(1)).clamp(3, 50)
         };
         let (mut accept, mut first) = latency(&client, n.max(1), rounds).await?;
-        let (f50, f99) = (pct(&mut first, 0.5), pct(&mut first, 0.99));
+        let (f50, f99) = (
+            crate::series::percentile_ms(&mut first, 0.5),
+            crate::series::percentile_ms(&mut first, 0.99),
+        );
         println!(
             "over the API, {n} concurrent conversation(s): accept → first token p50 {f50:.2} ms, p99 {f99:.2} ms (×{:.2} / ×{:.2} the in-process baseline); accept (202) p50 {:.2} ms, p99 {:.2} ms; {} samples",
             f50 / b50,
             f99 / b99,
-            pct(&mut accept, 0.5),
-            pct(&mut accept, 0.99),
+            crate::series::percentile_ms(&mut accept, 0.5),
+            crate::series::percentile_ms(&mut accept, 0.99),
             first.len()
         );
     }
@@ -219,8 +217,8 @@ pub async fn run(stack: EdgeStack, plan: Plan) -> Result<ExitCode> {
     println!(
         "over the API: {over_api:.0} messages accepted/s (×{:.2} in-process), 202 in p50 {:.2} ms, p99 {:.2} ms ({} messages, {} clients, {} conversations, {meanwhile})",
         over_api / direct,
-        pct(&mut latencies, 0.5),
-        pct(&mut latencies, 0.99),
+        crate::series::percentile_ms(&mut latencies, 0.5),
+        crate::series::percentile_ms(&mut latencies, 0.99),
         plan.messages,
         plan.clients,
         targets.len()

@@ -69,11 +69,6 @@ pub struct Plan {
     pub turns: usize,
 }
 
-fn pct(samples: &mut [Duration], p: f64) -> f64 {
-    samples.sort_unstable();
-    samples[((samples.len() as f64 - 1.0) * p).round() as usize].as_secs_f64() * 1e3
-}
-
 /// Time to the first streamed content straight from the server.
 async fn direct_first_token(http: &reqwest::Client, plan: &Plan) -> Result<Duration> {
     let body = json!({
@@ -131,7 +126,8 @@ async fn create(client: &Client, agent: &str) -> Result<String> {
     create_in(client, APP, agent).await
 }
 
-async fn say(client: &Client, conv: &str, text: &str) -> Result<()> {
+/// Sends `text` as a message to `conv`.
+pub(crate) async fn say(client: &Client, conv: &str, text: &str) -> Result<()> {
     client
         .post(
             &format!("/v1/conversations/{conv}/messages"),
@@ -146,7 +142,24 @@ async fn say(client: &Client, conv: &str, text: &str) -> Result<()> {
 
 /// Waits for `turn_complete` on the conversation's rows; returns its outcome.
 async fn complete(client: &Client, cursor: &mut Cursor) -> Result<String> {
-    let deadline = Instant::now() + Duration::from_secs(300);
+    complete_within(
+        client,
+        cursor,
+        Duration::from_millis(2),
+        Duration::from_secs(300),
+    )
+    .await
+}
+
+/// Waits, looking every `poll`, at most `wait`, for `turn_complete` on the conversation's
+/// rows; returns its outcome.
+pub(crate) async fn complete_within(
+    client: &Client,
+    cursor: &mut Cursor,
+    poll: Duration,
+    wait: Duration,
+) -> Result<String> {
+    let deadline = Instant::now() + wait;
     loop {
         for row in cursor.read(client).await.map_err(anyhow::Error::msg)? {
             if row["kind"] == "turn_complete" {
@@ -154,9 +167,9 @@ async fn complete(client: &Client, cursor: &mut Cursor) -> Result<String> {
             }
         }
         if Instant::now() > deadline {
-            bail!("the turn did not complete within five minutes");
+            bail!("the turn did not complete within {} s", wait.as_secs());
         }
-        tokio::time::sleep(Duration::from_millis(2)).await;
+        tokio::time::sleep(poll).await;
     }
 }
 
@@ -206,8 +219,14 @@ pub async fn run(stack: EdgeStack, plan: Plan, calls: CallTimes) -> Result<ExitC
         direct.push(direct_first_token(&http, &plan).await?);
         through.push(turnpike_first_token(&client).await?);
     }
-    let (d50, d99) = (pct(&mut direct, 0.5), pct(&mut direct, 0.99));
-    let (t50, t99) = (pct(&mut through, 0.5), pct(&mut through, 0.99));
+    let (d50, d99) = (
+        crate::series::percentile_ms(&mut direct, 0.5),
+        crate::series::percentile_ms(&mut direct, 0.99),
+    );
+    let (t50, t99) = (
+        crate::series::percentile_ms(&mut through, 0.5),
+        crate::series::percentile_ms(&mut through, 0.99),
+    );
     println!("first token, straight from the server   p50 {d50:>8.2} ms   p99 {d99:>8.2} ms   (the floor)");
     println!("first token, through Turnpike (API, WS) p50 {t50:>8.2} ms   p99 {t99:>8.2} ms");
     println!(

@@ -11,7 +11,7 @@ use anyhow::{bail, Result};
 use axum::body::Body;
 use axum::extract::Json;
 use axum::routing::post;
-use serde_json::{json, Value};
+use serde_json::Value;
 use turnpike_edge::client::{Client, Cursor};
 
 use crate::edge::EdgeStack;
@@ -72,36 +72,18 @@ async fn turn(client: &Client, agent: &str, text: &str) -> Result<Duration> {
     let mut cursor = Cursor::new(&conv);
     cursor.read(client).await.map_err(anyhow::Error::msg)?;
     let t0 = Instant::now();
-    client
-        .post(
-            &format!("/v1/conversations/{conv}/messages"),
-            &json!({ "text": text }),
-        )
-        .await
-        .map_err(anyhow::Error::msg)?
-        .into_ok()
-        .map_err(anyhow::Error::msg)?;
-    let deadline = t0 + Duration::from_secs(120);
-    loop {
-        for row in cursor.read(client).await.map_err(anyhow::Error::msg)? {
-            if row["kind"] == "turn_complete" {
-                let outcome = row["data"]["outcome"].as_str().unwrap_or("?");
-                if outcome != "replied" {
-                    bail!("a {agent} turn ended {outcome}");
-                }
-                return Ok(t0.elapsed());
-            }
-        }
-        if Instant::now() > deadline {
-            bail!("a {agent} turn did not complete within two minutes");
-        }
-        tokio::time::sleep(Duration::from_millis(1)).await;
+    crate::model::say(client, &conv, text).await?;
+    let outcome = crate::model::complete_within(
+        client,
+        &mut cursor,
+        Duration::from_millis(1),
+        Duration::from_secs(120),
+    )
+    .await?;
+    if outcome != "replied" {
+        bail!("a {agent} turn ended {outcome}");
     }
-}
-
-fn pct(samples: &mut [Duration], p: f64) -> f64 {
-    samples.sort_unstable();
-    samples[((samples.len() as f64 - 1.0) * p).round() as usize].as_secs_f64() * 1e3
+    Ok(t0.elapsed())
 }
 
 /// Runs the benchmark over `stack` (hosting [`manifest`]): `samples` turns of each kind,
@@ -122,8 +104,14 @@ pub async fn run(stack: EdgeStack, samples: usize, streamed: usize) -> Result<Ex
         one.push(turn(&client, "remote", "say 1").await?);
         many.push(turn(&client, "remote", &format!("say {streamed}")).await?);
     }
-    let (b50, b99) = (pct(&mut builtin, 0.5), pct(&mut builtin, 0.99));
-    let (r50, r99) = (pct(&mut remote, 0.5), pct(&mut remote, 0.99));
+    let (b50, b99) = (
+        crate::series::percentile_ms(&mut builtin, 0.5),
+        crate::series::percentile_ms(&mut builtin, 0.99),
+    );
+    let (r50, r99) = (
+        crate::series::percentile_ms(&mut remote, 0.5),
+        crate::series::percentile_ms(&mut remote, 0.99),
+    );
     println!(
         "no-op turn, built-in loop (echo)   p50 {b50:>8.2} ms   p99 {b99:>8.2} ms   (the floor)"
     );
@@ -134,7 +122,10 @@ pub async fn run(stack: EdgeStack, samples: usize, streamed: usize) -> Result<Ex
         r99 - b99,
         r50 / b50
     );
-    let (o50, m50) = (pct(&mut one, 0.5), pct(&mut many, 0.5));
+    let (o50, m50) = (
+        crate::series::percentile_ms(&mut one, 0.5),
+        crate::series::percentile_ms(&mut many, 0.5),
+    );
     println!(
         "streamed actions: 1 in {o50:.2} ms, {streamed} in {m50:.2} ms (p50): {:.1} µs per action",
         (m50 - o50) * 1e3 / (streamed.max(2) - 1) as f64

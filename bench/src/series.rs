@@ -8,12 +8,25 @@ pub struct Series {
     pub total: Duration,
 }
 
+/// The `p` percentile of `samples` (sorted in place), in milliseconds; NaN with no samples.
+pub fn percentile_ms(samples: &mut [Duration], p: f64) -> f64 {
+    if samples.is_empty() {
+        return f64::NAN;
+    }
+    samples.sort_unstable();
+    nearest_rank(samples, p).as_secs_f64() * 1e3
+}
+
+/// The sample at rank `p` of sorted `samples` (the nearest rank, rounded).
+fn nearest_rank(sorted: &[Duration], p: f64) -> Duration {
+    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
+}
+
 impl Series {
     pub fn percentile(&self, p: f64) -> Duration {
         let mut sorted = self.samples.clone();
         sorted.sort_unstable();
-        let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-        sorted[i]
+        nearest_rank(&sorted, p)
     }
 
     pub fn per_second(&self, units: u64) -> f64 {
