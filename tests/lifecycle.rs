@@ -10,7 +10,7 @@ use serde_json::{json, Value};
 use turnpike_edge::client::Client;
 use turnpike_router::bus::Bus as _;
 use turnpike_tests::edge::{
-    files_under, wait_for_complete_turns, Server, ADMIN, ALICE, BETA_ADMIN, BOB,
+    create, files_under, say, wait_for_complete_turns, Server, ADMIN, ALICE, BETA_ADMIN, BOB,
 };
 use turnpike_tests::process::Process;
 
@@ -49,29 +49,13 @@ fn apps() -> tempfile::TempDir {
 
 /// A conversation of alice's with one turn that published a file, and an attachment.
 async fn conversation(client: &Client, text: &str) -> String {
-    let reply = client
-        .post(
-            "/v1/conversations",
-            &json!({"app": "life", "agent": "writer"}),
-        )
-        .await
-        .unwrap();
-    assert_eq!(reply.status, 201, "{:?}", reply.body);
-    let id = reply.body["id"].as_str().unwrap().to_owned();
+    let id = create(client, "life", "writer").await;
     let attached = client
         .attach(&id, "notes.txt", "text/plain", b"attached words".to_vec())
         .await
         .unwrap();
     assert!(attached.status < 300, "{:?}", attached.body);
-    client
-        .post(
-            &format!("/v1/conversations/{id}/messages"),
-            &json!({ "text": text }),
-        )
-        .await
-        .unwrap()
-        .into_ok()
-        .unwrap();
+    say(client, &id, text).await;
     let turns = wait_for_complete_turns(client, &id, 1, LONG).await.unwrap();
     assert_eq!(turns[0].outcome.as_deref(), Some("replied"), "{turns:#?}");
     id

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 use turnpike_edge::client::Client;
-use turnpike_tests::edge::{wait_for_complete_turns, Server, ALICE, BOB};
+use turnpike_tests::edge::{create, say, wait_for_complete_turns, Server, ALICE, BOB};
 
 const LONG: Duration = Duration::from_secs(90);
 
@@ -27,22 +27,9 @@ fn binary() -> PathBuf {
 }
 
 async fn conversation(client: &Client, agent: &str, said: &[&str]) -> String {
-    let reply = client
-        .post("/v1/conversations", &json!({"app": "mem", "agent": agent}))
-        .await
-        .unwrap();
-    assert_eq!(reply.status, 201, "{:?}", reply.body);
-    let id = reply.body["id"].as_str().unwrap().to_owned();
+    let id = create(client, "mem", agent).await;
     for (n, text) in said.iter().enumerate() {
-        client
-            .post(
-                &format!("/v1/conversations/{id}/messages"),
-                &json!({ "text": text }),
-            )
-            .await
-            .unwrap()
-            .into_ok()
-            .unwrap();
+        say(client, &id, text).await;
         wait_for_complete_turns(client, &id, n + 1, LONG)
             .await
             .unwrap();

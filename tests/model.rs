@@ -15,7 +15,7 @@ use turnpike_artifactory::{ConversationPrefix, Conversations};
 use turnpike_edge::client::{Client, Cursor};
 use turnpike_edge::model::Frame;
 use turnpike_schemas::{Block, ConversationId, TurnId, TurnLog};
-use turnpike_tests::edge::{turns_of, wait_for_complete_turns, Server, ALICE};
+use turnpike_tests::edge::{say, turns_of, wait_for_complete_turns, Server, ALICE};
 use turnpike_tests::llm::{self, LlamaServer, RecordingProxy};
 
 const LONG: Duration = Duration::from_secs(120);
@@ -94,26 +94,7 @@ fn serve(apps: &Path) -> Server {
 }
 
 async fn create(client: &Client, agent: &str) -> String {
-    let reply = client
-        .post(
-            "/v1/conversations",
-            &json!({"app": "local", "agent": agent}),
-        )
-        .await
-        .unwrap();
-    assert_eq!(reply.status, 201, "{:?}", reply.body);
-    reply.body["id"].as_str().unwrap().to_owned()
-}
-
-async fn say(client: &Client, id: &str, text: &str) {
-    let sent = client
-        .post(
-            &format!("/v1/conversations/{id}/messages"),
-            &json!({ "text": text }),
-        )
-        .await
-        .unwrap();
-    assert_eq!(sent.status, 202, "{:?}", sent.body);
+    turnpike_tests::edge::create(client, "local", agent).await
 }
 
 /// The committed turn log of `turn`, read from the server's store.

@@ -7,7 +7,9 @@ use std::time::Duration;
 
 use serde_json::json;
 use turnpike_edge::client::Client;
-use turnpike_tests::edge::{queue_apps, wait_for_complete_turns, wait_for_status, Server, ALICE};
+use turnpike_tests::edge::{
+    queue_apps, say, wait_for_complete_turns, wait_for_status, Server, ALICE,
+};
 
 const LONG: Duration = Duration::from_secs(120);
 
@@ -19,28 +21,7 @@ fn server() -> (tempfile::TempDir, Server) {
 }
 
 async fn create(client: &Client, agent: &str) -> String {
-    let created = client
-        .post(
-            "/v1/conversations",
-            &json!({"app": "queue", "agent": agent}),
-        )
-        .await
-        .unwrap()
-        .into_ok()
-        .unwrap();
-    created["id"].as_str().unwrap().to_owned()
-}
-
-async fn say(client: &Client, id: &str, text: &str) {
-    client
-        .post(
-            &format!("/v1/conversations/{id}/messages"),
-            &json!({ "text": text }),
-        )
-        .await
-        .unwrap()
-        .into_ok()
-        .unwrap();
+    turnpike_tests::edge::create(client, "queue", agent).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -14,7 +14,7 @@ use serde_json::{json, Value};
 use tokio::io::{AsyncBufReadExt as _, AsyncReadExt as _, AsyncWriteExt as _, BufReader};
 use turnpike_edge::client::{Client, Cursor};
 use turnpike_edge::model::Frame;
-use turnpike_tests::edge::{turns_of, wait_for_complete_turns, Server, ALICE};
+use turnpike_tests::edge::{create, say, submit, turns_of, wait_for_complete_turns, Server, ALICE};
 use turnpike_tests::process::Process;
 
 const LONG: Duration = Duration::from_secs(90);
@@ -82,27 +82,6 @@ fn serve(apps: &Path) -> Server {
         ],
     )
     .expect("turnpike serve")
-}
-
-async fn create(client: &Client, app: &str, agent: &str) -> String {
-    let reply = client
-        .post("/v1/conversations", &json!({"app": app, "agent": agent}))
-        .await
-        .unwrap();
-    assert_eq!(reply.status, 201, "{:?}", reply.body);
-    reply.body["id"].as_str().unwrap().to_owned()
-}
-
-async fn post(client: &Client, id: &str, what: &str, body: Value) {
-    let sent = client
-        .post(&format!("/v1/conversations/{id}/{what}"), &body)
-        .await
-        .unwrap();
-    assert_eq!(sent.status, 202, "{what}: {:?}", sent.body);
-}
-
-async fn say(client: &Client, id: &str, text: &str) {
-    post(client, id, "messages", json!({ "text": text })).await;
 }
 
 async fn rows(client: &Client, id: &str) -> Vec<Value> {
@@ -192,9 +171,9 @@ async fn a_python_app_streams_calls_tools_and_the_model_parks_on_an_approval_and
     // Text streams while the turn runs; a follow-up reaches the app mid-turn and it answers.
     say(&alice, &id, "ticket: printer on fire").await;
     deltas.until("Send details as follow-ups").await;
-    post(&alice, &id, "follow-ups", json!({"text": "It smokes"})).await;
+    submit(&alice, &id, "follow-ups", json!({"text": "It smokes"})).await;
     deltas.until("Noted: It smokes").await;
-    post(&alice, &id, "follow-ups", json!({"text": "submit"})).await;
+    submit(&alice, &id, "follow-ups", json!({"text": "submit"})).await;
 
     // The model (the script provider) summarises; writing the ticket is gated: the turn
     // parks on the approval, with the canonical arguments.
@@ -212,7 +191,7 @@ async fn a_python_app_streams_calls_tools_and_the_model_parks_on_an_approval_and
     // Approved: the next turn writes the file and calls the app, whose publish call the
     // worker runs; the app reports the file.
     let request = approval["request_id"].as_str().unwrap();
-    post(
+    submit(
         &alice,
         &id,
         &format!("approvals/{request}/approve"),
@@ -308,9 +287,9 @@ async fn a_stop_reaches_the_app_mid_turn_and_the_conversation_goes_on() {
     let mut deltas = Deltas::open(&alice, &id).await;
     say(&alice, &id, "ticket: lost badge").await;
     deltas.until("Send details").await;
-    post(&alice, &id, "follow-ups", json!({"text": "blue lanyard"})).await;
+    submit(&alice, &id, "follow-ups", json!({"text": "blue lanyard"})).await;
     deltas.until("Noted: blue lanyard").await;
-    post(&alice, &id, "stop", json!({})).await;
+    submit(&alice, &id, "stop", json!({})).await;
     let turns = wait_for_complete_turns(&alice, &id, 1, LONG).await.unwrap();
     assert_eq!(turns[0].outcome.as_deref(), Some("cancelled"), "{turns:#?}");
     // The app heard the stop: its handler was cancelled.
@@ -353,7 +332,7 @@ async fn a_worker_killed_mid_turn_is_replaced_and_the_app_called_again_with_the_
     assert_ne!(attempt(&first), attempt(&second));
     // The new attempt completes the turn, once.
     let alice = server.client(ALICE);
-    post(&alice, &id, "follow-ups", json!({"text": "submit"})).await;
+    submit(&alice, &id, "follow-ups", json!({"text": "submit"})).await;
     let turns = wait_for_complete_turns(&alice, &id, 1, LONG).await.unwrap();
     assert_eq!(turns.len(), 1, "{turns:#?}");
     assert_eq!(turns[0].outcome.as_deref(), Some("parked"), "{turns:#?}");

@@ -234,6 +234,34 @@ pub fn turns_of(rows: &[serde_json::Value]) -> Vec<TurnSummary> {
     turns
 }
 
+/// Creates a conversation of `app`'s `agent` owned by `client`'s identity; returns its id.
+pub async fn create(client: &Client, app: &str, agent: &str) -> String {
+    let reply = client
+        .post(
+            "/v1/conversations",
+            &serde_json::json!({"app": app, "agent": agent}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(reply.status, 201, "{:?}", reply.body);
+    reply.body["id"].as_str().unwrap().to_owned()
+}
+
+/// Posts `body` to the conversation's `what` (`messages`, `follow-ups`, `stop`, an approval,
+/// …), which must accept it.
+pub async fn submit(client: &Client, id: &str, what: &str, body: serde_json::Value) {
+    let sent = client
+        .post(&format!("/v1/conversations/{id}/{what}"), &body)
+        .await
+        .unwrap();
+    assert_eq!(sent.status, 202, "{what}: {:?}", sent.body);
+}
+
+/// Sends a message to the conversation, which must accept it.
+pub async fn say(client: &Client, id: &str, text: &str) {
+    submit(client, id, "messages", serde_json::json!({ "text": text })).await;
+}
+
 /// Waits until the conversation holds `count` complete turns and none open; returns them.
 pub async fn wait_for_complete_turns(
     client: &Client,
