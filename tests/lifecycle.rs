@@ -119,7 +119,22 @@ async fn erasure_removes_a_conversation_from_every_store_and_leaves_a_tombstone(
         }
     }
 
-    // A stranger, and an admin of another tenant: not found, nothing deleted.
+    // Bob, with whom it is shared (he reads and writes it), and an admin of another tenant:
+    // not found, nothing deleted.
+    let shared = alice
+        .post(
+            &format!("/v1/conversations/{mine}/grants"),
+            &json!({"identity": "local:bob"}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(shared.status, 200, "{:?}", shared.body);
+    let seen = server
+        .client(BOB)
+        .get(&format!("/v1/conversations/{mine}"))
+        .await
+        .unwrap();
+    assert_eq!(seen.status, 200, "the grantee sees it");
     for token in [BOB, BETA_ADMIN] {
         let refused = server
             .client(token)

@@ -115,7 +115,16 @@ async fn memory_is_listed_and_forgotten_by_its_owner_and_stays_forgotten_after_a
     assert_eq!(prompt["turn"], "turn_1");
     assert_eq!(prompt["agent"], "keep");
 
-    // Bob sees none of it and can forget none of it.
+    // Bob sees none of it and can forget none of it — also once the conversation is shared
+    // with him (its memory is its owner's).
+    let shared = alice
+        .post(
+            &format!("/v1/conversations/{locker}/grants"),
+            &json!({"identity": "local:bob"}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(shared.status, 200, "{:?}", shared.body);
     assert!(memory(&bob, "").await.is_empty());
     let row = prompt["id"].as_str().unwrap();
     let refused = bob
