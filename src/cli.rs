@@ -352,6 +352,10 @@ pub struct WorkerArgs {
     /// setting that does not parse deletes nothing and says so at start.
     #[arg(long, default_value = "off")]
     pub retention: String,
+    /// Close conversations idle for this long (`off`, or e.g. `30m`, `24h`) when their app's
+    /// manifest sets no `idle_timeout`; the next message reopens them.
+    #[arg(long, default_value = "off")]
+    pub idle_timeout: String,
     /// A bare git repository to mirror every project version into
     /// (`refs/turnpike/<conversation>/turn_<n>`).
     #[arg(long, env = "TURNPIKE_GIT_REMOTE")]
@@ -533,6 +537,26 @@ pub enum ConversationCommand {
         /// Why (kept in the tombstone).
         #[arg(long, default_value = "erasure requested")]
         reason: String,
+    },
+    /// Writes one archive (a tar file) of a conversation (its owner, or an admin of its
+    /// tenant): the record (verifiable offline with the public key the archive carries), turn
+    /// logs, files, attachments, and the project as a git bundle.
+    Export {
+        conversation: ConversationId,
+        /// Where to write it (must not exist).
+        file: PathBuf,
+        #[command(flatten)]
+        actor: Actor,
+    },
+    /// Restores an exported conversation into this deployment under the same id: checked
+    /// first (names, the record's signatures), re-signed here with the original root kept as
+    /// provenance, and indexed when the deployment has an index.
+    Import {
+        file: PathBuf,
+        /// The exporting deployment's public key (64 hex characters): the archive's record
+        /// must be signed by it (without it, by the key the archive names).
+        #[arg(long)]
+        expect_key: Option<String>,
     },
     /// Removes unreadable entries and re-signs the rest; reports what it removed.
     Repair {

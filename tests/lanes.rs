@@ -1201,3 +1201,144 @@ async fn a_turn_killed_after_batch_one_is_retried_under_its_id_before_the_waitin
     assert_eq!(turns[0].turn, "turn_1");
     assert_each_answered(&turns, &["one".into(), "two".into()]);
 }
+
+/// The kinds of a conversation's record entries, in order.
+async fn entry_kinds(fleet: &Fleet, id: &str) -> Vec<String> {
+    let conversation: turnpike_schemas::ConversationId = id.parse().unwrap();
+    let record = fleet
+        .conversations
+        .record(turnpike_artifactory::ConversationPrefix::new(
+            "acme".parse().unwrap(),
+            conversation,
+        ));
+    record
+        .entries()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| e.body.kind().as_str().to_owned())
+        .collect()
+}
+
+/// Waits until each worker has logged `more` sweeps past what it had logged.
+fn wait_for_sweeps(workers: &mut [(Process, String)], more: usize) {
+    for (process, _) in workers.iter_mut() {
+        let seen = process.count_lines("sweep done");
+        process
+            .wait_for_lines("sweep done", seen + more, LONG)
+            .unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_conversations_close_once_in_a_fleet_reopen_on_the_next_message_and_an_explicit_close_stays(
+) {
+    use turnpike_tests::edge::{wait_for_complete_turns, wait_for_status};
+    let mut fleet = Fleet::start().await;
+    let apps = tempfile::tempdir().unwrap();
+    std::fs::write(
+        apps.path().join("naps.toml"),
+        "app = \"naps\"\nidle_timeout = \"2s\"\n\n[agents.echo]\nprovider = \"echo\"\n",
+    )
+    .unwrap();
+    fleet.apps = Some(apps.path().to_path_buf());
+    let tokens = fleet.data.path().join("tokens.toml");
+    std::fs::write(
+        &tokens,
+        "[[tokens]]\ntoken = \"t-ana\"\nidentity = \"oidc:acme:ana\"\ntenant = \"acme\"\n",
+    )
+    .unwrap();
+    // Both workers sweep often, so both race for every idle conversation.
+    let sweeping = [
+        "--sweep-every-ms",
+        "200",
+        "--log",
+        "warn,turnpike_worker::worker=debug",
+    ];
+    let mut workers: Vec<_> = (0..2).map(|_| fleet.worker(&sweeping)).collect();
+    let (_router, base) = fleet.router(&tokens);
+    let client = turnpike_edge::client::Client::new(&base, "t-ana");
+    let id = turnpike_tests::edge::create(&client, "naps", "echo").await;
+    say(&client, &id, "hello").await;
+    wait_for_complete_turns(&client, &id, 1, LONG)
+        .await
+        .unwrap();
+
+    // Closed as idle once, whichever worker got there first, however many sweeps follow.
+    wait_for_status(&client, &id, "idle_closed", LONG)
+        .await
+        .unwrap();
+    wait_for_sweeps(&mut workers, 5);
+    let kinds = entry_kinds(&fleet, &id).await;
+    let closes = |kinds: &[String]| kinds.iter().filter(|k| *k == "idle_closed").count();
+    assert_eq!(closes(&kinds), 1, "{kinds:?}");
+    let last_meaningful: Vec<&String> = kinds.iter().filter(|k| *k != "signed_root").collect();
+    assert_eq!(last_meaningful.last().unwrap().as_str(), "idle_closed");
+
+    // The next message reopens it (recorded before its input) and runs as usual.
+    say(&client, &id, "again").await;
+    let turns = wait_for_complete_turns(&client, &id, 2, LONG)
+        .await
+        .unwrap();
+    assert_eq!(turns[1].outcome.as_deref(), Some("replied"), "{turns:#?}");
+    let kinds = entry_kinds(&fleet, &id).await;
+    let reopened = kinds
+        .iter()
+        .position(|k| k == "reopened")
+        .expect("reopened");
+    let message = kinds
+        .iter()
+        .rposition(|k| k == "user_message")
+        .expect("the second message");
+    assert!(reopened < message, "{kinds:?}");
+    assert!(
+        kinds[kinds.iter().position(|k| k == "idle_closed").unwrap()..reopened]
+            .iter()
+            .all(|k| k == "idle_closed" || k == "signed_root"),
+        "nothing was taken before the reopening: {kinds:?}"
+    );
+    // The timer started again: a second idle period, closed once too.
+    wait_for_status(&client, &id, "idle_closed", LONG)
+        .await
+        .unwrap();
+    wait_for_sweeps(&mut workers, 3);
+    assert_eq!(closes(&entry_kinds(&fleet, &id).await), 2);
+
+    // An explicit close stays closed: a message is refused and nothing reopens it.
+    client
+        .post(
+            &format!("/v1/conversations/{id}/close"),
+            &serde_json::json!({}),
+        )
+        .await
+        .unwrap()
+        .into_ok()
+        .unwrap();
+    let refused = client
+        .post(
+            &format!("/v1/conversations/{id}/messages"),
+            &serde_json::json!({ "text": "let me back in" }),
+        )
+        .await
+        .unwrap();
+    assert_eq!(refused.status, 409, "{:?}", refused.body);
+    let before = entry_kinds(&fleet, &id).await;
+    wait_for_sweeps(&mut workers, 3);
+    wait_for_status(&client, &id, "closed", LONG).await.unwrap();
+    assert_eq!(entry_kinds(&fleet, &id).await, before);
+
+    // A conversation of an app that closes nothing as idle stays open.
+    let demo = turnpike_tests::edge::create(&client, "demo", "assistant").await;
+    say(&client, &demo, "stay").await;
+    wait_for_complete_turns(&client, &demo, 1, LONG)
+        .await
+        .unwrap();
+    wait_for_sweeps(&mut workers, 3);
+    let view = client
+        .get(&format!("/v1/conversations/{demo}"))
+        .await
+        .unwrap()
+        .into_ok()
+        .unwrap();
+    assert_eq!(view["status"], "idle", "{view}");
+}

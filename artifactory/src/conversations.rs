@@ -49,6 +49,11 @@ impl Conversations {
         self
     }
 
+    /// The keys heads are checked against, once set.
+    pub fn trusted_keys(&self) -> Option<&TrustedKeys> {
+        self.keys.as_deref()
+    }
+
     /// Whether heads are checked against trusted keys.
     pub fn is_trusting(&self) -> bool {
         self.keys.is_some()

@@ -11,8 +11,8 @@ use turnpike_schemas::{AgentId, AppId, ConversationId, Identity, TenantId};
 
 use crate::error::{Error, ErrorKind, Result};
 use crate::layout::{
-    closed_dir, closed_marker, directory_entry, grant_marker, grants_dir, owned_dir, owned_marker,
-    ConversationPrefix,
+    closed_dir, closed_marker, directory_entry, grant_marker, grants_dir, idle_dir, idle_watch,
+    owned_dir, owned_marker, ConversationPrefix,
 };
 
 /// What the directory knows of a conversation.
@@ -233,6 +233,7 @@ impl Directory {
             .map_err(|e| Error::store("listing grants to remove", e))?;
         paths.insert(0, directory_entry(conversation));
         paths.push(owned_marker(owner, conversation));
+        paths.push(idle_watch(conversation));
         paths.push(closed_marker(conversation));
         for path in paths {
             match self.store.delete(&path).await {
@@ -246,18 +247,52 @@ impl Directory {
     /// Every closed conversation with when it was closed (the marker's write time, ms since
     /// the epoch): one listing, no object read.
     pub async fn closed_list(&self) -> Result<Vec<(ConversationId, u64)>> {
+        self.marker_times(&closed_dir(), "listing closed conversations")
+            .await
+    }
+
+    /// Asks the idle sweep to look at a conversation: its owner let go of it, and its app
+    /// closes idle conversations. Overwrites an earlier watch (its time is the last activity).
+    pub async fn watch_idle(&self, conversation: ConversationId) -> Result<()> {
+        self.store
+            .put(&idle_watch(conversation), PutPayload::from_static(b""))
+            .await
+            .map(|_| ())
+            .map_err(|e| Error::store(&format!("watching {conversation} for idleness"), e))
+    }
+
+    /// Drops a conversation's idle watch (gone already: fine).
+    pub async fn unwatch_idle(&self, conversation: ConversationId) -> Result<()> {
+        match self.store.delete(&idle_watch(conversation)).await {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+            Err(e) => Err(Error::store(&format!("unwatching {conversation}"), e)),
+        }
+    }
+
+    /// Every watched conversation with when its watch was written (ms since the epoch): one
+    /// listing, no object read.
+    pub async fn idle_watches(&self) -> Result<Vec<(ConversationId, u64)>> {
+        self.marker_times(&idle_dir(), "listing idle watches").await
+    }
+
+    /// The conversations of the markers under `dir`, with each marker's write time.
+    async fn marker_times(
+        &self,
+        dir: &object_store::path::Path,
+        doing: &str,
+    ) -> Result<Vec<(ConversationId, u64)>> {
         use futures::TryStreamExt as _;
         let metas: Vec<_> = self
             .store
-            .list(Some(&closed_dir()))
+            .list(Some(dir))
             .try_collect()
             .await
-            .map_err(|e| Error::store("listing closed conversations", e))?;
+            .map_err(|e| Error::store(doing, e))?;
         Ok(metas
             .into_iter()
             .filter_map(|m| {
                 let id = m.location.filename()?.parse().ok()?;
-                // A time before the epoch is not a closing time anyone can trust: skipped.
+                // A time before the epoch is not a time anyone can trust: skipped.
                 let at = u64::try_from(m.last_modified.timestamp_millis()).ok()?;
                 Some((id, at))
             })

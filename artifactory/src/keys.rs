@@ -178,6 +178,14 @@ impl TrustedKeys {
         }
     }
 
+    /// The trusted public key with id `key_id`.
+    pub fn public_key(&self, key_id: &str) -> Option<VerifyingKey> {
+        self.keys
+            .iter()
+            .find(|(id, _)| id == key_id)
+            .map(|(_, key)| *key)
+    }
+
     /// Parses a public key from 64 hex characters.
     pub fn parse_public(text: &str) -> Result<VerifyingKey> {
         let bytes: [u8; 32] = hex::decode(text.trim())

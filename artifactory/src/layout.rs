@@ -14,6 +14,7 @@
 //! tenants/{tenant}/conversations/{conv}/forgotten/through/{turn:020}
 //! directory/conversations/{conv}.json
 //! directory/closed/{conv}, directory/grants/{conv}/{identity key}, directory/owners/{key}/{conv}
+//! directory/idle/{conv}        a hint for the idle sweep: written when an owner lets go
 //! tombstones/{tenant}/{conv}.json                 what proves a deletion (outside the data)
 //! tombstones-pending/{tenant}/{conv}              while that deletion runs
 //! ```
@@ -264,6 +265,16 @@ pub fn tombstones_pending_dir() -> Path {
 /// A key's segments, as strings.
 pub fn segments(path: &Path) -> Vec<String> {
     path.parts().map(|p| p.as_ref().to_owned()).collect()
+}
+
+/// The folder of the idle watches.
+pub fn idle_dir() -> Path {
+    Path::from("directory/idle")
+}
+
+/// The idle watch of a conversation: its write time is (about) its last activity.
+pub fn idle_watch(conversation: ConversationId) -> Path {
+    Path::from(format!("directory/idle/{conversation}"))
 }
 
 /// The marker that says a conversation is closed.

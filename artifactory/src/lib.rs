@@ -16,6 +16,7 @@
 //! - [`open_turns`]: marks of conversations whose record may end in an open turn (the sweep)
 //! - [`dead_letters`]: lane messages set aside (unreadable or refused) for an operator
 
+pub mod archive;
 pub mod attempts;
 pub mod conversations;
 pub mod dead_letters;

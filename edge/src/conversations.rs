@@ -153,6 +153,83 @@ pub async fn close(
     Ok(Json(edge.view(entry).await?))
 }
 
+/// Exports a conversation as one archive, a tar file (its owner, or an admin of its tenant):
+/// the record (verifiable offline with the public key the archive carries), turn logs, files,
+/// attachments and the project as a git bundle. `turnpike conversation import` restores it
+/// into another deployment. A running turn makes it `409`: retry once it ends.
+#[utoipa::path(get, path = "/v1/conversations/{id}/export", tag = "conversations",
+    params(("id" = String, Path, description = "conv_<ulid>")),
+    responses((status = 200, content_type = "application/x-tar", body = Vec<u8>),
+              (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
+pub async fn export(
+    State(edge): State<Edge>,
+    Caller(caller): Caller,
+    Path(id): Path<String>,
+) -> ApiResult<axum::response::Response> {
+    use axum::response::IntoResponse as _;
+    use std::io::Seek as _;
+    let conversation = crate::conversation_id(&id)?;
+    let conversations = &edge.inner.conversations;
+    let directory = conversations.directory();
+    let entry = if caller.admin {
+        directory
+            .lookup_in_tenant(conversation, &caller.tenant)
+            .await?
+    } else {
+        directory
+            .lookup_owned(conversation, &caller.tenant, &caller.identity)
+            .await?
+    };
+    let keys = conversations
+        .trusted_keys()
+        .ok_or_else(|| ApiError::unavailable("this deployment trusts no keys to export with"))?;
+    let unavailable = |e: std::io::Error| ApiError::unavailable(format!("a temporary file: {e}"));
+    let file = tempfile::tempfile().map_err(unavailable)?;
+    let mut reader = file.try_clone().map_err(unavailable)?;
+    turnpike_artifactory::archive::export(
+        conversations,
+        &entry,
+        keys,
+        &caller.identity.to_string(),
+        file,
+    )
+    .await
+    .map_err(|e| match e.kind() {
+        turnpike_artifactory::ErrorKind::HeadMoved => ApiError::conflict(e.to_string()),
+        _ => ApiError::unavailable(e.to_string()),
+    })?;
+    reader.rewind().map_err(unavailable)?;
+    let body = axum::body::Body::from_stream(file_chunks(tokio::fs::File::from_std(reader)));
+    Ok((
+        [
+            (
+                axum::http::header::CONTENT_TYPE,
+                "application/x-tar".to_owned(),
+            ),
+            (
+                axum::http::header::CONTENT_DISPOSITION,
+                format!("attachment; filename=\"{conversation}.tar\""),
+            ),
+        ],
+        body,
+    )
+        .into_response())
+}
+
+/// A file's bytes as a stream of chunks.
+fn file_chunks(
+    file: tokio::fs::File,
+) -> impl futures::Stream<Item = std::io::Result<bytes::Bytes>> + Send {
+    futures::stream::try_unfold(file, |mut file| async move {
+        use tokio::io::AsyncReadExt as _;
+        let mut chunk = bytes::BytesMut::with_capacity(64 * 1024);
+        match file.read_buf(&mut chunk).await? {
+            0 => Ok(None),
+            _ => Ok(Some((chunk.freeze(), file))),
+        }
+    })
+}
+
 /// Deletes a conversation from every store — its record, turn logs, files, attachments,
 /// project versions, index rows, grants, directory entry, the rest of its lane (its owner, or
 /// an admin of its tenant). A tombstone outside the deleted data keeps who, when, why and the
@@ -403,6 +480,8 @@ fn view_of(entry: DirectoryEntry, head: &Head, closed_ms: Option<u64>) -> Conver
         Status::Closed
     } else if state.turn_open {
         Status::Running
+    } else if state.idle_closed {
+        Status::IdleClosed
     } else if state.waiting {
         Status::Waiting
     } else {

@@ -165,6 +165,7 @@ impl Edge {
                 get(conversations::get_one).delete(conversations::delete),
             )
             .route("/v1/conversations/{id}/close", post(conversations::close))
+            .route("/v1/conversations/{id}/export", get(conversations::export))
             .route(
                 "/v1/conversations/{id}/grants",
                 post(conversations::grant).delete(conversations::revoke),

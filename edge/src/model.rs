@@ -56,6 +56,9 @@ pub enum Status {
     Running,
     /// The last turn waits for an approval or an answer.
     Waiting,
+    /// Closed as idle: nothing happened in it for its app's idle timeout; the next message
+    /// reopens it.
+    IdleClosed,
     /// Closed: readable, accepts no events.
     Closed,
 }
@@ -530,8 +533,8 @@ pub struct ErasedView {
 pub struct PhaseQuery {
     #[param(pattern = "^[a-z0-9][a-z0-9_-]{0,62}$")]
     pub app: Option<String>,
-    /// idle, running, waiting or closed.
-    #[param(pattern = "^(idle|running|waiting|closed)$")]
+    /// idle, running, waiting, idle_closed or closed.
+    #[param(pattern = "^(idle|running|waiting|idle_closed|closed)$")]
     pub status: Option<String>,
 }
 
@@ -550,7 +553,7 @@ pub struct PhaseView {
     pub conversation: String,
     pub app: String,
     pub agent: String,
-    /// Idle, Running, Waiting, Closed, or Unknown.
+    /// Idle, Running, Waiting, IdleClosed, Closed, or Unknown.
     pub phase: String,
     pub ready: bool,
     pub conditions: Vec<ConditionView>,

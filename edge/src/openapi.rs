@@ -19,6 +19,7 @@ use super::{conversations, error, events, files, memory, services, stream, ticke
         conversations::list,
         conversations::get_one,
         conversations::close,
+        conversations::export,
         conversations::delete,
         conversations::delete_me,
         conversations::grant,

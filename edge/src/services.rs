@@ -185,7 +185,7 @@ pub async fn phases(
     if let Some(s) = &query.status {
         if !turnpike_worker::phases::PHASES.contains(&s.as_str()) {
             return Err(ApiError::invalid(format!(
-                "status: {s:?} is not idle, running, waiting or closed"
+                "status: {s:?} is not idle, running, waiting, idle_closed or closed"
             )));
         }
     }

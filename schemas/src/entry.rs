@@ -147,6 +147,15 @@ entry_kinds! {
     /// A lane message this runtime could not take (unreadable, or refused by the record): set
     /// aside as a dead letter an operator can inspect and requeue; the lane moves past it.
     LaneParked = "lane_parked" => LaneParked,
+    /// Nothing happened in the conversation for its app's idle timeout: it was closed as idle.
+    /// The next event reopens it (an explicit close, in the directory, never reopens).
+    IdleClosed = "idle_closed" => IdleClosed,
+    /// An idle-closed conversation was reopened by the next event; the idle timer starts again.
+    Reopened = "reopened" => Reopened,
+    /// The conversation was imported from another deployment's archive: every entry before
+    /// this one was re-signed here; the original root is kept as provenance. Its lane starts
+    /// anew.
+    Imported = "imported" => Imported,
     /// Closes every batch: an ed25519 signature over the MMR root of all entries before it.
     SignedRoot = "signed_root" => SignedRoot,
 }
@@ -527,6 +536,42 @@ pub struct SignedRoot {
     pub signature: String,
 }
 
+/// A conversation closed for being idle.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IdleClosed {
+    /// When it last did something (the state's `active_ms` at closing).
+    pub idle_since_ms: u64,
+    /// The idle timeout that applied, in milliseconds.
+    pub after_ms: u64,
+    pub at_ms: u64,
+}
+
+/// Where an imported conversation came from: what the exporting deployment had signed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Imported {
+    /// The exporting deployment's last signed root over the entries before this one (hex).
+    pub original_root: String,
+    /// How many entries that root covers.
+    pub original_leaves: u64,
+    /// The key that signed it, and the public key itself (hex), so the original can still be
+    /// checked against the archive.
+    pub original_key_id: String,
+    pub original_public_key: String,
+    pub exported_ms: u64,
+    /// Who imported it.
+    pub by: String,
+    pub at_ms: u64,
+}
+
+/// An idle-closed conversation reopened by the next event.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Reopened {
+    pub at_ms: u64,
+}
+
 /// The state a record's entries add up to (a pure function of them; see the artifactory).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -553,6 +598,13 @@ pub struct RecordState {
     /// Whether the last turn ended parked: it waits for an approval or an answer.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub waiting: bool,
+    /// When the conversation last did something (ms since the epoch): opened, a turn
+    /// dispatched or completed, reopened. The idle timer runs from it. Batch format 3 on.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub active_ms: u64,
+    /// Whether the conversation is closed as idle (the next event reopens it).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub idle_closed: bool,
 }
 
 fn is_zero(n: &u64) -> bool {

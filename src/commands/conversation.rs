@@ -2,7 +2,7 @@
 
 use std::process::ExitCode;
 
-use anyhow::Result;
+use anyhow::{Context as _, Result};
 use turnpike_artifactory::record::TurnView;
 use turnpike_artifactory::{DirectoryEntry, Transcript};
 use turnpike_schemas::{ConversationId, EntryBody, EventBody, Identity};
@@ -94,6 +94,14 @@ pub async fn run(
                 &reason,
             )
             .await
+        }
+        ConversationCommand::Export {
+            conversation,
+            file,
+            actor,
+        } => export(env, conversation, &file, &actor.tenant, &actor.identity).await,
+        ConversationCommand::Import { file, expect_key } => {
+            import(global, env, &file, expect_key.as_deref()).await
         }
         ConversationCommand::DeadLetters {
             conversation,
@@ -278,7 +286,7 @@ async fn list(
     if let Some(s) = &status {
         anyhow::ensure!(
             turnpike_worker::phases::PHASES.contains(&s.as_str()),
-            "--status {s:?}: one of idle, running, waiting, closed"
+            "--status {s:?}: one of idle, running, waiting, idle_closed, closed"
         );
     }
     let index = if crate::env::index_configured(global) {
@@ -372,6 +380,96 @@ async fn delete(
         "deleted {conversation}: tombstone {}",
         serde_json::to_string(&tombstone)?
     );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `conversation export`: the owner's, or an admin's of its tenant (a grantee reads it, and
+/// may not take all of it away).
+async fn export(
+    env: &Env,
+    conversation: ConversationId,
+    file: &std::path::Path,
+    tenant: &turnpike_schemas::TenantId,
+    actor: &Identity,
+) -> Result<ExitCode> {
+    let (entry, _) = env.open_for("export", conversation, tenant, actor).await?;
+    if entry.owner != *actor && !env.admins.contains(actor) {
+        anyhow::bail!("not found: {conversation}");
+    }
+    let partial = file.with_extension("partial");
+    let out = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&partial)
+        .with_context(|| format!("creating {}", partial.display()))?;
+    let exported = turnpike_artifactory::archive::export(
+        &env.conversations,
+        &entry,
+        &env.trusted,
+        &actor.to_string(),
+        out,
+    )
+    .await;
+    let manifest = match exported {
+        Ok(manifest) => manifest,
+        Err(e) => {
+            let _ = std::fs::remove_file(&partial);
+            return Err(e.into());
+        }
+    };
+    // Never over another file: the archive appears whole or not at all.
+    std::fs::hard_link(&partial, file).with_context(|| format!("writing {}", file.display()))?;
+    let _ = std::fs::remove_file(&partial);
+    println!(
+        "exported {conversation} to {}: {} batches, root {}{}",
+        file.display(),
+        manifest.batches,
+        manifest.root,
+        if manifest.project {
+            ", with the project bundle"
+        } else {
+            ""
+        }
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `conversation import`: restores an archive here, then indexes it when there is an index.
+async fn import(
+    global: &crate::cli::Global,
+    env: &Env,
+    file: &std::path::Path,
+    expect_key: Option<&str>,
+) -> Result<ExitCode> {
+    let expect = expect_key
+        .map(turnpike_artifactory::TrustedKeys::parse_public)
+        .transpose()
+        .context("--expect-key")?;
+    let by = format!(
+        "operator {}",
+        std::env::var("USER").unwrap_or_else(|_| "unknown".into())
+    );
+    let report =
+        turnpike_artifactory::archive::import(&env.conversations, &env.signer, file, expect, &by)
+            .await?;
+    let conversation = report.manifest.entry.conversation;
+    println!(
+        "imported {conversation} (tenant {}, owner {}): {} batches re-signed here, {} objects; original root {}",
+        report.manifest.entry.tenant,
+        report.manifest.entry.owner,
+        report.batches,
+        report.objects,
+        report.manifest.root
+    );
+    if crate::env::index_configured(global) {
+        let index = crate::env::open_index(global)
+            .await
+            .map_err(anyhow::Error::msg)?;
+        let indexer =
+            turnpike_index::indexer::Indexer::new(index, env.conversations.store().clone());
+        let turns = indexer.index_conversation(conversation, false).await?;
+        println!("indexed {turns} turns");
+    }
     Ok(ExitCode::SUCCESS)
 }
 
@@ -603,6 +701,11 @@ pub fn describe(body: &EntryBody) -> Option<String> {
             "lane message {} set aside as a dead letter: {}",
             p.lane_seq, p.reason
         )),
+        EntryBody::IdleClosed(c) => Some(format!(
+            "closed as idle: nothing happened for {} s",
+            c.after_ms / 1_000
+        )),
+        EntryBody::Reopened(_) => Some("reopened by the next event".to_owned()),
         _ => None,
     }
 }

@@ -99,6 +99,8 @@ fn worker_config(args: &WorkerArgs) -> Result<WorkerConfig> {
                 None
             }
         },
+        idle_timeout: turnpike_worker::config::parse_idle_timeout(&args.idle_timeout)
+            .map_err(|why| anyhow::anyhow!("--idle-timeout {why}"))?,
         grace: Duration::from_millis(args.grace_ms),
         heartbeat_every: Duration::from_millis(args.heartbeat_ms.max(100)),
         git_remote: args.git_remote.clone(),

@@ -26,6 +26,9 @@ pub struct WorkerConfig {
     pub sweep_every: Duration,
     /// Conversations closed longer than this are deleted by the sweep (`None`: never).
     pub retention: Option<Duration>,
+    /// Conversations of apps that set no `idle_timeout` are closed as idle after this long
+    /// without activity (`None`: never; an app's own setting wins).
+    pub idle_timeout: Option<Duration>,
     /// A bare git repository that every published project version is also pushed to, as
     /// `refs/turnpike/<conversation>/turn_<n>` (a mirror: failures are logged, the object store
     /// stays the source).
@@ -51,6 +54,7 @@ impl Default for WorkerConfig {
             lane_poll: Duration::from_secs(1),
             sweep_every: Duration::from_secs(30),
             retention: None,
+            idle_timeout: None,
             git_remote: None,
             workspace_root: crate::workspace::default_root(),
             workspace_quota: crate::workspace::Quota::default(),
@@ -66,6 +70,28 @@ pub fn parse_retention(text: &str) -> Result<Option<Duration>, String> {
     if text == "off" {
         return Ok(None);
     }
+    let duration = parse_duration(text)?;
+    if duration.is_zero() {
+        return Err(format!(
+            "{text:?} is no time at all; say `off` to keep everything"
+        ));
+    }
+    Ok(Some(duration))
+}
+
+/// Parses an idle timeout: `0` or `off` (never closed as idle), or a duration such as `90s`,
+/// `30m`, `24h`, `7d`.
+pub fn parse_idle_timeout(text: &str) -> Result<Option<Duration>, String> {
+    let text = text.trim();
+    if text == "off" || text == "0" {
+        return Ok(None);
+    }
+    let duration = parse_duration(text)?;
+    Ok((!duration.is_zero()).then_some(duration))
+}
+
+/// `90s`, `30m`, `24h`, `7d`.
+fn parse_duration(text: &str) -> Result<Duration, String> {
     let split = text
         .find(|c: char| !c.is_ascii_digit())
         .ok_or_else(|| format!("{text:?} has no unit (s, m, h or d)"))?;
@@ -84,12 +110,7 @@ pub fn parse_retention(text: &str) -> Result<Option<Duration>, String> {
             ))
         }
     };
-    if seconds == 0 {
-        return Err(format!(
-            "{text:?} is no time at all; say `off` to keep everything"
-        ));
-    }
-    Ok(Some(Duration::from_secs(seconds)))
+    Ok(Duration::from_secs(seconds))
 }
 
 #[cfg(test)]
@@ -113,6 +134,20 @@ mod tests {
         );
         for bad in ["banana", "24", "h", "0s", "5w", "-3h", ""] {
             assert!(parse_retention(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn idle_timeouts_parse_with_zero_meaning_never() {
+        assert_eq!(parse_idle_timeout("0").unwrap(), None);
+        assert_eq!(parse_idle_timeout("off").unwrap(), None);
+        assert_eq!(parse_idle_timeout("0s").unwrap(), None);
+        assert_eq!(
+            parse_idle_timeout("30m").unwrap(),
+            Some(Duration::from_secs(1_800))
+        );
+        for bad in ["banana", "30", "m", "5w", "-3h", ""] {
+            assert!(parse_idle_timeout(bad).is_err(), "{bad}");
         }
     }
 }

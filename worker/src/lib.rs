@@ -40,6 +40,7 @@ pub mod erasure;
 pub mod error;
 pub mod failpoints;
 pub mod fence;
+mod idle;
 pub mod model;
 pub mod owner;
 pub mod parking;

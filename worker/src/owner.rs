@@ -207,6 +207,10 @@ async fn drain(
             env.end_drain().await;
             return Ok(head);
         }
+        if head.state().idle_closed {
+            // Closed as idle: the next event reopens it (recorded), then is taken as usual.
+            head = env.append(&head, &[crate::idle::reopening()]).await?;
+        }
         let (stops_only, inputs) = next_inputs(pending);
         if stops_only {
             let bodies: Vec<EntryBody> = inputs
@@ -305,6 +309,9 @@ pub(crate) async fn own(
                 None
             }
         };
+        if let Ok(head) = &outcome {
+            crate::idle::watch(&env, head).await;
+        }
         // Step 9: stop taking wakes, give up the lease, then re-read the lane head.
         let lane_through = state.as_ref().map_or(0, |s| s.lane_through);
         let leftovers = guard.slot.close(state.as_ref()).await;

@@ -1,5 +1,5 @@
 //! Conversation phases for operators, in the words of `kubectl get`: a phase (Idle, Running,
-//! Waiting, Closed) and conditions — Ready, Progressing, Degraded — each with a reason.
+//! Waiting, IdleClosed, Closed) and conditions — Ready, Progressing, Degraded — each with a reason.
 //!
 //! Degraded means an operator should look: the record's head does not verify (unreadable, or
 //! not signed by a trusted key), the last turn was quarantined (a side-effecting call was
@@ -13,7 +13,7 @@ use turnpike_artifactory::{Conversations, DirectoryEntry};
 use turnpike_schemas::{AppId, EntryBody, TenantId};
 
 /// The phases a listing can be narrowed to.
-pub const PHASES: [&str; 4] = ["idle", "running", "waiting", "closed"];
+pub const PHASES: [&str; 5] = ["idle", "running", "waiting", "idle_closed", "closed"];
 
 /// The phases of `tenant`'s conversations (of `app`, when given), newest first; with
 /// `status` (one of [`PHASES`]), only those in that phase.
@@ -35,7 +35,7 @@ pub async fn list(
     let mut out = Vec::new();
     for entry in &entries {
         let p = phase(conversations, entry, index).await;
-        if status.is_none_or(|s| p.phase.eq_ignore_ascii_case(s)) {
+        if status.is_none_or(|s| p.phase.eq_ignore_ascii_case(&s.replace('_', ""))) {
             out.push(p);
         }
     }
@@ -59,7 +59,8 @@ pub struct Phase {
     pub app: String,
     /// The agent its turns run now (after any switch).
     pub agent: String,
-    /// `Idle`, `Running`, `Waiting`, `Closed`, or `Unknown` when the head cannot be read.
+    /// `Idle`, `Running`, `Waiting`, `IdleClosed`, `Closed`, or `Unknown` when the head cannot
+    /// be read.
     pub phase: &'static str,
     pub ready: bool,
     pub conditions: Vec<Condition>,
@@ -110,6 +111,7 @@ pub async fn phase(
     out.phase = match (closed, state.turn_open, state.waiting) {
         (Some(_), _, _) => "Closed",
         (None, true, _) => "Running",
+        (None, false, _) if state.idle_closed => "IdleClosed",
         (None, false, true) => "Waiting",
         (None, false, false) => "Idle",
     };
@@ -171,6 +173,9 @@ pub async fn phase(
             reason: match (closed.is_some(), degraded.is_empty()) {
                 (true, _) => "closed: it takes no more messages".into(),
                 (false, false) => "degraded".into(),
+                (false, true) if state.idle_closed => {
+                    "closed as idle: the next message reopens it".into()
+                }
                 (false, true) => "takes messages".into(),
             },
         },

@@ -84,6 +84,14 @@ impl Inner {
         true
     }
 
+    /// Whether this worker owns `conversation` now.
+    pub(crate) fn owns(&self, conversation: ConversationId) -> bool {
+        self.owners
+            .lock()
+            .expect("owner map lock")
+            .contains_key(&conversation)
+    }
+
     pub(crate) fn is_stopping(&self) -> bool {
         self.stopping.load(Ordering::Relaxed)
     }
@@ -380,6 +388,7 @@ impl Worker {
                 warn!(worker = %inner.worker, error = %e, "sweep: cannot finish pending deletions")
             }
         }
+        crate::idle::sweep(inner).await;
         if let Some(retention) = inner.config.retention {
             self.retain(&eraser, retention).await;
         }

@@ -17,9 +17,10 @@ use turnpike_schemas::{EntryBody, EntryKind};
 use crate::error::{Error, ErrorKind, Result};
 use crate::mmr::{leaf_hash, Hash};
 
-/// The batch format this build writes: 2, whose signed root also signs the digest of the state
-/// it carries. Format 1 batches (roots that signed no state) are still read and verified.
-pub const BATCH_FORMAT: u16 = 2;
+/// The batch format this build writes: 3, whose state carries the conversation's last activity
+/// (`active_ms`). Format 2 roots sign the digest of the state they carry too; format 1 roots
+/// signed no state. Both are still read and verified.
+pub const BATCH_FORMAT: u16 = 3;
 /// The oldest batch format this build reads.
 pub const OLDEST_BATCH_FORMAT: u16 = 1;
 

@@ -212,7 +212,69 @@ impl Record {
         bodies: &[EntryBody],
     ) -> Result<Head> {
         self.check_bodies(head, bodies)?;
-        let (batch, new_head) = self.seal(signer, head, bodies);
+        let (batch, new_head) = self.seal(BATCH_FORMAT, signer, head, bodies);
+        self.put_batch(head, batch, new_head).await
+    }
+
+    /// Writes `source`'s entries into this record batch by batch — every entry unchanged, at
+    /// the same position — re-signed with `signer`, then `trailer` as one last batch (an
+    /// import's provenance). Idempotent: a batch already here with the same bytes is kept (so
+    /// an import cut short runs again), and a last batch holding the trailer's kind ends it;
+    /// anything else already here is an error.
+    pub(crate) async fn reseal_from(
+        &self,
+        source: &Record,
+        signer: &RecordSigner,
+        trailer: &[EntryBody],
+    ) -> Result<Head> {
+        let mut head = Head::empty();
+        for seq in source.list_batches(0).await? {
+            let stored = source.read_stored(seq).await?;
+            let bodies = stored
+                .entries
+                .iter()
+                .filter(|e| e.kind != EntryKind::SignedRoot.as_str())
+                .map(StoredEntry::decode)
+                .collect::<Result<Vec<_>>>()?;
+            self.check_bodies(&head, &bodies)?;
+            let (batch, next) = self.seal(BATCH_FORMAT, signer, &head, &bodies);
+            let bytes = batch.to_bytes();
+            head = match self.put_batch(&head, batch, next.clone()).await {
+                Ok(next) => next,
+                Err(e) if e.kind() == ErrorKind::HeadMoved => {
+                    if self.read_bytes(head.batches).await? != bytes {
+                        return Err(Error::new(
+                            ErrorKind::AlreadyExists,
+                            format!("{} holds another record already", self.prefix.partition()),
+                        ));
+                    }
+                    next
+                }
+                Err(e) => return Err(e),
+            };
+        }
+        if trailer.is_empty() {
+            return Ok(head);
+        }
+        match self.append(signer, &head, trailer).await {
+            Ok(head) => Ok(head),
+            Err(e) if e.kind() == ErrorKind::HeadMoved => {
+                let done = self.read_stored(head.batches).await?;
+                let kind = trailer[0].kind().as_str();
+                if done.entries.first().map(|e| e.kind.as_str()) != Some(kind) {
+                    return Err(Error::new(
+                        ErrorKind::AlreadyExists,
+                        format!("{} holds another record already", self.prefix.partition()),
+                    ));
+                }
+                self.head().await
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Writes a sealed batch at `head` (create-only), then the hint now and then.
+    async fn put_batch(&self, head: &Head, batch: StoredBatch, new_head: Head) -> Result<Head> {
         let path = self.prefix.record_batch(head.batches);
         let opts = PutOptions {
             mode: PutMode::Create,
@@ -289,9 +351,11 @@ impl Record {
         Ok(())
     }
 
-    /// Builds the stored batch and the head after it, signing the root.
+    /// Builds the stored batch (in `format`: [`BATCH_FORMAT`] but in tests of older records)
+    /// and the head after it, signing the root.
     fn seal(
         &self,
+        format: u16,
         signer: &RecordSigner,
         head: &Head,
         bodies: &[EntryBody],
@@ -305,6 +369,10 @@ impl Record {
             let entry = StoredEntry::encode(mmr.leaves(), body);
             mmr.push(entry.computed_hash());
             entries.push(entry);
+        }
+        if format < 3 {
+            // Writers before format 3 had no `active_ms`: they carried what they resumed from.
+            state.active_ms = head.state.active_ms;
         }
         let root = mmr.root();
         let partition = self.prefix.partition();
@@ -329,7 +397,7 @@ impl Record {
         ));
         entries.push(closing);
         let batch = StoredBatch {
-            format: BATCH_FORMAT,
+            format,
             partition,
             batch: head.batches,
             first_position: head.leaves(),
@@ -530,5 +598,97 @@ impl Record {
     /// Reads and decodes every entry.
     pub async fn entries(&self) -> Result<Vec<RecordEntry>> {
         self.entries_from(0).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use turnpike_schemas::entry::{
+        ConversationOpened, IdleClosed, TurnComplete, TurnDispatched, TurnOutcome,
+    };
+    use turnpike_schemas::{ConversationId, EntryBody, TurnId, WorkerId};
+
+    use super::*;
+    use crate::keys::TrustedKeys;
+
+    fn opened(at_ms: u64) -> EntryBody {
+        EntryBody::ConversationOpened(ConversationOpened {
+            tenant: "t".parse().unwrap(),
+            owner: "x:y".parse().unwrap(),
+            app: "a".parse().unwrap(),
+            agent: "g".parse().unwrap(),
+            at_ms,
+        })
+    }
+
+    fn turn(n: u64, at_ms: u64) -> [EntryBody; 2] {
+        let turn = TurnId::new(n).unwrap();
+        [
+            EntryBody::TurnDispatched(TurnDispatched {
+                turn,
+                worker: WorkerId::new(),
+                agent: "g".parse().unwrap(),
+                epoch: turnpike_schemas::Epoch(0),
+                at_ms,
+            }),
+            EntryBody::TurnComplete(TurnComplete {
+                turn,
+                outcome: TurnOutcome::Replied,
+                log: None,
+                log_sha256: None,
+                version: None,
+                attempt: None,
+                at_ms: at_ms + 1,
+            }),
+        ]
+    }
+
+    /// A record written by a format-2 writer (no `active_ms`), then continued by this one,
+    /// verifies; the carried last activity follows the new batches.
+    #[tokio::test]
+    async fn a_record_begun_before_format_3_verifies_after_this_build_continues_it() {
+        let store: Arc<dyn ObjectStore> = Arc::new(object_store::memory::InMemory::new());
+        let record = Record::new(
+            store,
+            ConversationPrefix::new("t".parse().unwrap(), ConversationId::new()),
+        );
+        let signer = RecordSigner::from_seed([7; 32]);
+        let keys = TrustedKeys::new([signer.verifying_key()]);
+        let mut head = Head::empty();
+        for bodies in [vec![opened(100)], turn(1, 200).to_vec()] {
+            let (batch, next) = record.seal(2, &signer, &head, &bodies);
+            head = record.put_batch(&head, batch, next).await.unwrap();
+        }
+        assert_eq!(record.head().await.unwrap().state().active_ms, 0);
+        // A batch that changes no activity, then one that does.
+        let head = record
+            .append(
+                &signer,
+                &head,
+                &[EntryBody::IdleClosed(IdleClosed {
+                    idle_since_ms: 0,
+                    after_ms: 1,
+                    at_ms: 300,
+                })],
+            )
+            .await
+            .unwrap();
+        assert_eq!(head.state().active_ms, 0);
+        let head = record
+            .append(
+                &signer,
+                &head,
+                &[EntryBody::Reopened(turnpike_schemas::entry::Reopened {
+                    at_ms: 400,
+                })],
+            )
+            .await
+            .unwrap();
+        let head = record.append(&signer, &head, &turn(2, 500)).await.unwrap();
+        assert_eq!(head.state().active_ms, 501);
+        let report = record.verify(&keys, None).await.unwrap().unwrap();
+        assert_eq!(report.checkpoint.state, *head.state());
     }
 }

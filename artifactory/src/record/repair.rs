@@ -26,7 +26,7 @@ use turnpike_schemas::entry::RecordState;
 
 use super::format::StoredBatch;
 use super::state;
-use super::{Head, Record};
+use super::{Head, Record, BATCH_FORMAT};
 use crate::error::{Error, ErrorKind, Result};
 use crate::keys::{RecordSigner, SignatureCheck, TrustedKeys};
 use crate::mmr::Mmr;
@@ -246,7 +246,7 @@ impl Record {
             if group.is_empty() {
                 continue;
             }
-            let (batch, next) = self.seal(signer, &head, &group);
+            let (batch, next) = self.seal(BATCH_FORMAT, signer, &head, &group);
             self.store
                 .put(
                     &self.prefix.repair_staged(stamp_ms, written),

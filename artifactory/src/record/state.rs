@@ -8,13 +8,27 @@
 //! - `turn_dispatched` opens a turn numbered above every earlier one (workers use
 //!   `last_turn + 1`; a repaired record may have gaps), and only when no turn is open;
 //! - `turn_complete` and `turn_ambiguous` close the open turn, with its id (exactly once);
-//! - entries of a turn (`assistant_message`, `tool_call`, …) name the open turn.
+//! - entries of a turn (`assistant_message`, `tool_call`, …) name the open turn;
+//! - `idle_closed` closes a conversation with no open turn, once; until a `reopened` entry
+//!   follows it, no input is taken and no turn is dispatched;
+//! - `imported` (no turn open) starts the lane anew: the lane sequences before it were the
+//!   exporting deployment's;
+//! - `active_ms` follows the opening, every dispatch and completion, and every reopening (never
+//!   backwards: workers' clocks differ a little).
 
 use turnpike_schemas::entry::RecordState;
 use turnpike_schemas::EntryBody;
 
 /// Applies one entry, or says why it may not follow.
 pub fn apply(state: &mut RecordState, body: &EntryBody) -> Result<(), String> {
+    if state.idle_closed
+        && (body.as_input().is_some() || matches!(body, EntryBody::TurnDispatched(_)))
+    {
+        return Err(format!(
+            "the conversation is closed as idle: a {} entry needs a reopened entry first",
+            body.kind()
+        ));
+    }
     if let Some(input) = body.as_input() {
         if let Some(seq) = input.lane_seq {
             if seq <= state.lane_through {
@@ -57,6 +71,36 @@ pub fn apply(state: &mut RecordState, body: &EntryBody) -> Result<(), String> {
             state.last_turn = d.turn.number();
             state.turn_open = true;
             state.waiting = false;
+            state.active_ms = state.active_ms.max(d.at_ms);
+        }
+        EntryBody::ConversationOpened(o) => state.active_ms = state.active_ms.max(o.at_ms),
+        EntryBody::IdleClosed(_) => {
+            if state.turn_open {
+                return Err(format!(
+                    "turn_{} is open: the conversation is not idle",
+                    state.last_turn
+                ));
+            }
+            if state.idle_closed {
+                return Err("the conversation is closed as idle already".into());
+            }
+            state.idle_closed = true;
+        }
+        EntryBody::Imported(_) => {
+            if state.turn_open {
+                return Err(format!(
+                    "turn_{} is open: a conversation is imported between turns",
+                    state.last_turn
+                ));
+            }
+            state.lane_through = 0;
+        }
+        EntryBody::Reopened(r) => {
+            if !state.idle_closed {
+                return Err("only a conversation closed as idle can be reopened".into());
+            }
+            state.idle_closed = false;
+            state.active_ms = state.active_ms.max(r.at_ms);
         }
         EntryBody::TurnComplete(_) | EntryBody::TurnAmbiguous(_) => {
             let turn = body.turn().expect("closing entries name their turn");
@@ -65,6 +109,7 @@ pub fn apply(state: &mut RecordState, body: &EntryBody) -> Result<(), String> {
             }
             state.turn_open = false;
             if let EntryBody::TurnComplete(c) = body {
+                state.active_ms = state.active_ms.max(c.at_ms);
                 state.waiting = c.outcome == turnpike_schemas::entry::TurnOutcome::Parked;
                 if c.version.is_some() {
                     state.version = c.version;
@@ -164,7 +209,61 @@ mod tests {
                 version: None,
                 messages: 0,
                 waiting: false,
+                active_ms: 0,
+                idle_closed: false,
             }
         );
+    }
+
+    fn idle(since: u64) -> EntryBody {
+        EntryBody::IdleClosed(turnpike_schemas::entry::IdleClosed {
+            idle_since_ms: since,
+            after_ms: 1_000,
+            at_ms: since + 1_000,
+        })
+    }
+
+    fn reopen(at_ms: u64) -> EntryBody {
+        EntryBody::Reopened(turnpike_schemas::entry::Reopened { at_ms })
+    }
+
+    fn message(seq: u64) -> EntryBody {
+        use turnpike_schemas::{Address, Event, EventBody};
+        let address = Address {
+            tenant: "t".parse().unwrap(),
+            app: "a".parse().unwrap(),
+            agent: "g".parse().unwrap(),
+            conversation: turnpike_schemas::ConversationId::new(),
+            identity: "x:y".parse().unwrap(),
+        };
+        EntryBody::input(
+            Event::new(address, EventBody::Message { text: "hi".into() }, 0),
+            Some(seq),
+        )
+    }
+
+    #[test]
+    fn idle_close_happens_once_and_only_a_reopening_takes_input_again() {
+        let mut s = RecordState::default();
+        let mut dispatched = dispatch(1);
+        if let EntryBody::TurnDispatched(d) = &mut dispatched {
+            d.at_ms = 500;
+        }
+        apply(&mut s, &dispatched).unwrap();
+        assert_eq!(s.active_ms, 500);
+        assert!(apply(&mut s.clone(), &idle(500)).is_err(), "a turn is open");
+        apply(&mut s, &complete(1)).unwrap();
+        assert_eq!(s.active_ms, 500, "a completion's clock behind is ignored");
+        apply(&mut s, &idle(500)).unwrap();
+        assert!(s.idle_closed);
+        assert!(apply(&mut s.clone(), &idle(500)).is_err(), "exactly once");
+        assert!(apply(&mut s.clone(), &message(1)).is_err(), "reopen first");
+        assert!(apply(&mut s.clone(), &dispatch(2)).is_err(), "reopen first");
+        apply(&mut s, &reopen(9_000)).unwrap();
+        assert!(!s.idle_closed);
+        assert_eq!(s.active_ms, 9_000, "the timer starts again");
+        assert!(apply(&mut s.clone(), &reopen(9_500)).is_err(), "not closed");
+        apply(&mut s, &message(1)).unwrap();
+        apply(&mut s, &dispatch(2)).unwrap();
     }
 }

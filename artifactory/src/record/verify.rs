@@ -340,6 +340,11 @@ impl<'a> Walk<'a> {
             }
             match (&body, i == last) {
                 (EntryBody::SignedRoot(root), true) => {
+                    // `active_ms` came with format 3: before it, writers carried what they
+                    // resumed from (nothing), so the carried value is the one to go on from.
+                    if batch.format < 3 {
+                        self.state.active_ms = root.state.active_ms;
+                    }
                     if let Err(problem) = self.check_root(root, position, batch.format) {
                         let at = if problem == Problem::RootMismatch {
                             start

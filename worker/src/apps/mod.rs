@@ -139,6 +139,7 @@ pub const DEFAULT_COMPACTION_PROMPT: &str = "Summarise the conversation so far f
 #[derive(Clone)]
 struct HostedApp {
     tenants: Vec<TenantId>,
+    idle_timeout: IdleTimeout,
     agents: BTreeMap<AgentId, Arc<AgentSpec>>,
     callbacks: Arc<dyn App>,
 }
@@ -182,6 +183,7 @@ impl Apps {
             app,
             HostedApp {
                 tenants: Vec::new(),
+                idle_timeout: IdleTimeout::Default,
                 agents: BTreeMap::new(),
                 callbacks,
             },
@@ -296,6 +298,34 @@ impl Apps {
             .unwrap_or_default()
     }
 
+    /// How long conversations of `app` may be idle before they are closed as idle (`default`:
+    /// the deployment's, for apps that set none; `None`: never).
+    pub fn idle_timeout(&self, app: &AppId, default: Option<Duration>) -> Option<Duration> {
+        match self.lookup(app) {
+            Some(hosted) => hosted.idle_timeout.or(default),
+            None => default,
+        }
+    }
+
+    /// The shortest idle timeout of any app (with `default` for those that set none): the idle
+    /// sweep looks at nothing younger. `None`: no app's conversations are ever closed as idle.
+    pub fn shortest_idle_timeout(&self, default: Option<Duration>) -> Option<Duration> {
+        let loaded = self.loaded.read().expect("apps lock");
+        let mut any_default = self.fallback.is_some();
+        let mut shortest: Option<Duration> = None;
+        for hosted in loaded.values().chain(self.fixed.values()) {
+            match hosted.idle_timeout {
+                IdleTimeout::Default => any_default = true,
+                IdleTimeout::Never => {}
+                IdleTimeout::After(d) => shortest = Some(shortest.map_or(d, |s| s.min(d))),
+            }
+        }
+        match (shortest, any_default.then_some(default).flatten()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
     /// The app ids hosted (not counting the fallback).
     pub fn ids(&self) -> Vec<AppId> {
         let mut ids: Vec<AppId> = self
@@ -353,6 +383,7 @@ impl Apps {
 fn hosted(manifest: Manifest, callbacks: Option<Arc<dyn App>>) -> HostedApp {
     HostedApp {
         tenants: manifest.tenants,
+        idle_timeout: manifest.idle_timeout,
         agents: manifest.agents,
         callbacks: callbacks.unwrap_or_else(|| Arc::new(AgentLoopApp)),
     }
@@ -393,10 +424,32 @@ fn policy_tools(policy: &Policy) -> Vec<String> {
     policy.tools()
 }
 
+/// How long an app's conversations may be idle before they are closed as idle.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IdleTimeout {
+    /// The manifest says nothing: the deployment's default applies.
+    Default,
+    /// `idle_timeout = "0"` (or `"off"`): never, whatever the deployment's default.
+    Never,
+    After(Duration),
+}
+
+impl IdleTimeout {
+    /// What applies, given the deployment's default.
+    pub fn or(self, default: Option<Duration>) -> Option<Duration> {
+        match self {
+            IdleTimeout::Default => default,
+            IdleTimeout::Never => None,
+            IdleTimeout::After(d) => Some(d),
+        }
+    }
+}
+
 /// A validated manifest.
 pub struct Manifest {
     pub app: AppId,
     pub tenants: Vec<TenantId>,
+    pub idle_timeout: IdleTimeout,
     pub agents: BTreeMap<AgentId, Arc<AgentSpec>>,
 }
 
@@ -406,6 +459,9 @@ struct RawManifest {
     app: String,
     #[serde(default)]
     tenants: Vec<String>,
+    /// `"30m"`, `"24h"`, …; `"0"` or `"off"`: never closed as idle.
+    #[serde(default)]
+    idle_timeout: Option<String>,
     #[serde(default)]
     agents: BTreeMap<String, RawAgent>,
 }
@@ -646,9 +702,19 @@ impl Manifest {
                 }),
             );
         }
+        let idle_timeout = match raw.idle_timeout.as_deref() {
+            None => IdleTimeout::Default,
+            Some(text) => match crate::config::parse_idle_timeout(text)
+                .map_err(|e| format!("idle_timeout: {e}"))?
+            {
+                None => IdleTimeout::Never,
+                Some(d) => IdleTimeout::After(d),
+            },
+        };
         Ok(Manifest {
             app,
             tenants,
+            idle_timeout,
             agents,
         })
     }
