@@ -557,6 +557,10 @@ pub enum ConversationCommand {
         /// must be signed by it (without it, by the key the archive names).
         #[arg(long)]
         expect_key: Option<String>,
+        /// Only check the archive offline (its names, and its record against the key): write
+        /// nothing.
+        #[arg(long)]
+        check: bool,
     },
     /// Removes unreadable entries and re-signs the rest; reports what it removed.
     Repair {

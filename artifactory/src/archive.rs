@@ -350,16 +350,31 @@ struct Scan {
     batches: BTreeMap<u64, Vec<u8>>,
 }
 
+/// How an import goes.
+#[derive(Debug, Clone, Default)]
+pub struct ImportOptions {
+    /// The archive's record must be signed by this public key alone (without it: by the keys
+    /// its manifest names).
+    pub expect_key: Option<ed25519_dalek::VerifyingKey>,
+    /// Only check the archive (offline: names, signatures, root); write nothing.
+    pub check_only: bool,
+    /// Who imports (kept in the `imported` entry).
+    pub by: String,
+}
+
 /// Imports the archive at `archive` into `conversations` (this deployment), re-signing the
-/// record with `signer`. With `expect_key` (a public key), the archive's record must be signed
-/// by that key alone; otherwise by the keys its manifest names. See the module's contract.
+/// record with `signer`. See the module's contract.
 pub async fn import(
     conversations: &Conversations,
     signer: &RecordSigner,
     archive: &FsPath,
-    expect_key: Option<ed25519_dalek::VerifyingKey>,
-    by: &str,
+    options: ImportOptions,
 ) -> Result<ImportReport> {
+    let ImportOptions {
+        expect_key,
+        check_only,
+        by,
+    } = options;
     let path = archive.to_path_buf();
     let scan = tokio::task::spawn_blocking(move || scan(&path))
         .await
@@ -424,6 +439,13 @@ pub async fn import(
     }
     debug_assert_eq!(report.checkpoint.leaves, head.leaves());
     let original_public_key = manifest.keys.get(&root.key_id).cloned().unwrap_or_default();
+    if check_only {
+        return Ok(ImportReport {
+            manifest,
+            objects: 0,
+            batches: head.batches(),
+        });
+    }
 
     // Not a conversation this deployment has, or deleted once.
     let directory = conversations.directory();
@@ -506,7 +528,7 @@ pub async fn import(
         original_key_id: root.key_id.clone(),
         original_public_key,
         exported_ms: manifest.exported_ms,
-        by: by.to_owned(),
+        by,
         at_ms: now_ms(),
     });
     let head = target.reseal_from(&source, signer, &[imported]).await?;
@@ -622,6 +644,65 @@ fn now_ms() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An archive item: a name, and its contents (`Ok`) or a link target (`Err`).
+    type Item<'a> = (&'a str, std::result::Result<&'a [u8], &'a str>);
+
+    /// Writes a tar of `items` under `dir`.
+    fn tar_of(dir: &FsPath, items: &[Item<'_>]) -> std::path::PathBuf {
+        let path = dir.join("a.tar");
+        let mut tar = tar::Builder::new(std::fs::File::create(&path).unwrap());
+        for (name, what) in items {
+            match what {
+                Ok(bytes) => append(&mut tar, name, bytes).unwrap(),
+                Err(target) => {
+                    let mut header = tar::Header::new_gnu();
+                    header.set_entry_type(tar::EntryType::Symlink);
+                    header.set_size(0);
+                    tar.append_link(&mut header, name, target).unwrap();
+                }
+            }
+        }
+        tar.into_inner().unwrap().flush().unwrap();
+        path
+    }
+
+    #[tokio::test]
+    async fn archives_with_links_foreign_names_or_no_manifest_are_refused_and_write_nothing() {
+        let store: Arc<dyn ObjectStore> = Arc::new(object_store::memory::InMemory::new());
+        let conversations = Conversations::new(store.clone());
+        let signer = RecordSigner::from_seed([1; 32]);
+        let dir = tempfile::tempdir().unwrap();
+        let cases: Vec<(&str, Vec<Item<'_>>)> = vec![
+            (
+                "only regular files",
+                vec![("conversation/turns/turn_1/log.json", Err("/etc/passwd"))],
+            ),
+            (
+                "not something a conversation holds",
+                vec![("conversation/keys/record-signing.key", Ok(b"x"))],
+            ),
+            (
+                "not something a conversation archive holds",
+                vec![("etc/cron.d/evil", Ok(b"x"))],
+            ),
+            ("has no turnpike-export.json", vec![]),
+            (
+                "turnpike-export.json:",
+                vec![(MANIFEST, Ok(b"{\"format\":1}"))],
+            ),
+        ];
+        for (why, items) in cases {
+            let archive = tar_of(dir.path(), &items);
+            let e = import(&conversations, &signer, &archive, ImportOptions::default())
+                .await
+                .expect_err(why);
+            assert_eq!(e.kind(), ErrorKind::InvalidInput, "{why}: {e}");
+            assert!(e.to_string().contains(why), "{why}: {e}");
+            let written: Vec<_> = store.list(None).try_collect().await.unwrap();
+            assert!(written.is_empty(), "{why}: {written:?}");
+        }
+    }
 
     #[test]
     fn only_what_a_conversation_holds_has_a_place() {

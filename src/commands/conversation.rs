@@ -100,9 +100,11 @@ pub async fn run(
             file,
             actor,
         } => export(env, conversation, &file, &actor.tenant, &actor.identity).await,
-        ConversationCommand::Import { file, expect_key } => {
-            import(global, env, &file, expect_key.as_deref()).await
-        }
+        ConversationCommand::Import {
+            file,
+            expect_key,
+            check,
+        } => import(global, env, &file, expect_key.as_deref(), check).await,
         ConversationCommand::DeadLetters {
             conversation,
             actor,
@@ -440,6 +442,7 @@ async fn import(
     env: &Env,
     file: &std::path::Path,
     expect_key: Option<&str>,
+    check_only: bool,
 ) -> Result<ExitCode> {
     let expect = expect_key
         .map(turnpike_artifactory::TrustedKeys::parse_public)
@@ -449,10 +452,27 @@ async fn import(
         "operator {}",
         std::env::var("USER").unwrap_or_else(|_| "unknown".into())
     );
+    let options = turnpike_artifactory::archive::ImportOptions {
+        expect_key: expect,
+        check_only,
+        by,
+    };
     let report =
-        turnpike_artifactory::archive::import(&env.conversations, &env.signer, file, expect, &by)
+        turnpike_artifactory::archive::import(&env.conversations, &env.signer, file, options)
             .await?;
     let conversation = report.manifest.entry.conversation;
+    if check_only {
+        println!(
+            "{} holds {conversation} (tenant {}, owner {}): {} batches verify up to root {}, signed by {}",
+            file.display(),
+            report.manifest.entry.tenant,
+            report.manifest.entry.owner,
+            report.batches,
+            report.manifest.root,
+            report.manifest.keys.keys().cloned().collect::<Vec<_>>().join(", ")
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
     println!(
         "imported {conversation} (tenant {}, owner {}): {} batches re-signed here, {} objects; original root {}",
         report.manifest.entry.tenant,
