@@ -63,6 +63,16 @@ pub struct Global {
     )]
     pub trusted_keys: Vec<String>,
 
+    /// Where `serve`, `router` and `worker` answer probes and scrapes (`/livez`, `/readyz`,
+    /// `/metrics`); `off` for nowhere.
+    #[arg(
+        long,
+        global = true,
+        env = "TURNPIKE_ADMIN_LISTEN",
+        default_value = "127.0.0.1:7701"
+    )]
+    pub admin_listen: String,
+
     /// Log filter in `RUST_LOG` syntax (also read from TURNPIKE_LOG, then RUST_LOG).
     #[arg(long, global = true, env = "TURNPIKE_LOG")]
     pub log: Option<String>,

@@ -29,6 +29,7 @@ impl Cli {
                 command.env_remove(key);
             }
         }
+        command.env("TURNPIKE_ADMIN_LISTEN", "127.0.0.1:0");
         command
     }
 

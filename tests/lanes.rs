@@ -1342,3 +1342,87 @@ async fn idle_conversations_close_once_in_a_fleet_reopen_on_the_next_message_and
         .unwrap();
     assert_eq!(view["status"], "idle", "{view}");
 }
+
+/// `/readyz` of an admin listener: its status and body.
+async fn readyz(port: u16) -> (u16, serde_json::Value) {
+    let admin = turnpike_edge::client::Client::new(&format!("http://127.0.0.1:{port}"), "");
+    let (status, body) = admin.bytes("/readyz", false).await.unwrap();
+    (status, serde_json::from_slice(&body).unwrap_or_default())
+}
+
+/// Polls `/readyz` until `want` holds of it.
+async fn readyz_until(port: u16, what: &str, want: impl Fn(u16, &serde_json::Value) -> bool) {
+    let deadline = std::time::Instant::now() + LONG;
+    loop {
+        let (status, body) = readyz(port).await;
+        if want(status, &body) {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{what}: still {status} {body}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn check_ok(body: &serde_json::Value, name: &str) -> Option<bool> {
+    body["checks"]
+        .as_array()?
+        .iter()
+        .find(|c| c["name"] == name)
+        .and_then(|c| c["ok"].as_bool())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readiness_follows_the_bus_and_fails_first_on_sigterm_while_the_running_turn_finishes() {
+    use turnpike_tests::edge::{wait_for_complete_turns, wait_for_status};
+    let (mut fleet, _apps, tokens) = queue_fleet().await;
+    let port = turnpike_tests::services::free_port().unwrap();
+    let listen = format!("127.0.0.1:{port}");
+    let (mut worker, _) = fleet.worker(&["--admin-listen", &listen]);
+    readyz_until(port, "ready at start", |s, b| {
+        s == 200 && check_ok(b, "bus") == Some(true) && check_ok(b, "cell").is_some()
+    })
+    .await;
+
+    // NATS goes away: not ready, and says why; back: ready again.
+    fleet.nats.stop().unwrap();
+    readyz_until(port, "not ready without NATS", |s, b| {
+        s == 503 && check_ok(b, "bus") == Some(false)
+    })
+    .await;
+    fleet.nats.restart().unwrap();
+    readyz_until(port, "ready again", |s, b| {
+        s == 200 && check_ok(b, "bus") == Some(true)
+    })
+    .await;
+
+    // A turn runs (the slow model takes 2 s) when SIGTERM comes: readiness fails at once,
+    // the turn finishes, the process exits by itself, and the client loses nothing.
+    let (_router, base) = fleet.router(&tokens);
+    let client = turnpike_edge::client::Client::new(&base, "t-ana");
+    let id = queue_conversation(&client, "slow").await;
+    say(&client, &id, "finish me").await;
+    wait_for_status(&client, &id, "running", LONG)
+        .await
+        .unwrap();
+    worker.signal_term();
+    readyz_until(port, "draining on SIGTERM", |s, b| {
+        s == 503 && check_ok(b, "draining") == Some(false)
+    })
+    .await;
+    let turns = wait_for_complete_turns(&client, &id, 1, LONG)
+        .await
+        .unwrap();
+    assert_eq!(turns[0].outcome.as_deref(), Some("replied"), "{turns:#?}");
+    assert_eq!(turns[0].replies, vec!["answer to: finish me".to_owned()]);
+    assert_eq!(worker.wait_exit(LONG), Some(0), "the worker exits cleanly");
+    // Nobody else ran it: the draining worker finished its own turn.
+    let kinds = entry_kinds(&fleet, &id).await;
+    assert_eq!(
+        kinds.iter().filter(|k| *k == "turn_dispatched").count(),
+        1,
+        "{kinds:?}"
+    );
+}

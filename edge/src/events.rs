@@ -18,8 +18,28 @@ use super::{conversation_id, Body, Caller, Edge, Params, Principal};
 pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
 
 impl Edge {
-    /// Submits one event as the caller: `202` once it is durable on the lane.
+    /// Submits one event as the caller: `202` once it is durable on the lane. Counted:
+    /// accepted by kind, refused by reason.
     pub(crate) async fn submit(
+        &self,
+        caller: &Principal,
+        id: &str,
+        headers: &HeaderMap,
+        body: EventBody,
+    ) -> ApiResult<(StatusCode, Json<Accepted>)> {
+        let kind = body.kind_name();
+        let result = self.submit_uncounted(caller, id, headers, body).await;
+        match &result {
+            Ok(_) => metrics::counter!("turnpike_submissions_total", "kind" => kind).increment(1),
+            Err(e) => {
+                metrics::counter!("turnpike_rejections_total", "reason" => e.body.code.clone())
+                    .increment(1)
+            }
+        }
+        result
+    }
+
+    async fn submit_uncounted(
         &self,
         caller: &Principal,
         id: &str,

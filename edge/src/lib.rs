@@ -121,6 +121,37 @@ struct Inner {
     link_key: [u8; 32],
 }
 
+/// Times every routed request by its route (the pattern, never the path), method and status.
+async fn metered(
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    let route = request
+        .extensions()
+        .get::<axum::extract::MatchedPath>()
+        .map_or_else(|| "unmatched".to_owned(), |p| p.as_str().to_owned());
+    let method: &'static str = match request.method().as_str() {
+        "GET" => "GET",
+        "POST" => "POST",
+        "PUT" => "PUT",
+        "PATCH" => "PATCH",
+        "DELETE" => "DELETE",
+        "HEAD" => "HEAD",
+        "OPTIONS" => "OPTIONS",
+        _ => "other",
+    };
+    let started = std::time::Instant::now();
+    let response = next.run(request).await;
+    metrics::histogram!(
+        "turnpike_http_request_duration_seconds",
+        "route" => route,
+        "method" => method,
+        "status" => response.status().as_u16().to_string()
+    )
+    .record(started.elapsed().as_secs_f64());
+    response
+}
+
 impl Edge {
     pub fn new(parts: EdgeParts) -> Self {
         let mut ingress = Ingress::new(parts.bus.clone(), parts.conversations.clone());
@@ -233,6 +264,7 @@ impl Edge {
             .route("/v1/links/{token}", get(files::follow_link))
             .route("/healthz", get(|| async { "ok" }))
             .merge(authed)
+            .route_layer(axum::middleware::from_fn(metered))
             .fallback(|| async { ApiError::not_found("no such endpoint") })
             .method_not_allowed_fallback(|| async {
                 ApiError::new(

@@ -184,6 +184,7 @@ pub async fn websocket(
 
 async fn pump(socket: WebSocket, mut frames: BoxStream<'static, Frame>) {
     let (mut tx, mut rx) = socket.split();
+    let _open = OpenStream::new();
     let mut ping = tokio::time::interval(Duration::from_secs(20));
     ping.tick().await;
     loop {
@@ -249,4 +250,20 @@ fn sse_response(
     Sse::new(events)
         .keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
         .into_response()
+}
+
+/// Counts an open WebSocket stream for as long as it lives.
+struct OpenStream;
+
+impl OpenStream {
+    fn new() -> Self {
+        metrics::gauge!("turnpike_websocket_connections").increment(1.0);
+        OpenStream
+    }
+}
+
+impl Drop for OpenStream {
+    fn drop(&mut self) {
+        metrics::gauge!("turnpike_websocket_connections").decrement(1.0);
+    }
 }

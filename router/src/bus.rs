@@ -174,6 +174,12 @@ pub trait Bus: Send + Sync + 'static {
     /// The last sequence on a lane (0 when empty).
     async fn lane_last(&self, conversation: ConversationId) -> Result<u64>;
 
+    /// Whether the bus answers now: one cheap round trip (the last sequence of a lane nobody
+    /// uses), for readiness probes.
+    async fn ping(&self) -> Result<()> {
+        self.lane_last(ConversationId::new()).await.map(|_| ())
+    }
+
     /// Deletes every message of a conversation's lane (a deleted conversation's remainder).
     /// Sequences are not reused: a lane's next message, if any came, would follow the last.
     async fn purge_lane(&self, conversation: ConversationId) -> Result<()>;

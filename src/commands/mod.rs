@@ -1,5 +1,6 @@
 //! One module per command family.
 
+pub(crate) mod admin;
 mod bench;
 mod cell;
 mod chat;

@@ -83,9 +83,11 @@ pub async fn open_bus(global: &Global, env: &Env, ack_wait: Duration) -> Result<
     }
 }
 
-fn worker_config(args: &WorkerArgs) -> Result<WorkerConfig> {
+/// The workers' settings, and what was refused (said at start and in `/readyz`).
+fn worker_config(args: &WorkerArgs) -> Result<(WorkerConfig, Vec<String>)> {
     let ttl = Duration::from_millis(args.lease_ttl_ms.max(300));
-    Ok(WorkerConfig {
+    let mut refused = Vec::new();
+    let config = WorkerConfig {
         slots: args.slots.max(1),
         lease_ttl: ttl,
         renew_every: ttl / 3,
@@ -96,6 +98,7 @@ fn worker_config(args: &WorkerArgs) -> Result<WorkerConfig> {
                 // Deleting on a misread setting would lose data: nothing is deleted.
                 eprintln!("retention is off: --retention {why}");
                 tracing::warn!(%why, "retention is off: the setting does not parse");
+                refused.push(format!("retention is off: --retention {why}"));
                 None
             }
         },
@@ -106,7 +109,8 @@ fn worker_config(args: &WorkerArgs) -> Result<WorkerConfig> {
         git_remote: args.git_remote.clone(),
         failpoints: Failpoints::from_env().map_err(anyhow::Error::msg)?,
         ..Default::default()
-    })
+    };
+    Ok((config, refused))
 }
 
 /// Resolves on SIGINT or SIGTERM.
@@ -203,7 +207,19 @@ pub async fn workers(
     config: &WorkerConfig,
     indexing: Option<IndexQueue>,
 ) -> Vec<Worker> {
-    let cell = detect_cell().await;
+    workers_on(detect_cell().await, env, bus, apps, count, config, indexing)
+}
+
+/// [`workers`] with the cell detected already.
+fn workers_on(
+    cell: Result<Arc<Cell>, String>,
+    env: &Env,
+    bus: &Arc<dyn Bus>,
+    apps: &Arc<Apps>,
+    count: usize,
+    config: &WorkerConfig,
+    indexing: Option<IndexQueue>,
+) -> Vec<Worker> {
     (0..count.max(1))
         .map(|_| {
             let worker = Worker::new(
@@ -222,25 +238,51 @@ pub async fn workers(
         .collect()
 }
 
+/// Workers running, with their admin listener.
+struct Running {
+    pool: WorkerPool,
+    admin: Option<tokio::task::JoinHandle<()>>,
+    /// Set on SIGTERM: `/readyz` fails from then on.
+    draining: Arc<std::sync::atomic::AtomicBool>,
+}
+
+/// Starts the workers, and the admin listener with their probes.
 async fn run_workers(
+    global: &Global,
     env: &Env,
     bus: Arc<dyn Bus>,
     apps: Arc<turnpike_worker::Apps>,
     count: usize,
     args: &WorkerArgs,
     indexing: Option<IndexQueue>,
-) -> Result<WorkerPool> {
+) -> Result<Running> {
     let hosted: Vec<String> = apps.ids().iter().map(|a| a.to_string()).collect();
     eprintln!("hosting apps: {}", hosted.join(", "));
-    let mut pool =
-        WorkerPool::start(workers(env, &bus, &apps, count, &worker_config(args)?, indexing).await);
+    let (config, refused) = worker_config(args)?;
+    let cell = detect_cell().await;
+    let probes = crate::commands::admin::Probes {
+        bus: Some(bus.clone()),
+        store: env.conversations.store().clone(),
+        cell: Some(cell.as_ref().map(|_| ()).map_err(Clone::clone)),
+        refused,
+        draining: Default::default(),
+    };
+    let draining = probes.draining.clone();
+    let admin = crate::commands::admin::start(&global.admin_listen, probes).await?;
+    metrics::gauge!("turnpike_worker_slots").set((config.slots * count.max(1)) as f64);
+    let mut pool = WorkerPool::start(workers_on(cell, env, &bus, &apps, count, &config, indexing));
+
     if args.apps_poll_ms > 0 {
         pool.keep(apps.watch(std::time::Duration::from_millis(args.apps_poll_ms)));
     }
     for id in pool.ids() {
         eprintln!("worker {id} ready");
     }
-    Ok(pool)
+    Ok(Running {
+        pool,
+        admin,
+        draining,
+    })
 }
 
 /// Binds the edge's address and serves it in the background until `stop` fires.
@@ -319,12 +361,30 @@ pub async fn serve(global: &Global, args: ServeArgs) -> Result<ExitCode> {
     }
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let server = start_edge(edge, args.edge.listen, stop_rx).await?;
-    let pool = run_workers(&env, bus, apps, args.workers, &args.worker, indexing).await?;
+    let Running {
+        pool,
+        admin,
+        draining,
+    } = run_workers(
+        global,
+        &env,
+        bus,
+        apps,
+        args.workers,
+        &args.worker,
+        indexing,
+    )
+    .await?;
     shutdown_signal().await;
+    // Not ready from now on, before anything stops: traffic moves away first.
+    draining.store(true, std::sync::atomic::Ordering::Release);
     info!("shutting down: no new claims, running turns get their grace period");
     let _ = stop_tx.send(true);
     pool.stop().await;
     let _ = tokio::time::timeout(Duration::from_secs(5), server).await;
+    if let Some(admin) = admin {
+        admin.abort();
+    }
     Ok(ExitCode::SUCCESS)
 }
 
@@ -347,10 +407,18 @@ pub async fn worker(global: &Global, args: WorkerArgs) -> Result<ExitCode> {
         None
     };
     let apps = env.apps(false)?;
-    let pool = run_workers(&env, bus, apps, 1, &args, indexing).await?;
+    let Running {
+        pool,
+        admin,
+        draining,
+    } = run_workers(global, &env, bus, apps, 1, &args, indexing).await?;
     shutdown_signal().await;
+    draining.store(true, std::sync::atomic::Ordering::Release);
     info!("shutting down: no new claims, running turns get their grace period");
     pool.stop().await;
+    if let Some(admin) = admin {
+        admin.abort();
+    }
     Ok(ExitCode::SUCCESS)
 }
 
@@ -375,6 +443,15 @@ pub async fn router(global: &Global, args: RouterArgs) -> Result<ExitCode> {
     } else {
         None
     };
+    let draining = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let probes = crate::commands::admin::Probes {
+        bus: Some(bus.clone()),
+        store: env.conversations.store().clone(),
+        cell: None,
+        refused: Vec::new(),
+        draining: draining.clone(),
+    };
+    let admin = crate::commands::admin::start(&global.admin_listen, probes).await?;
     let edge = crate::commands::edge::build(global, &env, bus, &apps, search, &args.edge, false)?;
     // The catalogue a router checks conversations against follows its apps folders.
     let watch =
@@ -383,10 +460,14 @@ pub async fn router(global: &Global, args: RouterArgs) -> Result<ExitCode> {
     let server = start_edge(edge, args.edge.listen, stop_rx).await?;
     eprintln!("router ready: {} lane streams", global.shards);
     shutdown_signal().await;
+    draining.store(true, std::sync::atomic::Ordering::Release);
     let _ = stop_tx.send(true);
     let _ = tokio::time::timeout(Duration::from_secs(5), server).await;
     if let Some(watch) = watch {
         watch.abort();
+    }
+    if let Some(admin) = admin {
+        admin.abort();
     }
     Ok(ExitCode::SUCCESS)
 }

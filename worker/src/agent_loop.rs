@@ -50,6 +50,8 @@ pub const MAX_TOOL_CALLS_PER_REPLY: usize = 64;
 /// One agent's settings for one turn.
 #[derive(Debug, Clone)]
 pub struct Settings {
+    /// The provider's kind and the model (metrics labels; the model also goes in requests).
+    pub provider: String,
     pub model: String,
     pub system_prompt: String,
     pub max_rounds: u32,
@@ -121,7 +123,7 @@ pub async fn run(
         let reply = tokio::select! {
             biased;
             _ = inbox.stop_requested() => return cancel(inbox, blocks).await,
-            reply = model.complete(&request, cx) => reply?,
+            reply = ask(model, &request, cx, settings) => reply?,
         };
         cx.add_usage(reply.usage);
         let ModelReply {
@@ -216,7 +218,7 @@ pub async fn run(
     let reply = tokio::select! {
         biased;
         _ = inbox.stop_requested() => return cancel(inbox, blocks).await,
-        reply = model.complete(&request, cx) => reply?,
+        reply = ask(model, &request, cx, settings) => reply?,
     };
     cx.add_usage(reply.usage);
     let text = if reply.text.trim().is_empty() {
@@ -332,10 +334,22 @@ impl ToolRunner for LiveTools<'_, '_> {
     }
 
     async fn run(&self, call: &ToolCallRequest) -> (bool, ToolOutput) {
+        // A name the model made up is not a label: labels stay as few as the agent's tools.
+        let tool = if self.spec.tools.get(&call.name).is_some() {
+            call.name.as_str()
+        } else {
+            "unknown"
+        };
         match self.execute(call).await {
-            Ok(result) => result,
+            Ok(result) => {
+                crate::metrics::tool_call(tool, if result.0 { "ok" } else { "error" });
+                result
+            }
             // The intent could not be committed (fenced, store down): the call does not run.
-            Err(e) => (false, json!({ "error": format!("not run: {e}") }).into()),
+            Err(e) => {
+                crate::metrics::tool_call(tool, "not_run");
+                (false, json!({ "error": format!("not run: {e}") }).into())
+            }
         }
     }
 
@@ -358,6 +372,30 @@ impl ToolRunner for LiveTools<'_, '_> {
             withheld: String::new(),
         })
     }
+}
+
+/// Asks the model once, counting and timing the request.
+async fn ask(
+    model: &dyn ModelProvider,
+    request: &ModelRequest,
+    cx: &mut CallContext,
+    settings: &Settings,
+) -> std::result::Result<ModelReply, crate::model::ModelError> {
+    let started = std::time::Instant::now();
+    let reply = model.complete(request, cx).await;
+    let usage = reply
+        .as_ref()
+        .ok()
+        .and_then(|r| r.usage)
+        .map(|u| (u.prompt_tokens, u.completion_tokens));
+    crate::metrics::model_request(
+        &settings.provider,
+        &settings.model,
+        started.elapsed(),
+        usage,
+        reply.is_ok(),
+    );
+    reply
 }
 
 /// Runs a live turn of the turn's agent (see [`crate::apps::AgentLoopApp`]).
@@ -453,6 +491,7 @@ pub async fn run_live(turn: &TurnContext<'_>) -> Result<TurnOutcome> {
         });
     }
     let settings = Settings {
+        provider: spec.provider_kind.clone(),
         model: spec.model.clone(),
         system_prompt: match turn.instructions().await {
             Some(extra) if spec.system_prompt.is_empty() => extra,
@@ -585,6 +624,7 @@ mod tests {
     async fn a_forced_tool_choice_holds_for_the_first_round_only_and_usage_adds_up() {
         for forced in [ToolChoice::Required, ToolChoice::Tool("read_file".into())] {
             let settings = Settings {
+                provider: "test".into(),
                 model: "m".into(),
                 system_prompt: String::new(),
                 max_rounds: 4,

@@ -144,6 +144,7 @@ async fn close_if_due(
         record: inner.conversations.record(entry.prefix()),
         resolver: inner.resolver.in_tenant(&entry.tenant),
         marked: Default::default(),
+        dispatched_ms: Default::default(),
         fence: Fence::new(lease.expires_ms, inner.config.renew_every),
     };
     env.record.finish_repair().await?;

@@ -41,6 +41,7 @@ pub mod error;
 pub mod failpoints;
 pub mod fence;
 mod idle;
+mod metrics;
 pub mod model;
 pub mod owner;
 pub mod parking;

@@ -248,6 +248,7 @@ pub(crate) async fn own(
         // Every reference the turn follows is resolved in the conversation's own tenant.
         resolver: worker.resolver.in_tenant(&tenant),
         marked: Default::default(),
+        dispatched_ms: Default::default(),
         fence: Fence::new(lease.expires_ms, worker.config.renew_every),
     };
     // However the owner ends — a panic included — its slot is forgotten, so later wakes for
@@ -257,6 +258,7 @@ pub(crate) async fn own(
         conversation,
         slot,
     };
+    metrics::gauge!("turnpike_worker_slots_used").increment(1.0);
     worker
         .config
         .failpoints
@@ -324,6 +326,16 @@ pub(crate) async fn own(
             Err(e) if e.kind() == crate::error::ErrorKind::Refused => Settlement::Poison,
             Err(_) => Settlement::Failed,
         };
+        if let Err(e) = &outcome {
+            let reason = if e.is_fenced() {
+                "fenced"
+            } else if e.kind() == crate::error::ErrorKind::Refused {
+                "refused"
+            } else {
+                "failed"
+            };
+            metrics::counter!("turnpike_turns_abandoned_total", "reason" => reason).increment(1);
+        }
         for wake in leftovers {
             wake.settle(settlement, worker.config.busy_delay).await;
         }
@@ -374,6 +386,7 @@ struct ForgetOnDrop {
 
 impl Drop for ForgetOnDrop {
     fn drop(&mut self) {
+        metrics::gauge!("turnpike_worker_slots_used").decrement(1.0);
         self.worker.forget_owner(self.conversation, &self.slot);
     }
 }

@@ -408,6 +408,7 @@ pub async fn replay(logs: &[TurnLog], what_if: Option<&WhatIf>) -> Vec<TurnRepla
             next: 0,
         };
         let settings = Settings {
+            provider: "replay".into(),
             model: "replay".into(),
             system_prompt: String::new(),
             // Replay as many rounds as were recorded; never fewer.

@@ -464,11 +464,17 @@ impl Worker {
             wake.settle(Settlement::Busy, busy).await;
             return;
         };
-        match inner
+        let claimed = inner
             .bus
             .claim(wake.conversation, inner.worker, inner.config.lease_ttl)
-            .await
-        {
+            .await;
+        let result = match &claimed {
+            Ok(Some(_)) => "won",
+            Ok(None) => "held",
+            Err(_) => "failed",
+        };
+        metrics::counter!("turnpike_lease_claims_total", "result" => result).increment(1);
+        match claimed {
             Ok(Some(lease)) => {
                 let slot = Arc::new(OwnerSlot::default());
                 if !inner.register_owner(wake.conversation, slot.clone()) {

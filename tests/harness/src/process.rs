@@ -31,6 +31,9 @@ impl Process {
                 command.env_remove(key);
             }
         }
+        // Many processes run at once: each admin listener on a port of its own (a test that
+        // needs it says where, or reads the port from the log).
+        command.env("TURNPIKE_ADMIN_LISTEN", "127.0.0.1:0");
         for (k, v) in envs {
             command.env(k, v);
         }
@@ -142,6 +145,14 @@ impl Process {
                 }
                 _ => return None,
             }
+        }
+    }
+
+    /// Asks the process to stop (SIGTERM) and returns at once.
+    pub fn signal_term(&self) {
+        // SAFETY: sending a signal to our own child.
+        unsafe {
+            libc::kill(self.child.id() as i32, libc::SIGTERM);
         }
     }
 

@@ -93,6 +93,8 @@ impl App for AgentLoopApp {
 pub struct AgentSpec {
     pub name: AgentId,
     pub provider: Arc<dyn ModelProvider>,
+    /// The manifest's provider (`openai`, `script`, `echo`): a metrics label.
+    pub provider_kind: String,
     pub model: String,
     pub system_prompt: String,
     pub tools: Toolset,
@@ -681,6 +683,7 @@ impl Manifest {
                 Arc::new(AgentSpec {
                     name: id,
                     provider,
+                    provider_kind: agent.provider,
                     model,
                     system_prompt: agent.system_prompt,
                     tools: toolset,

@@ -152,6 +152,24 @@ impl Cell {
         language: Language,
         code: &str,
     ) -> Result<RunResult, String> {
+        let started = Instant::now();
+        let result = self.run_unmetered(workspace, language, code).await;
+        let outcome = match &result {
+            Ok(r) if r.timed_out => "timed_out",
+            Ok(r) if r.exit_code == Some(0) => "ok",
+            Ok(_) => "failed",
+            Err(_) => "error",
+        };
+        crate::metrics::cell_run(started.elapsed(), outcome);
+        result
+    }
+
+    async fn run_unmetered(
+        &self,
+        workspace: &Path,
+        language: Language,
+        code: &str,
+    ) -> Result<RunResult, String> {
         let Language::Python = language;
         let started = Instant::now();
         let before = snapshot_off_thread(workspace).await;

@@ -67,6 +67,8 @@ pub struct TurnEnv {
     pub marked: std::sync::atomic::AtomicBool,
     /// The owner's lease deadline: fenced writes check it first.
     pub fence: crate::fence::Fence,
+    /// When this owner dispatched the turn it runs (ms; 0: none), for the turn's duration.
+    pub dispatched_ms: std::sync::atomic::AtomicU64,
 }
 
 impl std::ops::Deref for TurnEnv {
@@ -82,11 +84,13 @@ impl TurnEnv {
     /// Entries the record refuses are refused ([`crate::error::ErrorKind::Refused`]). Once committed, clients are told (a "new rows" tick).
     pub async fn append(&self, head: &Head, bodies: &[EntryBody]) -> Result<Head> {
         self.fence.check()?;
+        let started = std::time::Instant::now();
         let head = self
             .record
             .append(&self.signer, head, bodies)
             .await
             .map_err(Error::from_append)?;
+        crate::metrics::committed(bodies, started.elapsed(), &self.dispatched_ms);
         let tick = LiveFrame::Rows {
             through: head.leaves(),
         };
