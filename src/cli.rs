@@ -563,10 +563,11 @@ pub enum ConversationCommand {
     /// provenance, and indexed when the deployment has an index.
     Import {
         file: PathBuf,
-        /// The exporting deployment's public key (64 hex characters): the archive's record
-        /// must be signed by it (without it, by the key the archive names).
+        /// The exporting deployment's public key (64 hex characters; repeat it for several):
+        /// the archive must be signed by one of them. Without it the archive vouches for
+        /// itself, and the import says its origin is not verified.
         #[arg(long)]
-        expect_key: Option<String>,
+        expect_key: Vec<String>,
         /// Only check the archive offline (its names, and its record against the key): write
         /// nothing.
         #[arg(long)]

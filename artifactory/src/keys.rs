@@ -51,6 +51,14 @@ pub fn signed_message(
     m
 }
 
+/// The message an archive's signature covers: a domain, then the SHA-256 of its manifest
+/// (without the signature).
+pub fn archive_message(manifest_digest: &Hash) -> Vec<u8> {
+    let mut m = b"turnpike-archive-v1\0".to_vec();
+    m.extend_from_slice(manifest_digest);
+    m
+}
+
 /// The digest of a record state as a signed root carries it (SHA-256 of its JSON).
 pub fn state_digest(state: &turnpike_schemas::entry::RecordState) -> Hash {
     let bytes = serde_json::to_vec(state).expect("record states serialise");
@@ -151,6 +159,11 @@ impl RecordSigner {
 
     /// Signs a root of `partition` covering `leaf_count` leaves and, when given, the digest of
     /// the state the root carries (see [`signed_message`]).
+    /// Signs an archive's manifest digest (see [`archive_message`]).
+    pub fn sign_archive(&self, manifest_digest: &Hash) -> [u8; 64] {
+        self.key.sign(&archive_message(manifest_digest)).to_bytes()
+    }
+
     pub fn sign(
         &self,
         partition: &str,
@@ -216,6 +229,25 @@ impl TrustedKeys {
             state.as_ref(),
             &signature,
         )
+    }
+
+    /// Whether `signature` by key `key_id` over an archive's manifest digest is valid.
+    pub fn verify_archive(
+        &self,
+        key_id: &str,
+        manifest_digest: &Hash,
+        signature: &[u8],
+    ) -> SignatureCheck {
+        let Some((_, key)) = self.keys.iter().find(|(id, _)| id == key_id) else {
+            return SignatureCheck::UnknownKey;
+        };
+        let Ok(signature) = ed25519_dalek::Signature::from_slice(signature) else {
+            return SignatureCheck::Invalid;
+        };
+        match key.verify(&archive_message(manifest_digest), &signature) {
+            Ok(()) => SignatureCheck::Valid,
+            Err(_) => SignatureCheck::Invalid,
+        }
     }
 
     /// Whether a signature by key `key_id` over this root (and state digest, for format 2) is

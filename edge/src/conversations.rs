@@ -156,7 +156,8 @@ pub async fn close(
 /// Exports a conversation as one archive, a tar file (its owner, or an admin of its tenant):
 /// the record (verifiable offline with the public key the archive carries), turn logs, files,
 /// attachments and the project as a git bundle. `turnpike conversation import` restores it
-/// into another deployment. A running turn makes it `409`: retry once it ends.
+/// into another deployment. Work in progress (a running turn, events not taken yet) makes it
+/// `409`: retry once it is done.
 #[utoipa::path(get, path = "/v1/conversations/{id}/export", tag = "conversations",
     params(("id" = String, Path, description = "conv_<ulid>")),
     responses((status = 200, content_type = "application/x-tar", body = Vec<u8>),
@@ -186,10 +187,13 @@ pub async fn export(
     let unavailable = |e: std::io::Error| ApiError::unavailable(format!("a temporary file: {e}"));
     let file = tempfile::tempfile().map_err(unavailable)?;
     let mut reader = file.try_clone().map_err(unavailable)?;
+    let lane_last = edge.inner.bus.lane_last(conversation).await?;
     turnpike_artifactory::archive::export(
         conversations,
         &entry,
         keys,
+        &edge.inner.signer,
+        Some(lane_last),
         &caller.identity.to_string(),
         file,
     )

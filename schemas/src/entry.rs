@@ -560,6 +560,9 @@ pub struct Imported {
     pub original_key_id: String,
     pub original_public_key: String,
     pub exported_ms: u64,
+    /// Whether the archive was signed by a key the importer expected (false: it vouched for
+    /// itself only).
+    pub origin_verified: bool,
     /// Who imported it.
     pub by: String,
     pub at_ms: u64,

@@ -99,12 +99,22 @@ pub async fn run(
             conversation,
             file,
             actor,
-        } => export(env, conversation, &file, &actor.tenant, &actor.identity).await,
+        } => {
+            export(
+                global,
+                env,
+                conversation,
+                &file,
+                &actor.tenant,
+                &actor.identity,
+            )
+            .await
+        }
         ConversationCommand::Import {
             file,
             expect_key,
             check,
-        } => import(global, env, &file, expect_key.as_deref(), check).await,
+        } => import(global, env, &file, &expect_key, check).await,
         ConversationCommand::DeadLetters {
             conversation,
             actor,
@@ -388,6 +398,7 @@ async fn delete(
 /// `conversation export`: the owner's, or an admin's of its tenant (a grantee reads it, and
 /// may not take all of it away).
 async fn export(
+    global: &crate::cli::Global,
     env: &Env,
     conversation: ConversationId,
     file: &std::path::Path,
@@ -404,10 +415,22 @@ async fn export(
         .create_new(true)
         .open(&partial)
         .with_context(|| format!("creating {}", partial.display()))?;
+    // On a fleet the lane says whether events wait; the embedded bus belongs to `serve`.
+    let lane_last = match &global.nats_url {
+        Some(_) => {
+            let bus =
+                crate::commands::runtime::open_bus(global, env, std::time::Duration::from_secs(30))
+                    .await?;
+            Some(bus.lane_last(conversation).await?)
+        }
+        None => None,
+    };
     let exported = turnpike_artifactory::archive::export(
         &env.conversations,
         &entry,
         &env.trusted,
+        &env.signer,
+        lane_last,
         &actor.to_string(),
         out,
     )
@@ -427,7 +450,10 @@ async fn export(
         file.display(),
         manifest.batches,
         manifest.root,
-        if manifest.project {
+        if manifest
+            .files
+            .contains_key(turnpike_artifactory::archive::PROJECT)
+        {
             ", with the project bundle"
         } else {
             ""
@@ -441,19 +467,20 @@ async fn import(
     global: &crate::cli::Global,
     env: &Env,
     file: &std::path::Path,
-    expect_key: Option<&str>,
+    expect_key: &[String],
     check_only: bool,
 ) -> Result<ExitCode> {
-    let expect = expect_key
-        .map(turnpike_artifactory::TrustedKeys::parse_public)
-        .transpose()
+    let expect_keys = expect_key
+        .iter()
+        .map(|k| turnpike_artifactory::TrustedKeys::parse_public(k))
+        .collect::<std::result::Result<Vec<_>, _>>()
         .context("--expect-key")?;
     let by = format!(
         "operator {}",
         std::env::var("USER").unwrap_or_else(|_| "unknown".into())
     );
     let options = turnpike_artifactory::archive::ImportOptions {
-        expect_key: expect,
+        expect_keys,
         check_only,
         by,
     };
@@ -461,9 +488,20 @@ async fn import(
         turnpike_artifactory::archive::import(&env.conversations, &env.signer, file, options)
             .await?;
     let conversation = report.manifest.entry.conversation;
+    if !report.origin_verified {
+        eprintln!(
+            "warning: the archive's origin is not verified: it is signed by key {}, which nobody vouched for (pass --expect-key with the exporting deployment's public key)",
+            report
+                .manifest
+                .signature
+                .as_ref()
+                .map(|s| s.key_id.as_str())
+                .unwrap_or("?")
+        );
+    }
     if check_only {
         println!(
-            "{} holds {conversation} (tenant {}, owner {}): {} batches verify up to root {}, signed by {}",
+            "{} holds {conversation} (tenant {}, owner {}): {} batches verify up to root {}, roots signed by {}",
             file.display(),
             report.manifest.entry.tenant,
             report.manifest.entry.owner,

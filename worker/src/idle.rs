@@ -75,7 +75,7 @@ pub(crate) async fn sweep(inner: &Arc<Inner>) -> usize {
         }
     };
     let now = turnpike_router::clock::now_ms();
-    let mut closed = 0;
+    let (mut closed, mut claims) = (0, 0);
     for (conversation, watched_ms) in watches {
         if inner.is_stopping() {
             break;
@@ -97,8 +97,9 @@ pub(crate) async fn sweep(inner: &Arc<Inner>) -> usize {
                 continue;
             }
         };
+        claims += 1;
         let verdict = close_if_due(inner, conversation, &lease, watched_ms).await;
-        let _ = inner.bus.release(&lease).await;
+        // The watch goes while the lease is held: an owner that comes next writes its own.
         match verdict {
             Ok(Verdict::Keep) => {}
             Ok(verdict) => {
@@ -112,9 +113,17 @@ pub(crate) async fn sweep(inner: &Arc<Inner>) -> usize {
             }
             Err(e) => warn!(%conversation, error = %e, "idle sweep: cannot close"),
         }
+        let _ = inner.bus.release(&lease).await;
+        if claims >= IDLE_CLAIMS_PER_SWEEP {
+            break;
+        }
     }
     closed
 }
+
+/// The most leases one sweep takes to look at idle conversations (the rest wait for the next
+/// sweep), so that a backlog neither delays real wakes much nor keeps other sweeps waiting.
+const IDLE_CLAIMS_PER_SWEEP: usize = 100;
 
 /// Under `lease`: closes `conversation` as idle when its record says nothing happened in it for
 /// its app's idle timeout.
@@ -132,6 +141,10 @@ async fn close_if_due(
     };
     if directory.closed_at(conversation).await?.is_some() {
         return Ok(Verdict::Drop);
+    }
+    // Manifests are per worker: one that does not host the app cannot say its timeout.
+    if !inner.apps.hosts(&entry.app) {
+        return Ok(Verdict::Keep);
     }
     let Some(timeout) = inner
         .apps
@@ -153,7 +166,8 @@ async fn close_if_due(
     if state.idle_closed {
         return Ok(Verdict::Drop);
     }
-    if state.turn_open {
+    // A turn running, or events on the lane not taken yet: not idle.
+    if state.turn_open || inner.bus.lane_last(conversation).await? > state.lane_through {
         return Ok(Verdict::Keep);
     }
     // Records from before `active_ms` (batch format 3) say nothing: the watch's time stands in.

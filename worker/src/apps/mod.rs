@@ -300,6 +300,11 @@ impl Apps {
             .unwrap_or_default()
     }
 
+    /// Whether `app` is hosted here (by a manifest, natively, or by the fallback).
+    pub fn hosts(&self, app: &AppId) -> bool {
+        self.fallback.is_some() || self.lookup(app).is_some()
+    }
+
     /// How long conversations of `app` may be idle before they are closed as idle (`default`:
     /// the deployment's, for apps that set none; `None`: never).
     pub fn idle_timeout(&self, app: &AppId, default: Option<Duration>) -> Option<Duration> {
