@@ -349,10 +349,19 @@ async fn retention_deletes_closed_conversations_and_a_malformed_setting_deletes_
     assert_eq!(view["id"], open.as_str());
 
     // A setting that does not parse: said at start, and nothing is deleted, sweep after sweep.
+    let admin_port = turnpike_tests::services::free_port().unwrap();
+    let admin_listen = format!("127.0.0.1:{admin_port}");
     let mut careful = Server::start_with_env(
         &binary(),
         Some(apps.path()),
-        &["--retention", "banana", "--sweep-every-ms", "200"],
+        &[
+            "--retention",
+            "banana",
+            "--sweep-every-ms",
+            "200",
+            "--admin-listen",
+            &admin_listen,
+        ],
         false,
         &[("RUST_LOG", "warn,turnpike_worker::worker=debug".to_owned())],
     )
@@ -362,6 +371,22 @@ async fn retention_deletes_closed_conversations_and_a_malformed_setting_deletes_
         .wait_for_line("retention is off", LONG)
         .unwrap();
     assert!(said.contains("banana"), "{said}");
+    // And in the readiness details (ready all the same: it deletes nothing, safely).
+    let (status, body) = Client::new(&format!("http://{admin_listen}"), "")
+        .bytes("/readyz", false)
+        .await
+        .unwrap();
+    assert_eq!(status, 200);
+    let body: Value = serde_json::from_slice(&body).unwrap();
+    assert!(
+        body["checks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|c| c["name"] == "settings"
+                && c["detail"].as_str().unwrap().contains("retention is off")),
+        "{body}"
+    );
     let store = careful.store_dir();
     let alice = careful.client(ALICE);
     let closed = conversation(&alice, "Keep me anyway.").await;

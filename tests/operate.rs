@@ -157,3 +157,60 @@ async fn the_metrics_scrape_is_valid_moves_with_the_work_and_does_not_grow_with_
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// The `turnpike_*` metric names in `text`, without histogram suffixes.
+fn metric_names(text: &str) -> BTreeSet<String> {
+    let mut names = BTreeSet::new();
+    let bytes = text.as_bytes();
+    let mut i = 0;
+    while let Some(at) = text[i..].find("turnpike_") {
+        let start = i + at;
+        let mut end = start;
+        while end < bytes.len() && (bytes[end].is_ascii_lowercase() || bytes[end] == b'_') {
+            end += 1;
+        }
+        let name = &text[start..end];
+        let base = ["_bucket", "_sum", "_count"]
+            .iter()
+            .find_map(|s| name.strip_suffix(s))
+            .unwrap_or(name);
+        names.insert(base.to_owned());
+        i = end;
+    }
+    names
+}
+
+#[test]
+fn the_alerts_and_the_dashboard_use_only_metrics_the_binary_describes() {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let alerts = root.join("deploy/prometheus/alerts.yaml");
+    let out = std::process::Command::new("promtool")
+        .args(["check", "rules"])
+        .arg(&alerts)
+        .output()
+        .expect("promtool");
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let described =
+        metric_names(&std::fs::read_to_string(root.join("src/commands/admin.rs")).unwrap());
+    let dashboard = std::fs::read_to_string(root.join("deploy/grafana/turnpike.json")).unwrap();
+    let parsed: serde_json::Value = serde_json::from_str(&dashboard).unwrap();
+    assert!(!parsed["panels"].as_array().unwrap().is_empty());
+    for (file, text) in [
+        ("alerts.yaml", std::fs::read_to_string(&alerts).unwrap()),
+        ("turnpike.json", dashboard),
+    ] {
+        let used = metric_names(&text);
+        assert!(!used.is_empty(), "{file} uses no metric");
+        for name in used {
+            assert!(
+                described.contains(&name),
+                "{file} uses {name}, which the binary does not export"
+            );
+        }
+    }
+}

@@ -116,6 +116,10 @@ fn describe() {
         "turnpike_rejections_total",
         "Events refused at the edge, by reason"
     );
+    describe_gauge!(
+        "turnpike_open_turn_marks",
+        "Conversations marked as possibly holding an open turn, at the last sweep"
+    );
     describe_counter!(
         "turnpike_idle_closed_total",
         "Conversations closed as idle by a sweep"

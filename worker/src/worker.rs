@@ -304,6 +304,8 @@ impl Worker {
                 return;
             }
         };
+        // Marks left by owners that are gone (or still at work): an alert when they stay.
+        metrics::gauge!("turnpike_open_turn_marks").set(marked.len() as f64);
         for prefix in marked {
             if inner.is_stopping() {
                 return;
