@@ -16,9 +16,27 @@ pub struct Cli {
     pub command: Command,
 }
 
+#[derive(Debug, Subcommand)]
+pub enum ConfigCommand {
+    /// Prints what a command would run with (secrets redacted).
+    Show {
+        /// The command whose settings to print.
+        #[arg(long = "for", default_value = "serve", value_parser = ["serve", "router", "worker"])]
+        command: String,
+        /// One JSON object per setting.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
 /// Flags every command takes.
 #[derive(Debug, Clone, Args)]
 pub struct Global {
+    /// A TOML file of settings: keys are the flags' long names (`slots = 8`,
+    /// `nats-url = "…"`). The environment and flags override it.
+    #[arg(long, global = true, env = "TURNPIKE_CONFIG")]
+    pub config: Option<PathBuf>,
+
     /// Where the embedded default keeps its data (store, keys, trusted checkpoints).
     #[arg(
         long,
@@ -197,6 +215,10 @@ pub enum DemoModel {
 pub enum Command {
     /// Runs the whole system on the embedded default and shows what it did.
     Demo(DemoArgs),
+    /// The configuration: `config show [--for serve|router|worker]` prints every setting of
+    /// that command, its value and where it came from (default, file, env, flag).
+    #[command(subcommand)]
+    Config(ConfigCommand),
     /// Read-only checks and operator tools for one conversation.
     #[command(subcommand)]
     Conversation(ConversationCommand),
@@ -427,6 +449,13 @@ pub struct EdgeArgs {
     /// Event submissions in flight to the bus at once; beyond it, 503 with Retry-After.
     #[arg(long, default_value_t = 1024)]
     pub max_in_flight: usize,
+    /// The deployment's round limit: no turn runs more model rounds than this, whatever its
+    /// agent allows (recorded with each turn's inputs).
+    #[arg(long, env = "TURNPIKE_MAX_ROUNDS")]
+    pub max_rounds: Option<u32>,
+    /// An identity that must approve every gated tool call (recorded with each turn's inputs).
+    #[arg(long, env = "TURNPIKE_REQUIRED_APPROVER")]
+    pub required_approver: Option<Identity>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

@@ -2,6 +2,7 @@
 
 mod cli;
 mod commands;
+mod config;
 mod env;
 mod logging;
 
@@ -21,7 +22,16 @@ fn main() -> ExitCode {
     if let Some(code) = turnpike_cell_init::run_if_invoked() {
         return code;
     }
-    let cli = cli::Cli::parse();
+    // The configuration file's values join the command line where neither it nor the
+    // environment set one.
+    let argv = match config::apply(std::env::args_os().collect()) {
+        Ok((argv, _)) => argv,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let cli = cli::Cli::parse_from(argv);
     if let Err(e) = logging::init(&cli.global) {
         eprintln!("error: {e:#}");
         return ExitCode::from(2);

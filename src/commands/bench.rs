@@ -234,6 +234,8 @@ async fn edge_stack(global: &Global, data_dir: PathBuf) -> Result<EdgeStack> {
         rate_per_second: 0,
         rate_burst: 0,
         max_in_flight: 8192,
+        max_rounds: None,
+        required_approver: None,
     };
     let edge = super::edge::build(&g, &env, bus.clone(), &apps, None, &args, true)?;
     let listener = tokio::net::TcpListener::bind(args.listen).await?;

@@ -126,6 +126,11 @@ pub fn build(
             ..Limits::default()
         },
         link_key,
-        directive: None,
+        directive: (args.max_rounds.is_some() || args.required_approver.is_some()).then(|| {
+            turnpike_schemas::entry::IngressDirective {
+                max_rounds: args.max_rounds,
+                required_approver: args.required_approver.clone(),
+            }
+        }),
     }))
 }

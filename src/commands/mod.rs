@@ -24,6 +24,23 @@ use crate::env::Env;
 pub async fn run(cli: Cli) -> Result<ExitCode> {
     match cli.command {
         Command::Demo(args) => demo::run(&cli.global, args).await,
+        Command::Config(crate::cli::ConfigCommand::Show { command, json }) => {
+            let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+            let shown = crate::config::show(&argv, &command).map_err(anyhow::Error::msg)?;
+            for s in shown {
+                if json {
+                    println!("{}", serde_json::to_string(&s)?);
+                } else {
+                    let value = match s.values.as_slice() {
+                        [] => "(unset)".to_owned(),
+                        [one] => one.clone(),
+                        many => format!("[{}]", many.join(", ")),
+                    };
+                    println!("{} = {value}  # {}", s.key, s.source);
+                }
+            }
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Conversation(command) => {
             conversation::run(&cli.global, &Env::open(&cli.global)?, command).await
         }
