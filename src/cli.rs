@@ -449,6 +449,10 @@ pub struct EdgeArgs {
     /// Event submissions in flight to the bus at once; beyond it, 503 with Retry-After.
     #[arg(long, default_value_t = 1024)]
     pub max_in_flight: usize,
+    /// On SIGTERM, how long open WebSocket streams go on before they are closed with 1001 (going
+    /// away), in milliseconds; new streams are refused at once.
+    #[arg(long, default_value_t = 5_000)]
+    pub ws_grace_ms: u64,
     /// The deployment's round limit: no turn runs more model rounds than this, whatever its
     /// agent allows (recorded with each turn's inputs).
     #[arg(long, env = "TURNPIKE_MAX_ROUNDS")]

@@ -74,9 +74,11 @@ pub fn apply(argv: Vec<OsString>) -> Result<(Vec<OsString>, BTreeSet<String>), S
                 (true, _) => args.push(OsString::from(format!("--{key}={v}"))),
                 (false, "true") => args.push(OsString::from(format!("--{key}"))),
                 (false, "false") => {}
-                (false, other) => return Err(format!(
+                (false, other) => {
+                    return Err(format!(
                     "config file {shown}: {raw_key}: a switch takes true or false, not {other:?}"
-                )),
+                ))
+                }
             }
         }
         // Each value is checked on its own, so that a refusal names its key.

@@ -1426,3 +1426,57 @@ async fn readiness_follows_the_bus_and_fails_first_on_sigterm_while_the_running_
         "{kinds:?}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_router_on_sigterm_refuses_new_streams_and_closes_open_ones_with_1001_after_its_grace() {
+    use turnpike_edge::client::{Client, Cursor};
+    use turnpike_tests::edge::wait_for_complete_turns;
+    let (fleet, _apps, tokens) = queue_fleet().await;
+    let _worker = fleet.worker(&[]);
+    let port = turnpike_tests::services::free_port().unwrap();
+    let api = turnpike_tests::services::free_port().unwrap();
+    let (mut leaving, _) = fleet.spawn(
+        vec![
+            "router".into(),
+            "--listen".into(),
+            format!("127.0.0.1:{api}"),
+            "--tokens".into(),
+            tokens.display().to_string(),
+            "--admin-listen".into(),
+            format!("127.0.0.1:{port}"),
+            "--ws-grace-ms".into(),
+            "1500".into(),
+        ],
+        "router ready",
+    );
+    let (_staying, other) = fleet.router(&tokens);
+    let a = Client::new(&format!("http://127.0.0.1:{api}"), "t-ana");
+    let b = Client::new(&other, "t-ana");
+    let id = queue_conversation(&a, "quick").await;
+    let mut stream = a.stream(&id).await.unwrap();
+    say(&a, &id, "before").await;
+    wait_for_complete_turns(&a, &id, 1, LONG).await.unwrap();
+
+    leaving.signal_term();
+    readyz_until(port, "draining on SIGTERM", |s, b| {
+        s == 503 && check_ok(b, "draining") == Some(false)
+    })
+    .await;
+    // No new stream here; the open one goes on, then is told to go away.
+    assert!(a.stream(&id).await.is_err());
+    say(&b, &id, "during").await;
+    while stream.next_within(LONG).await.is_some() {}
+    assert_eq!(stream.close_code(), Some(1001));
+    assert_eq!(leaving.wait_exit(LONG), Some(0), "the router exits cleanly");
+    // The client resumes on another router: every row, once.
+    let turns = wait_for_complete_turns(&b, &id, 2, LONG).await.unwrap();
+    assert_eq!(turns[1].inputs, vec!["during".to_owned()]);
+    let mut cursor = Cursor::new(&id);
+    let rows = cursor.read(&b).await.unwrap();
+    let seqs: Vec<u64> = rows.iter().map(|r| r["seq"].as_u64().unwrap()).collect();
+    let mut unique = seqs.clone();
+    unique.dedup();
+    assert_eq!(seqs, unique);
+    assert!(rows.iter().any(|r| r["text"] == "before"));
+    assert!(rows.iter().any(|r| r["text"] == "during"));
+}

@@ -193,7 +193,10 @@ impl Client {
         let (socket, _) = tokio_tungstenite::connect_async(request)
             .await
             .map_err(|e| format!("connecting the stream: {e}"))?;
-        Ok(FrameStream { socket })
+        Ok(FrameStream {
+            socket,
+            closed_with: None,
+        })
     }
 }
 
@@ -218,6 +221,8 @@ pub struct FrameStream {
     socket: tokio_tungstenite::WebSocketStream<
         tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>,
     >,
+    /// The close code the server ended the stream with, once it did.
+    closed_with: Option<u16>,
 }
 
 impl FrameStream {
@@ -233,10 +238,19 @@ impl FrameStream {
                 Ok(Message::Ping(p)) => {
                     let _ = self.socket.send(Message::Pong(p)).await;
                 }
-                Ok(Message::Close(_)) | Err(_) => return None,
+                Ok(Message::Close(frame)) => {
+                    self.closed_with = frame.map(|f| u16::from(f.code));
+                    return None;
+                }
+                Err(_) => return None,
                 Ok(_) => {}
             }
         }
+    }
+
+    /// The close code the server ended the stream with (1001: the router went away).
+    pub fn close_code(&self) -> Option<u16> {
+        self.closed_with
     }
 
     /// The next frame within `wait`; `None` on timeout or end.

@@ -119,6 +119,8 @@ struct Inner {
     rates: limits::RateLimits,
     in_flight: limits::InFlight,
     link_key: [u8; 32],
+    /// True once the router is shutting down: no new streams, open ones close after a grace.
+    draining: tokio::sync::watch::Sender<bool>,
 }
 
 /// Times every routed request by its route (the pattern, never the path), method and status.
@@ -167,6 +169,7 @@ impl Edge {
             files: Files::new(store),
             rates: limits::RateLimits::new(&parts.limits),
             in_flight: limits::InFlight::new(&parts.limits),
+            draining: tokio::sync::watch::Sender::new(false),
             bus: parts.bus,
             conversations: parts.conversations,
             ingress,
@@ -277,6 +280,18 @@ impl Edge {
                 self.inner.limits.max_body_bytes,
             ))
             .with_state(self.clone())
+    }
+
+    /// Starts shutting down: new streams are refused (503), open ones are closed with 1001
+    /// (going away) once the drain grace has passed, so their clients reconnect to another
+    /// router and resume from their cursor.
+    pub fn drain(&self) {
+        self.inner.draining.send_replace(true);
+    }
+
+    /// How long open streams go on after [`Self::drain`].
+    pub fn drain_grace(&self) -> std::time::Duration {
+        self.inner.limits.drain_grace
     }
 
     /// Serves until `shutdown` resolves, then waits for open requests (an SSE stream lasts as

@@ -25,6 +25,9 @@ pub struct Limits {
     pub saturation_wait: Duration,
     /// The largest JSON body, in bytes.
     pub max_body_bytes: usize,
+    /// How long open WebSocket streams go on once the router is shutting down, before they
+    /// are closed with 1001 (going away) and their clients reconnect elsewhere.
+    pub drain_grace: Duration,
 }
 
 impl Default for Limits {
@@ -35,6 +38,7 @@ impl Default for Limits {
             max_in_flight: 1024,
             saturation_wait: Duration::from_millis(250),
             max_body_bytes: 256 * 1024,
+            drain_grace: Duration::from_secs(5),
         }
     }
 }

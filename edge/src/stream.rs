@@ -172,6 +172,12 @@ pub async fn websocket(
     upgrade: Result<WebSocketUpgrade, axum::extract::ws::rejection::WebSocketUpgradeRejection>,
 ) -> ApiResult<Response> {
     let entry = edge.visible(&caller, &id).await?;
+    if *edge.inner.draining.borrow() {
+        let mut refused =
+            ApiError::unavailable("this router is shutting down: connect again to another one");
+        refused.retry_after = Some(1);
+        return Err(refused);
+    }
     let upgrade = upgrade.map_err(|e| {
         ApiError::malformed(format!(
             "{} (connect with a WebSocket client, or use …/events for server-sent events)",
@@ -179,16 +185,39 @@ pub async fn websocket(
         ))
     })?;
     let frames = frames(&edge, edge.record(&entry), &caller).await?;
-    Ok(upgrade.on_upgrade(move |socket| pump(socket, frames)))
+    let draining = edge.inner.draining.subscribe();
+    let grace = edge.inner.limits.drain_grace;
+    Ok(upgrade.on_upgrade(move |socket| pump(socket, frames, draining, grace)))
 }
 
-async fn pump(socket: WebSocket, mut frames: BoxStream<'static, Frame>) {
+async fn pump(
+    socket: WebSocket,
+    mut frames: BoxStream<'static, Frame>,
+    mut draining: tokio::sync::watch::Receiver<bool>,
+    grace: Duration,
+) {
     let (mut tx, mut rx) = socket.split();
     let _open = OpenStream::new();
     let mut ping = tokio::time::interval(Duration::from_secs(20));
     ping.tick().await;
+    // Resolves `grace` after the router starts shutting down (never, if it does not).
+    let going_away = async move {
+        if draining.wait_for(|d| *d).await.is_err() {
+            std::future::pending::<()>().await;
+        }
+        tokio::time::sleep(grace).await;
+    };
+    tokio::pin!(going_away);
     loop {
         tokio::select! {
+            _ = &mut going_away => {
+                let close = axum::extract::ws::CloseFrame {
+                    code: axum::extract::ws::close_code::AWAY,
+                    reason: "the router is shutting down: reconnect and resume from your cursor".into(),
+                };
+                let _ = tx.send(Message::Close(Some(close))).await;
+                break;
+            }
             frame = frames.next() => {
                 let Some(frame) = frame else { break };
                 let text = serde_json::to_string(&frame).expect("frames serialise");

@@ -236,6 +236,7 @@ async fn edge_stack(global: &Global, data_dir: PathBuf) -> Result<EdgeStack> {
         max_in_flight: 8192,
         max_rounds: None,
         required_approver: None,
+        ws_grace_ms: 0,
     };
     let edge = super::edge::build(&g, &env, bus.clone(), &apps, None, &args, true)?;
     let listener = tokio::net::TcpListener::bind(args.listen).await?;

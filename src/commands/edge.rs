@@ -123,6 +123,7 @@ pub fn build(
             rate_per_second: args.rate_per_second,
             burst: args.rate_burst,
             max_in_flight: args.max_in_flight,
+            drain_grace: std::time::Duration::from_millis(args.ws_grace_ms),
             ..Limits::default()
         },
         link_key,

@@ -360,6 +360,7 @@ pub async fn serve(global: &Global, args: ServeArgs) -> Result<ExitCode> {
         );
     }
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let draining_edge = edge.clone();
     let server = start_edge(edge, args.edge.listen, stop_rx).await?;
     let Running {
         pool,
@@ -378,9 +379,12 @@ pub async fn serve(global: &Global, args: ServeArgs) -> Result<ExitCode> {
     shutdown_signal().await;
     // Not ready from now on, before anything stops: traffic moves away first.
     draining.store(true, std::sync::atomic::Ordering::Release);
+    draining_edge.drain();
     info!("shutting down: no new claims, running turns get their grace period");
-    let _ = stop_tx.send(true);
     pool.stop().await;
+    // Open streams saw the turns through; they close with 1001 once their grace is over.
+    tokio::time::sleep(draining_edge.drain_grace()).await;
+    let _ = stop_tx.send(true);
     let _ = tokio::time::timeout(Duration::from_secs(5), server).await;
     if let Some(admin) = admin {
         admin.abort();
@@ -457,10 +461,14 @@ pub async fn router(global: &Global, args: RouterArgs) -> Result<ExitCode> {
     let watch =
         (args.apps_poll_ms > 0).then(|| apps.watch(Duration::from_millis(args.apps_poll_ms)));
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let draining_edge = edge.clone();
     let server = start_edge(edge, args.edge.listen, stop_rx).await?;
     eprintln!("router ready: {} lane streams", global.shards);
     shutdown_signal().await;
+    // Not ready, no new streams; open ones go on for the grace, then close with 1001.
     draining.store(true, std::sync::atomic::Ordering::Release);
+    draining_edge.drain();
+    tokio::time::sleep(draining_edge.drain_grace()).await;
     let _ = stop_tx.send(true);
     let _ = tokio::time::timeout(Duration::from_secs(5), server).await;
     if let Some(watch) = watch {
