@@ -95,9 +95,46 @@ pub struct Global {
     #[arg(long, global = true, env = "TURNPIKE_LOG")]
     pub log: Option<String>,
 
-    /// NATS for a fleet (JetStream lanes). Without it, the embedded bus under the data directory.
+    /// NATS for a fleet (JetStream lanes): one server, or several separated by commas (the
+    /// client fails over between them). Without it, the embedded bus under the data directory.
     #[arg(long, global = true, env = "TURNPIKE_NATS_URL")]
     pub nats_url: Option<String>,
+
+    /// A NATS credentials file (`.creds`: a user JWT and its nkey seed).
+    #[arg(long, global = true, env = "TURNPIKE_NATS_CREDS")]
+    pub nats_creds: Option<PathBuf>,
+
+    /// A file holding the NATS user's nkey seed (`SU…`).
+    #[arg(long, global = true, env = "TURNPIKE_NATS_NKEY_FILE")]
+    pub nats_nkey_file: Option<PathBuf>,
+
+    /// A NATS user (with --nats-password).
+    #[arg(long, global = true, env = "TURNPIKE_NATS_USER")]
+    pub nats_user: Option<String>,
+
+    /// The NATS user's password (better from the environment than on a command line).
+    #[arg(long, global = true, env = "TURNPIKE_NATS_PASSWORD")]
+    pub nats_password: Option<String>,
+
+    /// A NATS token (better from the environment than on a command line).
+    #[arg(long, global = true, env = "TURNPIKE_NATS_TOKEN")]
+    pub nats_token: Option<String>,
+
+    /// CA certificates (PEM) to verify the NATS servers with; TLS is then required.
+    #[arg(long, global = true, env = "TURNPIKE_NATS_CA")]
+    pub nats_ca: Option<PathBuf>,
+
+    /// A client certificate (PEM) for NATS servers that verify clients (with --nats-key).
+    #[arg(long, global = true, env = "TURNPIKE_NATS_CERT")]
+    pub nats_cert: Option<PathBuf>,
+
+    /// The client certificate's key (PEM).
+    #[arg(long, global = true, env = "TURNPIKE_NATS_KEY")]
+    pub nats_key: Option<PathBuf>,
+
+    /// Refuse to talk to NATS without TLS.
+    #[arg(long, global = true, env = "TURNPIKE_NATS_REQUIRE_TLS")]
+    pub nats_require_tls: bool,
 
     /// Lane streams in a fleet (fixed for a deployment).
     #[arg(long, global = true, env = "TURNPIKE_SHARDS", default_value_t = 8)]

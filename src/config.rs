@@ -216,9 +216,16 @@ pub fn show(argv: &[OsString], command: &str) -> Result<Vec<Shown>, String> {
             continue;
         }
         let id = arg.get_id().as_str();
+        let secret = SECRETS.contains(&long);
         let values: Vec<String> = deepest
             .get_raw(id)
-            .map(|vs| vs.map(|v| redact(&v.to_string_lossy())).collect())
+            .map(|vs| {
+                vs.map(|v| match secret {
+                    true => "REDACTED".to_owned(),
+                    false => redact(&v.to_string_lossy()),
+                })
+                .collect()
+            })
             .unwrap_or_default();
         let source = match deepest.value_source(id) {
             Some(ValueSource::CommandLine) if from_file.contains(long) => "file",
@@ -239,6 +246,9 @@ pub fn show(argv: &[OsString], command: &str) -> Result<Vec<Shown>, String> {
     }
     Ok(out.into_values().collect())
 }
+
+/// Settings whose values are secrets: never shown.
+const SECRETS: &[&str] = &["nats-password", "nats-token"];
 
 /// A value with any password in it (a URL's `user:password@`) replaced.
 fn redact(value: &str) -> String {

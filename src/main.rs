@@ -32,6 +32,8 @@ fn main() -> ExitCode {
         }
     };
     let cli = cli::Cli::parse_from(argv);
+    // TLS (NATS, S3, model and embedding endpoints) uses one crypto provider, chosen here.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     if let Err(e) = logging::init(&cli.global) {
         eprintln!("error: {e:#}");
         return ExitCode::from(2);

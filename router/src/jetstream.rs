@@ -30,11 +30,109 @@ use crate::subject::{
     heartbeat_subject, lease_subject, Shards, DISPATCH_CONSUMER, LEASE_STREAM, LEASE_SUBJECTS,
 };
 
+/// How a process proves itself to NATS, and how its connection is protected (the bus carries
+/// every user's messages). Any combination the server asks for: a credentials file, an nkey
+/// seed, a user and password, or a token; TLS with a CA to trust and a client certificate.
+#[derive(Clone, Default)]
+pub struct NatsAuth {
+    /// A `.creds` file (a user JWT and its nkey seed, as `nsc` writes them).
+    pub credentials_file: Option<std::path::PathBuf>,
+    /// A file holding an nkey seed (`SU…`).
+    pub nkey_file: Option<std::path::PathBuf>,
+    pub user: Option<String>,
+    pub password: Option<String>,
+    pub token: Option<String>,
+    /// CA certificates (PEM) to verify the servers with.
+    pub ca_file: Option<std::path::PathBuf>,
+    /// A client certificate and its key (PEM), for servers that verify clients.
+    pub cert_file: Option<std::path::PathBuf>,
+    pub key_file: Option<std::path::PathBuf>,
+    /// Refuse to talk to a server without TLS.
+    pub require_tls: bool,
+}
+
+impl std::fmt::Debug for NatsAuth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Secrets never reach a log.
+        f.debug_struct("NatsAuth")
+            .field("credentials_file", &self.credentials_file)
+            .field("nkey_file", &self.nkey_file)
+            .field("user", &self.user)
+            .field("password", &self.password.as_ref().map(|_| "…"))
+            .field("token", &self.token.as_ref().map(|_| "…"))
+            .field("ca_file", &self.ca_file)
+            .field("cert_file", &self.cert_file)
+            .field("require_tls", &self.require_tls)
+            .finish()
+    }
+}
+
+impl NatsAuth {
+    /// `options` with these settings; a file that cannot be read is an error naming it.
+    pub async fn apply(
+        &self,
+        mut options: async_nats::ConnectOptions,
+    ) -> Result<async_nats::ConnectOptions> {
+        let invalid = |what: &str, e: &dyn std::fmt::Display| {
+            Error::new(ErrorKind::Invalid, format!("{what}: {e}"))
+        };
+        if let Some(path) = &self.credentials_file {
+            options = options
+                .credentials_file(path)
+                .await
+                .map_err(|e| invalid(&format!("the NATS credentials {}", path.display()), &e))?;
+        }
+        if let Some(path) = &self.nkey_file {
+            let seed = tokio::fs::read_to_string(path)
+                .await
+                .map_err(|e| invalid(&format!("the nkey seed {}", path.display()), &e))?;
+            options = options.nkey(seed.trim().to_owned());
+        }
+        match (&self.user, &self.password) {
+            (Some(user), Some(password)) => {
+                options = options.user_and_password(user.clone(), password.clone())
+            }
+            (None, None) => {}
+            _ => {
+                return Err(Error::new(
+                    ErrorKind::Invalid,
+                    "a NATS user needs a password, and a password a user",
+                ))
+            }
+        }
+        if let Some(token) = &self.token {
+            options = options.token(token.clone());
+        }
+        if let Some(ca) = &self.ca_file {
+            options = options.add_root_certificates(ca.clone()).require_tls(true);
+        }
+        match (&self.cert_file, &self.key_file) {
+            (Some(cert), Some(key)) => {
+                options = options.add_client_certificate(cert.clone(), key.clone())
+            }
+            (None, None) => {}
+            _ => {
+                return Err(Error::new(
+                    ErrorKind::Invalid,
+                    "a NATS client certificate needs its key, and a key its certificate",
+                ))
+            }
+        }
+        if self.require_tls {
+            options = options.require_tls(true);
+        }
+        Ok(options)
+    }
+}
+
 /// How a JetStream deployment is laid out. Defaults suit one server; raise `replicas` on a
 /// cluster.
 #[derive(Debug, Clone)]
 pub struct JetStreamConfig {
+    /// One server, or several separated by commas (`nats://a:4222,nats://b:4222`): the client
+    /// connects to whichever answers and fails over between them.
     pub url: String,
+    pub auth: NatsAuth,
     pub shards: Shards,
     pub replicas: usize,
     /// How long a retried publish with the same idempotency key is recognised.
@@ -50,6 +148,7 @@ impl Default for JetStreamConfig {
     fn default() -> Self {
         Self {
             url: "nats://127.0.0.1:4222".into(),
+            auth: NatsAuth::default(),
             shards: Shards::default(),
             replicas: 1,
             duplicate_window: Duration::from_secs(120),
@@ -95,11 +194,51 @@ impl JetStreamBus {
 
     /// Connects and creates (or checks) the streams, consumers and lease bucket.
     pub async fn connect(config: JetStreamConfig) -> Result<Arc<Self>> {
-        let client = async_nats::ConnectOptions::new()
+        let servers: Vec<&str> = config
+            .url
+            .split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .collect();
+        if servers.is_empty() {
+            return Err(Error::new(ErrorKind::Invalid, "no NATS server given"));
+        }
+        for server in &servers {
+            server.parse::<async_nats::ServerAddr>().map_err(|e| {
+                Error::new(
+                    ErrorKind::Invalid,
+                    format!("{server:?} is not a NATS server address: {e}"),
+                )
+            })?;
+        }
+        // What the server or the connection last said went wrong (an authorization
+        // violation, a TLS failure): said in the error when the first requests time out.
+        let trouble: Arc<std::sync::Mutex<Option<String>>> = Default::default();
+        let noted = trouble.clone();
+        let options = async_nats::ConnectOptions::new()
             .connection_timeout(Duration::from_secs(5))
             .retry_on_initial_connect()
             .max_reconnects(None)
-            .connect(&config.url)
+            .event_callback(move |event| {
+                let noted = noted.clone();
+                async move {
+                    match &event {
+                        async_nats::Event::ServerError(_) | async_nats::Event::ClientError(_) => {
+                            warn!(%event, "NATS");
+                            *noted.lock().expect("trouble lock") = Some(event.to_string());
+                        }
+                        async_nats::Event::Connected => {
+                            *noted.lock().expect("trouble lock") = None;
+                        }
+                        _ => {}
+                    }
+                }
+            });
+        let client = config
+            .auth
+            .apply(options)
+            .await?
+            .connect(servers.as_slice())
             .await
             .map_err(|e| unavailable(&format!("connecting to NATS at {}", config.url), e))?;
         let js = jetstream::new(client.clone());
@@ -119,7 +258,16 @@ impl JetStreamBus {
                     ..Default::default()
                 })
                 .await
-                .map_err(|e| unavailable("creating a lane stream", e))?;
+                .map_err(|e| {
+                    let said = trouble.lock().expect("trouble lock").clone();
+                    match said {
+                        Some(said) => unavailable(
+                            "creating a lane stream",
+                            format!("{e} (the connection: {said})"),
+                        ),
+                        None => unavailable("creating a lane stream", e),
+                    }
+                })?;
             stream
                 .get_or_create_consumer::<pull::Config>(
                     DISPATCH_CONSUMER,

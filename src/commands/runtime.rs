@@ -53,6 +53,17 @@ pub async fn open_bus(global: &Global, env: &Env, ack_wait: Duration) -> Result<
         Some(url) => {
             let bus = JetStreamBus::connect(JetStreamConfig {
                 url: url.clone(),
+                auth: turnpike_router::jetstream::NatsAuth {
+                    credentials_file: global.nats_creds.clone(),
+                    nkey_file: global.nats_nkey_file.clone(),
+                    user: global.nats_user.clone(),
+                    password: global.nats_password.clone(),
+                    token: global.nats_token.clone(),
+                    ca_file: global.nats_ca.clone(),
+                    cert_file: global.nats_cert.clone(),
+                    key_file: global.nats_key.clone(),
+                    require_tls: global.nats_require_tls,
+                },
                 shards: Shards::new(global.shards),
                 replicas: global.replicas.max(1),
                 ack_wait,

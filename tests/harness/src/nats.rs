@@ -12,6 +12,8 @@ pub struct NatsServer {
     service: Option<Service>,
     addr: SocketAddr,
     store: tempfile::TempDir,
+    /// A configuration file (TLS, users), when the server was started with one.
+    conf: Option<std::path::PathBuf>,
 }
 
 impl NatsServer {
@@ -22,6 +24,24 @@ impl NatsServer {
             service: None,
             addr,
             store: tempfile::tempdir()?,
+            conf: None,
+        };
+        server.boot()?;
+        Ok(server)
+    }
+
+    /// Starts a server with a configuration file: `conf` gets the port and the store folder
+    /// and returns the file's text (its `listen` and `jetstream` blocks included).
+    pub fn start_with_conf(conf: impl Fn(u16, &std::path::Path) -> String) -> Result<Self> {
+        let addr: SocketAddr = ([127, 0, 0, 1], free_port()?).into();
+        let store = tempfile::tempdir()?;
+        let path = store.path().join("nats.conf");
+        std::fs::write(&path, conf(addr.port(), &store.path().join("js")))?;
+        let mut server = NatsServer {
+            service: None,
+            addr,
+            store,
+            conf: Some(path),
         };
         server.boot()?;
         Ok(server)
@@ -29,6 +49,16 @@ impl NatsServer {
 
     fn boot(&mut self) -> Result<()> {
         let program = program("nats-server", "TURNPIKE_NATS_SERVER")?;
+        if let Some(conf) = &self.conf {
+            let args = vec!["-c".to_string(), conf.to_string_lossy().into_owned()];
+            self.service = Some(Service::start(
+                &program,
+                &args,
+                self.addr,
+                Duration::from_secs(30),
+            )?);
+            return Ok(());
+        }
         let args = vec![
             "-js".to_string(),
             "-a".into(),
