@@ -714,6 +714,10 @@ pub enum BenchCommand {
         /// Workers in the process (one is what a fleet runs per process; each has its turn slots).
         #[arg(long, default_value_t = 1)]
         workers: usize,
+        /// Record metrics as `serve`, `router` and `worker` do (the Prometheus recorder), to
+        /// measure their cost against a run without.
+        #[arg(long)]
+        metrics: bool,
     },
     /// What Turnpike adds to a real model: time to first token straight from the server and
     /// through the API, and a tool-using turn's time beside its model calls' time.

@@ -526,3 +526,46 @@ async fn ingress_fails_loudly_while_nats_is_down_and_recovers() {
         ["before", "during"]
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jetstream_reports_the_wakes_waiting_per_shard_and_they_drain_when_taken() {
+    let backend = jetstream().await;
+    let bus = &backend.bus;
+    let before: u64 = bus
+        .pending_per_shard()
+        .await
+        .unwrap()
+        .iter()
+        .map(|(_, n)| n)
+        .sum();
+    assert_eq!(before, 0);
+    let conversations: Vec<ConversationId> = (0..3).map(|_| ConversationId::new()).collect();
+    for c in &conversations {
+        bus.publish(&event(*c, "waiting")).await.unwrap();
+    }
+    let shards = bus.pending_per_shard().await.unwrap();
+    assert_eq!(shards.len(), 8, "one figure per shard: {shards:?}");
+    assert_eq!(shards.iter().map(|(_, n)| n).sum::<u64>(), 3, "{shards:?}");
+    // Taken by a worker (and acked): nothing waits.
+    for _ in 0..3 {
+        let wake = wake_within(bus, Duration::from_secs(30))
+            .await
+            .expect("a wake");
+        wake.ack().await.unwrap();
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let left: u64 = bus
+            .pending_per_shard()
+            .await
+            .unwrap()
+            .iter()
+            .map(|(_, n)| n)
+            .sum();
+        if left == 0 {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{left} still pending");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

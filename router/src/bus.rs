@@ -174,6 +174,12 @@ pub trait Bus: Send + Sync + 'static {
     /// The last sequence on a lane (0 when empty).
     async fn lane_last(&self, conversation: ConversationId) -> Result<u64>;
 
+    /// Wakes waiting to be delivered, per shard (`(shard, pending)`): the backlog an
+    /// autoscaler and an alert watch. Empty where the bus has no shards to report.
+    async fn pending_per_shard(&self) -> Result<Vec<(u32, u64)>> {
+        Ok(Vec::new())
+    }
+
     /// Whether the bus answers now: one cheap round trip (the last sequence of a lane nobody
     /// uses), for readiness probes.
     async fn ping(&self) -> Result<()> {

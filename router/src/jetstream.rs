@@ -550,6 +550,22 @@ impl WakeAck for JsAck {
 
 #[async_trait]
 impl Bus for JetStreamBus {
+    async fn pending_per_shard(&self) -> Result<Vec<(u32, u64)>> {
+        let mut out = Vec::with_capacity(self.streams.len());
+        for (shard, stream) in self.streams.iter().enumerate() {
+            let mut consumer: PullConsumer = stream
+                .get_consumer(DISPATCH_CONSUMER)
+                .await
+                .map_err(|e| unavailable("reading the dispatch consumer", e))?;
+            let info = consumer
+                .info()
+                .await
+                .map_err(|e| unavailable("reading the dispatch consumer", e))?;
+            out.push((shard as u32, info.num_pending));
+        }
+        Ok(out)
+    }
+
     async fn publish(&self, event: &Event) -> Result<Published> {
         let payload = serde_json::to_vec(event).expect("events serialise");
         let subject = self.config.shards.lane_subject(event.address.conversation);

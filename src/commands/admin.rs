@@ -43,6 +43,17 @@ pub fn metrics() -> &'static PrometheusHandle {
             .install_recorder()
             .expect("no other metrics recorder is installed");
         describe();
+        // Histograms keep their samples until drained: drain them now and then.
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let upkeep = handle.clone();
+            runtime.spawn(async move {
+                let mut tick = tokio::time::interval(Duration::from_secs(5));
+                loop {
+                    tick.tick().await;
+                    upkeep.run_upkeep();
+                }
+            });
+        }
         handle
     })
 }
@@ -66,6 +77,10 @@ fn describe() {
         "Drains an owner gave up, by reason (fenced, failed, refused); the lane is retried"
     );
     describe_gauge!("turnpike_worker_slots_used", "Conversations owned now");
+    describe_gauge!(
+        "turnpike_lane_pending",
+        "Wakes waiting for a worker, per lane shard (JetStream's dispatch consumers)"
+    );
     describe_gauge!(
         "turnpike_worker_slots",
         "Conversations a worker may own at once"
@@ -159,15 +174,23 @@ pub async fn start(listen: &str, probes: Probes) -> Result<Option<tokio::task::J
     let addr: std::net::SocketAddr = listen
         .parse()
         .with_context(|| format!("--admin-listen {listen:?}: not an address (or `off`)"))?;
-    let handle = metrics();
-    let upkeep = handle.clone();
-    tokio::spawn(async move {
-        let mut tick = tokio::time::interval(Duration::from_secs(5));
-        loop {
-            tick.tick().await;
-            upkeep.run_upkeep();
-        }
-    });
+    metrics();
+    if let Some(bus) = probes.bus.clone() {
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_secs(15));
+            loop {
+                tick.tick().await;
+                if let Ok(Ok(shards)) =
+                    tokio::time::timeout(CHECK_TIMEOUT, bus.pending_per_shard()).await
+                {
+                    for (shard, pending) in shards {
+                        metrics::gauge!("turnpike_lane_pending", "shard" => shard.to_string())
+                            .set(pending as f64);
+                    }
+                }
+            }
+        });
+    }
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .with_context(|| format!("admin listener on {addr}"))?;

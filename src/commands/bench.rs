@@ -193,7 +193,11 @@ pub async fn run(global: &Global, command: BenchCommand) -> Result<ExitCode> {
             turns,
             samples,
             workers,
+            metrics,
         } => {
+            if metrics {
+                crate::commands::admin::metrics();
+            }
             turnpike_bench::lanes::run(
                 !global.no_fsync,
                 nats,
