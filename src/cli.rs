@@ -97,7 +97,7 @@ pub struct Global {
 
     /// NATS for a fleet (JetStream lanes): one server, or several separated by commas (the
     /// client fails over between them). Without it, the embedded bus under the data directory.
-    #[arg(long, global = true, env = "TURNPIKE_NATS_URL")]
+    #[arg(long, global = true, env = "TURNPIKE_NATS_URL", hide_env_values = true)]
     pub nats_url: Option<String>,
 
     /// A NATS credentials file (`.creds`: a user JWT and its nkey seed).
@@ -113,11 +113,21 @@ pub struct Global {
     pub nats_user: Option<String>,
 
     /// The NATS user's password (better from the environment than on a command line).
-    #[arg(long, global = true, env = "TURNPIKE_NATS_PASSWORD")]
+    #[arg(
+        long,
+        global = true,
+        env = "TURNPIKE_NATS_PASSWORD",
+        hide_env_values = true
+    )]
     pub nats_password: Option<String>,
 
     /// A NATS token (better from the environment than on a command line).
-    #[arg(long, global = true, env = "TURNPIKE_NATS_TOKEN")]
+    #[arg(
+        long,
+        global = true,
+        env = "TURNPIKE_NATS_TOKEN",
+        hide_env_values = true
+    )]
     pub nats_token: Option<String>,
 
     /// CA certificates (PEM) to verify the NATS servers with; TLS is then required.
@@ -132,7 +142,8 @@ pub struct Global {
     #[arg(long, global = true, env = "TURNPIKE_NATS_KEY")]
     pub nats_key: Option<PathBuf>,
 
-    /// Refuse to talk to NATS without TLS.
+    /// Refuse to talk to NATS without TLS (implied by a password, a token or a client
+    /// certificate).
     #[arg(long, global = true, env = "TURNPIKE_NATS_REQUIRE_TLS")]
     pub nats_require_tls: bool,
 
@@ -162,7 +173,12 @@ pub struct IndexArgs {
     /// Postgres with pgvector for the index (a fleet), e.g.
     /// `postgres://user@127.0.0.1:5432/turnpike`. Without it: the embedded index under
     /// `<data-dir>/index`.
-    #[arg(long, global = true, env = "TURNPIKE_DATABASE_URL")]
+    #[arg(
+        long,
+        global = true,
+        env = "TURNPIKE_DATABASE_URL",
+        hide_env_values = true
+    )]
     pub database_url: Option<String>,
 
     /// The local sentence-embedding model (a directory with config.json, tokenizer.json and

@@ -27,8 +27,16 @@ pub fn apply(argv: Vec<OsString>) -> Result<(Vec<OsString>, BTreeSet<String>), S
     let shown = path.display().to_string();
     let text = std::fs::read_to_string(&path)
         .map_err(|e| format!("config file {shown}: cannot read it: {e}"))?;
-    let table: toml::Table =
-        toml::from_str(&text).map_err(|e| format!("config file {shown}: {e}"))?;
+    // The parser's message, and where: never the offending line, which may hold a secret.
+    let table: toml::Table = toml::from_str(&text).map_err(|e| {
+        let line = e
+            .span()
+            .map(|span| text[..span.start.min(text.len())].lines().count().max(1));
+        match line {
+            Some(line) => format!("config file {shown}: line {line}: {}", e.message()),
+            None => format!("config file {shown}: {}", e.message()),
+        }
+    })?;
     // What the command line and the environment say, and which command runs. A command line
     // that does not parse is left for the real parse to report.
     let Ok(matches) = Cli::command().try_get_matches_from(&argv) else {
@@ -191,13 +199,22 @@ pub struct Shown {
 /// What `command` (`serve`, `router`, `worker`) would run with, given this process's
 /// environment and the global flags and file of `argv`.
 pub fn show(argv: &[OsString], command: &str) -> Result<Vec<Shown>, String> {
-    // The same global flags, then the command.
+    // The same global flags (before or after `config show`), then the command.
     let mut run: Vec<OsString> = vec![argv.first().cloned().unwrap_or_else(|| "turnpike".into())];
-    for arg in argv.iter().skip(1) {
-        if arg == "config" {
-            break;
+    let (mut seen_config, mut seen_show) = (false, false);
+    let mut rest = argv.iter().skip(1);
+    while let Some(arg) = rest.next() {
+        let text = arg.to_string_lossy();
+        match text.as_ref() {
+            "config" if !seen_config => seen_config = true,
+            "show" if seen_config && !seen_show => seen_show = true,
+            "--json" if seen_show => {}
+            "--for" if seen_show => {
+                rest.next();
+            }
+            t if seen_show && t.starts_with("--for=") => {}
+            _ => run.push(arg.clone()),
         }
-        run.push(arg.clone());
     }
     run.push(command.into());
     let (full, from_file) = apply(run)?;
@@ -250,15 +267,43 @@ pub fn show(argv: &[OsString], command: &str) -> Result<Vec<Shown>, String> {
 /// Settings whose values are secrets: never shown.
 const SECRETS: &[&str] = &["nats-password", "nats-token"];
 
-/// A value with any password in it (a URL's `user:password@`) replaced.
+/// A value with any credentials in it replaced: in each of its comma-separated URLs the user
+/// part (a password, or a token given as the user) and password-like query parameters.
 fn redact(value: &str) -> String {
-    match url::Url::parse(value) {
-        Ok(mut url) if url.password().is_some() => {
-            let _ = url.set_password(Some("REDACTED"));
-            url.to_string()
-        }
-        _ => value.to_owned(),
-    }
+    value
+        .split(',')
+        .map(|part| match url::Url::parse(part) {
+            Ok(mut url) if url.has_host() => {
+                if url.password().is_some() {
+                    let _ = url.set_password(Some("REDACTED"));
+                } else if !url.username().is_empty() && url.scheme().starts_with("nats") {
+                    let _ = url.set_username("REDACTED");
+                }
+                let query: Vec<(String, String)> = url
+                    .query_pairs()
+                    .map(|(k, v)| {
+                        let secret = ["password", "pass", "token", "secret", "key"]
+                            .iter()
+                            .any(|s| k.to_ascii_lowercase().contains(s));
+                        (
+                            k.into_owned(),
+                            if secret {
+                                "REDACTED".into()
+                            } else {
+                                v.into_owned()
+                            },
+                        )
+                    })
+                    .collect();
+                if !query.is_empty() {
+                    url.query_pairs_mut().clear().extend_pairs(query);
+                }
+                url.to_string()
+            }
+            _ => part.to_owned(),
+        })
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 #[cfg(test)]
@@ -273,5 +318,14 @@ mod tests {
         );
         assert_eq!(redact("nats://127.0.0.1:4222"), "nats://127.0.0.1:4222");
         assert_eq!(redact("64"), "64");
+        assert_eq!(
+            redact("nats://u:p1@a:4222,nats://s3cr3t-token@b:4222"),
+            "nats://u:REDACTED@a:4222,nats://REDACTED@b:4222"
+        );
+        let db = redact("postgres://db/turnpike?sslmode=require&password=hunter2");
+        assert!(
+            !db.contains("hunter2") && db.contains("sslmode=require"),
+            "{db}"
+        );
     }
 }

@@ -105,14 +105,21 @@ fn the_compose_file_renders_a_fleet_with_probes_and_drain_time() {
         // Probed on the admin port, at /readyz.
         let probe = service["healthcheck"]["test"].to_string();
         assert!(probe.contains("127.0.0.1:7701/readyz"), "{name}: {probe}");
-        // The drain fits in the stop grace period.
+        // The drain fits in the stop grace period: a worker's turns (--grace-ms), a router's
+        // open streams (--ws-grace-ms, then up to 3 s for their closes and 5 s for the server).
         let stop = seconds(service["stop_grace_period"].as_str().unwrap());
-        let grace_ms: u64 = command
-            .iter()
-            .position(|a| *a == "--grace-ms")
-            .map(|i| command[i + 1].parse().unwrap())
-            .unwrap_or(20_000);
-        assert!(stop * 1000 > grace_ms, "{name}: {stop}s vs {grace_ms} ms");
+        let flag = |name: &str, default: u64| -> u64 {
+            command
+                .iter()
+                .position(|a| *a == name)
+                .map(|i| command[i + 1].parse().unwrap())
+                .unwrap_or(default)
+        };
+        let drain_ms = match command[0] {
+            "worker" => flag("--grace-ms", 20_000),
+            _ => flag("--ws-grace-ms", 5_000) + 3_000 + 5_000,
+        };
+        assert!(stop * 1000 > drain_ms, "{name}: {stop}s vs {drain_ms} ms");
         let env = &service["environment"];
         assert_eq!(env["TURNPIKE_NATS_URL"], "nats://nats:4222", "{name}");
         assert!(env["TURNPIKE_STORE"].as_str().unwrap().starts_with("s3://"));

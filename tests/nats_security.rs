@@ -202,7 +202,10 @@ authorization {{ users: [ {{ nkey: "{public}" }} ] }}
     assert_eq!(turns[0].outcome.as_deref(), Some("replied"), "{turns:#?}");
 
     // Without the nkey, or without the CA to trust the server, nothing starts.
-    for (with_nkey, with_ca, why) in [(false, true, "uthorization"), (true, false, "")] {
+    for (with_nkey, with_ca, why) in [
+        (false, true, "uthorization"),
+        (true, false, "the connection: client error"),
+    ] {
         let mut args = common(with_nkey, with_ca);
         args.extend(["workers".into(), "--window-ms".into(), "100".into()]);
         let out = Command::new(binary())
@@ -220,4 +223,26 @@ authorization {{ users: [ {{ nkey: "{public}" }} ] }}
         assert!(said.contains("NATS"), "{said}");
         assert!(said.contains(why), "nkey {with_nkey}, ca {with_ca}: {said}");
     }
+
+    // A token is never sent over plaintext, even to a server that does not ask for TLS.
+    let plain = NatsServer::start().unwrap();
+    let out = Command::new(binary())
+        .args([
+            "--data-dir",
+            data.path().to_str().unwrap(),
+            "--store",
+            &format!("file://{}", store.path().display()),
+            "--nats-url",
+            &plain.url(),
+            "workers",
+        ])
+        .env("TURNPIKE_SIGNING_KEY", signer().to_hex())
+        .env("TURNPIKE_NATS_TOKEN", "s3cr3t-token")
+        .env("TURNPIKE_LOG", "warn")
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{said}");
+    assert!(said.contains("TLS"), "{said}");
+    assert!(!said.contains("s3cr3t-token"), "{said}");
 }

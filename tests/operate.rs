@@ -152,7 +152,12 @@ async fn the_metrics_scrape_is_valid_moves_with_the_work_and_does_not_grow_with_
     }
     // The slots are free again once the turns are done.
     let deadline = std::time::Instant::now() + LONG;
-    while value(&scrape(&admin).await, "turnpike_worker_slots_used") != 0.0 {
+    loop {
+        let text = scrape(&admin).await;
+        assert!(text.contains("\nturnpike_worker_slots_used "), "{text}");
+        if value(&text, "turnpike_worker_slots_used") == 0.0 {
+            break;
+        }
         assert!(std::time::Instant::now() < deadline, "slots stayed used");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }

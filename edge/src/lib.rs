@@ -121,6 +121,8 @@ struct Inner {
     link_key: [u8; 32],
     /// True once the router is shutting down: no new streams, open ones close after a grace.
     draining: tokio::sync::watch::Sender<bool>,
+    /// WebSocket streams open now.
+    streams: std::sync::Arc<std::sync::atomic::AtomicUsize>,
 }
 
 /// Times every routed request by its route (the pattern, never the path), method and status.
@@ -170,6 +172,7 @@ impl Edge {
             rates: limits::RateLimits::new(&parts.limits),
             in_flight: limits::InFlight::new(&parts.limits),
             draining: tokio::sync::watch::Sender::new(false),
+            streams: Default::default(),
             bus: parts.bus,
             conversations: parts.conversations,
             ingress,
@@ -292,6 +295,22 @@ impl Edge {
     /// How long open streams go on after [`Self::drain`].
     pub fn drain_grace(&self) -> std::time::Duration {
         self.inner.limits.drain_grace
+    }
+
+    /// After [`Self::drain`]: waits out the grace, then (up to `limit` more) until every open
+    /// WebSocket stream has sent its 1001 and ended.
+    pub async fn drained(&self, limit: std::time::Duration) {
+        tokio::time::sleep(self.drain_grace()).await;
+        let deadline = tokio::time::Instant::now() + limit;
+        while self
+            .inner
+            .streams
+            .load(std::sync::atomic::Ordering::Acquire)
+            > 0
+            && tokio::time::Instant::now() < deadline
+        {
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
     }
 
     /// Serves until `shutdown` resolves, then waits for open requests (an SSE stream lasts as

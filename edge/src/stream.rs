@@ -172,12 +172,7 @@ pub async fn websocket(
     upgrade: Result<WebSocketUpgrade, axum::extract::ws::rejection::WebSocketUpgradeRejection>,
 ) -> ApiResult<Response> {
     let entry = edge.visible(&caller, &id).await?;
-    if *edge.inner.draining.borrow() {
-        let mut refused =
-            ApiError::unavailable("this router is shutting down: connect again to another one");
-        refused.retry_after = Some(1);
-        return Err(refused);
-    }
+    refuse_while_draining(&edge)?;
     let upgrade = upgrade.map_err(|e| {
         ApiError::malformed(format!(
             "{} (connect with a WebSocket client, or use …/events for server-sent events)",
@@ -187,7 +182,19 @@ pub async fn websocket(
     let frames = frames(&edge, edge.record(&entry), &caller).await?;
     let draining = edge.inner.draining.subscribe();
     let grace = edge.inner.limits.drain_grace;
-    Ok(upgrade.on_upgrade(move |socket| pump(socket, frames, draining, grace)))
+    let open = OpenStream::new(&edge);
+    Ok(upgrade.on_upgrade(move |socket| pump(socket, frames, draining, grace, open)))
+}
+
+/// A new stream while the router shuts down: 503, try again (another router answers).
+fn refuse_while_draining(edge: &Edge) -> ApiResult<()> {
+    if *edge.inner.draining.borrow() {
+        let mut refused =
+            ApiError::unavailable("this router is shutting down: connect again to another one");
+        refused.retry_after = Some(1);
+        return Err(refused);
+    }
+    Ok(())
 }
 
 async fn pump(
@@ -195,9 +202,9 @@ async fn pump(
     mut frames: BoxStream<'static, Frame>,
     mut draining: tokio::sync::watch::Receiver<bool>,
     grace: Duration,
+    _open: OpenStream,
 ) {
     let (mut tx, mut rx) = socket.split();
-    let _open = OpenStream::new();
     let mut ping = tokio::time::interval(Duration::from_secs(20));
     ping.tick().await;
     // Resolves `grace` after the router starts shutting down (never, if it does not).
@@ -215,7 +222,7 @@ async fn pump(
                     code: axum::extract::ws::close_code::AWAY,
                     reason: "the router is shutting down: reconnect and resume from your cursor".into(),
                 };
-                let _ = tx.send(Message::Close(Some(close))).await;
+                let _ = tokio::time::timeout(Duration::from_secs(1), tx.send(Message::Close(Some(close)))).await;
                 break;
             }
             frame = frames.next() => {
@@ -258,6 +265,7 @@ pub async fn sse(
     Path(id): Path<String>,
 ) -> ApiResult<Response> {
     let entry = edge.visible(&caller, &id).await?;
+    refuse_while_draining(&edge)?;
     let frames = frames(&edge, edge.record(&entry), &caller).await?;
     let events = frames.map(|frame| -> Result<SseEvent, Infallible> {
         let name = match &frame {
@@ -281,18 +289,22 @@ fn sse_response(
         .into_response()
 }
 
-/// Counts an open WebSocket stream for as long as it lives.
-struct OpenStream;
+/// Counts an open WebSocket stream for as long as it lives (the gauge, and the edge's count a
+/// drain waits on).
+struct OpenStream(std::sync::Arc<std::sync::atomic::AtomicUsize>);
 
 impl OpenStream {
-    fn new() -> Self {
+    fn new(edge: &Edge) -> Self {
         metrics::gauge!("turnpike_websocket_connections").increment(1.0);
-        OpenStream
+        let count = edge.inner.streams.clone();
+        count.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        OpenStream(count)
     }
 }
 
 impl Drop for OpenStream {
     fn drop(&mut self) {
         metrics::gauge!("turnpike_websocket_connections").decrement(1.0);
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
     }
 }

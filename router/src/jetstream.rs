@@ -47,7 +47,8 @@ pub struct NatsAuth {
     /// A client certificate and its key (PEM), for servers that verify clients.
     pub cert_file: Option<std::path::PathBuf>,
     pub key_file: Option<std::path::PathBuf>,
-    /// Refuse to talk to a server without TLS.
+    /// Refuse to talk to a server without TLS (implied by a password, a token or a client
+    /// certificate).
     pub require_tls: bool,
 }
 
@@ -118,10 +119,21 @@ impl NatsAuth {
                 ))
             }
         }
-        if self.require_tls {
+        if self.requires_tls() {
             options = options.require_tls(true);
         }
         Ok(options)
+    }
+
+    /// Whether the connection must be TLS: asked for, or a password, a token or a client
+    /// certificate would otherwise go over a connection a server (or anyone between) could
+    /// leave in plaintext.
+    pub fn requires_tls(&self) -> bool {
+        self.require_tls
+            || self.ca_file.is_some()
+            || self.password.is_some()
+            || self.token.is_some()
+            || self.cert_file.is_some()
     }
 }
 
@@ -205,9 +217,11 @@ impl JetStreamBus {
         }
         for server in &servers {
             server.parse::<async_nats::ServerAddr>().map_err(|e| {
+                // Said without what might be credentials in it.
+                let shown = server.rsplit('@').next().unwrap_or(server);
                 Error::new(
                     ErrorKind::Invalid,
-                    format!("{server:?} is not a NATS server address: {e}"),
+                    format!("…{shown:?} is not a NATS server address: {e}"),
                 )
             })?;
         }
@@ -260,12 +274,17 @@ impl JetStreamBus {
                 .await
                 .map_err(|e| {
                     let said = trouble.lock().expect("trouble lock").clone();
+                    let tls = if config.auth.requires_tls() {
+                        "; TLS is required (credentials or certificates are set, or asked for): the servers must offer it and be trusted"
+                    } else {
+                        ""
+                    };
                     match said {
                         Some(said) => unavailable(
                             "creating a lane stream",
-                            format!("{e} (the connection: {said})"),
+                            format!("{e} (the connection: {said}{tls})"),
                         ),
-                        None => unavailable("creating a lane stream", e),
+                        None => unavailable("creating a lane stream", format!("{e}{tls}")),
                     }
                 })?;
             stream

@@ -133,7 +133,7 @@ fn describe() {
     );
     describe_gauge!(
         "turnpike_open_turn_marks",
-        "Conversations marked as possibly holding an open turn, at the last sweep"
+        "Turns the last sweep found left open by owners that are gone (and took over)"
     );
     describe_counter!(
         "turnpike_idle_closed_total",

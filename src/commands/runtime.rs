@@ -390,11 +390,11 @@ pub async fn serve(global: &Global, args: ServeArgs) -> Result<ExitCode> {
     shutdown_signal().await;
     // Not ready from now on, before anything stops: traffic moves away first.
     draining.store(true, std::sync::atomic::Ordering::Release);
-    draining_edge.drain();
     info!("shutting down: no new claims, running turns get their grace period");
     pool.stop().await;
     // Open streams saw the turns through; they close with 1001 once their grace is over.
-    tokio::time::sleep(draining_edge.drain_grace()).await;
+    draining_edge.drain();
+    draining_edge.drained(Duration::from_secs(3)).await;
     let _ = stop_tx.send(true);
     let _ = tokio::time::timeout(Duration::from_secs(5), server).await;
     if let Some(admin) = admin {
@@ -466,7 +466,6 @@ pub async fn router(global: &Global, args: RouterArgs) -> Result<ExitCode> {
         refused: Vec::new(),
         draining: draining.clone(),
     };
-    let admin = crate::commands::admin::start(&global.admin_listen, probes).await?;
     let edge = crate::commands::edge::build(global, &env, bus, &apps, search, &args.edge, false)?;
     // The catalogue a router checks conversations against follows its apps folders.
     let watch =
@@ -474,12 +473,14 @@ pub async fn router(global: &Global, args: RouterArgs) -> Result<ExitCode> {
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let draining_edge = edge.clone();
     let server = start_edge(edge, args.edge.listen, stop_rx).await?;
+    // Ready only once the API is bound.
+    let admin = crate::commands::admin::start(&global.admin_listen, probes).await?;
     eprintln!("router ready: {} lane streams", global.shards);
     shutdown_signal().await;
     // Not ready, no new streams; open ones go on for the grace, then close with 1001.
     draining.store(true, std::sync::atomic::Ordering::Release);
     draining_edge.drain();
-    tokio::time::sleep(draining_edge.drain_grace()).await;
+    draining_edge.drained(Duration::from_secs(3)).await;
     let _ = stop_tx.send(true);
     let _ = tokio::time::timeout(Duration::from_secs(5), server).await;
     if let Some(watch) = watch {

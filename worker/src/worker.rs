@@ -304,8 +304,9 @@ impl Worker {
                 return;
             }
         };
-        // Marks left by owners that are gone (or still at work): an alert when they stay.
-        metrics::gauge!("turnpike_open_turn_marks").set(marked.len() as f64);
+        // Turns found left open by owners that are gone (their lease free): an alert when
+        // every sweep keeps finding some.
+        let mut orphans = 0;
         for prefix in marked {
             if inner.is_stopping() {
                 return;
@@ -344,6 +345,7 @@ impl Worker {
             }
             match record.head().await {
                 Ok(head) if head.state().turn_open => {
+                    orphans += 1;
                     let slot = Arc::new(OwnerSlot::default());
                     if !inner.register_owner(conversation, slot.clone()) {
                         let _ = inner.bus.release(&lease).await;
@@ -375,6 +377,7 @@ impl Worker {
                 }
             }
         }
+        metrics::gauge!("turnpike_open_turn_marks").set(f64::from(orphans));
         // Deletions a crash cut short are finished here too.
         let eraser = crate::erasure::Eraser::new(
             inner.conversations.clone(),
