@@ -14,35 +14,12 @@ use turnpike_tests::edge::{
 
 const LONG: Duration = Duration::from_secs(120);
 
-const MANIFEST: &str = r#"
-app = "life"
-
-[agents.writer]
-provider = "script"
-script = "writer.script.toml"
-tools = ["write_file", "publish"]
-"#;
-
-const SCRIPT: &str = r#"
-[[turn]]
-[[turn.step]]
-text = "Writing."
-tool_calls = [{ name = "write_file", arguments = { path = "note.md", content = "{last_user}" } }]
-[[turn.step]]
-tool_calls = [{ name = "publish", arguments = { path = "note.md" } }]
-[[turn.step]]
-text = "Published the note."
-"#;
-
 fn binary() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_turnpike"))
 }
 
 fn apps() -> tempfile::TempDir {
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("life.toml"), MANIFEST).unwrap();
-    std::fs::write(dir.path().join("writer.script.toml"), SCRIPT).unwrap();
-    dir
+    turnpike_tests::edge::writer_apps()
 }
 
 /// Runs `turnpike` on the data directory `data` (with the apps and, when `search`, the index).

@@ -16,35 +16,12 @@ use turnpike_tests::process::Process;
 
 const LONG: Duration = Duration::from_secs(90);
 
-const MANIFEST: &str = r#"
-app = "life"
-
-[agents.writer]
-provider = "script"
-script = "writer.script.toml"
-tools = ["write_file", "publish"]
-"#;
-
-const SCRIPT: &str = r#"
-[[turn]]
-[[turn.step]]
-text = "Writing."
-tool_calls = [{ name = "write_file", arguments = { path = "note.md", content = "{last_user}" } }]
-[[turn.step]]
-tool_calls = [{ name = "publish", arguments = { path = "note.md" } }]
-[[turn.step]]
-text = "Published the note."
-"#;
-
 fn binary() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_turnpike"))
 }
 
 fn apps() -> tempfile::TempDir {
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("life.toml"), MANIFEST).unwrap();
-    std::fs::write(dir.path().join("writer.script.toml"), SCRIPT).unwrap();
-    dir
+    turnpike_tests::edge::writer_apps()
 }
 
 /// A conversation of alice's with one turn that published a file, and an attachment.

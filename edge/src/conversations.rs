@@ -169,18 +169,9 @@ pub async fn export(
 ) -> ApiResult<axum::response::Response> {
     use axum::response::IntoResponse as _;
     use std::io::Seek as _;
-    let conversation = crate::conversation_id(&id)?;
+    let entry = edge.owned_or_administered(&caller, &id).await?;
+    let conversation = entry.conversation;
     let conversations = &edge.inner.conversations;
-    let directory = conversations.directory();
-    let entry = if caller.admin {
-        directory
-            .lookup_in_tenant(conversation, &caller.tenant)
-            .await?
-    } else {
-        directory
-            .lookup_owned(conversation, &caller.tenant, &caller.identity)
-            .await?
-    };
     let keys = conversations
         .trusted_keys()
         .ok_or_else(|| ApiError::unavailable("this deployment trusts no keys to export with"))?;
@@ -247,17 +238,8 @@ pub async fn delete(
     Caller(caller): Caller,
     Path(id): Path<String>,
 ) -> ApiResult<Json<crate::model::TombstoneView>> {
-    let conversation = crate::conversation_id(&id)?;
-    let directory = edge.inner.conversations.directory();
-    let entry = if caller.admin {
-        directory
-            .lookup_in_tenant(conversation, &caller.tenant)
-            .await?
-    } else {
-        directory
-            .lookup_owned(conversation, &caller.tenant, &caller.identity)
-            .await?
-    };
+    let entry = edge.owned_or_administered(&caller, &id).await?;
+    let conversation = entry.conversation;
     let reason = if entry.owner == caller.identity {
         "erasure requested by the owner"
     } else {
@@ -445,6 +427,25 @@ impl Edge {
             .conversations
             .directory()
             .lookup_owned(conversation, &caller.tenant, &caller.identity)
+            .await?)
+    }
+
+    /// A conversation its owner, or an admin of its tenant, acts on (a grantee, a stranger and
+    /// another tenant get 404).
+    pub(crate) async fn owned_or_administered(
+        &self,
+        caller: &super::Principal,
+        id: &str,
+    ) -> ApiResult<DirectoryEntry> {
+        if !caller.admin {
+            return self.owned(caller, id).await;
+        }
+        let conversation = conversation_id(id)?;
+        Ok(self
+            .inner
+            .conversations
+            .directory()
+            .lookup_in_tenant(conversation, &caller.tenant)
             .await?)
     }
 

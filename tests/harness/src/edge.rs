@@ -369,3 +369,33 @@ const STUCK: &str = r#"
 text = "never"
 delay_ms = 600000
 "#;
+
+/// The `life` app: a `writer` agent whose scripted model writes the user's words to `note.md`
+/// and publishes it, every turn.
+pub fn writer_apps() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    std::fs::write(dir.path().join("life.toml"), WRITER_MANIFEST).expect("writing the manifest");
+    std::fs::write(dir.path().join("writer.script.toml"), WRITER_SCRIPT)
+        .expect("writing the script");
+    dir
+}
+
+const WRITER_MANIFEST: &str = r#"
+app = "life"
+
+[agents.writer]
+provider = "script"
+script = "writer.script.toml"
+tools = ["write_file", "publish"]
+"#;
+
+const WRITER_SCRIPT: &str = r#"
+[[turn]]
+[[turn.step]]
+text = "Writing."
+tool_calls = [{ name = "write_file", arguments = { path = "note.md", content = "{last_user}" } }]
+[[turn.step]]
+tool_calls = [{ name = "publish", arguments = { path = "note.md" } }]
+[[turn.step]]
+text = "Published the note."
+"#;
