@@ -209,7 +209,13 @@ fn a_bad_manifest_is_refused_at_start_with_its_file_field_and_reason() {
         "app = \"shop\"\n[agents.clerk]\nprovider = \"openai\"\nmodel = \"m\"\ntools = [\"teleport\"]\n",
     )
     .unwrap();
-    let out = cli.run(&["--apps", apps.to_str().unwrap(), "serve"]);
+    let out = cli.run(&[
+        "--apps",
+        apps.to_str().unwrap(),
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+    ]);
     assert!(!out.status.success(), "{}", text(&out));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
@@ -445,7 +451,7 @@ fn send_serve_and_tail_run_turns_on_the_embedded_default() {
     );
 
     let mut serve = cli
-        .command(&["serve", "--workers", "2"])
+        .command(&["serve", "--workers", "2", "--listen", "127.0.0.1:0"])
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .spawn()
@@ -645,7 +651,7 @@ async fn an_operator_lists_dead_letters_and_requeues_one_once() {
     };
     let serve_until = |cli: &Cli, what: &str| {
         let mut serve = cli
-            .command(&["serve", "--workers", "1"])
+            .command(&["serve", "--workers", "1", "--listen", "127.0.0.1:0"])
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null())
             .spawn()
