@@ -112,6 +112,8 @@ async fn an_exported_conversation_imports_into_a_fresh_deployment_and_carries_on
     let apps = apps();
     let a = Server::start(&binary(), Some(apps.path()), &[], false).unwrap();
     let alice = a.client(ALICE);
+    // The CLI on A's data directory.
+    let on_a = |args: &[&str]| cli(a.data.path(), apps.path(), false, args);
     let id = create(&alice, "life", "writer").await;
     let attached = alice
         .attach(&id, "notes.txt", "text/plain", b"attached words".to_vec())
@@ -157,33 +159,23 @@ async fn an_exported_conversation_imports_into_a_fresh_deployment_and_carries_on
 
     // Over the CLI, the same record; an existing file is never overwritten.
     let from_cli = work.path().join("cli.tar");
-    let out = cli(
-        a.data.path(),
-        apps.path(),
-        false,
-        &[
-            "conversation",
-            "export",
-            &id,
-            from_cli.to_str().unwrap(),
-            "--actor",
-            "local:alice",
-        ],
-    );
+    let out = on_a(&[
+        "conversation",
+        "export",
+        &id,
+        from_cli.to_str().unwrap(),
+        "--actor",
+        "local:alice",
+    ]);
     assert!(ok(&out).contains("with the project bundle"));
-    let again = cli(
-        a.data.path(),
-        apps.path(),
-        false,
-        &[
-            "conversation",
-            "export",
-            &id,
-            from_cli.to_str().unwrap(),
-            "--actor",
-            "local:alice",
-        ],
-    );
+    let again = on_a(&[
+        "conversation",
+        "export",
+        &id,
+        from_cli.to_str().unwrap(),
+        "--actor",
+        "local:alice",
+    ]);
     assert!(!again.status.success());
     let manifest = |path: &Path| -> Value {
         let out = std::process::Command::new("tar")
@@ -239,6 +231,9 @@ async fn an_exported_conversation_imports_into_a_fresh_deployment_and_carries_on
     // the CLI writes to it).
     let mut b = Server::start(&binary(), Some(apps.path()), &[], true).unwrap();
     b.process.kill();
+    // The CLI on B's data directory (with B's index when `search`).
+    let b_data = b.data.path().to_path_buf();
+    let on_b = |search: bool, args: &[&str]| cli(&b_data, apps.path(), search, args);
     let b_store = b.store_dir();
 
     // A tampered archive (one word changed, same length) and a wrong expected key are refused,
@@ -246,9 +241,7 @@ async fn an_exported_conversation_imports_into_a_fresh_deployment_and_carries_on
     let tampered = work.path().join("tampered.tar");
     let bytes = std::fs::read(&from_api).unwrap();
     std::fs::write(&tampered, replace_all(&bytes, b"lighthouse", b"lightships")).unwrap();
-    let refused = cli(
-        b.data.path(),
-        apps.path(),
+    let refused = on_b(
         true,
         &["conversation", "import", tampered.to_str().unwrap()],
     );
@@ -299,12 +292,7 @@ async fn an_exported_conversation_imports_into_a_fresh_deployment_and_carries_on
         (&snapshot, "context.json is not what its manifest says"),
         (&instructions, "signature does not match"),
     ] {
-        let refused = cli(
-            b.data.path(),
-            apps.path(),
-            true,
-            &["conversation", "import", archive.to_str().unwrap()],
-        );
+        let refused = on_b(true, &["conversation", "import", archive.to_str().unwrap()]);
         assert!(!refused.status.success());
         let said = String::from_utf8_lossy(&refused.stderr);
         assert!(said.contains(why), "{why}: {said}");
@@ -314,9 +302,7 @@ async fn an_exported_conversation_imports_into_a_fresh_deployment_and_carries_on
             .verifying_key()
             .as_bytes(),
     );
-    let refused = cli(
-        b.data.path(),
-        apps.path(),
+    let refused = on_b(
         true,
         &[
             "conversation",
@@ -330,9 +316,7 @@ async fn an_exported_conversation_imports_into_a_fresh_deployment_and_carries_on
     assert_eq!(objects_of(&b_store, &id), Vec::<String>::new());
 
     // Checked offline first (nothing written), then the real thing, expecting A's key.
-    let checked = cli(
-        b.data.path(),
-        apps.path(),
+    let checked = on_b(
         true,
         &[
             "conversation",
@@ -346,9 +330,7 @@ async fn an_exported_conversation_imports_into_a_fresh_deployment_and_carries_on
     let warned = String::from_utf8_lossy(&checked.stderr);
     assert!(warned.contains("origin is not verified"), "{warned}");
     assert_eq!(objects_of(&b_store, &id), Vec::<String>::new());
-    let out = cli(
-        b.data.path(),
-        apps.path(),
+    let out = on_b(
         true,
         &[
             "conversation",
@@ -362,9 +344,7 @@ async fn an_exported_conversation_imports_into_a_fresh_deployment_and_carries_on
     assert!(said.contains(&format!("imported {id}")), "{said}");
     assert!(said.contains(&format!("indexed {n} turns")), "{said}");
     // A second import of it is refused.
-    let twice = cli(
-        b.data.path(),
-        apps.path(),
+    let twice = on_b(
         true,
         &["conversation", "import", from_api.to_str().unwrap()],
     );
@@ -374,9 +354,7 @@ async fn an_exported_conversation_imports_into_a_fresh_deployment_and_carries_on
 
     // Verified with B's key, replayed, the git history clean.
     let actor = ["--actor", "local:alice"];
-    let verified = ok(&cli(
-        b.data.path(),
-        apps.path(),
+    let verified = ok(&on_b(
         false,
         &[&["conversation", "verify", &id][..], &actor].concat(),
     ));
@@ -384,18 +362,14 @@ async fn an_exported_conversation_imports_into_a_fresh_deployment_and_carries_on
         verified.starts_with(&format!("verified {id}")),
         "{verified}"
     );
-    let replayed = ok(&cli(
-        b.data.path(),
-        apps.path(),
+    let replayed = ok(&on_b(
         false,
         &[&["conversation", "replay", &id][..], &actor].concat(),
     ));
     assert_eq!(replayed.matches("reproduced").count(), n, "{replayed}");
     assert!(!replayed.contains("DIVERGES"), "{replayed}");
     let exported = work.path().join("b.git");
-    ok(&cli(
-        b.data.path(),
-        apps.path(),
+    ok(&on_b(
         false,
         &[
             &["git", "export", &id, exported.to_str().unwrap()][..],
@@ -461,9 +435,7 @@ async fn an_exported_conversation_imports_into_a_fresh_deployment_and_carries_on
         .unwrap();
     assert_eq!(turns[n].outcome.as_deref(), Some("replied"), "{turns:#?}");
     b.process.kill();
-    let verified = ok(&cli(
-        b.data.path(),
-        apps.path(),
+    let verified = ok(&on_b(
         false,
         &[&["conversation", "verify", &id][..], &actor].concat(),
     ));

@@ -531,14 +531,16 @@ async fn ingress_fails_loudly_while_nats_is_down_and_recovers() {
 async fn jetstream_reports_the_wakes_waiting_per_shard_and_they_drain_when_taken() {
     let backend = jetstream().await;
     let bus = &backend.bus;
-    let before: u64 = bus
-        .pending_per_shard()
-        .await
-        .unwrap()
-        .iter()
-        .map(|(_, n)| n)
-        .sum();
-    assert_eq!(before, 0);
+    // Wakes waiting on every shard together.
+    let pending = || async {
+        bus.pending_per_shard()
+            .await
+            .unwrap()
+            .iter()
+            .map(|(_, n)| n)
+            .sum::<u64>()
+    };
+    assert_eq!(pending().await, 0);
     let conversations: Vec<ConversationId> = (0..3).map(|_| ConversationId::new()).collect();
     for c in &conversations {
         bus.publish(&event(*c, "waiting")).await.unwrap();
@@ -555,13 +557,7 @@ async fn jetstream_reports_the_wakes_waiting_per_shard_and_they_drain_when_taken
     }
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     loop {
-        let left: u64 = bus
-            .pending_per_shard()
-            .await
-            .unwrap()
-            .iter()
-            .map(|(_, n)| n)
-            .sum();
+        let left = pending().await;
         if left == 0 {
             break;
         }

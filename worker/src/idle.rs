@@ -84,18 +84,9 @@ pub(crate) async fn sweep(inner: &Arc<Inner>) -> usize {
         {
             continue;
         }
-        let lease = match inner
-            .bus
-            .claim(conversation, inner.worker, inner.config.lease_ttl)
-            .await
-        {
-            Ok(Some(lease)) => lease,
-            // Its owner is at work (or a lease has not lapsed): not idle now.
-            Ok(None) => continue,
-            Err(e) => {
-                debug!(%conversation, error = %e, "idle sweep: cannot claim");
-                continue;
-            }
+        // Held: its owner is at work (or a lease has not lapsed), so it is not idle now.
+        let Some(lease) = inner.claim_free(conversation).await else {
+            continue;
         };
         claims += 1;
         let verdict = close_if_due(inner, conversation, &lease, watched_ms).await;

@@ -84,6 +84,25 @@ impl Inner {
         true
     }
 
+    /// The lease of `conversation` for a sweep, when nobody holds it (its owner is gone, or
+    /// there is none); `None` when someone does, or the claim failed (logged).
+    pub(crate) async fn claim_free(
+        &self,
+        conversation: ConversationId,
+    ) -> Option<turnpike_router::bus::Lease> {
+        match self
+            .bus
+            .claim(conversation, self.worker, self.config.lease_ttl)
+            .await
+        {
+            Ok(lease) => lease,
+            Err(e) => {
+                warn!(%conversation, error = %e, "sweep: cannot claim");
+                None
+            }
+        }
+    }
+
     /// Whether this worker owns `conversation` now.
     pub(crate) fn owns(&self, conversation: ConversationId) -> bool {
         self.owners
@@ -312,29 +331,14 @@ impl Worker {
                 return;
             }
             let conversation = prefix.conversation();
-            if inner
-                .owners
-                .lock()
-                .expect("owner map lock")
-                .contains_key(&conversation)
-            {
+            if inner.owns(conversation) {
                 continue;
             }
             let Ok(permit) = inner.slots.clone().try_acquire_owned() else {
                 return;
             };
-            let lease = match inner
-                .bus
-                .claim(conversation, inner.worker, inner.config.lease_ttl)
-                .await
-            {
-                Ok(Some(lease)) => lease,
-                // Someone holds it: its owner is alive, or its lease has not lapsed yet.
-                Ok(None) => continue,
-                Err(e) => {
-                    warn!(%conversation, error = %e, "sweep: cannot claim");
-                    continue;
-                }
+            let Some(lease) = inner.claim_free(conversation).await else {
+                continue;
             };
             let record = inner.conversations.record(prefix.clone());
             // Under the lease: a repair cut short is finished before the head is read.
