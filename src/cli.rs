@@ -72,6 +72,18 @@ pub struct Global {
     )]
     pub admins: Vec<Identity>,
 
+    /// Daily spending limits (UTC), e.g. `tenant=acme:tokens=1000000` or `app=demo:usd=5`
+    /// (each tenant's use of the app). Routers refuse new messages once one is spent (429);
+    /// workers refuse turns already queued, recording why. Repeat the flag or separate by
+    /// commas; in the config file, `budget = ["…", "…"]`.
+    #[arg(
+        long = "budget",
+        global = true,
+        env = "TURNPIKE_BUDGETS",
+        value_delimiter = ','
+    )]
+    pub budgets: Vec<turnpike_router::usage::Budget>,
+
     /// More trusted public keys (64 hex characters each), e.g. during a key rotation.
     #[arg(
         long = "trusted-key",
@@ -441,6 +453,11 @@ pub struct WorkerArgs {
     /// manifest sets no `idle_timeout`; the next message reopens them.
     #[arg(long, default_value = "off")]
     pub idle_timeout: String,
+    /// The price table (TOML: `version`, then `[[price]]` with `provider`, `model`,
+    /// `input_usd_per_mtok`, `output_usd_per_mtok`, optionally `cached_input_usd_per_mtok`):
+    /// each model call's `usage` entry carries its cost from it.
+    #[arg(long, env = "TURNPIKE_PRICES")]
+    pub prices: Option<PathBuf>,
     /// A bare git repository to mirror every project version into
     /// (`refs/turnpike/<conversation>/turn_<n>`).
     #[arg(long, env = "TURNPIKE_GIT_REMOTE")]

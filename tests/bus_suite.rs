@@ -299,6 +299,52 @@ macro_rules! bus_suite {
             }
 
             #[tokio::test]
+            async fn concurrent_usage_adds_all_count_once_per_scope_and_day() {
+                use turnpike_router::usage::{Day, UsageScope, UsageTotals};
+                let b = super::$backend().await;
+                let acme: turnpike_schemas::TenantId = "acme".parse().unwrap();
+                let app = UsageScope::App(acme.clone(), "support".parse().unwrap());
+                let other_app = UsageScope::App(acme.clone(), "sales".parse().unwrap());
+                let tenant = UsageScope::Tenant(acme.clone());
+                let other = UsageScope::Tenant("globex".parse().unwrap());
+                let today = Day(20_000);
+                assert_eq!(b.bus.usage(&app, today).await.unwrap(), UsageTotals::default());
+                let one = UsageTotals {
+                    turns: 1,
+                    calls: 2,
+                    input_tokens: 100,
+                    output_tokens: 10,
+                    cached_tokens: 40,
+                    reasoning_tokens: 3,
+                    cost_micro_usd: 7,
+                };
+                // Sixteen concurrent adders (several processes in a fleet): none is lost.
+                let mut tasks = Vec::new();
+                for _ in 0..16 {
+                    let (bus, app, tenant) = (b.bus.clone(), app.clone(), tenant.clone());
+                    tasks.push(tokio::spawn(async move {
+                        bus.add_usage(&app, today, &one).await.unwrap();
+                        bus.add_usage(&tenant, today, &one).await.unwrap();
+                    }));
+                }
+                for t in tasks {
+                    t.await.unwrap();
+                }
+                let sixteen = (0..16).fold(UsageTotals::default(), |acc, _| acc.plus(one));
+                assert_eq!(b.bus.usage(&app, today).await.unwrap(), sixteen);
+                assert_eq!(b.bus.usage(&tenant, today).await.unwrap(), sixteen);
+                // Other days, apps and tenants saw nothing.
+                for (scope, day) in [
+                    (&app, today.next()),
+                    (&app, Day(19_999)),
+                    (&other_app, today),
+                    (&other, today),
+                ] {
+                    assert_eq!(b.bus.usage(scope, day).await.unwrap(), UsageTotals::default());
+                }
+            }
+
+            #[tokio::test]
             async fn concurrent_claims_have_one_winner() {
                 let b = super::$backend().await;
                 let conv = ConversationId::new();

@@ -71,6 +71,10 @@ fn sample(key: &str) -> toml::Value {
         "trusted-key" => s(&"ab".repeat(32)),
         "max-rounds" => toml::Value::Integer(3),
         "git-remote" => s("/tmp/mirror.git"),
+        "budget" => toml::Value::Array(vec![
+            "app=demo:tokens=100000".into(),
+            "tenant=acme:usd=2.5".into(),
+        ]),
         _ => s("/tmp/some-file"),
     }
 }
@@ -164,6 +168,11 @@ fn a_bad_file_is_refused_at_start_with_the_file_the_key_and_the_reason() {
         ("slots = \"many\"\n", "slots", "invalid value"),
         ("slots = { n = 1 }\n", "slots", "is not a value"),
         ("no-fsync = \"perhaps\"\n", "no-fsync", "true or false"),
+        (
+            "budget = [\"app=demo:euros=5\"]\n",
+            "budget",
+            "SCOPE=ID:LIMIT=N",
+        ),
         ("slots = 7\nslots = 8\n", "", "duplicate key"),
         ("slots = \n", "line 1", ""),
         // The offending line is not echoed: it may hold a secret.

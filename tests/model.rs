@@ -208,14 +208,41 @@ async fn three_turns_stream_and_the_server_receives_their_history() {
     for turn in 1..=3 {
         assert_eq!(turn_log(&server, &id, turn).await.usage, None);
     }
+    // The record still counts each call, marked as the runtime's estimate.
+    let rows = all_rows(&alice, &id).await;
+    let usage: Vec<&Value> = rows.iter().filter(|r| r["kind"] == "usage").collect();
+    assert_eq!(usage.len(), 3, "one call per turn: {usage:#?}");
+    for row in usage {
+        assert_eq!(row["data"]["estimated"], true, "{row:#}");
+        assert!(row["data"]["input_tokens"].as_u64().unwrap() > 0, "{row:#}");
+        assert!(row["data"].get("cost").is_none(), "no price table: no cost");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn usage_the_server_reports_lands_in_each_turn_log() {
-    // Unstreamed (`stream = false`), llama-cpp-python reports usage: it is summed per turn.
+async fn usage_the_server_reports_lands_in_the_turn_log_the_record_the_api_and_the_ledger() {
+    // Unstreamed (`stream = false`), llama-cpp-python reports usage: it is summed per turn in
+    // the turn log, and each call is a `usage` entry priced from the price table.
     let model = llm::shared();
     let apps = apps(&model.url(), &model.url());
-    let server = serve(apps.path());
+    // Not in the apps folder: every file there is read as a manifest.
+    let prices_dir = tempfile::tempdir().unwrap();
+    let prices = prices_dir.path().join("prices.toml");
+    std::fs::write(
+        &prices,
+        format!(
+            "version = \"test-1\"\n[[price]]\nprovider = \"openai\"\nmodel = \"{}\"\ninput_usd_per_mtok = 1000\noutput_usd_per_mtok = 3000\n",
+            llm::MODEL
+        ),
+    )
+    .unwrap();
+    let server = Server::start(
+        &binary(),
+        Some(apps.path()),
+        &["--prices", prices.to_str().unwrap()],
+        false,
+    )
+    .expect("turnpike serve");
     let alice = server.client(ALICE);
     let id = create(&alice, "counted").await;
     let mut stream = alice.stream(&id).await.unwrap();
@@ -260,6 +287,62 @@ async fn usage_the_server_reports_lands_in_each_turn_log() {
         two.prompt_tokens > one.prompt_tokens + one.completion_tokens,
         "{one:?} {two:?}"
     );
+    // The record: one `usage` entry per call, as reported (not estimated), priced.
+    let rows = all_rows(&alice, &id).await;
+    let usage: Vec<&Value> = rows.iter().filter(|r| r["kind"] == "usage").collect();
+    assert_eq!(usage.len(), 2, "{usage:#?}");
+    for (row, log) in usage.iter().zip([one, two]) {
+        let data = &row["data"];
+        assert_eq!(data["provider"], "openai");
+        assert_eq!(data["model"], llm::MODEL, "the response's model");
+        assert_eq!(data["estimated"], false);
+        assert_eq!(data["input_tokens"], log.prompt_tokens);
+        assert_eq!(data["output_tokens"], log.completion_tokens);
+        // $1000 and $3000 per million tokens: a token costs 1000 and 3000 millionths.
+        assert_eq!(
+            data["cost"],
+            json!({"micro_usd": log.prompt_tokens * 1000 + log.completion_tokens * 3000, "prices": "test-1"})
+        );
+    }
+    // The API rolls the record up; the ledger (admins, per day) holds the same.
+    let tokens =
+        one.prompt_tokens + one.completion_tokens + two.prompt_tokens + two.completion_tokens;
+    let cost = (one.prompt_tokens + two.prompt_tokens) * 1000
+        + (one.completion_tokens + two.completion_tokens) * 3000;
+    let api = alice
+        .get(&format!("/v1/conversations/{id}/usage"))
+        .await
+        .unwrap()
+        .into_ok()
+        .unwrap();
+    let total = &api["total"];
+    assert_eq!(
+        (total["turns"].as_u64(), total["calls"].as_u64()),
+        (Some(2), Some(2)),
+        "{api:#}"
+    );
+    assert_eq!(
+        total["input_tokens"].as_u64().unwrap() + total["output_tokens"].as_u64().unwrap(),
+        tokens
+    );
+    assert_eq!(total["cost_micro_usd"].as_u64(), Some(cost));
+    assert_eq!(api["estimated_calls"], 0);
+    assert_eq!(api["last_input_tokens"].as_u64(), Some(two.prompt_tokens));
+    assert_eq!(api["by_model"][0]["model"], llm::MODEL);
+    let admin = server.client(turnpike_tests::edge::ADMIN);
+    let ledger = admin
+        .get("/v1/usage?app=local")
+        .await
+        .unwrap()
+        .into_ok()
+        .unwrap();
+    assert_eq!(ledger["total"]["turns"], 2, "{ledger:#}");
+    assert_eq!(
+        ledger["total"]["input_tokens"].as_u64().unwrap()
+            + ledger["total"]["output_tokens"].as_u64().unwrap(),
+        tokens
+    );
+    assert_eq!(ledger["total"]["cost_micro_usd"].as_u64(), Some(cost));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

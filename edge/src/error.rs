@@ -10,6 +10,7 @@ use utoipa::ToSchema;
 pub struct ErrorBody {
     /// A stable, machine-readable code: `unauthorized`, `not_found`, `malformed`, `invalid`,
     /// `payload_too_large`, `unsupported_media_type`, `conflict`, `forbidden`, `rate_limited`,
+    /// `budget_exceeded`,
     /// `unavailable`, `internal`.
     pub code: String,
     /// What was wrong, for a person.
@@ -114,6 +115,12 @@ impl IntoResponse for ApiError {
     }
 }
 
+/// Seconds until the next UTC midnight, when daily budgets renew.
+fn seconds_to_utc_midnight() -> u64 {
+    let now = turnpike_router::bus::now_ms() / 1000;
+    86_400 - now % 86_400
+}
+
 impl From<turnpike_router::Error> for ApiError {
     fn from(e: turnpike_router::Error) -> Self {
         use turnpike_router::ErrorKind as K;
@@ -121,6 +128,12 @@ impl From<turnpike_router::Error> for ApiError {
             K::NotFound => ApiError::not_found(e.to_string()),
             K::Invalid => ApiError::invalid(e.to_string()),
             K::Closed => ApiError::conflict(e.to_string()),
+            K::BudgetSpent => ApiError::new(
+                axum::http::StatusCode::TOO_MANY_REQUESTS,
+                "budget_exceeded",
+                e.to_string(),
+            )
+            .retry_after(seconds_to_utc_midnight()),
             K::Unavailable => ApiError::unavailable(e.to_string()),
             _ => ApiError::internal(e.to_string()),
         }

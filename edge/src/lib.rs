@@ -20,6 +20,7 @@
 //! - [`model`]: bodies on the wire
 //! - [`conversations`], [`events`], [`files`], [`stream`], [`services`]: the handlers
 //! - [`memory`]: what the index remembers of the caller, and forgetting it
+//! - [`usage`]: what model calls used (a conversation's, from its record; a tenant's per day)
 //! - [`tickets`]: short-lived stream tickets, so browsers keep bearer tokens out of URLs
 //! - [`openapi`]: the document at `/v1/openapi.json`
 //! - [`client`]: a client of the API (for `turnpike chat` and the tests)
@@ -38,6 +39,7 @@ pub mod openapi;
 pub mod services;
 pub mod stream;
 pub mod tickets;
+pub mod usage;
 
 use std::sync::Arc;
 
@@ -96,6 +98,8 @@ pub struct EdgeParts {
     pub link_key: [u8; 32],
     /// A deployment's policy attached to every accepted event.
     pub directive: Option<IngressDirective>,
+    /// Daily spending limits: messages under a spent one are refused (429 `budget_exceeded`).
+    pub budgets: Vec<turnpike_router::usage::Budget>,
 }
 
 /// The edge's shared state.
@@ -162,6 +166,7 @@ impl Edge {
         if let Some(d) = parts.directive {
             ingress = ingress.with_directive(d);
         }
+        ingress = ingress.with_budgets(parts.budgets);
         let store = parts.conversations.store().clone();
         let inner = Inner {
             resolver: turnpike_resolver::Resolver::standard(
@@ -203,6 +208,8 @@ impl Edge {
             )
             .route("/v1/conversations/{id}/close", post(conversations::close))
             .route("/v1/conversations/{id}/export", get(conversations::export))
+            .route("/v1/conversations/{id}/usage", get(usage::conversation))
+            .route("/v1/usage", get(usage::tenant))
             .route(
                 "/v1/conversations/{id}/grants",
                 post(conversations::grant).delete(conversations::revoke),

@@ -8,7 +8,7 @@ use utoipa::openapi::{RefOr, ResponseBuilder};
 use utoipa::{Modify, OpenApi};
 
 use super::model;
-use super::{conversations, error, events, files, memory, services, stream, tickets};
+use super::{conversations, error, events, files, memory, services, stream, tickets, usage};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -49,6 +49,8 @@ use super::{conversations, error, events, files, memory, services, stream, ticke
         services::phases,
         services::verify,
         services::replay,
+        usage::conversation,
+        usage::tenant,
     ),
     components(schemas(error::ErrorBody, model::Frame)),
     modifiers(&Common),
@@ -74,7 +76,10 @@ impl Modify for Common {
             ("413", "body too large"),
             ("415", "unsupported media type"),
             ("422", "invalid request"),
-            ("429", "rate limited (see Retry-After)"),
+            (
+                "429",
+                "rate limited, or a daily budget is spent (see Retry-After)",
+            ),
             ("503", "unavailable or saturated (see Retry-After)"),
         ];
         // Links from a created conversation to every operation on it, so clients (and fuzzers)

@@ -231,6 +231,14 @@ pub trait Bus: Send + Sync + 'static {
         &self,
         conversation: ConversationId,
     ) -> Result<BoxStream<'static, Bytes>>;
+
+    /// Adds `delta` to the usage ledger's counter of `scope` on `day`, atomically with respect
+    /// to every other process adding to it (compare-and-set, retried on a conflict).
+    async fn add_usage(&self, scope: &UsageScope, day: Day, delta: &UsageTotals) -> Result<()>;
+
+    /// The usage ledger's counter of `scope` on `day` (zeros when nothing was counted).
+    async fn usage(&self, scope: &UsageScope, day: Day) -> Result<UsageTotals>;
 }
 
 pub use crate::clock::now_ms;
+use crate::usage::{Day, UsageScope, UsageTotals};

@@ -24,11 +24,14 @@ use crate::bus::{
 };
 use crate::error::{Error, ErrorKind, Result};
 use crate::heartbeat::Heartbeat;
+use crate::usage::{Day, UsageScope, UsageTotals};
 
 /// (conversation, seq) → event JSON.
 const LANES: TableDefinition<(&str, u64), &[u8]> = TableDefinition::new("lanes");
 /// conversation → (tenant, last seq).
 const HEADS: TableDefinition<&str, (&str, u64)> = TableDefinition::new("lane_heads");
+/// usage counter key → totals JSON (the usage ledger).
+const USAGE: TableDefinition<&str, &[u8]> = TableDefinition::new("usage");
 /// dedupe id → (seq, accepted at ms).
 const DEDUPE: TableDefinition<&str, (u64, u64)> = TableDefinition::new("dedupe");
 
@@ -559,6 +562,67 @@ impl Bus for EmbeddedBus {
             .map_err(|e| storage("reading a lane head", e))?
             .map(|v| v.value().1)
             .unwrap_or(0))
+    }
+
+    async fn add_usage(&self, scope: &UsageScope, day: Day, delta: &UsageTotals) -> Result<()> {
+        let db = self.db.clone();
+        let key = scope.key(day);
+        let delta = *delta;
+        // One write transaction: redb serialises writers, so read-add-write is atomic.
+        tokio::task::spawn_blocking(move || {
+            let txn = db.begin_write().map_err(|e| storage("adding usage", e))?;
+            {
+                let mut table = txn
+                    .open_table(USAGE)
+                    .map_err(|e| storage("adding usage", e))?;
+                let current: UsageTotals = match table
+                    .get(key.as_str())
+                    .map_err(|e| storage("adding usage", e))?
+                {
+                    Some(v) => serde_json::from_slice(v.value()).map_err(|e| {
+                        Error::with_source(
+                            ErrorKind::Corrupt,
+                            format!("the usage counter {key} is unreadable"),
+                            e,
+                        )
+                    })?,
+                    None => UsageTotals::default(),
+                };
+                let bytes = serde_json::to_vec(&current.plus(delta)).expect("totals serialise");
+                table
+                    .insert(key.as_str(), bytes.as_slice())
+                    .map_err(|e| storage("adding usage", e))?;
+            }
+            txn.commit().map_err(|e| storage("adding usage", e))
+        })
+        .await
+        .map_err(|e| storage("adding usage", e))?
+    }
+
+    async fn usage(&self, scope: &UsageScope, day: Day) -> Result<UsageTotals> {
+        let txn = self
+            .db
+            .begin_read()
+            .map_err(|e| storage("reading usage", e))?;
+        let table = match txn.open_table(USAGE) {
+            Ok(t) => t,
+            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(UsageTotals::default()),
+            Err(e) => return Err(storage("reading usage", e)),
+        };
+        let key = scope.key(day);
+        match table
+            .get(key.as_str())
+            .map_err(|e| storage("reading usage", e))?
+        {
+            Some(v) => serde_json::from_slice(v.value()).map_err(|e| {
+                Error::with_source(
+                    ErrorKind::Corrupt,
+                    format!("the usage counter {key} is unreadable"),
+                    e,
+                )
+            }),
+            None => Ok(UsageTotals::default()),
+        }
     }
 
     async fn purge_lane(&self, conversation: ConversationId) -> Result<()> {

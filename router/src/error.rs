@@ -12,6 +12,9 @@ pub enum ErrorKind {
     NotFound,
     /// The conversation is closed: it accepts no more events.
     Closed,
+    /// A daily budget of the tenant or app is spent: nothing that would start model calls is
+    /// accepted until it renews (midnight UTC).
+    BudgetSpent,
     /// The lease is held by someone else, or was lost.
     LeaseLost,
     /// Stored data that cannot be read.

@@ -36,6 +36,7 @@ pub struct Ingress {
     bus: Arc<dyn Bus>,
     conversations: Conversations,
     directive: Option<IngressDirective>,
+    budgets: Arc<Vec<crate::usage::Budget>>,
     memo: Arc<Memo>,
 }
 
@@ -62,6 +63,7 @@ impl Ingress {
             bus,
             conversations,
             directive: None,
+            budgets: Arc::default(),
             memo: Arc::default(),
         }
     }
@@ -189,9 +191,17 @@ impl Ingress {
         self
     }
 
+    /// Refuses messages and follow-ups (what starts model calls) while a budget that applies
+    /// is spent, reading the usage ledger for each.
+    pub fn with_budgets(mut self, budgets: Vec<crate::usage::Budget>) -> Self {
+        self.budgets = Arc::new(budgets);
+        self
+    }
+
     /// Submits `body` to `conversation` as `caller` (its owner, or an identity it was shared
     /// with). A retry with the same idempotency key is accepted once. A closed conversation
-    /// refuses events (`Closed`).
+    /// refuses events (`Closed`); a message or follow-up under a spent budget is refused
+    /// (`BudgetSpent`), other events (a stop, an answer) still pass.
     pub async fn submit(
         &self,
         tenant: &TenantId,
@@ -206,6 +216,20 @@ impl Ingress {
                 ErrorKind::Closed,
                 format!("conversation {conversation} is closed; it accepts no more events"),
             ));
+        }
+        if !self.budgets.is_empty()
+            && matches!(body, EventBody::Message { .. } | EventBody::FollowUp { .. })
+        {
+            let spent = crate::usage::check_budgets(
+                self.bus.as_ref(),
+                &self.budgets,
+                &entry.tenant,
+                &entry.app,
+            )
+            .await?;
+            if let Some(why) = spent {
+                return Err(Error::new(ErrorKind::BudgetSpent, why));
+            }
         }
         let mut event = Event::new(
             Address {

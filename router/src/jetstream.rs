@@ -27,8 +27,13 @@ use crate::bus::{
 use crate::error::{Error, ErrorKind, Result};
 use crate::heartbeat::Heartbeat;
 use crate::subject::{
-    heartbeat_subject, lease_subject, Shards, DISPATCH_CONSUMER, LEASE_STREAM, LEASE_SUBJECTS,
+    heartbeat_subject, lease_subject, usage_subject, Shards, DISPATCH_CONSUMER, LEASE_STREAM,
+    LEASE_SUBJECTS, USAGE_STREAM, USAGE_SUBJECTS,
 };
+use crate::usage::{Day, UsageScope, UsageTotals};
+
+/// How many days of usage counters the bus keeps (the admin API reads back at most 92).
+const USAGE_KEPT_DAYS: u64 = 100;
 
 /// How a process proves itself to NATS, and how its connection is protected (the bus carries
 /// every user's messages). Any combination the server asks for: a credentials file, an nkey
@@ -178,6 +183,7 @@ pub struct JetStreamBus {
     config: JetStreamConfig,
     streams: Vec<stream::Stream>,
     leases: stream::Stream,
+    usage: stream::Stream,
     wakes: OnceCell<Mutex<mpsc::Receiver<Wake>>>,
     /// The last lease revision and value this process wrote or read, per conversation.
     lease_cache: std::sync::Mutex<HashMap<ConversationId, (u64, LeaseValue)>>,
@@ -322,12 +328,30 @@ impl JetStreamBus {
             })
             .await
             .map_err(|e| unavailable("creating the lease stream", e))?;
+        // The usage ledger: the same compare-and-set, one message per counter and day; days
+        // older than the admin API reaches age out.
+        let usage = js
+            .get_or_create_stream(stream::Config {
+                name: USAGE_STREAM.into(),
+                subjects: vec![USAGE_SUBJECTS.into()],
+                retention: RetentionPolicy::Limits,
+                storage: StorageType::File,
+                max_messages_per_subject: 1,
+                max_age: Duration::from_secs(USAGE_KEPT_DAYS * 24 * 3600),
+                discard: DiscardPolicy::Old,
+                num_replicas: config.replicas,
+                allow_direct: true,
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| unavailable("creating the usage stream", e))?;
         Ok(Arc::new(Self {
             client,
             js,
             config,
             streams,
             leases,
+            usage,
             wakes: OnceCell::new(),
             lease_cache: std::sync::Mutex::new(HashMap::new()),
             feeders: std::sync::Mutex::new(Vec::new()),
@@ -372,6 +396,26 @@ impl JetStreamBus {
             }
             Err(e) if e.kind() == stream::DirectGetErrorKind::NotFound => Ok(None),
             Err(e) => Err(unavailable("reading a lease", e)),
+        }
+    }
+
+    /// A usage counter's last sequence (0: never written) and value.
+    async fn read_usage(&self, subject: &str) -> Result<(u64, UsageTotals)> {
+        match self.usage.direct_get_last_for_subject(subject).await {
+            Ok(m) => {
+                let totals = serde_json::from_slice(&m.payload).map_err(|e| {
+                    Error::with_source(
+                        ErrorKind::Corrupt,
+                        format!("the usage counter {subject} is unreadable"),
+                        e,
+                    )
+                })?;
+                Ok((m.sequence, totals))
+            }
+            Err(e) if e.kind() == stream::DirectGetErrorKind::NotFound => {
+                Ok((0, UsageTotals::default()))
+            }
+            Err(e) => Err(unavailable("reading usage", e)),
         }
     }
 
@@ -755,6 +799,40 @@ impl Bus for JetStreamBus {
                 _ => Err(e),
             },
         }
+    }
+
+    async fn add_usage(&self, scope: &UsageScope, day: Day, delta: &UsageTotals) -> Result<()> {
+        let subject = usage_subject(&scope.key(day));
+        // Bounded: each conflict means another process added in between; a counter this hot
+        // still converges within a few rounds.
+        for _ in 0..64 {
+            let (last, current) = self.read_usage(&subject).await?;
+            let payload = serde_json::to_vec(&current.plus(*delta)).expect("totals serialise");
+            let message = PublishMessage::build()
+                .payload(payload.into())
+                .expected_last_subject_sequence(last);
+            let ack = self
+                .js
+                .send_publish(subject.clone(), message)
+                .await
+                .map_err(|e| unavailable("adding usage", e))?
+                .await;
+            match ack {
+                Ok(_) => return Ok(()),
+                Err(e)
+                    if e.kind()
+                        == async_nats::jetstream::context::PublishErrorKind::WrongLastSequence => {}
+                Err(e) => return Err(unavailable("adding usage", e)),
+            }
+        }
+        Err(unavailable(
+            "adding usage",
+            "the counter kept changing under 64 attempts",
+        ))
+    }
+
+    async fn usage(&self, scope: &UsageScope, day: Day) -> Result<UsageTotals> {
+        Ok(self.read_usage(&usage_subject(&scope.key(day))).await?.1)
     }
 
     async fn live(&self, conversation: ConversationId, payload: bytes::Bytes) {

@@ -15,6 +15,16 @@ pub const LEASE_STREAM: &str = "TP_LEASES";
 /// The subjects of the lease stream.
 pub const LEASE_SUBJECTS: &str = "tp.lease.>";
 
+/// The stream of the usage ledger (one message per counter and day).
+pub const USAGE_STREAM: &str = "TP_USAGE";
+/// The subjects of the usage stream.
+pub const USAGE_SUBJECTS: &str = "tp.usage.>";
+
+/// The subject of a usage counter's key ([`crate::usage::UsageScope::key`]).
+pub fn usage_subject(key: &str) -> String {
+    format!("tp.usage.{key}")
+}
+
 /// The lease subject of a conversation: `tp.lease.{conv}`.
 pub fn lease_subject(conversation: ConversationId) -> String {
     format!("tp.lease.{conversation}")

@@ -140,6 +140,9 @@ entry_kinds! {
     AgentSwitched = "agent_switched" => AgentSwitched,
     /// What a turn's context rebuild recalled from the index (references, not content).
     Recall = "recall" => RecallEntry,
+    /// What one model call of a turn used: tokens (reported by the provider, or estimated)
+    /// and their cost from the price table.
+    Usage = "usage" => UsageEntry,
     /// A turn was cancelled.
     Cancelled = "cancelled" => Cancelled,
     /// Something went wrong in a turn.
@@ -265,6 +268,7 @@ impl EntryBody {
             EntryBody::QuestionRequest(e) => Some(e.turn),
             EntryBody::CompactionMarker(e) => Some(e.turn),
             EntryBody::Cancelled(e) => Some(e.turn),
+            EntryBody::Usage(e) => Some(e.turn),
             EntryBody::Error(e) => e.turn,
             _ => None,
         }
@@ -502,6 +506,41 @@ pub struct ErrorEntry {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub turn: Option<TurnId>,
     pub message: String,
+}
+
+/// What one model call used.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UsageEntry {
+    pub turn: TurnId,
+    /// The agent's provider kind (`openai`, `script`, …).
+    pub provider: String,
+    /// The model that answered, as the response named it (else the one asked for).
+    pub model: String,
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+    /// Input tokens served from the provider's cache (part of `input_tokens`).
+    #[serde(default)]
+    pub cached_tokens: u64,
+    /// Output tokens spent reasoning (part of `output_tokens`).
+    #[serde(default)]
+    pub reasoning_tokens: u64,
+    /// The provider reported no usage: the counts are the runtime's estimate.
+    #[serde(default)]
+    pub estimated: bool,
+    /// The cost, when the price table has the model.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cost: Option<Cost>,
+}
+
+/// A model call's cost.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Cost {
+    /// In millionths of a US dollar.
+    pub micro_usd: u64,
+    /// The version of the price table it was computed from.
+    pub prices: String,
 }
 
 /// A lane message set aside instead of taken: the record moves past its sequence, and the

@@ -71,6 +71,16 @@ pub struct Usage {
     pub prompt_tokens: u64,
     #[serde(default)]
     pub completion_tokens: u64,
+    /// Prompt tokens the provider served from its cache (part of `prompt_tokens`).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub cached_tokens: u64,
+    /// Completion tokens spent reasoning (part of `completion_tokens`).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub reasoning_tokens: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 impl Usage {
@@ -81,6 +91,8 @@ impl Usage {
             completion_tokens: self
                 .completion_tokens
                 .saturating_add(other.completion_tokens),
+            cached_tokens: self.cached_tokens.saturating_add(other.cached_tokens),
+            reasoning_tokens: self.reasoning_tokens.saturating_add(other.reasoning_tokens),
         }
     }
 }

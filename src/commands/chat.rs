@@ -39,6 +39,12 @@ struct View {
     /// Rough tokens since the last compaction (text length / 4).
     tokens: usize,
     context_length: u32,
+    /// The context as the last model call's `usage` row measured it (its input and output):
+    /// what the meter shows when there is one; `exact` when the provider reported it.
+    measured: Option<(u64, bool)>,
+    /// Tokens every model call of the conversation used, and their cost (millionths of a $).
+    used: u64,
+    cost_micro_usd: u64,
 }
 
 pub async fn run(global: &Global, args: ChatArgs) -> Result<ExitCode> {
@@ -85,11 +91,7 @@ pub async fn run(global: &Global, args: ChatArgs) -> Result<ExitCode> {
         count_tokens(&mut state, row);
     }
     if history.len() > 1 {
-        println!(
-            "({} earlier rows; ~{} tokens in context)",
-            history.len(),
-            state.tokens
-        );
+        println!("({} earlier rows; {})", history.len(), meter(&state));
     }
     let state = Arc::new(Mutex::new(state));
     let follower = tokio::spawn(follow(client.clone(), cursor, state.clone()));
@@ -402,8 +404,20 @@ async fn follow(client: Client, mut cursor: Cursor, state: Arc<Mutex<View>>) {
 }
 
 fn count_tokens(view: &mut View, row: &Value) {
+    if row["kind"] == "usage" {
+        let data = &row["data"];
+        let (input, output) = (
+            data["input_tokens"].as_u64().unwrap_or(0),
+            data["output_tokens"].as_u64().unwrap_or(0),
+        );
+        view.measured = Some((input + output, data["estimated"] != true));
+        view.used += input + output;
+        view.cost_micro_usd += data["cost"]["micro_usd"].as_u64().unwrap_or(0);
+        return;
+    }
     if row["kind"] == "compaction_marker" {
         view.tokens = row["data"]["summary"].as_str().map_or(0, |s| s.len() / 4);
+        view.measured = None;
         return;
     }
     if let Some(text) = row["text"].as_str() {
@@ -509,21 +523,77 @@ fn show(view: &mut View, row: &Value) {
         "error" => println!("! {}", data["message"].as_str().unwrap_or("")),
         "cancelled" => println!("  (turn cancelled)"),
         "turn_complete" => {
-            let meter = if view.context_length > 0 {
-                format!(
-                    "~{} / {} tokens ({}%)",
-                    view.tokens,
-                    view.context_length,
-                    view.tokens * 100 / view.context_length as usize
-                )
-            } else {
-                format!("~{} tokens", view.tokens)
-            };
             println!(
-                "  [{} · {meter}]",
-                data["outcome"].as_str().unwrap_or("done")
+                "  [{} · {}]",
+                data["outcome"].as_str().unwrap_or("done"),
+                meter(view)
             );
         }
         _ => {}
+    }
+}
+
+/// The token meter: the context's fill against the agent's context length (as the last model
+/// call's usage measured it, else the estimate), and what the conversation used so far.
+fn meter(view: &View) -> String {
+    let (tokens, approx) = match view.measured {
+        Some((tokens, exact)) => (tokens, if exact { "" } else { "~" }),
+        None => (view.tokens as u64, "~"),
+    };
+    let mut meter = if view.context_length > 0 {
+        format!(
+            "{approx}{tokens} / {} tokens ({}%)",
+            view.context_length,
+            tokens * 100 / u64::from(view.context_length)
+        )
+    } else {
+        format!("{approx}{tokens} tokens")
+    };
+    if view.used > 0 {
+        meter.push_str(&format!(" · {} used", view.used));
+    }
+    if view.cost_micro_usd > 0 {
+        meter.push_str(&format!(" · ${:.4}", view.cost_micro_usd as f64 / 1e6));
+    }
+    meter
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn usage(input: u64, output: u64, estimated: bool, micro: Option<u64>) -> Value {
+        let mut data =
+            json!({"input_tokens": input, "output_tokens": output, "estimated": estimated});
+        if let Some(m) = micro {
+            data["cost"] = json!({"micro_usd": m, "prices": "v1"});
+        }
+        json!({"kind": "usage", "data": data})
+    }
+
+    #[test]
+    fn the_meter_reads_the_last_calls_usage_and_sums_the_spend() {
+        let mut view = View {
+            context_length: 1000,
+            ..View::default()
+        };
+        count_tokens(
+            &mut view,
+            &json!({"kind": "user_message", "text": "x".repeat(400)}),
+        );
+        assert_eq!(meter(&view), "~101 / 1000 tokens (10%)");
+        count_tokens(&mut view, &usage(300, 50, false, Some(1_500)));
+        count_tokens(&mut view, &usage(400, 100, false, Some(2_500)));
+        // The context is what the last call read and wrote; the spend is every call's.
+        assert_eq!(meter(&view), "500 / 1000 tokens (50%) · 850 used · $0.0040");
+        count_tokens(&mut view, &usage(10, 10, true, None));
+        assert_eq!(meter(&view), "~20 / 1000 tokens (2%) · 870 used · $0.0040");
+        // After a compaction the estimate holds until the next call measures again.
+        count_tokens(
+            &mut view,
+            &json!({"kind": "compaction_marker", "data": {"summary": "y".repeat(40)}}),
+        );
+        assert_eq!(meter(&view), "~10 / 1000 tokens (1%) · 870 used · $0.0040");
     }
 }

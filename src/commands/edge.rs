@@ -133,5 +133,6 @@ pub fn build(
                 required_approver: args.required_approver.clone(),
             }
         }),
+        budgets: global.budgets.clone(),
     }))
 }

@@ -95,7 +95,7 @@ pub async fn open_bus(global: &Global, env: &Env, ack_wait: Duration) -> Result<
 }
 
 /// The workers' settings, and what was refused (said at start and in `/readyz`).
-fn worker_config(args: &WorkerArgs) -> Result<(WorkerConfig, Vec<String>)> {
+fn worker_config(global: &Global, args: &WorkerArgs) -> Result<(WorkerConfig, Vec<String>)> {
     let ttl = Duration::from_millis(args.lease_ttl_ms.max(300));
     let mut refused = Vec::new();
     let config = WorkerConfig {
@@ -118,6 +118,13 @@ fn worker_config(args: &WorkerArgs) -> Result<(WorkerConfig, Vec<String>)> {
         grace: Duration::from_millis(args.grace_ms),
         heartbeat_every: Duration::from_millis(args.heartbeat_ms.max(100)),
         git_remote: args.git_remote.clone(),
+        prices: match &args.prices {
+            Some(path) => Some(Arc::new(
+                turnpike_worker::usage::PriceTable::load(path).map_err(anyhow::Error::msg)?,
+            )),
+            None => None,
+        },
+        budgets: global.budgets.clone(),
         failpoints: Failpoints::from_env().map_err(anyhow::Error::msg)?,
         ..Default::default()
     };
@@ -269,7 +276,7 @@ async fn run_workers(
 ) -> Result<Running> {
     let hosted: Vec<String> = apps.ids().iter().map(|a| a.to_string()).collect();
     eprintln!("hosting apps: {}", hosted.join(", "));
-    let (config, refused) = worker_config(args)?;
+    let (config, refused) = worker_config(global, args)?;
     let cell = detect_cell().await;
     let probes = crate::commands::admin::Probes {
         bus: Some(bus.clone()),

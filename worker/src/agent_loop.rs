@@ -125,7 +125,7 @@ pub async fn run(
             _ = inbox.stop_requested() => return cancel(inbox, blocks).await,
             reply = ask(model, &request, cx, settings) => reply?,
         };
-        cx.add_usage(reply.usage);
+        cx.account(&request, &reply);
         let ModelReply {
             text, tool_calls, ..
         } = reply;
@@ -220,7 +220,7 @@ pub async fn run(
         _ = inbox.stop_requested() => return cancel(inbox, blocks).await,
         reply = ask(model, &request, cx, settings) => reply?,
     };
-    cx.add_usage(reply.usage);
+    cx.account(&request, &reply);
     let text = if reply.text.trim().is_empty() {
         FALLBACK_REPLY.to_owned()
     } else {
@@ -422,7 +422,8 @@ pub async fn run_live(turn: &TurnContext<'_>) -> Result<TurnOutcome> {
             return Err(e);
         }
     };
-    let mut cx = CallContext::new(Some(turn.deltas()), turn.arrivals());
+    let mut cx = CallContext::new(Some(turn.deltas()), turn.arrivals())
+        .metered(&spec.provider_kind, spec.tokens.clone());
     // Compaction: at the threshold, or when asked for.
     let mut history = timeline.messages();
     let used: u64 = history.iter().map(|m| spec.tokens.count(m)).sum();
@@ -481,7 +482,7 @@ pub async fn run_live(turn: &TurnContext<'_>) -> Result<TurnOutcome> {
     let (still_pending, _) = pending(history_blocks.iter().chain(blocks.iter()));
     if !asks.work && !applied {
         turn.set_blocks(blocks);
-        turn.set_usage(cx.usage());
+        turn.set_usage(&cx);
         // Nothing for the model: a refused answer leaves the turn parked; a switch or a
         // compaction alone is done.
         return Ok(if still_pending.is_empty() {
@@ -541,7 +542,7 @@ pub async fn run_live(turn: &TurnContext<'_>) -> Result<TurnOutcome> {
         }
     };
     turn.set_blocks(blocks);
-    turn.set_usage(cx.usage());
+    turn.set_usage(&cx);
     result
 }
 
@@ -576,6 +577,7 @@ mod tests {
                     usage: Some(crate::model::Usage {
                         prompt_tokens: 10,
                         completion_tokens: 2,
+                        ..Default::default()
                     }),
                     ..Default::default()
                 }
@@ -585,6 +587,7 @@ mod tests {
                     usage: Some(crate::model::Usage {
                         prompt_tokens: 20,
                         completion_tokens: 1,
+                        ..Default::default()
                     }),
                     ..Default::default()
                 }

@@ -137,7 +137,7 @@ pub async fn compact(
         temperature: spec.temperature,
     };
     let reply = spec.provider.complete(&request, cx).await?;
-    cx.add_usage(reply.usage);
+    cx.account(&request, &reply);
     let kept = verbatim(history_blocks);
     let text = if kept.is_empty() {
         reply.text.trim().to_owned()

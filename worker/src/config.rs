@@ -37,6 +37,11 @@ pub struct WorkerConfig {
     pub workspace_root: std::path::PathBuf,
     /// What a workspace may hold when its turn ends; past it the turn fails, nothing committed.
     pub workspace_quota: crate::workspace::Quota,
+    /// Prices of models, for the cost of each call's `usage` entry (`None`: costs unknown).
+    pub prices: Option<std::sync::Arc<crate::usage::PriceTable>>,
+    /// Daily spending limits: a turn of a tenant or app whose budget is spent fails at once,
+    /// before any model call, with the reason recorded.
+    pub budgets: Vec<turnpike_router::usage::Budget>,
     /// Where tests make this worker hang or pause (nothing without the `failpoints` feature).
     pub failpoints: crate::failpoints::Failpoints,
 }
@@ -58,6 +63,8 @@ impl Default for WorkerConfig {
             git_remote: None,
             workspace_root: crate::workspace::default_root(),
             workspace_quota: crate::workspace::Quota::default(),
+            prices: None,
+            budgets: Vec::new(),
             failpoints: Default::default(),
         }
     }

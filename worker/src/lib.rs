@@ -22,6 +22,7 @@
 //! - [`timeline`]: the context rebuilt from the previous turn's snapshot (or the latest summary
 //!   and the turn logs after it)
 //! - [`tokens`]: token accounting (a configured tokenizer, else the estimate)
+//! - [`usage`]: each model call's `usage` entry, its cost (the price table), the ledger, budgets
 //! - [`replay`]: re-running recorded turns, and what-ifs
 //! - [`workspace`]: a fresh directory per turn, deleted however the turn ends
 //! - [`erasure`]: deleting a conversation from every store, with a tombstone; finishing cut-short deletions
@@ -56,6 +57,7 @@ pub mod timeline;
 pub mod tokens;
 pub mod tools;
 pub mod turn;
+pub mod usage;
 pub mod worker;
 pub mod workspace;
 

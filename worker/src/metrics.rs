@@ -82,6 +82,11 @@ pub(crate) fn model_request(
     }
 }
 
+/// A turn refused because a budget was spent.
+pub(crate) fn budget_refusal() {
+    metrics::counter!("turnpike_budget_refusals_total").increment(1);
+}
+
 /// One tool call's outcome (`ok`, `error`, `refused`, `parked`).
 pub(crate) fn tool_call(tool: &str, outcome: &'static str) {
     metrics::counter!("turnpike_tool_calls_total", "tool" => tool.to_owned(), "outcome" => outcome)

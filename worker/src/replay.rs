@@ -189,6 +189,7 @@ impl ModelProvider for ReplayModel {
             text: output.text.clone(),
             tool_calls: output.calls.clone(),
             usage: None,
+            model: None,
             finish_reason: None,
         })
     }

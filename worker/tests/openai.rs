@@ -79,7 +79,8 @@ async fn completions(
                 delta(json!({"content": "lo, "})),
                 delta(json!({"content": "world"})),
                 json!({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}),
-                json!({"choices": [], "usage": {"prompt_tokens": 12, "completion_tokens": 3, "total_tokens": 15}}),
+                json!({"choices": [], "model": "text-2026-01-01", "usage": {"prompt_tokens": 12, "completion_tokens": 3, "total_tokens": 15,
+                    "prompt_tokens_details": {"cached_tokens": 5}, "completion_tokens_details": {"reasoning_tokens": 2}}}),
             ],
             false,
         ),
@@ -192,6 +193,9 @@ async fn streamed_text_arrives_as_deltas_with_usage_and_the_key() {
     assert_eq!(reply.finish_reason.as_deref(), Some("stop"));
     let usage = reply.usage.unwrap();
     assert_eq!((usage.prompt_tokens, usage.completion_tokens), (12, 3));
+    // The nested details are read; the model is the one the response named.
+    assert_eq!((usage.cached_tokens, usage.reasoning_tokens), (5, 2));
+    assert_eq!(reply.model.as_deref(), Some("text-2026-01-01"));
     let mut streamed = Vec::new();
     while let Ok(d) = deltas.try_recv() {
         streamed.push(d);

@@ -132,6 +132,28 @@ pub struct ModelReply {
     pub tool_calls: Vec<ToolCallRequest>,
     pub usage: Option<Usage>,
     pub finish_reason: Option<String>,
+    /// The model that answered, as the endpoint named it (`None`: it did not say).
+    pub model: Option<String>,
+}
+
+/// What one model call used, as the turn's record keeps it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CallUsage {
+    /// The provider kind (`openai`, `script`, …).
+    pub provider: String,
+    /// The model that answered (else the one asked for).
+    pub model: String,
+    pub usage: Usage,
+    /// The endpoint reported nothing: counted with the agent's token counter.
+    pub estimated: bool,
+}
+
+/// Who a context's calls are counted for: the provider and how to count tokens it does not
+/// report.
+#[derive(Clone)]
+struct Meter {
+    provider: String,
+    tokens: crate::tokens::TokenCounter,
 }
 
 /// What a call can use besides its request.
@@ -139,6 +161,8 @@ pub struct CallContext {
     deltas: Option<mpsc::UnboundedSender<String>>,
     arrivals: watch::Receiver<u64>,
     usage: Option<Usage>,
+    meter: Option<Meter>,
+    calls: Vec<CallUsage>,
 }
 
 impl CallContext {
@@ -152,7 +176,19 @@ impl CallContext {
             deltas,
             arrivals,
             usage: None,
+            meter: None,
+            calls: Vec::new(),
         }
+    }
+
+    /// Counts this context's calls as `provider`'s, estimating with `tokens` what the
+    /// endpoint does not report.
+    pub fn metered(mut self, provider: &str, tokens: crate::tokens::TokenCounter) -> Self {
+        self.meter = Some(Meter {
+            provider: provider.to_owned(),
+            tokens,
+        });
+        self
     }
 
     /// A context that streams nowhere and never sees arrivals.
@@ -164,6 +200,8 @@ impl CallContext {
             deltas: None,
             arrivals: rx,
             usage: None,
+            meter: None,
+            calls: Vec::new(),
         }
     }
 
@@ -174,6 +212,8 @@ impl CallContext {
             deltas: None,
             arrivals: self.arrivals.clone(),
             usage: None,
+            meter: None,
+            calls: Vec::new(),
         }
     }
 
@@ -184,19 +224,50 @@ impl CallContext {
             deltas: self.deltas.clone(),
             arrivals: self.arrivals.clone(),
             usage: None,
+            meter: None,
+            calls: Vec::new(),
         }
     }
 
-    /// Adds a call's reported usage to the turn's.
-    pub fn add_usage(&mut self, usage: Option<Usage>) {
-        if let Some(u) = usage {
+    /// Counts one call: its reported usage adds to the turn's; in a metered context it is
+    /// kept as a [`CallUsage`] (estimated from the request and the reply when not reported).
+    pub fn account(&mut self, request: &ModelRequest, reply: &ModelReply) {
+        if let Some(u) = reply.usage {
             self.usage = Some(self.usage.unwrap_or_default().plus(u));
         }
+        let Some(meter) = &self.meter else {
+            return;
+        };
+        let (usage, estimated) = match reply.usage {
+            Some(u) => (u, false),
+            None => {
+                let prompt = request.messages.iter().map(|m| meter.tokens.count(m)).sum();
+                let mut answer = Message::new(Role::Assistant, reply.text.clone());
+                answer.tool_calls = reply.tool_calls.clone();
+                let usage = Usage {
+                    prompt_tokens: prompt,
+                    completion_tokens: meter.tokens.count(&answer),
+                    ..Default::default()
+                };
+                (usage, true)
+            }
+        };
+        self.calls.push(CallUsage {
+            provider: meter.provider.clone(),
+            model: reply.model.clone().unwrap_or_else(|| request.model.clone()),
+            usage,
+            estimated,
+        });
     }
 
     /// The usage the turn's calls reported so far (`None`: none reported any).
     pub fn usage(&self) -> Option<Usage> {
         self.usage
+    }
+
+    /// Every call counted in this context, in order (metered contexts only).
+    pub fn calls(&self) -> &[CallUsage] {
+        &self.calls
     }
 
     /// Publishes a streamed text delta (advisory; the durable reply is in the turn log).
@@ -266,4 +337,66 @@ pub trait ModelProvider: Send + Sync + 'static {
         request: &ModelRequest,
         cx: &mut CallContext,
     ) -> Result<ModelReply, ModelError>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request() -> ModelRequest {
+        ModelRequest {
+            model: "asked-for".into(),
+            messages: vec![
+                Message::new(Role::System, "x".repeat(40)),
+                Message::new(Role::User, "y".repeat(80)),
+            ],
+            tools: Vec::new(),
+            turn_start: 1,
+            closing: false,
+            compaction: false,
+            max_tokens: None,
+            tool_choice: ToolChoice::Auto,
+            temperature: None,
+        }
+    }
+
+    #[test]
+    fn a_metered_context_keeps_each_call_reported_or_estimated() {
+        let mut cx = CallContext::detached().metered("openai", Default::default());
+        let reported = ModelReply {
+            text: "hi".into(),
+            usage: Some(Usage {
+                prompt_tokens: 30,
+                completion_tokens: 4,
+                cached_tokens: 10,
+                reasoning_tokens: 2,
+            }),
+            model: Some("served-model".into()),
+            ..Default::default()
+        };
+        cx.account(&request(), &reported);
+        // No usage reported: the estimate (4 bytes a token plus 4 a message), the asked model.
+        let silent = ModelReply {
+            text: "z".repeat(20),
+            ..Default::default()
+        };
+        cx.account(&request(), &silent);
+        let calls = cx.calls();
+        assert_eq!(calls.len(), 2);
+        assert_eq!(
+            (calls[0].model.as_str(), calls[0].estimated, calls[0].usage),
+            ("served-model", false, reported.usage.unwrap())
+        );
+        assert_eq!(calls[1].model, "asked-for");
+        assert!(calls[1].estimated);
+        assert_eq!(calls[1].usage.prompt_tokens, (10 + 4) + (20 + 4));
+        assert_eq!(calls[1].usage.completion_tokens, 5 + 4);
+        // The turn log's sum holds reported usage only.
+        assert_eq!(cx.usage(), reported.usage);
+        // An unmetered context keeps no calls.
+        let mut plain = CallContext::detached();
+        plain.account(&request(), &reported);
+        assert!(plain.calls().is_empty());
+        assert_eq!(plain.usage(), reported.usage);
+    }
 }

@@ -358,7 +358,8 @@ impl OpenAi {
         })?;
         // The same assembly as a stream of one chunk.
         let mut assembly = Assembly {
-            usage: whole.usage,
+            usage: whole.usage.map(Usage::from),
+            model: whole.model.filter(|m| !m.is_empty()),
             ..Assembly::default()
         };
         for choice in whole.choices {
@@ -383,6 +384,7 @@ impl OpenAi {
                         finish_reason: choice.finish_reason,
                     }],
                     usage: None,
+                    model: None,
                 },
                 cx,
             );
@@ -399,7 +401,45 @@ struct Whole {
     #[serde(default, deserialize_with = "null_as_empty")]
     choices: Vec<WholeChoice>,
     #[serde(default)]
-    usage: Option<Usage>,
+    usage: Option<WireUsage>,
+    #[serde(default)]
+    model: Option<String>,
+}
+
+/// `usage` as the protocol nests it (cached and reasoning counts in their `…_details`).
+#[derive(Deserialize)]
+struct WireUsage {
+    #[serde(default)]
+    prompt_tokens: u64,
+    #[serde(default)]
+    completion_tokens: u64,
+    #[serde(default, deserialize_with = "null_as_default")]
+    prompt_tokens_details: PromptDetails,
+    #[serde(default, deserialize_with = "null_as_default")]
+    completion_tokens_details: CompletionDetails,
+}
+
+#[derive(Deserialize, Default)]
+struct PromptDetails {
+    #[serde(default)]
+    cached_tokens: Option<u64>,
+}
+
+#[derive(Deserialize, Default)]
+struct CompletionDetails {
+    #[serde(default)]
+    reasoning_tokens: Option<u64>,
+}
+
+impl From<WireUsage> for Usage {
+    fn from(w: WireUsage) -> Usage {
+        Usage {
+            prompt_tokens: w.prompt_tokens,
+            completion_tokens: w.completion_tokens,
+            cached_tokens: w.prompt_tokens_details.cached_tokens.unwrap_or(0),
+            reasoning_tokens: w.completion_tokens_details.reasoning_tokens.unwrap_or(0),
+        }
+    }
 }
 
 #[derive(Deserialize)]
@@ -431,7 +471,9 @@ struct Chunk {
     #[serde(default, deserialize_with = "null_as_empty")]
     choices: Vec<Choice>,
     #[serde(default)]
-    usage: Option<Usage>,
+    usage: Option<WireUsage>,
+    #[serde(default)]
+    model: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -497,12 +539,16 @@ struct Assembly {
     calls: BTreeMap<usize, (String, String, String)>,
     usage: Option<Usage>,
     finish_reason: Option<String>,
+    model: Option<String>,
 }
 
 impl Assembly {
     fn add(&mut self, chunk: Chunk, cx: &CallContext) {
-        if chunk.usage.is_some() {
-            self.usage = chunk.usage;
+        if let Some(usage) = chunk.usage {
+            self.usage = Some(usage.into());
+        }
+        if let Some(model) = chunk.model.filter(|m| !m.is_empty()) {
+            self.model.get_or_insert(model);
         }
         for choice in chunk.choices {
             if let Some(text) = choice.delta.content {
@@ -567,6 +613,7 @@ impl Assembly {
             tool_calls,
             usage: self.usage,
             finish_reason: self.finish_reason,
+            model: self.model,
         })
     }
 }

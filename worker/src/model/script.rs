@@ -188,6 +188,7 @@ impl ModelProvider for ScriptModel {
             text,
             tool_calls,
             usage: None,
+            model: None,
             finish_reason: Some("stop".into()),
         })
     }

@@ -269,7 +269,7 @@ impl Driver<'_, '_> {
                     reply = self.run.model.complete(&request, &mut call_cx) => reply,
                 };
                 let reply = reply?;
-                cx.add_usage(reply.usage);
+                cx.account(&request, &reply);
                 if say {
                     self.said.push_str(&reply.text);
                 }

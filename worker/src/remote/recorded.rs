@@ -119,6 +119,7 @@ impl RecordedModel {
                             text,
                             tool_calls,
                             usage,
+                            model: None,
                             finish_reason: None,
                         }),
                         _ => None,

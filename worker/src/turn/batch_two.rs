@@ -73,7 +73,7 @@ pub(super) async fn finish_turn(
         env,
         turn,
         attempt,
-        app,
+        app: app.clone(),
         agent: agent.clone(),
         spec,
         identity,
@@ -83,6 +83,7 @@ pub(super) async fn finish_turn(
         head: Mutex::new(head),
         blocks: Mutex::new(blocks),
         usage: Mutex::new(None),
+        calls: Mutex::new(Vec::new()),
         exchange: Mutex::new(None),
         timeline: Mutex::new(None),
         app_agents,
@@ -96,9 +97,30 @@ pub(super) async fn finish_turn(
         watch,
         deltas: delta_tx,
     };
-    let result = match &route {
-        Ok(route) => route.callbacks.on_reactive_event(&ctx).await,
-        Err(why) => Err(Error::route(why.clone())),
+    // A spent budget refuses the turn before it calls anything: its inputs are taken, the
+    // reason recorded, nothing run.
+    let refused = match turnpike_router::usage::check_budgets(
+        env.bus.as_ref(),
+        &env.config.budgets,
+        env.record.prefix().tenant(),
+        &app,
+    )
+    .await
+    {
+        Ok(refused) => refused,
+        // Unknown spend is not spend: a ledger that cannot be read does not stop turns.
+        Err(e) => {
+            warn!(%conversation, %turn, error = %e, "could not read the usage ledger; budgets not checked");
+            None
+        }
+    };
+    let result = match (&route, refused) {
+        (_, Some(why)) => {
+            crate::metrics::budget_refusal();
+            Err(Error::refused(why))
+        }
+        (Ok(route), None) => route.callbacks.on_reactive_event(&ctx).await,
+        (Err(why), None) => Err(Error::route(why.clone())),
     };
     let (outcome, mut failure) = match result {
         Ok(outcome) => (outcome, None),
@@ -144,10 +166,12 @@ pub(super) async fn finish_turn(
         identity,
         hosted,
         usage,
+        calls,
         exchange,
         ..
     } = ctx;
     let turn_usage = usage.into_inner().expect("usage lock");
+    let calls = calls.into_inner().expect("calls lock");
     let exchange = exchange.into_inner().expect("exchange lock");
     let hosted = hosted.into_inner();
     let intents = intents.into_inner().expect("intents lock");
@@ -209,6 +233,9 @@ pub(super) async fn finish_turn(
             .await?;
         snapshot = Some(after);
     }
+    // What the model calls used, whatever became of the turn: they were made.
+    let usage = crate::usage::entries(turn, &calls, env.config.prices.as_deref());
+    bodies.extend(usage.iter().cloned());
     match (outcome, failure) {
         (_, Some(message)) => bodies.push(EntryBody::Error(ErrorEntry {
             turn: Some(turn),
@@ -238,6 +265,7 @@ pub(super) async fn finish_turn(
     env.config.failpoints.hit("before-batch-two", &place).await;
     let head = env.append(&head, &bodies).await?;
     info!(%conversation, %turn, ?outcome, "turn complete");
+    count_usage(env, &app, &usage).await;
     env.config.failpoints.hit("before-promotion", &place).await;
     // Committed: this attempt's objects become the turn's. Should this fail (or the worker
     // die first), the mark stays and whoever next owns the conversation finishes it.
@@ -251,6 +279,30 @@ pub(super) async fn finish_turn(
         queue.push(conversation);
     }
     Ok(head)
+}
+
+/// Adds a committed turn's usage to the ledger's counters (its tenant's, its app's in the
+/// tenant), today. After the commit and only then: a turn is never counted twice; an owner
+/// that dies here leaves it out (see [`turnpike_router::usage`]).
+async fn count_usage(env: &TurnEnv, app: &turnpike_schemas::AppId, usage: &[EntryBody]) {
+    if usage.is_empty() {
+        return;
+    }
+    let mut totals = crate::usage::totals(usage.iter().filter_map(|b| match b {
+        EntryBody::Usage(u) => Some(u),
+        _ => None,
+    }));
+    totals.turns = 1;
+    let tenant = env.record.prefix().tenant().clone();
+    let day = turnpike_router::usage::Day::today();
+    for scope in [
+        turnpike_router::usage::UsageScope::Tenant(tenant.clone()),
+        turnpike_router::usage::UsageScope::App(tenant, app.clone()),
+    ] {
+        if let Err(e) = env.bus.add_usage(&scope, day, &totals).await {
+            warn!(conversation = %env.record.prefix().conversation(), error = %e, "could not add the turn's usage to the ledger");
+        }
+    }
 }
 
 /// Commits the workspace over the version the turn started from; returns the turn's version

@@ -37,6 +37,8 @@ pub struct TurnContext<'a> {
     pub(super) blocks: Mutex<Vec<Block>>,
     /// The tokens the turn's model calls reported.
     pub(super) usage: Mutex<Option<turnpike_schemas::turnlog::Usage>>,
+    /// Each model call of the turn, for its `usage` entries.
+    pub(super) calls: Mutex<Vec<crate::model::CallUsage>>,
     /// A remote app's exchange, for the turn log.
     pub(super) exchange: Mutex<Option<turnpike_schemas::turnlog::Exchange>>,
     /// The timeline the turn was built on, once asked for; the snapshot after the turn extends it.
@@ -134,8 +136,9 @@ impl TurnContext<'_> {
     }
 
     /// The tokens the turn's model calls used, as their endpoints reported them.
-    pub fn set_usage(&self, usage: Option<turnpike_schemas::turnlog::Usage>) {
-        *self.usage.lock().expect("usage lock") = usage;
+    pub fn set_usage(&self, cx: &crate::model::CallContext) {
+        *self.usage.lock().expect("usage lock") = cx.usage();
+        *self.calls.lock().expect("calls lock") = cx.calls().to_vec();
     }
 
     /// Replaces the turn's blocks (an agent loop that kept its own).
