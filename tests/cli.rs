@@ -258,14 +258,15 @@ fn verify_passes_on_a_good_record_and_fails_on_a_tampered_one() {
         "{transcript}"
     );
 
-    // Batch 3 is turn 2's batch one: its user message sits at position 2 + 6 = 8.
+    // Batch 3 is turn 2's batch one: its user message sits at position 2 + 7 = 9 (turn 1 is
+    // its message and dispatch, then its reply, its model call's usage and its completion).
     edit(&cli.batch_path(&conv, 3), "again", "AGAIN");
     let bad = cli.run(&["conversation", "verify", &conv, "--actor", ACTOR]);
     assert_eq!(bad.status.code(), Some(1), "{}", text(&bad));
     let stdout = String::from_utf8_lossy(&bad.stdout);
     assert!(
         stdout.contains("FAILED")
-            && stdout.contains("position 8 (batch 3)")
+            && stdout.contains("position 9 (batch 3)")
             && stdout.contains("edited"),
         "{stdout}"
     );
@@ -274,7 +275,7 @@ fn verify_passes_on_a_good_record_and_fails_on_a_tampered_one() {
     let repair = cli.run(&["conversation", "repair", &conv, "--actor", ACTOR]);
     assert_eq!(repair.status.code(), Some(0), "{}", text(&repair));
     assert!(
-        String::from_utf8_lossy(&repair.stdout).contains("removed entry 8 of batch 3"),
+        String::from_utf8_lossy(&repair.stdout).contains("removed entry 9 of batch 3"),
         "{}",
         text(&repair)
     );
@@ -341,9 +342,10 @@ fn incremental_verify_checks_only_new_entries() {
         "--incremental",
     ]);
     assert_eq!(inc.status.code(), Some(0), "{}", text(&inc));
-    // Turn 2 adds two batches of 2 entries and a signed root each.
+    // Turn 2 adds two batches: its message and dispatch, then its reply, its usage and its
+    // completion, each with a signed root.
     assert!(
-        String::from_utf8_lossy(&inc.stdout).contains("6 entries in 2 batches checked"),
+        String::from_utf8_lossy(&inc.stdout).contains("7 entries in 2 batches checked"),
         "{}",
         text(&inc)
     );
