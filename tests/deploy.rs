@@ -296,6 +296,14 @@ fn the_chart_renders_valid_objects_with_probes_drain_budgets_and_scaling_for_eac
                 ["seccompProfile"]["type"],
             "RuntimeDefault"
         );
+        // An unmasked /proc for the cells' own procfs, only with user namespaces for the pod.
+        let worker_container = &pod["containers"][0]["securityContext"];
+        if setting(&["cell", "unmaskedProc"]) == true {
+            assert_eq!(worker_container["procMount"], "Unmasked", "{shown}");
+            assert_eq!(pod["hostUsers"], false, "{shown}");
+        } else {
+            assert!(worker_container.get("procMount").is_none(), "{shown}");
+        }
         if let Some(sa) = find(&objects, "ServiceAccount", "") {
             assert_eq!(sa["automountServiceAccountToken"], false);
         }
