@@ -752,6 +752,29 @@ pub enum BenchCommand {
         #[arg(long)]
         metrics: bool,
     },
+    /// A fleet on this machine (nats-server, routers and worker processes) driven through the
+    /// API with a model that takes a fixed time: turns/s and schedule-to-start for each worker
+    /// count, and the scaling over the first.
+    Fleet {
+        /// Router processes.
+        #[arg(long, default_value_t = 2)]
+        routers: usize,
+        /// Worker process counts to measure, comma-separated.
+        #[arg(long, value_delimiter = ',', default_value = "1,2,4")]
+        workers: Vec<usize>,
+        /// Turn slots per worker.
+        #[arg(long, default_value_t = 4)]
+        slots: usize,
+        /// The scripted model's time per call, in milliseconds.
+        #[arg(long, default_value_t = 250)]
+        model_delay_ms: u64,
+        /// Turns each conversation runs.
+        #[arg(long, default_value_t = 8)]
+        turns: usize,
+        /// The nats-server binary.
+        #[arg(long, default_value = "nats-server")]
+        nats_server: PathBuf,
+    },
     /// What Turnpike adds to a real model: time to first token straight from the server and
     /// through the API, and a tool-using turn's time beside its model calls' time.
     Model {

@@ -11,6 +11,7 @@
 //! - [`lanes`]: accept → turn start and turns per second, embedded and on JetStream
 //! - [`erase`]: deleting conversations from every store, and the sweep with nothing due
 //! - [`edge`]: the HTTP/WebSocket edge over a stack the caller starts
+//! - [`fleet`]: routers and workers as processes on NATS, through the API: scaling with W
 //! - [`cell`]: the cell's overhead over bare Python
 //! - [`model`]: what Turnpike adds to a real model's first token and to a tool-using turn
 //! - [`remote`]: what a remote app adds to a turn, and the cost of one streamed action
@@ -52,6 +53,7 @@ pub fn bench_store(
 pub mod context;
 pub mod edge;
 pub mod erase;
+pub mod fleet;
 pub mod git;
 pub mod lanes;
 pub mod model;

@@ -79,9 +79,11 @@ pub struct UsageQuery {
     /// One app (default: every app of the tenant).
     #[param(pattern = "^[a-z0-9][a-z0-9_-]{0,62}$")]
     pub app: Option<String>,
-    /// The first UTC day, `YYYY-MM-DD` (default: today; at most 92 days back).
+    /// The first UTC day, `YYYY-MM-DD` (default: today; at most 92 days before `until`).
+    #[param(pattern = "^[0-9]{4}-[0-9]{2}-[0-9]{2}$")]
     pub since: Option<String>,
     /// The last UTC day, `YYYY-MM-DD` (default: today).
+    #[param(pattern = "^[0-9]{4}-[0-9]{2}-[0-9]{2}$")]
     pub until: Option<String>,
 }
 

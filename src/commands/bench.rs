@@ -187,6 +187,30 @@ pub async fn run(global: &Global, command: BenchCommand) -> Result<ExitCode> {
             app.abort();
             code
         }
+        BenchCommand::Fleet {
+            routers,
+            workers,
+            slots,
+            model_delay_ms,
+            turns,
+            nats_server,
+        } => {
+            let nats_server = if nats_server.components().count() == 1 {
+                which(&nats_server).unwrap_or(nats_server)
+            } else {
+                nats_server
+            };
+            turnpike_bench::fleet::run(turnpike_bench::fleet::Plan {
+                binary: std::env::current_exe()?,
+                nats_server,
+                routers,
+                workers,
+                slots: slots.max(1),
+                model_delay: Duration::from_millis(model_delay_ms),
+                turns: turns.max(1),
+            })
+            .await
+        }
         BenchCommand::Lanes {
             nats,
             conversations,
@@ -257,4 +281,13 @@ async fn edge_stack(global: &Global, data_dir: PathBuf) -> Result<EdgeStack> {
         workers: pool,
         server,
     })
+}
+
+/// `name` on the PATH, if it is there.
+fn which(name: &std::path::Path) -> Option<PathBuf> {
+    std::env::var_os("PATH")?
+        .to_str()?
+        .split(':')
+        .map(|dir| std::path::Path::new(dir).join(name))
+        .find(|p| p.is_file())
 }

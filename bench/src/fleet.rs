@@ -1,0 +1,367 @@
+//! `turnpike bench fleet`: a fleet of processes on this machine — a nats-server, R routers and W
+//! workers (separate `turnpike` processes sharing a file store) — driven through the HTTP API
+//! by closed-loop clients, with a scripted model that takes a fixed time per call, so the
+//! model's time, not this machine's cores, is what bounds a worker. For W = 1, 2, 4, …: turns
+//! per second and schedule-to-start (the edge's accept → the turn's dispatch, read from each
+//! record), and the scaling efficiency as a ratio of W = 1's throughput.
+//!
+//! The load: twice as many conversations as the fleet has turn slots, each sending its next
+//! message once its previous turn completed (seen through the conversation's WebSocket and its
+//! rows), so the workers are never idle and queues stay bounded. Schedule-to-start therefore
+//! includes the wait for a free slot: at twice the capacity, about one model call.
+
+use std::io::BufRead as _;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitCode, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context as _, Result};
+use serde_json::{json, Value};
+use turnpike_edge::client::{Client, Cursor};
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    /// The `turnpike` binary to start routers and workers from.
+    pub binary: PathBuf,
+    /// The `nats-server` binary.
+    pub nats_server: PathBuf,
+    pub routers: usize,
+    /// Worker counts to measure, in order (the first is the baseline of the efficiency).
+    pub workers: Vec<usize>,
+    /// Turn slots per worker.
+    pub slots: usize,
+    /// The scripted model's time per call.
+    pub model_delay: Duration,
+    /// Turns each conversation runs per measurement.
+    pub turns: usize,
+}
+
+/// A child process killed when dropped.
+struct Proc {
+    child: Child,
+    name: String,
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Starts `program` and waits until a line of its stderr contains `ready` (the rest of its
+/// output is drained in the background).
+fn start(name: &str, program: &Path, args: &[String], ready: &str) -> Result<Proc> {
+    let mut child = Command::new(program)
+        .args(args)
+        .env("RUST_LOG", "warn")
+        .env("TURNPIKE_EMBEDDING_MODEL", "/nonexistent")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .with_context(|| format!("starting {name} ({})", program.display()))?;
+    let stderr = child.stderr.take().expect("piped");
+    let (tx, rx) = std::sync::mpsc::channel();
+    let needle = ready.to_owned();
+    std::thread::spawn(move || {
+        let mut said = Vec::new();
+        let mut sent = false;
+        for line in std::io::BufReader::new(stderr).lines() {
+            let Ok(line) = line else { break };
+            if !sent {
+                if line.contains(&needle) {
+                    let _ = tx.send(Ok(()));
+                    sent = true;
+                } else {
+                    said.push(line);
+                }
+            }
+        }
+        if !sent {
+            let _ = tx.send(Err(said.join("\n")));
+        }
+    });
+    let proc = Proc {
+        child,
+        name: name.to_owned(),
+    };
+    match rx.recv_timeout(Duration::from_secs(60)) {
+        Ok(Ok(())) => Ok(proc),
+        Ok(Err(said)) => bail!("{} exited before it was ready:\n{said}", proc.name),
+        Err(_) => bail!("{} was not ready within 60 s", proc.name),
+    }
+}
+
+fn free_port() -> Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+/// The app every turn runs: one scripted call that takes `delay`.
+fn write_app(dir: &Path, delay: Duration) -> Result<()> {
+    std::fs::write(
+        dir.join("fleet.toml"),
+        "app = \"fleet\"\n\n[agents.model]\nprovider = \"script\"\nscript = \"model.script.toml\"\n",
+    )?;
+    std::fs::write(
+        dir.join("model.script.toml"),
+        format!(
+            "[[turn]]\n[[turn.step]]\ntext = \"done: {{last_user}}\"\ndelay_ms = {}\n",
+            delay.as_millis()
+        ),
+    )?;
+    Ok(())
+}
+
+/// One measurement's result.
+struct Measured {
+    workers: usize,
+    turns: usize,
+    per_second: f64,
+    s2s_p50_ms: f64,
+    s2s_p99_ms: f64,
+}
+
+/// `turnpike bench fleet`.
+pub async fn run(plan: Plan) -> Result<ExitCode> {
+    if plan.workers.is_empty() || plan.routers == 0 {
+        bail!("at least one router and one worker count");
+    }
+    println!(
+        "fleet on this machine: nats-server, {} router(s), W worker processes × {} slots; a scripted model taking {} ms per call; {} turns per conversation, 2 × W × slots conversations in a closed loop",
+        plan.routers,
+        plan.slots,
+        plan.model_delay.as_millis(),
+        plan.turns
+    );
+    let mut results: Vec<Measured> = Vec::new();
+    for &w in &plan.workers {
+        let m = measure(&plan, w).await?;
+        let ideal = (w * plan.slots) as f64 / plan.model_delay.as_secs_f64();
+        let efficiency = results
+            .first()
+            .map(|base| m.per_second / (base.per_second * w as f64 / base.workers as f64));
+        println!(
+            "W = {w}: {:.1} turns/s ({} turns; {:.0}% of the model-bound ceiling {ideal:.1}/s); schedule-to-start p50 {:.1} ms, p99 {:.1} ms{}",
+            m.per_second,
+            m.turns,
+            100.0 * m.per_second / ideal,
+            m.s2s_p50_ms,
+            m.s2s_p99_ms,
+            match (results.first(), efficiency) {
+                (Some(base), Some(e)) => format!(
+                    "; ×{:.2} W = {} (scaling efficiency {:.0}%)",
+                    m.per_second / base.per_second,
+                    base.workers,
+                    100.0 * e
+                ),
+                _ => String::new(),
+            }
+        );
+        results.push(m);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn measure(plan: &Plan, workers: usize) -> Result<Measured> {
+    let dir = tempfile::tempdir()?;
+    let apps = dir.path().join("apps");
+    std::fs::create_dir_all(&apps)?;
+    write_app(&apps, plan.model_delay)?;
+    let tokens = dir.path().join("tokens.toml");
+    std::fs::write(
+        &tokens,
+        "[[tokens]]\ntoken = \"bench\"\nidentity = \"local:bench\"\n",
+    )?;
+    let key = dir.path().join("signing.key");
+    std::fs::write(&key, hex::encode(rand_seed()))?;
+    let store = dir.path().join("store");
+    std::fs::create_dir_all(&store)?;
+    let nats_port = free_port()?;
+    let _nats = start(
+        "nats-server",
+        &plan.nats_server,
+        &[
+            "-js".into(),
+            "-a".into(),
+            "127.0.0.1".into(),
+            "-p".into(),
+            nats_port.to_string(),
+            "-sd".into(),
+            dir.path().join("nats").display().to_string(),
+        ],
+        "Server is ready",
+    )?;
+    let common = |data: &str| -> Vec<String> {
+        vec![
+            "--data-dir".into(),
+            dir.path().join(data).display().to_string(),
+            "--store".into(),
+            format!("file://{}", store.display()),
+            "--signing-key".into(),
+            key.display().to_string(),
+            "--nats-url".into(),
+            format!("nats://127.0.0.1:{nats_port}"),
+            "--apps".into(),
+            apps.display().to_string(),
+            "--admin-listen".into(),
+            "off".into(),
+        ]
+    };
+    let mut procs = Vec::new();
+    let mut urls = Vec::new();
+    for r in 0..plan.routers {
+        let port = free_port()?;
+        let mut args = common(&format!("router-{r}"));
+        args.extend([
+            "router".into(),
+            "--listen".into(),
+            format!("127.0.0.1:{port}"),
+            "--tokens".into(),
+            tokens.display().to_string(),
+            "--rate-per-second".into(),
+            "0".into(),
+        ]);
+        procs.push(start(
+            &format!("router {r}"),
+            &plan.binary,
+            &args,
+            "API listening on",
+        )?);
+        urls.push(format!("http://127.0.0.1:{port}"));
+    }
+    for k in 0..workers {
+        let mut args = common(&format!("worker-{k}"));
+        args.extend(["worker".into(), "--slots".into(), plan.slots.to_string()]);
+        procs.push(start(&format!("worker {k}"), &plan.binary, &args, "ready")?);
+    }
+    let clients: Vec<Client> = urls.iter().map(|u| Client::new(u, "bench")).collect();
+    let conversations = 2 * workers * plan.slots;
+    let mut ids = Vec::new();
+    for i in 0..conversations {
+        let client = &clients[i % clients.len()];
+        let made = client
+            .post(
+                "/v1/conversations",
+                &json!({"app": "fleet", "agent": "model"}),
+            )
+            .await
+            .map_err(anyhow::Error::msg)?
+            .into_ok()
+            .map_err(anyhow::Error::msg)?;
+        ids.push(made["id"].as_str().unwrap_or_default().to_owned());
+    }
+    let started = Instant::now();
+    let tasks: Vec<_> = ids
+        .iter()
+        .enumerate()
+        .map(|(i, id)| {
+            let client = clients[i % clients.len()].clone();
+            let (id, turns) = (id.clone(), plan.turns);
+            tokio::spawn(async move { drive(client, id, turns).await })
+        })
+        .collect();
+    let mut s2s = Vec::new();
+    for t in tasks {
+        s2s.extend(t.await??);
+    }
+    let took = started.elapsed();
+    drop(procs);
+    let turns = s2s.len();
+    Ok(Measured {
+        workers,
+        turns,
+        per_second: turns as f64 / took.as_secs_f64(),
+        s2s_p50_ms: crate::series::percentile_ms(&mut s2s, 0.5),
+        s2s_p99_ms: crate::series::percentile_ms(&mut s2s, 0.99),
+    })
+}
+
+/// Runs `turns` turns in one conversation, each message sent once the previous turn completed;
+/// returns each turn's schedule-to-start from the record.
+async fn drive(client: Client, id: String, turns: usize) -> Result<Vec<Duration>> {
+    let mut stream = client.stream(&id).await.map_err(anyhow::Error::msg)?;
+    let mut cursor = Cursor::new(&id);
+    let mut rows: Vec<Value> = Vec::new();
+    for n in 1..=turns {
+        let sent = client
+            .send(
+                reqwest::Method::POST,
+                &format!("/v1/conversations/{id}/messages"),
+                Some(&json!({"text": format!("turn {n}")})),
+                Some(&format!("bench-{n}")),
+            )
+            .await
+            .map_err(anyhow::Error::msg)?;
+        if sent.status != 202 {
+            bail!("{id}: message {n}: {} {}", sent.status, sent.body);
+        }
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            rows.extend(cursor.read(&client).await.map_err(anyhow::Error::msg)?);
+            let complete = rows.iter().filter(|r| r["kind"] == "turn_complete").count();
+            if complete >= n {
+                break;
+            }
+            if Instant::now() > deadline {
+                bail!("{id}: turn {n} did not complete within 120 s");
+            }
+            // A "new rows" frame, or a look anyway after a second (frames are advisory).
+            let _ = stream.next_within(Duration::from_secs(1)).await;
+        }
+    }
+    stream.close().await;
+    schedule_to_start(&rows)
+        .ok_or_else(|| anyhow!("{id}: the rows do not pair messages and dispatches"))
+}
+
+/// Each turn's accept → dispatch: the message's `accepted_at_ms` to its `turn_dispatched`.
+fn schedule_to_start(rows: &[Value]) -> Option<Vec<Duration>> {
+    let mut accepted = None;
+    let mut out = Vec::new();
+    for row in rows {
+        match row["kind"].as_str()? {
+            "user_message" => {
+                accepted = accepted.or(row["data"]["event"]["accepted_at_ms"].as_u64());
+            }
+            "turn_dispatched" => {
+                let at = row["data"]["at_ms"].as_u64()?;
+                out.push(Duration::from_millis(at.saturating_sub(accepted.take()?)));
+            }
+            _ => {}
+        }
+    }
+    Some(out)
+}
+
+fn rand_seed() -> [u8; 32] {
+    let mut seed = [0u8; 32];
+    seed[..16].copy_from_slice(&ulid::Ulid::new().0.to_le_bytes());
+    seed[16..].copy_from_slice(&ulid::Ulid::new().0.to_le_bytes());
+    seed
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn schedule_to_start_pairs_each_dispatch_with_its_first_message() {
+        let rows = vec![
+            json!({"kind": "conversation_opened", "data": {}}),
+            json!({"kind": "user_message", "data": {"event": {"accepted_at_ms": 1000}}}),
+            json!({"kind": "turn_dispatched", "data": {"at_ms": 1040}}),
+            json!({"kind": "turn_complete", "data": {}}),
+            json!({"kind": "user_message", "data": {"event": {"accepted_at_ms": 2000}}}),
+            json!({"kind": "user_message", "data": {"event": {"accepted_at_ms": 2005}}}),
+            json!({"kind": "turn_dispatched", "data": {"at_ms": 2300}}),
+        ];
+        assert_eq!(
+            schedule_to_start(&rows).unwrap(),
+            [Duration::from_millis(40), Duration::from_millis(300)]
+        );
+    }
+}
