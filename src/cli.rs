@@ -171,6 +171,11 @@ pub struct Global {
     #[arg(long, global = true, env = "TURNPIKE_APPS")]
     pub apps: Option<PathBuf>,
 
+    /// Send traces (one per turn, from the edge's accept to the worker's model, tool and cell
+    /// spans) to this OpenTelemetry collector over OTLP/HTTP, e.g. `http://otel:4318`.
+    #[arg(long, global = true, env = "OTEL_EXPORTER_OTLP_ENDPOINT")]
+    pub otlp_endpoint: Option<String>,
+
     /// Log format.
     #[arg(long, global = true, env = "TURNPIKE_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,

@@ -5,6 +5,7 @@ mod commands;
 mod config;
 mod env;
 mod logging;
+mod telemetry;
 
 use std::process::ExitCode;
 
@@ -34,10 +35,6 @@ fn main() -> ExitCode {
     let cli = cli::Cli::parse_from(argv);
     // TLS (NATS, S3, model and embedding endpoints) uses one crypto provider, chosen here.
     let _ = rustls::crypto::ring::default_provider().install_default();
-    if let Err(e) = logging::init(&cli.global) {
-        eprintln!("error: {e:#}");
-        return ExitCode::from(2);
-    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -45,6 +42,13 @@ fn main() -> ExitCode {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let _logging = match logging::init(&cli.global, runtime.handle()) {
+        Ok(guard) => guard,
+        Err(e) => {
+            eprintln!("error: {e:#}");
             return ExitCode::from(2);
         }
     };

@@ -345,6 +345,23 @@ macro_rules! bus_suite {
             }
 
             #[tokio::test]
+            async fn a_trace_context_travels_beside_the_event_and_never_in_it() {
+                let b = super::$backend().await;
+                let conv = ConversationId::new();
+                let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+                let mut traced = event(conv, "traced");
+                traced.traceparent = Some(tp.into());
+                b.bus.publish(&traced).await.unwrap();
+                b.bus.publish(&event(conv, "plain")).await.unwrap();
+                let lane = b.bus.read_lane(conv, 0, None, 10).await.unwrap();
+                assert_eq!(lane[0].event.traceparent.as_deref(), Some(tp));
+                assert_eq!(lane[1].event.traceparent, None);
+                // The event's bytes (what a record keeps) do not hold it.
+                let bytes = serde_json::to_string(&lane[0].event).unwrap();
+                assert!(!bytes.contains("4bf92f3577b34da6"), "{bytes}");
+            }
+
+            #[tokio::test]
             async fn concurrent_claims_have_one_winner() {
                 let b = super::$backend().await;
                 let conv = ConversationId::new();

@@ -28,7 +28,20 @@ impl Edge {
         body: EventBody,
     ) -> ApiResult<(StatusCode, Json<Accepted>)> {
         let kind = body.kind_name();
-        let result = self.submit_uncounted(caller, id, headers, body).await;
+        // The trace of a turn starts here; the event carries it to the worker.
+        let span = tracing::info_span!(
+            "turnpike.accept",
+            otel.name = %format!("accept {kind}"),
+            otel.kind = "server",
+            turnpike.conversation = %id,
+            turnpike.event = kind,
+        );
+        let result = {
+            use tracing::Instrument as _;
+            self.submit_uncounted(caller, id, headers, body)
+                .instrument(span)
+                .await
+        };
         match &result {
             Ok(_) => metrics::counter!("turnpike_submissions_total", "kind" => kind).increment(1),
             Err(e) => {

@@ -102,7 +102,13 @@ struct Wakes {
     queue: Mutex<Queue>,
     notify: Notify,
     ack_wait: Duration,
+    /// The trace context each lane message was published with (advisory, in memory only:
+    /// bounded, and a restart starts new traces).
+    traces: Mutex<HashMap<(ConversationId, u64), String>>,
 }
+
+/// The most trace contexts remembered; past it the memory starts over.
+const MAX_TRACES: usize = 10_000;
 
 /// The bus in one process, durable on local disk.
 pub struct EmbeddedBus {
@@ -187,6 +193,7 @@ struct PublishRequest {
     tenant: TenantId,
     dedupe: String,
     payload: Vec<u8>,
+    traceparent: Option<String>,
     now_ms: u64,
     window_ms: u64,
     reply: tokio::sync::oneshot::Sender<Result<Published>>,
@@ -212,6 +219,13 @@ fn write_loop(
         match commit_group(&db, &group) {
             Ok(outcomes) => {
                 for (request, published) in group.into_iter().zip(outcomes) {
+                    if let (false, Some(tp)) = (published.duplicate, &request.traceparent) {
+                        let mut traces = wakes.traces.lock().expect("trace memory lock");
+                        if traces.len() >= MAX_TRACES {
+                            traces.clear();
+                        }
+                        traces.insert((request.conversation, published.seq), tp.clone());
+                    }
                     if !published.duplicate {
                         push_wake(
                             &wakes,
@@ -310,6 +324,7 @@ impl EmbeddedBus {
         tenant: TenantId,
         dedupe: String,
         payload: Vec<u8>,
+        traceparent: Option<String>,
     ) -> Result<Published> {
         let (reply, outcome) = tokio::sync::oneshot::channel();
         let request = PublishRequest {
@@ -317,6 +332,7 @@ impl EmbeddedBus {
             tenant,
             dedupe,
             payload,
+            traceparent,
             now_ms: now_ms(),
             window_ms: self.config.duplicate_window.as_millis() as u64,
             reply,
@@ -352,6 +368,7 @@ impl EmbeddedBus {
         txn.commit().map_err(|e| storage("creating tables", e))?;
         let db = Arc::new(db);
         let wakes = Arc::new(Wakes {
+            traces: Mutex::new(HashMap::new()),
             queue: Mutex::new(Queue::default()),
             notify: Notify::new(),
             ack_wait: config.ack_wait,
@@ -499,6 +516,7 @@ impl Bus for EmbeddedBus {
             event.address.tenant.clone(),
             dedupe_id(event),
             serde_json::to_vec(event).expect("events serialise"),
+            event.traceparent.clone(),
         )
         .await
     }
@@ -515,6 +533,7 @@ impl Bus for EmbeddedBus {
             envelope.address.tenant,
             format!("republished:{conversation}:{dedupe}"),
             bytes.to_vec(),
+            None,
         )
         .await
     }
@@ -544,6 +563,12 @@ impl Bus for EmbeddedBus {
                 Ok(message) => out.push(message),
                 Err(_) if !out.is_empty() => break,
                 Err(unreadable) => return Err(Error::unreadable_message(unreadable)),
+            }
+        }
+        let traces = self.wakes.traces.lock().expect("trace memory lock");
+        if !traces.is_empty() {
+            for m in &mut out {
+                m.event.traceparent = traces.get(&(conversation, m.seq)).cloned();
             }
         }
         Ok(out)

@@ -244,6 +244,7 @@ impl Ingress {
         );
         event.idempotency_key = idempotency_key;
         event.directive = self.directive.clone();
+        event.traceparent = crate::trace::current();
         event.validate()?;
         let published = self.bus.publish(&event).await?;
         Ok((event, published))

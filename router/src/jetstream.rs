@@ -632,14 +632,15 @@ impl Bus for JetStreamBus {
     async fn publish(&self, event: &Event) -> Result<Published> {
         let payload = serde_json::to_vec(event).expect("events serialise");
         let subject = self.config.shards.lane_subject(event.address.conversation);
+        let mut message = PublishMessage::build()
+            .payload(payload.into())
+            .message_id(dedupe_id(event));
+        if let Some(tp) = &event.traceparent {
+            message = message.header(crate::trace::TRACEPARENT, tp.as_str());
+        }
         let ack = self
             .js
-            .send_publish(
-                subject,
-                PublishMessage::build()
-                    .payload(payload.into())
-                    .message_id(dedupe_id(event)),
-            )
+            .send_publish(subject, message)
             .await
             .map_err(|e| unavailable("publishing to a lane", e))?
             .await
@@ -697,7 +698,13 @@ impl Bus for JetStreamBus {
                 Err(e) => return Err(unavailable("reading a lane", e)),
             };
             match decode_lane_message(message.sequence, &message.payload) {
-                Ok(m) => out.push(m),
+                Ok(mut m) => {
+                    m.event.traceparent = message
+                        .headers
+                        .get(crate::trace::TRACEPARENT)
+                        .map(|v| v.as_str().to_owned());
+                    out.push(m)
+                }
                 Err(_) if !out.is_empty() => break,
                 Err(unreadable) => return Err(Error::unreadable_message(unreadable)),
             }

@@ -12,6 +12,7 @@
 //! - [`settle`]: what becomes of a wake (ack, nak with a delay, terminate): one pure rule
 //! - [`layout`]: the persisted lane layout (shard count, stream epochs) every process checks
 //! - [`ingress`]: validating, authorising and publishing events
+//! - [`trace`]: the accepting span's trace context, carried beside an event to its turn
 //! - [`usage`]: the usage ledger (per tenant and app, per UTC day) and budgets
 //! - [`error`]: the crate's error type
 
@@ -27,6 +28,7 @@ pub mod layout;
 pub mod lease;
 pub mod settle;
 pub mod subject;
+pub mod trace;
 pub mod usage;
 
 pub use bus::{Bus, LaneMessage, Lease, Published, Wake};

@@ -55,6 +55,10 @@ pub struct Event {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub directive: Option<crate::entry::IngressDirective>,
     pub body: EventBody,
+    /// The W3C `traceparent` of the span that accepted it, carried beside the event (a lane
+    /// message header), never in it: not part of the record, advisory, absent without tracing.
+    #[serde(skip)]
+    pub traceparent: Option<String>,
 }
 
 /// What the event asks for.
@@ -134,6 +138,7 @@ impl Event {
             accepted_at_ms,
             directive: None,
             body,
+            traceparent: None,
         }
     }
 

@@ -340,7 +340,18 @@ impl ToolRunner for LiveTools<'_, '_> {
         } else {
             "unknown"
         };
-        match self.execute(call).await {
+        let span = tracing::info_span!(
+            "gen_ai.execute_tool",
+            otel.name = %format!("execute_tool {tool}"),
+            gen_ai.operation.name = "execute_tool",
+            gen_ai.tool.name = tool,
+            gen_ai.tool.call.id = %call.id,
+        );
+        let executed = {
+            use tracing::Instrument as _;
+            self.execute(call).instrument(span).await
+        };
+        match executed {
             Ok(result) => {
                 crate::metrics::tool_call(tool, if result.0 { "ok" } else { "error" });
                 result
@@ -382,7 +393,42 @@ async fn ask(
     settings: &Settings,
 ) -> std::result::Result<ModelReply, crate::model::ModelError> {
     let started = std::time::Instant::now();
-    let reply = model.complete(request, cx).await;
+    // A model span after OpenTelemetry's GenAI conventions.
+    let span = tracing::info_span!(
+        "gen_ai.chat",
+        otel.name = %format!("chat {}", settings.model),
+        otel.kind = "client",
+        gen_ai.operation.name = "chat",
+        gen_ai.provider.name = %settings.provider,
+        gen_ai.request.model = %settings.model,
+        gen_ai.response.model = tracing::field::Empty,
+        gen_ai.response.finish_reasons = tracing::field::Empty,
+        gen_ai.usage.input_tokens = tracing::field::Empty,
+        gen_ai.usage.output_tokens = tracing::field::Empty,
+        error.type = tracing::field::Empty,
+    );
+    let reply = {
+        use tracing::Instrument as _;
+        model.complete(request, cx).instrument(span.clone()).await
+    };
+    match &reply {
+        Ok(r) => {
+            span.record(
+                "gen_ai.response.model",
+                r.model.as_deref().unwrap_or(&settings.model),
+            );
+            if let Some(reason) = &r.finish_reason {
+                span.record("gen_ai.response.finish_reasons", reason.as_str());
+            }
+            if let Some(u) = r.usage {
+                span.record("gen_ai.usage.input_tokens", u.prompt_tokens);
+                span.record("gen_ai.usage.output_tokens", u.completion_tokens);
+            }
+        }
+        Err(e) => {
+            span.record("error.type", format!("{:?}", e.kind).as_str());
+        }
+    }
     let usage = reply
         .as_ref()
         .ok()

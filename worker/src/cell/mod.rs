@@ -153,7 +153,13 @@ impl Cell {
         code: &str,
     ) -> Result<RunResult, String> {
         let started = Instant::now();
-        let result = self.run_unmetered(workspace, language, code).await;
+        let span = tracing::info_span!("turnpike.cell", otel.name = "cell run", turnpike.cell.language = ?language);
+        let result = {
+            use tracing::Instrument as _;
+            self.run_unmetered(workspace, language, code)
+                .instrument(span)
+                .await
+        };
         let outcome = match &result {
             Ok(r) if r.timed_out => "timed_out",
             Ok(r) if r.exit_code == Some(0) => "ok",

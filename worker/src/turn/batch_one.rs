@@ -1,7 +1,7 @@
 //! Batch one: a new turn's inputs and `turn_dispatched`, committed before anything runs; and
 //! a turn left open by a dead owner, run again under its id as a new attempt.
 
-use tracing::{info, warn};
+use tracing::{info, warn, Instrument as _};
 use turnpike_artifactory::Head;
 use turnpike_router::bus::{now_ms, LaneMessage};
 use turnpike_schemas::entry::{TurnAmbiguous, TurnDispatched};
@@ -54,12 +54,31 @@ pub async fn run_new_turn(
     info!(conversation = %env.record.prefix().conversation(), %turn, worker = %env.worker, "turn dispatched");
     let place = format!("{} {turn}", env.record.prefix().conversation());
     env.config.failpoints.hit("after-batch-one", &place).await;
+    let span = turn_span(env, turn, &agent);
+    // The trace the first input was accepted in goes on through this turn.
+    turnpike_router::trace::continue_from(
+        &span,
+        inputs.first().and_then(|m| m.event.traceparent.as_deref()),
+    );
     let events = inputs.into_iter().map(|m| m.event).collect();
     let directive = bodies.iter().find_map(|b| match b {
         EntryBody::IngressDirective(d) => Some(d.clone()),
         _ => None,
     });
-    finish_turn(env, head, turn, agent, events, directive, new_attempt()).await
+    finish_turn(env, head, turn, agent, events, directive, new_attempt())
+        .instrument(span)
+        .await
+}
+
+/// The span a turn's work runs in (its model calls, tools and cells are its children).
+fn turn_span(env: &TurnEnv, turn: TurnId, agent: &AgentId) -> tracing::Span {
+    tracing::info_span!(
+        "turnpike.turn",
+        otel.name = %format!("turn {turn}"),
+        turnpike.conversation = %env.record.prefix().conversation(),
+        turnpike.turn = %turn,
+        gen_ai.agent.name = %agent,
+    )
 }
 
 /// A fresh attempt id: unique across workers and restarts (the random part of a ULID), so no
@@ -123,5 +142,8 @@ pub async fn recover_turn(
         return env.append(&head, &[body]).await;
     }
     warn!(conversation = %env.record.prefix().conversation(), %turn, epoch = epoch.0, "recovering a turn left open");
-    finish_turn(env, head, turn, agent, events, directive, new_attempt()).await
+    let span = turn_span(env, turn, &agent);
+    finish_turn(env, head, turn, agent, events, directive, new_attempt())
+        .instrument(span)
+        .await
 }
