@@ -537,6 +537,22 @@ pub struct EdgeArgs {
     pub required_approver: Option<Identity>,
 }
 
+impl Command {
+    /// Whether the command serves or talks over the network for long (a server, a benchmark,
+    /// an interactive client) rather than printing a result and ending.
+    pub fn is_long_running(&self) -> bool {
+        matches!(
+            self,
+            Command::Serve(_)
+                | Command::Router(_)
+                | Command::Worker(_)
+                | Command::Bench(_)
+                | Command::Demo(_)
+                | Command::Chat(_)
+        )
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum EventKindArg {
     Message,

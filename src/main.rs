@@ -12,12 +12,6 @@ use std::process::ExitCode;
 use clap::Parser as _;
 
 fn main() -> ExitCode {
-    // A closed pipe (`turnpike … | head`) ends the process quietly, as it does for other tools.
-    #[cfg(unix)]
-    // SAFETY: restoring the default disposition of SIGPIPE before any thread starts.
-    unsafe {
-        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
-    }
     // Started inside a cell as its init: nothing else of the binary runs.
     #[cfg(unix)]
     if let Some(code) = turnpike_cell_init::run_if_invoked() {
@@ -33,6 +27,17 @@ fn main() -> ExitCode {
         }
     };
     let cli = cli::Cli::parse_from(argv);
+    // A closed pipe (`turnpike conversation list | head`) ends a command that prints quietly,
+    // as it does for other tools. Never for the long-running processes: there SIGPIPE would
+    // also come from a socket whose peer went away mid-write (an HTTP client's vectored write
+    // is not spared by MSG_NOSIGNAL), and kill a server that should just see the error.
+    #[cfg(unix)]
+    if !cli.command.is_long_running() {
+        // SAFETY: restoring the default disposition of SIGPIPE before any thread starts.
+        unsafe {
+            libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+        }
+    }
     // TLS (NATS, S3, model and embedding endpoints) uses one crypto provider, chosen here.
     let _ = rustls::crypto::ring::default_provider().install_default();
     let runtime = match tokio::runtime::Builder::new_multi_thread()

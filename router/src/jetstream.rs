@@ -159,6 +159,18 @@ pub struct JetStreamConfig {
     /// How long a delivered wake may go without an ack or progress before redelivery.
     pub ack_wait: Duration,
     pub max_ack_pending: i64,
+    /// The connection's name, as NATS monitoring (`/connz`) shows it.
+    pub name: String,
+    /// Wakes a worker process pulls ahead per shard (and holds in its intake, in all). Wakes
+    /// pulled by a worker whose turn slots are full wait for a redelivery while another worker
+    /// may sit idle: keep this near the process's slots (see `prefetch_for`).
+    pub prefetch: usize,
+}
+
+/// The prefetch that suits a process with `slots` turn slots over `shards` lane streams: about
+/// twice its slots in all, at least one per shard, at most 16 per shard.
+pub fn prefetch_for(slots: usize, shards: u32) -> usize {
+    (2 * slots / shards.max(1) as usize).clamp(1, 16)
 }
 
 impl Default for JetStreamConfig {
@@ -172,6 +184,8 @@ impl Default for JetStreamConfig {
             max_age: Duration::from_secs(7 * 24 * 3600),
             ack_wait: Duration::from_secs(30),
             max_ack_pending: 50_000,
+            name: "turnpike".into(),
+            prefetch: 16,
         }
     }
 }
@@ -236,6 +250,7 @@ impl JetStreamBus {
         let trouble: Arc<std::sync::Mutex<Option<String>>> = Default::default();
         let noted = trouble.clone();
         let options = async_nats::ConnectOptions::new()
+            .name(config.name.clone())
             .connection_timeout(Duration::from_secs(5))
             .retry_on_initial_connect()
             .max_reconnects(None)
@@ -491,10 +506,11 @@ impl JetStreamBus {
 
     /// Starts one feeder per shard, pulling wakes from the shared dispatch consumers.
     async fn start_feeders(&self) -> Mutex<mpsc::Receiver<Wake>> {
-        let (tx, rx) = mpsc::channel(16);
+        let prefetch = self.config.prefetch.max(1);
+        let (tx, rx) = mpsc::channel(prefetch);
         let mut feeders = self.feeders.lock().expect("feeder list lock");
         for stream in &self.streams {
-            feeders.push(tokio::spawn(feed(stream.clone(), tx.clone())));
+            feeders.push(tokio::spawn(feed(stream.clone(), tx.clone(), prefetch)));
         }
         Mutex::new(rx)
     }
@@ -512,7 +528,7 @@ impl Drop for JetStreamBus {
 
 /// Pulls wakes from one shard's dispatch consumer until the receiver is gone, reconnecting
 /// with backoff when NATS is away.
-async fn feed(stream: stream::Stream, tx: mpsc::Sender<Wake>) {
+async fn feed(stream: stream::Stream, tx: mpsc::Sender<Wake>, prefetch: usize) {
     let mut backoff = Duration::from_millis(100);
     loop {
         let consumer: std::result::Result<PullConsumer, _> =
@@ -520,7 +536,7 @@ async fn feed(stream: stream::Stream, tx: mpsc::Sender<Wake>) {
         let messages = match consumer {
             Ok(c) => {
                 c.stream()
-                    .max_messages_per_batch(16)
+                    .max_messages_per_batch(prefetch)
                     .heartbeat(Duration::from_secs(2))
                     .messages()
                     .await
@@ -917,5 +933,20 @@ impl Bus for JetStreamBus {
             self.remember_lease(lease.conversation, revision, value);
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod prefetch_tests {
+    use super::prefetch_for;
+
+    #[test]
+    fn prefetch_follows_the_slots_within_bounds() {
+        assert_eq!(prefetch_for(4, 8), 1);
+        assert_eq!(prefetch_for(32, 8), 8);
+        assert_eq!(prefetch_for(64, 8), 16);
+        assert_eq!(prefetch_for(512, 8), 16);
+        assert_eq!(prefetch_for(1, 1), 2);
+        assert_eq!(prefetch_for(4, 0), 8);
     }
 }

@@ -4,7 +4,9 @@
 //! - A wake is acked only when the record is committed through its sequence with no turn open
 //!   (DESIGN step 2): its event is in a complete turn, or was set aside (`lane_parked`).
 //! - A wake nobody could take now comes back after a delay that grows with its deliveries
-//!   (capped), so a busy fleet is not hammered; one its owner handed over after a clean drain
+//!   (capped), so a busy fleet is not hammered — except one refused only for want of a free turn
+//!   slot here, or one whose owner is between turns (it takes the event itself or lets go
+//!   soon), which come back after one fixed delay; one its owner handed over after a clean drain
 //!   comes back at once; one whose owner failed comes back later.
 //! - A wake nothing could ever mend (its lane belongs to no conversation, or its owner stopped
 //!   on a rule violation it could not set aside) is terminated: never redelivered (a backend
@@ -17,7 +19,11 @@ use std::time::Duration;
 pub enum Settlement {
     /// The record as its reader saw it: committed through `lane_through`, a turn open or not.
     Record { lane_through: u64, turn_open: bool },
-    /// Not taken now: no turn slot, or the lease or the record could not be read.
+    /// This worker's turn slots are all taken: the wake should find a worker with a free one
+    /// soon, so it comes back after one `busy` delay however often it was delivered (a growing
+    /// backoff here left wakes waiting seconds while other workers had free slots).
+    Full,
+    /// Not taken now: the lease or the record could not be read.
     Busy,
     /// Its owner drained the lane cleanly and let go: for whoever comes next, at once.
     Handover,
@@ -47,6 +53,11 @@ pub fn outcome(seq: u64, deliveries: u64, settlement: Settlement, busy: Duration
             lane_through,
             turn_open,
         } if seq <= lane_through && !turn_open => Outcome::Ack,
+        // Its owner is between turns: it takes this event itself or lets go very soon.
+        Settlement::Record {
+            turn_open: false, ..
+        }
+        | Settlement::Full => Outcome::Nak(busy),
         Settlement::Record { .. } | Settlement::Busy => Outcome::Nak(later),
         Settlement::Handover => Outcome::Nak(Duration::ZERO),
         Settlement::Failed => Outcome::Nak(busy * FAILED_STEPS),
@@ -71,6 +82,7 @@ mod tests {
                 turn_open
             }),
             Just(Settlement::Busy),
+            Just(Settlement::Full),
             Just(Settlement::Handover),
             Just(Settlement::Failed),
             Just(Settlement::Poison),
@@ -88,6 +100,14 @@ mod tests {
                 if seq <= lane_through && !turn_open);
             prop_assert_eq!(out == Outcome::Ack, complete);
             prop_assert_eq!(out == Outcome::Term, s == Settlement::Poison);
+            if s == Settlement::Full {
+                prop_assert_eq!(out, Outcome::Nak(busy), "no growing backoff for want of a slot");
+            }
+            if let Settlement::Record { lane_through, turn_open: false } = s {
+                if seq > lane_through {
+                    prop_assert_eq!(out, Outcome::Nak(busy), "an owner between turns");
+                }
+            }
             if let Outcome::Nak(delay) = out {
                 prop_assert!(delay <= busy * MAX_BACKOFF_STEPS as u32);
             }

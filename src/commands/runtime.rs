@@ -46,9 +46,30 @@ async fn check_lane_layout(
     layout.check(&persisted).map_err(anyhow::Error::msg)
 }
 
+/// This process's name on NATS (`/connz` shows it): its command and pid.
+fn connection_name() -> String {
+    const ROLES: &[&str] = &["serve", "router", "worker", "demo", "lanes", "bench"];
+    let role = std::env::args()
+        .skip(1)
+        .find(|a| ROLES.contains(&a.as_str()))
+        .unwrap_or_else(|| "cli".into());
+    format!("turnpike {role} pid {}", std::process::id())
+}
+
 /// Opens the bus the flags select: JetStream with `--nats-url`, else the embedded bus.
 /// A fleet's lane layout is checked against the one persisted in `env`'s store.
 pub async fn open_bus(global: &Global, env: &Env, ack_wait: Duration) -> Result<Arc<dyn Bus>> {
+    open_bus_for(global, env, ack_wait, None).await
+}
+
+/// [`open_bus`] for a process running workers with `slots` turn slots in all: it pulls about as
+/// many wakes ahead as it can start turns for, leaving the rest to workers with free slots.
+pub async fn open_bus_for(
+    global: &Global,
+    env: &Env,
+    ack_wait: Duration,
+    slots: Option<usize>,
+) -> Result<Arc<dyn Bus>> {
     match &global.nats_url {
         Some(url) => {
             let bus = JetStreamBus::connect(JetStreamConfig {
@@ -67,6 +88,10 @@ pub async fn open_bus(global: &Global, env: &Env, ack_wait: Duration) -> Result<
                 shards: Shards::new(global.shards),
                 replicas: global.replicas.max(1),
                 ack_wait,
+                name: connection_name(),
+                prefetch: slots.map_or(16, |s| {
+                    turnpike_router::jetstream::prefetch_for(s, global.shards)
+                }),
                 ..Default::default()
             })
             .await
@@ -417,7 +442,13 @@ pub async fn worker(global: &Global, args: WorkerArgs) -> Result<ExitCode> {
         "a fleet worker needs --nats-url (or TURNPIKE_NATS_URL)"
     );
     let env = Env::open(global)?;
-    let bus = open_bus(global, &env, Duration::from_millis(args.ack_wait_ms)).await?;
+    let bus = open_bus_for(
+        global,
+        &env,
+        Duration::from_millis(args.ack_wait_ms),
+        Some(args.slots.max(1)),
+    )
+    .await?;
     // A fleet shares one index: Postgres. A worker's own embedded index would hold only the
     // turns it happened to run.
     let indexing = if global.index.database_url.is_some() {

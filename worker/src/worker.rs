@@ -470,7 +470,7 @@ impl Worker {
         };
         let busy = inner.config.busy_delay;
         let Ok(permit) = inner.slots.clone().try_acquire_owned() else {
-            wake.settle(Settlement::Busy, busy).await;
+            wake.settle(Settlement::Full, busy).await;
             return;
         };
         let claimed = inner
