@@ -71,6 +71,7 @@ fn sample(key: &str) -> toml::Value {
         "trusted-key" => s(&"ab".repeat(32)),
         "max-rounds" => toml::Value::Integer(3),
         "git-remote" => s("/tmp/mirror.git"),
+        "otlp-endpoint" => s("http://127.0.0.1:4318"),
         "budget" => toml::Value::Array(vec![
             "app=demo:tokens=100000".into(),
             "tenant=acme:usd=2.5".into(),

@@ -114,6 +114,13 @@ async fn the_metrics_scrape_is_valid_moves_with_the_work_and_does_not_grow_with_
         2.0
     );
     assert_eq!(value(&first, "turnpike_worker_slots"), 64.0);
+    // The demo's scripted model streams its replies: each call's first text is timed.
+    let first_tokens: f64 = first
+        .lines()
+        .filter(|l| l.starts_with("turnpike_model_time_to_first_token_seconds_count{"))
+        .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap())
+        .sum();
+    assert!(first_tokens >= 2.0, "{first}");
     assert!(
         value(
             &first,

@@ -345,18 +345,21 @@ impl IndexQueue {
                     waiting.insert(c);
                 }
                 pending_tx.send_replace(waiting.len());
+                metrics::gauge!("turnpike_index_queue_depth").set(waiting.len() as f64);
                 let mut failed = false;
                 for conversation in std::mem::take(&mut waiting) {
                     match indexer.catch_up(conversation).await {
                         Ok(n) => debug!(%conversation, turns = n, "indexed"),
                         Err(e) => {
                             warn!(%conversation, error = %e, "indexing failed; will retry");
+                            metrics::counter!("turnpike_index_failures_total").increment(1);
                             waiting.insert(conversation);
                             failed = true;
                         }
                     }
                 }
                 pending_tx.send_replace(waiting.len());
+                metrics::gauge!("turnpike_index_queue_depth").set(waiting.len() as f64);
                 if failed {
                     // Wait out the backoff, still taking new conversations.
                     let sleep = tokio::time::sleep(backoff);

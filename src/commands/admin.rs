@@ -135,6 +135,23 @@ fn describe() {
         "turnpike_open_turn_marks",
         "Turns the last sweep found left open by owners that are gone (and took over)"
     );
+    describe_histogram!(
+        "turnpike_model_time_to_first_token_seconds",
+        Unit::Seconds,
+        "From a streamed model request to its first text, by provider and model"
+    );
+    describe_gauge!(
+        "turnpike_index_queue_depth",
+        "Conversations waiting to be indexed (or retried) in this process"
+    );
+    describe_counter!(
+        "turnpike_index_failures_total",
+        "Indexing attempts that failed (retried with backoff)"
+    );
+    describe_counter!(
+        "turnpike_budget_refusals_total",
+        "Turns refused at dispatch because a daily budget was spent"
+    );
     describe_counter!(
         "turnpike_idle_closed_total",
         "Conversations closed as idle by a sweep"

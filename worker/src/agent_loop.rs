@@ -407,10 +407,18 @@ async fn ask(
         gen_ai.usage.output_tokens = tracing::field::Empty,
         error.type = tracing::field::Empty,
     );
+    cx.start_call();
     let reply = {
         use tracing::Instrument as _;
         model.complete(request, cx).instrument(span.clone()).await
     };
+    if let (Ok(_), Some(first)) = (&reply, cx.first_delta_at()) {
+        crate::metrics::time_to_first_token(
+            &settings.provider,
+            &settings.model,
+            first.saturating_duration_since(started),
+        );
+    }
     match &reply {
         Ok(r) => {
             span.record(

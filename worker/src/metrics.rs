@@ -82,6 +82,12 @@ pub(crate) fn model_request(
     }
 }
 
+/// How long a model call took to stream its first text.
+pub(crate) fn time_to_first_token(provider: &str, model: &str, took: Duration) {
+    metrics::histogram!("turnpike_model_time_to_first_token_seconds", "provider" => provider.to_owned(), "model" => model.to_owned())
+        .record(took.as_secs_f64());
+}
+
 /// A turn refused because a budget was spent.
 pub(crate) fn budget_refusal() {
     metrics::counter!("turnpike_budget_refusals_total").increment(1);

@@ -163,6 +163,8 @@ pub struct CallContext {
     usage: Option<Usage>,
     meter: Option<Meter>,
     calls: Vec<CallUsage>,
+    /// When the current call's first text delta came (reset by [`CallContext::start_call`]).
+    first_delta: std::sync::OnceLock<std::time::Instant>,
 }
 
 impl CallContext {
@@ -178,6 +180,7 @@ impl CallContext {
             usage: None,
             meter: None,
             calls: Vec::new(),
+            first_delta: std::sync::OnceLock::new(),
         }
     }
 
@@ -202,6 +205,7 @@ impl CallContext {
             usage: None,
             meter: None,
             calls: Vec::new(),
+            first_delta: std::sync::OnceLock::new(),
         }
     }
 
@@ -214,6 +218,7 @@ impl CallContext {
             usage: None,
             meter: None,
             calls: Vec::new(),
+            first_delta: std::sync::OnceLock::new(),
         }
     }
 
@@ -226,6 +231,7 @@ impl CallContext {
             usage: None,
             meter: None,
             calls: Vec::new(),
+            first_delta: std::sync::OnceLock::new(),
         }
     }
 
@@ -270,8 +276,19 @@ impl CallContext {
         &self.calls
     }
 
+    /// Marks the start of a call: the next delta is its first.
+    pub fn start_call(&mut self) {
+        self.first_delta = std::sync::OnceLock::new();
+    }
+
+    /// When the current call's first text delta came, if one did.
+    pub fn first_delta_at(&self) -> Option<std::time::Instant> {
+        self.first_delta.get().copied()
+    }
+
     /// Publishes a streamed text delta (advisory; the durable reply is in the turn log).
     pub fn delta(&self, text: &str) {
+        let _ = self.first_delta.get_or_init(std::time::Instant::now);
         if let Some(tx) = &self.deltas {
             let _ = tx.send(text.to_owned());
         }
