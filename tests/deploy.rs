@@ -261,6 +261,25 @@ fn the_chart_renders_valid_objects_with_probes_drain_budgets_and_scaling_for_eac
             .collect();
         let at = args.iter().position(|a| *a == "--grace-ms").unwrap();
         assert_eq!(args[at + 1], (drain * 1000).to_string(), "{shown}");
+        // NATS credentials are passed whenever the Secret holds them.
+        let creds = setting(&["secrets", "natsCreds"]) != ""
+            || setting(&["secrets", "natsCredsInSecret"]) == true;
+        assert_eq!(args.contains(&"--nats-creds"), creds, "{shown}");
+        // HTTPS (the store and the models) is open unless CIDRs narrow it.
+        if let Some(policy) = find(&objects, "NetworkPolicy", "-worker") {
+            let https = policy["spec"]["egress"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|rule| rule["ports"][0]["port"] == 443)
+                .expect("an HTTPS egress rule");
+            let cidrs = setting(&["networkPolicy", "egress", "httpsCidrs"]);
+            assert_eq!(
+                https.get("to").is_some(),
+                cidrs.as_array().is_some_and(|c| !c.is_empty()),
+                "{shown}: {https}"
+            );
+        }
         for deployment in [worker, router] {
             let pod = &deployment["spec"]["template"]["spec"];
             assert_eq!(pod["automountServiceAccountToken"], false, "{shown}");

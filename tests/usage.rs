@@ -72,7 +72,6 @@ async fn a_spent_budget_refuses_the_next_turn_at_dispatch_and_at_ingress_for_its
     assert_eq!(usage[0]["data"]["estimated"], true);
 
     // Now ingress refuses new messages and follow-ups, clearly, writing nothing…
-    let through = rows(&alice, &id).await.len();
     for what in ["messages", "follow-ups"] {
         let refused = alice
             .post(
@@ -99,7 +98,6 @@ async fn a_spent_budget_refuses_the_next_turn_at_dispatch_and_at_ingress_for_its
         .unwrap();
     assert_eq!(stop.status, 202, "{:?}", stop.body);
     assert!(rows(&alice, &id).await.iter().all(|r| r["text"] != "third"));
-    assert!(rows(&alice, &id).await.len() >= through);
     // Another identity of the same tenant shares the tenant's use of the app: refused too.
     let bob = server.client(BOB);
     let bobs = create(&bob, "queue", "quick").await;

@@ -79,7 +79,7 @@ pub struct UsageQuery {
     /// One app (default: every app of the tenant).
     #[param(pattern = "^[a-z0-9][a-z0-9_-]{0,62}$")]
     pub app: Option<String>,
-    /// The first UTC day, `YYYY-MM-DD` (default: today; at most 92 days before `until`).
+    /// The first UTC day, `YYYY-MM-DD` (default: today; the range holds at most 92 days).
     #[param(pattern = "^[0-9]{4}-[0-9]{2}-[0-9]{2}$")]
     pub since: Option<String>,
     /// The last UTC day, `YYYY-MM-DD` (default: today).

@@ -226,9 +226,15 @@ impl Ingress {
                 &entry.tenant,
                 &entry.app,
             )
-            .await?;
-            if let Some(why) = spent {
-                return Err(Error::new(ErrorKind::BudgetSpent, why));
+            .await;
+            match spent {
+                Ok(Some(why)) => return Err(Error::new(ErrorKind::BudgetSpent, why)),
+                Ok(None) => {}
+                // Unknown spend is not spend (as at dispatch): the message is not refused for
+                // a ledger that cannot be read.
+                Err(e) => {
+                    tracing::warn!(%conversation, error = %e, "could not read the usage ledger; budgets not checked");
+                }
             }
         }
         let mut event = Event::new(

@@ -828,7 +828,12 @@ impl Bus for JetStreamBus {
         let subject = usage_subject(&scope.key(day));
         // Bounded: each conflict means another process added in between; a counter this hot
         // still converges within a few rounds.
-        for _ in 0..64 {
+        for attempt in 0..64u64 {
+            if attempt > 0 {
+                // Spread the contenders out: up to attempt × 2 ms, jittered.
+                let jitter = (now_ms() ^ (attempt.wrapping_mul(0x9e37_79b9))) % (2 * attempt + 1);
+                tokio::time::sleep(Duration::from_millis(jitter)).await;
+            }
             let (last, current) = self.read_usage(&subject).await?;
             let payload = serde_json::to_vec(&current.plus(*delta)).expect("totals serialise");
             let message = PublishMessage::build()

@@ -410,9 +410,11 @@ fn count_tokens(view: &mut View, row: &Value) {
             data["input_tokens"].as_u64().unwrap_or(0),
             data["output_tokens"].as_u64().unwrap_or(0),
         );
-        view.measured = Some((input + output, data["estimated"] != true));
-        view.used += input + output;
-        view.cost_micro_usd += data["cost"]["micro_usd"].as_u64().unwrap_or(0);
+        view.measured = Some((input.saturating_add(output), data["estimated"] != true));
+        view.used = view.used.saturating_add(input.saturating_add(output));
+        view.cost_micro_usd = view
+            .cost_micro_usd
+            .saturating_add(data["cost"]["micro_usd"].as_u64().unwrap_or(0));
         return;
     }
     if row["kind"] == "compaction_marker" {
@@ -544,7 +546,7 @@ fn meter(view: &View) -> String {
         format!(
             "{approx}{tokens} / {} tokens ({}%)",
             view.context_length,
-            tokens * 100 / u64::from(view.context_length)
+            tokens.saturating_mul(100) / u64::from(view.context_length)
         )
     } else {
         format!("{approx}{tokens} tokens")

@@ -153,6 +153,19 @@ fn worker_config(global: &Global, args: &WorkerArgs) -> Result<(WorkerConfig, Ve
         failpoints: Failpoints::from_env().map_err(anyhow::Error::msg)?,
         ..Default::default()
     };
+    // A budget in dollars counts costs, which only a price table gives.
+    if config.prices.is_none() {
+        for budget in &config.budgets {
+            if matches!(budget.limit, turnpike_router::usage::Limit::MicroUsd(_)) {
+                let why = format!(
+                    "budget {budget} is in dollars but no price table is set (--prices): calls cost nothing, so it never runs out"
+                );
+                eprintln!("warning: {why}");
+                tracing::warn!(%why, "a budget cannot work");
+                refused.push(why);
+            }
+        }
+    }
     Ok((config, refused))
 }
 

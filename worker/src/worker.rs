@@ -4,7 +4,9 @@
 //! until the record holds it in a complete turn. Otherwise the worker tries to take the lease:
 //! if it gets it, it becomes the owner; if another worker holds it, the wake is acked only when
 //! the record is already past it **and no turn is open** (the owner may still die before batch
-//! two), and nak'd with a delay that grows with its deliveries otherwise.
+//! two), and nak'd otherwise: after one `busy_delay` while the owner is between turns or this
+//! worker has no free slot, after a delay that grows with its deliveries while a turn runs
+//! ([`turnpike_router::settle`]).
 //!
 //! Wakes are handled on their own tasks, so one slow store or lease read does not stall the
 //! intake of every other conversation's wakes.

@@ -359,7 +359,7 @@ impl OpenAi {
         // The same assembly as a stream of one chunk.
         let mut assembly = Assembly {
             usage: whole.usage.map(Usage::from),
-            model: whole.model.filter(|m| !m.is_empty()),
+            model: served_model(&whole.model),
             ..Assembly::default()
         };
         for choice in whole.choices {
@@ -384,7 +384,7 @@ impl OpenAi {
                         finish_reason: choice.finish_reason,
                     }],
                     usage: None,
-                    model: None,
+                    model: Value::Null,
                 },
                 cx,
             );
@@ -403,7 +403,25 @@ struct Whole {
     #[serde(default)]
     usage: Option<WireUsage>,
     #[serde(default)]
-    model: Option<String>,
+    model: Value,
+}
+
+/// The model a response names, when it names one sensibly (a string of printable characters,
+/// at most 200): it goes into signed usage entries and picks the price.
+fn served_model(value: &Value) -> Option<String> {
+    let name = value.as_str()?.trim();
+    (!name.is_empty() && name.len() <= 200 && !name.chars().any(char::is_control))
+        .then(|| name.to_owned())
+}
+
+/// Deserialises `T`, or its default when the value does not fit (or is null).
+fn lenient<'de, D, T>(d: D) -> Result<T, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: serde::de::DeserializeOwned + Default,
+{
+    let value = Value::deserialize(d)?;
+    Ok(serde_json::from_value(value).unwrap_or_default())
 }
 
 /// `usage` as the protocol nests it (cached and reasoning counts in their `…_details`).
@@ -413,22 +431,23 @@ struct WireUsage {
     prompt_tokens: u64,
     #[serde(default)]
     completion_tokens: u64,
-    #[serde(default, deserialize_with = "null_as_default")]
+    #[serde(default, deserialize_with = "lenient")]
     prompt_tokens_details: PromptDetails,
-    #[serde(default, deserialize_with = "null_as_default")]
+    #[serde(default, deserialize_with = "lenient")]
     completion_tokens_details: CompletionDetails,
 }
 
+/// Read leniently: a detail the runtime cannot read counts as absent, never fails the call.
 #[derive(Deserialize, Default)]
 struct PromptDetails {
     #[serde(default)]
-    cached_tokens: Option<u64>,
+    cached_tokens: Value,
 }
 
 #[derive(Deserialize, Default)]
 struct CompletionDetails {
     #[serde(default)]
-    reasoning_tokens: Option<u64>,
+    reasoning_tokens: Value,
 }
 
 impl From<WireUsage> for Usage {
@@ -436,8 +455,12 @@ impl From<WireUsage> for Usage {
         Usage {
             prompt_tokens: w.prompt_tokens,
             completion_tokens: w.completion_tokens,
-            cached_tokens: w.prompt_tokens_details.cached_tokens.unwrap_or(0),
-            reasoning_tokens: w.completion_tokens_details.reasoning_tokens.unwrap_or(0),
+            cached_tokens: w.prompt_tokens_details.cached_tokens.as_u64().unwrap_or(0),
+            reasoning_tokens: w
+                .completion_tokens_details
+                .reasoning_tokens
+                .as_u64()
+                .unwrap_or(0),
         }
     }
 }
@@ -473,7 +496,7 @@ struct Chunk {
     #[serde(default)]
     usage: Option<WireUsage>,
     #[serde(default)]
-    model: Option<String>,
+    model: Value,
 }
 
 #[derive(Deserialize)]
@@ -547,7 +570,7 @@ impl Assembly {
         if let Some(usage) = chunk.usage {
             self.usage = Some(usage.into());
         }
-        if let Some(model) = chunk.model.filter(|m| !m.is_empty()) {
+        if let Some(model) = served_model(&chunk.model) {
             self.model.get_or_insert(model);
         }
         for choice in chunk.choices {
@@ -615,5 +638,30 @@ impl Assembly {
             finish_reason: self.finish_reason,
             model: self.model,
         })
+    }
+}
+
+#[cfg(test)]
+mod wire_tests {
+    use super::*;
+
+    #[test]
+    fn odd_usage_details_and_models_never_fail_a_reply() {
+        let chunk: Chunk = serde_json::from_value(json!({
+            "choices": [],
+            "model": 42,
+            "usage": {"prompt_tokens": 7, "completion_tokens": 2,
+                      "prompt_tokens_details": "n/a",
+                      "completion_tokens_details": {"reasoning_tokens": "many"}}
+        }))
+        .unwrap();
+        assert_eq!(served_model(&chunk.model), None);
+        let usage: Usage = chunk.usage.unwrap().into();
+        assert_eq!((usage.prompt_tokens, usage.completion_tokens), (7, 2));
+        assert_eq!((usage.cached_tokens, usage.reasoning_tokens), (0, 0));
+        assert_eq!(served_model(&json!(" gpt-x ")), Some("gpt-x".into()));
+        assert_eq!(served_model(&json!("x".repeat(201))), None);
+        assert_eq!(served_model(&json!("a\nb")), None);
+        assert_eq!(served_model(&json!("")), None);
     }
 }
