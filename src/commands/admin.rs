@@ -140,6 +140,11 @@ fn describe() {
         Unit::Seconds,
         "From a streamed model request to its first text, by provider and model"
     );
+    describe_histogram!(
+        "turnpike_approval_wait_seconds",
+        Unit::Seconds,
+        "From the turn that asked for an approval to the answer's acceptance"
+    );
     describe_gauge!(
         "turnpike_index_queue_depth",
         "Conversations waiting to be indexed (or retried) in this process"

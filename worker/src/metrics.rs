@@ -82,6 +82,11 @@ pub(crate) fn model_request(
     }
 }
 
+/// How long an approval request waited for its answer (ms).
+pub(crate) fn approval_wait(ms: u64) {
+    metrics::histogram!("turnpike_approval_wait_seconds").record(seconds(ms));
+}
+
 /// How long a model call took to stream its first text.
 pub(crate) fn time_to_first_token(provider: &str, model: &str, took: Duration) {
     metrics::histogram!("turnpike_model_time_to_first_token_seconds", "provider" => provider.to_owned(), "model" => model.to_owned())

@@ -41,6 +41,22 @@ pub async fn run_new_turn(
         epoch,
         at_ms: now_ms(),
     }));
+    // An answer to a parked turn's approval request: how long the people took (from the
+    // parked turn's end, the record's last activity, to the answer's acceptance).
+    if head.state().waiting {
+        for m in &inputs {
+            if matches!(
+                m.event.body,
+                turnpike_schemas::EventBody::ApprovalResponse { .. }
+            ) {
+                crate::metrics::approval_wait(
+                    m.event
+                        .accepted_at_ms
+                        .saturating_sub(head.state().active_ms),
+                );
+            }
+        }
+    }
     // The mark goes first: a record that ends in an open turn always has one for the sweep.
     env.ensure_marked().await?;
     let head = match env.append(&head, &bodies).await {
