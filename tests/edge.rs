@@ -176,7 +176,10 @@ fn is_reply_containing(text: impl Into<String>) -> impl Fn(&Value) -> bool {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_conversation_over_http_with_a_stream_dropped_mid_turn_misses_nothing() {
     let apps = apps_dir();
-    let server = server(apps.path(), &[], true);
+    let admin_port = turnpike_tests::services::free_port().unwrap();
+    let admin_listen = format!("127.0.0.1:{admin_port}");
+    let server = server(apps.path(), &["--admin-listen", &admin_listen], true);
+    let admin = Client::new(&format!("http://{admin_listen}"), "");
     let alice = server.client(ALICE);
 
     // Apps, then a new conversation.
@@ -292,6 +295,16 @@ async fn a_conversation_over_http_with_a_stream_dropped_mid_turn_misses_nothing(
         is_reply_containing("Published conv:fi:"),
     )
     .await;
+    // The wait for that approval was measured, once.
+    let (status, scrape) = admin.bytes("/metrics", false).await.unwrap();
+    assert_eq!(status, 200);
+    let scrape = String::from_utf8(scrape).unwrap();
+    assert!(
+        scrape
+            .lines()
+            .any(|l| l == "turnpike_approval_wait_seconds_count 1"),
+        "{scrape}"
+    );
 
     // The hosted file, through the resolver as alice, and through a short-lived signed link.
     let reply = seen
