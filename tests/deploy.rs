@@ -27,6 +27,19 @@ fn tool(var: &str, name: &str) -> PathBuf {
     path
 }
 
+/// Runs `command`, which must succeed (else its output is the failure), and returns its stdout.
+fn succeeded(command: &mut Command) -> Vec<u8> {
+    let out = command.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{:?}: {}{}",
+        command.get_program(),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out.stdout
+}
+
 /// `30s`, `1m30s` → seconds.
 fn seconds(text: &str) -> u64 {
     let mut total = 0;
@@ -52,16 +65,10 @@ fn seconds(text: &str) -> u64 {
 #[test]
 fn the_dockerfile_passes_hadolint_and_builds_a_non_root_image_with_an_init() {
     let dockerfile = root().join("deploy/Dockerfile");
-    let out = Command::new(tool("TURNPIKE_HADOLINT", "hadolint"))
-        .args(["--failure-threshold", "warning"])
-        .arg(&dockerfile)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
+    succeeded(
+        Command::new(tool("TURNPIKE_HADOLINT", "hadolint"))
+            .args(["--failure-threshold", "warning"])
+            .arg(&dockerfile),
     );
     let text = std::fs::read_to_string(&dockerfile).unwrap();
     assert!(text.contains("--locked"), "a reproducible build");
@@ -73,19 +80,14 @@ fn the_dockerfile_passes_hadolint_and_builds_a_non_root_image_with_an_init() {
 
 #[test]
 fn the_compose_file_renders_a_fleet_with_probes_and_drain_time() {
-    let out = Command::new(tool("TURNPIKE_DOCKER_COMPOSE", "docker-compose"))
-        .args(["-f"])
-        .arg(root().join("deploy/compose.yaml"))
-        .args(["config", "--format", "json"])
-        .env("TURNPIKE_SIGNING_KEY", "ab".repeat(32))
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let out = succeeded(
+        Command::new(tool("TURNPIKE_DOCKER_COMPOSE", "docker-compose"))
+            .args(["-f"])
+            .arg(root().join("deploy/compose.yaml"))
+            .args(["config", "--format", "json"])
+            .env("TURNPIKE_SIGNING_KEY", "ab".repeat(32)),
     );
-    let config: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let config: Value = serde_json::from_slice(&out).unwrap();
     let services = config["services"].as_object().unwrap();
     for needed in [
         "nats", "postgres", "minio", "router-1", "router-2", "worker",
@@ -134,19 +136,13 @@ fn the_compose_file_renders_a_fleet_with_probes_and_drain_time() {
 /// directory holding one file per object.
 fn render(values: &std::path::Path) -> (Vec<Value>, tempfile::TempDir) {
     let out = tempfile::tempdir().unwrap();
-    let rendered = Command::new(tool("TURNPIKE_CHART_PYTHON", "python"))
-        .arg(root().join("scripts/render-chart"))
-        .arg(values)
-        .arg(out.path())
-        .output()
-        .unwrap();
-    assert!(
-        rendered.status.success(),
-        "{}: {}",
-        values.display(),
-        String::from_utf8_lossy(&rendered.stderr)
+    let rendered = succeeded(
+        Command::new(tool("TURNPIKE_CHART_PYTHON", "python"))
+            .arg(root().join("scripts/render-chart"))
+            .arg(values)
+            .arg(out.path()),
     );
-    let objects: Vec<Value> = serde_json::from_slice(&rendered.stdout).unwrap();
+    let objects: Vec<Value> = serde_json::from_slice(&rendered).unwrap();
     (
         objects.into_iter().map(|o| o["object"].clone()).collect(),
         out,
@@ -161,20 +157,15 @@ fn find<'a>(objects: &'a [Value], kind: &str, suffix: &str) -> Option<&'a Value>
 
 /// A values file as JSON (read by the services' Python, which the renderer uses too).
 fn values_of(path: &std::path::Path) -> Value {
-    let out = Command::new(tool("TURNPIKE_CHART_PYTHON", "python"))
-        .args([
-            "-c",
-            "import json,sys,yaml; print(json.dumps(yaml.safe_load(open(sys.argv[1])) or {}))",
-        ])
-        .arg(path)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let out = succeeded(
+        Command::new(tool("TURNPIKE_CHART_PYTHON", "python"))
+            .args([
+                "-c",
+                "import json,sys,yaml; print(json.dumps(yaml.safe_load(open(sys.argv[1])) or {}))",
+            ])
+            .arg(path),
     );
-    serde_json::from_slice(&out.stdout).unwrap()
+    serde_json::from_slice(&out).unwrap()
 }
 
 #[test]
@@ -340,22 +331,14 @@ fn the_chart_renders_valid_objects_with_probes_drain_budgets_and_scaling_for_eac
         let file = dir.path().join("turnpike.toml");
         std::fs::write(&file, &config).unwrap();
         for command in ["router", "worker"] {
-            let out = Command::new(env!("CARGO_BIN_EXE_turnpike"))
-                .args([
-                    "--config",
-                    file.to_str().unwrap(),
-                    "config",
-                    "show",
-                    "--for",
-                    command,
-                ])
-                .output()
-                .unwrap();
-            assert!(
-                out.status.success(),
-                "{shown} {command}: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
+            succeeded(Command::new(env!("CARGO_BIN_EXE_turnpike")).args([
+                "--config",
+                file.to_str().unwrap(),
+                "config",
+                "show",
+                "--for",
+                command,
+            ]));
         }
 
         // KEDA: one Prometheus trigger on the summed backlog; every metadata value a string.
