@@ -82,6 +82,10 @@ fn describe() {
         "Wakes waiting for a worker, per lane shard (JetStream's dispatch consumers)"
     );
     describe_gauge!(
+        "turnpike_lane_pending_sampled_at_seconds",
+        "When turnpike_lane_pending was last read from the bus (Unix seconds)"
+    );
+    describe_gauge!(
         "turnpike_worker_slots",
         "Conversations a worker may own at once"
     );
@@ -209,6 +213,10 @@ pub async fn start(listen: &str, probes: Probes) -> Result<Option<tokio::task::J
                         metrics::gauge!("turnpike_lane_pending", "shard" => shard.to_string())
                             .set(pending as f64);
                     }
+                    // When the backlog was last read: a value that stopped moving because the
+                    // bus stopped answering is told apart from a steady one.
+                    metrics::gauge!("turnpike_lane_pending_sampled_at_seconds")
+                        .set(turnpike_router::bus::now_ms() as f64 / 1000.0);
                 }
             }
         });
