@@ -159,24 +159,18 @@ async fn an_exported_conversation_imports_into_a_fresh_deployment_and_carries_on
 
     // Over the CLI, the same record; an existing file is never overwritten.
     let from_cli = work.path().join("cli.tar");
-    let out = on_a(&[
-        "conversation",
-        "export",
-        &id,
-        from_cli.to_str().unwrap(),
-        "--actor",
-        "local:alice",
-    ]);
-    assert!(ok(&out).contains("with the project bundle"));
-    let again = on_a(&[
-        "conversation",
-        "export",
-        &id,
-        from_cli.to_str().unwrap(),
-        "--actor",
-        "local:alice",
-    ]);
-    assert!(!again.status.success());
+    let export_to_cli = || {
+        on_a(&[
+            "conversation",
+            "export",
+            &id,
+            from_cli.to_str().unwrap(),
+            "--actor",
+            "local:alice",
+        ])
+    };
+    assert!(ok(&export_to_cli()).contains("with the project bundle"));
+    assert!(!export_to_cli().status.success());
     let manifest = |path: &Path| -> Value {
         let out = std::process::Command::new("tar")
             .args(["-xOf", path.to_str().unwrap(), "turnpike-export.json"])

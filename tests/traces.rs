@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use axum::routing::post;
 use serde_json::{json, Value};
-use turnpike_tests::edge::{create, say, wait_for_complete_turns, Server, ALICE};
+use turnpike_tests::edge::{apps_with, create, say, wait_for_complete_turns, Server, ALICE};
 
 const LONG: Duration = Duration::from_secs(60);
 
@@ -79,9 +79,7 @@ text = "The cell said 42."
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_trace_runs_from_the_edge_through_the_lane_to_the_model_the_tool_and_the_cell() {
     let (url, spans) = receiver().await;
-    let apps = tempfile::tempdir().unwrap();
-    std::fs::write(apps.path().join("traced.toml"), MANIFEST).unwrap();
-    std::fs::write(apps.path().join("coder.script.toml"), SCRIPT).unwrap();
+    let apps = apps_with(&[("traced.toml", MANIFEST), ("coder.script.toml", SCRIPT)]);
     let server = Server::start_with_env(
         &PathBuf::from(env!("CARGO_BIN_EXE_turnpike")),
         Some(apps.path()),

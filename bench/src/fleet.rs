@@ -177,7 +177,10 @@ async fn measure(plan: &Plan, workers: usize) -> Result<Measured> {
         "[[tokens]]\ntoken = \"bench\"\nidentity = \"local:bench\"\n",
     )?;
     let key = dir.path().join("signing.key");
-    std::fs::write(&key, hex::encode(rand_seed()))?;
+    std::fs::write(
+        &key,
+        turnpike_artifactory::RecordSigner::generate()?.to_hex(),
+    )?;
     let store = dir.path().join("store");
     std::fs::create_dir_all(&store)?;
     let nats_port = free_port()?;
@@ -335,13 +338,6 @@ fn schedule_to_start(rows: &[Value]) -> Option<Vec<Duration>> {
         }
     }
     Some(out)
-}
-
-fn rand_seed() -> [u8; 32] {
-    let mut seed = [0u8; 32];
-    seed[..16].copy_from_slice(&ulid::Ulid::new().0.to_le_bytes());
-    seed[16..].copy_from_slice(&ulid::Ulid::new().0.to_le_bytes());
-    seed
 }
 
 #[cfg(test)]

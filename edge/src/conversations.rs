@@ -440,13 +440,7 @@ impl Edge {
         if !caller.admin {
             return self.owned(caller, id).await;
         }
-        let conversation = conversation_id(id)?;
-        Ok(self
-            .inner
-            .conversations
-            .directory()
-            .lookup_in_tenant(conversation, &caller.tenant)
-            .await?)
+        self.administered(caller, id).await
     }
 
     /// What deletes conversations from every store this edge reaches.

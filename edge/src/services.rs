@@ -82,8 +82,19 @@ pub async fn search(
     }))
 }
 
+/// `403` for anyone but an admin, saying `why`.
+pub(crate) fn admin_only(caller: &Principal, why: &str) -> ApiResult<()> {
+    if caller.admin {
+        return Ok(());
+    }
+    Err(ApiError::new(StatusCode::FORBIDDEN, "forbidden", why))
+}
+
 /// A filter's id, parsed (`422` naming the parameter when it is not one).
-fn parse_id<T: std::str::FromStr>(name: &str, value: Option<String>) -> ApiResult<Option<T>> {
+pub(crate) fn parse_id<T: std::str::FromStr>(
+    name: &str,
+    value: Option<String>,
+) -> ApiResult<Option<T>> {
     value
         .map(|v| {
             v.parse()
@@ -146,14 +157,12 @@ fn check_search(query: &SearchQuery) -> ApiResult<()> {
 impl Edge {
     /// Any conversation of the admin's own tenant, for an admin (another tenant's is `404`, as
     /// for a missing one); `403` for anyone else.
-    async fn administered(&self, caller: &Principal, id: &str) -> ApiResult<DirectoryEntry> {
-        if !caller.admin {
-            return Err(ApiError::new(
-                StatusCode::FORBIDDEN,
-                "forbidden",
-                "admin endpoints need an admin identity",
-            ));
-        }
+    pub(crate) async fn administered(
+        &self,
+        caller: &Principal,
+        id: &str,
+    ) -> ApiResult<DirectoryEntry> {
+        admin_only(caller, "admin endpoints need an admin identity")?;
         let conversation: ConversationId = conversation_id(id)?;
         Ok(self
             .inner
@@ -174,13 +183,7 @@ pub async fn phases(
     Caller(caller): Caller,
     crate::Params(query): crate::Params<crate::model::PhaseQuery>,
 ) -> ApiResult<Json<crate::model::PhaseList>> {
-    if !caller.admin {
-        return Err(ApiError::new(
-            StatusCode::FORBIDDEN,
-            "forbidden",
-            "admin endpoints need an admin identity",
-        ));
-    }
+    admin_only(&caller, "admin endpoints need an admin identity")?;
     let app: Option<turnpike_schemas::AppId> = parse_id("app", query.app)?;
     if let Some(s) = &query.status {
         if !turnpike_worker::phases::PHASES.contains(&s.as_str()) {

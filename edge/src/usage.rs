@@ -4,7 +4,6 @@
 use std::collections::BTreeMap;
 
 use axum::extract::{Path, State};
-use axum::http::StatusCode;
 use axum::Json;
 use serde::{Deserialize, Serialize};
 use turnpike_router::usage::{Day, UsageScope, UsageTotals};
@@ -167,20 +166,11 @@ pub async fn tenant(
     Caller(caller): Caller,
     Params(query): Params<UsageQuery>,
 ) -> ApiResult<Json<TenantUsage>> {
-    if !caller.admin {
-        return Err(ApiError::new(
-            StatusCode::FORBIDDEN,
-            "forbidden",
-            "usage across conversations needs an admin identity",
-        ));
-    }
-    let app: Option<turnpike_schemas::AppId> = match &query.app {
-        Some(a) => Some(
-            a.parse()
-                .map_err(|_| ApiError::invalid(format!("app: {a:?} is not an id")))?,
-        ),
-        None => None,
-    };
+    crate::services::admin_only(
+        &caller,
+        "usage across conversations needs an admin identity",
+    )?;
+    let app: Option<turnpike_schemas::AppId> = crate::services::parse_id("app", query.app)?;
     let day = |name: &str, value: &Option<String>| -> ApiResult<Day> {
         match value {
             Some(v) => v

@@ -314,13 +314,18 @@ pub async fn wait_for_status(
 /// during a turn does. `slow` answers its message after 2 s, `quick` after 0.1 s, `impatient`
 /// is `slow` with `on_new_message = "interrupt"`, `stuck` would take ten minutes.
 pub fn queue_apps() -> tempfile::TempDir {
-    let apps = tempfile::tempdir().expect("a temporary directory");
-    for (name, text) in [
+    apps_with(&[
         ("queue.toml", QUEUE_MANIFEST),
         ("slow.script.toml", SLOW),
         ("quick.script.toml", QUICK),
         ("stuck.script.toml", STUCK),
-    ] {
+    ])
+}
+
+/// A fresh apps folder holding `files` (name, text): manifests and the scripts they name.
+pub fn apps_with(files: &[(&str, &str)]) -> tempfile::TempDir {
+    let apps = tempfile::tempdir().expect("a temporary directory");
+    for (name, text) in files {
         std::fs::write(apps.path().join(name), text).expect("writing an app file");
     }
     apps
@@ -373,11 +378,10 @@ delay_ms = 600000
 /// The `life` app: a `writer` agent whose scripted model writes the user's words to `note.md`
 /// and publishes it, every turn.
 pub fn writer_apps() -> tempfile::TempDir {
-    let dir = tempfile::tempdir().expect("a temporary directory");
-    std::fs::write(dir.path().join("life.toml"), WRITER_MANIFEST).expect("writing the manifest");
-    std::fs::write(dir.path().join("writer.script.toml"), WRITER_SCRIPT)
-        .expect("writing the script");
-    dir
+    apps_with(&[
+        ("life.toml", WRITER_MANIFEST),
+        ("writer.script.toml", WRITER_SCRIPT),
+    ])
 }
 
 const WRITER_MANIFEST: &str = r#"

@@ -49,25 +49,18 @@ impl NatsServer {
 
     fn boot(&mut self) -> Result<()> {
         let program = program("nats-server", "TURNPIKE_NATS_SERVER")?;
-        if let Some(conf) = &self.conf {
-            let args = vec!["-c".to_string(), conf.to_string_lossy().into_owned()];
-            self.service = Some(Service::start(
-                &program,
-                &args,
-                self.addr,
-                Duration::from_secs(30),
-            )?);
-            return Ok(());
-        }
-        let args = vec![
-            "-js".to_string(),
-            "-a".into(),
-            "127.0.0.1".into(),
-            "-p".into(),
-            self.addr.port().to_string(),
-            "-sd".into(),
-            self.store.path().to_string_lossy().into_owned(),
-        ];
+        let args: Vec<String> = match &self.conf {
+            Some(conf) => vec!["-c".into(), conf.to_string_lossy().into_owned()],
+            None => vec![
+                "-js".into(),
+                "-a".into(),
+                "127.0.0.1".into(),
+                "-p".into(),
+                self.addr.port().to_string(),
+                "-sd".into(),
+                self.store.path().to_string_lossy().into_owned(),
+            ],
+        };
         self.service = Some(Service::start(
             &program,
             &args,
