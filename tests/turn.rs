@@ -924,6 +924,24 @@ async fn a_worker_killed_between_the_commit_and_the_promotion_leaves_nothing_unr
             .unwrap()[..],
         b"# Out for the launch\n"
     );
+    // The turn's three model calls are in the record once, and in the usage ledger once: the
+    // dead owner added them right after its commit, and finishing its promotion added nothing.
+    let usage_entries = rig
+        .record()
+        .entries()
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|e| matches!(e.body, turnpike_schemas::EntryBody::Usage(_)))
+        .count();
+    assert_eq!(usage_entries, 3);
+    use turnpike_router::usage::{Day, UsageScope};
+    let scope = UsageScope::Tenant(rig.prefix().tenant().clone());
+    let today = Day::today();
+    let mut ledger = rig.bus.usage(&scope, today).await.unwrap();
+    // (A run across midnight UTC counted it yesterday.)
+    ledger = ledger.plus(rig.bus.usage(&scope, Day(today.0 - 1)).await.unwrap());
+    assert_eq!((ledger.turns, ledger.calls), (1, 3), "{ledger:?}");
     rig.stop().await;
 }
 
