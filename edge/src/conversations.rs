@@ -262,6 +262,18 @@ pub async fn delete(
     Ok(Json(tombstone.into()))
 }
 
+/// Who the caller is: the identity and tenant the bearer token stands for, and whether it is an
+/// admin of that tenant (a client shows admin actions only then; the API checks regardless).
+#[utoipa::path(get, path = "/v1/me", tag = "conversations",
+    responses((status = 200, body = crate::model::MeView)))]
+pub async fn me(Caller(caller): Caller) -> Json<crate::model::MeView> {
+    Json(crate::model::MeView {
+        identity: caller.identity.to_string(),
+        tenant: caller.tenant.to_string(),
+        admin: caller.admin,
+    })
+}
+
 /// Erases everything of the caller's (a data-protection request): every conversation they own,
 /// as `DELETE /v1/conversations/{id}` does, and everything the index remembers of them. A
 /// conversation with a running turn makes it `409` once the others are deleted: retry.
@@ -501,6 +513,7 @@ fn view_of(entry: DirectoryEntry, head: &Head, closed_ms: Option<u64>) -> Conver
         turns: state.last_turn,
         through: head.leaves(),
         created_ms: entry.created_ms,
+        active_ms: state.active_ms.max(entry.created_ms),
         closed_ms,
         instructions: entry.instructions,
     }

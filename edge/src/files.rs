@@ -63,7 +63,7 @@ pub async fn upload(
             if (bytes.len() + chunk.len()) as u64 > MAX_ATTACHMENT_BYTES {
                 return Err(ApiError::too_large(
                     format!(
-                        "the attachment is larger than the limit of {MAX_ATTACHMENT_BYTES} bytes"
+                        "the attachment is larger than the limit of {} MiB ({MAX_ATTACHMENT_BYTES} bytes)", MAX_ATTACHMENT_BYTES >> 20
                     ),
                     MAX_ATTACHMENT_BYTES,
                 ));
@@ -129,7 +129,10 @@ fn multipart_error(e: axum::extract::multipart::MultipartError) -> ApiError {
     let status = e.status();
     if status == StatusCode::PAYLOAD_TOO_LARGE {
         return ApiError::too_large(
-            format!("the upload is larger than the limit of {MAX_ATTACHMENT_BYTES} bytes"),
+            format!(
+                "the upload is larger than the limit of {} MiB ({MAX_ATTACHMENT_BYTES} bytes)",
+                MAX_ATTACHMENT_BYTES >> 20
+            ),
             MAX_ATTACHMENT_BYTES,
         );
     }

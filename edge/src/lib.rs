@@ -20,14 +20,17 @@
 //! - [`model`]: bodies on the wire
 //! - [`conversations`], [`events`], [`files`], [`stream`], [`services`]: the handlers
 //! - [`memory`]: what the index remembers of the caller, and forgetting it
+//! - [`versions`]: a conversation's project versions: files and diffs
 //! - [`usage`]: what model calls used (a conversation's, from its record; a tenant's per day)
 //! - [`tickets`]: short-lived stream tickets, so browsers keep bearer tokens out of URLs
+//! - [`console`]: the web console at `/` (embedded assets)
 //! - [`openapi`]: the document at `/v1/openapi.json`
 //! - [`client`]: a client of the API (for `turnpike chat` and the tests)
 //! - [`catalog`]: the apps and agents a deployment hosts, as the API lists them
 
 pub mod auth;
 pub mod client;
+pub mod console;
 pub mod conversations;
 pub mod error;
 pub mod events;
@@ -40,6 +43,7 @@ pub mod services;
 pub mod stream;
 pub mod tickets;
 pub mod usage;
+pub mod versions;
 
 use std::sync::Arc;
 
@@ -210,6 +214,15 @@ impl Edge {
             .route("/v1/conversations/{id}/export", get(conversations::export))
             .route("/v1/conversations/{id}/usage", get(usage::conversation))
             .route("/v1/usage", get(usage::tenant))
+            .route("/v1/conversations/{id}/versions", get(versions::list))
+            .route(
+                "/v1/conversations/{id}/versions/{turn}",
+                get(versions::files),
+            )
+            .route(
+                "/v1/conversations/{id}/versions/{turn}/diff",
+                get(versions::diff),
+            )
             .route(
                 "/v1/conversations/{id}/grants",
                 post(conversations::grant).delete(conversations::revoke),
@@ -250,7 +263,10 @@ impl Edge {
             .route("/v1/files", get(files::download))
             .route("/v1/files/links", post(files::link))
             .route("/v1/search", get(services::search))
-            .route("/v1/me", axum::routing::delete(conversations::delete_me))
+            .route(
+                "/v1/me",
+                get(conversations::me).delete(conversations::delete_me),
+            )
             .route("/v1/admin/conversations", get(services::phases))
             .route(
                 "/v1/memory",
@@ -276,6 +292,8 @@ impl Edge {
             .route("/v1/openapi.json", get(openapi::document))
             .route("/v1/links/{token}", get(files::follow_link))
             .route("/healthz", get(|| async { "ok" }))
+            .route("/", get(console::page))
+            .route("/console/{name}", get(console::asset))
             .merge(authed)
             .route_layer(axum::middleware::from_fn(metered))
             .fallback(|| async { ApiError::not_found("no such endpoint") })

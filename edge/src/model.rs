@@ -5,6 +5,15 @@ use turnpike_artifactory::RecordEntry;
 use turnpike_schemas::{EntryBody, EventBody};
 use utoipa::{IntoParams, ToSchema};
 
+/// The caller, as the API sees them.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct MeView {
+    pub identity: String,
+    pub tenant: String,
+    /// May use `/v1/admin/…` in its tenant.
+    pub admin: bool,
+}
+
 /// An app this deployment hosts.
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct AppView {
@@ -80,6 +89,8 @@ pub struct ConversationView {
     /// Rows the record holds: the highest `seq` there is.
     pub through: u64,
     pub created_ms: u64,
+    /// When it last did something: opened, a turn dispatched or completed, reopened.
+    pub active_ms: u64,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub closed_ms: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]

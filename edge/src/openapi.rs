@@ -8,7 +8,9 @@ use utoipa::openapi::{RefOr, ResponseBuilder};
 use utoipa::{Modify, OpenApi};
 
 use super::model;
-use super::{conversations, error, events, files, memory, services, stream, tickets, usage};
+use super::{
+    conversations, error, events, files, memory, services, stream, tickets, usage, versions,
+};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -51,6 +53,10 @@ use super::{conversations, error, events, files, memory, services, stream, ticke
         services::replay,
         usage::conversation,
         usage::tenant,
+        versions::list,
+        versions::files,
+        versions::diff,
+        conversations::me,
     ),
     components(schemas(error::ErrorBody, model::Frame)),
     modifiers(&Common),

@@ -80,6 +80,11 @@ pub trait Inbox: Send {
 pub trait ToolRunner: Send + Sync {
     fn specs(&self) -> Vec<ToolSpec>;
     async fn run(&self, call: &ToolCallRequest) -> (bool, ToolOutput);
+    /// Brings the files of the project's latest version into the workspace: an approved call
+    /// runs in a later turn's fresh workspace, over what its parked turn left.
+    async fn restore_workspace(&self) -> std::result::Result<(), String> {
+        Ok(())
+    }
     /// The approval request that parks the turn at this call, if it is gated.
     fn gate(&self, call: &ToolCallRequest) -> Option<Block> {
         let _ = call;
@@ -362,6 +367,23 @@ impl ToolRunner for LiveTools<'_, '_> {
                 (false, json!({ "error": format!("not run: {e}") }).into())
             }
         }
+    }
+
+    async fn restore_workspace(&self) -> std::result::Result<(), String> {
+        let cx = self.turn.tool_context("restore");
+        let Some(handle) = &cx.project else {
+            return Ok(());
+        };
+        if handle.base.is_none() {
+            return Ok(());
+        }
+        handle
+            .get()
+            .await?
+            .materialise(None, None)
+            .await
+            .map(|_| ())
+            .map_err(|e| e.to_string())
     }
 
     fn gate(&self, call: &ToolCallRequest) -> Option<Block> {

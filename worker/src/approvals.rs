@@ -333,6 +333,7 @@ pub(crate) async fn prelude(
 ) -> Result<bool> {
     let (mut approvals, mut questions) = pending(history.iter().chain(blocks.iter()));
     let mut applied = false;
+    let mut restored = false;
     if asks.supersedes {
         for p in approvals.drain(..) {
             blocks.push(Block::ApprovalResponse {
@@ -418,6 +419,14 @@ pub(crate) async fn prelude(
                     arguments: call.arguments.clone(),
                 });
                 let (ok, out) = if *approve {
+                    // The call was asked for in a workspace that is gone: bring back the files
+                    // the parked turn left (its published version) before it runs.
+                    if !restored {
+                        restored = true;
+                        if let Err(e) = tools.restore_workspace().await {
+                            tracing::warn!("restoring the workspace for an approved call: {e}");
+                        }
+                    }
                     tools.run(&call).await
                 } else {
                     let why = reason.as_deref().unwrap_or("no reason given");

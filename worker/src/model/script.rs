@@ -11,6 +11,7 @@
 //! tool_calls = [{ name = "pull", arguments = { reference = "{attachment}" } }]
 //! wait_for_input = false      # hold the reply until an event reaches the lane (max 30 s)
 //! delay_ms = 0                # wait before replying
+//! word_delay_ms = 0           # pause after each streamed word
 //! ```
 //!
 //! A top-level `compaction = "…"` is the summary a compaction call gets.
@@ -71,6 +72,9 @@ struct Step {
     wait_for_input: bool,
     #[serde(default)]
     delay_ms: u64,
+    /// A pause after each streamed word (a model visibly typing).
+    #[serde(default)]
+    word_delay_ms: u64,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -173,7 +177,14 @@ impl ModelProvider for ScriptModel {
             let _ = tokio::time::timeout(MAX_HOLD, cx.next_arrival()).await;
         }
         let text = vars.fill(&step.text);
-        stream(&text, cx);
+        if step.word_delay_ms > 0 {
+            for word in text.split_inclusive(' ') {
+                cx.delta(word);
+                tokio::time::sleep(Duration::from_millis(step.word_delay_ms)).await;
+            }
+        } else {
+            stream(&text, cx);
+        }
         let tool_calls = step
             .tool_calls
             .iter()

@@ -35,6 +35,8 @@ fn git_error(what: &str, e: git2::Error) -> Error {
     Error::new(ErrorKind::InvalidInput, format!("{what}: {}", e.message()))
 }
 
+pub mod versions;
+
 fn join_error(e: tokio::task::JoinError) -> Error {
     Error::new(ErrorKind::Store, format!("a git task failed: {e}"))
 }
