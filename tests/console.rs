@@ -22,7 +22,7 @@ app = "console"
 [agents.assistant]
 provider = "script"
 script = "assistant.script.toml"
-tools = ["write_file", "publish", "read_file", "list_files"]
+tools = ["write_file", "publish", "read_file", "list_files", "ask_user"]
 approval = [{ tool = "publish" }]
 context_length = 32000
 
@@ -63,6 +63,11 @@ text = "after publish: {last_tool}"
 when = "attach"
 [[turn.step]]
 text = "You attached {attachment}"
+
+[[turn]]
+when = "colour"
+[[turn.step]]
+tool_calls = [{ name = "ask_user", arguments = { question = "Which colour?" } }]
 
 # What a resumed turn (after an approval) and anything else gets.
 [[turn]]
