@@ -234,3 +234,90 @@ fn the_console_in_a_browser_against_a_fleet_of_two_routers() {
         panic!("the fleet scenario asked for {command:?}")
     });
 }
+
+/// The versions API behind the console's project view: only what the record names, only to
+/// whoever may read the conversation.
+#[test]
+fn project_versions_show_what_the_record_names_to_those_who_may_read_it() {
+    use turnpike_tests::edge::{create, say, wait_for_complete_turns, ALICE_OF_BETA};
+    let apps = turnpike_tests::edge::writer_apps();
+    let server = Server::start(&binary(), Some(apps.path()), &[], false).unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let alice = server.client(ALICE);
+        let id = create(&alice, "life", "writer").await;
+        say(&alice, &id, "alpha one").await;
+        wait_for_complete_turns(&alice, &id, 1, LONG).await.unwrap();
+        say(&alice, &id, "beta two").await;
+        wait_for_complete_turns(&alice, &id, 2, LONG).await.unwrap();
+        let get = |client: &turnpike_edge::client::Client, path: String| {
+            let client = client.clone();
+            async move { client.get(&path).await.unwrap() }
+        };
+
+        let list = get(&alice, format!("/v1/conversations/{id}/versions")).await;
+        let turns: Vec<&str> = list.body["versions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v["turn"].as_str().unwrap())
+            .collect();
+        assert_eq!(turns, ["turn_1", "turn_2"], "{:?}", list.body);
+
+        let files = get(&alice, format!("/v1/conversations/{id}/versions/turn_2")).await;
+        let file = &files.body["files"][0];
+        assert_eq!(file["path"], "note.md", "{:?}", files.body);
+        assert_eq!(file["size"], 8);
+        let reference = file["reference"].as_str().unwrap();
+        assert!(reference.starts_with("conv:gi:"), "{reference}");
+        let (status, bytes) = alice
+            .bytes(&format!("/v1/files?reference={reference}"), true)
+            .await
+            .unwrap();
+        assert_eq!((status, bytes.as_slice()), (200, &b"beta two"[..]));
+
+        let diff = get(&alice, format!("/v1/conversations/{id}/versions/turn_2/diff")).await;
+        assert_eq!(diff.body["from"], "turn_1", "{:?}", diff.body);
+        let change = &diff.body["changes"][0];
+        assert_eq!(change["change"], "modified");
+        let patch = change["patch"].as_str().unwrap();
+        assert!(patch.contains("-alpha one") && patch.contains("+beta two"), "{patch}");
+        let first = get(&alice, format!("/v1/conversations/{id}/versions/turn_1/diff")).await;
+        assert!(first.body.get("from").is_none(), "{:?}", first.body);
+        assert_eq!(first.body["changes"][0]["change"], "added");
+
+        // Nobody else sees any of it, exactly as if the conversation did not exist.
+        for token in [BOB, ALICE_OF_BETA] {
+            let other = server.client(token);
+            for path in ["versions", "versions/turn_2", "versions/turn_2/diff"] {
+                let r = get(&other, format!("/v1/conversations/{id}/{path}")).await;
+                assert_eq!(r.status, 404, "{token} {path}: {:?}", r.body);
+            }
+        }
+        // Bad turns are refused; a turn without a version is not found.
+        for (path, status) in [
+            ("versions/turn_0", 422),
+            ("versions/x", 422),
+            ("versions/turn_9", 404),
+            ("versions/turn_2/diff?from=turn_9", 404),
+            ("versions/turn_2/diff?from=..%2Fturn_1", 422),
+        ] {
+            let r = get(&alice, format!("/v1/conversations/{id}/{path}")).await;
+            assert_eq!(r.status, status, "{path}: {:?}", r.body);
+        }
+
+        // A ref planted in the store for a turn the record does not name is never shown.
+        let refs = turnpike_tests::edge::files_under(&server.store_dir())
+            .into_iter()
+            .find(|f| f.ends_with("git/refs/turn_1"))
+            .expect("turn_1's ref");
+        let planted = server
+            .store_dir()
+            .join(refs.replace("git/refs/turn_1", "git/refs/turn_3"));
+        std::fs::copy(server.store_dir().join(&refs), &planted).unwrap();
+        let list = get(&alice, format!("/v1/conversations/{id}/versions")).await;
+        assert_eq!(list.body["versions"].as_array().unwrap().len(), 2);
+        let r = get(&alice, format!("/v1/conversations/{id}/versions/turn_3")).await;
+        assert_eq!(r.status, 404, "{:?}", r.body);
+    });
+}
