@@ -276,13 +276,24 @@ fn project_versions_show_what_the_record_names_to_those_who_may_read_it() {
             .unwrap();
         assert_eq!((status, bytes.as_slice()), (200, &b"beta two"[..]));
 
-        let diff = get(&alice, format!("/v1/conversations/{id}/versions/turn_2/diff")).await;
+        let diff = get(
+            &alice,
+            format!("/v1/conversations/{id}/versions/turn_2/diff"),
+        )
+        .await;
         assert_eq!(diff.body["from"], "turn_1", "{:?}", diff.body);
         let change = &diff.body["changes"][0];
         assert_eq!(change["change"], "modified");
         let patch = change["patch"].as_str().unwrap();
-        assert!(patch.contains("-alpha one") && patch.contains("+beta two"), "{patch}");
-        let first = get(&alice, format!("/v1/conversations/{id}/versions/turn_1/diff")).await;
+        assert!(
+            patch.contains("-alpha one") && patch.contains("+beta two"),
+            "{patch}"
+        );
+        let first = get(
+            &alice,
+            format!("/v1/conversations/{id}/versions/turn_1/diff"),
+        )
+        .await;
         assert!(first.body.get("from").is_none(), "{:?}", first.body);
         assert_eq!(first.body["changes"][0]["change"], "added");
 
@@ -294,10 +305,10 @@ fn project_versions_show_what_the_record_names_to_those_who_may_read_it() {
                 assert_eq!(r.status, 404, "{token} {path}: {:?}", r.body);
             }
         }
-        // Bad turns are refused; a turn without a version is not found.
+        // A turn that cannot be one, or has no version, is not found; a malformed `from` is refused.
         for (path, status) in [
-            ("versions/turn_0", 422),
-            ("versions/x", 422),
+            ("versions/turn_0", 404),
+            ("versions/x", 404),
             ("versions/turn_9", 404),
             ("versions/turn_2/diff?from=turn_9", 404),
             ("versions/turn_2/diff?from=..%2Fturn_1", 422),

@@ -214,14 +214,17 @@ impl Edge {
             .route("/v1/conversations/{id}/export", get(conversations::export))
             .route("/v1/conversations/{id}/usage", get(usage::conversation))
             .route("/v1/usage", get(usage::tenant))
-            .route("/v1/conversations/{id}/versions", get(versions::list))
+            .route(
+                "/v1/conversations/{id}/versions",
+                get(versions::list_versions),
+            )
             .route(
                 "/v1/conversations/{id}/versions/{turn}",
-                get(versions::files),
+                get(versions::version_files),
             )
             .route(
                 "/v1/conversations/{id}/versions/{turn}/diff",
-                get(versions::diff),
+                get(versions::version_diff),
             )
             .route(
                 "/v1/conversations/{id}/grants",

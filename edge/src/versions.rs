@@ -87,7 +87,7 @@ pub struct DiffQuery {
 #[utoipa::path(get, path = "/v1/conversations/{id}/versions", tag = "versions",
     params(("id" = String, Path, description = "conv_<ulid>")),
     responses((status = 200, body = VersionList), (status = 404, body = ErrorBody)))]
-pub async fn list(
+pub async fn list_versions(
     State(edge): State<Edge>,
     Caller(caller): Caller,
     Path(id): Path<String>,
@@ -112,7 +112,7 @@ pub async fn list(
            ("turn" = String, Path, description = "turn_<n>")),
     responses((status = 200, body = VersionFiles), (status = 404, body = ErrorBody),
               (status = 422, body = ErrorBody)))]
-pub async fn files(
+pub async fn version_files(
     State(edge): State<Edge>,
     Caller(caller): Caller,
     Path((id, turn)): Path<(String, String)>,
@@ -142,7 +142,7 @@ pub async fn files(
            ("turn" = String, Path, description = "turn_<n>"), DiffQuery),
     responses((status = 200, body = VersionDiff), (status = 404, body = ErrorBody),
               (status = 422, body = ErrorBody)))]
-pub async fn diff(
+pub async fn version_diff(
     State(edge): State<Edge>,
     Caller(caller): Caller,
     Path((id, turn)): Path<(String, String)>,
@@ -154,7 +154,7 @@ pub async fn diff(
     let to = version_of(&versions, turn)?;
     let from = match query.from.as_deref() {
         Some(from) => {
-            let from = turn_id(from)?;
+            let from = query_turn(from)?;
             Some((from, version_of(&versions, from)?))
         }
         None => versions
@@ -207,7 +207,14 @@ fn version_of(
         .ok_or_else(|| ApiError::not_found(format!("{turn} published no project version")))
 }
 
+/// A turn from the path: one that cannot be a turn is `404`, like a turn without a version.
 fn turn_id(text: &str) -> ApiResult<TurnId> {
+    text.parse()
+        .map_err(|_| ApiError::not_found(format!("{text:?} is not a turn (turn_<n>)")))
+}
+
+/// A turn from the query (`from`, whose pattern the schema declares): `422` when malformed.
+fn query_turn(text: &str) -> ApiResult<TurnId> {
     text.parse()
         .map_err(|_| ApiError::invalid(format!("{text:?} is not a turn (turn_<n>)")))
 }
