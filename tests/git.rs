@@ -135,6 +135,76 @@ async fn five_turns_make_five_immutable_versions_that_check_out_anywhere() {
 }
 
 #[tokio::test]
+async fn a_version_lists_its_files_and_diffs_against_another() {
+    use turnpike_artifactory::git::versions::Change;
+    for store in [stores::memory(), stores::local()] {
+        let lineage = Lineage::new(
+            store.store.clone(),
+            ConversationPrefix::new(tenant(), ConversationId::new()),
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let trees = run_turns(&lineage, &dir.path().join("a"), 1, 3).await;
+        let v1 = lineage.ref_of(turn(1)).await.unwrap().unwrap();
+        let v3 = lineage.ref_of(turn(3)).await.unwrap().unwrap();
+
+        // The listing is the version's tree: every path, with its size.
+        let listed: BTreeMap<String, u64> = lineage
+            .files(v3)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|f| (f.path, f.size))
+            .collect();
+        let expected: BTreeMap<String, u64> = trees[2]
+            .iter()
+            .map(|(p, text)| (p.clone(), text.len() as u64))
+            .collect();
+        assert_eq!(listed, expected);
+
+        // Forwards: one file grew, two appeared; backwards, they disappear.
+        let forwards = lineage.diff(Some(v1), v3).await.unwrap();
+        let summary: Vec<(&str, Change)> = forwards
+            .iter()
+            .map(|c| (c.path.as_str(), c.change))
+            .collect();
+        assert_eq!(
+            summary,
+            [
+                ("file-2.txt", Change::Added),
+                ("file-3.txt", Change::Added),
+                ("notes/log.txt", Change::Modified),
+            ]
+        );
+        let patch = forwards[2].patch.as_deref().unwrap();
+        assert!(patch.contains("+turn 2\n+turn 3"), "{patch}");
+        assert!(patch.contains(" turn 1"), "{patch}");
+        let backwards = lineage.diff(Some(v3), v1).await.unwrap();
+        assert_eq!(backwards[0].change, Change::Removed);
+        assert!(backwards[0]
+            .patch
+            .as_deref()
+            .unwrap()
+            .contains("-made in turn 2"));
+        // Against nothing, everything is added; against itself, nothing changed.
+        assert_eq!(lineage.diff(None, v1).await.unwrap().len(), 2);
+        assert!(lineage.diff(Some(v3), v3).await.unwrap().is_empty());
+
+        // A binary file is reported as changed, without a line diff.
+        let ws = dir.path().join("binary");
+        std::fs::create_dir_all(&ws).unwrap();
+        let p = Project::open(lineage.clone(), &ws, Some(v3)).await.unwrap();
+        std::fs::write(ws.join("image.bin"), [0u8, 159, 146, 150, 0]).unwrap();
+        let v4 = p.commit(turn(4), "turn_4").await.unwrap();
+        let changes = lineage.diff(Some(v3), v4).await.unwrap();
+        assert_eq!(changes.len(), 1, "{changes:?}");
+        assert!(
+            changes[0].binary && changes[0].patch.is_none(),
+            "{changes:?}"
+        );
+    }
+}
+
+#[tokio::test]
 async fn the_export_is_a_plain_repository_that_git_accepts() {
     let test_store = stores::memory();
     let store: Arc<dyn ObjectStore> = test_store.store.clone();
