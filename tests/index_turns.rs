@@ -229,9 +229,12 @@ async fn catching_up_one_turn_reads_the_records_tail_not_the_whole_record() {
     assert_eq!(indexer.catch_up(rig.conv).await.unwrap(), 1);
     // The head, a window of the last batches, one turn log, the directory entry: a count that
     // does not grow with the record (a full read would be one per batch, 60+).
+    // The count is store-wide: the worker's own tail work after turn 31 (promotion, head
+    // hints) may land in it on a loaded machine (20 alone, 33 seen under a parallel build), so
+    // the bound is the record's size, which a full read alone would reach.
     let reads = rig.counting.gets();
     assert!(
-        reads < batches as usize / 2,
+        reads < batches as usize,
         "{reads} reads to index one turn of a {batches}-batch record"
     );
     // The window's listing, and the conversation's forget markers before and after writing

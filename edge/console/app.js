@@ -116,7 +116,13 @@ function linked(text) {
 }
 
 function fileLink(reference, label) {
-  const name = decodeURIComponent(reference.split("/").pop());
+  const last = reference.split("/").pop();
+  let name = last;
+  try {
+    name = decodeURIComponent(last);
+  } catch (e) {
+    // Not valid percent-encoding: show it as it is.
+  }
   return el("a", {
     href: "#",
     class: "file-link",
@@ -170,12 +176,22 @@ async function signIn(token) {
   route();
 }
 
+/// Leaves the open conversation: its stream, retries and pending reads stop, its rows go.
+function leaveConversation() {
+  closeStream();
+  state.gen += 1;
+  state.conv = null;
+  chat.id = null;
+  chat.rows = new Map();
+  $("transcript").replaceChildren();
+  markCurrent();
+}
+
 function signOut(message) {
   sessionStorage.removeItem(TOKEN_KEY);
-  closeStream();
+  leaveConversation();
   state.token = null;
   state.me = null;
-  state.conv = null;
   show("app", false);
   show("whoami", false);
   show("signout", false);
@@ -301,20 +317,26 @@ function route() {
       openVersions(parts[1]).catch((e) => say("versions-status", e.message));
     } else {
       show("chat");
-      openConversation(parts[1], params).catch((e) => flash(e.message));
+      openConversation(parts[1], params).catch((e) => {
+        // Opened again from scratch next time.
+        chat.id = null;
+        flash(e.message);
+      });
     }
   } else if (parts[0] === "search") {
     show("search-view");
     runSearch(params).catch((e) => say("search-status", e.message));
   } else {
-    closeStream();
-    state.conv = null;
-    markCurrent();
+    leaveConversation();
     show("home");
   }
 }
 
 window.addEventListener("hashchange", route);
+document.querySelector(".skip").addEventListener("click", (e) => {
+  e.preventDefault();
+  $("main").focus();
+});
 $("back").addEventListener("click", () => (location.hash = "#/"));
 
 // ---------- a conversation ----------
@@ -449,8 +471,14 @@ function addRows(rows) {
   const list = $("transcript");
   for (const row of rows) {
     if (chat.rows.has(row.seq)) continue;
+    let node;
+    try {
+      node = renderRow(row);
+    } catch (e) {
+      // A row this console cannot draw is still shown, so nothing goes missing.
+      node = el("li", { class: "row meta", dataset: { seq: String(row.seq), kind: row.kind } }, `${row.kind} (not shown: ${e.message})`);
+    }
     chat.rows.set(row.seq, row);
-    const node = renderRow(row);
     let before = null;
     for (let n = list.lastElementChild; n; n = n.previousElementSibling) {
       if (n.dataset.seq === undefined) continue;
@@ -616,11 +644,12 @@ function approvalCard(row) {
   const answer = async (approve) => {
     const body = { tool: d.tool, arguments: d.arguments };
     if (!approve && reason.value.trim()) body.reason = reason.value.trim();
+    for (const b of card.querySelectorAll("button, input")) b.disabled = true;
     try {
       await api("POST", conversationPath(chat.id, `/approvals/${encodeURIComponent(d.request_id)}/${approve ? "approve" : "reject"}`), body, { idempotent: true });
       card.querySelector(".state").textContent = approve ? "approving…" : "rejecting…";
-      for (const b of card.querySelectorAll("button, input")) b.disabled = true;
     } catch (e) {
+      for (const b of card.querySelectorAll("button, input")) b.disabled = false;
       flash(e.message);
     }
   };
@@ -789,8 +818,9 @@ async function loadEarlier() {
   const box = $("transcript-box");
   const fromBottom = box.scrollHeight - box.scrollTop;
   const page = await api("GET", conversationPath(chat.id, `/messages?before=${chat.oldest}&limit=100`));
-  addRows(page.rows);
+  const added = addRows(page.rows);
   chat.oldest = page.prev_before || null;
+  if (added.some((r) => r.kind === "approval_request" || r.kind === "question_request")) refreshPending();
   show("load-earlier", chat.oldest !== null);
   // Keep what the reader was looking at where it was.
   box.scrollTop = box.scrollHeight - fromBottom;
@@ -990,9 +1020,7 @@ $("search-form").addEventListener("submit", (e) => {
 });
 
 async function runSearch(params) {
-  closeStream();
-  state.conv = null;
-  markCurrent();
+  leaveConversation();
   $("search-results").replaceChildren();
   say("search-status", "Searching…");
   const q = new URLSearchParams({ q: params.get("q") || "", limit: "20" });

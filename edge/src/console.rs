@@ -64,8 +64,24 @@ pub async fn asset(Path(name): Path<String>, headers: HeaderMap) -> Response {
     }
 }
 
+/// An asset's ETag: a digest of its bytes, computed once.
+fn etag(asset: &Asset) -> &'static str {
+    static TAGS: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
+    let tags = TAGS.get_or_init(|| {
+        ASSETS
+            .iter()
+            .map(|a| format!("\"{}\"", hex::encode(&Sha256::digest(a.bytes)[..12])))
+            .collect()
+    });
+    let at = ASSETS
+        .iter()
+        .position(|a| a.name == asset.name)
+        .expect("an asset of the list");
+    &tags[at]
+}
+
 fn serve(asset: &Asset, request: &HeaderMap) -> Response {
-    let etag = format!("\"{}\"", hex::encode(&Sha256::digest(asset.bytes)[..12]));
+    let etag = etag(asset);
     let fresh = request
         .get(header::IF_NONE_MATCH)
         .and_then(|v| v.to_str().ok())
@@ -97,7 +113,7 @@ fn serve(asset: &Asset, request: &HeaderMap) -> Response {
     );
     h.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-    if let Ok(v) = HeaderValue::from_str(&etag) {
+    if let Ok(v) = HeaderValue::from_str(etag) {
         h.insert(header::ETAG, v);
     }
     response

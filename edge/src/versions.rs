@@ -59,7 +59,8 @@ pub struct FileChangeView {
     pub path: String,
     /// `added`, `removed` or `modified`.
     pub change: String,
-    /// A unified diff (absent for binary files and files over 1 MiB).
+    /// A unified diff (absent for binary files, files over 1 MiB, and files past the first
+    /// 8 MiB of content a diff reads).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub patch: Option<String>,
     pub binary: bool,

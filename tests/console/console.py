@@ -317,6 +317,8 @@ def approvals(b):
     # Sending while a card is pending warns first and sends nothing.
     b.send("publish second")
     b.wait("a second card", lambda: len(b.qs(".approval-card .approve:enabled")) == 1)
+    # The parked turn has committed all it will (its turn_complete): nothing else is coming.
+    eventually("the parked turn", lambda: completed_turns(conv, ALICE, 3))
     before = len(all_rows(conv, ALICE))
     b.send("something else")
     b.wait_css("#warning")
@@ -469,7 +471,15 @@ def narrow(b):
     b.send("tell me a story")
     b.wait_row("assistant_message", "happily ever after")
     b.q("#back").click()
-    b.wait_css(f'#conversations li[data-id="{conv}"]')
+    entry = b.wait_css(f'#conversations li[data-id="{conv}"] a')
+    # Back into the same conversation: live again, and a reference with broken percent-encoding
+    # in a message is shown, not dropped.
+    entry.click()
+    b.wait("the stream to be live again", lambda: b.badge() == "live")
+    b.send("see conv:gi:conv_01M8RX31PJPXGWB68YA7J12H04/turn_1/a%zz please")
+    b.wait_row("assistant_message", "please")
+    eventually("both turns", lambda: completed_turns(conv, ALICE, 2))
+    same_rows(b, conv, ALICE)
     b.assert_clean("narrow")
 
 

@@ -333,7 +333,7 @@ pub(crate) async fn prelude(
 ) -> Result<bool> {
     let (mut approvals, mut questions) = pending(history.iter().chain(blocks.iter()));
     let mut applied = false;
-    let mut restored = false;
+    let mut restored: Option<std::result::Result<(), String>> = None;
     if asks.supersedes {
         for p in approvals.drain(..) {
             blocks.push(Block::ApprovalResponse {
@@ -418,15 +418,19 @@ pub(crate) async fn prelude(
                     tool: call.name.clone(),
                     arguments: call.arguments.clone(),
                 });
-                let (ok, out) = if *approve {
-                    // The call was asked for in a workspace that is gone: bring back the files
-                    // the parked turn left (its published version) before it runs.
-                    if !restored {
-                        restored = true;
-                        if let Err(e) = tools.restore_workspace().await {
-                            tracing::warn!("restoring the workspace for an approved call: {e}");
-                        }
-                    }
+                // The call was asked for in a workspace that is gone: bring back the files the
+                // parked turn left (the project's latest version: the parked turn published it,
+                // and nothing ran since) before it runs. Without them it does not run.
+                if *approve && restored.is_none() {
+                    restored = Some(tools.restore_workspace().await);
+                }
+                let (ok, out) = if let (true, Some(Err(e))) = (*approve, &restored) {
+                    (
+                        false,
+                        json!({ "error": format!("not run: the workspace could not be restored: {e}") })
+                            .into(),
+                    )
+                } else if *approve {
                     tools.run(&call).await
                 } else {
                     let why = reason.as_deref().unwrap_or("no reason given");

@@ -17,6 +17,8 @@ use crate::error::{Error, ErrorKind, Result};
 pub const MAX_FILES: usize = 10_000;
 /// The largest file a diff shows line by line (larger ones are reported as changed, no patch).
 pub const MAX_DIFF_BYTES: u64 = 1 << 20;
+/// The most file content one diff reads for patches; files past it are reported without one.
+pub const MAX_DIFF_TOTAL: u64 = 8 << 20;
 
 /// One file of a project version.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -51,8 +53,8 @@ impl Change {
 pub struct FileChange {
     pub path: String,
     pub change: Change,
-    /// A unified diff (`---`/`+++` headers and hunks), unless the file is binary or larger
-    /// than [`MAX_DIFF_BYTES`] on either side.
+    /// A unified diff (`---`/`+++` headers and hunks), unless the file is binary, larger than
+    /// [`MAX_DIFF_BYTES`] on either side, or past the diff's [`MAX_DIFF_TOTAL`].
     pub patch: Option<String>,
     /// Either side holds a NUL byte: no line diff is shown.
     pub binary: bool,
@@ -62,17 +64,21 @@ impl Lineage {
     /// Every file of `commit`, sorted by path. More than [`MAX_FILES`] is refused
     /// ([`ErrorKind::InvalidInput`]).
     pub async fn files(&self, commit: ProjectVersion) -> Result<Vec<VersionFile>> {
+        use futures::{StreamExt as _, TryStreamExt as _};
         let scratch = Scratch::new().await?;
         let blobs = self.blobs(&scratch, oid(commit)).await?;
-        let mut files = Vec::with_capacity(blobs.len());
-        for (path, blob) in blobs {
-            files.push(VersionFile {
-                size: self.blob_size(blob).await?,
-                path,
-                blob: blob.to_string(),
-            });
-        }
-        Ok(files)
+        // Sizes from the store's metadata, a few requests at a time, in path order.
+        futures::stream::iter(blobs)
+            .map(|(path, blob)| async move {
+                Ok::<_, Error>(VersionFile {
+                    size: self.blob_size(blob).await?,
+                    path,
+                    blob: blob.to_string(),
+                })
+            })
+            .buffered(16)
+            .try_collect()
+            .await
     }
 
     /// What changed from `from` (none: an empty project) to `to`, sorted by path.
@@ -91,6 +97,7 @@ impl Lineage {
         paths.sort();
         paths.dedup();
         let mut changes = Vec::new();
+        let mut budget = MAX_DIFF_TOTAL;
         for path in paths {
             let (old, new) = (before.get(path).copied(), after.get(path).copied());
             let change = match (old, new) {
@@ -100,11 +107,17 @@ impl Lineage {
                 (Some(_), None) => Change::Removed,
                 (None, None) => continue,
             };
-            let old_bytes = self.diffable(old).await?;
-            let new_bytes = self.diffable(new).await?;
+            let (old_bytes, new_bytes) = if budget > 0 {
+                (self.diffable(old).await?, self.diffable(new).await?)
+            } else {
+                (None, None)
+            };
             let (patch, binary) = match (old_bytes, new_bytes) {
                 (Some(a), Some(b)) if a.contains(&0) || b.contains(&0) => (None, true),
-                (Some(a), Some(b)) => (Some(unified(path, old, &a, new, &b)?), false),
+                (Some(a), Some(b)) => {
+                    budget = budget.saturating_sub((a.len() + b.len()) as u64);
+                    (Some(unified(path.clone(), old, a, new, b).await?), false)
+                }
                 _ => (None, false),
             };
             changes.push(FileChange {
@@ -192,18 +205,25 @@ fn content_length(stored: u64) -> Option<u64> {
     })
 }
 
-/// A unified diff of one file.
-fn unified(path: &str, old: Option<Oid>, a: &[u8], new: Option<Oid>, b: &[u8]) -> Result<String> {
-    let (old_path, new_path) = (
-        old.map(|_| std::path::Path::new(path)),
-        new.map(|_| std::path::Path::new(path)),
-    );
-    let mut patch = git2::Patch::from_buffers(a, old_path, b, new_path, None)
-        .map_err(|e| super::git_error("diffing", e))?;
-    let buf = patch
-        .to_buf()
-        .map_err(|e| super::git_error("printing a diff", e))?;
-    Ok(String::from_utf8_lossy(&buf).into_owned())
+/// A unified diff of one file (on a blocking thread: diffing is CPU work).
+async fn unified(
+    path: String,
+    old: Option<Oid>,
+    a: bytes::Bytes,
+    new: Option<Oid>,
+    b: bytes::Bytes,
+) -> Result<String> {
+    tokio::task::spawn_blocking(move || {
+        let p = std::path::Path::new(&path);
+        let mut patch = git2::Patch::from_buffers(&a, old.map(|_| p), &b, new.map(|_| p), None)
+            .map_err(|e| super::git_error("diffing", e))?;
+        let buf = patch
+            .to_buf()
+            .map_err(|e| super::git_error("printing a diff", e))?;
+        Ok(String::from_utf8_lossy(&buf).into_owned())
+    })
+    .await
+    .map_err(super::join_error)?
 }
 
 /// A scratch bare repository, removed when dropped.
