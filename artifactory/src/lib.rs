@@ -18,6 +18,7 @@
 
 pub mod archive;
 pub mod attempts;
+mod context_cache;
 pub mod conversations;
 pub mod dead_letters;
 pub mod directory;

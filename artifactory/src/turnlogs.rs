@@ -14,11 +14,21 @@ use crate::layout::ConversationPrefix;
 #[derive(Debug, Clone)]
 pub struct TurnLogs {
     store: Arc<dyn ObjectStore>,
+    /// Context snapshots parsed before, shared by clones (see [`crate::context_cache`]).
+    contexts: Arc<crate::context_cache::ContextCache>,
 }
 
 impl TurnLogs {
     pub fn new(store: Arc<dyn ObjectStore>) -> Self {
-        Self { store }
+        Self {
+            store,
+            contexts: Arc::default(),
+        }
+    }
+
+    /// Forgets the context snapshots parsed before: the next reads parse again.
+    pub fn forget_parsed(&self) {
+        self.contexts.clear();
     }
 
     /// Writes a turn's log at its canonical key (for fixtures and imports; a worker writes
@@ -190,18 +200,28 @@ impl TurnLogs {
         );
         // Canonical only: an owner finishes the previous turn's promotion before it starts a
         // turn, and a missing snapshot only means a rebuild from the logs.
-        let bytes = match self.store.get(&prefix.context_snapshot(turn)).await {
-            Ok(r) => r.bytes().await.map_err(|e| Error::store(&what, e))?,
+        let found = match self.store.get(&prefix.context_snapshot(turn)).await {
+            Ok(r) => r,
             Err(object_store::Error::NotFound { .. }) => return Ok(None),
             Err(e) => return Err(Error::store(&what, e)),
         };
-        Ok(serde_json::from_slice::<ContextSnapshot>(&bytes)
+        // The same object parsed before: its bytes need not even be read.
+        let version = crate::context_cache::ObjectVersion::of(&found.meta);
+        if let Some(parsed) = self.contexts.get(&version) {
+            return Ok(Some(parsed.as_ref().clone()));
+        }
+        let bytes = found.bytes().await.map_err(|e| Error::store(&what, e))?;
+        let parsed = serde_json::from_slice::<ContextSnapshot>(&bytes)
             .ok()
             .filter(|s| {
                 s.version == CONTEXT_VERSION
                     && s.conversation == prefix.conversation()
                     && s.through == turn
-            }))
+            });
+        if let Some(snapshot) = &parsed {
+            self.contexts.put(version, Arc::new(snapshot.clone()));
+        }
+        Ok(parsed)
     }
 
     /// Removes what an attempt at `turn` left behind (its log and context snapshot), for a turn
@@ -214,5 +234,62 @@ impl TurnLogs {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use turnpike_schemas::timeline::Row;
+    use turnpike_schemas::{Block, ConversationId};
+
+    fn snapshot(conversation: ConversationId, text: &str) -> ContextSnapshot {
+        let turn = TurnId::new(3).unwrap();
+        ContextSnapshot {
+            version: CONTEXT_VERSION,
+            conversation,
+            through: turn,
+            rows: vec![Row::new(
+                conversation,
+                turn,
+                0,
+                Block::UserMessage { text: text.into() },
+            )],
+        }
+    }
+
+    #[tokio::test]
+    async fn a_parsed_snapshot_is_reused_only_for_the_same_object() {
+        for store in [
+            Arc::new(object_store::memory::InMemory::new()) as Arc<dyn ObjectStore>,
+            Arc::new(
+                object_store::local::LocalFileSystem::new_with_prefix(
+                    tempfile::tempdir().unwrap().keep(),
+                )
+                .unwrap(),
+            ),
+        ] {
+            let logs = TurnLogs::new(store);
+            let conversation = ConversationId::new();
+            let prefix = ConversationPrefix::new("t".parse().unwrap(), conversation);
+            let turn = TurnId::new(3).unwrap();
+            logs.write_context(&prefix, &snapshot(conversation, "first"))
+                .await
+                .unwrap();
+            let read = logs.read_context(&prefix, turn).await.unwrap().unwrap();
+            assert_eq!(read, snapshot(conversation, "first"));
+            // Again: the same object, from memory, equal to a fresh parse.
+            let again = logs.read_context(&prefix, turn).await.unwrap().unwrap();
+            assert_eq!(again, read);
+            // The object replaced at the same key: the new bytes, never the remembered parse.
+            logs.write_context(&prefix, &snapshot(conversation, "second, longer"))
+                .await
+                .unwrap();
+            let replaced = logs.read_context(&prefix, turn).await.unwrap().unwrap();
+            assert_eq!(replaced, snapshot(conversation, "second, longer"));
+            // Deleted: none, whatever was remembered.
+            logs.discard(&prefix, turn).await.unwrap();
+            assert!(logs.read_context(&prefix, turn).await.unwrap().is_none());
+        }
     }
 }

@@ -166,6 +166,28 @@ pub(crate) async fn build(
     Ok((prefix, record))
 }
 
+/// How a rebuild finds the context.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Mode {
+    /// The previous turn's snapshot, parsed before by this process (a worker that served the
+    /// conversation's previous turn).
+    Warm,
+    /// The previous turn's snapshot, never parsed here (any other worker).
+    Cold,
+    /// The summary and one turn log per turn after it (the fallback).
+    Logs,
+}
+
+impl Mode {
+    fn name(self) -> &'static str {
+        match self {
+            Mode::Warm => "snapshot, parsed before",
+            Mode::Cold => "snapshot, cold",
+            Mode::Logs => "turn logs",
+        }
+    }
+}
+
 /// Times `samples` rebuilds of the context of turn `next`.
 async fn measure(
     store: &Arc<dyn ObjectStore>,
@@ -173,8 +195,9 @@ async fn measure(
     record: &Record,
     next: u64,
     samples: usize,
-    from_logs: bool,
+    mode: Mode,
 ) -> Result<(Series, usize, usize)> {
+    let from_logs = mode == Mode::Logs;
     let logs = TurnLogs::new(store.clone());
     let turn = TurnId::new(next).expect("non-zero");
     let mut times = Vec::with_capacity(samples);
@@ -182,8 +205,14 @@ async fn measure(
     let mut messages = 0;
     // A worker knows the head when its turn starts (it just committed batch one).
     let head = record.head().await?;
+    if mode == Mode::Warm {
+        timeline::rebuild(&logs, prefix, head.state(), turn).await?;
+    }
     let start = Instant::now();
     for _ in 0..samples {
+        if mode == Mode::Cold {
+            logs.forget_parsed();
+        }
         let t = Instant::now();
         let built = if from_logs {
             timeline::rebuild_from_logs(&logs, prefix, head.state(), turn).await?
@@ -222,19 +251,20 @@ pub async fn run(
         ("turn 1000, no compaction", 1000, None),
         ("turn 1000, summary at turn 900", 1000, Some(900)),
     ];
-    let mut baseline = None;
+    // Each way of rebuilding is compared with turn 10 rebuilt the same way, in this run.
+    let mut baseline = std::collections::HashMap::new();
     for (name, next, summary) in scenarios {
         let (prefix, record) = build(&store, &signer, next, summary).await?;
-        for from_logs in [false, true] {
+        for mode in [Mode::Warm, Mode::Cold, Mode::Logs] {
             // Warm the page cache the way a busy store would be.
-            measure(&store, &prefix, &record, next, 2, from_logs).await?;
+            measure(&store, &prefix, &record, next, 2, mode).await?;
             let (series, rows, messages) =
-                measure(&store, &prefix, &record, next, samples, from_logs).await?;
+                measure(&store, &prefix, &record, next, samples, mode).await?;
             let p50 = series.percentile(0.5);
-            let base = *baseline.get_or_insert(p50);
-            let how = if from_logs { "turn logs" } else { "snapshot" };
+            let base = *baseline.entry(mode).or_insert(p50);
+            let how = mode.name();
             println!(
-                "{name:<32} {how:<9}  p50 {:>8.3} ms   p99 {:>8.3} ms   {rows:>5} rows {messages:>5} messages   {:>6.2}x turn 10",
+                "{name:<32} {how:<23}  p50 {:>8.3} ms   p99 {:>8.3} ms   {rows:>5} rows {messages:>5} messages   {:>6.2}x turn 10",
                 p50.as_secs_f64() * 1e3,
                 series.percentile(0.99).as_secs_f64() * 1e3,
                 p50.as_secs_f64() / base.as_secs_f64(),

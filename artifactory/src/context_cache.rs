@@ -1,0 +1,96 @@
+//! Parsed context snapshots, remembered per process: a worker that rebuilds the context of a
+//! conversation it served a moment ago skips the parsing (the bulk of a rebuild: hundreds of
+//! rows of JSON).
+//!
+//! Contract: an entry is only ever used for the exact object it was parsed from — same key and
+//! the same store metadata (ETag, or size and modification time where the store has no ETag).
+//! An object replaced at the same key misses. Nothing here is needed for correctness: a miss
+//! reads and parses as before, and the memory is bounded ([`CAPACITY`] snapshots, least recently
+//! used first out).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use object_store::ObjectMeta;
+use turnpike_schemas::timeline::ContextSnapshot;
+
+/// The most snapshots remembered.
+pub const CAPACITY: usize = 64;
+
+/// What identifies one stored object: its key and what the store says about its bytes.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(crate) struct ObjectVersion {
+    path: String,
+    e_tag: Option<String>,
+    size: u64,
+    modified_ns: i64,
+}
+
+impl ObjectVersion {
+    pub(crate) fn of(meta: &ObjectMeta) -> Self {
+        Self {
+            path: meta.location.to_string(),
+            e_tag: meta.e_tag.clone(),
+            size: meta.size,
+            modified_ns: meta.last_modified.timestamp_nanos_opt().unwrap_or_default(),
+        }
+    }
+}
+
+/// Parsed snapshots by the object they came from.
+#[derive(Default)]
+pub(crate) struct ContextCache {
+    inner: Mutex<Lru>,
+}
+
+#[derive(Default)]
+struct Lru {
+    entries: HashMap<ObjectVersion, (u64, Arc<ContextSnapshot>)>,
+    clock: u64,
+}
+
+impl std::fmt::Debug for ContextCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let n = self.inner.lock().map(|l| l.entries.len()).unwrap_or(0);
+        f.debug_struct("ContextCache").field("entries", &n).finish()
+    }
+}
+
+impl ContextCache {
+    pub(crate) fn get(&self, version: &ObjectVersion) -> Option<Arc<ContextSnapshot>> {
+        let mut lru = self.inner.lock().ok()?;
+        lru.clock += 1;
+        let now = lru.clock;
+        let (used, snapshot) = lru.entries.get_mut(version)?;
+        *used = now;
+        Some(snapshot.clone())
+    }
+
+    pub(crate) fn put(&self, version: ObjectVersion, snapshot: Arc<ContextSnapshot>) {
+        let Ok(mut lru) = self.inner.lock() else {
+            return;
+        };
+        lru.clock += 1;
+        let now = lru.clock;
+        // The same key with other bytes: the old parse is of no use any more.
+        lru.entries.retain(|v, _| v.path != version.path);
+        if lru.entries.len() >= CAPACITY {
+            if let Some(oldest) = lru
+                .entries
+                .iter()
+                .min_by_key(|(_, (used, _))| *used)
+                .map(|(v, _)| v.clone())
+            {
+                lru.entries.remove(&oldest);
+            }
+        }
+        lru.entries.insert(version, (now, snapshot));
+    }
+
+    /// Forgets everything (a cold rebuild, for measurements).
+    pub(crate) fn clear(&self) {
+        if let Ok(mut lru) = self.inner.lock() {
+            lru.entries.clear();
+        }
+    }
+}
