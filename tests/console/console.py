@@ -483,6 +483,38 @@ def narrow(b):
     b.assert_clean("narrow")
 
 
+def paging(b):
+    """A long conversation opens at its end; paging back keeps the reader's place."""
+    conv = ok("POST", "/v1/conversations", ALICE, {"app": "console", "agent": "assistant"})["id"]
+    for i in range(25):
+        ok("POST", f"/v1/conversations/{conv}/messages", ALICE, {"text": f"line {i}"})
+        eventually(f"turn {i + 1}", lambda: completed_turns(conv, ALICE, i + 1))
+    record = all_rows(conv, ALICE)
+    assert len(record) > 100, len(record)
+    b.open(f"/#/c/{conv}")
+    b.wait("the stream to be live", lambda: b.badge() == "live")
+    earlier = b.wait_css("#load-earlier")
+    tail = [[r["seq"], r["kind"]] for r in record]
+    b.wait("the end of the record", lambda: b.shown_rows() and b.shown_rows() == tail[-len(b.shown_rows()):])
+    shown = b.shown_rows()
+    assert len(shown) < len(tail), "the whole record on the first page"
+    # Where the first shown row sits in the viewport, before and after the older rows arrive.
+    first = shown[0][0]
+    b.d.execute_script("document.getElementById('transcript-box').scrollTop = 0")
+    top = lambda: b.d.execute_script(
+        f"return document.querySelector('#transcript li[data-seq=\"{first}\"]').getBoundingClientRect().top")
+    before = top()
+    earlier.click()
+    b.wait("older rows", lambda: len(b.shown_rows()) > len(shown))
+    assert abs(top() - before) < 2, (before, top())
+    while b.q("#load-earlier").is_displayed():
+        count = len(b.shown_rows())
+        b.q("#load-earlier").click()
+        b.wait("another page", lambda: len(b.shown_rows()) > count or not b.q("#load-earlier").is_displayed())
+    same_rows(b, conv, ALICE)
+    b.assert_clean("paging")
+
+
 def fleet(b):
     """Against two routers: sign in on one, chat, and the other router's record matches."""
     conv = chat_streams_and_equals_the_record(b)
@@ -534,7 +566,7 @@ SCENARIOS = {
     "chat": [chat_streams_and_equals_the_record, reconnects_after_a_restart, approvals,
              questions, attachments, versions, search],
     "admin": [admin],
-    "narrow": [narrow],
+    "narrow": [narrow, paging],
     "fleet": [fleet],
 }
 
