@@ -601,7 +601,7 @@ async fn the_context_at_turn_200_reads_a_bounded_number_of_objects() {
     // With the snapshot turn 199 leaves (as workers do), the rebuild is one read.
     let snapshot = turnpike_worker::timeline::snapshot_after(
         &turnpike_worker::timeline::Timeline {
-            rows: timeline.rows[..timeline.rows.len() - 2].to_vec(),
+            rows: std::sync::Arc::new(timeline.rows[..timeline.rows.len() - 2].to_vec()),
             ..Default::default()
         },
         &prefix,

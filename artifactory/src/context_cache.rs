@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use object_store::ObjectMeta;
-use turnpike_schemas::timeline::ContextSnapshot;
+use turnpike_schemas::Row;
 
 /// The most snapshots remembered.
 pub const CAPACITY: usize = 64;
@@ -37,7 +37,7 @@ impl ObjectVersion {
     }
 }
 
-/// Parsed snapshots by the object they came from.
+/// Parsed snapshots' rows by the object they came from.
 #[derive(Default)]
 pub(crate) struct ContextCache {
     inner: Mutex<Lru>,
@@ -45,7 +45,7 @@ pub(crate) struct ContextCache {
 
 #[derive(Default)]
 struct Lru {
-    entries: HashMap<ObjectVersion, (u64, Arc<ContextSnapshot>)>,
+    entries: HashMap<ObjectVersion, (u64, Arc<Vec<Row>>)>,
     clock: u64,
 }
 
@@ -57,7 +57,7 @@ impl std::fmt::Debug for ContextCache {
 }
 
 impl ContextCache {
-    pub(crate) fn get(&self, version: &ObjectVersion) -> Option<Arc<ContextSnapshot>> {
+    pub(crate) fn get(&self, version: &ObjectVersion) -> Option<Arc<Vec<Row>>> {
         let mut lru = self.inner.lock().ok()?;
         lru.clock += 1;
         let now = lru.clock;
@@ -66,7 +66,7 @@ impl ContextCache {
         Some(snapshot.clone())
     }
 
-    pub(crate) fn put(&self, version: ObjectVersion, snapshot: Arc<ContextSnapshot>) {
+    pub(crate) fn put(&self, version: ObjectVersion, snapshot: Arc<Vec<Row>>) {
         let Ok(mut lru) = self.inner.lock() else {
             return;
         };

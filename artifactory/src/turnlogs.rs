@@ -186,14 +186,14 @@ impl TurnLogs {
         Ok(serde_json::to_vec(snapshot).expect("snapshots serialise"))
     }
 
-    /// Reads the context snapshot after `turn`: `None` when there is none, or when what is
-    /// there is not the snapshot of that turn of this conversation (then the caller rebuilds
-    /// from the turn logs).
+    /// The rows of the context snapshot the previous turn left after `turn` (its canonical
+    /// key), if there is one of this version for this conversation. The same stored object
+    /// read again gives the same shared rows without parsing (see [`crate::context_cache`]).
     pub async fn read_context(
         &self,
         prefix: &ConversationPrefix,
         turn: TurnId,
-    ) -> Result<Option<ContextSnapshot>> {
+    ) -> Result<Option<Arc<Vec<turnpike_schemas::Row>>>> {
         let what = format!(
             "reading the context after {turn} of {}",
             prefix.conversation()
@@ -207,21 +207,23 @@ impl TurnLogs {
         };
         // The same object parsed before: its bytes need not even be read.
         let version = crate::context_cache::ObjectVersion::of(&found.meta);
-        if let Some(parsed) = self.contexts.get(&version) {
-            return Ok(Some(parsed.as_ref().clone()));
+        if let Some(rows) = self.contexts.get(&version) {
+            return Ok(Some(rows));
         }
         let bytes = found.bytes().await.map_err(|e| Error::store(&what, e))?;
-        let parsed = serde_json::from_slice::<ContextSnapshot>(&bytes)
+        let Some(snapshot) = serde_json::from_slice::<ContextSnapshot>(&bytes)
             .ok()
             .filter(|s| {
                 s.version == CONTEXT_VERSION
                     && s.conversation == prefix.conversation()
                     && s.through == turn
-            });
-        if let Some(snapshot) = &parsed {
-            self.contexts.put(version, Arc::new(snapshot.clone()));
-        }
-        Ok(parsed)
+            })
+        else {
+            return Ok(None);
+        };
+        let rows = Arc::new(snapshot.rows);
+        self.contexts.put(version, rows.clone());
+        Ok(Some(rows))
     }
 
     /// Removes what an attempt at `turn` left behind (its log and context snapshot), for a turn
@@ -277,16 +279,16 @@ mod tests {
                 .await
                 .unwrap();
             let read = logs.read_context(&prefix, turn).await.unwrap().unwrap();
-            assert_eq!(read, snapshot(conversation, "first"));
-            // Again: the same object, from memory, equal to a fresh parse.
+            assert_eq!(*read, snapshot(conversation, "first").rows);
+            // Again: the same object, the same parsed rows (shared, not parsed again).
             let again = logs.read_context(&prefix, turn).await.unwrap().unwrap();
-            assert_eq!(again, read);
+            assert!(Arc::ptr_eq(&again, &read));
             // The object replaced at the same key: the new bytes, never the remembered parse.
             logs.write_context(&prefix, &snapshot(conversation, "second, longer"))
                 .await
                 .unwrap();
             let replaced = logs.read_context(&prefix, turn).await.unwrap().unwrap();
-            assert_eq!(replaced, snapshot(conversation, "second, longer"));
+            assert_eq!(*replaced, snapshot(conversation, "second, longer").rows);
             // Deleted: none, whatever was remembered.
             logs.discard(&prefix, turn).await.unwrap();
             assert!(logs.read_context(&prefix, turn).await.unwrap().is_none());

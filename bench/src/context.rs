@@ -132,7 +132,7 @@ pub(crate) async fn build(
         if n + 1 == next {
             logs.write_context(&prefix, &snapshot).await?;
         }
-        running.rows = snapshot.rows;
+        running.rows = std::sync::Arc::new(snapshot.rows);
         logs.write(
             &prefix,
             &TurnLog {

@@ -14,6 +14,8 @@
 //! per message for role and framing (OpenAI's rule of thumb for English text; it overestimates
 //! code slightly, which errs on the safe side of a context limit).
 
+use std::sync::{Arc, Mutex, OnceLock};
+
 use futures::{StreamExt as _, TryStreamExt as _};
 use serde_json::Value;
 use turnpike_artifactory::{ConversationPrefix, ErrorKind, TurnLogs};
@@ -30,7 +32,8 @@ const FETCH_CONCURRENCY: usize = 16;
 /// The rows of the turns before the running one.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Timeline {
-    pub rows: Vec<Row>,
+    /// Shared: a snapshot read again by this process gives the same rows (no parse, no copy).
+    pub rows: Arc<Vec<Row>>,
     /// How many turn logs (or snapshots) the rebuild read.
     pub logs_read: usize,
     /// Whether it came from the previous turn's snapshot.
@@ -43,10 +46,48 @@ impl Timeline {
         self.rows.iter().map(|r| r.block.clone()).collect()
     }
 
-    /// The model messages of the rows (see [`messages`]).
+    /// The model messages of the rows (see [`messages`]). Assembled once per set of shared
+    /// rows in this process: a timeline rebuilt again from the same snapshot reuses them.
     pub fn messages(&self) -> Vec<Message> {
-        messages(self.rows.iter().map(|r| &r.block))
+        if let Some(done) = assembled(&self.rows) {
+            return done.as_ref().clone();
+        }
+        let built = Arc::new(messages(self.rows.iter().map(|r| &r.block)));
+        remember_assembled(&self.rows, built.clone());
+        built.as_ref().clone()
     }
+}
+
+/// How many assembled message lists are remembered.
+const ASSEMBLED: usize = 64;
+
+/// Message lists by the rows they were assembled from. Held weakly: once the rows are gone
+/// (the snapshot left the parse cache, the timeline was dropped), so is the entry's meaning,
+/// and a new allocation at the same address never matches a dead weak pointer.
+type Assembled = Vec<(std::sync::Weak<Vec<Row>>, Arc<Vec<Message>>)>;
+
+fn assembled_memo() -> &'static Mutex<Assembled> {
+    static MEMO: OnceLock<Mutex<Assembled>> = OnceLock::new();
+    MEMO.get_or_init(Mutex::default)
+}
+
+fn assembled(rows: &Arc<Vec<Row>>) -> Option<Arc<Vec<Message>>> {
+    let memo = assembled_memo().lock().ok()?;
+    memo.iter().find_map(|(weak, done)| {
+        let same = weak.upgrade().is_some_and(|r| Arc::ptr_eq(&r, rows));
+        same.then(|| done.clone())
+    })
+}
+
+fn remember_assembled(rows: &Arc<Vec<Row>>, done: Arc<Vec<Message>>) {
+    let Ok(mut memo) = assembled_memo().lock() else {
+        return;
+    };
+    memo.retain(|(weak, _)| weak.strong_count() > 0);
+    if memo.len() >= ASSEMBLED {
+        memo.remove(0);
+    }
+    memo.push((Arc::downgrade(rows), done));
 }
 
 /// Rebuilds the timeline of the turns before `before`: the previous turn's snapshot, or else
@@ -60,7 +101,7 @@ pub async fn rebuild(
     if let Some(previous) = before.number().checked_sub(1).and_then(TurnId::new) {
         if let Some(snapshot) = logs.read_context(prefix, previous).await? {
             return Ok(Timeline {
-                rows: snapshot.rows,
+                rows: snapshot,
                 logs_read: 1,
                 from_snapshot: true,
             });
@@ -115,7 +156,7 @@ pub async fn rebuild_from_logs(
         }
     }
     Ok(Timeline {
-        rows,
+        rows: Arc::new(rows),
         logs_read,
         from_snapshot: false,
     })
@@ -405,6 +446,34 @@ pub const RECALL_HEADER: &str = "(Recalled from the user's earlier conversations
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn messages_assembled_once_are_those_of_the_same_rows_only() {
+        let conversation = turnpike_schemas::ConversationId::new();
+        let row = |text: &str| {
+            Row::new(
+                conversation,
+                TurnId::FIRST,
+                0,
+                Block::UserMessage { text: text.into() },
+            )
+        };
+        let one = Timeline {
+            rows: Arc::new(vec![row("one")]),
+            ..Default::default()
+        };
+        let first = one.messages();
+        assert_eq!(first, messages([&one.rows[0].block]));
+        // The same shared rows: the same messages (from the memo).
+        assert_eq!(one.clone().messages(), first);
+        // Other rows, even equal in length and made right after: their own messages.
+        drop(one);
+        let two = Timeline {
+            rows: Arc::new(vec![row("two")]),
+            ..Default::default()
+        };
+        assert_eq!(two.messages()[0].content, "two");
+    }
 
     #[test]
     fn what_a_turn_recalled_is_its_own_and_leaves_no_row_for_later_turns() {
