@@ -27,6 +27,17 @@ pub(crate) async fn create(
     bytes: bytes::Bytes,
     what: &str,
 ) -> Result<()> {
+    create_reporting(store, path, bytes, what).await.map(|_| ())
+}
+
+/// [`create`], saying what the store said of the object when this call wrote it (`None` when
+/// it was there already with the same bytes).
+pub(crate) async fn create_reporting(
+    store: &dyn ObjectStore,
+    path: &object_store::path::Path,
+    bytes: bytes::Bytes,
+    what: &str,
+) -> Result<Option<object_store::PutResult>> {
     let opts = PutOptions {
         mode: PutMode::Create,
         ..Default::default()
@@ -35,7 +46,7 @@ pub(crate) async fn create(
         .put_opts(path, PutPayload::from(bytes.clone()), opts)
         .await
     {
-        Ok(_) => Ok(()),
+        Ok(put) => Ok(Some(put)),
         Err(
             object_store::Error::AlreadyExists { .. } | object_store::Error::Precondition { .. },
         ) => {
@@ -47,7 +58,7 @@ pub(crate) async fn create(
                 .await
                 .map_err(|e| Error::store(what, e))?;
             if there == bytes {
-                return Ok(());
+                return Ok(None);
             }
             Err(Error::new(
                 crate::ErrorKind::AlreadyExists,

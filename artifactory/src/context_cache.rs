@@ -1,39 +1,48 @@
-//! Parsed context snapshots, remembered per process: a worker that rebuilds the context of a
-//! conversation it served a moment ago skips the parsing (the bulk of a rebuild: hundreds of
-//! rows of JSON).
+//! Parsed context snapshots, remembered per process: the worker that promoted a turn's
+//! snapshot, or read it before, rebuilds the next turn's context without parsing (the bulk of a
+//! rebuild: hundreds of rows of JSON).
 //!
-//! Contract: an entry is only ever used for the exact object it was parsed from — same key and
-//! the same store metadata (ETag, or size and modification time where the store has no ETag).
-//! An object replaced at the same key misses. Nothing here is needed for correctness: a miss
-//! reads and parses as before, and the memory is bounded ([`CAPACITY`] snapshots, least recently
-//! used first out).
+//! Contract: an entry is only ever used for the exact object it came from — the same key and
+//! the same ETag (and version, where the store has versions), as the store reports them on the
+//! write or the read. A store that reports no ETag is never cached. An object replaced at the
+//! same key gets another ETag and misses. Nothing here is needed for correctness: a miss reads
+//! and parses as before, and the memory is bounded ([`CAPACITY`] snapshots, least recently used
+//! first out).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use object_store::ObjectMeta;
+use object_store::{ObjectMeta, PutResult};
 use turnpike_schemas::Row;
 
 /// The most snapshots remembered.
 pub const CAPACITY: usize = 64;
 
-/// What identifies one stored object: its key and what the store says about its bytes.
+/// What identifies one stored object: its key and the store's ETag (and version) for it.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub(crate) struct ObjectVersion {
     path: String,
-    e_tag: Option<String>,
-    size: u64,
-    modified_ns: i64,
+    e_tag: String,
+    version: Option<String>,
 }
 
 impl ObjectVersion {
-    pub(crate) fn of(meta: &ObjectMeta) -> Self {
-        Self {
+    /// The object a read found; `None` when the store gave no ETag.
+    pub(crate) fn read(meta: &ObjectMeta) -> Option<Self> {
+        Some(Self {
             path: meta.location.to_string(),
-            e_tag: meta.e_tag.clone(),
-            size: meta.size,
-            modified_ns: meta.last_modified.timestamp_nanos_opt().unwrap_or_default(),
-        }
+            e_tag: meta.e_tag.clone()?,
+            version: meta.version.clone(),
+        })
+    }
+
+    /// The object a write made; `None` when the store gave no ETag.
+    pub(crate) fn written(path: &object_store::path::Path, put: &PutResult) -> Option<Self> {
+        Some(Self {
+            path: path.to_string(),
+            e_tag: put.e_tag.clone()?,
+            version: put.version.clone(),
+        })
     }
 }
 

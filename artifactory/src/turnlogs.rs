@@ -77,13 +77,16 @@ impl TurnLogs {
         .await?;
         if let Some(snapshot) = snapshot {
             let bytes = Self::encode_context(prefix, snapshot)?;
-            crate::attempts::create(
-                self.store.as_ref(),
-                &prefix.context_snapshot(snapshot.through),
-                bytes.into(),
-                &what,
-            )
-            .await?;
+            let path = prefix.context_snapshot(snapshot.through);
+            let put =
+                crate::attempts::create_reporting(self.store.as_ref(), &path, bytes.into(), &what)
+                    .await?;
+            // The next turn's rebuild — most often on this worker — needs no parse.
+            if let Some(written) =
+                put.and_then(|p| crate::context_cache::ObjectVersion::written(&path, &p))
+            {
+                self.contexts.put(written, Arc::new(snapshot.rows.clone()));
+            }
         }
         Ok(())
     }
@@ -205,9 +208,9 @@ impl TurnLogs {
             Err(object_store::Error::NotFound { .. }) => return Ok(None),
             Err(e) => return Err(Error::store(&what, e)),
         };
-        // The same object parsed before: its bytes need not even be read.
-        let version = crate::context_cache::ObjectVersion::of(&found.meta);
-        if let Some(rows) = self.contexts.get(&version) {
+        // The same object parsed (or written) before: its bytes need not even be read.
+        let version = crate::context_cache::ObjectVersion::read(&found.meta);
+        if let Some(rows) = version.as_ref().and_then(|v| self.contexts.get(v)) {
             return Ok(Some(rows));
         }
         let bytes = found.bytes().await.map_err(|e| Error::store(&what, e))?;
@@ -222,7 +225,9 @@ impl TurnLogs {
             return Ok(None);
         };
         let rows = Arc::new(snapshot.rows);
-        self.contexts.put(version, rows.clone());
+        if let Some(version) = version {
+            self.contexts.put(version, rows.clone());
+        }
         Ok(Some(rows))
     }
 
@@ -289,9 +294,40 @@ mod tests {
                 .unwrap();
             let replaced = logs.read_context(&prefix, turn).await.unwrap().unwrap();
             assert_eq!(*replaced, snapshot(conversation, "second, longer").rows);
+            // Replaced by bytes of the same length: still the new bytes.
+            logs.write_context(&prefix, &snapshot(conversation, "second, lender"))
+                .await
+                .unwrap();
+            let same_size = logs.read_context(&prefix, turn).await.unwrap().unwrap();
+            assert_eq!(*same_size, snapshot(conversation, "second, lender").rows);
             // Deleted: none, whatever was remembered.
             logs.discard(&prefix, turn).await.unwrap();
             assert!(logs.read_context(&prefix, turn).await.unwrap().is_none());
+
+            // Promoted by this process: the next read shares the promoted rows, unparsed; a
+            // fresh reader parses the same rows from the bytes.
+            let log = TurnLog {
+                version: TURN_LOG_VERSION,
+                conversation,
+                turn,
+                agent: "a".parse().unwrap(),
+                outcome: turnpike_schemas::entry::TurnOutcome::Replied,
+                blocks: Vec::new(),
+                usage: None,
+                exchange: None,
+                unindexed: false,
+            };
+            let promoted = snapshot(conversation, "promoted");
+            logs.promote(&prefix, &log, Some(&promoted)).await.unwrap();
+            let first = logs.read_context(&prefix, turn).await.unwrap().unwrap();
+            let second = logs.read_context(&prefix, turn).await.unwrap().unwrap();
+            assert!(Arc::ptr_eq(&first, &second), "promotion filled the memory");
+            assert_eq!(*first, promoted.rows);
+            let fresh = TurnLogs::new(logs.store.clone());
+            assert_eq!(
+                *fresh.read_context(&prefix, turn).await.unwrap().unwrap(),
+                promoted.rows
+            );
         }
     }
 }

@@ -169,8 +169,8 @@ pub(crate) async fn build(
 /// How a rebuild finds the context.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 enum Mode {
-    /// The previous turn's snapshot, parsed before by this process (a worker that served the
-    /// conversation's previous turn).
+    /// The previous turn's snapshot, known to this process (the worker that promoted it, i.e.
+    /// served the previous turn, or read it before).
     Warm,
     /// The previous turn's snapshot, never parsed here (any other worker).
     Cold,

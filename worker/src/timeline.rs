@@ -49,6 +49,10 @@ impl Timeline {
     /// The model messages of the rows (see [`messages`]). Assembled once per set of shared
     /// rows in this process: a timeline rebuilt again from the same snapshot reuses them.
     pub fn messages(&self) -> Vec<Message> {
+        // Rows rebuilt from the logs are new every time: nothing to reuse.
+        if !self.from_snapshot {
+            return messages(self.rows.iter().map(|r| &r.block));
+        }
         if let Some(done) = assembled(&self.rows) {
             return done.as_ref().clone();
         }
@@ -460,6 +464,7 @@ mod tests {
         };
         let one = Timeline {
             rows: Arc::new(vec![row("one")]),
+            from_snapshot: true,
             ..Default::default()
         };
         let first = one.messages();
@@ -470,6 +475,7 @@ mod tests {
         drop(one);
         let two = Timeline {
             rows: Arc::new(vec![row("two")]),
+            from_snapshot: true,
             ..Default::default()
         };
         assert_eq!(two.messages()[0].content, "two");
