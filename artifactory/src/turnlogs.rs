@@ -267,14 +267,10 @@ mod tests {
 
     #[tokio::test]
     async fn a_parsed_snapshot_is_reused_only_for_the_same_object() {
+        let dir = tempfile::tempdir().unwrap();
         for store in [
             Arc::new(object_store::memory::InMemory::new()) as Arc<dyn ObjectStore>,
-            Arc::new(
-                object_store::local::LocalFileSystem::new_with_prefix(
-                    tempfile::tempdir().unwrap().keep(),
-                )
-                .unwrap(),
-            ),
+            Arc::new(object_store::local::LocalFileSystem::new_with_prefix(dir.path()).unwrap()),
         ] {
             let logs = TurnLogs::new(store);
             let conversation = ConversationId::new();
