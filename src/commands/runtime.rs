@@ -351,7 +351,9 @@ async fn start_edge(
         .await
         .with_context(|| format!("listening on {listen}"))?;
     let bound = listener.local_addr()?;
-    eprintln!("API listening on http://{bound}/v1 (OpenAPI: http://{bound}/v1/openapi.json)");
+    eprintln!(
+        "API listening on http://{bound}/v1 (OpenAPI: http://{bound}/v1/openapi.json; web console: http://{bound}/)"
+    );
     Ok(tokio::spawn(async move {
         let mut stop = stop;
         let shutdown = async move {
