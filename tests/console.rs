@@ -38,6 +38,8 @@ tools = ["write_file"]
 "#;
 
 const ASSISTANT: &str = r#"
+compaction = "SUMMARY of {messages} messages"
+
 [[turn]]
 when = "story"
 [[turn.step]]
@@ -49,6 +51,21 @@ when = "slow"
 [[turn.step]]
 text = "Slowly, one word at a time, this reply takes its time to arrive here."
 word_delay_ms = 400
+
+# Three rounds, each streamed slowly: room to steer between rounds and to stop it.
+[[turn]]
+when = "long task"
+[[turn.step]]
+text = "Step one: looking around the workspace before anything else. "
+word_delay_ms = 250
+tool_calls = [{ name = "list_files", arguments = {} }]
+[[turn.step]]
+text = "Step two: taking your steer into account, {last_user}. "
+word_delay_ms = 250
+tool_calls = [{ name = "list_files", arguments = {} }]
+[[turn.step]]
+text = "Step three: a long and careful conclusion that takes many words to arrive, one at a time, slowly, so that there is time to stop it."
+word_delay_ms = 250
 
 [[turn]]
 when = "publish"

@@ -20,6 +20,7 @@ import urllib.request
 from selenium import webdriver
 from selenium.webdriver.chrome.options import Options
 from selenium.webdriver.chrome.service import Service
+from selenium.common.exceptions import StaleElementReferenceException
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import Select, WebDriverWait
 
@@ -145,7 +146,10 @@ class Browser:
         return self.d.find_elements(By.CSS_SELECTOR, css)
 
     def wait(self, what, check, timeout=WAIT):
-        return WebDriverWait(self.d, timeout, poll_frequency=0.05).until(lambda _: check(), message=what)
+        # Rows are redrawn as they arrive: an element read just as it goes is read again.
+        return WebDriverWait(self.d, timeout, poll_frequency=0.05,
+                             ignored_exceptions=(StaleElementReferenceException,)).until(
+            lambda _: check(), message=what)
 
     def wait_css(self, css, timeout=WAIT):
         return self.wait(f"an element {css}", lambda: next((e for e in self.qs(css) if e.is_displayed()), None), timeout)
@@ -341,6 +345,30 @@ def approvals(b):
     b.wait_row("agent_switched", "other")
     same_rows(b, conv, ALICE)
     b.assert_clean("approvals")
+
+
+def controls(b):
+    """Steer and stop a running turn from the buttons; ask for a compaction."""
+    conv = b.new_chat("console", "assistant")
+    b.send("a long task")
+    streamed = lambda words: any(words in n.text for n in b.qs("#transcript li.streaming .text"))
+    b.wait("the turn to stream", lambda: streamed("Step one"))
+    b.q("#input").send_keys("shorter please")
+    b.q("#steer").click()
+    b.wait_row("steer", "shorter please")
+    b.wait("the steer taken in the next round", lambda: streamed("shorter please"))
+    b.q("#stop").click()
+    b.wait_row("stop", "asked to stop")
+    b.wait("the turn marked cancelled", lambda: b.qs('#transcript li.cancelled'))
+    rows = all_rows(conv, ALICE)
+    assert any(r["kind"] == "turn_complete" and r["data"]["outcome"] == "cancelled" for r in rows), rows
+    b.wait("no streamed text left", lambda: not b.qs("#transcript li.streaming"))
+    b.q("#compact").click()
+    b.wait_row("compact", "compact")
+    eventually("the compaction", lambda: any(
+        r["kind"] == "compaction_marker" for r in all_rows(conv, ALICE)))
+    same_rows(b, conv, ALICE)
+    b.assert_clean("controls")
 
 
 def questions(b):
@@ -564,7 +592,7 @@ def measure(b):
 SCENARIOS = {
     "measure": [measure],
     "chat": [chat_streams_and_equals_the_record, reconnects_after_a_restart, approvals,
-             questions, attachments, versions, search],
+             controls, questions, attachments, versions, search],
     "admin": [admin],
     "narrow": [narrow, paging],
     "fleet": [fleet],
