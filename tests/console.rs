@@ -9,10 +9,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use turnpike_tests::edge::{apps_with, Server, ADMIN, ALICE, BOB};
-use turnpike_tests::fixtures::signer;
-use turnpike_tests::nats::NatsServer;
-use turnpike_tests::process::Process;
+use turnpike_tests::edge::{apps_with, tokens_file, Server, ADMIN, ALICE, BOB};
+use turnpike_tests::fleet::Fleet;
 
 const LONG: Duration = Duration::from_secs(120);
 
@@ -193,63 +191,22 @@ fn the_console_in_a_browser_against_serve() {
     );
 }
 
-#[test]
-fn the_console_in_a_browser_against_a_fleet_of_two_routers() {
-    let nats = NatsServer::start().unwrap();
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_console_in_a_browser_against_a_fleet_of_two_routers() {
     let apps = apps();
-    let store = tempfile::tempdir().unwrap();
-    let data = tempfile::tempdir().unwrap();
-    let tokens = data.path().join("tokens.toml");
-    std::fs::write(
-        &tokens,
-        format!(
-            "[[tokens]]\ntoken = \"{ALICE}\"\nidentity = \"local:alice\"\n\n\
-             [[tokens]]\ntoken = \"{BOB}\"\nidentity = \"local:bob\"\n\n\
-             [[tokens]]\ntoken = \"{ADMIN}\"\nidentity = \"local:operator\"\nadmin = true\n"
-        ),
-    )
+    let mut fleet = Fleet::start(&binary()).await;
+    fleet.apps = Some(apps.path().to_path_buf());
+    let tokens = tokens_file(fleet.data.path()).unwrap();
+    let _worker = fleet.worker(&[]);
+    let (_a, first) = fleet.router(&tokens);
+    let (_b, second) = fleet.router(&tokens);
+    tokio::task::spawn_blocking(move || {
+        run_browser(&["fleet"], &first, &second, |command| {
+            panic!("the fleet scenario asked for {command:?}")
+        })
+    })
+    .await
     .unwrap();
-    let common = || -> Vec<String> {
-        vec![
-            "--data-dir".into(),
-            data.path().display().to_string(),
-            "--apps".into(),
-            apps.path().display().to_string(),
-            "--store".into(),
-            format!("file://{}", store.path().display()),
-            "--nats-url".into(),
-            nats.url(),
-        ]
-    };
-    let envs = [
-        ("TURNPIKE_SIGNING_KEY", signer().to_hex()),
-        ("TURNPIKE_LOG", "warn".to_owned()),
-        ("TURNPIKE_EMBEDDING_MODEL", "/nonexistent-model".to_owned()),
-    ];
-    let mut worker_args = common();
-    worker_args.push("worker".into());
-    let mut worker = Process::start(&binary(), &worker_args, &envs).unwrap();
-    worker.wait_for_line("worker wkr_", LONG).unwrap();
-    let mut routers = Vec::new();
-    let mut bases = Vec::new();
-    for _ in 0..2 {
-        let port = turnpike_tests::services::free_port().unwrap();
-        let mut args = common();
-        args.extend([
-            "router".into(),
-            "--listen".into(),
-            format!("127.0.0.1:{port}"),
-            "--tokens".into(),
-            tokens.display().to_string(),
-        ]);
-        let mut router = Process::start(&binary(), &args, &envs).unwrap();
-        router.wait_for_line("router ready", LONG).unwrap();
-        routers.push(router);
-        bases.push(format!("http://127.0.0.1:{port}"));
-    }
-    run_browser(&["fleet"], &bases[0], &bases[1], |command| {
-        panic!("the fleet scenario asked for {command:?}")
-    });
 }
 
 /// The versions API behind the console's project view: only what the record names, only to

@@ -10,13 +10,12 @@ use async_trait::async_trait;
 use turnpike_artifactory::{Conversations, RecordSigner};
 use turnpike_router::bus::{Bus, Wake, WakeAck};
 use turnpike_router::embedded::{EmbeddedBus, EmbeddedConfig};
-use turnpike_router::{JetStreamBus, JetStreamConfig};
 use turnpike_schemas::EntryBody;
 use turnpike_tests::fixtures::{self, signer};
+use turnpike_tests::fleet::Fleet;
 use turnpike_tests::lanes::{
     check_conversation, create_conversations, publish, record, wait_for_turns,
 };
-use turnpike_tests::nats::NatsServer;
 use turnpike_tests::process::Process;
 use turnpike_worker::{Apps, EchoAgent, Worker, WorkerConfig, WorkerPool};
 
@@ -26,126 +25,9 @@ fn binary() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_turnpike"))
 }
 
-/// A fleet: one nats-server, a shared local-filesystem store, worker processes.
-struct Fleet {
-    nats: NatsServer,
-    store: tempfile::TempDir,
-    data: tempfile::TempDir,
-    conversations: Conversations,
-    bus: Arc<JetStreamBus>,
-    /// App manifests every process hosts besides the defaults.
-    apps: Option<PathBuf>,
-}
-
-impl Fleet {
-    async fn start() -> Fleet {
-        let nats = NatsServer::start().expect("nats-server");
-        let store = tempfile::tempdir().unwrap();
-        let conversations = Conversations::new(
-            turnpike_artifactory::open_store(store.path().to_str().unwrap()).unwrap(),
-        );
-        let bus = JetStreamBus::connect(JetStreamConfig {
-            url: nats.url(),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
-        Fleet {
-            nats,
-            store,
-            data: tempfile::tempdir().unwrap(),
-            conversations,
-            bus,
-            apps: None,
-        }
-    }
-
-    /// Starts a worker process and waits until it is ready; returns it and its worker id.
-    fn worker(&self, extra: &[&str]) -> (Process, String) {
-        self.worker_with(extra, None)
-    }
-
-    /// A worker that hangs or pauses at `failpoints` (`TURNPIKE_FAILPOINTS`).
-    fn failing_worker(&self, failpoints: &str) -> (Process, String) {
-        self.worker_with(&[], Some(failpoints))
-    }
-
-    fn worker_with(&self, extra: &[&str], failpoints: Option<&str>) -> (Process, String) {
-        let mut command: Vec<String> =
-            ["worker", "--lease-ttl-ms", "2000", "--ack-wait-ms", "4000"]
-                .map(String::from)
-                .to_vec();
-        command.extend(extra.iter().map(|s| s.to_string()));
-        let (process, line) = self.spawn_with(command, "worker wkr_", failpoints);
-        let id = line
-            .split_whitespace()
-            .nth(1)
-            .unwrap_or_default()
-            .to_owned();
-        (process, id)
-    }
-
-    /// Starts `turnpike` on this fleet (its store, NATS and signing key) with `command`, and
-    /// waits for a stderr line holding `ready`; returns the process and that line.
-    fn spawn(&self, command: Vec<String>, ready: &str) -> (Process, String) {
-        self.spawn_with(command, ready, None)
-    }
-
-    /// The global arguments of every process on this fleet.
-    fn fleet_args(&self) -> Vec<String> {
-        let mut args: Vec<String> = vec![
-            "--data-dir".into(),
-            self.data.path().to_string_lossy().into_owned(),
-            "--store".into(),
-            format!("file://{}", self.store.path().display()),
-            "--nats-url".into(),
-            self.nats.url(),
-        ];
-        if let Some(apps) = &self.apps {
-            args.extend(["--apps".into(), apps.display().to_string()]);
-        }
-        args
-    }
-
-    /// Runs a `turnpike` command on this fleet to its end.
-    fn run(&self, command: &[&str]) -> std::process::Output {
-        std::process::Command::new(binary())
-            .args(self.fleet_args())
-            .args(command)
-            .env("TURNPIKE_SIGNING_KEY", signer().to_hex())
-            .env("TURNPIKE_LOG", "warn")
-            .output()
-            .expect("a turnpike process")
-    }
-
-    fn spawn_with(
-        &self,
-        command: Vec<String>,
-        ready: &str,
-        failpoints: Option<&str>,
-    ) -> (Process, String) {
-        let mut args = self.fleet_args();
-        args.extend(command);
-        let mut process = Process::start(
-            &binary(),
-            &args,
-            &[
-                ("TURNPIKE_SIGNING_KEY", signer().to_hex()),
-                ("TURNPIKE_LOG", "warn".into()),
-                ("TURNPIKE_FAILPOINTS", failpoints.unwrap_or_default().into()),
-            ],
-        )
-        .expect("a turnpike process");
-        let line = process
-            .wait_for_line(ready, Duration::from_secs(60))
-            .unwrap_or_else(|e| panic!("{ready:?}: {e}"));
-        (process, line)
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn many_conversations_on_four_worker_processes_keep_order_and_lose_nothing() {
-    let fleet = Fleet::start().await;
+    let fleet = Fleet::start(&binary()).await;
     let workers: Vec<_> = (0..4).map(|_| fleet.worker(&[])).collect();
     let convs = create_conversations(&fleet.conversations, &signer(), 200).await;
     publish(fleet.bus.clone(), &fleet.conversations, &convs, 0, 20, LONG)
@@ -180,7 +62,7 @@ async fn many_conversations_on_four_worker_processes_keep_order_and_lose_nothing
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn turnpike_workers_lists_the_live_workers_of_a_fleet_and_not_a_killed_one() {
-    let fleet = Fleet::start().await;
+    let fleet = Fleet::start(&binary()).await;
     let (_kept, kept) = fleet.worker(&["--heartbeat-ms", "200", "--slots", "7"]);
     let (mut doomed, doomed_id) = fleet.worker(&["--heartbeat-ms", "200"]);
     let listed = |fleet: &Fleet| -> Vec<serde_json::Value> {
@@ -242,7 +124,7 @@ impl WakeAck for HandAck {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_workers_woken_for_one_conversation_open_one_turn() {
-    let fleet = Fleet::start().await;
+    let fleet = Fleet::start(&binary()).await;
     let convs = create_conversations(&fleet.conversations, &signer(), 1).await;
     publish(fleet.bus.clone(), &fleet.conversations, &convs, 0, 1, LONG)
         .await
@@ -271,7 +153,7 @@ async fn two_workers_woken_for_one_conversation_open_one_turn() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_killed_between_the_batches_is_recovered_under_the_same_turn_id() {
-    let fleet = Fleet::start().await;
+    let fleet = Fleet::start(&binary()).await;
     let convs = create_conversations(&fleet.conversations, &signer(), 1).await;
     let (mut doomed, doomed_id) = fleet.failing_worker("after-batch-one=hang");
     publish(fleet.bus.clone(), &fleet.conversations, &convs, 0, 3, LONG)
@@ -305,7 +187,7 @@ async fn a_worker_killed_between_the_batches_is_recovered_under_the_same_turn_id
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lease_held_by_a_killed_worker_is_taken_over_after_its_ttl() {
-    let fleet = Fleet::start().await;
+    let fleet = Fleet::start(&binary()).await;
     let convs = create_conversations(&fleet.conversations, &signer(), 1).await;
     let (mut doomed, _) = fleet.failing_worker("after-claim=hang");
     publish(fleet.bus.clone(), &fleet.conversations, &convs, 0, 5, LONG)
@@ -324,7 +206,7 @@ async fn a_lease_held_by_a_killed_worker_is_taken_over_after_its_ttl() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_nats_restart_in_the_middle_of_a_run_loses_and_duplicates_nothing() {
-    let mut fleet = Fleet::start().await;
+    let mut fleet = Fleet::start(&binary()).await;
     let _workers: Vec<_> = (0..2).map(|_| fleet.worker(&[])).collect();
     let convs = create_conversations(&fleet.conversations, &signer(), 30).await;
     publish(fleet.bus.clone(), &fleet.conversations, &convs, 0, 5, LONG)
@@ -350,7 +232,7 @@ async fn a_nats_restart_in_the_middle_of_a_run_loses_and_duplicates_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_same_idempotency_key_sent_three_times_is_one_event() {
-    let fleet = Fleet::start().await;
+    let fleet = Fleet::start(&binary()).await;
     let convs = create_conversations(&fleet.conversations, &signer(), 1).await;
     for _ in 0..3 {
         // `publish` sends event j with key `k{j}`: three sends of event 0.
@@ -469,7 +351,7 @@ async fn embedded_serve_killed_and_restarted_loses_and_duplicates_nothing() {
 async fn bad_events_are_refused_at_ingress_and_never_reach_a_lane() {
     use turnpike_router::{ErrorKind, Ingress};
     use turnpike_schemas::EventBody;
-    let fleet = Fleet::start().await;
+    let fleet = Fleet::start(&binary()).await;
     let convs = create_conversations(&fleet.conversations, &signer(), 1).await;
     let ingress = Ingress::new(fleet.bus.clone(), fleet.conversations.clone());
     let owner = fixtures::owner();
@@ -531,7 +413,7 @@ async fn bad_events_are_refused_at_ingress_and_never_reach_a_lane() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_stops_a_worker_cleanly_and_another_continues_without_waiting_for_leases() {
-    let fleet = Fleet::start().await;
+    let fleet = Fleet::start(&binary()).await;
     let convs = create_conversations(&fleet.conversations, &signer(), 5).await;
     // A long lease: if the stopping worker did not release, the next one would wait a minute.
     let (mut first, _) = fleet.worker(&["--lease-ttl-ms", "60000"]);
@@ -559,7 +441,7 @@ async fn sigterm_stops_a_worker_cleanly_and_another_continues_without_waiting_fo
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_zombie_owner_that_wakes_up_after_a_takeover_is_fenced() {
-    let fleet = Fleet::start().await;
+    let fleet = Fleet::start(&binary()).await;
     let convs = create_conversations(&fleet.conversations, &signer(), 1).await;
     let (mut zombie, _) = fleet.failing_worker("after-batch-one=pause(3000)");
     publish(fleet.bus.clone(), &fleet.conversations, &convs, 0, 1, LONG)
@@ -601,33 +483,11 @@ async fn a_zombie_owner_that_wakes_up_after_a_takeover_is_fenced() {
         .unwrap();
 }
 
-impl Fleet {
-    /// Starts a router process serving the API on a free loopback port; returns it and its
-    /// base URL.
-    fn router(&self, tokens: &std::path::Path) -> (Process, String) {
-        let port = turnpike_tests::services::free_port().unwrap();
-        self.router_on(tokens, port)
-    }
-
-    /// Starts a router process serving the API on `port`.
-    fn router_on(&self, tokens: &std::path::Path, port: u16) -> (Process, String) {
-        let command = vec![
-            "router".into(),
-            "--listen".into(),
-            format!("127.0.0.1:{port}"),
-            "--tokens".into(),
-            tokens.display().to_string(),
-        ];
-        let (process, _) = self.spawn(command, "router ready");
-        (process, format!("http://127.0.0.1:{port}"))
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn any_router_of_a_fleet_serves_any_conversation_and_streams_from_any_worker() {
     use turnpike_edge::client::{Client, Cursor};
     use turnpike_edge::model::Frame;
-    let fleet = Fleet::start().await;
+    let fleet = Fleet::start(&binary()).await;
     let tokens = fleet.data.path().join("tokens.toml");
     std::fs::write(
         &tokens,
@@ -746,7 +606,7 @@ where
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_open_turn_is_never_acked_by_a_bystander_and_a_sweep_recovers_it_with_no_event_left() {
     use turnpike_worker::Failpoints;
-    let fleet = Fleet::start().await;
+    let fleet = Fleet::start(&binary()).await;
     let convs = create_conversations(&fleet.conversations, &signer(), 1).await;
     publish(fleet.bus.clone(), &fleet.conversations, &convs, 0, 1, LONG)
         .await
@@ -848,7 +708,7 @@ async fn an_open_turn_is_never_acked_by_a_bystander_and_a_sweep_recovers_it_with
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_killed_after_batch_one_with_no_later_event_is_finished_by_another() {
-    let fleet = Fleet::start().await;
+    let fleet = Fleet::start(&binary()).await;
     let convs = create_conversations(&fleet.conversations, &signer(), 1).await;
     let (mut doomed, _) = fleet.failing_worker("after-batch-one=hang");
     publish(fleet.bus.clone(), &fleet.conversations, &convs, 0, 1, LONG)
@@ -909,7 +769,7 @@ async fn send_somewhere(
 async fn a_fleet_driven_through_the_api_while_workers_and_routers_are_killed_finishes_everything() {
     use std::sync::atomic::{AtomicBool, Ordering};
     use turnpike_tests::edge::{turns_of, TurnSummary};
-    let mut fleet = Fleet::start().await;
+    let mut fleet = Fleet::start(&binary()).await;
     let apps = tempfile::tempdir().unwrap();
     std::fs::write(
         apps.path().join("chaos.toml"),
@@ -1075,7 +935,7 @@ async fn a_fleet_driven_through_the_api_while_workers_and_routers_are_killed_fin
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_changed_shard_count_or_a_recreated_lane_stream_stops_processes_from_starting() {
-    let fleet = Fleet::start().await;
+    let fleet = Fleet::start(&binary()).await;
     // The first process persists the layout.
     let (_first, _) = fleet.worker(&[]);
     // Another shard count: refused, saying what to do.
@@ -1097,7 +957,7 @@ async fn a_changed_shard_count_or_a_recreated_lane_stream_stops_processes_from_s
 /// A fleet hosting the `queue` app, with a router; returns it, the apps directory (kept for
 /// the fleet's life) and a client of the router.
 async fn queue_fleet() -> (Fleet, tempfile::TempDir, std::path::PathBuf) {
-    let mut fleet = Fleet::start().await;
+    let mut fleet = Fleet::start(&binary()).await;
     let apps = turnpike_tests::edge::queue_apps();
     fleet.apps = Some(apps.path().to_path_buf());
     let tokens = fleet.data.path().join("tokens.toml");
@@ -1234,7 +1094,7 @@ fn wait_for_sweeps(workers: &mut [(Process, String)], more: usize) {
 async fn idle_conversations_close_once_in_a_fleet_reopen_on_the_next_message_and_an_explicit_close_stays(
 ) {
     use turnpike_tests::edge::{wait_for_complete_turns, wait_for_status};
-    let mut fleet = Fleet::start().await;
+    let mut fleet = Fleet::start(&binary()).await;
     let apps = tempfile::tempdir().unwrap();
     std::fs::write(
         apps.path().join("naps.toml"),

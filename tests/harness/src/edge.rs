@@ -45,6 +45,14 @@ tenant = "beta"
 admin = true
 "#;
 
+/// Writes the tokens every test server accepts ([`ALICE`], [`BOB`], [`ADMIN`], …) into `dir`;
+/// returns the file, for `--tokens`.
+pub fn tokens_file(dir: &Path) -> Result<PathBuf> {
+    let tokens = dir.join("test-tokens.toml");
+    std::fs::write(&tokens, TOKENS)?;
+    Ok(tokens)
+}
+
 /// A running `turnpike serve`.
 pub struct Server {
     pub process: Process,
@@ -73,8 +81,7 @@ impl Server {
         more: &[(&'static str, String)],
     ) -> Result<Self> {
         let data = tempfile::tempdir()?;
-        let tokens = data.path().join("test-tokens.toml");
-        std::fs::write(&tokens, TOKENS)?;
+        let tokens = tokens_file(data.path())?;
         let port = free_port()?;
         let mut args: Vec<String> = vec!["--data-dir".into(), data.path().display().to_string()];
         if let Some(apps) = apps {

@@ -19,6 +19,7 @@ pub mod counting;
 pub mod edge;
 pub mod faulty;
 pub mod fixtures;
+pub mod fleet;
 pub mod git;
 pub mod index;
 pub mod lanes;
