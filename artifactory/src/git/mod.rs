@@ -236,10 +236,8 @@ impl Lineage {
     /// The bytes of `path` in `commit`, or `None` if it has no such file.
     pub async fn read_file(&self, commit: ProjectVersion, path: &RefPath) -> Result<Option<Bytes>> {
         let commit = oid(commit);
-        let scratch =
-            tempfile::tempdir().map_err(|e| Error::new(ErrorKind::Store, e.to_string()))?;
-        let git_dir = scratch.path().join("git");
-        init_bare(&git_dir).await?;
+        let scratch = Scratch::new().await?;
+        let git_dir = scratch.git_dir();
         let root = self.root_of(&git_dir, commit).await?;
         let segments = path.segments();
         let (name, dir) = segments.split_last().expect("paths have a segment");
@@ -250,6 +248,21 @@ impl Lineage {
             Some((oid, ObjectType::Blob)) => Ok(Some(self.object(oid).await?.1)),
             _ => Ok(None),
         }
+    }
+}
+
+/// A scratch bare repository, removed when dropped.
+struct Scratch(tempfile::TempDir);
+
+impl Scratch {
+    async fn new() -> Result<Self> {
+        let dir = tempfile::tempdir().map_err(|e| Error::new(ErrorKind::Store, e.to_string()))?;
+        init_bare(&dir.path().join("git")).await?;
+        Ok(Self(dir))
+    }
+
+    fn git_dir(&self) -> PathBuf {
+        self.0.path().join("git")
     }
 }
 

@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use git2::{ObjectType, Oid};
 use turnpike_schemas::ProjectVersion;
 
-use super::{init_bare, oid, with_repo, Lineage};
+use super::{oid, with_repo, Lineage, Scratch};
 use crate::error::{Error, ErrorKind, Result};
 
 /// The most files a listing or a diff walks.
@@ -224,21 +224,6 @@ async fn unified(
     })
     .await
     .map_err(super::join_error)?
-}
-
-/// A scratch bare repository, removed when dropped.
-struct Scratch(tempfile::TempDir);
-
-impl Scratch {
-    async fn new() -> Result<Self> {
-        let dir = tempfile::tempdir().map_err(|e| Error::new(ErrorKind::Store, e.to_string()))?;
-        init_bare(&dir.path().join("git")).await?;
-        Ok(Self(dir))
-    }
-
-    fn git_dir(&self) -> std::path::PathBuf {
-        self.0.path().join("git")
-    }
 }
 
 #[cfg(test)]
