@@ -681,6 +681,184 @@ async fn memory_lists_and_forgets_only_the_callers_rows(f: Fixture) {
     );
 }
 
+/// A unit vector along axis `i` (rows and queries of the bulk case).
+fn axis(i: usize) -> Vec<f32> {
+    let mut v = vec![0.0; 384];
+    v[i % 384] = 1.0;
+    v
+}
+
+/// A rebuild's load: in bulk mode, batches large enough for Postgres's `COPY` path, with a
+/// row twice in one batch, rows replacing earlier ones, another identity's rows in the same
+/// batch, and text that needs escaping. Searches stay correct during the load and after; the
+/// vector index is back (and valid) after it.
+async fn bulk_load(f: Fixture) {
+    let f = loaded(f).await;
+    let backend = f.index.backend().clone();
+    let (carol, alice, bob) = (f.scope("carol"), f.scope("alice"), f.scope("bob"));
+    backend.begin_bulk().await.unwrap();
+    // Meanwhile, alice's searches by meaning and by words still find her rows, and only hers.
+    for mode in [Mode::Vector, Mode::Lexical] {
+        let hits = search(&f, "alice", &request("tomato soup with basil", mode)).await;
+        assert_eq!(
+            hits.first().map(String::as_str),
+            Some("recipes.md\nA recipe for tomato soup with basil and garlic."),
+            "{mode:?} during the load"
+        );
+        assert!(!hits.iter().any(|t| t.starts_with("Bob")), "{mode:?}");
+    }
+    let row = |scope: &Scope, n: usize, text: String| IndexRow {
+        scope: scope.clone(),
+        info: RowInfo {
+            id: RowId::new(format!("conv:tl:c{}/turn_1/blocks/{n}", 100 + n / 50)),
+            app: "shop".parse().unwrap(),
+            agent: "clerk".parse().unwrap(),
+            conversation: conv(&format!("c{}", 100 + n / 50)),
+            turn: TurnId::FIRST,
+            kind: Kind::Prompt,
+            reference: format!("conv:tl:c{}/turn_1/blocks/{n}", 100 + n / 50),
+            at_ms: n as i64,
+        },
+        text,
+        embedding: axis(n),
+    };
+    let mut batch: Vec<IndexRow> = (0..300)
+        .map(|n| row(&carol, n, format!("carol note {n} about topic{}", n % 7)))
+        .collect();
+    // The same id twice: the later copy is what stays.
+    batch.push(row(&carol, 5, "rewritten note five".into()));
+    // Text COPY must escape, and a NUL Postgres cannot hold.
+    batch.push(row(
+        &carol,
+        301,
+        "tab\there, new\nline, back\\slash, \r return, nul\0byte, ünïcödé zebra".into(),
+    ));
+    // Another identity in the same batch.
+    batch.push(row(&bob, 302, "bob's bulk secret walrus".into()));
+    backend.upsert(&batch).await.unwrap();
+    // The same batch again changes nothing (upserts replace).
+    backend.upsert(&batch).await.unwrap();
+    backend.end_bulk().await.unwrap();
+    // Without a begin, an end does nothing.
+    backend.end_bulk().await.unwrap();
+
+    assert_eq!(backend.count(&carol).await.unwrap(), 301);
+    assert_eq!(backend.count(&bob).await.unwrap(), 3);
+    assert_eq!(backend.count(&alice).await.unwrap(), 10);
+    let texts = |page: &turnpike_index::Page| -> Vec<u64> {
+        page.hits.iter().map(|h| h.info.at_ms as u64).collect()
+    };
+    // By meaning: carol's rows along axis 5 (n = 5 only; 5 + 384 is past the batch).
+    let mut r = request("anything", Mode::Vector);
+    r.limit = 3;
+    let page = f
+        .index
+        .search_embedded(&carol, &r, Some(&axis(5)))
+        .await
+        .unwrap();
+    assert_eq!(texts(&page).first(), Some(&5));
+    // By words: the rewritten copy, the escaped text, and the isolation.
+    let lexical = |scope: Scope, text: &'static str| {
+        let index = f.index.clone();
+        async move {
+            let page = index
+                .search(&scope, &request(text, Mode::Lexical))
+                .await
+                .unwrap();
+            page.hits
+                .iter()
+                .map(|h| h.info.at_ms as u64)
+                .collect::<Vec<_>>()
+        }
+    };
+    assert_eq!(lexical(carol.clone(), "rewritten").await, [5]);
+    assert_eq!(lexical(carol.clone(), "zebra").await, [301]);
+    assert_eq!(lexical(carol.clone(), "slash").await, [301]);
+    assert!(lexical(carol.clone(), "walrus").await.is_empty());
+    assert_eq!(lexical(bob.clone(), "walrus").await, [302]);
+    assert!(lexical(alice.clone(), "carol").await.is_empty());
+    if let Some(pg) = &f.pg {
+        assert_eq!(
+            pg.vector_index_valid().await.unwrap(),
+            Some(true),
+            "the vector index is built again after the load"
+        );
+        // A second load can begin (the lock was let go), but not two at once.
+        backend.begin_bulk().await.unwrap();
+        assert_eq!(
+            backend.begin_bulk().await.unwrap_err().kind(),
+            ErrorKind::Invalid
+        );
+        backend.end_bulk().await.unwrap();
+    }
+}
+
+/// Words ranked as BM25 ranks them, over the caller's own rows: a shorter row with the word
+/// outranks a longer one (length normalisation), a rare word outweighs many repeats of a
+/// common one (idf and saturation), and another identity's rows shape nothing.
+async fn bm25_ranking(f: Fixture) {
+    let filler = "alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima \
+                  mike november oscar papa quebec romeo sierra tango uniform victor whiskey";
+    let texts = [
+        ("short", "turbine blade".to_owned()),
+        ("long", format!("turbine blade {filler}")),
+        ("repeats", "turbine ".repeat(12)),
+        ("rare", "zebra crossing".to_owned()),
+        ("common1", "turbine housing".to_owned()),
+        ("common2", "turbine shaft".to_owned()),
+        ("common3", "turbine inlet".to_owned()),
+    ];
+    let rows = |user: &str| -> Vec<IndexRow> {
+        texts
+            .iter()
+            .enumerate()
+            .map(|(i, (name, text))| IndexRow {
+                scope: f.scope(user),
+                info: RowInfo {
+                    id: RowId::new(format!("{user}-{name}")),
+                    app: "notes".parse().unwrap(),
+                    agent: "scribe".parse().unwrap(),
+                    conversation: conv(&format!("c{}", 200 + i)),
+                    turn: TurnId::FIRST,
+                    kind: Kind::Prompt,
+                    reference: (*name).to_owned(),
+                    at_ms: i as i64,
+                },
+                text: text.clone(),
+                embedding: axis(i),
+            })
+            .collect()
+    };
+    f.index.backend().upsert(&rows("erin")).await.unwrap();
+    let ranked = |text: &'static str| {
+        let index = f.index.clone();
+        let scope = f.scope("erin");
+        async move {
+            let page = index
+                .search(&scope, &request(text, Mode::Lexical))
+                .await
+                .unwrap();
+            page.hits
+                .into_iter()
+                .map(|h| h.info.reference)
+                .collect::<Vec<_>>()
+        }
+    };
+    let position = |list: &[String], name: &str| list.iter().position(|r| r == name).unwrap();
+    let blade = ranked("blade").await;
+    assert_eq!(blade, ["short", "long"], "length normalises");
+    let both = ranked("turbine zebra").await;
+    assert_eq!(both[0], "rare", "{both:?}");
+    assert!(position(&both, "repeats") > 0, "{both:?}");
+    // Many rows of another identity full of "zebra" change nothing of erin's ranking.
+    let mut others: Vec<IndexRow> = rows("frank");
+    for (n, row) in others.iter_mut().enumerate() {
+        row.text = format!("zebra zebra {n}");
+    }
+    f.index.backend().upsert(&others).await.unwrap();
+    assert_eq!(ranked("turbine zebra").await, both);
+}
+
 macro_rules! suite {
     ($($case:ident),* $(,)?) => {
         mod embedded_backend {
@@ -705,4 +883,6 @@ suite!(
     isolation,
     forget_and_bad_input,
     memory_lists_and_forgets_only_the_callers_rows,
+    bulk_load,
+    bm25_ranking,
 );

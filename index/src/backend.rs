@@ -72,4 +72,20 @@ pub trait Backend: Send + Sync + 'static {
     /// Deletes a conversation's mark (the conversation is gone; its rows are deleted with
     /// [`Backend::delete`]).
     async fn drop_mark(&self, scope: &Scope, conversation: ConversationId) -> Result<()>;
+
+    /// Many rows are about to be written (a full rebuild): the backend may set aside what is
+    /// cheaper to build once after the load than to keep up row by row. Every contract above
+    /// still holds meanwhile — searches stay correct, if slower, and live writes go on — and
+    /// [`Backend::end_bulk`] restores it. A process that dies between the two leaves the index
+    /// correct; what was set aside comes back with the next `end_bulk` or open. The default
+    /// sets nothing aside.
+    async fn begin_bulk(&self) -> Result<()> {
+        Ok(())
+    }
+
+    /// Ends what [`Backend::begin_bulk`] began: rebuilds what it set aside. Without a
+    /// `begin_bulk` before it, it does nothing.
+    async fn end_bulk(&self) -> Result<()> {
+        Ok(())
+    }
 }

@@ -197,8 +197,8 @@ impl Indexer {
         Ok(true)
     }
 
-    /// Catches up every conversation in the store (the rebuild; `full`: every turn again):
-    /// returns (conversations, turns) indexed.
+    /// Catches up every conversation in the store (the rebuild; `full`: every turn again,
+    /// with the backend in bulk mode): returns (conversations, turns) indexed.
     pub async fn rebuild(&self, full: bool) -> Result<(usize, usize)> {
         let list = self
             .conversations
@@ -206,11 +206,25 @@ impl Indexer {
             .list()
             .await
             .map_err(|e| Error::new(ErrorKind::Unavailable, e.to_string()))?;
-        let mut turns = 0;
-        for entry in &list {
-            turns += self.index_conversation(entry.conversation, full).await?;
+        let backend = self.index.backend();
+        if full {
+            backend.begin_bulk().await?;
         }
-        Ok((list.len(), turns))
+        let mut indexed = Ok(0);
+        for entry in &list {
+            match self.index_conversation(entry.conversation, full).await {
+                Ok(turns) => indexed = indexed.map(|n| n + turns),
+                Err(e) => {
+                    indexed = Err(e);
+                    break;
+                }
+            }
+        }
+        // What bulk mode set aside comes back even when the rebuild failed.
+        if full {
+            backend.end_bulk().await?;
+        }
+        Ok((list.len(), indexed?))
     }
 
     /// The rows of one turn log.

@@ -8,12 +8,15 @@
 //! planner use the scope index.
 
 use std::borrow::Cow;
+use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use futures::future::BoxFuture;
 use pgvector::Vector;
 use sqlx::migrate::{Migration, MigrationSource, MigrationType, Migrator};
+use sqlx::pool::PoolConnection;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use sqlx::{ConnectOptions as _, Postgres, QueryBuilder, Row as _, Transaction};
 
@@ -41,6 +44,11 @@ impl MigrationSource<'static> for Migrations {
     }
 }
 
+/// BM25's term-frequency saturation and length normalisation (tantivy's and Lucene's
+/// defaults).
+const K1: f64 = 1.2;
+const B: f64 = 0.75;
+
 /// Bytes of text indexed per row (the tsvector has a size limit; the embedder reads far less).
 const MAX_TEXT: usize = 64 * 1024;
 
@@ -52,7 +60,20 @@ pub struct PgIndex {
     /// Whether queries name the scope in `WHERE` (always, except in the test that proves the
     /// policies alone keep identities apart).
     scope_clause: bool,
+    /// While a bulk load runs: the connection holding the vector index's lock (see
+    /// [`Backend::begin_bulk`]).
+    bulk: Arc<tokio::sync::Mutex<Option<PoolConnection<Postgres>>>>,
+    /// `maintenance_work_mem` for building the vector index after a bulk load, in MiB.
+    build_memory_mib: u32,
 }
+
+/// The advisory lock key under which the vector index is created or set aside: a worker
+/// opening the index and a bulk load never do both at once.
+const VECTOR_INDEX_LOCK: i64 = 7_370_726;
+
+/// Batches of at least this many rows (a rebuild's) go in with `COPY` through a staging table;
+/// smaller ones (a turn's rows) with one `INSERT`. Both write the same rows.
+const COPY_ROWS: usize = 256;
 
 fn pg(what: &str) -> impl Fn(sqlx::Error) -> Error + '_ {
     move |e| Error::unavailable(what, e)
@@ -87,28 +108,45 @@ impl PgIndex {
             .map_err(|e| Error::unavailable("migrating the index schema", e))?;
         // One partial HNSW index per dimension in use; the expression and predicate match the
         // vector query's, so the planner can use it. Workers starting together would race on
-        // `IF NOT EXISTS`: a transaction-scoped advisory lock makes them take turns.
+        // `IF NOT EXISTS`, and a bulk load sets the index aside on purpose: the advisory lock
+        // makes them take turns, and whoever finds it taken leaves the index to its holder.
         let mut tx = pool
             .begin()
             .await
             .map_err(pg("creating the vector index"))?;
-        sqlx::query("SELECT pg_advisory_xact_lock(7370726) ")
-            .execute(&mut *tx)
+        let ours: bool = sqlx::query_scalar("SELECT pg_try_advisory_xact_lock($1)")
+            .bind(VECTOR_INDEX_LOCK)
+            .fetch_one(&mut *tx)
             .await
             .map_err(pg("creating the vector index"))?;
-        sqlx::query(&format!(
-            "CREATE INDEX IF NOT EXISTS index_rows_embedding_{dimension} ON index_rows \
-             USING hnsw ((embedding::vector({dimension})) vector_cosine_ops) \
-             WHERE vector_dims(embedding) = {dimension}"
-        ))
-        .execute(&mut *tx)
-        .await
-        .map_err(pg("creating the vector index"))?;
+        if ours {
+            // A concurrent build that failed leaves an invalid index behind, which `IF NOT
+            // EXISTS` would take for the real one.
+            let valid: Option<bool> = sqlx::query_scalar(
+                "SELECT indisvalid FROM pg_index WHERE indexrelid = to_regclass($1)",
+            )
+            .bind(vector_index(dimension))
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(pg("creating the vector index"))?;
+            if valid == Some(false) {
+                sqlx::query(&format!("DROP INDEX {}", vector_index(dimension)))
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(pg("dropping an invalid vector index"))?;
+            }
+            sqlx::query(&create_vector_index(dimension, "IF NOT EXISTS"))
+                .execute(&mut *tx)
+                .await
+                .map_err(pg("creating the vector index"))?;
+        }
         tx.commit().await.map_err(pg("creating the vector index"))?;
         Ok(Self {
             pool,
             dimension,
             scope_clause: true,
+            bulk: Arc::default(),
+            build_memory_mib: 2048,
         })
     }
 
@@ -120,6 +158,26 @@ impl PgIndex {
             scope_clause: false,
             ..self.clone()
         }
+    }
+
+    /// `maintenance_work_mem` for building the vector index after a bulk load (default 2 GiB;
+    /// a parallel build reserves all of it in shared memory). The graph of a million 384-d rows
+    /// takes about 2 GiB; a build that does not fit goes on, much slower, on disk.
+    pub fn with_build_memory(self, mib: u32) -> Self {
+        Self {
+            build_memory_mib: mib.max(64),
+            ..self
+        }
+    }
+
+    /// Whether the vector index for this dimension is there and valid (`None`: not there; a
+    /// bulk load has it set aside, or a build failed and the next open makes it again).
+    pub async fn vector_index_valid(&self) -> Result<Option<bool>> {
+        sqlx::query_scalar("SELECT indisvalid FROM pg_index WHERE indexrelid = to_regclass($1)")
+            .bind(vector_index(self.dimension))
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(pg("reading the vector index's state"))
     }
 
     pub fn pool(&self) -> &PgPool {
@@ -264,6 +322,208 @@ fn truncated(text: &str) -> &str {
     &text[..end]
 }
 
+/// The name of the vector index for `dimension`.
+fn vector_index(dimension: usize) -> String {
+    format!("index_rows_embedding_{dimension}")
+}
+
+/// `CREATE INDEX [how] …` for the vector index of `dimension`.
+fn create_vector_index(dimension: usize, how: &str) -> String {
+    format!(
+        "CREATE INDEX {how} {} ON index_rows \
+         USING hnsw ((embedding::vector({dimension})) vector_cosine_ops) \
+         WHERE vector_dims(embedding) = {dimension}",
+        vector_index(dimension)
+    )
+}
+
+/// The last of each `(tenant, id)` among `rows`, grouped by scope: what one upsert writes (a
+/// row twice in one batch is written as its later copy, as two upserts would leave it).
+fn deduplicated(rows: &[IndexRow]) -> Vec<&IndexRow> {
+    let mut last: HashMap<(&str, &str), usize> = HashMap::with_capacity(rows.len());
+    for (i, row) in rows.iter().enumerate() {
+        last.insert((row.scope.tenant.as_str(), row.info.id.as_str()), i);
+    }
+    let mut keep: Vec<usize> = last.into_values().collect();
+    keep.sort_unstable();
+    let mut out: Vec<&IndexRow> = keep.into_iter().map(|i| &rows[i]).collect();
+    out.sort_by(|a, b| {
+        (&a.scope.tenant, &a.scope.identity).cmp(&(&b.scope.tenant, &b.scope.identity))
+    });
+    out
+}
+
+/// Appends `text` to a `COPY … (FORMAT text)` line, escaped.
+fn copy_text(line: &mut String, text: &str) {
+    for c in text.chars() {
+        match c {
+            '\\' => line.push_str("\\\\"),
+            '\n' => line.push_str("\\n"),
+            '\r' => line.push_str("\\r"),
+            '\t' => line.push_str("\\t"),
+            '\0' => {}
+            c => line.push(c),
+        }
+    }
+}
+
+/// One staging row, in `COPY … (FORMAT text)`: the columns of [`STAGE`].
+fn copy_line(out: &mut String, ord: usize, row: &IndexRow) {
+    use std::fmt::Write as _;
+    let info = &row.info;
+    let _ = write!(out, "{ord}\t");
+    for field in [
+        row.scope.tenant.as_str(),
+        &row.scope.identity.to_string(),
+        info.id.as_str(),
+        &info.app.to_string(),
+        &info.agent.to_string(),
+        &info.conversation.to_string(),
+    ] {
+        copy_text(out, field);
+        out.push('\t');
+    }
+    let _ = write!(
+        out,
+        "{}\t{}\t",
+        i64::try_from(info.turn.number()).unwrap_or(i64::MAX),
+        info.kind.as_str()
+    );
+    copy_text(out, &info.reference);
+    let _ = write!(out, "\t{}\t[", info.at_ms);
+    for (i, x) in row.embedding.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        let _ = write!(out, "{x}");
+    }
+    out.push_str("]\t");
+    copy_text(out, truncated(&row.text));
+    out.push('\n');
+}
+
+/// The staging table a large batch is copied into (per session, emptied at commit; nothing
+/// but this transaction can see it).
+const STAGE: &str = "CREATE TEMP TABLE IF NOT EXISTS index_stage (ord integer, tenant text, \
+     owner text, id text, app text, agent text, conversation text, turn bigint, kind text, \
+     reference text, at_ms bigint, embedding vector, body text) ON COMMIT DELETE ROWS";
+
+/// How an upsert settles a row whose id is already present: the new one replaces it.
+const ON_CONFLICT: &str = " ON CONFLICT (tenant, id) DO UPDATE SET app = EXCLUDED.app, \
+     agent = EXCLUDED.agent, conversation = EXCLUDED.conversation, \
+     turn = EXCLUDED.turn, kind = EXCLUDED.kind, reference = EXCLUDED.reference, \
+     at_ms = EXCLUDED.at_ms, embedding = EXCLUDED.embedding, \
+     search_tsv = EXCLUDED.search_tsv";
+
+impl PgIndex {
+    /// Writes `sorted` (deduplicated, grouped by scope) with one `INSERT` per scope and
+    /// thousand rows; `tx` is bound to the first row's scope.
+    async fn insert_rows(
+        &self,
+        tx: &mut Transaction<'static, Postgres>,
+        sorted: &[&IndexRow],
+    ) -> Result<()> {
+        for (i, group) in sorted.chunk_by(|a, b| a.scope == b.scope).enumerate() {
+            if i > 0 {
+                rebind(tx, &group[0].scope).await?;
+            }
+            for chunk in group.chunks(1000) {
+                let mut q = QueryBuilder::<Postgres>::new(
+                    "INSERT INTO index_rows (tenant, owner, id, app, agent, conversation, turn, \
+                     kind, reference, at_ms, embedding, search_tsv) ",
+                );
+                q.push_values(chunk, |mut b, row| {
+                    // Postgres text holds no NUL (COPY drops them too).
+                    let text = truncated(&row.text).replace('\0', "");
+                    let info = &row.info;
+                    b.push_bind(row.scope.tenant.to_string())
+                        .push_bind(row.scope.identity.to_string())
+                        .push_bind(info.id.to_string())
+                        .push_bind(info.app.to_string())
+                        .push_bind(info.agent.to_string())
+                        .push_bind(info.conversation.to_string())
+                        .push_bind(i64::try_from(info.turn.number()).unwrap_or(i64::MAX))
+                        .push_bind(info.kind.as_str())
+                        .push_bind(info.reference.clone())
+                        .push_bind(info.at_ms)
+                        .push_bind(Vector::from(row.embedding.clone()))
+                        .push("to_tsvector('english', ")
+                        .push_bind_unseparated(text.clone())
+                        .push_unseparated(") || to_tsvector('simple', ")
+                        .push_bind_unseparated(text)
+                        .push_unseparated(")");
+                });
+                q.push(ON_CONFLICT);
+                q.build()
+                    .execute(&mut **tx)
+                    .await
+                    .map_err(pg("writing index rows"))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes `sorted` (deduplicated, grouped by scope) by copying them all into the staging
+    /// table, then one `INSERT … SELECT` per scope; `tx` is bound to the first row's scope.
+    async fn copy_rows(
+        &self,
+        tx: &mut Transaction<'static, Postgres>,
+        sorted: &[&IndexRow],
+    ) -> Result<()> {
+        for statement in [
+            "SET LOCAL client_min_messages = warning",
+            STAGE,
+            "CREATE INDEX IF NOT EXISTS index_stage_scope ON index_stage (tenant, owner)",
+        ] {
+            sqlx::query(statement)
+                .execute(&mut **tx)
+                .await
+                .map_err(pg("staging index rows"))?;
+        }
+        let mut copy = tx
+            .copy_in_raw(
+                "COPY index_stage (ord, tenant, owner, id, app, agent, conversation, turn, kind, \
+                 reference, at_ms, embedding, body) FROM STDIN (FORMAT text)",
+            )
+            .await
+            .map_err(pg("staging index rows"))?;
+        let mut buffer = String::with_capacity(1 << 20);
+        for (ord, row) in sorted.iter().enumerate() {
+            copy_line(&mut buffer, ord, row);
+            if buffer.len() >= 1 << 20 {
+                copy.send(buffer.as_bytes())
+                    .await
+                    .map_err(pg("staging index rows"))?;
+                buffer.clear();
+            }
+        }
+        if !buffer.is_empty() {
+            copy.send(buffer.as_bytes())
+                .await
+                .map_err(pg("staging index rows"))?;
+        }
+        copy.finish().await.map_err(pg("staging index rows"))?;
+        for (i, group) in sorted.chunk_by(|a, b| a.scope == b.scope).enumerate() {
+            if i > 0 {
+                rebind(tx, &group[0].scope).await?;
+            }
+            sqlx::query(&format!(
+                "INSERT INTO index_rows (tenant, owner, id, app, agent, conversation, turn, \
+                 kind, reference, at_ms, embedding, search_tsv) \
+                 SELECT tenant, owner, id, app, agent, conversation, turn, kind, reference, \
+                 at_ms, embedding, to_tsvector('english', body) || to_tsvector('simple', body) \
+                 FROM index_stage WHERE tenant = $1 AND owner = $2{ON_CONFLICT}"
+            ))
+            .bind(group[0].scope.tenant.as_str())
+            .bind(group[0].scope.identity.to_string())
+            .execute(&mut **tx)
+            .await
+            .map_err(pg("writing index rows"))?;
+        }
+        Ok(())
+    }
+}
+
 #[async_trait]
 impl Backend for PgIndex {
     fn name(&self) -> &'static str {
@@ -283,55 +543,15 @@ impl Backend for PgIndex {
         }
         // One transaction (all or nothing), rebound to each scope in turn: while bound to a
         // scope, the policies let it write only that identity's rows.
-        let mut sorted: Vec<&IndexRow> = rows.iter().collect();
-        sorted.sort_by(|a, b| {
-            (&a.scope.tenant, &a.scope.identity).cmp(&(&b.scope.tenant, &b.scope.identity))
-        });
+        let sorted = deduplicated(rows);
         let Some(first) = sorted.first() else {
             return Ok(());
         };
         let mut tx = self.scoped(&first.scope).await?;
-        for (i, group) in sorted.chunk_by(|a, b| a.scope == b.scope).enumerate() {
-            if i > 0 {
-                rebind(&mut tx, &group[0].scope).await?;
-            }
-            for chunk in group.chunks(1000) {
-                let mut q = QueryBuilder::<Postgres>::new(
-                    "INSERT INTO index_rows (tenant, owner, id, app, agent, conversation, turn, \
-                     kind, reference, at_ms, embedding, search_tsv) ",
-                );
-                q.push_values(chunk, |mut b, row| {
-                    let text = truncated(&row.text).to_owned();
-                    let info = &row.info;
-                    b.push_bind(row.scope.tenant.to_string())
-                        .push_bind(row.scope.identity.to_string())
-                        .push_bind(info.id.to_string())
-                        .push_bind(info.app.to_string())
-                        .push_bind(info.agent.to_string())
-                        .push_bind(info.conversation.to_string())
-                        .push_bind(i64::try_from(info.turn.number()).unwrap_or(i64::MAX))
-                        .push_bind(info.kind.as_str())
-                        .push_bind(info.reference.clone())
-                        .push_bind(info.at_ms)
-                        .push_bind(Vector::from(row.embedding.clone()))
-                        .push("to_tsvector('english', ")
-                        .push_bind_unseparated(text.clone())
-                        .push_unseparated(") || to_tsvector('simple', ")
-                        .push_bind_unseparated(text)
-                        .push_unseparated(")");
-                });
-                q.push(
-                    " ON CONFLICT (tenant, id) DO UPDATE SET app = EXCLUDED.app, \
-                     agent = EXCLUDED.agent, conversation = EXCLUDED.conversation, \
-                     turn = EXCLUDED.turn, kind = EXCLUDED.kind, reference = EXCLUDED.reference, \
-                     at_ms = EXCLUDED.at_ms, embedding = EXCLUDED.embedding, \
-                     search_tsv = EXCLUDED.search_tsv",
-                );
-                q.build()
-                    .execute(&mut *tx)
-                    .await
-                    .map_err(pg("writing index rows"))?;
-            }
+        if sorted.len() >= COPY_ROWS {
+            self.copy_rows(&mut tx, &sorted).await?;
+        } else {
+            self.insert_rows(&mut tx, &sorted).await?;
         }
         tx.commit().await.map_err(pg("committing index rows"))?;
         Ok(())
@@ -356,43 +576,58 @@ impl Backend for PgIndex {
                 "SELECT {COLUMNS}, ts_rank_cd(search_tsv, query.q, 1)::float8 AS score \
                  FROM index_rows, query"
             ));
+            self.push_scope_and_filters(&mut q, scope, filters);
+            q.push(" AND search_tsv @@ query.q ORDER BY score DESC, id LIMIT ")
+                .push_bind(k.max(1) as i64);
         } else {
-            // Ranked words, any of them. English stop words are dropped (a word the English
-            // configuration reduces to nothing); rows matching any remaining word in either
-            // configuration are candidates. Postgres's own ranks know nothing of how rare a
-            // word is, so each word's rank is weighted by its inverse document frequency within
-            // the caller's rows (BM25's idf), which is what lets a rare term outweigh a common
-            // one.
-            q.push("WITH words AS (SELECT DISTINCT w, to_tsquery('english', w) AS q FROM unnest(")
+            // Ranked words, any of them, by BM25 over the caller's own rows, in one pass over
+            // them. English stop words are dropped (a word the English configuration reduces
+            // to nothing); rows matching any remaining word in either configuration are
+            // candidates. The terms are the words' English lexemes: a term's weight is its
+            // inverse document frequency among the caller's rows, its count in a row (its
+            // positions) saturates (k1), and a row's length (its distinct lexemes, against the
+            // caller's average) normalises it (b). Nothing of another identity shapes a score.
+            //
+            // A row's counts of the query's terms come from its tsvector cut down to them
+            // (`setweight` marks them, `ts_filter` keeps the marked): stored vectors carry
+            // only the default weight, so the mark is unambiguous.
+            q.push("WITH words AS (SELECT DISTINCT w FROM unnest(")
                 .push_bind(words(text))
                 .push(
                     "::text[]) AS w WHERE numnode(to_tsquery('english', w)) > 0), \
-                     total AS (SELECT count(*)::float8 AS n FROM index_rows",
+                 query AS MATERIALIZED (SELECT to_tsquery('english', string_agg(w, ' | ')) \
+                 || to_tsquery('simple', string_agg(w, ' | ')) AS q, \
+                 ARRAY(SELECT DISTINCT l FROM words, unnest(to_tsvector('english', words.w)) \
+                 AS t(l)) AS lexemes FROM words), \
+                 scoped AS MATERIALIZED (SELECT tenant, owner, id, app, agent, conversation, \
+                 turn, kind, reference, at_ms, length(search_tsv) AS dl, \
+                 CASE WHEN search_tsv @@ query.q THEN \
+                 ts_filter(setweight(search_tsv, 'A', query.lexemes), '{a}') END AS found \
+                 FROM index_rows, query",
                 );
             self.push_scope(&mut q, scope);
-            q.push(
-                "), weighted AS MATERIALIZED (SELECT words.q, \
-                 ln(1 + (total.n - d.df + 0.5) / (d.df + 0.5)) AS idf FROM words, total, \
-                 LATERAL (SELECT count(*)::float8 AS df FROM index_rows",
-            );
-            self.push_scope(&mut q, scope);
-            q.push(
-                " AND search_tsv @@ words.q) d), \
-                 query AS MATERIALIZED (SELECT to_tsquery('english', string_agg(w, ' | ')) \
-                 || to_tsquery('simple', string_agg(w, ' | ')) AS q FROM words) ",
-            );
             q.push(format!(
-                "SELECT {COLUMNS}, coalesce((SELECT sum(weighted.idf * \
-                 ts_rank(index_rows.search_tsv, weighted.q, 1)) FROM weighted), 0)::float8 AS score \
-                 FROM index_rows, query"
+                "), stats AS MATERIALIZED (SELECT count(*)::float8 AS n, \
+                 greatest(avg(dl), 1)::float8 AS avgdl FROM scoped), \
+                 terms AS MATERIALIZED (SELECT u.lexeme, \
+                 ln(1 + (stats.n - count(*) + 0.5) / (count(*) + 0.5)) AS idf \
+                 FROM scoped, unnest(scoped.found) AS u, stats GROUP BY u.lexeme, stats.n) \
+                 SELECT {COLUMNS}, coalesce((SELECT sum(terms.idf * t.tf * ({K1} + 1) / \
+                 (t.tf + {K1} * (1 - {B} + {B} * scoped.dl / stats.avgdl))) \
+                 FROM (SELECT u.lexeme, coalesce(array_length(u.positions, 1), 1)::float8 AS tf \
+                 FROM unnest(scoped.found) AS u) t JOIN terms ON terms.lexeme = t.lexeme), 0)\
+                 ::float8 AS score FROM scoped, stats"
             ));
+            self.push_scope_and_filters(&mut q, scope, filters);
+            q.push(" AND found IS NOT NULL ORDER BY score DESC, id LIMIT ")
+                .push_bind(k.max(1) as i64);
         }
-        self.push_scope_and_filters(&mut q, scope, filters);
-        q.push(" AND search_tsv @@ query.q ORDER BY score DESC, id LIMIT ")
-            .push_bind(k.max(1) as i64);
         let mut tx = self.scoped(scope).await?;
+        // Planned for these values, never from a cached generic plan: a plan made without
+        // knowing the scope walks the whole graph (or every matching row) for a selective one.
         let rows = q
             .build()
+            .persistent(false)
             .fetch_all(&mut *tx)
             .await
             .map_err(pg("searching text"))?;
@@ -438,8 +673,11 @@ impl Backend for PgIndex {
             .execute(&mut *tx)
             .await
             .map_err(pg("searching vectors"))?;
+        // Planned for these values, never from a cached generic plan: a plan made without
+        // knowing the scope walks the whole graph (or every matching row) for a selective one.
         let rows = q
             .build()
+            .persistent(false)
             .fetch_all(&mut *tx)
             .await
             .map_err(pg("searching vectors"))?;
@@ -522,6 +760,61 @@ impl Backend for PgIndex {
             .map_err(pg("forgetting index rows"))?;
         tx.commit().await.map_err(pg("forgetting index rows"))?;
         Ok(done.rows_affected())
+    }
+
+    /// Sets the vector index aside (searches by meaning scan the scope's rows meanwhile:
+    /// exact, and cheap for a scope of thousands of rows) and holds its lock, so no worker
+    /// opening the index builds it again under the load.
+    async fn begin_bulk(&self) -> Result<()> {
+        let mut held = self.bulk.lock().await;
+        if held.is_some() {
+            return Err(Error::invalid("a bulk load is already running"));
+        }
+        let mut conn = self
+            .pool
+            .acquire()
+            .await
+            .map_err(pg("starting a bulk load"))?;
+        sqlx::query("SELECT pg_advisory_lock($1)")
+            .bind(VECTOR_INDEX_LOCK)
+            .execute(&mut *conn)
+            .await
+            .map_err(pg("starting a bulk load"))?;
+        sqlx::query(&format!(
+            "DROP INDEX CONCURRENTLY IF EXISTS {}",
+            vector_index(self.dimension)
+        ))
+        .execute(&mut *conn)
+        .await
+        .map_err(pg("setting the vector index aside"))?;
+        *held = Some(conn);
+        Ok(())
+    }
+
+    /// Builds the vector index once over every row, in parallel and in memory, without
+    /// blocking writes (`CREATE INDEX CONCURRENTLY`), then lets the lock go.
+    async fn end_bulk(&self) -> Result<()> {
+        let mut held = self.bulk.lock().await;
+        let Some(mut conn) = held.take() else {
+            return Ok(());
+        };
+        let statements = [
+            format!("SET maintenance_work_mem = '{}MB'", self.build_memory_mib),
+            "SET max_parallel_maintenance_workers = 2".into(),
+            create_vector_index(self.dimension, "CONCURRENTLY"),
+            "RESET maintenance_work_mem".into(),
+            "RESET max_parallel_maintenance_workers".into(),
+            "SELECT pg_advisory_unlock_all()".into(),
+        ];
+        for statement in &statements {
+            if let Err(e) = sqlx::query(statement).execute(&mut *conn).await {
+                // The session (and its lock) ends with the connection; the next open drops an
+                // invalid index and builds it again.
+                conn.close_on_drop();
+                return Err(Error::unavailable("building the vector index", e));
+            }
+        }
+        Ok(())
     }
 
     async fn drop_mark(&self, scope: &Scope, conversation: ConversationId) -> Result<()> {

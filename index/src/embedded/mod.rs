@@ -13,6 +13,8 @@ use std::ops::Bound;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
+mod stats;
+
 use async_trait::async_trait;
 use redb::{Database, ReadableDatabase as _, ReadableTable as _, TableDefinition};
 use tantivy::collector::TopDocs;
@@ -338,8 +340,13 @@ impl Backend for EmbeddedIndex {
             clauses.push((Occur::Must, words));
             let query = BooleanQuery::new(clauses);
             let searcher = inner.reader.searcher();
+            let stats = stats::ScopeStats::new(
+                &searcher,
+                Term::from_field_text(f.scope, &scope_key(&scope)),
+            )
+            .map_err(tantivy_error("counting the scope's statistics"))?;
             let top = searcher
-                .search(&query, &TopDocs::with_limit(k.max(1)))
+                .search_with_statistics_provider(&query, &TopDocs::with_limit(k.max(1)), &stats)
                 .map_err(tantivy_error("searching text"))?;
             top.into_iter()
                 .map(|(score, address)| {
