@@ -96,7 +96,7 @@ pub trait ToolRunner: Send + Sync {
 /// (the timeline's messages), appending what the turn does to `blocks`.
 pub async fn run(
     settings: &Settings,
-    history: Vec<Message>,
+    history: &[Message],
     blocks: &mut Vec<Block>,
     model: &dyn ModelProvider,
     tools: &dyn ToolRunner,
@@ -270,7 +270,8 @@ pub(crate) fn request(
 
 /// Keeps the newest messages that fit `budget` estimated tokens, never starting on a tool
 /// result (whose call would be cut off).
-pub(crate) fn fit(history: Vec<Message>, budget: u64, tokens: &TokenCounter) -> Vec<Message> {
+/// The one copy of the history a turn makes: the timeline's messages are shared.
+pub(crate) fn fit(history: &[Message], budget: u64, tokens: &TokenCounter) -> Vec<Message> {
     let mut total = 0;
     let mut start = history.len();
     for (i, m) in history.iter().enumerate().rev() {
@@ -510,7 +511,7 @@ pub async fn run_live(turn: &TurnContext<'_>) -> Result<TurnOutcome> {
                 // From here on the context is the summary (this turn's first row) and this turn.
                 blocks.insert(0, summary);
                 turn.set_compaction(marker);
-                history = Vec::new();
+                history = Default::default();
             }
             Err(e) => {
                 tracing::warn!(error = %e, "compaction failed; the context is trimmed instead")
@@ -595,7 +596,7 @@ pub async fn run_live(turn: &TurnContext<'_>) -> Result<TurnOutcome> {
                 turn,
                 remote,
                 &settings,
-                history,
+                &history,
                 &mut blocks,
                 &spec,
                 &tools,
@@ -607,7 +608,7 @@ pub async fn run_live(turn: &TurnContext<'_>) -> Result<TurnOutcome> {
         None => {
             run(
                 &settings,
-                history,
+                &history,
                 &mut blocks,
                 spec.provider.as_ref(),
                 &tools,
@@ -718,7 +719,7 @@ mod tests {
             let mut cx = CallContext::detached();
             let outcome = run(
                 &settings,
-                Vec::new(),
+                &[],
                 &mut blocks,
                 &model,
                 &NoTools,
@@ -749,17 +750,17 @@ mod tests {
             .map(|i| Message::new(Role::User, format!("m{i} b c d")))
             .collect();
         // Four words + four of framing = 8 tokens each.
-        let kept = fit(history.clone(), 20, &words);
+        let kept = fit(&history, 20, &words);
         assert_eq!(kept.len(), 2);
         assert_eq!(kept[1].content, "m9 b c d");
         // The estimate: 8 bytes → 2 tokens + 4 = 6 each.
-        assert_eq!(fit(history.clone(), 20, &TokenCounter::Estimate).len(), 3);
+        assert_eq!(fit(&history, 20, &TokenCounter::Estimate).len(), 3);
         // A window never starts on a tool result whose call was cut off.
         let mut with_tool = history;
         let mut result = Message::new(Role::Tool, "x");
         result.tool_call_id = Some("c".into());
         with_tool.insert(8, result);
-        let kept = fit(with_tool, 8 + 5, &words);
+        let kept = fit(&with_tool, 8 + 5, &words);
         assert!(kept.iter().all(|m| m.role != Role::Tool), "{kept:?}");
     }
 }

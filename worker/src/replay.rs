@@ -424,7 +424,7 @@ pub async fn replay(logs: &[TurnLog], what_if: Option<&WhatIf>) -> Vec<TurnRepla
         let mut cx = CallContext::detached();
         let outcome = agent_loop::run(
             &settings,
-            crate::timeline::messages(&history),
+            &crate::timeline::messages(&history),
             &mut blocks,
             &model,
             &tools,

@@ -46,19 +46,20 @@ impl Timeline {
         self.rows.iter().map(|r| r.block.clone()).collect()
     }
 
-    /// The model messages of the rows (see [`messages`]). Assembled once per set of shared
-    /// rows in this process: a timeline rebuilt again from the same snapshot reuses them.
-    pub fn messages(&self) -> Vec<Message> {
+    /// The model messages of the rows (see [`messages`]), shared. Assembled once per set of
+    /// shared rows in this process: a timeline rebuilt again from the same snapshot reuses
+    /// them, and nothing is copied until the agent loop cuts the part that fits its budget.
+    pub fn messages(&self) -> Arc<Vec<Message>> {
         // Rows rebuilt from the logs are new every time: nothing to reuse.
         if !self.from_snapshot {
-            return messages(self.rows.iter().map(|r| &r.block));
+            return Arc::new(messages(self.rows.iter().map(|r| &r.block)));
         }
         if let Some(done) = assembled(&self.rows) {
-            return done.as_ref().clone();
+            return done;
         }
         let built = Arc::new(messages(self.rows.iter().map(|r| &r.block)));
         remember_assembled(&self.rows, built.clone());
-        built.as_ref().clone()
+        built
     }
 }
 
@@ -468,9 +469,9 @@ mod tests {
             ..Default::default()
         };
         let first = one.messages();
-        assert_eq!(first, messages([&one.rows[0].block]));
-        // The same shared rows: the same messages (from the memo).
-        assert_eq!(one.clone().messages(), first);
+        assert_eq!(*first, messages([&one.rows[0].block]));
+        // The same shared rows: the same messages, shared (from the memo).
+        assert!(Arc::ptr_eq(&one.clone().messages(), &first));
         // Other rows, even equal in length and made right after: their own messages.
         drop(one);
         let two = Timeline {

@@ -161,7 +161,7 @@ pub async fn run_live(
     turn: &TurnContext<'_>,
     remote: &RemoteSpec,
     settings: &Settings,
-    history: Vec<Message>,
+    history: &[Message],
     blocks: &mut Vec<Block>,
     spec: &crate::apps::AgentSpec,
     tools: &dyn ToolRunner,
