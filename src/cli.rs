@@ -957,6 +957,11 @@ pub enum BenchCommand {
         /// (`--rows`/`--users` must match that run; the indexing rate is then meaningless).
         #[arg(long)]
         reuse_tenant: Option<turnpike_schemas::TenantId>,
+        /// `maintenance_work_mem` (MiB) for building Postgres's vector index after the load:
+        /// the graph of a million rows takes about 2 GiB, and a parallel build reserves it in
+        /// shared memory.
+        #[arg(long, default_value_t = 4096)]
+        build_memory: u32,
     },
     /// Record appends per second and verify throughput on the local filesystem.
     Record {

@@ -681,6 +681,19 @@ async fn memory_lists_and_forgets_only_the_callers_rows(f: Fixture) {
     );
 }
 
+/// Whether a connection of its own gets the vector index's advisory lock (and lets it go).
+async fn try_vector_lock() -> bool {
+    use sqlx::Connection as _;
+    let url = turnpike_tests::postgres::shared().url();
+    let mut conn = sqlx::PgConnection::connect(&url).await.unwrap();
+    let got: bool = sqlx::query_scalar("SELECT pg_try_advisory_lock(7370726)")
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+    conn.close().await.unwrap();
+    got
+}
+
 /// A unit vector along axis `i` (rows and queries of the bulk case).
 fn axis(i: usize) -> Vec<f32> {
     let mut v = vec![0.0; 384];
@@ -738,8 +751,30 @@ async fn bulk_load(f: Fixture) {
     backend.upsert(&batch).await.unwrap();
     // The same batch again changes nothing (upserts replace).
     backend.upsert(&batch).await.unwrap();
+    if let Some(pg) = &f.pg {
+        assert_eq!(
+            pg.vector_index_valid().await.unwrap(),
+            None,
+            "the vector index is set aside during the load"
+        );
+        assert!(
+            !try_vector_lock().await,
+            "the load holds the vector index's lock: no worker opening the index builds it"
+        );
+    }
+    // During the load, the loaded rows are found by meaning (an exact scan) and by words.
+    let mut r = request("anything", Mode::Vector);
+    r.limit = 3;
+    let page = f
+        .index
+        .search_embedded(&carol, &r, Some(&axis(5)))
+        .await
+        .unwrap();
+    assert_eq!(page.hits.first().map(|h| h.info.at_ms), Some(5));
+    // A second begin joins the running load.
+    backend.begin_bulk().await.unwrap();
     backend.end_bulk().await.unwrap();
-    // Without a begin, an end does nothing.
+    // Without a load running, an end makes sure the index is there.
     backend.end_bulk().await.unwrap();
 
     assert_eq!(backend.count(&carol).await.unwrap(), 301);
@@ -783,13 +818,24 @@ async fn bulk_load(f: Fixture) {
             Some(true),
             "the vector index is built again after the load"
         );
-        // A second load can begin (the lock was let go), but not two at once.
-        backend.begin_bulk().await.unwrap();
-        assert_eq!(
-            backend.begin_bulk().await.unwrap_err().kind(),
-            ErrorKind::Invalid
-        );
-        backend.end_bulk().await.unwrap();
+        assert!(try_vector_lock().await, "the load let its lock go");
+        // The statistics BM25 reads are kept exact through upserts, deletes and forgetting.
+        let rows = |scope: Scope| {
+            let pg = pg.clone();
+            async move { pg.scope_stats(&scope).await.unwrap().0 }
+        };
+        assert_eq!(rows(carol.clone()).await, 301);
+        assert_eq!(rows(bob.clone()).await, 3);
+        let in_c100 = Filters {
+            conversation: Some(conv("c100")),
+            ..Default::default()
+        };
+        let gone = backend.delete(&carol, &in_c100, None).await.unwrap();
+        assert_eq!(gone, 50);
+        assert_eq!(rows(carol.clone()).await, 251);
+        assert_eq!(backend.forget(&carol).await.unwrap(), 251);
+        assert_eq!(pg.scope_stats(&carol).await.unwrap(), (0, 0));
+        assert_eq!(rows(bob.clone()).await, 3, "others keep theirs");
     }
 }
 

@@ -26,6 +26,9 @@ pub struct SearchConfig {
     pub database_url: Option<String>,
     /// The all-MiniLM-L6-v2 files.
     pub embedding_model: PathBuf,
+    /// `maintenance_work_mem` for building Postgres's vector index after a bulk load, in MiB
+    /// (default: the server's).
+    pub build_memory_mib: Option<u32>,
 }
 
 /// Which backends a benchmark loads.
@@ -51,9 +54,12 @@ async fn backends(
     if which != Backends::Embedded {
         match &config.database_url {
             Some(url) => {
-                let pg = PgIndex::connect(url, dimension)
+                let mut pg = PgIndex::connect(url, dimension)
                     .await
                     .with_context(|| format!("connecting to {url}"))?;
+                if let Some(mib) = config.build_memory_mib {
+                    pg = pg.with_build_memory(mib);
+                }
                 out.push((Arc::new(pg.clone()), Some(pg)));
             }
             None => eprintln!(

@@ -220,9 +220,13 @@ impl Indexer {
                 }
             }
         }
-        // What bulk mode set aside comes back even when the rebuild failed.
+        // What bulk mode set aside comes back even when the rebuild failed (whose error is
+        // the one reported).
         if full {
-            backend.end_bulk().await?;
+            let ended = backend.end_bulk().await;
+            let turns = indexed?;
+            ended?;
+            return Ok((list.len(), turns));
         }
         Ok((list.len(), indexed?))
     }

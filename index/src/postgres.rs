@@ -33,13 +33,22 @@ struct Migrations;
 impl MigrationSource<'static> for Migrations {
     fn resolve(self) -> BoxFuture<'static, Result<Vec<Migration>, sqlx::error::BoxDynError>> {
         Box::pin(async {
-            Ok(vec![Migration::new(
-                1,
-                Cow::Borrowed("index"),
-                MigrationType::Simple,
-                Cow::Borrowed(include_str!("../migrations/0001_index.sql")),
-                false,
-            )])
+            Ok(vec![
+                Migration::new(
+                    1,
+                    Cow::Borrowed("index"),
+                    MigrationType::Simple,
+                    Cow::Borrowed(include_str!("../migrations/0001_index.sql")),
+                    false,
+                ),
+                Migration::new(
+                    2,
+                    Cow::Borrowed("scope statistics"),
+                    MigrationType::Simple,
+                    Cow::Borrowed(include_str!("../migrations/0002_scope_stats.sql")),
+                    false,
+                ),
+            ])
         })
     }
 }
@@ -63,8 +72,8 @@ pub struct PgIndex {
     /// While a bulk load runs: the connection holding the vector index's lock (see
     /// [`Backend::begin_bulk`]).
     bulk: Arc<tokio::sync::Mutex<Option<PoolConnection<Postgres>>>>,
-    /// `maintenance_work_mem` for building the vector index after a bulk load, in MiB.
-    build_memory_mib: u32,
+    /// `maintenance_work_mem` for building the vector index, in MiB (default: the server's).
+    build_memory_mib: Option<u32>,
 }
 
 /// The advisory lock key under which the vector index is created or set aside: a worker
@@ -107,46 +116,34 @@ impl PgIndex {
             .await
             .map_err(|e| Error::unavailable("migrating the index schema", e))?;
         // One partial HNSW index per dimension in use; the expression and predicate match the
-        // vector query's, so the planner can use it. Workers starting together would race on
-        // `IF NOT EXISTS`, and a bulk load sets the index aside on purpose: the advisory lock
-        // makes them take turns, and whoever finds it taken leaves the index to its holder.
-        let mut tx = pool
-            .begin()
-            .await
-            .map_err(pg("creating the vector index"))?;
-        let ours: bool = sqlx::query_scalar("SELECT pg_try_advisory_xact_lock($1)")
-            .bind(VECTOR_INDEX_LOCK)
-            .fetch_one(&mut *tx)
-            .await
-            .map_err(pg("creating the vector index"))?;
-        if ours {
-            // A concurrent build that failed leaves an invalid index behind, which `IF NOT
-            // EXISTS` would take for the real one.
-            let valid: Option<bool> = sqlx::query_scalar(
-                "SELECT indisvalid FROM pg_index WHERE indexrelid = to_regclass($1)",
-            )
-            .bind(vector_index(dimension))
-            .fetch_optional(&mut *tx)
-            .await
-            .map_err(pg("creating the vector index"))?;
-            if valid == Some(false) {
-                sqlx::query(&format!("DROP INDEX {}", vector_index(dimension)))
-                    .execute(&mut *tx)
+        // vector query's, so the planner can use it. Missing (a fresh database, a dimension new
+        // here) or left invalid (a build that died), it is built without blocking writes: here
+        // while the table is small, in the background when it is not, so a worker starting
+        // next to a million rows is not held up.
+        let valid = vector_index_state(&pool, dimension).await?;
+        if valid != Some(true) {
+            let small: bool =
+                sqlx::query_scalar("SELECT pg_relation_size('index_rows') < 64 * 1024 * 1024")
+                    .fetch_one(&pool)
                     .await
-                    .map_err(pg("dropping an invalid vector index"))?;
+                    .map_err(pg("sizing the index"))?;
+            if small {
+                ensure_vector_index(&pool, dimension, None).await?;
+            } else {
+                let pool = pool.clone();
+                tokio::spawn(async move {
+                    if let Err(e) = ensure_vector_index(&pool, dimension, None).await {
+                        tracing::warn!(error = %e, "building the vector index");
+                    }
+                });
             }
-            sqlx::query(&create_vector_index(dimension, "IF NOT EXISTS"))
-                .execute(&mut *tx)
-                .await
-                .map_err(pg("creating the vector index"))?;
         }
-        tx.commit().await.map_err(pg("creating the vector index"))?;
         Ok(Self {
             pool,
             dimension,
             scope_clause: true,
             bulk: Arc::default(),
-            build_memory_mib: 2048,
+            build_memory_mib: None,
         })
     }
 
@@ -160,12 +157,14 @@ impl PgIndex {
         }
     }
 
-    /// `maintenance_work_mem` for building the vector index after a bulk load (default 2 GiB;
-    /// a parallel build reserves all of it in shared memory). The graph of a million 384-d rows
-    /// takes about 2 GiB; a build that does not fit goes on, much slower, on disk.
+    /// `maintenance_work_mem` for building the vector index after a bulk load (default: the
+    /// server's, which operators set with `ALTER ROLE … SET maintenance_work_mem`). The graph
+    /// of a million 384-d rows takes about 2 GiB; a build that does not fit goes on, much
+    /// slower, on disk. A parallel build reserves all of it in shared memory (`/dev/shm` must
+    /// hold it); when that fails the build is retried without parallel workers.
     pub fn with_build_memory(self, mib: u32) -> Self {
         Self {
-            build_memory_mib: mib.max(64),
+            build_memory_mib: Some(mib.max(64)),
             ..self
         }
     }
@@ -173,11 +172,24 @@ impl PgIndex {
     /// Whether the vector index for this dimension is there and valid (`None`: not there; a
     /// bulk load has it set aside, or a build failed and the next open makes it again).
     pub async fn vector_index_valid(&self) -> Result<Option<bool>> {
-        sqlx::query_scalar("SELECT indisvalid FROM pg_index WHERE indexrelid = to_regclass($1)")
-            .bind(vector_index(self.dimension))
-            .fetch_optional(&self.pool)
+        vector_index_state(&self.pool, self.dimension).await
+    }
+
+    /// The kept statistics of `scope`: (rows, total distinct lexemes), what BM25 reads.
+    pub async fn scope_stats(&self, scope: &Scope) -> Result<(i64, i64)> {
+        let mut tx = self.scoped(scope).await?;
+        let mut q = QueryBuilder::<Postgres>::new(
+            "SELECT coalesce(sum(rows), 0)::int8, coalesce(sum(lexemes), 0)::int8 \
+             FROM index_scope_stats",
+        );
+        self.push_scope(&mut q, scope);
+        let found: (i64, i64) = q
+            .build_query_as()
+            .fetch_one(&mut *tx)
             .await
-            .map_err(pg("reading the vector index's state"))
+            .map_err(pg("reading index statistics"))?;
+        tx.commit().await.map_err(pg("reading index statistics"))?;
+        Ok(found)
     }
 
     pub fn pool(&self) -> &PgPool {
@@ -322,6 +334,116 @@ fn truncated(text: &str) -> &str {
     &text[..end]
 }
 
+/// Whether the vector index for `dimension` is there (`None`: not) and valid.
+async fn vector_index_state(pool: &PgPool, dimension: usize) -> Result<Option<bool>> {
+    sqlx::query_scalar("SELECT indisvalid FROM pg_index WHERE indexrelid = to_regclass($1)")
+        .bind(vector_index(dimension))
+        .fetch_optional(pool)
+        .await
+        .map_err(pg("reading the vector index's state"))
+}
+
+/// Makes sure the vector index for `dimension` is there and valid, under the advisory lock
+/// (session-level, on a connection of its own). Someone else holding it is building the index
+/// or has it set aside for a bulk load: then this leaves it to them.
+async fn ensure_vector_index(
+    pool: &PgPool,
+    dimension: usize,
+    memory_mib: Option<u32>,
+) -> Result<()> {
+    let mut conn = pool
+        .acquire()
+        .await
+        .map_err(pg("building the vector index"))?;
+    let ours: bool = sqlx::query_scalar("SELECT pg_try_advisory_lock($1)")
+        .bind(VECTOR_INDEX_LOCK)
+        .fetch_one(&mut *conn)
+        .await
+        .map_err(pg("building the vector index"))?;
+    if !ours {
+        return Ok(());
+    }
+    build_vector_index(conn, dimension, memory_mib).await
+}
+
+/// Builds the vector index if it is missing or invalid, concurrently (writes go on), on `conn`,
+/// which holds the advisory lock; lets the lock go. A parallel build that fails (its shared
+/// memory could not be had) is tried once more without parallel workers. On any failure the
+/// connection is closed, which ends its session and so the lock.
+async fn build_vector_index(
+    mut conn: PoolConnection<Postgres>,
+    dimension: usize,
+    memory_mib: Option<u32>,
+) -> Result<()> {
+    let name = vector_index(dimension);
+    let mut settings = Vec::new();
+    if let Some(mib) = memory_mib {
+        settings.push(format!("SET maintenance_work_mem = '{mib}MB'"));
+    }
+    let mut result = Ok(());
+    for attempt in 0..2 {
+        if attempt == 1 {
+            settings.push("SET max_parallel_maintenance_workers = 0".into());
+        }
+        let state: std::result::Result<Option<bool>, _> = sqlx::query_scalar(
+            "SELECT indisvalid FROM pg_index WHERE indexrelid = to_regclass($1)",
+        )
+        .bind(&name)
+        .fetch_optional(&mut *conn)
+        .await;
+        let mut steps = settings.clone();
+        match state {
+            Ok(Some(true)) => break,
+            // A build that failed leaves an invalid index behind, which `IF NOT EXISTS` would
+            // take for the real one.
+            Ok(Some(false)) => steps.push(format!("DROP INDEX CONCURRENTLY IF EXISTS {name}")),
+            Ok(None) => {}
+            Err(e) => {
+                result = Err(e);
+                break;
+            }
+        }
+        steps.push(create_vector_index(dimension, "CONCURRENTLY IF NOT EXISTS"));
+        result = run_all(&mut conn, &steps).await;
+        if result.is_ok() {
+            break;
+        }
+        tracing::warn!(attempt, error = ?result, "building the vector index failed");
+    }
+    if result.is_err() {
+        // An invalid index is kept up on every write and never used: not left behind.
+        let _ = run_all(
+            &mut conn,
+            &[format!("DROP INDEX CONCURRENTLY IF EXISTS {name}")],
+        )
+        .await;
+    }
+    let released = run_all(
+        &mut conn,
+        &[
+            "RESET maintenance_work_mem".into(),
+            "RESET max_parallel_maintenance_workers".into(),
+            "SELECT pg_advisory_unlock_all()".into(),
+        ],
+    )
+    .await;
+    if result.is_err() || released.is_err() {
+        conn.close_on_drop();
+    }
+    result.map_err(|e| Error::unavailable("building the vector index", e))
+}
+
+/// Runs `statements` in order on `conn`, stopping at the first error.
+async fn run_all(
+    conn: &mut PoolConnection<Postgres>,
+    statements: &[String],
+) -> std::result::Result<(), sqlx::Error> {
+    for statement in statements {
+        sqlx::query(statement).execute(&mut **conn).await?;
+    }
+    Ok(())
+}
+
 /// The name of the vector index for `dimension`.
 fn vector_index(dimension: usize) -> String {
     format!("index_rows_embedding_{dimension}")
@@ -353,7 +475,8 @@ fn deduplicated(rows: &[IndexRow]) -> Vec<&IndexRow> {
     out
 }
 
-/// Appends `text` to a `COPY … (FORMAT text)` line, escaped.
+/// Appends `text` to a `COPY … (FORMAT text)` line, escaped (NUL, which Postgres text cannot
+/// hold, is dropped: [`Backend::upsert`] refuses it in keys, and cleans it from bodies).
 fn copy_text(line: &mut String, text: &str) {
     for c in text.chars() {
         match c {
@@ -532,6 +655,13 @@ impl Backend for PgIndex {
 
     async fn upsert(&self, rows: &[IndexRow]) -> Result<()> {
         for row in rows {
+            // Postgres text holds no NUL; the text is cleaned, but a key must not change.
+            if row.info.id.as_str().contains('\0') || row.info.reference.contains('\0') {
+                return Err(Error::invalid(format!(
+                    "row {:?} has a NUL in its id or reference",
+                    row.info.id.as_str()
+                )));
+            }
             if row.embedding.len() != self.dimension {
                 return Err(Error::invalid(format!(
                     "row {} has a {}-dimension embedding; the index is configured for {}",
@@ -580,13 +710,15 @@ impl Backend for PgIndex {
             q.push(" AND search_tsv @@ query.q ORDER BY score DESC, id LIMIT ")
                 .push_bind(k.max(1) as i64);
         } else {
-            // Ranked words, any of them, by BM25 over the caller's own rows, in one pass over
-            // them. English stop words are dropped (a word the English configuration reduces
-            // to nothing); rows matching any remaining word in either configuration are
-            // candidates. The terms are the words' English lexemes: a term's weight is its
-            // inverse document frequency among the caller's rows, its count in a row (its
-            // positions) saturates (k1), and a row's length (its distinct lexemes, against the
-            // caller's average) normalises it (b). Nothing of another identity shapes a score.
+            // Ranked words, any of them, by BM25 over the caller's own rows. English stop
+            // words are dropped (a word the English configuration reduces to nothing); rows
+            // matching any remaining word in either configuration are candidates. The terms are
+            // the words' English lexemes: a term's weight is its inverse document frequency
+            // among the caller's rows, its count in a row (its positions) saturates (k1), and a
+            // row's length (its distinct lexemes, against the caller's average) normalises it
+            // (b). The caller's row count and total length come from `index_scope_stats` (kept
+            // by triggers), so only the matching rows are read; nothing of another identity
+            // shapes a score.
             //
             // A row's counts of the query's terms come from its tsvector cut down to them
             // (`setweight` marks them, `ts_filter` keeps the marked): stored vectors carry
@@ -595,21 +727,31 @@ impl Backend for PgIndex {
                 .push_bind(words(text))
                 .push(
                     "::text[]) AS w WHERE numnode(to_tsquery('english', w)) > 0), \
-                 query AS MATERIALIZED (SELECT to_tsquery('english', string_agg(w, ' | ')) \
-                 || to_tsquery('simple', string_agg(w, ' | ')) AS q, \
-                 ARRAY(SELECT DISTINCT l FROM words, unnest(to_tsvector('english', words.w)) \
-                 AS t(l)) AS lexemes FROM words), \
-                 scoped AS MATERIALIZED (SELECT tenant, owner, id, app, agent, conversation, \
-                 turn, kind, reference, at_ms, length(search_tsv) AS dl, \
-                 CASE WHEN search_tsv @@ query.q THEN \
-                 ts_filter(setweight(search_tsv, 'A', query.lexemes), '{a}') END AS found \
-                 FROM index_rows, query",
+                     query AS MATERIALIZED (SELECT to_tsquery('english', string_agg(w, ' | ')) \
+                     || to_tsquery('simple', string_agg(w, ' | ')) AS q, \
+                     ARRAY(SELECT DISTINCT l FROM words, unnest(to_tsvector('english', words.w)) \
+                     AS t(l)) AS lexemes FROM words), \
+                     scoped AS MATERIALIZED (SELECT tenant, owner, id, app, agent, conversation, \
+                     turn, kind, reference, at_ms, length(search_tsv) AS dl, \
+                     ts_filter(setweight(search_tsv, 'A', query.lexemes), '{a}') AS found \
+                     FROM index_rows, query",
                 );
             self.push_scope(&mut q, scope);
+            q.push(
+                " AND search_tsv @@ query.q), \
+                 kept AS (SELECT rows, lexemes FROM index_scope_stats",
+            );
+            self.push_scope(&mut q, scope);
+            q.push(
+                "), stats AS MATERIALIZED (SELECT \
+                 greatest(coalesce((SELECT rows FROM kept), 0), m.n)::float8 AS n, \
+                 CASE WHEN coalesce((SELECT rows FROM kept), 0) > 0 \
+                 THEN greatest((SELECT lexemes::float8 / rows FROM kept), 1) \
+                 ELSE greatest(coalesce(m.avgdl, 1), 1)::float8 END AS avgdl \
+                 FROM (SELECT count(*) AS n, avg(dl) AS avgdl FROM scoped) AS m), ",
+            );
             q.push(format!(
-                "), stats AS MATERIALIZED (SELECT count(*)::float8 AS n, \
-                 greatest(avg(dl), 1)::float8 AS avgdl FROM scoped), \
-                 terms AS MATERIALIZED (SELECT u.lexeme, \
+                "terms AS MATERIALIZED (SELECT u.lexeme, \
                  ln(1 + (stats.n - count(*) + 0.5) / (count(*) + 0.5)) AS idf \
                  FROM scoped, unnest(scoped.found) AS u, stats GROUP BY u.lexeme, stats.n) \
                  SELECT {COLUMNS}, coalesce((SELECT sum(terms.idf * t.tf * ({K1} + 1) / \
@@ -619,7 +761,7 @@ impl Backend for PgIndex {
                  ::float8 AS score FROM scoped, stats"
             ));
             self.push_scope_and_filters(&mut q, scope, filters);
-            q.push(" AND found IS NOT NULL ORDER BY score DESC, id LIMIT ")
+            q.push(" ORDER BY score DESC, id LIMIT ")
                 .push_bind(k.max(1) as i64);
         }
         let mut tx = self.scoped(scope).await?;
@@ -758,63 +900,60 @@ impl Backend for PgIndex {
             .execute(&mut *tx)
             .await
             .map_err(pg("forgetting index rows"))?;
+        let mut q = QueryBuilder::<Postgres>::new("DELETE FROM index_scope_stats");
+        self.push_scope(&mut q, scope);
+        q.build()
+            .execute(&mut *tx)
+            .await
+            .map_err(pg("forgetting index statistics"))?;
         tx.commit().await.map_err(pg("forgetting index rows"))?;
         Ok(done.rows_affected())
     }
 
     /// Sets the vector index aside (searches by meaning scan the scope's rows meanwhile:
     /// exact, and cheap for a scope of thousands of rows) and holds its lock, so no worker
-    /// opening the index builds it again under the load.
+    /// opening the index builds it again under the load. A second begin while one is running
+    /// joins it.
     async fn begin_bulk(&self) -> Result<()> {
         let mut held = self.bulk.lock().await;
         if held.is_some() {
-            return Err(Error::invalid("a bulk load is already running"));
+            return Ok(());
         }
         let mut conn = self
             .pool
             .acquire()
             .await
             .map_err(pg("starting a bulk load"))?;
+        // Waits for a build under way to end.
         sqlx::query("SELECT pg_advisory_lock($1)")
             .bind(VECTOR_INDEX_LOCK)
             .execute(&mut *conn)
             .await
             .map_err(pg("starting a bulk load"))?;
-        sqlx::query(&format!(
+        let dropped = sqlx::query(&format!(
             "DROP INDEX CONCURRENTLY IF EXISTS {}",
             vector_index(self.dimension)
         ))
         .execute(&mut *conn)
-        .await
-        .map_err(pg("setting the vector index aside"))?;
+        .await;
+        if let Err(e) = dropped {
+            // Never back into the pool with the lock: closing ends the session, and the lock.
+            conn.close_on_drop();
+            return Err(Error::unavailable("setting the vector index aside", e));
+        }
         *held = Some(conn);
         Ok(())
     }
 
     /// Builds the vector index once over every row, in parallel and in memory, without
-    /// blocking writes (`CREATE INDEX CONCURRENTLY`), then lets the lock go.
+    /// blocking writes (`CREATE INDEX CONCURRENTLY`), then lets the lock go. Without a bulk
+    /// load running, it makes sure the index is there (after a load whose process died).
     async fn end_bulk(&self) -> Result<()> {
-        let mut held = self.bulk.lock().await;
-        let Some(mut conn) = held.take() else {
-            return Ok(());
-        };
-        let statements = [
-            format!("SET maintenance_work_mem = '{}MB'", self.build_memory_mib),
-            "SET max_parallel_maintenance_workers = 2".into(),
-            create_vector_index(self.dimension, "CONCURRENTLY"),
-            "RESET maintenance_work_mem".into(),
-            "RESET max_parallel_maintenance_workers".into(),
-            "SELECT pg_advisory_unlock_all()".into(),
-        ];
-        for statement in &statements {
-            if let Err(e) = sqlx::query(statement).execute(&mut *conn).await {
-                // The session (and its lock) ends with the connection; the next open drops an
-                // invalid index and builds it again.
-                conn.close_on_drop();
-                return Err(Error::unavailable("building the vector index", e));
-            }
+        let held = self.bulk.lock().await.take();
+        match held {
+            Some(conn) => build_vector_index(conn, self.dimension, self.build_memory_mib).await,
+            None => ensure_vector_index(&self.pool, self.dimension, self.build_memory_mib).await,
         }
-        Ok(())
     }
 
     async fn drop_mark(&self, scope: &Scope, conversation: ConversationId) -> Result<()> {

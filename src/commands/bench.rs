@@ -19,9 +19,10 @@ use crate::commands::runtime::{open_bus, workers};
 use crate::env::Env;
 
 pub async fn run(global: &Global, command: BenchCommand) -> Result<ExitCode> {
-    let search = SearchConfig {
+    let mut search = SearchConfig {
         database_url: global.index.database_url.clone(),
         embedding_model: global.index.embedding_model.clone(),
+        build_memory_mib: None,
     };
     match command {
         BenchCommand::Search {
@@ -72,7 +73,9 @@ pub async fn run(global: &Global, command: BenchCommand) -> Result<ExitCode> {
             dir,
             keep,
             reuse_tenant,
+            build_memory,
         } => {
+            search.build_memory_mib = Some(build_memory);
             let scale = Scale {
                 rows: rows.max(1000),
                 users: users.max(1),

@@ -3,6 +3,7 @@
 //! no ranking betrays what others wrote).
 
 use std::collections::HashMap;
+use std::sync::Mutex;
 
 use tantivy::collector::{Count, DocSetCollector};
 use tantivy::query::Bm25StatisticsProvider;
@@ -16,6 +17,8 @@ pub(super) struct ScopeStats<'a> {
     scope: Term,
     /// The scope's documents, by segment (counted once, for the token totals).
     docs: HashMap<u32, Vec<u32>>,
+    /// Token totals by field: asked for by every scored term, counted once.
+    tokens: Mutex<HashMap<Field, u64>>,
 }
 
 impl<'a> ScopeStats<'a> {
@@ -31,6 +34,7 @@ impl<'a> ScopeStats<'a> {
             searcher,
             scope,
             docs,
+            tokens: Mutex::default(),
         })
     }
 
@@ -41,6 +45,9 @@ impl<'a> ScopeStats<'a> {
 
 impl Bm25StatisticsProvider for ScopeStats<'_> {
     fn total_num_tokens(&self, field: Field) -> tantivy::Result<u64> {
+        if let Some(&known) = self.tokens.lock().ok().as_ref().and_then(|t| t.get(&field)) {
+            return Ok(known);
+        }
         let mut total = 0u64;
         for (&segment, docs) in &self.docs {
             let norms = self
