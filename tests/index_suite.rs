@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use turnpike_index::embedded::EmbeddedIndex;
 use turnpike_index::postgres::PgIndex;
+use turnpike_index::Backend as _;
 use turnpike_index::{
     ErrorKind, Filters, Index, IndexRow, Kind, Mode, RowId, RowInfo, Scope, SearchRequest,
 };
@@ -836,6 +837,25 @@ async fn bulk_load(f: Fixture) {
         assert_eq!(backend.forget(&carol).await.unwrap(), 251);
         assert_eq!(pg.scope_stats(&carol).await.unwrap(), (0, 0));
         assert_eq!(rows(bob.clone()).await, 3, "others keep theirs");
+
+        // A load whose process dies (here: its index handle is dropped mid-load) leaves the
+        // index set aside and lets the lock go with its session; the next worker opening the
+        // index builds it again.
+        let url = turnpike_tests::postgres::shared().url();
+        let dying = PgIndex::connect(&url, 384).await.unwrap();
+        dying.begin_bulk().await.unwrap();
+        assert_eq!(pg.vector_index_valid().await.unwrap(), None);
+        drop(dying);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while !try_vector_lock().await {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the lock outlived its session"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        let next = PgIndex::connect(&url, 384).await.unwrap();
+        assert_eq!(next.vector_index_valid().await.unwrap(), Some(true));
     }
 }
 

@@ -152,7 +152,7 @@ async fn finished_turns_are_indexed_and_the_search_tool_finds_them_by_meaning() 
 async fn postgres_down_while_indexing_then_rows_arrive_when_it_returns_and_a_rebuild_matches() {
     let mut pg = Postgres::start().unwrap();
     let backend = PgIndex::connect(&pg.url(), 384).await.unwrap();
-    let index = Index::new(Arc::new(backend), embedder());
+    let index = Index::new(Arc::new(backend.clone()), embedder());
     let mut options = RigOptions::new(SCRIPT);
     options.index = Some(index.clone());
     let rig = Rig::with(options).await;
@@ -202,6 +202,15 @@ async fn postgres_down_while_indexing_then_rows_arrive_when_it_returns_and_a_reb
         index.search(&scope(), &lexical).await.unwrap().hits,
         page.hits
     );
+    // A full rebuild (Postgres in bulk mode: the vector index set aside, then built again):
+    // the same rows, the same hits, and the index back.
+    assert_eq!(indexer.rebuild(true).await.unwrap(), (1, 2));
+    assert_eq!(rows(&index).await, live);
+    assert_eq!(
+        index.search(&scope(), &lexical).await.unwrap().hits,
+        page.hits
+    );
+    assert_eq!(backend.vector_index_valid().await.unwrap(), Some(true));
     rig.stop().await;
 }
 

@@ -355,6 +355,8 @@ async fn ensure_vector_index(
         .acquire()
         .await
         .map_err(pg("building the vector index"))?;
+    // Closed, not pooled, when dropped: a session that took the lock never outlives its use.
+    conn.close_on_drop();
     let ours: bool = sqlx::query_scalar("SELECT pg_try_advisory_lock($1)")
         .bind(VECTOR_INDEX_LOCK)
         .fetch_one(&mut *conn)
@@ -367,9 +369,9 @@ async fn ensure_vector_index(
 }
 
 /// Builds the vector index if it is missing or invalid, concurrently (writes go on), on `conn`,
-/// which holds the advisory lock; lets the lock go. A parallel build that fails (its shared
-/// memory could not be had) is tried once more without parallel workers. On any failure the
-/// connection is closed, which ends its session and so the lock.
+/// which holds the advisory lock and is closed when dropped (ending its session, and so the
+/// lock, whatever happens here). A parallel build that fails (its shared memory could not be
+/// had) is tried once more without parallel workers.
 async fn build_vector_index(
     mut conn: PoolConnection<Postgres>,
     dimension: usize,
@@ -418,18 +420,7 @@ async fn build_vector_index(
         )
         .await;
     }
-    let released = run_all(
-        &mut conn,
-        &[
-            "RESET maintenance_work_mem".into(),
-            "RESET max_parallel_maintenance_workers".into(),
-            "SELECT pg_advisory_unlock_all()".into(),
-        ],
-    )
-    .await;
-    if result.is_err() || released.is_err() {
-        conn.close_on_drop();
-    }
+    let _ = run_all(&mut conn, &["SELECT pg_advisory_unlock_all()".into()]).await;
     result.map_err(|e| Error::unavailable("building the vector index", e))
 }
 
@@ -924,6 +915,10 @@ impl Backend for PgIndex {
             .acquire()
             .await
             .map_err(pg("starting a bulk load"))?;
+        // The session holding the lock never goes back to the pool: however this connection
+        // is dropped (the load ends, the index is dropped mid-load), it is closed, and the
+        // lock with it.
+        conn.close_on_drop();
         // Waits for a build under way to end.
         sqlx::query("SELECT pg_advisory_lock($1)")
             .bind(VECTOR_INDEX_LOCK)
@@ -937,8 +932,6 @@ impl Backend for PgIndex {
         .execute(&mut *conn)
         .await;
         if let Err(e) = dropped {
-            // Never back into the pool with the lock: closing ends the session, and the lock.
-            conn.close_on_drop();
             return Err(Error::unavailable("setting the vector index aside", e));
         }
         *held = Some(conn);
