@@ -763,37 +763,21 @@ async fn bulk_load(f: Fixture) {
             "the load holds the vector index's lock: no worker opening the index builds it"
         );
     }
-    // During the load, the loaded rows are found by meaning (an exact scan) and by words.
-    let mut r = request("anything", Mode::Vector);
-    r.limit = 3;
-    let page = f
-        .index
-        .search_embedded(&carol, &r, Some(&axis(5)))
-        .await
-        .unwrap();
-    assert_eq!(page.hits.first().map(|h| h.info.at_ms), Some(5));
-    // A second begin joins the running load.
-    backend.begin_bulk().await.unwrap();
-    backend.end_bulk().await.unwrap();
-    // Without a load running, an end makes sure the index is there.
-    backend.end_bulk().await.unwrap();
-
-    assert_eq!(backend.count(&carol).await.unwrap(), 301);
-    assert_eq!(backend.count(&bob).await.unwrap(), 3);
-    assert_eq!(backend.count(&alice).await.unwrap(), 10);
-    let texts = |page: &turnpike_index::Page| -> Vec<u64> {
-        page.hits.iter().map(|h| h.info.at_ms as u64).collect()
+    // By meaning: the first of carol's rows along axis 5 (n = 5 only: 5 + 384 is past the
+    // batch). By words: what a scope's word search returns, as row numbers.
+    let nearest_axis5 = || {
+        let index = f.index.clone();
+        let carol = carol.clone();
+        async move {
+            let mut r = request("anything", Mode::Vector);
+            r.limit = 3;
+            let page = index
+                .search_embedded(&carol, &r, Some(&axis(5)))
+                .await
+                .unwrap();
+            page.hits.first().map(|h| h.info.at_ms)
+        }
     };
-    // By meaning: carol's rows along axis 5 (n = 5 only; 5 + 384 is past the batch).
-    let mut r = request("anything", Mode::Vector);
-    r.limit = 3;
-    let page = f
-        .index
-        .search_embedded(&carol, &r, Some(&axis(5)))
-        .await
-        .unwrap();
-    assert_eq!(texts(&page).first(), Some(&5));
-    // By words: the rewritten copy, the escaped text, and the isolation.
     let lexical = |scope: Scope, text: &'static str| {
         let index = f.index.clone();
         async move {
@@ -807,6 +791,20 @@ async fn bulk_load(f: Fixture) {
                 .collect::<Vec<_>>()
         }
     };
+    // During the load, the loaded rows are found by meaning (an exact scan) and by words.
+    assert_eq!(nearest_axis5().await, Some(5));
+    assert_eq!(lexical(carol.clone(), "zebra").await, [301]);
+    // A second begin joins the running load.
+    backend.begin_bulk().await.unwrap();
+    backend.end_bulk().await.unwrap();
+    // Without a load running, an end makes sure the index is there.
+    backend.end_bulk().await.unwrap();
+
+    assert_eq!(backend.count(&carol).await.unwrap(), 301);
+    assert_eq!(backend.count(&bob).await.unwrap(), 3);
+    assert_eq!(backend.count(&alice).await.unwrap(), 10);
+    assert_eq!(nearest_axis5().await, Some(5));
+    // By words: the rewritten copy, the escaped text, and the isolation.
     assert_eq!(lexical(carol.clone(), "rewritten").await, [5]);
     assert_eq!(lexical(carol.clone(), "zebra").await, [301]);
     assert_eq!(lexical(carol.clone(), "slash").await, [301]);
