@@ -77,14 +77,15 @@ pub trait Backend: Send + Sync + 'static {
     /// cheaper to build once after the load than to keep up row by row. Every contract above
     /// still holds meanwhile — searches stay correct, if slower, and live writes go on — and
     /// [`Backend::end_bulk`] restores it. A process that dies between the two leaves the index
-    /// correct; what was set aside comes back with the next `end_bulk` or open. The default
-    /// sets nothing aside.
+    /// correct; what was set aside comes back with the next `end_bulk` or open. A second
+    /// `begin_bulk` while one is running joins it. The default sets nothing aside.
     async fn begin_bulk(&self) -> Result<()> {
         Ok(())
     }
 
     /// Ends what [`Backend::begin_bulk`] began: rebuilds what it set aside. Without a
-    /// `begin_bulk` before it, it does nothing.
+    /// `begin_bulk` before it, it restores whatever a load that died left set aside (and
+    /// otherwise does nothing).
     async fn end_bulk(&self) -> Result<()> {
         Ok(())
     }
