@@ -695,6 +695,15 @@ async fn try_vector_lock() -> bool {
     got
 }
 
+/// `scope`'s hits for `text` searched by words only, best first.
+async fn word_hits(index: &Index, scope: &Scope, text: &str) -> Vec<turnpike_index::Hit> {
+    let page = index
+        .search(scope, &request(text, Mode::Lexical))
+        .await
+        .unwrap();
+    page.hits
+}
+
 /// A unit vector along axis `i` (rows and queries of the bulk case).
 fn axis(i: usize) -> Vec<f32> {
     let mut v = vec![0.0; 384];
@@ -781,11 +790,8 @@ async fn bulk_load(f: Fixture) {
     let lexical = |scope: Scope, text: &'static str| {
         let index = f.index.clone();
         async move {
-            let page = index
-                .search(&scope, &request(text, Mode::Lexical))
+            word_hits(&index, &scope, text)
                 .await
-                .unwrap();
-            page.hits
                 .iter()
                 .map(|h| h.info.at_ms as u64)
                 .collect::<Vec<_>>()
@@ -898,11 +904,8 @@ async fn bm25_ranking(f: Fixture) {
         let index = f.index.clone();
         let scope = f.scope("erin");
         async move {
-            let page = index
-                .search(&scope, &request(text, Mode::Lexical))
+            word_hits(&index, &scope, text)
                 .await
-                .unwrap();
-            page.hits
                 .into_iter()
                 .map(|h| h.info.reference)
                 .collect::<Vec<_>>()
