@@ -14,6 +14,7 @@
 //! - [`error`]: the crate's error type
 //! - [`failure`]: the one error shape of the crates that do I/O (`error_type!`)
 
+mod block_de;
 pub mod entry;
 pub mod error;
 pub mod event;

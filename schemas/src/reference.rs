@@ -17,6 +17,7 @@
 //! percent-encoded forms — single or double encoded — are all refused. File names containing `%`
 //! cannot be referenced; that is the price of making double encoding harmless.
 
+use std::borrow::Cow;
 use std::fmt;
 use std::fmt::Write as _;
 use std::str::FromStr;
@@ -31,24 +32,24 @@ pub const MAX_SEGMENTS: usize = 64;
 
 /// Which resolver family a reference belongs to (`tl`, `fi`, `at`, `gi`, …).
 #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct Family(String);
+pub struct Family(Cow<'static, str>);
 
 impl Family {
     /// Turn logs: a block of a turn's log.
     pub fn turn_log() -> Self {
-        Family("tl".into())
+        Family(Cow::Borrowed("tl"))
     }
     /// Files hosted by a turn.
     pub fn hosted_file() -> Self {
-        Family("fi".into())
+        Family(Cow::Borrowed("fi"))
     }
     /// Attachments uploaded into a conversation.
     pub fn attachment() -> Self {
-        Family("at".into())
+        Family(Cow::Borrowed("at"))
     }
     /// A file at a turn's project version in the git lineage.
     pub fn git() -> Self {
-        Family("gi".into())
+        Family(Cow::Borrowed("gi"))
     }
 
     /// The family as text.
@@ -62,7 +63,7 @@ impl FromStr for Family {
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         if (2..=16).contains(&s.len()) && s.bytes().all(|b| b.is_ascii_lowercase()) {
-            Ok(Family(s.to_owned()))
+            Ok(Family(Cow::Owned(s.to_owned())))
         } else {
             Err(invalid(
                 s,
@@ -99,6 +100,13 @@ impl RefPath {
         let path = RefPath(segments);
         path.validate(&path.to_string())?;
         Ok(path)
+    }
+
+    /// The path of block `index` of a turn's log: `blocks/<index>`. Valid by construction (two
+    /// short segments of letters and digits), so it skips the checks and the formatting that
+    /// [`Self::from_segments`] does: a context rebuild makes one per row.
+    pub fn block(index: usize) -> Self {
+        RefPath(vec!["blocks".to_owned(), index.to_string()])
     }
 
     /// Parses a `/`-separated relative path (percent-encoded as in a reference).
@@ -444,6 +452,18 @@ mod tests {
         let fits = "é".repeat(170);
         let r: Reference = reference(&fits).parse().unwrap();
         assert_eq!(r.to_string().parse::<Reference>().unwrap(), r);
+    }
+
+    #[test]
+    fn a_block_path_is_the_one_its_segments_validate_to() {
+        for index in [0, 7, 11, 4096, usize::MAX] {
+            let path = RefPath::block(index);
+            assert_eq!(
+                path,
+                RefPath::from_segments(["blocks".to_owned(), index.to_string()]).unwrap()
+            );
+            assert_eq!(RefPath::parse(&path.to_string()).unwrap(), path);
+        }
     }
 
     #[test]

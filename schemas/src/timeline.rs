@@ -23,10 +23,13 @@ pub struct Row {
 impl Row {
     /// The row of block `index` of `turn`'s log.
     pub fn new(conversation: ConversationId, turn: TurnId, index: usize, block: Block) -> Self {
-        let path = RefPath::from_segments(["blocks".to_owned(), index.to_string()])
-            .expect("block paths are valid");
         Row {
-            reference: Reference::new(Family::turn_log(), conversation, turn, path),
+            reference: Reference::new(
+                Family::turn_log(),
+                conversation,
+                turn,
+                RefPath::block(index),
+            ),
             block,
         }
     }

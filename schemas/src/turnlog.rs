@@ -3,6 +3,7 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use crate::block_de::block_kinds;
 use crate::entry::TurnOutcome;
 use crate::identity::Identity;
 use crate::ids::{AgentId, ConversationId, RequestId, TurnId};
@@ -97,8 +98,9 @@ impl Usage {
     }
 }
 
-/// One step of a turn.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+block_kinds! {
+/// One step of a turn. Read with its `kind` first without buffering (see [`crate::block_de`]).
+#[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum Block {
     UserMessage {
@@ -205,6 +207,7 @@ pub enum Block {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         note: Option<String>,
     },
+}
 }
 
 /// One recalled row: where it is and how well it matched. The snippet the model was shown is
