@@ -3,6 +3,10 @@
 //! A row is one block of a turn log, located by `conv:tl:<conv>/turn_<n>/blocks/<i>`. File
 //! rows say that a file exists and where; its bytes stay in the store.
 
+use std::fmt;
+
+use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
+use serde::ser::{SerializeStruct, Serializer};
 use serde::{Deserialize, Serialize};
 
 use crate::ids::{ConversationId, TurnId};
@@ -52,8 +56,7 @@ impl Row {
 ///
 /// On the wire a row is `[turn, index, block]`: its reference is rebuilt from the three, which
 /// keeps the object small and quick to read.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(into = "SnapshotWire", try_from = "SnapshotWire")]
+#[derive(Debug, Clone, PartialEq)]
 pub struct ContextSnapshot {
     pub version: u16,
     pub conversation: ConversationId,
@@ -61,54 +64,148 @@ pub struct ContextSnapshot {
     pub rows: Vec<Row>,
 }
 
-#[derive(Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct SnapshotWire {
-    version: u16,
-    conversation: ConversationId,
-    through: TurnId,
-    rows: Vec<(u64, usize, Block)>,
-}
+/// The snapshot's fields on the wire, in the order they are written.
+const SNAPSHOT_FIELDS: &[&str] = &["version", "conversation", "through", "rows"];
 
-impl From<ContextSnapshot> for SnapshotWire {
-    fn from(s: ContextSnapshot) -> Self {
-        SnapshotWire {
-            version: s.version,
-            conversation: s.conversation,
-            through: s.through,
-            rows: s
-                .rows
-                .into_iter()
-                .map(|r| {
-                    let index = r
-                        .reference
-                        .path()
-                        .segments()
-                        .get(1)
-                        .and_then(|i| i.parse().ok())
-                        .unwrap_or_default();
-                    (r.reference.turn().number(), index, r.block)
-                })
-                .collect(),
+impl Serialize for ContextSnapshot {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        /// A row as `[turn, index, block]`, borrowed.
+        struct WireRow<'a>(&'a Row);
+        impl Serialize for WireRow<'_> {
+            fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+                let row = self.0;
+                let index: usize = row
+                    .reference
+                    .path()
+                    .segments()
+                    .get(1)
+                    .and_then(|i| i.parse().ok())
+                    .unwrap_or_default();
+                (row.turn().number(), index, &row.block).serialize(serializer)
+            }
         }
+        struct WireRows<'a>(&'a [Row]);
+        impl Serialize for WireRows<'_> {
+            fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+                serializer.collect_seq(self.0.iter().map(WireRow))
+            }
+        }
+        let mut out = serializer.serialize_struct("ContextSnapshot", SNAPSHOT_FIELDS.len())?;
+        out.serialize_field("version", &self.version)?;
+        out.serialize_field("conversation", &self.conversation)?;
+        out.serialize_field("through", &self.through)?;
+        out.serialize_field("rows", &WireRows(&self.rows))?;
+        out.end()
     }
 }
 
-impl TryFrom<SnapshotWire> for ContextSnapshot {
-    type Error = String;
+/// Reads a snapshot, building each row as it is read when the conversation came first (as this
+/// crate writes it): one vector of rows, no intermediate one. Unknown fields are refused.
+impl<'de> Deserialize<'de> for ContextSnapshot {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_struct("ContextSnapshot", SNAPSHOT_FIELDS, SnapshotVisitor)
+    }
+}
 
-    fn try_from(w: SnapshotWire) -> Result<Self, String> {
-        let mut rows = Vec::with_capacity(w.rows.len());
-        for (turn, index, block) in w.rows {
-            let turn = TurnId::new(turn).ok_or("a row of turn 0")?;
-            rows.push(Row::new(w.conversation, turn, index, block));
+#[derive(Deserialize)]
+#[serde(field_identifier, rename_all = "snake_case")]
+enum SnapshotField {
+    Version,
+    Conversation,
+    Through,
+    Rows,
+}
+
+/// Rows read before their conversation was known (a writer that put `rows` first).
+type LooseRows = Vec<(u64, usize, Block)>;
+
+struct SnapshotVisitor;
+
+impl<'de> Visitor<'de> for SnapshotVisitor {
+    type Value = ContextSnapshot;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a context snapshot")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<ContextSnapshot, A::Error> {
+        let mut version = None;
+        let mut conversation = None;
+        let mut through = None;
+        let mut rows: Option<Vec<Row>> = None;
+        let mut loose: Option<LooseRows> = None;
+        while let Some(field) = map.next_key::<SnapshotField>()? {
+            let seen = match field {
+                SnapshotField::Version => version.replace(map.next_value()?).is_some(),
+                SnapshotField::Conversation => conversation.replace(map.next_value()?).is_some(),
+                SnapshotField::Through => through.replace(map.next_value()?).is_some(),
+                SnapshotField::Rows => {
+                    let again = rows.is_some() || loose.is_some();
+                    match conversation {
+                        Some(conversation) => {
+                            rows = Some(map.next_value_seed(RowsSeed(conversation))?)
+                        }
+                        None => loose = Some(map.next_value()?),
+                    }
+                    again
+                }
+            };
+            if seen {
+                return Err(de::Error::custom("a field of the snapshot appears twice"));
+            }
         }
+        let conversation = conversation.ok_or_else(|| de::Error::missing_field("conversation"))?;
+        let rows = match (rows, loose) {
+            (Some(rows), _) => rows,
+            (None, Some(loose)) => loose
+                .into_iter()
+                .map(|(turn, index, block)| row_of(conversation, turn, index, block))
+                .collect::<Result<_, _>>()?,
+            (None, None) => return Err(de::Error::missing_field("rows")),
+        };
         Ok(ContextSnapshot {
-            version: w.version,
-            conversation: w.conversation,
-            through: w.through,
+            version: version.ok_or_else(|| de::Error::missing_field("version"))?,
+            conversation,
+            through: through.ok_or_else(|| de::Error::missing_field("through"))?,
             rows,
         })
+    }
+}
+
+fn row_of<E: de::Error>(
+    conversation: ConversationId,
+    turn: u64,
+    index: usize,
+    block: Block,
+) -> Result<Row, E> {
+    let turn = TurnId::new(turn).ok_or_else(|| E::custom("a row of turn 0"))?;
+    Ok(Row::new(conversation, turn, index, block))
+}
+
+/// The rows of a conversation, each built as it is read.
+struct RowsSeed(ConversationId);
+
+impl<'de> DeserializeSeed<'de> for RowsSeed {
+    type Value = Vec<Row>;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Vec<Row>, D::Error> {
+        deserializer.deserialize_seq(self)
+    }
+}
+
+impl<'de> Visitor<'de> for RowsSeed {
+    type Value = Vec<Row>;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("rows as [turn, index, block]")
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<Row>, A::Error> {
+        let mut rows = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(4096));
+        while let Some((turn, index, block)) = seq.next_element::<(u64, usize, Block)>()? {
+            rows.push(row_of(self.0, turn, index, block)?);
+        }
+        Ok(rows)
     }
 }
 
@@ -149,5 +246,61 @@ mod tests {
             back.rows[1].reference.to_string(),
             format!("conv:tl:{conversation}/turn_3/blocks/11")
         );
+    }
+
+    #[test]
+    fn a_snapshot_reads_the_same_whatever_its_field_order_and_refuses_what_is_off() {
+        let conversation = ConversationId::new();
+        let rows = r#"[[2,0,{"kind":"user_message","text":"a"}],[3,11,{"text":"b","kind":"assistant_message"}]]"#;
+        let ordered = format!(
+            r#"{{"version":1,"conversation":"{conversation}","through":"turn_3","rows":{rows}}}"#
+        );
+        let rows_first = format!(
+            r#"{{"rows":{rows},"through":"turn_3","conversation":"{conversation}","version":1}}"#
+        );
+        let a: ContextSnapshot = serde_json::from_str(&ordered).unwrap();
+        let b: ContextSnapshot = serde_json::from_str(&rows_first).unwrap();
+        assert_eq!(a, b);
+        assert_eq!(a.rows.len(), 2);
+        assert_eq!(
+            a.rows[1].reference.to_string(),
+            format!("conv:tl:{conversation}/turn_3/blocks/11")
+        );
+        assert_eq!(
+            serde_json::to_string(&a).unwrap(),
+            ordered.replace(
+                r#"{"text":"b","kind":"assistant_message"}"#,
+                r#"{"kind":"assistant_message","text":"b"}"#,
+            )
+        );
+        for (text, why) in [
+            (
+                ordered.replace("\"rows\"", "\"rowz\""),
+                "unknown field `rowz`",
+            ),
+            (ordered.replace("[2,0,", "[0,0,"), "a row of turn 0"),
+            (rows_first.replace("[2,0,", "[0,0,"), "a row of turn 0"),
+            (
+                ordered.replace(r#""version":1,"#, ""),
+                "missing field `version`",
+            ),
+            (
+                ordered.replace(r#","rows":"#, r#","version":2,"rows":"#),
+                "appears twice",
+            ),
+            (
+                format!(r#"{{"version":1,"through":"turn_3","rows":{rows}}}"#),
+                "missing field `conversation`",
+            ),
+            (
+                format!(r#"{{"version":1,"conversation":"{conversation}","through":"turn_3"}}"#),
+                "missing field `rows`",
+            ),
+        ] {
+            let error = serde_json::from_str::<ContextSnapshot>(&text)
+                .unwrap_err()
+                .to_string();
+            assert!(error.contains(why), "{text}: {error}");
+        }
     }
 }
