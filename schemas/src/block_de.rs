@@ -12,13 +12,16 @@
 //! tag comes later — written by hand or by another tool — is still read, the slow way: into a
 //! JSON value first.
 //!
-//! The result is the same as the derived reader's: the same variants, the same fields and
-//! defaults, unknown fields ignored, a missing or unknown `kind` refused.
+//! An object reads as it did with the derived reader (the tests hold it to a twin read by
+//! serde's own derive): the same variants, fields and defaults, unknown fields ignored, a
+//! missing, unknown or repeated `kind` and a repeated field refused. Two forms the derive also
+//! took are now refused: a block written as a sequence (`["user_message", "hi"]`) and a
+//! variant named by its number (`"kind": 0`); Turnpike never wrote either.
 
 use std::borrow::Cow;
 use std::fmt;
 
-use serde::de::value::StrDeserializer;
+use serde::de::value::{BorrowedStrDeserializer, StrDeserializer, StringDeserializer};
 use serde::de::{
     self, DeserializeSeed, Deserializer, EnumAccess, IntoDeserializer, MapAccess, VariantAccess,
     Visitor,
@@ -52,7 +55,25 @@ macro_rules! block_kinds {
         #[derive(serde::Deserialize)]
         #[serde(rename_all = "snake_case")]
         pub(crate) enum ByKind {
-            $( $variant { $( $(#[$fmeta])* $field : $ty ),* } ),*
+            $( $(#[$vmeta])* $variant { $( $(#[$fmeta])* $field : $ty ),* } ),*
+        }
+
+        /// [`Block`] read by serde's own derive (internally tagged, buffered): what the tests
+        /// hold the tag-first reader to.
+        #[cfg(test)]
+        #[derive(Debug, serde::Deserialize)]
+        #[serde(tag = "kind", rename_all = "snake_case")]
+        pub(crate) enum Derived {
+            $( $(#[$vmeta])* $variant { $( $(#[$fmeta])* $field : $ty ),* } ),*
+        }
+
+        #[cfg(test)]
+        impl From<Derived> for Block {
+            fn from(derived: Derived) -> Block {
+                match derived {
+                    $( Derived::$variant { $( $field ),* } => Block::$variant { $( $field ),* } ),*
+                }
+            }
         }
 
         impl From<ByKind> for Block {
@@ -89,6 +110,7 @@ impl<'de> Visitor<'de> for TagFirst {
             None => Err(de::Error::missing_field(TAG)),
             Some(Key::Tag) => {
                 let kind: Text<'de> = map.next_value()?;
+                let map = NoSecondTag(map);
                 ByKind::deserialize(Rest { kind: kind.0, map }).map(Block::from)
             }
             Some(Key::Other(first)) => {
@@ -96,6 +118,9 @@ impl<'de> Visitor<'de> for TagFirst {
                 let mut object = Map::new();
                 object.insert(first, map.next_value()?);
                 while let Some((key, value)) = map.next_entry::<String, Value>()? {
+                    if object.contains_key(&key) {
+                        return Err(duplicate(&key));
+                    }
                     object.insert(key, value);
                 }
                 let kind = match object.remove(TAG) {
@@ -111,6 +136,44 @@ impl<'de> Visitor<'de> for TagFirst {
                     .map_err(de::Error::custom)
             }
         }
+    }
+}
+
+/// A key given twice: refused, as serde's derive refuses it (never first or last wins).
+fn duplicate<E: de::Error>(key: &str) -> E {
+    E::custom(format_args!("duplicate field `{key}`"))
+}
+
+/// The entries after the tag, refusing a second tag (serde's derive refuses it too; otherwise
+/// the variant's fields would ignore it as an unknown field).
+struct NoSecondTag<A>(A);
+
+impl<'de, A: MapAccess<'de>> MapAccess<'de> for NoSecondTag<A> {
+    type Error = A::Error;
+
+    fn next_key_seed<K: DeserializeSeed<'de>>(
+        &mut self,
+        seed: K,
+    ) -> Result<Option<K::Value>, A::Error> {
+        let Some(Text(key)) = self.0.next_key::<Text<'de>>()? else {
+            return Ok(None);
+        };
+        if key == TAG {
+            return Err(duplicate(TAG));
+        }
+        match key {
+            Cow::Borrowed(key) => seed.deserialize(BorrowedStrDeserializer::new(key)),
+            Cow::Owned(key) => seed.deserialize(StringDeserializer::new(key)),
+        }
+        .map(Some)
+    }
+
+    fn next_value_seed<V: DeserializeSeed<'de>>(&mut self, seed: V) -> Result<V::Value, A::Error> {
+        self.0.next_value_seed(seed)
+    }
+
+    fn size_hint(&self) -> Option<usize> {
+        self.0.size_hint()
     }
 }
 
@@ -426,5 +489,91 @@ mod tests {
         let block: Block =
             serde_json::from_str(r#"{"\u006bind":"user\u005fmessage","text":"a"}"#).unwrap();
         assert_eq!(block, Block::UserMessage { text: "a".into() });
+    }
+
+    /// What serde's own derive makes of `text`, in the same terms.
+    fn derived(text: &str) -> Result<Block, String> {
+        serde_json::from_str::<crate::turnlog::Derived>(text)
+            .map(Block::from)
+            .map_err(|e| e.to_string())
+    }
+
+    /// Objects near each block: its fields in both orders, each field left out, given another
+    /// type, and an extra field.
+    fn variations(block: &Block) -> Vec<String> {
+        let Value::Object(object) = serde_json::to_value(block).unwrap() else {
+            panic!("blocks are objects")
+        };
+        let mut out = vec![serde_json::to_string(block).unwrap(), tag_last(block)];
+        let with = |change: &dyn Fn(&mut Map<String, Value>)| {
+            let mut changed = object.clone();
+            change(&mut changed);
+            // Tag first, as written, then the rest (a Value's map sorts its keys).
+            let kind = changed.remove(TAG);
+            let mut text = String::from("{");
+            if let Some(kind) = kind {
+                text.push_str(&format!("\"kind\":{kind},"));
+            }
+            for (key, value) in &changed {
+                text.push_str(&format!("{}:{value},", Value::String(key.clone())));
+            }
+            if text.ends_with(',') {
+                text.pop();
+            }
+            text.push('}');
+            text
+        };
+        for key in object.keys() {
+            out.push(with(&|o| {
+                o.remove(key);
+            }));
+            for other in [
+                json!(null),
+                json!(7),
+                json!("x"),
+                json!({"a": [1]}),
+                json!(true),
+            ] {
+                out.push(with(&|o| {
+                    o.insert(key.clone(), other.clone());
+                }));
+            }
+        }
+        out.push(with(&|o| {
+            o.insert("unheard_of".into(), json!({"kind": "user_message"}));
+        }));
+        out
+    }
+
+    #[test]
+    fn every_variation_of_every_kind_reads_as_serdes_derive_reads_it() {
+        let mut compared = 0;
+        for block in every_kind() {
+            for text in variations(&block) {
+                let ours = serde_json::from_str::<Block>(&text).map_err(|e| e.to_string());
+                match (&ours, derived(&text)) {
+                    (Ok(a), Ok(b)) => assert_eq!(*a, b, "{text}"),
+                    (Err(_), Err(_)) => {}
+                    (a, b) => panic!("{text}: tag first {a:?}, derived {b:?}"),
+                }
+                compared += 1;
+            }
+        }
+        assert!(compared > 300, "{compared}");
+    }
+
+    #[test]
+    fn a_repeated_tag_or_field_is_refused_wherever_the_tag_is() {
+        for text in [
+            r#"{"kind":"user_message","text":"a","kind":"tool_call"}"#,
+            r#"{"kind":"user_message","kind":"user_message","text":"a"}"#,
+            r#"{"kind":"user_message","text":"a","text":"b"}"#,
+            r#"{"text":"a","text":"b","kind":"user_message"}"#,
+            r#"{"text":"a","kind":"user_message","kind":"tool_call"}"#,
+        ] {
+            let error = serde_json::from_str::<Block>(text).unwrap_err().to_string();
+            assert!(error.contains("duplicate field"), "{text}: {error}");
+            assert!(derived(text).is_err(), "{text}");
+        }
     }
 }
