@@ -411,6 +411,30 @@ async fn bad_events_are_refused_at_ingress_and_never_reach_a_lane() {
         .is_empty());
 }
 
+/// SIGTERM while a wake's lease claim has been won but its owner is not running yet: the worker
+/// waits for that wake's owner and releases the lease, so the next worker does not wait for the
+/// lease's TTL (a minute here; the turn must be done well before).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_between_a_won_claim_and_its_owner_leaves_no_lease_behind() {
+    let fleet = Fleet::start(&binary()).await;
+    let convs = create_conversations(&fleet.conversations, &signer(), 1).await;
+    let (mut first, _) =
+        fleet.worker_with(&["--lease-ttl-ms", "60000"], Some("claim-won=pause(1500)"));
+    publish(fleet.bus.clone(), &fleet.conversations, &convs, 0, 1, LONG)
+        .await
+        .unwrap();
+    first.wait_for_line("failpoint claim-won", LONG).unwrap();
+    let status = first.terminate(Duration::from_secs(30)).unwrap();
+    assert!(status.success(), "{status:?}");
+    let (_second, _) = fleet.worker(&[]);
+    wait_for_turns(&fleet.conversations, &convs, 1, Duration::from_secs(30))
+        .await
+        .unwrap();
+    check_conversation(&fleet.conversations, &signer(), convs[0], 0, 1)
+        .await
+        .unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_stops_a_worker_cleanly_and_another_continues_without_waiting_for_leases() {
     let fleet = Fleet::start(&binary()).await;

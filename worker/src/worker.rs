@@ -164,7 +164,7 @@ impl Worker {
         Worker {
             inner: Arc::new(Inner {
                 slots: Arc::new(Semaphore::new(shared.config.slots.max(1))),
-                intake: Arc::new(Semaphore::new(2 * shared.config.slots.max(1))),
+                intake: Arc::new(Semaphore::new(intake_permits(&shared.config) as usize)),
                 shared: Arc::new(shared),
                 conversations,
                 owner_tasks: std::sync::Mutex::new(Vec::new()),
@@ -280,9 +280,20 @@ impl Worker {
             }
         }
         self.inner.stopping.store(true, Ordering::Relaxed);
-        let drained = tokio::time::timeout(self.inner.config.grace, self.idle())
-            .await
-            .is_ok();
+        let drained = tokio::time::timeout(self.inner.config.grace, async {
+            // A wake being handled may have a lease claim in flight, its owner not registered
+            // yet: waiting only for the owners would let the process exit with that lease
+            // held until its TTL. Every permit back means every such owner is registered (and
+            // it releases its lease as it sees the worker stopping).
+            let _all = self
+                .inner
+                .intake
+                .acquire_many(intake_permits(&self.inner.config))
+                .await;
+            self.idle().await
+        })
+        .await
+        .is_ok();
         info!(worker = %self.inner.worker, drained, "worker stopped");
     }
 
@@ -487,6 +498,11 @@ impl Worker {
         metrics::counter!("turnpike_lease_claims_total", "result" => result).increment(1);
         match claimed {
             Ok(Some(lease)) => {
+                inner
+                    .config
+                    .failpoints
+                    .hit("claim-won", wake.conversation)
+                    .await;
                 let slot = Arc::new(OwnerSlot::default());
                 if !inner.register_owner(wake.conversation, slot.clone()) {
                     let _ = inner.bus.release(&lease).await;
@@ -541,4 +557,9 @@ fn humantime_secs(secs: u64) -> String {
         }
     }
     format!("{secs}s")
+}
+
+/// How many wakes a worker handles at once (claiming, or handing to an owner): twice its slots.
+fn intake_permits(config: &WorkerConfig) -> u32 {
+    u32::try_from(2 * config.slots.max(1)).unwrap_or(u32::MAX)
 }
