@@ -46,6 +46,7 @@ pub async fn run(runs: usize, init: Option<PathBuf>) -> Result<ExitCode> {
     );
     let mut floor = Vec::new();
     let mut cell_times = Vec::new();
+    let mut starts = Vec::new();
     for _ in 0..runs {
         floor.push(first_byte("/usr/bin/python3", &["-I", "-S", "-c", "print(1)"]).await?);
         // The cell's first byte: from the call (setup included) to the first byte of stdout.
@@ -55,6 +56,7 @@ pub async fn run(runs: usize, init: Option<PathBuf>) -> Result<ExitCode> {
             .map_err(anyhow::Error::msg)?;
         anyhow::ensure!(r.stdout.trim() == "1", "the cell printed {:?}", r.stdout);
         cell_times.push(Duration::from_micros(r.first_output_us.unwrap_or(0)));
+        starts.push(Duration::from_micros(r.started_us));
     }
     let (f50, f99) = (percentile(&mut floor, 0.5), percentile(&mut floor, 0.99));
     let (c50, c99) = (
@@ -67,6 +69,13 @@ pub async fn run(runs: usize, init: Option<PathBuf>) -> Result<ExitCode> {
         "overhead                p50 {:>7.2} ms   p99 {:>7.2} ms",
         c50 - f50,
         c99 - f99
+    );
+    // The share of the overhead spent before bubblewrap runs: the host's setup, and the spawn
+    // whose child joins the run's cgroup (a migration that waits on the kernel when it is busy).
+    println!(
+        "of which: until bubblewrap started   p50 {:>7.2} ms   p99 {:>7.2} ms",
+        percentile(&mut starts, 0.5),
+        percentile(&mut starts, 0.99)
     );
     Ok(ExitCode::SUCCESS)
 }

@@ -81,6 +81,11 @@ pub struct RunResult {
     pub duration_ms: u64,
     /// From the call to the first byte of stdout, in microseconds (none: no output).
     pub first_output_us: Option<u64>,
+    /// From the call until bubblewrap was started, in microseconds: the host's setup (snapshot,
+    /// cgroup, hand-over) and the spawn itself, whose child joins the run's cgroup before it
+    /// execs. For `turnpike bench cell`; not part of what a tool reports.
+    #[serde(skip)]
+    pub started_us: u64,
     /// CPU time the run used (user + system, of the whole tree), in milliseconds.
     pub cpu_ms: u64,
     /// Files created or changed in the workspace (relative paths).
@@ -309,6 +314,7 @@ impl Cell {
         let mut child = command
             .spawn()
             .map_err(|e| format!("cannot start bubblewrap: {e}"))?;
+        let started_us = started.elapsed().as_micros() as u64;
         let cap = self.config.limits.output_bytes;
         let mut stdout = child.stdout.take().expect("piped");
         let mut stderr = child.stderr.take().expect("piped");
@@ -354,6 +360,7 @@ impl Cell {
             first_output_us: first
                 .get()
                 .map(|t: &Instant| t.duration_since(started).as_micros() as u64),
+            started_us,
             cpu_ms: limits::children_cpu().saturating_sub(usage_before),
             files,
             // SAFETY: geteuid cannot fail.
