@@ -92,6 +92,12 @@ fn scope_key(scope: &Scope) -> String {
     format!("{}\u{1f}{}", scope.tenant, scope.identity)
 }
 
+/// One scope's keys in the vector store and the marks: everything after `scope_key` and `\0`.
+fn scope_range(scope: &Scope) -> std::ops::Range<String> {
+    let key = scope_key(scope);
+    format!("{key}\u{0}")..format!("{key}\u{1}")
+}
+
 fn vector_key(scope: &Scope, id: &RowId) -> String {
     format!("{}\u{0}{id}", scope_key(scope))
 }
@@ -194,6 +200,31 @@ impl EmbeddedIndex {
 }
 
 impl Inner {
+    /// Calls `each` with the info and stored vector of every row of `scope` that `filters`
+    /// admit, in key order, from one read of the vector store (`what` names it in errors).
+    fn each_admitted(
+        &self,
+        scope: &Scope,
+        filters: &Filters,
+        what: &str,
+        mut each: impl FnMut(RowInfo, &[u8]),
+    ) -> Result<()> {
+        let txn = self.vectors.begin_read().map_err(db(what))?;
+        let table = txn.open_table(VECTORS).map_err(db(what))?;
+        let range = scope_range(scope);
+        for entry in table
+            .range(range.start.as_str()..range.end.as_str())
+            .map_err(db(what))?
+        {
+            let (_, value) = entry.map_err(db(what))?;
+            let (meta, vector) = decode_meta(value.value())?;
+            if filters.admits(&meta) {
+                each(meta, vector);
+            }
+        }
+        Ok(())
+    }
+
     fn filter_queries(&self, scope: &Scope, filters: &Filters) -> Vec<(Occur, Box<dyn Query>)> {
         let f = self.fields;
         let term = |field: Field, value: &str| -> Box<dyn Query> {
@@ -370,25 +401,12 @@ impl Backend for EmbeddedIndex {
         let (scope, filters) = (scope.clone(), filters.clone());
         let query = crate::embed::normalized(embedding.to_vec());
         self.blocking(move |inner| {
-            let txn = inner.vectors.begin_read().map_err(db("reading vectors"))?;
-            let table = txn.open_table(VECTORS).map_err(db("reading vectors"))?;
-            let start = format!("{}\u{0}", scope_key(&scope));
-            let end = format!("{}\u{1}", scope_key(&scope));
             let mut scored: Vec<(f64, RowInfo)> = Vec::new();
-            for entry in table
-                .range(start.as_str()..end.as_str())
-                .map_err(db("reading vectors"))?
-            {
-                let (_, value) = entry.map_err(db("reading vectors"))?;
-                let bytes = value.value();
-                let (meta, vector) = decode_meta(bytes)?;
-                if !filters.admits(&meta) {
-                    continue;
-                }
+            inner.each_admitted(&scope, &filters, "reading vectors", |meta, vector| {
                 if let Some(score) = cosine(&query, vector) {
                     scored.push((score, meta));
                 }
-            }
+            })?;
             let k = k.max(1);
             let order = |a: &(f64, RowInfo), b: &(f64, RowInfo)| {
                 b.0.total_cmp(&a.0).then_with(|| a.1.id.cmp(&b.1.id))
@@ -451,11 +469,10 @@ impl Backend for EmbeddedIndex {
         self.blocking(move |inner| {
             let txn = inner.vectors.begin_read().map_err(db("reading vectors"))?;
             let table = txn.open_table(VECTORS).map_err(db("reading vectors"))?;
-            let start = format!("{}\u{0}", scope_key(&scope));
-            let end = format!("{}\u{1}", scope_key(&scope));
+            let range = scope_range(&scope);
             let mut n = 0;
             for entry in table
-                .range(start.as_str()..end.as_str())
+                .range(range.start.as_str()..range.end.as_str())
                 .map_err(db("reading vectors"))?
             {
                 entry.map_err(db("reading vectors"))?;
@@ -469,18 +486,18 @@ impl Backend for EmbeddedIndex {
     async fn forget(&self, scope: &Scope) -> Result<u64> {
         let scope = scope.clone();
         self.blocking(move |inner| {
-            let start = format!("{}\u{0}", scope_key(&scope));
-            let end = format!("{}\u{1}", scope_key(&scope));
+            let range = scope_range(&scope);
+            let (start, end) = (range.start.as_str(), range.end.as_str());
             let txn = inner.vectors.begin_write().map_err(db("forgetting rows"))?;
             let n = {
                 let mut table = txn.open_table(VECTORS).map_err(db("forgetting rows"))?;
                 let n = table
-                    .extract_from_if(start.as_str()..end.as_str(), |_, _| true)
+                    .extract_from_if(start..end, |_, _| true)
                     .map_err(db("forgetting rows"))?
                     .count() as u64;
                 let mut marks = txn.open_table(MARKS).map_err(db("forgetting rows"))?;
                 marks
-                    .retain_in(start.as_str()..end.as_str(), |_, _| false)
+                    .retain_in(start..end, |_, _| false)
                     .map_err(db("forgetting rows"))?;
                 n
             };
@@ -523,21 +540,10 @@ impl Backend for EmbeddedIndex {
     ) -> Result<Vec<RowInfo>> {
         let (scope, filters) = (scope.clone(), filters.clone());
         self.blocking(move |inner| {
-            let txn = inner.vectors.begin_read().map_err(db("reading vectors"))?;
-            let table = txn.open_table(VECTORS).map_err(db("reading vectors"))?;
-            let start = format!("{}\u{0}", scope_key(&scope));
-            let end = format!("{}\u{1}", scope_key(&scope));
             let mut rows = Vec::new();
-            for entry in table
-                .range(start.as_str()..end.as_str())
-                .map_err(db("reading vectors"))?
-            {
-                let (_, value) = entry.map_err(db("reading vectors"))?;
-                let (meta, _) = decode_meta(value.value())?;
-                if filters.admits(&meta) {
-                    rows.push(meta);
-                }
-            }
+            inner.each_admitted(&scope, &filters, "reading vectors", |meta, _| {
+                rows.push(meta)
+            })?;
             rows.sort_by(|a, b| b.at_ms.cmp(&a.at_ms).then_with(|| a.id.cmp(&b.id)));
             Ok(rows.into_iter().skip(offset).take(limit).collect())
         })
@@ -549,30 +555,15 @@ impl Backend for EmbeddedIndex {
         let ids: Option<std::collections::HashSet<RowId>> =
             ids.map(|ids| ids.iter().cloned().collect());
         self.blocking(move |inner| {
-            let start = format!("{}\u{0}", scope_key(&scope));
-            let end = format!("{}\u{1}", scope_key(&scope));
             // The vector store says which rows are this scope's. Their text goes first, then
             // their vectors: a deletion cut short between the two is found again, whole, by
             // its retry (never text left behind that no vector points at).
-            let txn = inner.vectors.begin_read().map_err(db("deleting rows"))?;
-            let gone: Vec<RowId> = {
-                let table = txn.open_table(VECTORS).map_err(db("deleting rows"))?;
-                let mut gone = Vec::new();
-                for entry in table
-                    .range(start.as_str()..end.as_str())
-                    .map_err(db("deleting rows"))?
-                {
-                    let (_, value) = entry.map_err(db("deleting rows"))?;
-                    let (meta, _) = decode_meta(value.value())?;
-                    if filters.admits(&meta)
-                        && ids.as_ref().is_none_or(|ids| ids.contains(&meta.id))
-                    {
-                        gone.push(meta.id);
-                    }
+            let mut gone: Vec<RowId> = Vec::new();
+            inner.each_admitted(&scope, &filters, "deleting rows", |meta, _| {
+                if ids.as_ref().is_none_or(|ids| ids.contains(&meta.id)) {
+                    gone.push(meta.id);
                 }
-                gone
-            };
-            drop(txn);
+            })?;
             if gone.is_empty() {
                 return Ok(0);
             }
