@@ -187,21 +187,27 @@ async fn a_worker_killed_between_the_batches_is_recovered_under_the_same_turn_id
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lease_held_by_a_killed_worker_is_taken_over_after_its_ttl() {
-    let fleet = Fleet::start(&binary()).await;
-    let convs = create_conversations(&fleet.conversations, &signer(), 1).await;
-    let (mut doomed, _) = fleet.failing_worker("after-claim=hang");
-    publish(fleet.bus.clone(), &fleet.conversations, &convs, 0, 5, LONG)
-        .await
-        .unwrap();
-    doomed.wait_for_line("failpoint after-claim", LONG).unwrap();
-    doomed.kill();
-    let (_rescuer, _) = fleet.worker(&[]);
-    wait_for_turns(&fleet.conversations, &convs, 5, LONG)
-        .await
-        .unwrap();
-    check_conversation(&fleet.conversations, &signer(), convs[0], 0, 5)
-        .await
-        .unwrap();
+    // Killed as its owner starts, and before it is registered (nothing is sent afterwards:
+    // the wakes come back by themselves).
+    for failpoint in ["after-claim", "claim-won"] {
+        let fleet = Fleet::start(&binary()).await;
+        let convs = create_conversations(&fleet.conversations, &signer(), 1).await;
+        let (mut doomed, _) = fleet.failing_worker(&format!("{failpoint}=hang"));
+        publish(fleet.bus.clone(), &fleet.conversations, &convs, 0, 5, LONG)
+            .await
+            .unwrap();
+        doomed
+            .wait_for_line(&format!("failpoint {failpoint}"), LONG)
+            .unwrap();
+        doomed.kill();
+        let (_rescuer, _) = fleet.worker(&[]);
+        wait_for_turns(&fleet.conversations, &convs, 5, LONG)
+            .await
+            .unwrap();
+        check_conversation(&fleet.conversations, &signer(), convs[0], 0, 5)
+            .await
+            .unwrap();
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
