@@ -441,6 +441,37 @@ async fn sigterm_between_a_won_claim_and_its_owner_leaves_no_lease_behind() {
         .unwrap();
 }
 
+/// SIGTERM while an owner that has finished (and left the owner map) has not released its
+/// lease yet: the worker waits for the release, so the next worker does not wait for the
+/// lease's TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_before_a_finished_owner_releases_its_lease_leaves_no_lease_behind() {
+    let fleet = Fleet::start(&binary()).await;
+    let convs = create_conversations(&fleet.conversations, &signer(), 1).await;
+    let (mut first, _) = fleet.worker_with(
+        &["--lease-ttl-ms", "60000"],
+        Some("before-release=pause(1500)"),
+    );
+    publish(fleet.bus.clone(), &fleet.conversations, &convs, 0, 1, LONG)
+        .await
+        .unwrap();
+    first
+        .wait_for_line("failpoint before-release", LONG)
+        .unwrap();
+    let status = first.terminate(Duration::from_secs(30)).unwrap();
+    assert!(status.success(), "{status:?}");
+    let (_second, _) = fleet.worker(&[]);
+    publish(fleet.bus.clone(), &fleet.conversations, &convs, 1, 2, LONG)
+        .await
+        .unwrap();
+    wait_for_turns(&fleet.conversations, &convs, 2, Duration::from_secs(30))
+        .await
+        .unwrap();
+    check_conversation(&fleet.conversations, &signer(), convs[0], 0, 2)
+        .await
+        .unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_stops_a_worker_cleanly_and_another_continues_without_waiting_for_leases() {
     let fleet = Fleet::start(&binary()).await;

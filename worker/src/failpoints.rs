@@ -9,7 +9,8 @@
 //! `failpoint <name>: <action> at <where>` on stderr first, which the tests wait for.
 //!
 //! The places: `claim-won` (a wake's lease claim won, its owner not registered yet),
-//! `after-claim` (a lease taken, its owner running), `after-batch-one` (a turn's batch one committed),
+//! `after-claim` (a lease taken, its owner running), `before-release` (an owner done, out of
+//! the owner map, its lease not released yet), `after-batch-one` (a turn's batch one committed),
 //! `before-batch-two` (the turn's log, snapshot and version written), `before-promotion` (batch
 //! two committed, the attempt's objects not promoted yet), `after-dead-letter` (a lane message
 //! kept as a dead letter, its `lane_parked` entry not committed yet).

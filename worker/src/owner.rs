@@ -339,6 +339,11 @@ pub(crate) async fn own(
         for wake in leftovers {
             wake.settle(settlement, worker.config.busy_delay).await;
         }
+        worker
+            .config
+            .failpoints
+            .hit("before-release", conversation)
+            .await;
         let _ = worker.bus.release(&lease).await;
         if outcome.is_err() {
             return;

@@ -163,7 +163,7 @@ impl Worker {
         };
         Worker {
             inner: Arc::new(Inner {
-                slots: Arc::new(Semaphore::new(shared.config.slots.max(1))),
+                slots: Arc::new(Semaphore::new(slot_permits(&shared.config) as usize)),
                 intake: Arc::new(Semaphore::new(intake_permits(&shared.config) as usize)),
                 shared: Arc::new(shared),
                 conversations,
@@ -281,16 +281,14 @@ impl Worker {
         }
         self.inner.stopping.store(true, Ordering::Relaxed);
         let drained = tokio::time::timeout(self.inner.config.grace, async {
-            // A wake being handled may have a lease claim in flight, its owner not registered
-            // yet: waiting only for the owners would let the process exit with that lease
-            // held until its TTL. Every permit back means every such owner is registered (and
-            // it releases its lease as it sees the worker stopping).
-            let _all = self
-                .inner
-                .intake
-                .acquire_many(intake_permits(&self.inner.config))
-                .await;
-            self.idle().await
+            // Not the owner map: an owner leaves it before it settles its wakes and releases
+            // its lease, and a wake being handled may have a claim in flight whose owner is not
+            // in it yet. Exiting at either point would leave a lease held until its TTL. So:
+            // first every wake being handled (a won claim becomes an owner), then every slot,
+            // which an owner holds from its claim until its lease is released.
+            let config = &self.inner.config;
+            let _handling = self.inner.intake.acquire_many(intake_permits(config)).await;
+            let _owning = self.inner.slots.acquire_many(slot_permits(config)).await;
         })
         .await
         .is_ok();
@@ -557,6 +555,11 @@ fn humantime_secs(secs: u64) -> String {
         }
     }
     format!("{secs}s")
+}
+
+/// How many conversations a worker owns at once: its slots.
+fn slot_permits(config: &WorkerConfig) -> u32 {
+    u32::try_from(config.slots.max(1)).unwrap_or(u32::MAX)
 }
 
 /// How many wakes a worker handles at once (claiming, or handing to an owner): twice its slots.
