@@ -29,6 +29,15 @@ pub enum ConfigCommand {
     },
 }
 
+/// How a local store keeps its objects (`--local-store`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LocalStore {
+    /// One SQLite database in the directory.
+    Sqlite,
+    /// A file per object.
+    Files,
+}
+
 /// Flags every command takes.
 #[derive(Debug, Clone, Args)]
 pub struct Global {
@@ -46,13 +55,20 @@ pub struct Global {
     )]
     pub data_dir: PathBuf,
 
-    /// The object store, for a fleet: `s3://bucket[/prefix]`, `file:///path` or `memory://`.
+    /// The object store, for a fleet: `s3://bucket[/prefix]`, `file:///path`, `sqlite:///path`
+    /// (one database in that directory, with group commit) or `memory://`.
     /// Without it, the store is `<data-dir>/store`.
     #[arg(long, global = true, env = "TURNPIKE_STORE")]
     pub store: Option<String>,
 
-    /// Skip fsync on a local filesystem store (faster; a power cut may then lose writes the
-    /// caller saw succeed). By default every object and its directory are synced on write.
+    /// How the embedded default keeps objects in `<data-dir>/store`: `sqlite` (one database,
+    /// writes committed together) or `files` (a file per object). Default: what the directory
+    /// already holds, and `sqlite` for a new one.
+    #[arg(long, global = true, env = "TURNPIKE_LOCAL_STORE", value_enum)]
+    pub local_store: Option<LocalStore>,
+
+    /// Skip fsync on a local store (faster; a power cut may then lose writes the caller saw
+    /// succeed, a killed process loses none). By default a write is on disk when it returns.
     #[arg(long, global = true, env = "TURNPIKE_NO_FSYNC")]
     pub no_fsync: bool,
 

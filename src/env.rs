@@ -3,7 +3,9 @@
 use anyhow::{bail, Context as _, Result};
 use std::path::PathBuf;
 use std::sync::Arc;
-use turnpike_artifactory::{open_store_with, Checkpoint, Conversations, RecordSigner, TrustedKeys};
+use turnpike_artifactory::{
+    open_local, open_store_with, Checkpoint, Conversations, LocalLayout, RecordSigner, TrustedKeys,
+};
 use turnpike_schemas::ConversationId;
 use turnpike_worker::{Apps, EchoAgent, Registry};
 
@@ -32,11 +34,18 @@ impl Env {
     /// to invent one there, since every worker must sign with a key the verifiers trust.
     pub fn open(global: &Global) -> Result<Self> {
         let embedded = global.store.is_none();
-        let store_location = match &global.store {
-            Some(s) => s.clone(),
-            None => global.data_dir.join("store").to_string_lossy().into_owned(),
+        let store = match &global.store {
+            Some(location) => open_store_with(location, !global.no_fsync)?,
+            None => {
+                let dir = global.data_dir.join("store");
+                let layout = match global.local_store {
+                    Some(crate::cli::LocalStore::Sqlite) => LocalLayout::Sqlite,
+                    Some(crate::cli::LocalStore::Files) => LocalLayout::Files,
+                    None => LocalLayout::of(&dir)?,
+                };
+                open_local(&dir.to_string_lossy(), layout, !global.no_fsync)?
+            }
         };
-        let store = open_store_with(&store_location, !global.no_fsync)?;
         let signer = if let Ok(hex) = std::env::var("TURNPIKE_SIGNING_KEY") {
             RecordSigner::from_hex(&hex).context("TURNPIKE_SIGNING_KEY")?
         } else if let Some(path) = &global.signing_key {

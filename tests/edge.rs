@@ -178,7 +178,12 @@ async fn a_conversation_over_http_with_a_stream_dropped_mid_turn_misses_nothing(
     let apps = apps_dir();
     let admin_port = turnpike_tests::services::free_port().unwrap();
     let admin_listen = format!("127.0.0.1:{admin_port}");
-    let server = server(apps.path(), &["--admin-listen", &admin_listen], true);
+    // On the embedded default's database (the harness otherwise keeps a file per object).
+    let server = server(
+        apps.path(),
+        &["--admin-listen", &admin_listen, "--local-store", "sqlite"],
+        true,
+    );
     let admin = Client::new(&format!("http://{admin_listen}"), "");
     let alice = server.client(ALICE);
 
@@ -481,6 +486,14 @@ async fn a_conversation_over_http_with_a_stream_dropped_mid_turn_misses_nothing(
     assert_eq!(listed["id"], id.as_str());
     assert_eq!(listed["messages"], 2, "a message and a follow-up");
     assert_eq!(listed["status"], "idle");
+    // All of it went to the database: no object was written as a file of its own.
+    let store = server.store_dir();
+    assert!(store.join("objects.sqlite").is_file());
+    let files: Vec<String> = files_under(&store)
+        .into_iter()
+        .filter(|f| !f.starts_with("objects.sqlite"))
+        .collect();
+    assert!(files.is_empty(), "objects written as files: {files:?}");
 }
 
 /// Every conversation-scoped operation, as (method, path, JSON body).
@@ -1151,7 +1164,8 @@ impl Chat {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_chat_client_talks_streams_answers_cards_and_reconnects_by_itself() {
     let apps = apps_dir();
-    let mut server = server(apps.path(), &[], false);
+    // On the database, across a restart.
+    let mut server = server(apps.path(), &["--local-store", "sqlite"], false);
     let mut chat = Chat::start(
         &server.base,
         ALICE,

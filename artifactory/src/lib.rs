@@ -12,6 +12,7 @@
 //! - [`directory`]: which tenant owns a conversation, and who may see it
 //! - [`layout`]: every object key, built in one place
 //! - [`store`]: opening an object store (memory, local filesystem, S3-compatible)
+//! - [`sqlite_store`]: the local store in one SQLite database, with group commit
 //! - [`synced`]: the local filesystem store with fsync of each object and its directory
 //! - [`open_turns`]: marks of conversations whose record may end in an open turn (the sweep)
 //! - [`dead_letters`]: lane messages set aside (unreadable or refused) for an operator
@@ -31,6 +32,7 @@ pub mod layout;
 pub mod mmr;
 pub mod open_turns;
 pub mod record;
+pub mod sqlite_store;
 pub mod store;
 pub mod synced;
 pub mod tombstones;
@@ -46,6 +48,6 @@ pub use keys::{RecordSigner, TrustedKeys};
 pub use layout::ConversationPrefix;
 pub use open_turns::OpenTurns;
 pub use record::{Checkpoint, Head, Record, RecordEntry, Transcript, Verdict};
-pub use store::{open_store, open_store_with};
+pub use store::{open_local, open_store, open_store_with, LocalLayout};
 pub use tombstones::{Tombstone, Tombstones};
 pub use turnlogs::TurnLogs;

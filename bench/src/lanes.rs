@@ -156,13 +156,13 @@ struct Measured {
 async fn turnpike(
     fsync: bool,
     bus: Arc<dyn Bus>,
-    store_dir: &std::path::Path,
+    store_location: &str,
     workers: usize,
     samples: usize,
     conversations: usize,
     turns: usize,
 ) -> Result<Measured> {
-    let store = open_store_with(store_dir.to_str().context("a UTF-8 path")?, fsync)?;
+    let store = open_store_with(store_location, fsync)?;
     let convs_store = Conversations::new(store);
     let signer = RecordSigner::generate()?;
     let starts = Arc::new(Starts::default());
@@ -270,6 +270,7 @@ async fn turnpike(
 
 pub async fn run(
     fsync: bool,
+    sqlite: bool,
     nats: Option<String>,
     conversations: usize,
     turns: usize,
@@ -284,7 +285,7 @@ pub async fn run(
             started.url.clone()
         }
     };
-    println!("turnpike bench lanes: {workers} workers in-process, {conversations} conversations x {turns} turns, {samples} latency samples, NATS at {url}, fsync {}", if fsync { "on" } else { "off" });
+    println!("turnpike bench lanes: {workers} workers in-process, {conversations} conversations x {turns} turns, {samples} latency samples, NATS at {url}, fsync {}, local store: {}", if fsync { "on" } else { "off" }, if sqlite { "one SQLite database" } else { "a file per object" });
     let (mut floor, floor_rate) = raw_jetstream(&url, samples, conversations * turns).await?;
 
     let dir = tempfile::tempdir()?;
@@ -293,10 +294,19 @@ pub async fn run(
         ..Default::default()
     })
     .await?;
+    let location = |name: &str| -> Result<String> {
+        let path = dir.path().join(name);
+        let path = path.to_str().context("a UTF-8 path")?;
+        Ok(if sqlite {
+            format!("sqlite://{path}")
+        } else {
+            format!("file://{path}")
+        })
+    };
     let mut js = turnpike(
         fsync,
         js_bus,
-        &dir.path().join("js-store"),
+        &location("js-store")?,
         workers,
         samples,
         conversations,
@@ -307,7 +317,7 @@ pub async fn run(
     let mut emb = turnpike(
         fsync,
         embedded_bus,
-        &dir.path().join("emb-store"),
+        &location("emb-store")?,
         workers,
         samples,
         conversations,

@@ -79,15 +79,21 @@ pub async fn run(n: u64, dir: Option<std::path::PathBuf>, fsync: bool) -> Result
         Some(d) => tempfile::tempdir_in(d)?,
         None => tempfile::tempdir()?,
     };
-    // The floor is the plain store's put; the record appends through the store `turnpike
-    // serve` uses (synced unless --no-fsync), so the ratio includes fsync's cost.
-    let store: Arc<dyn ObjectStore> = Arc::new(LocalFileSystem::new_with_prefix(tmp.path())?);
-    let record_store =
-        turnpike_artifactory::open_store_with(tmp.path().to_str().context("a UTF-8 path")?, fsync)?;
+    // The floor is the plain filesystem store's put; the record appends through the store a
+    // new `turnpike serve` uses (one SQLite database, synced unless --no-fsync), so the ratio
+    // includes fsync's cost.
+    let floor_dir = tmp.path().join("floor");
+    std::fs::create_dir(&floor_dir)?;
+    let store: Arc<dyn ObjectStore> = Arc::new(LocalFileSystem::new_with_prefix(&floor_dir)?);
+    let record_store = turnpike_artifactory::open_local(
+        tmp.path().join("record").to_str().context("a UTF-8 path")?,
+        turnpike_artifactory::LocalLayout::Sqlite,
+        fsync,
+    )?;
     let signer = RecordSigner::generate()?;
     let trusted = TrustedKeys::new([signer.verifying_key()]);
     println!(
-        "turnpike bench record: local filesystem at {}, {n} appends, fsync {}",
+        "turnpike bench record: floor: a file per object; record: one SQLite database; at {}, {n} appends, fsync {}",
         tmp.path().display(),
         if fsync { "on" } else { "off" }
     );

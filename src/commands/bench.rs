@@ -227,6 +227,8 @@ pub async fn run(global: &Global, command: BenchCommand) -> Result<ExitCode> {
             }
             turnpike_bench::lanes::run(
                 !global.no_fsync,
+                // The workers' store: the embedded default's database unless `--local-store files`.
+                global.local_store != Some(crate::cli::LocalStore::Files),
                 nats,
                 conversations.max(1),
                 turns.max(1),

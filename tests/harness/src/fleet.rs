@@ -31,7 +31,10 @@ impl Fleet {
         let nats = NatsServer::start().expect("nats-server");
         let store = tempfile::tempdir().unwrap();
         let conversations = Conversations::new(
-            turnpike_artifactory::open_store(store.path().to_str().unwrap()).unwrap(),
+            // A file per object, as the processes are told (`fleet_args`): the shared store of a
+            // fleet is a bucket, whose objects these stand for.
+            turnpike_artifactory::open_store(&format!("file://{}", store.path().display()))
+                .unwrap(),
         );
         let bus = JetStreamBus::connect(JetStreamConfig {
             url: nats.url(),

@@ -1,0 +1,580 @@
+//! A local object store in one SQLite database (write-ahead log), instead of one file per
+//! object.
+//!
+//! Why: the filesystem store creates an inode for every write (a staged file renamed or linked
+//! into place) and frees one for every overwrite or delete. A turn writes and deletes several
+//! small objects, so on a busy worker most of the CPU goes to the filesystem's inode
+//! allocation, directory creation and unlinks rather than to Turnpike. Here a write is a row in
+//! a B-tree appended to one log, and every write waiting at the same moment shares one commit
+//! (and, with `fsync`, one flush of the log): group commit.
+//!
+//! Contract (that of [`object_store::ObjectStore`], checked by `object_store`'s own suite):
+//! - a write that returned is visible to every later read, from this process or another one
+//!   opening the same directory;
+//! - it survives the process being killed at any moment (the log is in the OS before the write
+//!   returns); with `fsync` it survives a power cut too (the log is flushed before it returns);
+//! - `PutMode::Create` and copy/rename to a `Create` target refuse, atomically, where an object
+//!   is; `PutMode::Update` writes only over the e-tag given; a rename is one transaction;
+//! - listings come in key order. Attributes and tags are not kept.
+//!
+//! Several processes may open the same directory (SQLite's locks order their writes).
+
+mod writer;
+
+use std::ops::Range;
+use std::path::{Path as FsPath, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use chrono::{DateTime, Utc};
+use futures::stream::{BoxStream, StreamExt as _};
+use object_store::path::Path;
+use object_store::{
+    CopyMode, CopyOptions, GetOptions, GetResult, GetResultPayload, ListResult, MultipartUpload,
+    ObjectMeta, ObjectStore, PutMode, PutMultipartOptions, PutOptions, PutPayload, PutResult,
+    RenameOptions, RenameTargetMode, Result, UploadPart,
+};
+use rusqlite::types::ValueRef;
+use rusqlite::{params, Connection, OptionalExtension as _};
+
+use writer::{Etags, Job, Op};
+
+/// The database's file name inside the store's directory.
+pub const FILE_NAME: &str = "objects.sqlite";
+
+/// Objects listed per query while a listing is streamed.
+const LIST_PAGE: usize = 1000;
+
+/// Read connections kept open for reuse.
+const MAX_IDLE_READERS: usize = 8;
+
+/// How long a statement waits for another process's write lock before it fails.
+const BUSY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// The SQLite-backed local store.
+pub struct SqliteStore {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    file: PathBuf,
+    fsync: bool,
+    readers: Mutex<Vec<Connection>>,
+    writer: std::sync::mpsc::Sender<Job>,
+    commits: Arc<AtomicU64>,
+}
+
+impl std::fmt::Debug for SqliteStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SqliteStore")
+            .field("file", &self.shared.file)
+            .field("fsync", &self.shared.fsync)
+            .finish()
+    }
+}
+
+impl std::fmt::Display for SqliteStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Sqlite({})", self.shared.file.display())
+    }
+}
+
+fn generic(message: impl Into<String>) -> object_store::Error {
+    object_store::Error::Generic {
+        store: "Sqlite",
+        source: message.into().into(),
+    }
+}
+
+fn now_ms() -> i64 {
+    Utc::now().timestamp_millis()
+}
+
+fn open_connection(file: &FsPath, fsync: bool) -> rusqlite::Result<Connection> {
+    let conn = Connection::open(file)?;
+    conn.busy_timeout(BUSY_TIMEOUT)?;
+    // WAL: readers never wait for the writer, and a commit appends to one log. `NORMAL`
+    // writes the log at commit (safe when the process dies) and flushes it at checkpoints;
+    // `FULL` flushes it at every commit (safe when the power goes).
+    conn.pragma_update(None, "journal_mode", "WAL")?;
+    conn.pragma_update(None, "synchronous", if fsync { "FULL" } else { "NORMAL" })?;
+    Ok(conn)
+}
+
+impl SqliteStore {
+    /// Opens (creating if absent) the store in directory `dir`, which must exist. With `fsync`,
+    /// a write returns only once it is on stable storage.
+    pub fn open(dir: impl AsRef<FsPath>, fsync: bool) -> Result<Self> {
+        let file = dir.as_ref().join(FILE_NAME);
+        let conn = open_connection(&file, fsync)
+            .map_err(|e| generic(format!("cannot open {}: {e}", file.display())))?;
+        conn.execute_batch(
+            "CREATE TABLE IF NOT EXISTS objects (
+                path TEXT PRIMARY KEY NOT NULL,
+                data BLOB NOT NULL,
+                etag TEXT NOT NULL,
+                modified_ms INTEGER NOT NULL
+            )",
+        )
+        .map_err(|e| generic(format!("cannot prepare {}: {e}", file.display())))?;
+        let etags = Arc::new(Etags::new()?);
+        let commits = Arc::new(AtomicU64::new(0));
+        let (send, receive) = std::sync::mpsc::channel();
+        {
+            let commits = commits.clone();
+            std::thread::Builder::new()
+                .name("turnpike-store-writer".into())
+                .spawn(move || writer::run(conn, receive, etags, commits))
+                .map_err(|e| generic(format!("cannot start the store's writer: {e}")))?;
+        }
+        Ok(Self {
+            shared: Arc::new(Shared {
+                file,
+                fsync,
+                readers: Mutex::new(Vec::new()),
+                writer: send,
+                commits,
+            }),
+        })
+    }
+
+    /// How many transactions the writer committed (each holds one or more writes).
+    pub fn commits(&self) -> u64 {
+        self.shared.commits.load(Ordering::Relaxed)
+    }
+
+    /// Sends `op` to the writer and waits for its commit.
+    async fn write(&self, op: Op) -> writer::Reply {
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        self.shared
+            .writer
+            .send(Job { op, reply })
+            .map_err(|_| generic("the store's writer has stopped"))?;
+        answer
+            .await
+            .map_err(|_| generic("the store's writer stopped before it answered"))?
+    }
+
+    /// Runs `read` on a pooled read connection, off the async threads.
+    async fn read<T: Send + 'static>(
+        &self,
+        read: impl FnOnce(&mut Connection) -> Result<T> + Send + 'static,
+    ) -> Result<T> {
+        let shared = self.shared.clone();
+        tokio::task::spawn_blocking(move || {
+            let pooled = shared.readers.lock().ok().and_then(|mut idle| idle.pop());
+            let mut conn = match pooled {
+                Some(conn) => conn,
+                None => open_connection(&shared.file, shared.fsync)
+                    .map_err(|e| generic(format!("cannot open a reader: {e}")))?,
+            };
+            let out = read(&mut conn);
+            if let Ok(mut idle) = shared.readers.lock() {
+                if idle.len() < MAX_IDLE_READERS {
+                    idle.push(conn);
+                }
+            }
+            out
+        })
+        .await
+        .map_err(|e| generic(format!("a read task failed: {e}")))?
+    }
+
+    /// One page of the objects under `prefix` (as a directory) after `after`, in key order.
+    async fn list_page(
+        &self,
+        prefix: Option<Path>,
+        after: Option<String>,
+    ) -> Result<Vec<ObjectMeta>> {
+        self.read(move |conn| {
+            let (low, high) = key_range(prefix.as_ref());
+            let low = match after {
+                Some(after) if after > low => after,
+                _ => low,
+            };
+            // Two statements, so that each is a plain range scan of the key index.
+            let mut statement = match &high {
+                Some(_) => conn.prepare_cached(
+                    "SELECT path, length(data), etag, modified_ms FROM objects
+                     WHERE path > ?1 AND path < ?2 ORDER BY path LIMIT ?3",
+                ),
+                None => conn.prepare_cached(
+                    "SELECT path, length(data), etag, modified_ms FROM objects
+                     WHERE path > ?1 AND ?2 IS NULL ORDER BY path LIMIT ?3",
+                ),
+            }
+            .map_err(|e| generic(e.to_string()))?;
+            let rows = statement
+                .query_map(params![low, high, LIST_PAGE as i64], |row| {
+                    Ok((
+                        row.get::<_, String>(0)?,
+                        row.get::<_, i64>(1)?,
+                        row.get::<_, String>(2)?,
+                        row.get::<_, i64>(3)?,
+                    ))
+                })
+                .map_err(|e| generic(e.to_string()))?;
+            let mut out = Vec::new();
+            for row in rows {
+                let (path, size, etag, modified) = row.map_err(|e| generic(e.to_string()))?;
+                // Stored as written: already a valid path, to be taken as is (not encoded again).
+                let location = Path::parse(&path)
+                    .map_err(|e| generic(format!("a stored key is not a path: {e}")))?;
+                out.push(meta(location, size, etag, modified));
+            }
+            Ok(out)
+        })
+        .await
+    }
+
+    /// Every object under `prefix` after `offset`, streamed a page at a time.
+    fn list_after(
+        &self,
+        prefix: Option<&Path>,
+        offset: Option<&Path>,
+    ) -> BoxStream<'static, Result<ObjectMeta>> {
+        let store = SqliteStore {
+            shared: self.shared.clone(),
+        };
+        let prefix = prefix.cloned();
+        let start = offset.map(|o| o.to_string());
+        futures::stream::unfold(Some(start), move |cursor| {
+            let store = SqliteStore {
+                shared: store.shared.clone(),
+            };
+            let prefix = prefix.clone();
+            async move {
+                let after = cursor?;
+                match store.list_page(prefix, after).await {
+                    Err(e) => Some((vec![Err(e)], None)),
+                    Ok(page) => {
+                        let next = (page.len() == LIST_PAGE)
+                            .then(|| page.last().map(|m| Some(m.location.to_string())))
+                            .flatten();
+                        Some((page.into_iter().map(Ok).collect::<Vec<_>>(), next))
+                    }
+                }
+            }
+        })
+        .flat_map(futures::stream::iter)
+        .boxed()
+    }
+}
+
+/// The key range (exclusive at both ends) of the objects under `prefix` taken as a directory:
+/// `prefix/` < key < `prefix0` (`0` follows `/`); everything for no prefix.
+fn key_range(prefix: Option<&Path>) -> (String, Option<String>) {
+    match prefix.map(|p| p.as_ref()).filter(|p| !p.is_empty()) {
+        None => (String::new(), None),
+        Some(p) => (format!("{p}/"), Some(format!("{p}0"))),
+    }
+}
+
+fn meta(location: Path, size: i64, etag: String, modified_ms: i64) -> ObjectMeta {
+    ObjectMeta {
+        location,
+        last_modified: DateTime::<Utc>::from_timestamp_millis(modified_ms).unwrap_or_default(),
+        size: size.max(0) as u64,
+        e_tag: Some(etag),
+        version: None,
+    }
+}
+
+fn not_found(location: &Path) -> object_store::Error {
+    object_store::Error::NotFound {
+        path: location.to_string(),
+        source: "no such object".into(),
+    }
+}
+
+#[async_trait]
+impl ObjectStore for SqliteStore {
+    async fn put_opts(
+        &self,
+        location: &Path,
+        payload: PutPayload,
+        opts: PutOptions,
+    ) -> Result<PutResult> {
+        let mode = match opts.mode {
+            PutMode::Overwrite => writer::PutMode::Overwrite,
+            PutMode::Create => writer::PutMode::Create,
+            PutMode::Update(version) => {
+                writer::PutMode::Update(version.e_tag.ok_or_else(|| {
+                    object_store::Error::Precondition {
+                        path: location.to_string(),
+                        source: "an update needs the e-tag of the version it replaces".into(),
+                    }
+                })?)
+            }
+        };
+        let e_tag = self
+            .write(Op::Put {
+                path: location.clone(),
+                data: payload.into(),
+                mode,
+            })
+            .await?;
+        Ok(PutResult {
+            e_tag,
+            version: None,
+            extensions: Default::default(),
+        })
+    }
+
+    async fn put_multipart_opts(
+        &self,
+        location: &Path,
+        _opts: PutMultipartOptions,
+    ) -> Result<Box<dyn MultipartUpload>> {
+        Ok(Box::new(Upload {
+            store: SqliteStore {
+                shared: self.shared.clone(),
+            },
+            location: location.clone(),
+            parts: Vec::new(),
+        }))
+    }
+
+    async fn get_opts(&self, location: &Path, options: GetOptions) -> Result<GetResult> {
+        let path = location.clone();
+        let found = self
+            .read(move |conn| {
+                let tx = conn.transaction().map_err(|e| generic(e.to_string()))?;
+                let row = tx
+                    .prepare_cached(
+                        "SELECT length(data), etag, modified_ms FROM objects WHERE path = ?1",
+                    )
+                    .and_then(|mut s| {
+                        s.query_row(params![path.as_ref()], |row| {
+                            Ok((
+                                row.get::<_, i64>(0)?,
+                                row.get::<_, String>(1)?,
+                                row.get::<_, i64>(2)?,
+                            ))
+                        })
+                        .optional()
+                    })
+                    .map_err(|e| generic(e.to_string()))?;
+                let Some((size, etag, modified)) = row else {
+                    return Err(not_found(&path));
+                };
+                let meta = meta(path.clone(), size, etag, modified);
+                options.check_preconditions(&meta)?;
+                let range = match &options.range {
+                    Some(range) => range.as_range(meta.size).map_err(|source| {
+                        object_store::Error::Generic {
+                            store: "Sqlite",
+                            source: Box::new(source),
+                        }
+                    })?,
+                    None => 0..meta.size,
+                };
+                if options.head {
+                    return Ok((meta, range, Bytes::new()));
+                }
+                let data = read_range(&tx, &path, &range)?;
+                Ok((meta, range, data))
+            })
+            .await?;
+        let (meta, range, data) = found;
+        Ok(GetResult {
+            payload: GetResultPayload::Stream(
+                futures::stream::once(futures::future::ready(Ok(data))).boxed(),
+            ),
+            meta,
+            range,
+            attributes: Default::default(),
+            extensions: Default::default(),
+        })
+    }
+
+    async fn get_ranges(&self, location: &Path, ranges: &[Range<u64>]) -> Result<Vec<Bytes>> {
+        let path = location.clone();
+        let ranges = ranges.to_vec();
+        self.read(move |conn| {
+            let tx = conn.transaction().map_err(|e| generic(e.to_string()))?;
+            let size = tx
+                .prepare_cached("SELECT length(data) FROM objects WHERE path = ?1")
+                .and_then(|mut s| {
+                    s.query_row(params![path.as_ref()], |r| r.get::<_, i64>(0))
+                        .optional()
+                })
+                .map_err(|e| generic(e.to_string()))?
+                .ok_or_else(|| not_found(&path))?;
+            ranges
+                .iter()
+                .map(|r| {
+                    let r = object_store::GetRange::Bounded(r.clone())
+                        .as_range(size.max(0) as u64)
+                        .map_err(|source| object_store::Error::Generic {
+                            store: "Sqlite",
+                            source: Box::new(source),
+                        })?;
+                    read_range(&tx, &path, &r)
+                })
+                .collect()
+        })
+        .await
+    }
+
+    fn delete_stream(
+        &self,
+        locations: BoxStream<'static, Result<Path>>,
+    ) -> BoxStream<'static, Result<Path>> {
+        let shared = self.shared.clone();
+        locations
+            .then(move |location| {
+                let store = SqliteStore {
+                    shared: shared.clone(),
+                };
+                async move {
+                    let location = location?;
+                    store
+                        .write(Op::Delete {
+                            path: location.clone(),
+                        })
+                        .await?;
+                    Ok(location)
+                }
+            })
+            .boxed()
+    }
+
+    fn list(&self, prefix: Option<&Path>) -> BoxStream<'static, Result<ObjectMeta>> {
+        self.list_after(prefix, None)
+    }
+
+    fn list_with_offset(
+        &self,
+        prefix: Option<&Path>,
+        offset: &Path,
+    ) -> BoxStream<'static, Result<ObjectMeta>> {
+        self.list_after(prefix, Some(offset))
+    }
+
+    async fn list_with_delimiter(&self, prefix: Option<&Path>) -> Result<ListResult> {
+        let root = Path::default();
+        let base = prefix.unwrap_or(&root);
+        let mut common_prefixes = std::collections::BTreeSet::new();
+        let mut objects = Vec::new();
+        let mut all = self.list(prefix);
+        while let Some(object) = all.next().await {
+            let object = object?;
+            let common = {
+                let Some(mut parts) = object.location.prefix_match(base) else {
+                    continue;
+                };
+                let Some(first) = parts.next() else {
+                    continue;
+                };
+                parts.next().is_some().then(|| base.clone().join(first))
+            };
+            match common {
+                Some(common) => {
+                    common_prefixes.insert(common);
+                }
+                None => objects.push(object),
+            }
+        }
+        Ok(ListResult {
+            objects,
+            common_prefixes: common_prefixes.into_iter().collect(),
+            extensions: Default::default(),
+        })
+    }
+
+    async fn copy_opts(&self, from: &Path, to: &Path, options: CopyOptions) -> Result<()> {
+        self.write(Op::Copy {
+            from: from.clone(),
+            to: to.clone(),
+            create: matches!(options.mode, CopyMode::Create),
+            remove_source: false,
+        })
+        .await
+        .map(|_| ())
+    }
+
+    async fn rename_opts(&self, from: &Path, to: &Path, options: RenameOptions) -> Result<()> {
+        self.write(Op::Copy {
+            from: from.clone(),
+            to: to.clone(),
+            create: matches!(options.target_mode, RenameTargetMode::Create),
+            remove_source: true,
+        })
+        .await
+        .map(|_| ())
+    }
+}
+
+/// The bytes of `range` of the object at `path` (which the caller found, in `tx`).
+fn read_range(tx: &rusqlite::Transaction<'_>, path: &Path, range: &Range<u64>) -> Result<Bytes> {
+    let len = range.end.saturating_sub(range.start);
+    let mut statement = tx
+        .prepare_cached("SELECT substr(data, ?2, ?3) FROM objects WHERE path = ?1")
+        .map_err(|e| generic(e.to_string()))?;
+    statement
+        .query_row(
+            params![path.as_ref(), range.start as i64 + 1, len as i64],
+            |row| {
+                // `substr` of an empty blob is an empty text (or null), not a blob.
+                Ok(match row.get_ref(0)? {
+                    ValueRef::Blob(bytes) | ValueRef::Text(bytes) => Bytes::copy_from_slice(bytes),
+                    _ => Bytes::new(),
+                })
+            },
+        )
+        .optional()
+        .map_err(|e| generic(e.to_string()))?
+        .ok_or_else(|| not_found(path))
+}
+
+/// A multipart upload: parts are kept in memory and written as one object on completion.
+struct Upload {
+    store: SqliteStore,
+    location: Path,
+    parts: Vec<PutPayload>,
+}
+
+impl std::fmt::Debug for Upload {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Upload")
+            .field("location", &self.location)
+            .field("parts", &self.parts.len())
+            .finish()
+    }
+}
+
+#[async_trait]
+impl MultipartUpload for Upload {
+    fn put_part(&mut self, payload: PutPayload) -> UploadPart {
+        self.parts.push(payload);
+        Box::pin(futures::future::ready(Ok(())))
+    }
+
+    async fn complete(&mut self) -> Result<PutResult> {
+        let size = self.parts.iter().map(|p| p.content_length()).sum();
+        let mut data = Vec::with_capacity(size);
+        for part in self.parts.drain(..) {
+            for chunk in part.iter() {
+                data.extend_from_slice(chunk);
+            }
+        }
+        self.store
+            .put_opts(
+                &self.location,
+                PutPayload::from(data),
+                PutOptions::default(),
+            )
+            .await
+    }
+
+    async fn abort(&mut self) -> Result<()> {
+        self.parts.clear();
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests;

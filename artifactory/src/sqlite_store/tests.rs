@@ -1,0 +1,351 @@
+use std::io::BufRead as _;
+use std::process::{Command, Stdio};
+
+use futures::TryStreamExt as _;
+use object_store::integration;
+use object_store::ObjectStoreExt as _;
+
+use super::*;
+
+/// `object_store`'s own suite for a store implementation, run on every local backend.
+async fn conformance(store: &dyn ObjectStore, supports_update: bool) {
+    integration::put_get_delete_list(store).await;
+    integration::list_with_offset_exclusivity(store).await;
+    integration::get_opts(store).await;
+    integration::list_uses_directories_correctly(store).await;
+    integration::list_with_delimiter(store).await;
+    integration::rename_and_copy(store).await;
+    integration::copy_if_not_exists(store).await;
+    integration::copy_rename_nonexistent_object(store).await;
+    integration::stream_get(store).await;
+    integration::put_opts(store, supports_update).await;
+}
+
+#[tokio::test]
+async fn the_sqlite_store_passes_the_object_store_suite() {
+    for fsync in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        conformance(&SqliteStore::open(dir.path(), fsync).unwrap(), true).await;
+    }
+}
+
+#[tokio::test]
+async fn the_synced_filesystem_store_passes_the_object_store_suite() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = crate::synced::SyncedLocalStore::new(dir.path()).unwrap();
+    conformance(&store, false).await;
+}
+
+async fn keys(store: &SqliteStore, prefix: Option<&str>) -> Vec<String> {
+    let prefix = prefix.map(Path::from);
+    let mut out: Vec<String> = store
+        .list(prefix.as_ref())
+        .map_ok(|m| m.location.to_string())
+        .try_collect()
+        .await
+        .unwrap();
+    out.sort();
+    out
+}
+
+#[tokio::test]
+async fn a_listing_is_of_a_directory_not_of_a_string_prefix_and_pages_through_everything() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open(dir.path(), false).unwrap();
+    for key in ["a", "a/b", "a/b/c", "ab", "a0", "a.", "b/x"] {
+        store
+            .put(&Path::from(key), PutPayload::from_static(b"x"))
+            .await
+            .unwrap();
+    }
+    assert_eq!(keys(&store, Some("a")).await, ["a/b", "a/b/c"]);
+    assert_eq!(keys(&store, None).await.len(), 7);
+    // More than a page, listed whole and in key order, and from an offset.
+    for i in 0..(LIST_PAGE + 7) {
+        store
+            .put(
+                &Path::from(format!("many/{i:05}")),
+                PutPayload::from_static(b"y"),
+            )
+            .await
+            .unwrap();
+    }
+    let listed: Vec<String> = store
+        .list(Some(&Path::from("many")))
+        .map_ok(|m| m.location.to_string())
+        .try_collect()
+        .await
+        .unwrap();
+    assert_eq!(listed.len(), LIST_PAGE + 7);
+    assert!(listed.windows(2).all(|w| w[0] < w[1]));
+    let after: Vec<ObjectMeta> = store
+        .list_with_offset(Some(&Path::from("many")), &Path::from("many/01000"))
+        .try_collect()
+        .await
+        .unwrap();
+    assert_eq!(after.len(), 6);
+}
+
+#[tokio::test]
+async fn writes_waiting_together_share_one_commit() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open(dir.path(), true).unwrap();
+    store
+        .put(&Path::from("warm"), PutPayload::from_static(b"w"))
+        .await
+        .unwrap();
+    // Another connection holds the write lock: the writer waits in its first transaction
+    // while a hundred writes queue up behind it.
+    let blocker = Connection::open(dir.path().join(FILE_NAME)).unwrap();
+    blocker.execute_batch("BEGIN IMMEDIATE").unwrap();
+    let before = store.commits();
+    let writes = futures::future::join_all((0..100).map(|i| {
+        let store = &store;
+        async move {
+            store
+                .put_opts(
+                    &Path::from(format!("g/{i}")),
+                    PutPayload::from(format!("{i}")),
+                    PutMode::Create.into(),
+                )
+                .await
+        }
+    }));
+    futures::pin_mut!(writes);
+    // One poll sends every write to the writer.
+    assert!(futures::poll!(writes.as_mut()).is_pending());
+    blocker.execute_batch("COMMIT").unwrap();
+    for result in writes.await {
+        result.unwrap();
+    }
+    // The first group, stuck on the lock, and then the rest together.
+    let used = store.commits() - before;
+    assert!(used <= 2, "{used} commits for 100 writes");
+    assert_eq!(keys(&store, Some("g")).await.len(), 100);
+    let got = store
+        .get(&Path::from("g/42"))
+        .await
+        .unwrap()
+        .bytes()
+        .await
+        .unwrap();
+    assert_eq!(&got[..], b"42");
+}
+
+#[tokio::test]
+async fn a_failed_write_in_a_group_leaves_the_others_committed() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open(dir.path(), false).unwrap();
+    store
+        .put(&Path::from("taken"), PutPayload::from_static(b"first"))
+        .await
+        .unwrap();
+    let blocker = Connection::open(dir.path().join(FILE_NAME)).unwrap();
+    blocker.execute_batch("BEGIN IMMEDIATE").unwrap();
+    let create = |key: &'static str, data: &'static [u8]| {
+        let store = &store;
+        async move {
+            store
+                .put_opts(
+                    &Path::from(key),
+                    PutPayload::from_static(data),
+                    PutMode::Create.into(),
+                )
+                .await
+        }
+    };
+    let writes = futures::future::join3(
+        create("free-1", b"a"),
+        create("taken", b"second"),
+        create("free-2", b"b"),
+    );
+    futures::pin_mut!(writes);
+    assert!(futures::poll!(writes.as_mut()).is_pending());
+    blocker.execute_batch("COMMIT").unwrap();
+    let (one, taken, two) = writes.await;
+    one.unwrap();
+    two.unwrap();
+    assert!(matches!(
+        taken,
+        Err(object_store::Error::AlreadyExists { .. })
+    ));
+    let kept = store
+        .get(&Path::from("taken"))
+        .await
+        .unwrap()
+        .bytes()
+        .await
+        .unwrap();
+    assert_eq!(&kept[..], b"first");
+    assert_eq!(keys(&store, None).await, ["free-1", "free-2", "taken"]);
+}
+
+/// The helper process of the tests below: writes keys until it is killed, saying each one
+/// it saw acknowledged (`TURNPIKE_SQLITE_CHILD=dir:mode`).
+#[test]
+#[ignore = "a helper process, started by the tests below"]
+fn child_writer() {
+    let Ok(spec) = std::env::var("TURNPIKE_SQLITE_CHILD") else {
+        return;
+    };
+    let (dir, mode) = spec.split_once(':').unwrap();
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async {
+        let store = SqliteStore::open(dir, false).unwrap();
+        match mode {
+            // Writes forever; each acknowledged key is printed.
+            "endless" => {
+                for i in 0u64.. {
+                    store
+                        .put_opts(
+                            &Path::from(format!("k/{i:08}")),
+                            PutPayload::from(format!("value {i}")),
+                            PutMode::Create.into(),
+                        )
+                        .await
+                        .unwrap();
+                    println!("acked {i}");
+                }
+            }
+            // Races the parent to create the same keys; prints the ones it won.
+            "race" => {
+                for i in 0..200u32 {
+                    let created = store
+                        .put_opts(
+                            &Path::from(format!("race/{i:04}")),
+                            PutPayload::from_static(b"child"),
+                            PutMode::Create.into(),
+                        )
+                        .await;
+                    match created {
+                        Ok(_) => println!("won {i}"),
+                        Err(object_store::Error::AlreadyExists { .. }) => {}
+                        Err(e) => panic!("{e}"),
+                    }
+                }
+                println!("done");
+            }
+            other => panic!("unknown mode {other}"),
+        }
+    });
+}
+
+/// What the helper said after `marker` on `line` (libtest may print its test's name first, on
+/// the same line).
+fn said<'a>(line: &'a str, marker: &str) -> Option<&'a str> {
+    line.rsplit_once(marker).map(|(_, rest)| rest)
+}
+
+fn start_child(dir: &FsPath, mode: &str) -> std::process::Child {
+    Command::new(std::env::current_exe().unwrap())
+        .args([
+            "sqlite_store::tests::child_writer",
+            "--exact",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(
+            "TURNPIKE_SQLITE_CHILD",
+            format!("{}:{mode}", dir.to_str().unwrap()),
+        )
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap()
+}
+
+#[tokio::test]
+async fn every_acknowledged_write_survives_a_kill_9_of_the_writing_process() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = start_child(dir.path(), "endless");
+    let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut acked = 0u64;
+    while acked < 300 {
+        let line = lines.next().expect("the writer ended early").unwrap();
+        if let Some(n) = said(&line, "acked ") {
+            acked = n.parse::<u64>().unwrap() + 1;
+        }
+    }
+    // SIGKILL, mid-stream: the writer is in the middle of its next writes.
+    child.kill().unwrap();
+    child.wait().unwrap();
+    // Whatever it printed after we stopped reading was acknowledged too.
+    for line in lines.map_while(|l| l.ok()) {
+        if let Some(n) = said(&line, "acked ") {
+            acked = acked.max(n.parse::<u64>().unwrap() + 1);
+        }
+    }
+    let store = SqliteStore::open(dir.path(), false).unwrap();
+    for i in 0..acked {
+        let got = store
+            .get(&Path::from(format!("k/{i:08}")))
+            .await
+            .unwrap_or_else(|e| panic!("acknowledged key {i} is gone: {e}"))
+            .bytes()
+            .await
+            .unwrap();
+        assert_eq!(got, format!("value {i}").as_bytes());
+    }
+    let check: String = Connection::open(dir.path().join(FILE_NAME))
+        .unwrap()
+        .query_row("PRAGMA integrity_check", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(check, "ok");
+}
+
+#[tokio::test]
+async fn two_processes_creating_the_same_keys_each_key_has_exactly_one_winner() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open(dir.path(), false).unwrap();
+    let child = start_child(dir.path(), "race");
+    let mut mine = std::collections::BTreeSet::new();
+    for i in 0..200u32 {
+        let created = store
+            .put_opts(
+                &Path::from(format!("race/{i:04}")),
+                PutPayload::from_static(b"parent"),
+                PutMode::Create.into(),
+            )
+            .await;
+        match created {
+            Ok(_) => {
+                mine.insert(i);
+            }
+            Err(object_store::Error::AlreadyExists { .. }) => {}
+            Err(e) => panic!("{e}"),
+        }
+    }
+    let output = tokio::task::spawn_blocking(move || child.wait_with_output().unwrap())
+        .await
+        .unwrap();
+    assert!(output.status.success());
+    let text = String::from_utf8(output.stdout).unwrap();
+    assert!(text.lines().any(|l| l.ends_with("done")));
+    let theirs: std::collections::BTreeSet<u32> = text
+        .lines()
+        .filter_map(|l| said(l, "won "))
+        .map(|n| n.parse().unwrap())
+        .collect();
+    assert!(mine.is_disjoint(&theirs), "a key was created twice");
+    assert_eq!(
+        mine.len() + theirs.len(),
+        200,
+        "a key was created by neither"
+    );
+    for i in 0..200u32 {
+        let got = store
+            .get(&Path::from(format!("race/{i:04}")))
+            .await
+            .unwrap()
+            .bytes()
+            .await
+            .unwrap();
+        let want: &[u8] = if mine.contains(&i) {
+            b"parent"
+        } else {
+            b"child"
+        };
+        assert_eq!(&got[..], want, "key {i}");
+    }
+}

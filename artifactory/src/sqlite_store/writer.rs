@@ -1,0 +1,214 @@
+//! The one writer of a [`super::SqliteStore`]: a thread that owns the write connection and
+//! commits every write waiting for it in one transaction (group commit).
+//!
+//! Contract: a job's reply is sent only after the transaction holding it committed (with the
+//! store's durability: fsync of the write-ahead log, or the OS page cache); a job whose own
+//! statement failed gets its error and changes nothing, and the others in its group still
+//! commit. A failed commit fails every job of the group. When the store is dropped the channel
+//! closes, the thread finishes what it was sent, and ends.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{Receiver, TryRecvError};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use object_store::path::Path;
+use object_store::{Error, Result};
+use rusqlite::{params, Connection, ErrorCode};
+
+use super::{generic, now_ms};
+
+/// The most jobs committed together.
+const MAX_GROUP: usize = 256;
+
+/// A write the writer applies.
+pub(super) enum Op {
+    /// Writes `data` at `path`: always (`Overwrite`), only where nothing is (`Create`), or only
+    /// over the version whose e-tag is given (`Update`).
+    Put {
+        path: Path,
+        data: Bytes,
+        mode: PutMode,
+    },
+    /// Removes `path` (nothing there is not an error).
+    Delete { path: Path },
+    /// Copies `from` to `to` (only where nothing is, with `create`), and then removes `from`
+    /// with `remove_source` (a rename), in one transaction.
+    Copy {
+        from: Path,
+        to: Path,
+        create: bool,
+        remove_source: bool,
+    },
+}
+
+pub(super) enum PutMode {
+    Overwrite,
+    Create,
+    Update(String),
+}
+
+/// What a job answers: the e-tag written, if any.
+pub(super) type Reply = Result<Option<String>>;
+
+pub(super) struct Job {
+    pub op: Op,
+    pub reply: tokio::sync::oneshot::Sender<Reply>,
+}
+
+/// Runs the writer until every sender is gone.
+pub(super) fn run(
+    mut conn: Connection,
+    jobs: Receiver<Job>,
+    etags: Arc<Etags>,
+    commits: Arc<AtomicU64>,
+) {
+    while let Ok(first) = jobs.recv() {
+        let mut group = vec![first];
+        while group.len() < MAX_GROUP {
+            match jobs.try_recv() {
+                Ok(job) => group.push(job),
+                Err(TryRecvError::Empty | TryRecvError::Disconnected) => break,
+            }
+        }
+        let replies = commit(&mut conn, &group, &etags);
+        commits.fetch_add(1, Ordering::Relaxed);
+        for (job, reply) in group.into_iter().zip(replies) {
+            // The caller may have gone (a dropped future): the write stands anyway.
+            let _ = job.reply.send(reply);
+        }
+    }
+}
+
+/// Applies `group` in one transaction; one reply per job.
+fn commit(conn: &mut Connection, group: &[Job], etags: &Etags) -> Vec<Reply> {
+    let tx = match conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate) {
+        Ok(tx) => tx,
+        Err(e) => return group.iter().map(|_| Err(generic(e.to_string()))).collect(),
+    };
+    let mut replies: Vec<Reply> = group.iter().map(|job| apply(&tx, &job.op, etags)).collect();
+    if let Err(e) = tx.commit() {
+        let message = format!("the commit failed: {e}");
+        for reply in &mut replies {
+            *reply = Err(generic(message.clone()));
+        }
+    }
+    replies
+}
+
+fn apply(tx: &rusqlite::Transaction<'_>, op: &Op, etags: &Etags) -> Reply {
+    let now = now_ms();
+    match op {
+        Op::Put { path, data, mode } => {
+            let etag = etags.next();
+            let key = path.as_ref();
+            let blob: &[u8] = data;
+            let changed = match mode {
+                PutMode::Overwrite => tx
+                    .prepare_cached(
+                        "INSERT INTO objects (path, data, etag, modified_ms) VALUES (?1, ?2, ?3, ?4)
+                         ON CONFLICT (path) DO UPDATE SET data = excluded.data,
+                           etag = excluded.etag, modified_ms = excluded.modified_ms",
+                    )
+                    .and_then(|mut s| s.execute(params![key, blob, etag, now])),
+                PutMode::Create => tx
+                    .prepare_cached(
+                        "INSERT INTO objects (path, data, etag, modified_ms) VALUES (?1, ?2, ?3, ?4)",
+                    )
+                    .and_then(|mut s| s.execute(params![key, blob, etag, now])),
+                PutMode::Update(expected) => tx
+                    .prepare_cached(
+                        "UPDATE objects SET data = ?2, etag = ?3, modified_ms = ?4
+                         WHERE path = ?1 AND etag = ?5",
+                    )
+                    .and_then(|mut s| s.execute(params![key, blob, etag, now, expected])),
+            };
+            match changed {
+                Ok(0) => Err(Error::Precondition {
+                    path: key.to_string(),
+                    source: "the object is gone or was changed since the version given".into(),
+                }),
+                Ok(_) => Ok(Some(etag)),
+                Err(e) if is_unique_violation(&e) => Err(Error::AlreadyExists {
+                    path: key.to_string(),
+                    source: Box::new(e),
+                }),
+                Err(e) => Err(generic(e.to_string())),
+            }
+        }
+        Op::Delete { path } => tx
+            .prepare_cached("DELETE FROM objects WHERE path = ?1")
+            .and_then(|mut s| s.execute(params![path.as_ref()]))
+            .map(|_| None)
+            .map_err(|e| generic(e.to_string())),
+        Op::Copy {
+            from,
+            to,
+            create,
+            remove_source,
+        } => {
+            let etag = etags.next();
+            let sql = if *create {
+                "INSERT INTO objects (path, data, etag, modified_ms)
+                 SELECT ?2, data, ?3, ?4 FROM objects WHERE path = ?1"
+            } else {
+                "INSERT INTO objects (path, data, etag, modified_ms)
+                 SELECT ?2, data, ?3, ?4 FROM objects WHERE path = ?1
+                 ON CONFLICT (path) DO UPDATE SET data = excluded.data,
+                   etag = excluded.etag, modified_ms = excluded.modified_ms"
+            };
+            let copied = tx
+                .prepare_cached(sql)
+                .and_then(|mut s| s.execute(params![from.as_ref(), to.as_ref(), etag, now]));
+            match copied {
+                Ok(0) => Err(Error::NotFound {
+                    path: from.to_string(),
+                    source: "no object to copy".into(),
+                }),
+                Ok(_) => {
+                    if *remove_source && from != to {
+                        tx.prepare_cached("DELETE FROM objects WHERE path = ?1")
+                            .and_then(|mut s| s.execute(params![from.as_ref()]))
+                            .map_err(|e| generic(e.to_string()))?;
+                    }
+                    Ok(Some(etag))
+                }
+                Err(e) if is_unique_violation(&e) => Err(Error::AlreadyExists {
+                    path: to.to_string(),
+                    source: Box::new(e),
+                }),
+                Err(e) => Err(generic(e.to_string())),
+            }
+        }
+    }
+}
+
+fn is_unique_violation(e: &rusqlite::Error) -> bool {
+    matches!(e, rusqlite::Error::SqliteFailure(f, _) if f.code == ErrorCode::ConstraintViolation)
+}
+
+/// E-tags unique across processes sharing one store: a random prefix per opened store and a
+/// counter.
+pub(super) struct Etags {
+    prefix: u64,
+    next: AtomicU64,
+}
+
+impl Etags {
+    pub fn new() -> Result<Self> {
+        let mut seed = [0u8; 8];
+        getrandom::getrandom(&mut seed).map_err(|e| generic(format!("no randomness: {e}")))?;
+        Ok(Self {
+            prefix: u64::from_le_bytes(seed),
+            next: AtomicU64::new(0),
+        })
+    }
+
+    fn next(&self) -> String {
+        format!(
+            "\"{:016x}-{:x}\"",
+            self.prefix,
+            self.next.fetch_add(1, Ordering::Relaxed)
+        )
+    }
+}
