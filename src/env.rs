@@ -38,11 +38,10 @@ impl Env {
             Some(location) => open_store_with(location, !global.no_fsync)?,
             None => {
                 let dir = global.data_dir.join("store");
-                let layout = match global.local_store {
-                    Some(crate::cli::LocalStore::Sqlite) => LocalLayout::Sqlite,
-                    Some(crate::cli::LocalStore::Files) => LocalLayout::Files,
-                    None => LocalLayout::of(&dir)?,
-                };
+                let layout = global.local_store.map(|l| match l {
+                    crate::cli::LocalStore::Sqlite => LocalLayout::Sqlite,
+                    crate::cli::LocalStore::Files => LocalLayout::Files,
+                });
                 open_local(&dir.to_string_lossy(), layout, !global.no_fsync)?
             }
         };

@@ -5,12 +5,25 @@ use std::process::{Command, Output};
 
 struct Cli {
     data: tempfile::TempDir,
+    /// `--local-store` for every command (none: the embedded default's choice).
+    layout: Option<&'static str>,
 }
 
 impl Cli {
+    /// A data directory whose store keeps a file per object: the tests read, damage and plant
+    /// objects on disk.
     fn new() -> Self {
         Cli {
             data: tempfile::tempdir().unwrap(),
+            layout: Some("files"),
+        }
+    }
+
+    /// A data directory as a user gets it (its store is the database).
+    fn on_default() -> Self {
+        Cli {
+            data: tempfile::tempdir().unwrap(),
+            layout: None,
         }
     }
 
@@ -23,7 +36,11 @@ impl Cli {
     /// The binary on this data directory, with no configuration from the environment.
     fn command(&self, args: &[&str]) -> Command {
         let mut command = Command::new(env!("CARGO_BIN_EXE_turnpike"));
-        command.arg("--data-dir").arg(self.data.path()).args(args);
+        command.arg("--data-dir").arg(self.data.path());
+        if let Some(layout) = self.layout {
+            command.args(["--local-store", layout]);
+        }
+        command.args(args);
         for (key, _) in std::env::vars() {
             if key.starts_with("TURNPIKE_") || key.starts_with("AWS_") {
                 command.env_remove(key);
@@ -778,7 +795,7 @@ async fn repair_waits_for_the_lease_so_no_turn_appends_while_it_rewrites() {
 #[test]
 fn a_batch_reported_appended_is_on_disk_when_the_process_is_killed_right_after() {
     use std::io::BufRead as _;
-    let cli = Cli::new();
+    let cli = Cli::on_default();
     // `created <id>` is printed once the opening batch is appended (and synced): kill the
     // process the moment the line arrives, wherever it is.
     let mut child = cli
@@ -798,7 +815,21 @@ fn a_batch_reported_appended_is_on_disk_when_the_process_is_killed_right_after()
     }
     let _ = child.wait();
     let conv = conv.expect("the conversation was created");
-    let batch = std::fs::read(cli.batch_path(&conv, 0)).expect("the opening batch is on disk");
+    let store = cli.data.path().join("store");
+    assert!(store.join("objects.sqlite").is_file(), "the default store");
+    let batch = tokio::runtime::Runtime::new().unwrap().block_on(async {
+        use object_store::ObjectStoreExt as _;
+        let store = turnpike_artifactory::open_store(store.to_str().unwrap()).unwrap();
+        let prefix = turnpike_artifactory::ConversationPrefix::new(
+            "default".parse().unwrap(),
+            conv.parse().unwrap(),
+        );
+        let got = store.get(&prefix.record_batch(0)).await;
+        got.expect("the opening batch is on disk")
+            .bytes()
+            .await
+            .unwrap()
+    });
     assert!(
         String::from_utf8_lossy(&batch).contains("conversation_opened"),
         "{}",

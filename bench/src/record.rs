@@ -87,7 +87,7 @@ pub async fn run(n: u64, dir: Option<std::path::PathBuf>, fsync: bool) -> Result
     let store: Arc<dyn ObjectStore> = Arc::new(LocalFileSystem::new_with_prefix(&floor_dir)?);
     let record_store = turnpike_artifactory::open_local(
         tmp.path().join("record").to_str().context("a UTF-8 path")?,
-        turnpike_artifactory::LocalLayout::Sqlite,
+        Some(turnpike_artifactory::LocalLayout::Sqlite),
         fsync,
     )?;
     let signer = RecordSigner::generate()?;

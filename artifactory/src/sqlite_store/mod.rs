@@ -19,6 +19,7 @@
 //!
 //! Several processes may open the same directory (SQLite's locks order their writes).
 
+mod checkpoint;
 mod writer;
 
 use std::ops::Range;
@@ -64,6 +65,8 @@ struct Shared {
     readers: Mutex<Vec<Connection>>,
     writer: std::sync::mpsc::Sender<Job>,
     commits: Arc<AtomicU64>,
+    /// Dropped with the store: the checkpointer then ends.
+    _stop_checkpoints: std::sync::mpsc::Sender<()>,
 }
 
 impl std::fmt::Debug for SqliteStore {
@@ -93,13 +96,33 @@ fn now_ms() -> i64 {
 }
 
 fn open_connection(file: &FsPath, fsync: bool) -> rusqlite::Result<Connection> {
-    let conn = Connection::open(file)?;
+    use rusqlite::OpenFlags;
+    // No URI parsing: a directory named like `file:…?immutable=1` is a name, not options.
+    let conn = Connection::open_with_flags(
+        file,
+        OpenFlags::SQLITE_OPEN_READ_WRITE
+            | OpenFlags::SQLITE_OPEN_CREATE
+            | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )?;
     conn.busy_timeout(BUSY_TIMEOUT)?;
     // WAL: readers never wait for the writer, and a commit appends to one log. `NORMAL`
     // writes the log at commit (safe when the process dies) and flushes it at checkpoints;
     // `FULL` flushes it at every commit (safe when the power goes).
-    conn.pragma_update(None, "journal_mode", "WAL")?;
+    let mode: String =
+        conn.pragma_update_and_check(None, "journal_mode", "WAL", |row| row.get(0))?;
+    if !mode.eq_ignore_ascii_case("wal") {
+        return Err(rusqlite::Error::InvalidParameterName(format!(
+            "the database cannot keep a write-ahead log here (journal mode {mode})"
+        )));
+    }
     conn.pragma_update(None, "synchronous", if fsync { "FULL" } else { "NORMAL" })?;
+    if fsync {
+        // Where a plain fsync does not reach the platter (macOS), the full one.
+        conn.pragma_update(None, "fullfsync", "ON")?;
+        conn.pragma_update(None, "checkpoint_fullfsync", "ON")?;
+    }
+    // A log grown by a burst is cut back to this once checkpointed.
+    conn.pragma_update(None, "journal_size_limit", 64i64 << 20)?;
     Ok(conn)
 }
 
@@ -107,27 +130,60 @@ impl SqliteStore {
     /// Opens (creating if absent) the store in directory `dir`, which must exist. With `fsync`,
     /// a write returns only once it is on stable storage.
     pub fn open(dir: impl AsRef<FsPath>, fsync: bool) -> Result<Self> {
+        Self::open_limited(dir, fsync, None)
+    }
+
+    /// [`Self::open`], with the writer's database bounded to `max_pages` pages (a full disk,
+    /// for tests).
+    fn open_limited(dir: impl AsRef<FsPath>, fsync: bool, max_pages: Option<i64>) -> Result<Self> {
         let file = dir.as_ref().join(FILE_NAME);
         let conn = open_connection(&file, fsync)
             .map_err(|e| generic(format!("cannot open {}: {e}", file.display())))?;
         conn.execute_batch(
+            // The data last: a listing reads the rest of a row without touching its bytes.
             "CREATE TABLE IF NOT EXISTS objects (
                 path TEXT PRIMARY KEY NOT NULL,
-                data BLOB NOT NULL,
+                size INTEGER NOT NULL,
                 etag TEXT NOT NULL,
-                modified_ms INTEGER NOT NULL
+                modified_ms INTEGER NOT NULL,
+                data BLOB NOT NULL
             )",
         )
         .map_err(|e| generic(format!("cannot prepare {}: {e}", file.display())))?;
+        // The writer never checkpoints; the checkpointer below does, off its thread.
+        conn.pragma_update(None, "wal_autocheckpoint", 0)
+            .map_err(|e| generic(format!("cannot prepare {}: {e}", file.display())))?;
+        if let Some(pages) = max_pages {
+            conn.pragma_update(None, "max_page_count", pages)
+                .map_err(|e| generic(e.to_string()))?;
+        }
+        let checkpointer = open_connection(&file, fsync)
+            .map_err(|e| generic(format!("cannot open {}: {e}", file.display())))?;
         let etags = Arc::new(Etags::new()?);
         let commits = Arc::new(AtomicU64::new(0));
         let (send, receive) = std::sync::mpsc::channel();
         {
             let commits = commits.clone();
+            let reopen = {
+                let file = file.clone();
+                move || {
+                    let conn = open_connection(&file, fsync)?;
+                    conn.pragma_update(None, "wal_autocheckpoint", 0)?;
+                    Ok(conn)
+                }
+            };
             std::thread::Builder::new()
                 .name("turnpike-store-writer".into())
-                .spawn(move || writer::run(conn, receive, etags, commits))
+                .spawn(move || writer::run(conn, reopen, receive, etags, commits))
                 .map_err(|e| generic(format!("cannot start the store's writer: {e}")))?;
+        }
+        let (stop_checkpoints, checkpoints_stop) = std::sync::mpsc::channel();
+        {
+            let commits = commits.clone();
+            std::thread::Builder::new()
+                .name("turnpike-store-checkpoint".into())
+                .spawn(move || checkpoint::run(checkpointer, checkpoints_stop, commits))
+                .map_err(|e| generic(format!("cannot start the store's checkpointer: {e}")))?;
         }
         Ok(Self {
             shared: Arc::new(Shared {
@@ -136,6 +192,7 @@ impl SqliteStore {
                 readers: Mutex::new(Vec::new()),
                 writer: send,
                 commits,
+                _stop_checkpoints: stop_checkpoints,
             }),
         })
     }
@@ -171,7 +228,9 @@ impl SqliteStore {
                     .map_err(|e| generic(format!("cannot open a reader: {e}")))?,
             };
             let out = read(&mut conn);
-            if let Ok(mut idle) = shared.readers.lock() {
+            // Only a connection outside any transaction goes back (else it would read an old
+            // snapshot for good).
+            if let (true, Ok(mut idle)) = (conn.is_autocommit(), shared.readers.lock()) {
                 if idle.len() < MAX_IDLE_READERS {
                     idle.push(conn);
                 }
@@ -197,11 +256,11 @@ impl SqliteStore {
             // Two statements, so that each is a plain range scan of the key index.
             let mut statement = match &high {
                 Some(_) => conn.prepare_cached(
-                    "SELECT path, length(data), etag, modified_ms FROM objects
+                    "SELECT path, size, etag, modified_ms FROM objects
                      WHERE path > ?1 AND path < ?2 ORDER BY path LIMIT ?3",
                 ),
                 None => conn.prepare_cached(
-                    "SELECT path, length(data), etag, modified_ms FROM objects
+                    "SELECT path, size, etag, modified_ms FROM objects
                      WHERE path > ?1 AND ?2 IS NULL ORDER BY path LIMIT ?3",
                 ),
             }
@@ -343,9 +402,7 @@ impl ObjectStore for SqliteStore {
             .read(move |conn| {
                 let tx = conn.transaction().map_err(|e| generic(e.to_string()))?;
                 let row = tx
-                    .prepare_cached(
-                        "SELECT length(data), etag, modified_ms FROM objects WHERE path = ?1",
-                    )
+                    .prepare_cached("SELECT size, etag, modified_ms FROM objects WHERE path = ?1")
                     .and_then(|mut s| {
                         s.query_row(params![path.as_ref()], |row| {
                             Ok((
@@ -396,7 +453,7 @@ impl ObjectStore for SqliteStore {
         self.read(move |conn| {
             let tx = conn.transaction().map_err(|e| generic(e.to_string()))?;
             let size = tx
-                .prepare_cached("SELECT length(data) FROM objects WHERE path = ?1")
+                .prepare_cached("SELECT size FROM objects WHERE path = ?1")
                 .and_then(|mut s| {
                     s.query_row(params![path.as_ref()], |r| r.get::<_, i64>(0))
                         .optional()
@@ -424,8 +481,9 @@ impl ObjectStore for SqliteStore {
         locations: BoxStream<'static, Result<Path>>,
     ) -> BoxStream<'static, Result<Path>> {
         let shared = self.shared.clone();
+        // Many deletes in flight at once, so that they share commits.
         locations
-            .then(move |location| {
+            .map(move |location| {
                 let store = SqliteStore {
                     shared: shared.clone(),
                 };
@@ -439,6 +497,7 @@ impl ObjectStore for SqliteStore {
                     Ok(location)
                 }
             })
+            .buffered(64)
             .boxed()
     }
 

@@ -349,3 +349,101 @@ async fn two_processes_creating_the_same_keys_each_key_has_exactly_one_winner() 
         assert_eq!(&got[..], want, "key {i}");
     }
 }
+
+#[tokio::test]
+async fn the_log_is_checkpointed_into_the_database_off_the_writers_thread() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open(dir.path(), false).unwrap();
+    let db = dir.path().join(FILE_NAME);
+    let size = || std::fs::metadata(&db).unwrap().len();
+    let before = size();
+    for i in 0..300 {
+        store
+            .put(
+                &Path::from(format!("c/{i}")),
+                PutPayload::from(vec![7u8; 4096]),
+            )
+            .await
+            .unwrap();
+    }
+    // The writer never checkpoints (its automatic checkpoints are off): only the checkpointer
+    // moves the log's pages into the database file.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while size() < before + 300 * 4096 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the log was not checkpointed: {} bytes",
+            size()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let got = store
+        .get(&Path::from("c/299"))
+        .await
+        .unwrap()
+        .bytes()
+        .await
+        .unwrap();
+    assert_eq!(got.len(), 4096);
+}
+
+#[tokio::test]
+async fn on_a_full_disk_a_write_is_reported_written_exactly_when_it_is() {
+    let dir = tempfile::tempdir().unwrap();
+    // About 400 KiB of database at most.
+    let store = SqliteStore::open_limited(dir.path(), false, Some(100)).unwrap();
+    store
+        .put(&Path::from("before"), PutPayload::from(vec![1u8; 1000]))
+        .await
+        .unwrap();
+    // A group of writes in which one cannot fit.
+    let blocker = Connection::open(dir.path().join(FILE_NAME)).unwrap();
+    blocker.execute_batch("BEGIN IMMEDIATE").unwrap();
+    let put = |key: &'static str, size: usize, mode: PutMode| {
+        let store = &store;
+        async move {
+            store
+                .put_opts(
+                    &Path::from(key),
+                    PutPayload::from(vec![2u8; size]),
+                    mode.into(),
+                )
+                .await
+        }
+    };
+    let writes = futures::future::join4(
+        put("small-1", 100, PutMode::Create),
+        put("huge", 1 << 20, PutMode::Overwrite),
+        put("small-2", 100, PutMode::Create),
+        put("before", 100, PutMode::Overwrite),
+    );
+    futures::pin_mut!(writes);
+    assert!(futures::poll!(writes.as_mut()).is_pending());
+    blocker.execute_batch("COMMIT").unwrap();
+    let (one, huge, two, over) = writes.await;
+    assert!(huge.is_err(), "a megabyte fit in 400 KiB");
+    // Each write is reported written exactly when it is there.
+    for (key, result, size) in [
+        ("small-1", &one, 100),
+        ("huge", &huge, 1 << 20),
+        ("small-2", &two, 100),
+    ] {
+        let found = store.head(&Path::from(key)).await;
+        assert_eq!(
+            result.is_ok(),
+            found.is_ok(),
+            "{key}: {result:?} / {found:?}"
+        );
+        if let Ok(meta) = found {
+            assert_eq!(meta.size, size);
+        }
+    }
+    let before = store.head(&Path::from("before")).await.unwrap();
+    assert_eq!(before.size, if over.is_ok() { 100 } else { 1000 });
+    // The writer goes on: a write that fits is written.
+    store
+        .put(&Path::from("after"), PutPayload::from(vec![3u8; 100]))
+        .await
+        .unwrap();
+    assert_eq!(store.head(&Path::from("after")).await.unwrap().size, 100);
+}

@@ -2,10 +2,11 @@
 //! commits every write waiting for it in one transaction (group commit).
 //!
 //! Contract: a job's reply is sent only after the transaction holding it committed (with the
-//! store's durability: fsync of the write-ahead log, or the OS page cache); a job whose own
-//! statement failed gets its error and changes nothing, and the others in its group still
-//! commit. A failed commit fails every job of the group. When the store is dropped the channel
-//! closes, the thread finishes what it was sent, and ends.
+//! store's durability: fsync of the write-ahead log, or the OS page cache); a job that failed
+//! gets its error and changes nothing, and the others in its group still commit. A failed
+//! commit, or a transaction the database itself gave up (disk full, I/O error), fails every job
+//! of the group and writes none of them. When the store is dropped the channel closes, the
+//! thread finishes what it was sent, and ends.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, TryRecvError};
@@ -56,9 +57,11 @@ pub(super) struct Job {
     pub reply: tokio::sync::oneshot::Sender<Reply>,
 }
 
-/// Runs the writer until every sender is gone.
+/// Runs the writer until every sender is gone. `reopen` gives a fresh connection when the one
+/// in hand is left in an unknown state (a failed rollback, a panic).
 pub(super) fn run(
     mut conn: Connection,
+    reopen: impl Fn() -> rusqlite::Result<Connection>,
     jobs: Receiver<Job>,
     etags: Arc<Etags>,
     commits: Arc<AtomicU64>,
@@ -71,7 +74,29 @@ pub(super) fn run(
                 Err(TryRecvError::Empty | TryRecvError::Disconnected) => break,
             }
         }
-        let replies = commit(&mut conn, &group, &etags);
+        let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            commit(&mut conn, &group, &etags)
+        }));
+        let replies = match outcome {
+            Ok(replies) => replies,
+            Err(_) => {
+                tracing::error!("the local store's writer panicked; its group is not written");
+                group
+                    .iter()
+                    .map(|_| Err(generic("not written: the store's writer failed")))
+                    .collect()
+            }
+        };
+        // Never go on inside a transaction nobody will finish: roll it back, or start over
+        // with a new connection.
+        if !conn.is_autocommit() && conn.execute_batch("ROLLBACK").is_err() {
+            match reopen() {
+                Ok(fresh) => conn = fresh,
+                Err(e) => {
+                    tracing::error!(error = %e, "the local store's writer cannot reopen its database");
+                }
+            }
+        }
         commits.fetch_add(1, Ordering::Relaxed);
         for (job, reply) in group.into_iter().zip(replies) {
             // The caller may have gone (a dropped future): the write stands anyway.
@@ -80,23 +105,46 @@ pub(super) fn run(
     }
 }
 
-/// Applies `group` in one transaction; one reply per job.
+/// Applies `group` in one transaction; one reply per job. Each job runs inside a savepoint: a
+/// job whose statements fail is undone whole (a rename never half done) and the others go on.
+/// Where SQLite itself ended the transaction (a full disk, an I/O error), every job of the
+/// group, those before included, is reported not written, and the rest are not run.
 fn commit(conn: &mut Connection, group: &[Job], etags: &Etags) -> Vec<Reply> {
-    let tx = match conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate) {
-        Ok(tx) => tx,
-        Err(e) => return group.iter().map(|_| Err(generic(e.to_string()))).collect(),
+    let not_written = |why: &str| -> Vec<Reply> {
+        group
+            .iter()
+            .map(|_| Err(generic(format!("not written: {why}"))))
+            .collect()
     };
-    let mut replies: Vec<Reply> = group.iter().map(|job| apply(&tx, &job.op, etags)).collect();
-    if let Err(e) = tx.commit() {
-        let message = format!("the commit failed: {e}");
-        for reply in &mut replies {
-            *reply = Err(generic(message.clone()));
+    if let Err(e) = conn.execute_batch("BEGIN IMMEDIATE") {
+        return not_written(&e.to_string());
+    }
+    let mut replies = Vec::with_capacity(group.len());
+    for job in group {
+        if let Err(e) = conn.execute_batch("SAVEPOINT job") {
+            return not_written(&format!("the transaction failed: {e}"));
         }
+        let reply = apply(conn, &job.op, etags);
+        if conn.is_autocommit() {
+            return not_written("the transaction was rolled back by the database");
+        }
+        let settled = if reply.is_ok() {
+            conn.execute_batch("RELEASE job")
+        } else {
+            conn.execute_batch("ROLLBACK TO job; RELEASE job")
+        };
+        if let Err(e) = settled {
+            return not_written(&format!("the transaction failed: {e}"));
+        }
+        replies.push(reply);
+    }
+    if let Err(e) = conn.execute_batch("COMMIT") {
+        return not_written(&format!("the commit failed: {e}"));
     }
     replies
 }
 
-fn apply(tx: &rusqlite::Transaction<'_>, op: &Op, etags: &Etags) -> Reply {
+fn apply(tx: &Connection, op: &Op, etags: &Etags) -> Reply {
     let now = now_ms();
     match op {
         Op::Put { path, data, mode } => {
@@ -106,19 +154,22 @@ fn apply(tx: &rusqlite::Transaction<'_>, op: &Op, etags: &Etags) -> Reply {
             let changed = match mode {
                 PutMode::Overwrite => tx
                     .prepare_cached(
-                        "INSERT INTO objects (path, data, etag, modified_ms) VALUES (?1, ?2, ?3, ?4)
+                        "INSERT INTO objects (path, data, etag, modified_ms, size)
+                         VALUES (?1, ?2, ?3, ?4, length(?2))
                          ON CONFLICT (path) DO UPDATE SET data = excluded.data,
-                           etag = excluded.etag, modified_ms = excluded.modified_ms",
+                           size = excluded.size, etag = excluded.etag,
+                           modified_ms = excluded.modified_ms",
                     )
                     .and_then(|mut s| s.execute(params![key, blob, etag, now])),
                 PutMode::Create => tx
                     .prepare_cached(
-                        "INSERT INTO objects (path, data, etag, modified_ms) VALUES (?1, ?2, ?3, ?4)",
+                        "INSERT INTO objects (path, data, etag, modified_ms, size)
+                         VALUES (?1, ?2, ?3, ?4, length(?2))",
                     )
                     .and_then(|mut s| s.execute(params![key, blob, etag, now])),
                 PutMode::Update(expected) => tx
                     .prepare_cached(
-                        "UPDATE objects SET data = ?2, etag = ?3, modified_ms = ?4
+                        "UPDATE objects SET data = ?2, size = length(?2), etag = ?3, modified_ms = ?4
                          WHERE path = ?1 AND etag = ?5",
                     )
                     .and_then(|mut s| s.execute(params![key, blob, etag, now, expected])),
@@ -149,13 +200,14 @@ fn apply(tx: &rusqlite::Transaction<'_>, op: &Op, etags: &Etags) -> Reply {
         } => {
             let etag = etags.next();
             let sql = if *create {
-                "INSERT INTO objects (path, data, etag, modified_ms)
-                 SELECT ?2, data, ?3, ?4 FROM objects WHERE path = ?1"
+                "INSERT INTO objects (path, data, etag, modified_ms, size)
+                 SELECT ?2, data, ?3, ?4, size FROM objects WHERE path = ?1"
             } else {
-                "INSERT INTO objects (path, data, etag, modified_ms)
-                 SELECT ?2, data, ?3, ?4 FROM objects WHERE path = ?1
+                "INSERT INTO objects (path, data, etag, modified_ms, size)
+                 SELECT ?2, data, ?3, ?4, size FROM objects WHERE path = ?1
                  ON CONFLICT (path) DO UPDATE SET data = excluded.data,
-                   etag = excluded.etag, modified_ms = excluded.modified_ms"
+                   size = excluded.size, etag = excluded.etag,
+                   modified_ms = excluded.modified_ms"
             };
             let copied = tx
                 .prepare_cached(sql)
