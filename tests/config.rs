@@ -63,6 +63,7 @@ fn sample(key: &str) -> toml::Value {
     let s = |v: &str| toml::Value::String(v.into());
     match key {
         "store" => s("memory://"),
+        "local-store" => s("sqlite"),
         "nats-url" => s("nats://127.0.0.1:4222"),
         "database-url" => s("postgres://app:secret@127.0.0.1:5432/turnpike"),
         "embeddings-url" => s("http://127.0.0.1:9/v1"),

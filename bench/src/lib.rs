@@ -20,7 +20,7 @@
 
 pub mod cell;
 
-/// The store a benchmark writes to: a local filesystem under a fresh folder in `dir` (or the
+/// The store a benchmark writes to: the embedded default's local store under a fresh folder in `dir` (or the
 /// system's temporary folder), or the object store at `url`. Returns the folder (kept as long
 /// as the store is used), the store, and where it is, for the report.
 pub fn bench_store(
@@ -37,14 +37,20 @@ pub fn bench_store(
     };
     let (store, place): (std::sync::Arc<dyn object_store::ObjectStore>, String) = match url {
         Some(url) => (turnpike_artifactory::open_store(&url)?, url),
+        // The embedded default's store: one SQLite database (without fsync: the benches
+        // measure reads and the work around them).
         None => {
             let root = tmp.path().join("store");
-            std::fs::create_dir_all(&root)?;
+            let root = root
+                .to_str()
+                .ok_or_else(|| anyhow::anyhow!("the temporary folder is not UTF-8"))?;
             (
-                std::sync::Arc::new(object_store::local::LocalFileSystem::new_with_prefix(
-                    &root,
-                )?),
-                format!("local filesystem at {}", root.display()),
+                turnpike_artifactory::open_local(
+                    root,
+                    Some(turnpike_artifactory::LocalLayout::Sqlite),
+                    false,
+                )?,
+                format!("the embedded default's local store (one SQLite database) at {root}"),
             )
         }
     };

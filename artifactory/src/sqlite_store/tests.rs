@@ -191,10 +191,10 @@ fn child_writer() {
     let (dir, mode) = spec.split_once(':').unwrap();
     let runtime = tokio::runtime::Runtime::new().unwrap();
     runtime.block_on(async {
-        let store = SqliteStore::open(dir, false).unwrap();
+        let store = SqliteStore::open(dir, mode.ends_with("-fsync")).unwrap();
         match mode {
             // Writes forever; each acknowledged key is printed.
-            "endless" => {
+            "endless" | "endless-fsync" => {
                 for i in 0u64.. {
                     store
                         .put_opts(
@@ -257,8 +257,14 @@ fn start_child(dir: &FsPath, mode: &str) -> std::process::Child {
 
 #[tokio::test]
 async fn every_acknowledged_write_survives_a_kill_9_of_the_writing_process() {
+    for mode in ["endless", "endless-fsync"] {
+        killed_mid_stream(mode).await;
+    }
+}
+
+async fn killed_mid_stream(mode: &str) {
     let dir = tempfile::tempdir().unwrap();
-    let mut child = start_child(dir.path(), "endless");
+    let mut child = start_child(dir.path(), mode);
     let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
     let mut acked = 0u64;
     while acked < 300 {
