@@ -400,6 +400,34 @@ impl ObjectStore for SqliteStore {
         let path = location.clone();
         let found = self
             .read(move |conn| {
+                // A whole object (the common read): one statement, which is atomic by itself.
+                if options.range.is_none() && !options.head {
+                    let row = conn
+                        .prepare_cached(
+                            "SELECT size, etag, modified_ms, data FROM objects WHERE path = ?1",
+                        )
+                        .and_then(|mut s| {
+                            s.query_row(params![path.as_ref()], |row| {
+                                Ok((
+                                    row.get::<_, i64>(0)?,
+                                    row.get::<_, String>(1)?,
+                                    row.get::<_, i64>(2)?,
+                                    bytes_of(row.get_ref(3)?),
+                                ))
+                            })
+                            .optional()
+                        })
+                        .map_err(|e| generic(e.to_string()))?;
+                    let Some((size, etag, modified, data)) = row else {
+                        return Err(not_found(&path));
+                    };
+                    let meta = meta(path.clone(), size, etag, modified);
+                    options.check_preconditions(&meta)?;
+                    let range = 0..meta.size;
+                    return Ok((meta, range, data));
+                }
+                // A part of it, or its metadata: the size first, then the bytes, in one read
+                // transaction.
                 let tx = conn.transaction().map_err(|e| generic(e.to_string()))?;
                 let row = tx
                     .prepare_cached("SELECT size, etag, modified_ms FROM objects WHERE path = ?1")
@@ -576,17 +604,20 @@ fn read_range(tx: &rusqlite::Transaction<'_>, path: &Path, range: &Range<u64>) -
     statement
         .query_row(
             params![path.as_ref(), range.start as i64 + 1, len as i64],
-            |row| {
-                // `substr` of an empty blob is an empty text (or null), not a blob.
-                Ok(match row.get_ref(0)? {
-                    ValueRef::Blob(bytes) | ValueRef::Text(bytes) => Bytes::copy_from_slice(bytes),
-                    _ => Bytes::new(),
-                })
-            },
+            |row| Ok(bytes_of(row.get_ref(0)?)),
         )
         .optional()
         .map_err(|e| generic(e.to_string()))?
         .ok_or_else(|| not_found(path))
+}
+
+/// The bytes of a stored value: `substr` of an empty blob is an empty text (or null), not a
+/// blob.
+fn bytes_of(value: ValueRef<'_>) -> Bytes {
+    match value {
+        ValueRef::Blob(bytes) | ValueRef::Text(bytes) => Bytes::copy_from_slice(bytes),
+        _ => Bytes::new(),
+    }
 }
 
 /// A multipart upload: parts are kept in memory and written as one object on completion.
