@@ -79,11 +79,7 @@ pub fn open_store_with(location: &str, fsync: bool) -> Result<Arc<dyn ObjectStor
             format!("{location:?}: unsupported store (use a path, file://, sqlite://, s3:// or memory://)"),
         ));
     }
-    open_local(
-        location,
-        LocalLayout::of(std::path::Path::new(location))?,
-        fsync,
-    )
+    open_local(location, None, fsync)
 }
 
 /// How a local store keeps its objects.
