@@ -215,7 +215,14 @@ async fn the_console_in_a_browser_against_a_fleet_of_two_routers() {
 fn project_versions_show_what_the_record_names_to_those_who_may_read_it() {
     use turnpike_tests::edge::{create, say, wait_for_complete_turns, ALICE_OF_BETA};
     let apps = turnpike_tests::edge::writer_apps();
-    let server = Server::start(&binary(), Some(apps.path()), &[], false).unwrap();
+    // A ref is planted on disk: a file per object, not the database.
+    let server = Server::start(
+        &binary(),
+        Some(apps.path()),
+        &["--local-store", "files"],
+        false,
+    )
+    .unwrap();
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
         let alice = server.client(ALICE);

@@ -178,12 +178,8 @@ async fn a_conversation_over_http_with_a_stream_dropped_mid_turn_misses_nothing(
     let apps = apps_dir();
     let admin_port = turnpike_tests::services::free_port().unwrap();
     let admin_listen = format!("127.0.0.1:{admin_port}");
-    // On the embedded default's database (the harness otherwise keeps a file per object).
-    let server = server(
-        apps.path(),
-        &["--admin-listen", &admin_listen, "--local-store", "sqlite"],
-        true,
-    );
+    // On the embedded default's store (the database, for a new data directory).
+    let server = server(apps.path(), &["--admin-listen", &admin_listen], true);
     let admin = Client::new(&format!("http://{admin_listen}"), "");
     let alice = server.client(ALICE);
 
@@ -563,7 +559,8 @@ fn every_operation(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn another_identity_gets_404_for_everything_of_a_conversation_it_may_not_see() {
     let apps = apps_dir();
-    let server = server(apps.path(), &[], false);
+    // Objects are counted on disk: a file per object, not the database.
+    let server = server(apps.path(), &["--local-store", "files"], false);
     let alice = server.client(ALICE);
     let bob = server.client(BOB);
     let id = create(&alice, "echo").await;
@@ -736,7 +733,12 @@ async fn another_identity_gets_404_for_everything_of_a_conversation_it_may_not_s
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn oversized_and_malformed_requests_get_a_clear_4xx_and_write_nothing() {
     let apps = apps_dir();
-    let server = server(apps.path(), &["--rate-per-second", "0"], false);
+    // Objects are counted on disk: a file per object, not the database.
+    let server = server(
+        apps.path(),
+        &["--rate-per-second", "0", "--local-store", "files"],
+        false,
+    );
     let alice = server.client(ALICE);
     let id = create(&alice, "echo").await;
     let before = files_under(&server.store_dir());
@@ -1164,8 +1166,8 @@ impl Chat {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_chat_client_talks_streams_answers_cards_and_reconnects_by_itself() {
     let apps = apps_dir();
-    // On the database, across a restart.
-    let mut server = server(apps.path(), &["--local-store", "sqlite"], false);
+    // On the default store, across a restart.
+    let mut server = server(apps.path(), &[], false);
     let mut chat = Chat::start(
         &server.base,
         ALICE,
@@ -1324,7 +1326,8 @@ async fn questions_are_answered_agents_switched_and_compaction_asked_for_over_ht
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nothing_crosses_a_tenant_lookups_admins_grants_and_idempotency_keys() {
     let apps = apps_dir();
-    let server = server(apps.path(), &[], false);
+    // A directory entry is damaged on disk: a file per object, not the database.
+    let server = server(apps.path(), &["--local-store", "files"], false);
     let alice = server.client(ALICE);
     let id = create(&alice, "echo").await;
 

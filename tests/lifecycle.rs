@@ -16,6 +16,9 @@ use turnpike_tests::process::Process;
 
 const LONG: Duration = Duration::from_secs(90);
 
+/// These tests read and damage objects on disk: a file per object, not the database.
+const FILES: &[&str] = &["--local-store", "files"];
+
 fn binary() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_turnpike"))
 }
@@ -76,7 +79,7 @@ fn tombstone(store: &Path, id: &str) -> Value {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn erasure_removes_a_conversation_from_every_store_and_leaves_a_tombstone() {
     let apps = apps();
-    let mut server = Server::start(&binary(), Some(apps.path()), &[], true).unwrap();
+    let mut server = Server::start(&binary(), Some(apps.path()), FILES, true).unwrap();
     let store = server.store_dir();
     let alice = server.client(ALICE);
     let mine = conversation(&alice, "Keep the blue folder.").await;
@@ -209,7 +212,7 @@ async fn a_deletion_cut_short_by_a_crash_is_finished_by_the_next_sweep() {
     let mut server = Server::start(
         &binary(),
         Some(apps.path()),
-        &["--sweep-every-ms", "500"],
+        &["--sweep-every-ms", "500", "--local-store", "files"],
         true,
     )
     .unwrap();
@@ -298,7 +301,14 @@ async fn retention_deletes_closed_conversations_and_a_malformed_setting_deletes_
     let server = Server::start(
         &binary(),
         Some(apps.path()),
-        &["--retention", "1s", "--sweep-every-ms", "200"],
+        &[
+            "--retention",
+            "1s",
+            "--sweep-every-ms",
+            "200",
+            "--local-store",
+            "files",
+        ],
         false,
     )
     .unwrap();
@@ -345,6 +355,8 @@ async fn retention_deletes_closed_conversations_and_a_malformed_setting_deletes_
             "200",
             "--admin-listen",
             &admin_listen,
+            "--local-store",
+            "files",
         ],
         false,
         &[("RUST_LOG", "warn,turnpike_worker::worker=debug".to_owned())],
@@ -389,7 +401,7 @@ async fn retention_deletes_closed_conversations_and_a_malformed_setting_deletes_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_user_erases_everything_of_theirs_and_nothing_of_anyone_elses() {
     let apps = apps();
-    let server = Server::start(&binary(), Some(apps.path()), &[], false).unwrap();
+    let server = Server::start(&binary(), Some(apps.path()), FILES, false).unwrap();
     let store = server.store_dir();
     let (alice, bob) = (server.client(ALICE), server.client(BOB));
     let bobs = [
@@ -427,7 +439,7 @@ async fn a_user_erases_everything_of_theirs_and_nothing_of_anyone_elses() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn operators_see_phases_and_what_is_degraded() {
     let apps = apps();
-    let mut server = Server::start(&binary(), Some(apps.path()), &[], false).unwrap();
+    let mut server = Server::start(&binary(), Some(apps.path()), FILES, false).unwrap();
     let store = server.store_dir();
     let alice = server.client(ALICE);
     let idle = conversation(&alice, "Idle one.").await;

@@ -95,11 +95,6 @@ impl Server {
             tokens.display().to_string(),
         ]);
         args.extend(extra.iter().map(|s| s.to_string()));
-        // Tests that read, damage or plant objects on disk need a file per object; a test
-        // passes `--local-store sqlite` to run on the embedded default's database instead.
-        if !extra.contains(&"--local-store") {
-            args.extend(["--local-store".into(), "files".into()]);
-        }
         let mut envs = vec![("RUST_LOG", "warn".to_owned())];
         let model = crate::index::model_dir().display().to_string();
         envs.push((
