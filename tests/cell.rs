@@ -330,7 +330,8 @@ async fn without_a_sandbox_exec_refuses_and_runs_nothing() {
         error.contains("exec is not available") && error.contains("sandbox"),
         "{error}"
     );
-    // Nothing ran: no version with a result file.
+    // Nothing ran: no version with a result file (read once the turn is promoted).
+    rig.wait_settled().await;
     let lineage =
         turnpike_artifactory::git::Lineage::new(rig.conversations.store().clone(), rig.prefix());
     assert_eq!(
@@ -421,7 +422,8 @@ async fn special_files_links_and_trees_past_the_quota_fail_the_turn_and_commit_n
             })
             .unwrap();
         assert!(error.contains(reason), "{word}: {error}");
-        // Nothing of it was committed as a version.
+        // Nothing of it was committed as a version (read once the turn is promoted).
+        rig.wait_settled().await;
         assert_eq!(
             lineage.ref_of(TurnId::new(n).unwrap()).await.unwrap(),
             None,

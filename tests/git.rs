@@ -321,6 +321,8 @@ async fn successful_turns_publish_versions_and_cancelled_ones_publish_nothing() 
     rig.wait_turns(1).await;
     rig.say("extend it").await;
     rig.wait_turns(2).await;
+    // A turn's ref is promoted just after its commit: read refs once the worker is done.
+    rig.wait_settled().await;
     let v1 = lineage.ref_of(turn(1)).await.unwrap().unwrap();
     let v2 = lineage.ref_of(turn(2)).await.unwrap().unwrap();
     assert_ne!(v1, v2);
@@ -349,12 +351,14 @@ async fn successful_turns_publish_versions_and_cancelled_ones_publish_nothing() 
     rig.wait_dispatched(3).await;
     rig.send(EventBody::Stop { reason: None }).await;
     rig.wait_turns(3).await;
+    rig.wait_settled().await;
     assert_eq!(rig.log(3).await.outcome, TurnOutcome::Cancelled);
     assert_eq!(lineage.ref_of(turn(3)).await.unwrap(), None);
 
     // A later turn checks out an old version.
     rig.say("show the old version").await;
     rig.wait_turns(4).await;
+    rig.wait_settled().await;
     let listing = replies(&rig.log(4).await).join("");
     assert!(
         listing.contains("src/a.txt") && !listing.contains("src/b.txt"),

@@ -817,6 +817,7 @@ async fn a_retried_turn_names_its_own_version_and_the_first_attempt_is_unreachab
         .expect("turn 1 is complete");
     let version = complete.version.expect("the retry made a version");
     // The ref is the retry's, named by the record; the retry was another attempt.
+    rig.wait_settled().await;
     assert_eq!(lineage.ref_of(TurnId::FIRST).await.unwrap(), Some(version));
     let all = attempts_of_turn_1(store.clone(), rig.prefix()).await;
     assert_eq!(all.len(), 2, "{all:?}");
@@ -1109,5 +1110,70 @@ async fn an_owner_killed_between_keeping_a_dead_letter_and_recording_it_is_finis
         .collect();
     assert_eq!(parkings, [parked], "parked once");
     assert_eq!(letters.list(&rig.prefix()).await.unwrap().len(), 1);
+    rig.stop().await;
+}
+
+const ANSWER: &str = "[[turn]]\n[[turn.step]]\ntext = \"answer to {last_user}\"\n";
+
+/// Messages waiting on a lane are each read once by their owner, not again for every turn
+/// ahead of them (and not again by each turn's lane watch or its rounds): the reads of a burst
+/// grow with the burst, not with its square.
+#[tokio::test]
+async fn a_burst_of_messages_is_read_from_the_lane_once_each() {
+    const BURST: usize = 12;
+    let mut rig = Rig::with(RigOptions {
+        paused: true,
+        ..RigOptions::new(ANSWER)
+    })
+    .await;
+    let words: Vec<String> = (1..=BURST).map(|i| format!("word {i:02}")).collect();
+    for word in &words {
+        rig.say(word).await;
+    }
+    rig.run();
+    rig.wait_turns(BURST as u64).await;
+    rig.wait_settled().await;
+    for (n, word) in words.iter().enumerate() {
+        let log = rig.log(n as u64 + 1).await;
+        assert_eq!(replies(&log), [format!("answer to {word}")]);
+    }
+    let counted = rig.lane_reads.counted();
+    eprintln!("lane reads for {BURST} messages: {counted:?}");
+    // Every message is read by the drain once. A turn's watch and rounds read only what may
+    // fold into it: here, the next message at most once, and only while the drain's first read
+    // (bounded by the wakes it held) had not reached it. Reading the pending messages again
+    // for each turn would return 12 × 13 / 2 = 78 of them, in a read per turn or more.
+    assert!(
+        counted.messages <= BURST + 2 && counted.reads <= BURST,
+        "{counted:?} for {BURST} messages"
+    );
+    rig.stop().await;
+}
+
+/// A message that arrives after an owner's drain ended and before it let go of the lease is
+/// taken by the owner's re-read of the lane after its release (DESIGN, step 9), not when its
+/// wake — put off because the lease was still held — comes back ten minutes later.
+#[tokio::test]
+async fn a_message_sent_while_the_owner_lets_go_is_taken_by_its_re_read_after_the_release() {
+    use turnpike_worker::failpoints::Action;
+    let mut rig = Rig::with(RigOptions {
+        paused: true,
+        busy_delay: Duration::from_secs(600),
+        ..RigOptions::new(ANSWER)
+    })
+    .await;
+    rig.run_with(
+        turnpike_worker::Failpoints::default()
+            .with("before-release", Action::Pause(Duration::from_millis(1500))),
+    );
+    rig.say("one").await;
+    rig.wait_turns(1).await;
+    // The owner is done (its drain saw the lane quiet) and pauses before releasing the lease:
+    // this message's wake finds the lease held and is put off.
+    rig.say("two").await;
+    rig.wait_turns(2).await;
+    assert_eq!(replies(&rig.log(2).await), ["answer to two"]);
+    let counted = rig.lane_reads.counted();
+    assert!(counted.heads >= 1, "{counted:?}");
     rig.stop().await;
 }

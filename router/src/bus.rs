@@ -216,7 +216,10 @@ pub trait Bus: Send + Sync + 'static {
 
     /// A signal each time something is put on `conversation`'s lane from now on (advisory: a
     /// signal may be missed or spurious; the lane is the truth). A turn watching its lane reads
-    /// it on a signal instead of polling. The default never signals (readers poll).
+    /// it on a signal instead of polling. The watch is in place for every request this bus
+    /// sends after the call returns, so a lane read made after it sees, or is followed by a
+    /// signal for, everything put on the lane (short of a missed signal). The default never
+    /// signals (readers poll).
     async fn lane_signals(&self, conversation: ConversationId) -> Result<BoxStream<'static, ()>> {
         let _ = conversation;
         Ok(futures::stream::pending().boxed())

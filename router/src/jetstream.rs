@@ -888,13 +888,15 @@ impl Bus for JetStreamBus {
         &self,
         conversation: ConversationId,
     ) -> Result<futures::stream::BoxStream<'static, ()>> {
-        // JetStream messages are delivered to core subscribers of their subject too.
+        // JetStream messages are delivered to core subscribers of their subject too. No flush:
+        // the server handles a connection's commands in order, so the subscription is in place
+        // before any request this bus sends after it (a lane read included), which is what the
+        // contract asks; a flush would cost a round trip per turn.
         let subscriber = self
-            .subscribed(
-                self.config.shards.lane_subject(conversation),
-                "watching a lane",
-            )
-            .await?;
+            .client
+            .subscribe(self.config.shards.lane_subject(conversation))
+            .await
+            .map_err(|e| unavailable("watching a lane", e))?;
         Ok(subscriber.map(|_| ()).boxed())
     }
 

@@ -149,6 +149,7 @@ async fn close_if_due(
         resolver: inner.resolver.in_tenant(&entry.tenant),
         marked: Default::default(),
         dispatched_ms: Default::default(),
+        lane: Default::default(),
         fence: Fence::new(lease.expires_ms, inner.config.renew_every),
     };
     env.record.finish_repair().await?;

@@ -110,10 +110,11 @@ impl OwnerSlot {
 /// after it, up to the next message. Events with no message behind them yet make a turn of
 /// their own. A turn's inputs all come from one identity (the first event's; stops excepted):
 /// another participant's event starts the next turn, so nobody's words run as someone else.
-fn next_inputs(pending: Vec<LaneMessage>) -> (bool, Vec<LaneMessage>) {
+/// Returns whether they are stops only, and how many of the first messages they are.
+fn next_inputs(pending: &[LaneMessage]) -> (bool, usize) {
     let stops_only = matches!(pending[0].event.body, EventBody::Stop { .. });
-    let sender = pending[0].event.address.identity.clone();
-    let mut out = Vec::new();
+    let sender = &pending[0].event.address.identity;
+    let mut taken = 0;
     let mut seen_message = false;
     for m in pending {
         let is_stop = matches!(m.event.body, EventBody::Stop { .. });
@@ -121,18 +122,20 @@ fn next_inputs(pending: Vec<LaneMessage>) -> (bool, Vec<LaneMessage>) {
         if (stops_only && !is_stop) || (!stops_only && seen_message && is_message) {
             break;
         }
-        if !stops_only && !is_stop && m.event.address.identity != sender {
+        if !stops_only && !is_stop && &m.event.address.identity != sender {
             break;
         }
         seen_message |= is_message;
-        out.push(m);
+        taken += 1;
     }
-    (stops_only, out)
+    (stops_only, taken)
 }
 
 /// Runs turns until the lane is drained; returns the final head. The first read stops at the
 /// highest sequence known from the held wakes (or `known_last`), which saves a round trip before
-/// the first turn starts; later reads go to the end of the lane.
+/// the first turn starts; later reads go to the end of the lane. What is read past a turn's
+/// inputs is kept for the turns after it (and handed to the turn's lane watch), and a turn whose
+/// lane watch saw the lane end quiet ends the drain without another read.
 async fn drain(
     env: &TurnEnv,
     slot: &OwnerSlot,
@@ -173,6 +176,10 @@ async fn drain(
         // Anything else (the store is away): not now; nothing new runs before it is done.
         Err(e) => return Err(e),
     }
+    // Lane messages read past the record, in lane order (a lane message never changes): each is
+    // read once per drain, not again for every turn ahead of it.
+    let mut ahead: Vec<LaneMessage> = Vec::new();
+    *env.lane.lock().expect("lane lock") = Default::default();
     let mut first = true;
     loop {
         slot.settle(head.state()).await;
@@ -185,25 +192,47 @@ async fn drain(
             env.end_drain().await;
             return Ok(head);
         }
-        let known = slot.max_seq().await.max(known_last);
-        let until = (first && known > head.state().lane_through).then_some(known);
-        first = false;
-        let pending = match env
-            .bus
-            .read_lane(conversation, head.state().lane_through, until, 64)
-            .await
+        let lane_through = head.state().lane_through;
+        ahead.retain(|m| m.seq > lane_through);
+        // The last turn's lane watch saw the lane end with nothing signalled since, and no wake
+        // says more: drained, without asking the bus once more. (A signal can be missed; the
+        // re-read after the release, step 9, takes the lane again then.)
+        let quiet = env.lane.lock().expect("lane lock").quiet_through.take();
+        if ahead.is_empty()
+            && quiet.is_some_and(|q| q <= lane_through)
+            && slot.max_seq().await.max(known_last) <= lane_through
         {
-            Ok(pending) => pending,
-            // A message this binary cannot read (a newer kind, mid-upgrade): set it aside.
-            Err(e) if e.kind() == ErrorKind::Unreadable => {
-                let unreadable = e.unreadable().expect("unreadable errors carry the message");
-                let letter = crate::parking::Letter::of_unreadable(unreadable);
-                head = crate::parking::park(env, &head, vec![letter]).await?;
-                continue;
+            env.end_drain().await;
+            return Ok(head);
+        }
+        // Read (once a pass) when nothing is ahead, or when what is ahead may be only the start
+        // of the next turn's inputs (events behind them would join it).
+        if ahead.is_empty() || (ahead.len() < LANE_READ && next_inputs(&ahead).1 == ahead.len()) {
+            let after = ahead.last().map_or(lane_through, |m| m.seq);
+            // The first read stops at the highest sequence known from the held wakes (or
+            // `known_last`), which saves a round trip before the first turn starts.
+            let known = slot.max_seq().await.max(known_last);
+            let until = (first && ahead.is_empty() && known > lane_through).then_some(known);
+            first = false;
+            match env
+                .bus
+                .read_lane(conversation, after, until, LANE_READ - ahead.len())
+                .await
+            {
+                Ok(more) => ahead.extend(more),
+                // A message this binary cannot read (a newer kind, mid-upgrade): set it aside
+                // once it is the next one.
+                Err(e) if e.kind() == ErrorKind::Unreadable && ahead.is_empty() => {
+                    let unreadable = e.unreadable().expect("unreadable errors carry the message");
+                    let letter = crate::parking::Letter::of_unreadable(unreadable);
+                    head = crate::parking::park(env, &head, vec![letter]).await?;
+                    continue;
+                }
+                Err(e) if e.kind() == ErrorKind::Unreadable => {}
+                Err(e) => return Err(e.into()),
             }
-            Err(e) => return Err(e.into()),
-        };
-        if pending.is_empty() {
+        }
+        if ahead.is_empty() {
             env.end_drain().await;
             return Ok(head);
         }
@@ -211,7 +240,8 @@ async fn drain(
             // Closed as idle: the next event reopens it (recorded), then is taken as usual.
             head = env.append(&head, &[crate::idle::reopening()]).await?;
         }
-        let (stops_only, inputs) = next_inputs(pending);
+        let (stops_only, taken) = next_inputs(&ahead);
+        let inputs: Vec<LaneMessage> = ahead.drain(..taken).collect();
         if stops_only {
             let bodies: Vec<EntryBody> = inputs
                 .iter()
@@ -227,9 +257,13 @@ async fn drain(
             };
             continue;
         }
+        env.lane.lock().expect("lane lock").after_inputs = ahead.clone();
         head = run_new_turn(env, head, inputs, epoch).await?;
     }
 }
+
+/// The most lane messages an owner holds read ahead of its record.
+const LANE_READ: usize = 64;
 
 /// Owns a conversation from a claimed lease until its lane is drained and no one else holds it.
 pub(crate) async fn own(
@@ -249,6 +283,7 @@ pub(crate) async fn own(
         resolver: worker.resolver.in_tenant(&tenant),
         marked: Default::default(),
         dispatched_ms: Default::default(),
+        lane: Default::default(),
         fence: Fence::new(lease.expires_ms, worker.config.renew_every),
     };
     // However the owner ends — a panic included — its slot is forgotten, so later wakes for
@@ -436,8 +471,9 @@ mod tests {
     }
 
     fn split(kinds: &[&str]) -> (bool, Vec<u64>) {
-        let (stops, inputs) = next_inputs(lane(kinds));
-        (stops, inputs.iter().map(|m| m.seq).collect())
+        let pending = lane(kinds);
+        let (stops, taken) = next_inputs(&pending);
+        (stops, pending[..taken].iter().map(|m| m.seq).collect())
     }
 
     #[test]
@@ -454,8 +490,12 @@ mod tests {
     #[test]
     fn another_participants_events_start_their_own_turn() {
         let split = |kinds: &[&str], others: &[usize]| {
-            let (stops, inputs) = next_inputs(lane_of(kinds, others));
-            (stops, inputs.iter().map(|m| m.seq).collect::<Vec<_>>())
+            let pending = lane_of(kinds, others);
+            let (stops, taken) = next_inputs(&pending);
+            (
+                stops,
+                pending[..taken].iter().map(|m| m.seq).collect::<Vec<_>>(),
+            )
         };
         // A follow-up of someone else is not folded into the message's turn.
         assert_eq!(split(&["m", "f", "f"], &[1]), (false, vec![1]));

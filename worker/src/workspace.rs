@@ -1,45 +1,98 @@
-//! The turn's workspace: a fresh directory on the executing machine, deleted when the turn
-//! ends — after success, error, cancellation (the turn's future is dropped) or a panic
-//! (unwinding drops it). Nothing in it outlives the turn; durable results go to the stores.
+//! The turn's workspace: a fresh directory on the executing machine, made when the turn first
+//! uses it and deleted when the turn ends — after success, error, cancellation (the turn's
+//! future is dropped) or a panic (unwinding drops it). Nothing in it outlives the turn; durable
+//! results go to the stores. A turn that never uses it (a reply without tools) makes no
+//! directory at all: creating and deleting one costs a file system two inodes and a block.
 
 use std::io;
 use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 
 use turnpike_schemas::{ConversationId, TurnId};
 
-/// A turn's private directory; removed on drop.
+/// A turn's private directory, made on first use; removed on drop.
 #[derive(Debug)]
 pub struct Workspace {
-    dir: Option<tempfile::TempDir>,
+    /// Where it is, or will be once used: a fresh name under the root.
+    path: PathBuf,
+    /// Set by the first [`Workspace::path`]: whether making the directory worked.
+    made: OnceLock<Result<(), String>>,
 }
 
 impl Workspace {
-    /// Creates a fresh directory under `root` (created if absent), named after the turn.
-    pub fn create(root: &Path, conversation: ConversationId, turn: TurnId) -> io::Result<Self> {
-        std::fs::create_dir_all(root)?;
-        let dir = tempfile::Builder::new()
-            .prefix(&format!("{conversation}-{turn}-"))
-            .tempdir_in(root)?;
-        Ok(Workspace { dir: Some(dir) })
+    /// Names a fresh directory under `root` (named after the turn, with a random part); nothing
+    /// is made until [`Workspace::path`] is first called.
+    pub fn new(root: &Path, conversation: ConversationId, turn: TurnId) -> Self {
+        Workspace {
+            path: root.join(format!("{conversation}-{turn}-{}", ulid::Ulid::new())),
+            made: OnceLock::new(),
+        }
     }
 
-    /// The directory.
+    /// The directory, made (private to this user) on the first call. When it cannot be made,
+    /// the path is still returned (what uses it fails) and [`Workspace::error`] says why.
     pub fn path(&self) -> &Path {
-        self.dir
-            .as_ref()
-            .expect("a live workspace has its directory")
-            .path()
+        self.made.get_or_init(|| {
+            make(&self.path).map_err(|e| {
+                format!(
+                    "cannot create a workspace under {}: {e}",
+                    self.path.parent().unwrap_or(Path::new("/")).display()
+                )
+            })
+        });
+        &self.path
+    }
+
+    /// Whether the turn used its workspace (and it was made): one never used holds nothing to
+    /// audit or commit.
+    pub fn is_made(&self) -> bool {
+        matches!(self.made.get(), Some(Ok(())))
+    }
+
+    /// Why the workspace could not be made, when the turn asked for it and it could not.
+    pub fn error(&self) -> Option<&str> {
+        match self.made.get() {
+            Some(Err(why)) => Some(why),
+            _ => None,
+        }
     }
 
     /// Removes the directory off the async threads (large trees take a while); dropping the
     /// workspace removes it too, synchronously.
     pub async fn remove(mut self) -> io::Result<()> {
-        let Some(dir) = self.dir.take() else {
+        if self.made.take().is_none() {
             return Ok(());
-        };
-        tokio::task::spawn_blocking(move || dir.close())
+        }
+        let path = std::mem::take(&mut self.path);
+        tokio::task::spawn_blocking(move || remove_tree(&path))
             .await
             .map_err(io::Error::other)?
+    }
+}
+
+impl Drop for Workspace {
+    fn drop(&mut self) {
+        // Also after a failed make: whatever a tool made at the path goes too.
+        if self.made.get().is_some() {
+            let _ = remove_tree(&self.path);
+        }
+    }
+}
+
+/// Makes a workspace directory (its root too, if absent), readable by this user only.
+fn make(path: &Path) -> io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt as _;
+    if let Some(root) = path.parent() {
+        std::fs::create_dir_all(root)?;
+    }
+    std::fs::DirBuilder::new().mode(0o700).create(path)
+}
+
+/// Removes a tree; one that is not there is removed already.
+fn remove_tree(path: &Path) -> io::Result<()> {
+    match std::fs::remove_dir_all(path) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        other => other,
     }
 }
 
@@ -152,7 +205,7 @@ mod tests {
     use std::time::Duration;
 
     fn make(root: &Path) -> (Workspace, PathBuf) {
-        let ws = Workspace::create(root, ConversationId::new(), TurnId::FIRST).unwrap();
+        let ws = Workspace::new(root, ConversationId::new(), TurnId::FIRST);
         std::fs::create_dir_all(ws.path().join("deep/er")).unwrap();
         std::fs::write(ws.path().join("deep/er/file.txt"), b"x").unwrap();
         let path = ws.path().to_path_buf();
@@ -204,6 +257,41 @@ mod tests {
         assert!(audit(ws.path(), quota)
             .unwrap_err()
             .contains("more than 100 bytes"));
+    }
+
+    #[tokio::test]
+    async fn a_workspace_is_made_private_on_first_use_and_never_when_unused() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let root = tempfile::tempdir().unwrap();
+        let unused = Workspace::new(
+            &root.path().join("ws"),
+            ConversationId::new(),
+            TurnId::FIRST,
+        );
+        assert!(!unused.is_made());
+        unused.remove().await.unwrap();
+        assert!(!root.path().join("ws").exists(), "nothing was made");
+        let used = Workspace::new(
+            &root.path().join("ws"),
+            ConversationId::new(),
+            TurnId::FIRST,
+        );
+        let path = used.path().to_path_buf();
+        assert!(used.is_made() && used.error().is_none());
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o700);
+        assert_eq!(used.path(), path, "made once");
+        used.remove().await.unwrap();
+        assert!(!path.exists());
+        // A root that cannot hold it: the error says so, and the path is still given.
+        let file = root.path().join("file");
+        std::fs::write(&file, b"x").unwrap();
+        let blocked = Workspace::new(&file, ConversationId::new(), TurnId::FIRST);
+        let _ = blocked.path();
+        assert!(!blocked.is_made());
+        assert!(blocked
+            .error()
+            .is_some_and(|e| e.contains("cannot create a workspace under")));
     }
 
     #[tokio::test]

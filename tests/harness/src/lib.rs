@@ -7,6 +7,7 @@
 //! - [`process`]: turnpike processes, killable on demand
 //! - [`stores`]: object store backends for the shared suites (memory, local filesystem, S3)
 //! - [`counting`]: an object store that counts reads, for bounded-cost tests
+//! - [`counting_bus`]: a bus that counts lane reads, for tests of how often workers ask it
 //! - [`faulty`]: an object store that stops writing after a budget, as a killed process would
 //! - [`git`]: the real `git` binary, for checking exports and mirrors
 //! - [`index`]: the real embedding model for index tests
@@ -16,6 +17,7 @@
 //! - [`lanes`]: publishing many events and checking they were committed in order, once
 
 pub mod counting;
+pub mod counting_bus;
 pub mod edge;
 pub mod faulty;
 pub mod fixtures;

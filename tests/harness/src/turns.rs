@@ -17,6 +17,7 @@ use turnpike_worker::tools::Tool;
 use turnpike_worker::{Apps, Failpoints, Registry, Worker, WorkerConfig, WorkerPool};
 
 use crate::counting::CountingStore;
+use crate::counting_bus::CountingBus;
 use crate::fixtures::{owner, signer, tenant};
 use crate::lanes::{create_conversations, wait_for_turns};
 
@@ -48,6 +49,8 @@ pub struct RigOptions {
     pub index: Option<turnpike_index::Index>,
     /// How often a running turn polls its lane besides the bus's signals.
     pub lane_poll: Duration,
+    /// How long a wake is put off when another owner holds its conversation.
+    pub busy_delay: Duration,
 }
 
 impl RigOptions {
@@ -68,6 +71,7 @@ impl RigOptions {
             cell: false,
             index: None,
             lane_poll: Duration::from_millis(10),
+            busy_delay: Duration::from_millis(50),
         }
     }
 }
@@ -75,6 +79,8 @@ impl RigOptions {
 /// One conversation (app `support`, agent `helper`, owned by the fixture owner) and a worker.
 pub struct Rig {
     pub counting: Arc<CountingStore>,
+    /// The worker's bus, counting its lane reads.
+    pub lane_reads: Arc<CountingBus>,
     make_worker: Box<dyn Fn(Failpoints) -> Worker + Send + Sync>,
     _dir: TempDir,
     pub bus: Arc<dyn Bus>,
@@ -117,7 +123,7 @@ impl Rig {
         let store: Arc<dyn ObjectStore> = counting.clone();
         let conversations = Conversations::new(store);
         // A crashed worker's wakes come back after the ack wait: keep it near the lease TTL.
-        let bus: Arc<dyn Bus> = EmbeddedBus::open(
+        let embedded: Arc<dyn Bus> = EmbeddedBus::open(
             &dir.path().join("bus.redb"),
             EmbeddedConfig {
                 ack_wait: options.lease_ttl * 2,
@@ -125,9 +131,12 @@ impl Rig {
             },
         )
         .unwrap();
+        let lane_reads = CountingBus::new(embedded);
+        let bus: Arc<dyn Bus> = lane_reads.clone();
         let workspaces = dir.path().join("workspaces");
         let ttl = options.lease_ttl;
         let lane_poll = options.lane_poll;
+        let busy_delay = options.busy_delay;
         let git_remote = options.git_remote.clone();
         let cell: Result<Arc<turnpike_worker::cell::Cell>, String> = if options.cell {
             turnpike_worker::cell::Cell::detect(turnpike_worker::cell::CellConfig::default())
@@ -160,7 +169,7 @@ impl Rig {
                         lane_poll,
                         lease_ttl: ttl,
                         renew_every: ttl / 3,
-                        busy_delay: Duration::from_millis(50),
+                        busy_delay,
                         failpoints,
                         git_remote: git_remote.clone(),
                         ..WorkerConfig::default()
@@ -180,6 +189,7 @@ impl Rig {
         }
         let mut rig = Rig {
             counting,
+            lane_reads,
             make_worker: Box::new(make_worker),
             _dir: dir,
             bus,
@@ -207,9 +217,12 @@ impl Rig {
     /// Starts a fresh worker that hangs at the failpoint `name` (see
     /// [`turnpike_worker::failpoints`]).
     pub fn run_hanging_at(&mut self, name: &str) {
+        self.run_with(Failpoints::default().with(name, turnpike_worker::failpoints::Action::Hang));
+    }
+
+    /// Starts a fresh worker with `failpoints`.
+    pub fn run_with(&mut self, failpoints: Failpoints) {
         assert!(self.pool.is_none(), "a worker is already running");
-        let failpoints =
-            Failpoints::default().with(name, turnpike_worker::failpoints::Action::Hang);
         self.pool = Some(WorkerPool::start([(self.make_worker)(failpoints)]));
     }
 
@@ -263,6 +276,19 @@ impl Rig {
         wait_for_turns(&self.conversations, &[self.conv], n, LONG)
             .await
             .unwrap();
+    }
+
+    /// Waits until the worker is done with every turn it committed: the open-turn mark it sets
+    /// before a drain's first batch one is cleared once the drain ends with each turn promoted
+    /// (a turn's canonical objects, its version's ref among them, are written just after its
+    /// commit, so a reader of those keys waits for this, not only for [`Self::wait_turns`]).
+    pub async fn wait_settled(&self) {
+        let open_turns = self.conversations.open_turns();
+        let deadline = Instant::now() + LONG;
+        while open_turns.is_marked(&self.prefix()).await.unwrap() {
+            assert!(Instant::now() < deadline, "the conversation never settled");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
     }
 
     pub fn prefix(&self) -> ConversationPrefix {

@@ -37,13 +37,8 @@ pub(super) async fn finish_turn(
     let identity = first.address.identity.clone();
     let route = env.apps.route(env.record.prefix().tenant(), &app, &agent);
     let app_agents = env.apps.agents_of(&app);
-    let workspace =
-        Workspace::create(&env.config.workspace_root, conversation, turn).map_err(|e| {
-            Error::workspace(format!(
-                "cannot create a workspace under {}: {e}",
-                env.config.workspace_root.display()
-            ))
-        })?;
+    // Made when the turn first uses it (most replies never do).
+    let workspace = Workspace::new(&env.config.workspace_root, conversation, turn);
     let reach =
         crate::reach::Reach::new(&env.directory, env.record.prefix().tenant(), conversation);
     let blocks: Vec<Block> = inputs
@@ -133,12 +128,16 @@ pub(super) async fn finish_turn(
     if failure.is_none() && matches!(outcome, TurnOutcome::Replied | TurnOutcome::Parked) {
         // What generated code left must be plain files within the quota before any of it is
         // committed (or even opened): a FIFO, a link or a huge tree fails the turn instead.
-        let root = ctx.workspace.path().to_path_buf();
-        let quota = env.config.workspace_quota;
-        match tokio::task::spawn_blocking(move || crate::workspace::audit(&root, quota)).await {
-            Ok(Ok(_)) => {}
-            Ok(Err(why)) => failure = Some(why),
-            Err(e) => failure = Some(format!("checking the workspace failed: {e}")),
+        if let Some(why) = ctx.workspace.error() {
+            failure = Some(why.to_owned());
+        } else if ctx.workspace.is_made() {
+            let root = ctx.workspace.path().to_path_buf();
+            let quota = env.config.workspace_quota;
+            match tokio::task::spawn_blocking(move || crate::workspace::audit(&root, quota)).await {
+                Ok(Ok(_)) => {}
+                Ok(Err(why)) => failure = Some(why),
+                Err(e) => failure = Some(format!("checking the workspace failed: {e}")),
+            }
         }
     }
     if failure.is_none() && matches!(outcome, TurnOutcome::Replied | TurnOutcome::Parked) {
@@ -176,6 +175,7 @@ pub(super) async fn finish_turn(
     let hosted = hosted.into_inner();
     let intents = intents.into_inner().expect("intents lock");
     let stop_cause = watch.cause();
+    env.lane.lock().expect("lane lock").quiet_through = watch.seen().quiet_through;
     drop(watch);
     drop(deltas);
     let _ = forwarder.await;
@@ -313,7 +313,9 @@ async fn publish_version(
     ctx: &TurnContext<'_>,
 ) -> Result<Option<turnpike_schemas::ProjectVersion>> {
     ctx.env.fence.check()?;
-    let empty = std::fs::read_dir(ctx.workspace.path()).map_or(true, |mut d| d.next().is_none());
+    // A workspace never used holds nothing (asking for its path would make it).
+    let empty = !ctx.workspace.is_made()
+        || std::fs::read_dir(ctx.workspace.path()).map_or(true, |mut d| d.next().is_none());
     if empty && ctx.project.get().is_none() {
         // Nothing made and nothing opened: the project (if any) is unchanged.
         return Ok(ctx.base_version);

@@ -152,13 +152,19 @@ impl TurnContext<'_> {
     pub async fn commit_arrivals(&self) -> Result<Vec<Event>> {
         let conversation = self.env.record.prefix().conversation();
         let head = self.head.lock().expect("head lock").clone();
-        let arrived = self
-            .env
-            .bus
-            .read_lane(conversation, head.state().lane_through, None, 64)
-            .await;
+        // The watch already saw that the next message is not this turn's: nothing to fold.
+        if self.watch.seen().blocked_after == Some(head.state().lane_through) {
+            return Ok(Vec::new());
+        }
+        let arrived = super::lane_watch::read_folding(
+            self.env.bus.as_ref(),
+            conversation,
+            head.state().lane_through,
+            &self.identity,
+        )
+        .await;
         let arrived = match arrived {
-            Ok(arrived) => arrived,
+            Ok((arrived, _)) => arrived,
             // Parked by the owner once the turn is over; nothing to fold now.
             Err(e) if e.kind() == turnpike_router::ErrorKind::Unreadable => Vec::new(),
             Err(e) => return Err(e.into()),

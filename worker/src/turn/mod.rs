@@ -69,6 +69,21 @@ pub struct TurnEnv {
     pub fence: crate::fence::Fence,
     /// When this owner dispatched the turn it runs (ms; 0: none), for the turn's duration.
     pub dispatched_ms: std::sync::atomic::AtomicU64,
+    /// What the owner knows of the lane past the record, handed between its drain and the
+    /// running turn's lane watch so neither reads a message the other already read.
+    pub lane: std::sync::Mutex<LaneAhead>,
+}
+
+/// The lane past the record, as far as the owner has read it (see [`TurnEnv::lane`]).
+#[derive(Debug, Default)]
+pub struct LaneAhead {
+    /// Set by the drain before a turn starts: the lane's messages that directly follow the
+    /// turn's inputs, in lane order (the lane watch takes them instead of reading them again).
+    pub after_inputs: Vec<turnpike_router::LaneMessage>,
+    /// Set when a turn's lane watch stops: the lane sequence through which its last read saw the
+    /// whole lane, when nothing was signalled after that read was sent. `None`: not known.
+    /// Advisory (a signal may be missed): the owner re-reads the lane after its release anyway.
+    pub quiet_through: Option<u64>,
 }
 
 impl std::ops::Deref for TurnEnv {

@@ -1,0 +1,155 @@
+//! A bus that counts lane reads, for tests of how often a worker asks the bus. It forwards
+//! everything to a real bus.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use futures::stream::BoxStream;
+use turnpike_router::bus::{Bus, LaneMessage, Lease, Published, Wake};
+use turnpike_router::usage::{Day, UsageScope, UsageTotals};
+use turnpike_router::{Heartbeat, Result};
+use turnpike_schemas::{ConversationId, Event, WorkerId};
+
+/// Counts lane reads ([`Bus::read_lane`]: the calls, and the messages they returned) and lane
+/// head reads ([`Bus::lane_last`]).
+pub struct CountingBus {
+    inner: Arc<dyn Bus>,
+    reads: AtomicUsize,
+    messages: AtomicUsize,
+    heads: AtomicUsize,
+}
+
+/// What a [`CountingBus`] counted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LaneReads {
+    /// `read_lane` calls.
+    pub reads: usize,
+    /// Messages those calls returned.
+    pub messages: usize,
+    /// `lane_last` calls.
+    pub heads: usize,
+}
+
+impl CountingBus {
+    pub fn new(inner: Arc<dyn Bus>) -> Arc<Self> {
+        Arc::new(Self {
+            inner,
+            reads: AtomicUsize::new(0),
+            messages: AtomicUsize::new(0),
+            heads: AtomicUsize::new(0),
+        })
+    }
+
+    /// What was counted so far.
+    pub fn counted(&self) -> LaneReads {
+        LaneReads {
+            reads: self.reads.load(Ordering::SeqCst),
+            messages: self.messages.load(Ordering::SeqCst),
+            heads: self.heads.load(Ordering::SeqCst),
+        }
+    }
+}
+
+#[async_trait]
+impl Bus for CountingBus {
+    async fn publish(&self, event: &Event) -> Result<Published> {
+        self.inner.publish(event).await
+    }
+
+    async fn read_lane(
+        &self,
+        conversation: ConversationId,
+        after: u64,
+        until: Option<u64>,
+        limit: usize,
+    ) -> Result<Vec<LaneMessage>> {
+        self.reads.fetch_add(1, Ordering::SeqCst);
+        let read = self
+            .inner
+            .read_lane(conversation, after, until, limit)
+            .await?;
+        self.messages.fetch_add(read.len(), Ordering::SeqCst);
+        Ok(read)
+    }
+
+    async fn republish(
+        &self,
+        conversation: ConversationId,
+        bytes: &[u8],
+        dedupe: &str,
+    ) -> Result<Published> {
+        self.inner.republish(conversation, bytes, dedupe).await
+    }
+
+    async fn lane_last(&self, conversation: ConversationId) -> Result<u64> {
+        self.heads.fetch_add(1, Ordering::SeqCst);
+        self.inner.lane_last(conversation).await
+    }
+
+    async fn pending_per_shard(&self) -> Result<Vec<(u32, u64)>> {
+        self.inner.pending_per_shard().await
+    }
+
+    async fn ping(&self) -> Result<()> {
+        self.inner.ping().await
+    }
+
+    async fn purge_lane(&self, conversation: ConversationId) -> Result<()> {
+        self.inner.purge_lane(conversation).await
+    }
+
+    async fn next_wake(&self) -> Result<Wake> {
+        self.inner.next_wake().await
+    }
+
+    async fn claim(
+        &self,
+        conversation: ConversationId,
+        worker: WorkerId,
+        ttl: Duration,
+    ) -> Result<Option<Lease>> {
+        self.inner.claim(conversation, worker, ttl).await
+    }
+
+    async fn renew(&self, lease: &Lease, ttl: Duration) -> Result<Lease> {
+        self.inner.renew(lease, ttl).await
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<()> {
+        self.inner.release(lease).await
+    }
+
+    async fn heartbeat(&self, beat: &Heartbeat) {
+        self.inner.heartbeat(beat).await
+    }
+
+    async fn heartbeats(&self, window: Duration) -> Result<Vec<Heartbeat>> {
+        self.inner.heartbeats(window).await
+    }
+
+    async fn lane_signals(&self, conversation: ConversationId) -> Result<BoxStream<'static, ()>> {
+        self.inner.lane_signals(conversation).await
+    }
+
+    async fn live(&self, conversation: ConversationId, payload: Bytes) {
+        self.inner.live(conversation, payload).await
+    }
+
+    async fn subscribe_live(
+        &self,
+        conversation: ConversationId,
+    ) -> Result<BoxStream<'static, Bytes>> {
+        self.inner.subscribe_live(conversation).await
+    }
+
+    async fn add_usage(&self, scope: &UsageScope, day: Day, delta: &UsageTotals) -> Result<()> {
+        self.inner.add_usage(scope, day, delta).await
+    }
+
+    async fn usage(&self, scope: &UsageScope, day: Day) -> Result<UsageTotals> {
+        self.inner.usage(scope, day).await
+    }
+}
