@@ -20,7 +20,6 @@ use std::time::Duration;
 use async_trait::async_trait;
 use bytes::Bytes;
 use futures::stream::BoxStream;
-use futures::StreamExt as _;
 use turnpike_schemas::{ConversationId, Event, TenantId, WorkerId};
 
 use crate::error::Result;
@@ -216,13 +215,17 @@ pub trait Bus: Send + Sync + 'static {
 
     /// A signal each time something is put on `conversation`'s lane from now on (advisory: a
     /// signal may be missed or spurious; the lane is the truth). A turn watching its lane reads
-    /// it on a signal instead of polling. The watch is in place for every request this bus
-    /// sends after the call returns, so a lane read made after it sees, or is followed by a
-    /// signal for, everything put on the lane (short of a missed signal). The default never
-    /// signals (readers poll).
+    /// it on a signal instead of polling. On one server, the watch is in place for every
+    /// request this bus sends after the call returns, so a lane read made after it sees, or is
+    /// followed by a signal for, everything put on the lane (short of a missed signal; in a
+    /// cluster, interest reaches the other servers a moment later). A bus that cannot signal
+    /// says so with an error (the default), and readers poll.
     async fn lane_signals(&self, conversation: ConversationId) -> Result<BoxStream<'static, ()>> {
         let _ = conversation;
-        Ok(futures::stream::pending().boxed())
+        Err(crate::Error::new(
+            crate::ErrorKind::Unavailable,
+            "this bus does not signal lane activity",
+        ))
     }
 
     /// Publishes an advisory message (a token delta, a "new rows" tick) on `tp.live.{conv}`.

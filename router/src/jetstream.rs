@@ -889,9 +889,11 @@ impl Bus for JetStreamBus {
         conversation: ConversationId,
     ) -> Result<futures::stream::BoxStream<'static, ()>> {
         // JetStream messages are delivered to core subscribers of their subject too. No flush:
-        // the server handles a connection's commands in order, so the subscription is in place
-        // before any request this bus sends after it (a lane read included), which is what the
-        // contract asks; a flush would cost a round trip per turn.
+        // the subscription and every later request go out on one connection, and the server
+        // handles a connection's commands in order, so it is in place before any request this
+        // bus sends after it (a lane read included), as the contract asks; a flush would cost a
+        // round trip per turn. (In a cluster, interest spreads to the other servers
+        // asynchronously, with or without a flush.)
         let subscriber = self
             .client
             .subscribe(self.config.shards.lane_subject(conversation))

@@ -194,12 +194,13 @@ async fn drain(
         }
         let lane_through = head.state().lane_through;
         ahead.retain(|m| m.seq > lane_through);
-        // The last turn's lane watch saw the lane end with nothing signalled since, and no wake
-        // says more: drained, without asking the bus once more. (A signal can be missed; the
-        // re-read after the release, step 9, takes the lane again then.)
+        // The last turn's lane watch saw the lane end right after what the record took, with
+        // nothing signalled since, and no wake says more: drained, without asking the bus once
+        // more. (Its view is from before batch two, and a signal can be missed: the re-read
+        // after the release, step 9, takes the lane again then.)
         let quiet = env.lane.lock().expect("lane lock").quiet_through.take();
         if ahead.is_empty()
-            && quiet.is_some_and(|q| q <= lane_through)
+            && quiet == Some(lane_through)
             && slot.max_seq().await.max(known_last) <= lane_through
         {
             env.end_drain().await;

@@ -51,6 +51,9 @@ const LIST_PAGE: usize = 1000;
 
 /// Read connections kept open for reuse.
 const MAX_IDLE_READERS: usize = 8;
+/// Whole objects up to this size are read on the calling thread when a reader is free (see
+/// [`SqliteStore::read_inline`]).
+const INLINE_READ: i64 = 16 << 10;
 
 /// How long a statement waits for another process's write lock before it fails.
 const BUSY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
@@ -242,6 +245,132 @@ impl SqliteStore {
         .map_err(|e| generic(format!("a read task failed: {e}")))?
     }
 
+    /// Runs `read` on the calling thread when a pooled read connection is free (`None`: none
+    /// is, or `read` declined; the caller goes through [`Self::read`]). For point reads that
+    /// answer from the page cache in microseconds — less than handing them to a blocking
+    /// thread and back costs.
+    fn read_inline<T>(
+        &self,
+        read: impl FnOnce(&mut Connection) -> Option<Result<T>>,
+    ) -> Option<Result<T>> {
+        let mut conn = self.shared.readers.lock().ok()?.pop()?;
+        let out = read(&mut conn);
+        if let (true, Ok(mut idle)) = (conn.is_autocommit(), self.shared.readers.lock()) {
+            if idle.len() < MAX_IDLE_READERS {
+                idle.push(conn);
+            }
+        }
+        out
+    }
+
+    /// A whole object of at most [`INLINE_READ`] bytes (or its absence), read on the calling
+    /// thread; `None` when it is larger or no reader is free.
+    fn get_small(&self, path: &Path, options: &GetOptions) -> Option<Result<(ObjectMeta, Bytes)>> {
+        self.read_inline(|conn| {
+            let row = conn
+                .prepare_cached(
+                    "SELECT size, etag, modified_ms, CASE WHEN size <= ?2 THEN data END
+                     FROM objects WHERE path = ?1",
+                )
+                .and_then(|mut s| {
+                    s.query_row(params![path.as_ref(), INLINE_READ], |row| {
+                        Ok((
+                            row.get::<_, i64>(0)?,
+                            row.get::<_, String>(1)?,
+                            row.get::<_, i64>(2)?,
+                            bytes_of(row.get_ref(3)?),
+                        ))
+                    })
+                    .optional()
+                })
+                .map_err(|e| generic(e.to_string()));
+            let (size, etag, modified, data) = match row {
+                Ok(Some(row)) => row,
+                Ok(None) => return Some(Err(not_found(path))),
+                Err(e) => return Some(Err(e)),
+            };
+            if size > INLINE_READ {
+                return None;
+            }
+            let meta = meta(path.clone(), size, etag, modified);
+            Some(options.check_preconditions(&meta).map(|()| (meta, data)))
+        })
+    }
+
+    /// [`ObjectStore::get_opts`] off the async threads: a whole object, a part of it, or its
+    /// metadata.
+    async fn get_whole_or_part(
+        &self,
+        path: Path,
+        options: GetOptions,
+    ) -> Result<(ObjectMeta, Range<u64>, Bytes)> {
+        self.read(move |conn| {
+            // A whole object (the common read): one statement, which is atomic by itself.
+            if options.range.is_none() && !options.head {
+                let row = conn
+                    .prepare_cached(
+                        "SELECT size, etag, modified_ms, data FROM objects WHERE path = ?1",
+                    )
+                    .and_then(|mut s| {
+                        s.query_row(params![path.as_ref()], |row| {
+                            Ok((
+                                row.get::<_, i64>(0)?,
+                                row.get::<_, String>(1)?,
+                                row.get::<_, i64>(2)?,
+                                bytes_of(row.get_ref(3)?),
+                            ))
+                        })
+                        .optional()
+                    })
+                    .map_err(|e| generic(e.to_string()))?;
+                let Some((size, etag, modified, data)) = row else {
+                    return Err(not_found(&path));
+                };
+                let meta = meta(path.clone(), size, etag, modified);
+                options.check_preconditions(&meta)?;
+                let range = 0..meta.size;
+                return Ok((meta, range, data));
+            }
+            // A part of it, or its metadata: the size first, then the bytes, in one read
+            // transaction.
+            let tx = conn.transaction().map_err(|e| generic(e.to_string()))?;
+            let row = tx
+                .prepare_cached("SELECT size, etag, modified_ms FROM objects WHERE path = ?1")
+                .and_then(|mut s| {
+                    s.query_row(params![path.as_ref()], |row| {
+                        Ok((
+                            row.get::<_, i64>(0)?,
+                            row.get::<_, String>(1)?,
+                            row.get::<_, i64>(2)?,
+                        ))
+                    })
+                    .optional()
+                })
+                .map_err(|e| generic(e.to_string()))?;
+            let Some((size, etag, modified)) = row else {
+                return Err(not_found(&path));
+            };
+            let meta = meta(path.clone(), size, etag, modified);
+            options.check_preconditions(&meta)?;
+            let range =
+                match &options.range {
+                    Some(range) => range.as_range(meta.size).map_err(|source| {
+                        object_store::Error::Generic {
+                            store: "Sqlite",
+                            source: Box::new(source),
+                        }
+                    })?,
+                    None => 0..meta.size,
+                };
+            if options.head {
+                return Ok((meta, range, Bytes::new()));
+            }
+            let data = read_range(&tx, &path, &range)?;
+            Ok((meta, range, data))
+        })
+        .await
+    }
+
     /// One page of the objects under `prefix` (as a directory) after `after`, in key order.
     async fn list_page(
         &self,
@@ -399,71 +528,16 @@ impl ObjectStore for SqliteStore {
 
     async fn get_opts(&self, location: &Path, options: GetOptions) -> Result<GetResult> {
         let path = location.clone();
-        let found = self
-            .read(move |conn| {
-                // A whole object (the common read): one statement, which is atomic by itself.
-                if options.range.is_none() && !options.head {
-                    let row = conn
-                        .prepare_cached(
-                            "SELECT size, etag, modified_ms, data FROM objects WHERE path = ?1",
-                        )
-                        .and_then(|mut s| {
-                            s.query_row(params![path.as_ref()], |row| {
-                                Ok((
-                                    row.get::<_, i64>(0)?,
-                                    row.get::<_, String>(1)?,
-                                    row.get::<_, i64>(2)?,
-                                    bytes_of(row.get_ref(3)?),
-                                ))
-                            })
-                            .optional()
-                        })
-                        .map_err(|e| generic(e.to_string()))?;
-                    let Some((size, etag, modified, data)) = row else {
-                        return Err(not_found(&path));
-                    };
-                    let meta = meta(path.clone(), size, etag, modified);
-                    options.check_preconditions(&meta)?;
-                    let range = 0..meta.size;
-                    return Ok((meta, range, data));
-                }
-                // A part of it, or its metadata: the size first, then the bytes, in one read
-                // transaction.
-                let tx = conn.transaction().map_err(|e| generic(e.to_string()))?;
-                let row = tx
-                    .prepare_cached("SELECT size, etag, modified_ms FROM objects WHERE path = ?1")
-                    .and_then(|mut s| {
-                        s.query_row(params![path.as_ref()], |row| {
-                            Ok((
-                                row.get::<_, i64>(0)?,
-                                row.get::<_, String>(1)?,
-                                row.get::<_, i64>(2)?,
-                            ))
-                        })
-                        .optional()
-                    })
-                    .map_err(|e| generic(e.to_string()))?;
-                let Some((size, etag, modified)) = row else {
-                    return Err(not_found(&path));
-                };
-                let meta = meta(path.clone(), size, etag, modified);
-                options.check_preconditions(&meta)?;
-                let range = match &options.range {
-                    Some(range) => range.as_range(meta.size).map_err(|source| {
-                        object_store::Error::Generic {
-                            store: "Sqlite",
-                            source: Box::new(source),
-                        }
-                    })?,
-                    None => 0..meta.size,
-                };
-                if options.head {
-                    return Ok((meta, range, Bytes::new()));
-                }
-                let data = read_range(&tx, &path, &range)?;
-                Ok((meta, range, data))
-            })
-            .await?;
+        let small = (options.range.is_none() && !options.head)
+            .then(|| self.get_small(&path, &options))
+            .flatten();
+        let found = match small {
+            Some(found) => found.map(|(meta, data)| {
+                let range = 0..meta.size;
+                (meta, range, data)
+            })?,
+            None => self.get_whole_or_part(path, options).await?,
+        };
         let (meta, range, data) = found;
         Ok(GetResult {
             payload: GetResultPayload::Stream(

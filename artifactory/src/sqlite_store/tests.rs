@@ -36,6 +36,45 @@ async fn the_synced_filesystem_store_passes_the_object_store_suite() {
     conformance(&store, false).await;
 }
 
+/// Small whole objects are read on the calling thread, larger ones off it: both give the same
+/// bytes, metadata and precondition checks, at either side of the limit.
+#[tokio::test]
+async fn whole_objects_read_alike_on_and_off_the_calling_thread() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open(dir.path(), false).unwrap();
+    let limit = INLINE_READ as usize;
+    for size in [0, 1, limit - 1, limit, limit + 1, 1 << 20] {
+        let path = Path::from(format!("objects/{size}"));
+        let bytes: Vec<u8> = (0..size).map(|i| (i % 251) as u8).collect();
+        let put = store.put(&path, bytes.clone().into()).await.unwrap();
+        // Twice: the first read may open the reader the second one finds pooled.
+        for _ in 0..2 {
+            let got = store.get(&path).await.unwrap();
+            assert_eq!(got.meta.size, size as u64);
+            assert_eq!(got.meta.e_tag, put.e_tag);
+            assert_eq!(got.range, 0..size as u64);
+            assert_eq!(got.bytes().await.unwrap(), bytes, "{size} bytes");
+        }
+        let stale = GetOptions {
+            if_match: Some("not-its-etag".into()),
+            ..Default::default()
+        };
+        let refused = store.get_opts(&path, stale).await.unwrap_err();
+        assert!(
+            matches!(refused, object_store::Error::Precondition { .. }),
+            "{size}: {refused:?}"
+        );
+        let fresh = GetOptions {
+            if_match: put.e_tag.clone(),
+            ..Default::default()
+        };
+        let got = store.get_opts(&path, fresh).await.unwrap();
+        assert_eq!(got.bytes().await.unwrap().len(), size);
+    }
+    let missing = store.get(&Path::from("objects/none")).await.unwrap_err();
+    assert!(matches!(missing, object_store::Error::NotFound { .. }));
+}
+
 async fn keys(store: &SqliteStore, prefix: Option<&str>) -> Vec<String> {
     let prefix = prefix.map(Path::from);
     let mut out: Vec<String> = store

@@ -37,7 +37,15 @@ pub(super) async fn finish_turn(
     let identity = first.address.identity.clone();
     let route = env.apps.route(env.record.prefix().tenant(), &app, &agent);
     let app_agents = env.apps.agents_of(&app);
-    // Made when the turn first uses it (most replies never do).
+    // Made when the turn first uses it (most replies never do); its root is checked now, so a
+    // worker that cannot keep workspaces at all stops before anything runs (and the turn is
+    // retried), as when every workspace was made up front.
+    std::fs::create_dir_all(&env.config.workspace_root).map_err(|e| {
+        Error::workspace(format!(
+            "cannot create a workspace under {}: {e}",
+            env.config.workspace_root.display()
+        ))
+    })?;
     let workspace = Workspace::new(&env.config.workspace_root, conversation, turn);
     let reach =
         crate::reach::Reach::new(&env.directory, env.record.prefix().tenant(), conversation);

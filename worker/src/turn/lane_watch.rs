@@ -52,9 +52,9 @@ const LANE_READ: usize = 64;
 
 /// Reads the lane after `after` as far as it concerns a turn of `identity`: the messages that
 /// fold into it, then the first one that does not (if there is one; it ends the read). The
-/// second value says whether the read saw the lane's end. One message is asked for first, so a
-/// lane whose next message is not the turn's costs one message read, not every message
-/// pending behind it.
+/// second value says whether the read saw the lane's end (an empty answer). One message is
+/// asked for first, so a lane whose next message is not the turn's costs one message read, not
+/// every message pending behind it.
 pub(super) async fn read_folding(
     bus: &dyn Bus,
     conversation: turnpike_schemas::ConversationId,
@@ -74,7 +74,9 @@ pub(super) async fn read_folding(
             }
             Err(e) => return Err(e),
         };
-        let whole = read.len() < limit;
+        // Only an empty read proves the lane's end: a short one may have stopped before a
+        // message this binary cannot read.
+        let whole = read.is_empty();
         for m in read {
             let folds = folds_into(identity, &m.event);
             out.push(m);
