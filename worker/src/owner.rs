@@ -16,7 +16,7 @@ use turnpike_schemas::{EntryBody, EventBody, TenantId};
 
 use crate::error::{Error, Result};
 use crate::fence::Fence;
-use crate::turn::{finish_promotion, recover_turn, run_new_turn, TurnEnv};
+use crate::turn::{finish_promotion, recover_turn, run_new_turn, TurnEnv, LANE_READ};
 use crate::worker::Inner;
 
 /// The wakes an owner holds, shared with the claim loop that hands them over.
@@ -262,9 +262,6 @@ async fn drain(
         head = run_new_turn(env, head, inputs, epoch).await?;
     }
 }
-
-/// The most lane messages an owner holds read ahead of its record.
-const LANE_READ: usize = 64;
 
 /// Owns a conversation from a claimed lease until its lane is drained and no one else holds it.
 pub(crate) async fn own(

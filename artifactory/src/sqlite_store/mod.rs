@@ -218,6 +218,19 @@ impl SqliteStore {
             .map_err(|_| generic("the store's writer stopped before it answered"))?
     }
 
+    /// Copies `from` to `to` in one write (only if `to` is absent, with `create`), removing
+    /// `from` in the same transaction with `remove_source` (a rename).
+    async fn copy(&self, from: &Path, to: &Path, create: bool, remove_source: bool) -> Result<()> {
+        self.write(Op::Copy {
+            from: from.clone(),
+            to: to.clone(),
+            create,
+            remove_source,
+        })
+        .await
+        .map(|_| ())
+    }
+
     /// Runs `read` on a pooled read connection, off the async threads.
     async fn read<T: Send + 'static>(
         &self,
@@ -232,13 +245,7 @@ impl SqliteStore {
                     .map_err(|e| generic(format!("cannot open a reader: {e}")))?,
             };
             let out = read(&mut conn);
-            // Only a connection outside any transaction goes back (else it would read an old
-            // snapshot for good).
-            if let (true, Ok(mut idle)) = (conn.is_autocommit(), shared.readers.lock()) {
-                if idle.len() < MAX_IDLE_READERS {
-                    idle.push(conn);
-                }
-            }
+            give_back(&shared, conn);
             out
         })
         .await
@@ -255,46 +262,14 @@ impl SqliteStore {
     ) -> Option<Result<T>> {
         let mut conn = self.shared.readers.lock().ok()?.pop()?;
         let out = read(&mut conn);
-        if let (true, Ok(mut idle)) = (conn.is_autocommit(), self.shared.readers.lock()) {
-            if idle.len() < MAX_IDLE_READERS {
-                idle.push(conn);
-            }
-        }
+        give_back(&self.shared, conn);
         out
     }
 
     /// A whole object of at most [`INLINE_READ`] bytes (or its absence), read on the calling
     /// thread; `None` when it is larger or no reader is free.
     fn get_small(&self, path: &Path, options: &GetOptions) -> Option<Result<(ObjectMeta, Bytes)>> {
-        self.read_inline(|conn| {
-            let row = conn
-                .prepare_cached(
-                    "SELECT size, etag, modified_ms, CASE WHEN size <= ?2 THEN data END
-                     FROM objects WHERE path = ?1",
-                )
-                .and_then(|mut s| {
-                    s.query_row(params![path.as_ref(), INLINE_READ], |row| {
-                        Ok((
-                            row.get::<_, i64>(0)?,
-                            row.get::<_, String>(1)?,
-                            row.get::<_, i64>(2)?,
-                            bytes_of(row.get_ref(3)?),
-                        ))
-                    })
-                    .optional()
-                })
-                .map_err(|e| generic(e.to_string()));
-            let (size, etag, modified, data) = match row {
-                Ok(Some(row)) => row,
-                Ok(None) => return Some(Err(not_found(path))),
-                Err(e) => return Some(Err(e)),
-            };
-            if size > INLINE_READ {
-                return None;
-            }
-            let meta = meta(path.clone(), size, etag, modified);
-            Some(options.check_preconditions(&meta).map(|()| (meta, data)))
-        })
+        self.read_inline(|conn| whole_object(conn, path, options, INLINE_READ).transpose())
     }
 
     /// [`ObjectStore::get_opts`] off the async threads: a whole object, a part of it, or its
@@ -307,27 +282,8 @@ impl SqliteStore {
         self.read(move |conn| {
             // A whole object (the common read): one statement, which is atomic by itself.
             if options.range.is_none() && !options.head {
-                let row = conn
-                    .prepare_cached(
-                        "SELECT size, etag, modified_ms, data FROM objects WHERE path = ?1",
-                    )
-                    .and_then(|mut s| {
-                        s.query_row(params![path.as_ref()], |row| {
-                            Ok((
-                                row.get::<_, i64>(0)?,
-                                row.get::<_, String>(1)?,
-                                row.get::<_, i64>(2)?,
-                                bytes_of(row.get_ref(3)?),
-                            ))
-                        })
-                        .optional()
-                    })
-                    .map_err(|e| generic(e.to_string()))?;
-                let Some((size, etag, modified, data)) = row else {
-                    return Err(not_found(&path));
-                };
-                let meta = meta(path.clone(), size, etag, modified);
-                options.check_preconditions(&meta)?;
+                let (meta, data) = whole_object(conn, &path, &options, i64::MAX)?
+                    .expect("no object is larger than the largest size");
                 let range = 0..meta.size;
                 return Ok((meta, range, data));
             }
@@ -450,6 +406,52 @@ impl SqliteStore {
         .flat_map(futures::stream::iter)
         .boxed()
     }
+}
+
+/// Puts a read connection back in the pool: only one outside any transaction (else it would
+/// read an old snapshot for good), and only up to [`MAX_IDLE_READERS`].
+fn give_back(shared: &Shared, conn: Connection) {
+    if let (true, Ok(mut idle)) = (conn.is_autocommit(), shared.readers.lock()) {
+        if idle.len() < MAX_IDLE_READERS {
+            idle.push(conn);
+        }
+    }
+}
+
+/// A whole object with its metadata, its preconditions checked, in one statement (atomic by
+/// itself); `Ok(None)` when it is larger than `at_most` bytes (its bytes are not read then).
+fn whole_object(
+    conn: &Connection,
+    path: &Path,
+    options: &GetOptions,
+    at_most: i64,
+) -> Result<Option<(ObjectMeta, Bytes)>> {
+    let row = conn
+        .prepare_cached(
+            "SELECT size, etag, modified_ms, CASE WHEN size <= ?2 THEN data END
+             FROM objects WHERE path = ?1",
+        )
+        .and_then(|mut s| {
+            s.query_row(params![path.as_ref(), at_most], |row| {
+                Ok((
+                    row.get::<_, i64>(0)?,
+                    row.get::<_, String>(1)?,
+                    row.get::<_, i64>(2)?,
+                    bytes_of(row.get_ref(3)?),
+                ))
+            })
+            .optional()
+        })
+        .map_err(|e| generic(e.to_string()))?;
+    let Some((size, etag, modified, data)) = row else {
+        return Err(not_found(path));
+    };
+    if size > at_most {
+        return Ok(None);
+    }
+    let meta = meta(path.clone(), size, etag, modified);
+    options.check_preconditions(&meta)?;
+    Ok(Some((meta, data)))
 }
 
 /// The key range (exclusive at both ends) of the objects under `prefix` taken as a directory:
@@ -648,25 +650,13 @@ impl ObjectStore for SqliteStore {
     }
 
     async fn copy_opts(&self, from: &Path, to: &Path, options: CopyOptions) -> Result<()> {
-        self.write(Op::Copy {
-            from: from.clone(),
-            to: to.clone(),
-            create: matches!(options.mode, CopyMode::Create),
-            remove_source: false,
-        })
-        .await
-        .map(|_| ())
+        let create = matches!(options.mode, CopyMode::Create);
+        self.copy(from, to, create, false).await
     }
 
     async fn rename_opts(&self, from: &Path, to: &Path, options: RenameOptions) -> Result<()> {
-        self.write(Op::Copy {
-            from: from.clone(),
-            to: to.clone(),
-            create: matches!(options.target_mode, RenameTargetMode::Create),
-            remove_source: true,
-        })
-        .await
-        .map(|_| ())
+        let create = matches!(options.target_mode, RenameTargetMode::Create);
+        self.copy(from, to, create, true).await
     }
 }
 

@@ -11,7 +11,7 @@ use turnpike_schemas::{Event, EventBody, Identity};
 
 use crate::apps::OnNewMessage;
 
-use super::TurnEnv;
+use super::{TurnEnv, LANE_READ};
 
 /// Whether `event`, arriving while a turn of `identity` runs, is folded into it: follow-ups,
 /// steers, answers and attachments of the same identity, and a stop from anyone. A new message
@@ -46,9 +46,6 @@ impl StopCause {
         }
     }
 }
-
-/// The most lane messages one read asks for.
-const LANE_READ: usize = 64;
 
 /// Reads the lane after `after` as far as it concerns a turn of `identity`: the messages that
 /// fold into it, then the first one that does not (if there is one; it ends the read). The

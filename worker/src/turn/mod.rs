@@ -74,6 +74,9 @@ pub struct TurnEnv {
     pub lane: std::sync::Mutex<LaneAhead>,
 }
 
+/// The most lane messages one read asks for, and an owner holds read ahead of its record.
+pub const LANE_READ: usize = 64;
+
 /// The lane past the record, as far as the owner has read it (see [`TurnEnv::lane`]).
 #[derive(Debug, Default)]
 pub struct LaneAhead {
