@@ -1168,8 +1168,10 @@ async fn a_message_sent_while_the_owner_lets_go_is_taken_by_its_re_read_after_th
     );
     rig.say("one").await;
     rig.wait_turns(1).await;
-    // The owner is done (its drain saw the lane quiet) and pauses before releasing the lease:
-    // this message's wake finds the lease held and is put off.
+    // The owner's drain is over (it cleared its open-turn mark when it saw the lane quiet), and
+    // it pauses before releasing the lease: this message's wake finds the lease held and is
+    // put off. Turn 2 can only start after that release and its re-read of the lane head.
+    rig.wait_settled().await;
     rig.say("two").await;
     rig.wait_turns(2).await;
     assert_eq!(replies(&rig.log(2).await), ["answer to two"]);
