@@ -1,8 +1,10 @@
-//! The local embedder (all-MiniLM-L6-v2 in candle) batches texts by length; batching must not
-//! change what a text embeds to.
+//! The local embedder (all-MiniLM-L6-v2) batches texts by length; batching must not change what
+//! a text embeds to, and its fast engine (AVX-512, bf16 products) must compute the model the
+//! portable one (candle, f32) does.
 
-use turnpike_index::embed::normalized;
-use turnpike_tests::index::embedder;
+use turnpike_index::embed::{normalized, Engine, MiniLm};
+use turnpike_index::Embedder as _;
+use turnpike_tests::index::{embedder, model_dir};
 
 fn cosine(a: &[f32], b: &[f32]) -> f32 {
     a.iter().zip(b).map(|(x, y)| x * y).sum()
@@ -78,6 +80,81 @@ async fn embeddings_stay_those_of_the_reference_build() {
         assert!(
             c >= 0.999,
             "text {i}: cosine {c} against the reference build's vector"
+        );
+    }
+}
+
+/// Abstract-sized texts in the style of the Cranfield collection, beside the edge cases of a
+/// tokenizer: one word, nothing at all, more than the model's 256 tokens (cut), other scripts.
+fn sample_texts() -> Vec<String> {
+    let mut texts: Vec<String> = REFERENCE_TEXTS.iter().map(|t| (*t).to_owned()).collect();
+    texts.extend(
+        [
+            "simple shear flow past a flat plate in an incompressible fluid of small viscosity. \
+             in the study of high-speed viscous flow past a two-dimensional body it is usually \
+             necessary to consider a curved shock wave emitting from the nose of the body.",
+            "the theory of the impact tube at low pressure. a theoretical analysis of the \
+             pressure indicated by an impact tube in a rarefied gas is presented, and the \
+             results are compared with measurements in a low density wind tunnel.",
+            "on the stability of the laminar boundary layer with suction, and the transition to \
+             turbulence on a swept wing at transonic speeds, with a note on the effect of \
+             surface roughness and of the pressure gradient along the span.",
+            "heat",
+            "",
+            "Résumé: l'écoulement autour d'une aile en flèche; 翼の周りの流れ; поток вокруг крыла.",
+        ]
+        .map(str::to_owned),
+    );
+    texts.push(
+        "a panel method for the lifting surface problem, solved by collocation at the \
+         three-quarter chord points of every panel. "
+            .repeat(20),
+    );
+    texts
+}
+
+/// Where the CPU runs the fast engine, it embeds every sample text to within cosine 0.999 of
+/// the portable engine's vector, alone and in a batch (the fast engine computes each text
+/// without padding, in threads); elsewhere asking for it is refused with a reason.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_fast_engine_computes_the_portable_engines_vectors() {
+    let dir = model_dir();
+    let portable = MiniLm::load_on(&dir, Engine::Portable).unwrap();
+    assert_eq!(portable.engine(), Engine::Portable);
+    if !turnpike_index::embed::fast::supported() {
+        let refused = MiniLm::load_on(&dir, Engine::Fast).err().expect("refused");
+        assert!(refused.to_string().contains("AVX-512"), "{refused}");
+        eprintln!("skipped the comparison: this CPU has no AVX-512 with bf16");
+        return;
+    }
+    let fast = MiniLm::load_on(&dir, Engine::Fast).unwrap();
+    assert_eq!(fast.engine(), Engine::Fast);
+    let texts = sample_texts();
+    let want = portable.embed(&texts).await.unwrap();
+    let batched = fast.embed(&texts).await.unwrap();
+    assert_eq!(batched.len(), texts.len());
+    for (i, text) in texts.iter().enumerate() {
+        let alone = fast.embed(std::slice::from_ref(text)).await.unwrap();
+        assert_eq!(batched[i].len(), 384);
+        let norm: f32 = batched[i].iter().map(|x| x * x).sum();
+        assert!(
+            (norm - 1.0).abs() < 1e-4,
+            "text {i}: not unit length ({norm})"
+        );
+        for (how, got) in [("batched", &batched[i]), ("alone", &alone[0])] {
+            let c = cosine(got, &want[i]);
+            assert!(
+                c >= 0.999,
+                "text {i} {how}: cosine {c} against the portable engine"
+            );
+        }
+    }
+    // Each vector is its own text's: neighbours differ.
+    for i in 1..texts.len() {
+        assert!(
+            cosine(&batched[i - 1], &batched[i]) < 0.99,
+            "texts {} and {i}",
+            i - 1
         );
     }
 }
