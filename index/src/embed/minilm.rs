@@ -64,7 +64,8 @@ struct MiniLmInner {
     threads: usize,
 }
 
-/// Texts per forward pass.
+/// Texts per forward pass on the portable engine (a batch is padded to its longest text); the
+/// fast engine, which pads nothing, takes this many per thread.
 const BATCH: usize = 32;
 /// Tokens per text: what the model was trained with (longer texts are cut).
 const MAX_TOKENS: usize = 256;
@@ -283,7 +284,11 @@ impl Embedder for MiniLm {
         let mut order: Vec<usize> = (0..texts.len()).collect();
         order.sort_by_key(|&i| texts[i].len());
         let mut out: Vec<Vec<f32>> = vec![Vec::new(); texts.len()];
-        for chunk in order.chunks(BATCH) {
+        let batch = match self.inner.runner {
+            Runner::Portable(_) => BATCH,
+            Runner::Fast(_) => BATCH * self.inner.threads,
+        };
+        for chunk in order.chunks(batch) {
             let inner = self.inner.clone();
             let batch: Vec<String> = chunk.iter().map(|&i| texts[i].clone()).collect();
             let vectors = tokio::task::spawn_blocking(move || inner.embed_batch(&batch))

@@ -137,7 +137,23 @@ impl Postgres {
             Duration::from_secs(60),
             "INT",
         )?);
-        Ok(())
+        self.wait_ready(Duration::from_secs(60))
+    }
+
+    /// Waits until the server answers queries: it accepts connections while it is still
+    /// starting up (recovering, after a crash) and refuses them with "the database system is
+    /// starting up" until it is done.
+    fn wait_ready(&self, timeout: Duration) -> Result<()> {
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
+            match self.psql("postgres", "SELECT 1") {
+                Ok(()) => return Ok(()),
+                Err(_) if std::time::Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                Err(e) => return Err(e.context("postgres did not become ready")),
+            }
+        }
     }
 
     fn psql(&self, database: &str, sql: &str) -> Result<()> {
