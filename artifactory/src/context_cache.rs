@@ -36,6 +36,11 @@ impl ObjectVersion {
         })
     }
 
+    /// The ETag: what a read that holds this version sends as `if_none_match`.
+    pub(crate) fn e_tag(&self) -> &str {
+        &self.e_tag
+    }
+
     /// The object a write made; `None` when the store gave no ETag.
     pub(crate) fn written(path: &object_store::path::Path, put: &PutResult) -> Option<Self> {
         Some(Self {
@@ -73,6 +78,12 @@ impl ContextCache {
         let (used, snapshot) = lru.entries.get_mut(version)?;
         *used = now;
         Some(snapshot.clone())
+    }
+
+    /// The version remembered for the object at `path` (at most one per key).
+    pub(crate) fn known(&self, path: &str) -> Option<ObjectVersion> {
+        let lru = self.inner.lock().ok()?;
+        lru.entries.keys().find(|v| v.path == path).cloned()
     }
 
     pub(crate) fn put(&self, version: ObjectVersion, snapshot: Arc<Vec<Row>>) {

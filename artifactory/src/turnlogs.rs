@@ -203,8 +203,27 @@ impl TurnLogs {
         );
         // Canonical only: an owner finishes the previous turn's promotion before it starts a
         // turn, and a missing snapshot only means a rebuild from the logs.
-        let found = match self.store.get(&prefix.context_snapshot(turn)).await {
+        let path = prefix.context_snapshot(turn);
+        // A version parsed (or written) here before: asked for only if it changed, so the
+        // store sends no bytes when it did not.
+        let known = self.contexts.known(path.as_ref());
+        let options = object_store::GetOptions {
+            if_none_match: known.as_ref().map(|v| v.e_tag().to_owned()),
+            ..Default::default()
+        };
+        let found = match self.store.get_opts(&path, options).await {
             Ok(r) => r,
+            Err(object_store::Error::NotModified { .. }) => {
+                if let Some(rows) = known.as_ref().and_then(|v| self.contexts.get(v)) {
+                    return Ok(Some(rows));
+                }
+                // Forgotten meanwhile: read it whole.
+                match self.store.get(&path).await {
+                    Ok(r) => r,
+                    Err(object_store::Error::NotFound { .. }) => return Ok(None),
+                    Err(e) => return Err(Error::store(&what, e)),
+                }
+            }
             Err(object_store::Error::NotFound { .. }) => return Ok(None),
             Err(e) => return Err(Error::store(&what, e)),
         };
@@ -268,9 +287,13 @@ mod tests {
     #[tokio::test]
     async fn a_parsed_snapshot_is_reused_only_for_the_same_object() {
         let dir = tempfile::tempdir().unwrap();
+        let database = tempfile::tempdir().unwrap();
+        // Each store answers a read that names the remembered version (`if_none_match`) its
+        // own way: not modified, or the new object.
         for store in [
             Arc::new(object_store::memory::InMemory::new()) as Arc<dyn ObjectStore>,
             Arc::new(object_store::local::LocalFileSystem::new_with_prefix(dir.path()).unwrap()),
+            Arc::new(crate::sqlite_store::SqliteStore::open(database.path(), false).unwrap()),
         ] {
             let logs = TurnLogs::new(store);
             let conversation = ConversationId::new();

@@ -420,19 +420,27 @@ fn give_back(shared: &Shared, conn: Connection) {
 
 /// A whole object with its metadata, its preconditions checked, in one statement (atomic by
 /// itself); `Ok(None)` when it is larger than `at_most` bytes (its bytes are not read then).
+/// A read whose `if_none_match` names the object's ETag is answered `NotModified` without
+/// loading its bytes (whatever its size): a reader that holds the object already pays for the
+/// metadata only.
 fn whole_object(
     conn: &Connection,
     path: &Path,
     options: &GetOptions,
     at_most: i64,
 ) -> Result<Option<(ObjectMeta, Bytes)>> {
+    // One ETag, as a cache asks (`*` and lists are left to `check_preconditions`).
+    let held = options
+        .if_none_match
+        .as_deref()
+        .filter(|t| *t != "*" && !t.contains(','));
     let row = conn
         .prepare_cached(
-            "SELECT size, etag, modified_ms, CASE WHEN size <= ?2 THEN data END
+            "SELECT size, etag, modified_ms, CASE WHEN size <= ?2 AND etag IS NOT ?3 THEN data END
              FROM objects WHERE path = ?1",
         )
         .and_then(|mut s| {
-            s.query_row(params![path.as_ref(), at_most], |row| {
+            s.query_row(params![path.as_ref(), at_most, held], |row| {
                 Ok((
                     row.get::<_, i64>(0)?,
                     row.get::<_, String>(1)?,
@@ -446,11 +454,11 @@ fn whole_object(
     let Some((size, etag, modified, data)) = row else {
         return Err(not_found(path));
     };
+    let meta = meta(path.clone(), size, etag, modified);
+    options.check_preconditions(&meta)?;
     if size > at_most {
         return Ok(None);
     }
-    let meta = meta(path.clone(), size, etag, modified);
-    options.check_preconditions(&meta)?;
     Ok(Some((meta, data)))
 }
 

@@ -70,6 +70,27 @@ async fn whole_objects_read_alike_on_and_off_the_calling_thread() {
         };
         let got = store.get_opts(&path, fresh).await.unwrap();
         assert_eq!(got.bytes().await.unwrap().len(), size);
+        // A reader holding this version is told so (its bytes are not loaded); one holding
+        // another version, or asking with a list or `*`, is answered as the conditions say.
+        let held = |tag: Option<String>| GetOptions {
+            if_none_match: tag,
+            ..Default::default()
+        };
+        for tag in [put.e_tag.clone(), Some("*".into())] {
+            let unchanged = store.get_opts(&path, held(tag)).await.unwrap_err();
+            assert!(
+                matches!(unchanged, object_store::Error::NotModified { .. }),
+                "{size}: {unchanged:?}"
+            );
+        }
+        let listed = format!("other, {}", put.e_tag.clone().unwrap());
+        let unchanged = store.get_opts(&path, held(Some(listed))).await.unwrap_err();
+        assert!(matches!(unchanged, object_store::Error::NotModified { .. }));
+        let other = store
+            .get_opts(&path, held(Some("another-version".into())))
+            .await
+            .unwrap();
+        assert_eq!(other.bytes().await.unwrap(), bytes, "{size} bytes");
     }
     let missing = store.get(&Path::from("objects/none")).await.unwrap_err();
     assert!(matches!(missing, object_store::Error::NotFound { .. }));
