@@ -285,10 +285,16 @@ pub async fn embed(
         engines.push(Engine::Portable);
     }
     let mut rates = Vec::new();
+    let mut measured = Vec::new();
     for engine in engines {
         let model = config.embedding_model.clone();
         let embedder =
             Arc::new(tokio::task::spawn_blocking(move || MiniLm::load_on(&model, engine)).await??);
+        // `auto` on a CPU without the fast engine is the portable one already: once is enough.
+        if measured.contains(&embedder.engine()) {
+            continue;
+        }
+        measured.push(embedder.engine());
         let name = match embedder.engine() {
             Engine::Fast => "the fast engine (AVX-512, bf16 products)",
             _ => "the portable engine (candle, f32)",
