@@ -5,7 +5,11 @@
 //! Contract: an entry is only ever used for the exact object it came from — the same key and
 //! the same ETag (and version, where the store has versions), as the store reports them on the
 //! write or the read. A store that reports no ETag is never cached. An object replaced at the
-//! same key gets another ETag and misses. Nothing here is needed for correctness: a miss reads
+//! same key gets another ETag and misses — except on the plain file system, whose ETags are
+//! made of inode, modification time and size: an object deleted and written again at the same
+//! size within one tick of the file system's clock, on a reused inode, keeps its ETag. Workers
+//! write snapshots once per key and attempt, so this needs a replacement no worker makes; the
+//! SQLite store and S3 give every write a new ETag. Nothing here is needed for correctness: a miss reads
 //! and parses as before, and the memory is bounded ([`CAPACITY`] snapshots, least recently used
 //! first out).
 

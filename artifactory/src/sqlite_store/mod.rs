@@ -265,8 +265,15 @@ impl SqliteStore {
         read: impl FnOnce(&mut Connection) -> Option<Result<T>>,
     ) -> Option<Result<T>> {
         let mut conn = self.shared.readers.lock().ok()?.pop()?;
+        // A busy database fails at once here (the caller retries off the async threads)
+        // instead of sleeping in SQLite's busy handler on an async thread.
+        if conn.busy_timeout(std::time::Duration::ZERO).is_err() {
+            return None;
+        }
         let out = read(&mut conn);
-        give_back(&self.shared, conn);
+        if conn.busy_timeout(BUSY_TIMEOUT).is_ok() {
+            give_back(&self.shared, conn);
+        }
         out
     }
 
@@ -445,11 +452,15 @@ fn whole_object(
         )
         .and_then(|mut s| {
             s.query_row(params![path.as_ref(), at_most, held], |row| {
+                let data = match row.get_ref(3)? {
+                    ValueRef::Null => None,
+                    value => Some(bytes_of(value)),
+                };
                 Ok((
                     row.get::<_, i64>(0)?,
                     row.get::<_, String>(1)?,
                     row.get::<_, i64>(2)?,
-                    bytes_of(row.get_ref(3)?),
+                    data,
                 ))
             })
             .optional()
@@ -463,6 +474,18 @@ fn whole_object(
     if size > at_most {
         return Ok(None);
     }
+    let data = match data {
+        Some(data) => data,
+        None if size == 0 => Bytes::new(),
+        // The statement left the bytes out for the ETag the read holds, yet the preconditions
+        // did not say "not modified": never pass the missing bytes off as the content.
+        None => {
+            return Err(generic(format!(
+                "{path}: the bytes were left out for a version the read holds, but the read \
+                 asked for them"
+            )))
+        }
+    };
     Ok(Some((meta, data)))
 }
 
@@ -546,11 +569,15 @@ impl ObjectStore for SqliteStore {
             .then(|| self.get_small(&path, &options))
             .flatten();
         let found = match small {
-            Some(found) => found.map(|(meta, data)| {
+            Some(Ok((meta, data))) => {
                 let range = 0..meta.size;
                 (meta, range, data)
-            })?,
-            None => self.get_whole_or_part(path, options).await?,
+            }
+            // An answer about the object (missing, a precondition) stands.
+            Some(Err(e)) if !matches!(e, object_store::Error::Generic { .. }) => return Err(e),
+            // Anything else on the calling thread (a busy database, which it does not wait
+            // for there): again off the async threads, where waiting is allowed.
+            _ => self.get_whole_or_part(path, options).await?,
         };
         let (meta, range, data) = found;
         Ok(GetResult {
