@@ -691,6 +691,16 @@ async fn try_vector_lock() -> bool {
         .fetch_one(&mut conn)
         .await
         .unwrap();
+    // Let it go before the session ends: closing returns before the server has ended the
+    // session, and a worker opening the index meanwhile would find the lock taken (by this
+    // probe) and leave the index to its holder.
+    if got {
+        let released: bool = sqlx::query_scalar("SELECT pg_advisory_unlock(7370726)")
+            .fetch_one(&mut conn)
+            .await
+            .unwrap();
+        assert!(released);
+    }
     conn.close().await.unwrap();
     got
 }
