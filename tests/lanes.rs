@@ -526,6 +526,16 @@ async fn a_zombie_owner_that_wakes_up_after_a_takeover_is_fenced() {
             .turn_log(turnpike_schemas::TurnId::FIRST)
             .as_ref(),
     );
+    // The record shows the turn complete just before the rescuer promotes its log to the
+    // canonical key: wait for the promotion.
+    let deadline = std::time::Instant::now() + LONG;
+    while !log.exists() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the rescuer never promoted the turn log"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let before = std::fs::metadata(&log).unwrap().modified().unwrap();
     let thawed_at = std::time::SystemTime::now();
     zombie.thaw();
