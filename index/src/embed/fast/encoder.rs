@@ -16,6 +16,25 @@ struct Norm {
     beta: Vec<f32>,
 }
 
+impl Norm {
+    /// Each row of `rows` (rows as wide as the norm) ← LayerNorm(row + the same row of
+    /// `added`): a residual connection and its norm.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16,avx2,fma")]
+    fn add_to_rows(&self, rows: &mut [f32], added: &[f32], eps: f32) {
+        let width = self.gamma.len();
+        for (x, add) in rows.chunks_exact_mut(width).zip(added.chunks_exact(width)) {
+            math::add_layer_norm(x, add, &self.gamma, &self.beta, eps);
+        }
+    }
+}
+
+/// `out` ← `x` (m rows, f32) · Wᵀ + b of `layer`, its inputs rounded to bf16 in `packed`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16,avx2,fma")]
+fn project(x: &[f32], m: usize, layer: &Linear, packed: &mut [u16], out: &mut [f32]) {
+    to_bf16(x, packed);
+    matmul(packed, m, layer, out);
+}
+
 struct Layer {
     /// Query, key and value in one product (3 × hidden outputs).
     qkv: Linear,
@@ -257,35 +276,35 @@ impl Encoder {
         let h = self.shape.hidden;
         let inter = self.shape.intermediate;
         // Attention.
-        to_bf16(&b.hidden[..m * h], &mut b.packed);
-        matmul(&b.packed, m, &layer.qkv, &mut b.qkv);
+        project(&b.hidden[..m * h], m, &layer.qkv, &mut b.packed, &mut b.qkv);
         let mut row = 0;
         for s in sequences {
             self.attention(&b.qkv, row, s.len(), &mut b.context, &mut b.scratch);
             row += s.len();
         }
-        to_bf16(&b.context[..m * h], &mut b.packed);
-        matmul(&b.packed, m, &layer.attention_out, &mut b.projected);
-        let n = &layer.attention_norm;
-        for (x, add) in b.hidden[..m * h]
-            .chunks_exact_mut(h)
-            .zip(b.projected.chunks_exact(h))
-        {
-            math::add_layer_norm(x, add, &n.gamma, &n.beta, self.shape.eps);
-        }
+        project(
+            &b.context[..m * h],
+            m,
+            &layer.attention_out,
+            &mut b.packed,
+            &mut b.projected,
+        );
+        layer
+            .attention_norm
+            .add_to_rows(&mut b.hidden[..m * h], &b.projected, self.shape.eps);
         // Feed-forward.
-        to_bf16(&b.hidden[..m * h], &mut b.packed);
-        matmul(&b.packed, m, &layer.up, &mut b.wide);
+        project(&b.hidden[..m * h], m, &layer.up, &mut b.packed, &mut b.wide);
         math::gelu(&mut b.wide[..m * inter]);
-        to_bf16(&b.wide[..m * inter], &mut b.packed);
-        matmul(&b.packed, m, &layer.down, &mut b.projected);
-        let n = &layer.output_norm;
-        for (x, add) in b.hidden[..m * h]
-            .chunks_exact_mut(h)
-            .zip(b.projected.chunks_exact(h))
-        {
-            math::add_layer_norm(x, add, &n.gamma, &n.beta, self.shape.eps);
-        }
+        project(
+            &b.wide[..m * inter],
+            m,
+            &layer.down,
+            &mut b.packed,
+            &mut b.projected,
+        );
+        layer
+            .output_norm
+            .add_to_rows(&mut b.hidden[..m * h], &b.projected, self.shape.eps);
     }
 
     /// Self-attention of one sequence (rows `first..first + len` of `qkv`, whose rows hold
