@@ -230,6 +230,44 @@ macro_rules! bus_suite {
             }
 
             #[tokio::test]
+            async fn wakes_count_as_unsettled_until_acked_delivered_or_put_off_alike() {
+                let b = super::$backend().await;
+                // The count as it stands once it stops moving (the server's view of acks
+                // follows them a moment later), waiting for `want`.
+                let unsettled_reaches = |want: u64| {
+                    let bus = b.bus.clone();
+                    async move {
+                        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+                        loop {
+                            let n = bus.unsettled().await.unwrap().expect("this bus counts");
+                            if n == want {
+                                return;
+                            }
+                            assert!(std::time::Instant::now() < deadline, "{n} unsettled, not {want}");
+                            tokio::time::sleep(Duration::from_millis(20)).await;
+                        }
+                    }
+                };
+                unsettled_reaches(0).await;
+                let (one, two) = (ConversationId::new(), ConversationId::new());
+                b.bus.publish(&event(one, "first")).await.unwrap();
+                b.bus.publish(&event(two, "second")).await.unwrap();
+                b.bus.publish(&event(two, "third")).await.unwrap();
+                unsettled_reaches(3).await;
+                // Delivered and not acked, or put off: still unsettled.
+                let first = wake_within(&b.bus, Duration::from_secs(30)).await.expect("a wake");
+                first.nak(Duration::from_secs(600)).await.unwrap();
+                let second = wake_within(&b.bus, Duration::from_secs(30)).await.expect("a wake");
+                unsettled_reaches(3).await;
+                second.ack().await.unwrap();
+                unsettled_reaches(2).await;
+                let third = wake_within(&b.bus, Duration::from_secs(30)).await.expect("a wake");
+                third.ack().await.unwrap();
+                // The one put off for ten minutes is all that is left.
+                unsettled_reaches(1).await;
+            }
+
+            #[tokio::test]
             async fn progress_keeps_a_wake_from_coming_back() {
                 let b = super::$backend().await;
                 let conv = ConversationId::new();

@@ -1417,3 +1417,125 @@ async fn a_router_on_sigterm_refuses_new_streams_and_closes_open_ones_with_1001_
     assert!(rows.iter().any(|r| r["text"] == "before"));
     assert!(rows.iter().any(|r| r["text"] == "during"));
 }
+
+/// An agent that holds one conversation's turn until released, and answers the others at once.
+struct HoldOne {
+    held: turnpike_schemas::ConversationId,
+    started: tokio::sync::Notify,
+    running: std::sync::atomic::AtomicBool,
+    release: tokio::sync::Semaphore,
+}
+
+#[async_trait]
+impl turnpike_worker::App for HoldOne {
+    async fn on_reactive_event(
+        &self,
+        turn: &turnpike_worker::turn::TurnContext<'_>,
+    ) -> turnpike_worker::Result<turnpike_schemas::entry::TurnOutcome> {
+        if turn.conversation() == self.held {
+            self.running
+                .store(true, std::sync::atomic::Ordering::SeqCst);
+            self.started.notify_waiters();
+            let _ = self.release.acquire().await;
+        }
+        Ok(turnpike_schemas::entry::TurnOutcome::Replied)
+    }
+}
+
+/// A worker whose turn slots are all taken leaves the bus's wakes alone: a worker with room
+/// takes them on their first delivery, while the busy worker's turn still runs — and every wake
+/// is settled once the turns are done.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_with_every_slot_taken_leaves_wakes_to_a_worker_with_room() {
+    let dir = tempfile::tempdir().unwrap();
+    let bus: Arc<dyn Bus> =
+        EmbeddedBus::open(&dir.path().join("bus.redb"), EmbeddedConfig::default()).unwrap();
+    let conversations = Conversations::new(
+        turnpike_artifactory::open_store(dir.path().join("store").to_str().unwrap()).unwrap(),
+    );
+    let convs = create_conversations(&conversations, &signer(), 2).await;
+    let (held, other) = (convs[0], convs[1]);
+    let agent = Arc::new(HoldOne {
+        held,
+        started: tokio::sync::Notify::new(),
+        running: Default::default(),
+        release: tokio::sync::Semaphore::new(0),
+    });
+    let worker = |bus: Arc<dyn Bus>| {
+        Worker::new(
+            bus,
+            conversations.clone(),
+            signer(),
+            Arc::new(Apps::new().with_fallback(agent.clone())),
+            WorkerConfig {
+                slots: 1,
+                workspace_root: dir.path().join("workspaces"),
+                ..WorkerConfig::default()
+            },
+        )
+    };
+    let busy_bus = turnpike_tests::counting_bus::CountingBus::new(bus.clone());
+    let busy = worker(busy_bus.clone());
+    let busy_id = busy.id().to_string();
+    let busy_pool = WorkerPool::start([busy]);
+    // The busy worker's one slot is taken by a turn that waits.
+    let started = agent.started.notified();
+    publish(bus.clone(), &conversations, &[held], 0, 1, LONG)
+        .await
+        .unwrap();
+    if !agent.running.load(std::sync::atomic::Ordering::SeqCst) {
+        tokio::time::timeout(LONG, started)
+            .await
+            .expect("the held turn starts");
+    }
+    assert_eq!(busy_bus.wakes(), 1);
+    // Another conversation's message, with a worker that has room.
+    publish(bus.clone(), &conversations, &[other], 0, 1, LONG)
+        .await
+        .unwrap();
+    let roomy = worker(bus.clone());
+    let roomy_id = roomy.id().to_string();
+    let roomy_pool = WorkerPool::start([roomy]);
+    wait_for_turns(&conversations, &[other], 1, LONG)
+        .await
+        .unwrap();
+    let dispatched: Vec<String> = record(&conversations, other)
+        .entries()
+        .await
+        .unwrap()
+        .into_iter()
+        .filter_map(|e| match e.body {
+            EntryBody::TurnDispatched(d) => Some(d.worker.to_string()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(dispatched, [roomy_id]);
+    // The busy worker never took the other conversation's wake, not even to put it off.
+    assert_eq!(busy_bus.wakes(), 1);
+    assert!(agent.running.load(std::sync::atomic::Ordering::SeqCst));
+    agent.release.add_permits(1);
+    wait_for_turns(&conversations, &[held], 1, LONG)
+        .await
+        .unwrap();
+    let settled_by = std::time::Instant::now() + LONG;
+    while bus.unsettled().await.unwrap() != Some(0) {
+        assert!(
+            std::time::Instant::now() < settled_by,
+            "wakes left unsettled"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    roomy_pool.stop().await;
+    busy_pool.stop().await;
+    let busy_dispatched: Vec<String> = record(&conversations, held)
+        .entries()
+        .await
+        .unwrap()
+        .into_iter()
+        .filter_map(|e| match e.body {
+            EntryBody::TurnDispatched(d) => Some(d.worker.to_string()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(busy_dispatched, [busy_id]);
+}

@@ -3,7 +3,8 @@
 //! - the floor: raw JetStream publish → pull-consume latency, and messages per second;
 //! - turnpike on JetStream and on the embedded bus: accept (publish acknowledged) → turn start
 //!   (the agent is called, after batch one committed), and turns per second over many
-//!   conversations, with a no-op agent.
+//!   conversations, with a no-op agent: from the first publish until every turn started and
+//!   every wake is settled.
 
 use std::collections::HashMap;
 use std::net::TcpListener;
@@ -259,6 +260,13 @@ async fn turnpike(
         tokio::time::timeout(Duration::from_secs(60), notified)
             .await
             .context("turns stalled")?;
+    }
+    // The clock stops once every wake is settled too: work a worker leaves for later (wakes
+    // for events its drains already took) is counted.
+    let settle_by = Instant::now() + Duration::from_secs(60);
+    while bus.unsettled().await?.is_some_and(|n| n > 0) {
+        anyhow::ensure!(Instant::now() < settle_by, "wakes were never settled");
+        tokio::time::sleep(Duration::from_millis(2)).await;
     }
     let turns_per_second = (conversations * turns) as f64 / start.elapsed().as_secs_f64();
     pool.stop().await;

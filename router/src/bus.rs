@@ -179,6 +179,13 @@ pub trait Bus: Send + Sync + 'static {
         Ok(Vec::new())
     }
 
+    /// Wakes not yet settled: waiting to be delivered, put off, or delivered and not yet acked
+    /// (`None` where the bus cannot count them). Zero once every event has been taken and every
+    /// wake for it acked: what a measurement waits for before it stops its clock.
+    async fn unsettled(&self) -> Result<Option<u64>> {
+        Ok(None)
+    }
+
     /// Whether the bus answers now: one cheap round trip (the last sequence of a lane nobody
     /// uses), for readiness probes.
     async fn ping(&self) -> Result<()> {

@@ -669,6 +669,12 @@ impl Bus for EmbeddedBus {
         .map_err(|e| storage("purging a lane", e))?
     }
 
+    async fn unsettled(&self) -> Result<Option<u64>> {
+        let queue = self.wakes.queue.lock().expect("wake queue lock");
+        let n = queue.ready.len() + queue.delayed.len() + queue.inflight.len();
+        Ok(Some(n as u64))
+    }
+
     async fn next_wake(&self) -> Result<Wake> {
         loop {
             let notified = self.wakes.notify.notified();

@@ -645,6 +645,22 @@ impl Bus for JetStreamBus {
         Ok(out)
     }
 
+    async fn unsettled(&self) -> Result<Option<u64>> {
+        let mut total = 0;
+        for stream in &self.streams {
+            let mut consumer: PullConsumer = stream
+                .get_consumer(DISPATCH_CONSUMER)
+                .await
+                .map_err(|e| unavailable("reading the dispatch consumer", e))?;
+            let info = consumer
+                .info()
+                .await
+                .map_err(|e| unavailable("reading the dispatch consumer", e))?;
+            total += info.num_pending + info.num_ack_pending as u64;
+        }
+        Ok(Some(total))
+    }
+
     async fn publish(&self, event: &Event) -> Result<Published> {
         let payload = serde_json::to_vec(event).expect("events serialise");
         let subject = self.config.shards.lane_subject(event.address.conversation);

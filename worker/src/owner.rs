@@ -349,6 +349,9 @@ pub(crate) async fn own(
         }
         // Step 9: stop taking wakes, give up the lease, then re-read the lane head.
         let lane_through = state.as_ref().map_or(0, |s| s.lane_through);
+        if state.as_ref().is_some_and(|s| !s.turn_open) {
+            worker.drained(conversation, lane_through);
+        }
         let leftovers = guard.slot.close(state.as_ref()).await;
         worker.forget_owner(conversation, &guard.slot);
         // After a clean drain the rest is for whoever comes next, at once; after a failure,

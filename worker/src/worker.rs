@@ -4,9 +4,15 @@
 //! until the record holds it in a complete turn. Otherwise the worker tries to take the lease:
 //! if it gets it, it becomes the owner; if another worker holds it, the wake is acked only when
 //! the record is already past it **and no turn is open** (the owner may still die before batch
-//! two), and nak'd otherwise: after one `busy_delay` while the owner is between turns or this
-//! worker has no free slot, after a delay that grows with its deliveries while a turn runs
-//! ([`turnpike_router::settle`]).
+//! two), and nak'd otherwise: after one `busy_delay` while the owner is between turns, after a
+//! delay that grows with its deliveries while a turn runs ([`turnpike_router::settle`]).
+//!
+//! The claim loop takes the next wake only once a turn slot is free, and hands the slot to the
+//! wake's handler: a worker whose slots are all taken leaves wakes on the bus for workers with
+//! room, instead of taking them only to put them off (under a burst for more conversations
+//! than slots, that redelivered every wake many times over). A wake for an event this worker's
+//! last drain of the conversation already took is acked once the record, read again, holds it
+//! in a complete turn — without a claim.
 //!
 //! Wakes are handled on their own tasks, so one slow store or lease read does not stall the
 //! intake of every other conversation's wakes.
@@ -43,11 +49,16 @@ pub(crate) struct Inner {
     pub(crate) owner_tasks: std::sync::Mutex<Vec<tokio::task::AbortHandle>>,
     pub(crate) resolver: turnpike_resolver::Resolver,
     slots: Arc<Semaphore>,
+    /// Bounds how many wakes wait for a slot at once (as many as there are slots).
+    waiting: Arc<Semaphore>,
     /// Bounds how many wakes are being handled (claim and head reads) at once.
     intake: Arc<Semaphore>,
     /// A plain mutex: held only to look up or change the map, never across an await.
     owners: Mutex<HashMap<ConversationId, Arc<OwnerSlot>>>,
     owner_gone: Notify,
+    /// How far this worker's latest drains took recent conversations' lanes (see
+    /// [`Inner::drained`]).
+    drained: Mutex<Recent>,
     pub(crate) stopping: AtomicBool,
 }
 
@@ -103,6 +114,25 @@ impl Inner {
                 None
             }
         }
+    }
+
+    /// Notes that a drain of `conversation` here left its record complete through lane
+    /// sequence `lane_through`.
+    pub(crate) fn drained(&self, conversation: ConversationId, lane_through: u64) {
+        self.drained
+            .lock()
+            .expect("drained lock")
+            .put(conversation, lane_through);
+    }
+
+    /// Whether a drain here went past lane sequence `seq` of `conversation` (a hint: only the
+    /// record, read again, says the wake is done).
+    fn drained_past(&self, conversation: ConversationId, seq: u64) -> bool {
+        self.drained
+            .lock()
+            .expect("drained lock")
+            .get(&conversation)
+            .is_some_and(|through| seq <= through)
     }
 
     /// Whether this worker owns `conversation` now.
@@ -164,6 +194,7 @@ impl Worker {
         Worker {
             inner: Arc::new(Inner {
                 slots: Arc::new(Semaphore::new(slot_permits(&shared.config) as usize)),
+                waiting: Arc::new(Semaphore::new(slot_permits(&shared.config) as usize)),
                 intake: Arc::new(Semaphore::new(intake_permits(&shared.config) as usize)),
                 shared: Arc::new(shared),
                 conversations,
@@ -171,6 +202,7 @@ impl Worker {
                 resolver,
                 owners: Mutex::new(HashMap::new()),
                 owner_gone: Notify::new(),
+                drained: Mutex::default(),
                 stopping: AtomicBool::new(false),
             }),
         }
@@ -259,15 +291,15 @@ impl Worker {
                         });
                     }
                 }
-                wake = self.inner.bus.next_wake() => match wake {
-                    Ok(wake) => {
+                wake = self.next_wake_with_a_free_slot() => match wake {
+                    Ok((wake, slot)) => {
                         backoff = Duration::from_millis(50);
                         let Ok(permit) = self.inner.intake.clone().acquire_owned().await else {
                             break;
                         };
                         let worker = self.clone();
                         tokio::spawn(async move {
-                            worker.handle(wake).await;
+                            worker.handle_with(wake, slot).await;
                             drop(permit);
                         });
                     }
@@ -293,6 +325,19 @@ impl Worker {
         .await
         .is_ok();
         info!(worker = %self.inner.worker, drained, "worker stopped");
+    }
+
+    /// The next wake, taken only once a turn slot is free: a worker whose slots are all taken
+    /// leaves the bus's wakes to workers that have room (or to itself, once a slot frees)
+    /// instead of taking them only to put them off. Wakes for the conversations it owns wait
+    /// too: their owners read their lanes to the end anyway. Cancel-safe.
+    async fn next_wake_with_a_free_slot(
+        &self,
+    ) -> turnpike_router::Result<(Wake, Option<tokio::sync::OwnedSemaphorePermit>)> {
+        // Taken first and handed to the wake's handler, which gives it back at once when the
+        // wake needs none (its conversation is owned here, or already done).
+        let permit = self.inner.slots.clone().acquire_owned().await.ok();
+        Ok((self.inner.bus.next_wake().await?, permit))
     }
 
     /// Waits until no conversation is owned.
@@ -463,8 +508,72 @@ impl Worker {
         }
     }
 
+    /// How the record settles a wake nobody here owns: done only when the turn that consumed
+    /// it is complete (an open turn's owner may still die before batch two, and then this wake
+    /// must come back), and never from a record under repair (it may be half old, half new).
+    async fn settlement_by_record(&self, wake: &Wake) -> Settlement {
+        let inner = &self.inner;
+        let busy = inner.config.busy_delay;
+        let record = inner.conversations.record(ConversationPrefix::new(
+            wake.tenant.clone(),
+            wake.conversation,
+        ));
+        let settlement = match record.head().await {
+            Ok(head) => Settlement::Record {
+                lane_through: head.state().lane_through,
+                turn_open: head.state().turn_open,
+            },
+            Err(_) => return Settlement::Busy,
+        };
+        let acks = turnpike_router::settle::outcome(wake.seq, wake.deliveries, settlement, busy)
+            == turnpike_router::settle::Outcome::Ack;
+        if acks && !matches!(record.repair_pending().await, Ok(false)) {
+            return Settlement::Busy;
+        }
+        settlement
+    }
+
+    /// Acks `wake` when the record, read now, holds its event in a complete turn; gives it back
+    /// untouched otherwise.
+    async fn settle_if_done(&self, wake: Wake) -> Option<Wake> {
+        let settlement = self.settlement_by_record(&wake).await;
+        let outcome =
+            turnpike_router::settle::outcome(wake.seq, wake.deliveries, settlement, Duration::ZERO);
+        if outcome != turnpike_router::settle::Outcome::Ack {
+            return Some(wake);
+        }
+        wake.settle(settlement, Duration::ZERO).await;
+        None
+    }
+
+    /// A turn slot: at once when one is free; else, for at most as many wakes as there are
+    /// slots, the first one freed within `wait` (the rest are put off at once). A wake that
+    /// finds every slot taken thus usually starts when the next owner lets go, instead of
+    /// going back to the bus for `wait` while that slot stands empty, and a burst of wakes
+    /// for more conversations than there are slots is not redelivered over and over.
+    async fn free_slot(&self, wait: Duration) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        let inner = &self.inner;
+        if let Ok(permit) = inner.slots.clone().try_acquire_owned() {
+            return Some(permit);
+        }
+        if inner.is_stopping() {
+            return None;
+        }
+        let _waiting = inner.waiting.clone().try_acquire_owned().ok()?;
+        tokio::time::timeout(wait, inner.slots.clone().acquire_owned())
+            .await
+            .ok()?
+            .ok()
+    }
+
     /// Handles one wake (public so tests can deliver wakes by hand).
     pub async fn handle(&self, wake: Wake) {
+        self.handle_with(wake, None).await
+    }
+
+    /// Handles one wake, with a turn slot already taken for it, if any (else one is taken
+    /// when the wake needs it).
+    async fn handle_with(&self, wake: Wake, slot: Option<tokio::sync::OwnedSemaphorePermit>) {
         let inner = &self.inner;
         let existing = inner
             .owners
@@ -473,14 +582,28 @@ impl Worker {
             .get(&wake.conversation)
             .cloned();
         let wake = match existing {
-            Some(slot) => match slot.offer(wake).await {
+            Some(owner) => match owner.offer(wake).await {
                 None => return,
                 Some(wake) => wake,
             },
             None => wake,
         };
         let busy = inner.config.busy_delay;
-        let Ok(permit) = inner.slots.clone().try_acquire_owned() else {
+        // A wake this worker's last drain of the conversation went past (a message that came
+        // while it ran): done, when the record says so, without a claim or a slot.
+        let wake = if inner.drained_past(wake.conversation, wake.seq) {
+            match self.settle_if_done(wake).await {
+                None => return,
+                Some(wake) => wake,
+            }
+        } else {
+            wake
+        };
+        let slot = match slot {
+            Some(slot) => Some(slot),
+            None => self.free_slot(busy).await,
+        };
+        let Some(permit) = slot else {
             wake.settle(Settlement::Full, busy).await;
             return;
         };
@@ -514,26 +637,7 @@ impl Worker {
             }
             Ok(None) => {
                 drop(permit);
-                let record = inner.conversations.record(ConversationPrefix::new(
-                    wake.tenant.clone(),
-                    wake.conversation,
-                ));
-                // Done only when the turn that consumed it is complete: an open turn's owner
-                // may still die before batch two, and then this wake must come back.
-                let mut settlement = match record.head().await {
-                    Ok(head) => Settlement::Record {
-                        lane_through: head.state().lane_through,
-                        turn_open: head.state().turn_open,
-                    },
-                    Err(_) => Settlement::Busy,
-                };
-                // A record under repair may be half old, half new: nothing is acked from it.
-                let acks =
-                    turnpike_router::settle::outcome(wake.seq, wake.deliveries, settlement, busy)
-                        == turnpike_router::settle::Outcome::Ack;
-                if acks && !matches!(record.repair_pending().await, Ok(false)) {
-                    settlement = Settlement::Busy;
-                }
+                let settlement = self.settlement_by_record(&wake).await;
                 wake.settle(settlement, busy).await;
             }
             Err(e) => {
@@ -541,6 +645,33 @@ impl Worker {
                 wake.settle(Settlement::Busy, busy).await;
             }
         }
+    }
+}
+
+/// The lane positions of the conversations drained here most recently, at most [`RECENT`].
+#[derive(Default)]
+struct Recent {
+    through: HashMap<ConversationId, u64>,
+    order: std::collections::VecDeque<ConversationId>,
+}
+
+/// How many drained conversations a worker remembers.
+const RECENT: usize = 4096;
+
+impl Recent {
+    fn put(&mut self, conversation: ConversationId, through: u64) {
+        if self.through.insert(conversation, through).is_none() {
+            self.order.push_back(conversation);
+            if self.order.len() > RECENT {
+                if let Some(oldest) = self.order.pop_front() {
+                    self.through.remove(&oldest);
+                }
+            }
+        }
+    }
+
+    fn get(&self, conversation: &ConversationId) -> Option<u64> {
+        self.through.get(conversation).copied()
     }
 }
 

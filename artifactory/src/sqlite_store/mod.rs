@@ -301,24 +301,7 @@ impl SqliteStore {
             // A part of it, or its metadata: the size first, then the bytes, in one read
             // transaction.
             let tx = conn.transaction().map_err(|e| generic(e.to_string()))?;
-            let row = tx
-                .prepare_cached("SELECT size, etag, modified_ms FROM objects WHERE path = ?1")
-                .and_then(|mut s| {
-                    s.query_row(params![path.as_ref()], |row| {
-                        Ok((
-                            row.get::<_, i64>(0)?,
-                            row.get::<_, String>(1)?,
-                            row.get::<_, i64>(2)?,
-                        ))
-                    })
-                    .optional()
-                })
-                .map_err(|e| generic(e.to_string()))?;
-            let Some((size, etag, modified)) = row else {
-                return Err(not_found(&path));
-            };
-            let meta = meta(path.clone(), size, etag, modified);
-            options.check_preconditions(&meta)?;
+            let meta = object_meta(&tx, &path, &options)?;
             let range =
                 match &options.range {
                     Some(range) => range.as_range(meta.size).map_err(|source| {
@@ -489,6 +472,29 @@ fn whole_object(
     Ok(Some((meta, data)))
 }
 
+/// An object's metadata, its preconditions checked, in one statement (its bytes are not read).
+fn object_meta(conn: &Connection, path: &Path, options: &GetOptions) -> Result<ObjectMeta> {
+    let row = conn
+        .prepare_cached("SELECT size, etag, modified_ms FROM objects WHERE path = ?1")
+        .and_then(|mut s| {
+            s.query_row(params![path.as_ref()], |row| {
+                Ok((
+                    row.get::<_, i64>(0)?,
+                    row.get::<_, String>(1)?,
+                    row.get::<_, i64>(2)?,
+                ))
+            })
+            .optional()
+        })
+        .map_err(|e| generic(e.to_string()))?;
+    let Some((size, etag, modified)) = row else {
+        return Err(not_found(path));
+    };
+    let meta = meta(path.clone(), size, etag, modified);
+    options.check_preconditions(&meta)?;
+    Ok(meta)
+}
+
 /// The key range (exclusive at both ends) of the objects under `prefix` taken as a directory:
 /// `prefix/` < key < `prefix0` (`0` follows `/`); everything for no prefix.
 fn key_range(prefix: Option<&Path>) -> (String, Option<String>) {
@@ -565,9 +571,14 @@ impl ObjectStore for SqliteStore {
 
     async fn get_opts(&self, location: &Path, options: GetOptions) -> Result<GetResult> {
         let path = location.clone();
-        let small = (options.range.is_none() && !options.head)
-            .then(|| self.get_small(&path, &options))
-            .flatten();
+        // Whole objects up to a size, and metadata, on the calling thread when a reader is free.
+        let small = match (&options.range, options.head) {
+            (None, false) => self.get_small(&path, &options),
+            (None, true) => self.read_inline(|conn| {
+                Some(object_meta(conn, &path, &options).map(|meta| (meta, Bytes::new())))
+            }),
+            (Some(_), _) => None,
+        };
         let found = match small {
             Some(Ok((meta, data))) => {
                 let range = 0..meta.size;

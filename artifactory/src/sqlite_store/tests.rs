@@ -54,6 +54,38 @@ async fn whole_objects_read_alike_on_and_off_the_calling_thread() {
             assert_eq!(got.meta.e_tag, put.e_tag);
             assert_eq!(got.range, 0..size as u64);
             assert_eq!(got.bytes().await.unwrap(), bytes, "{size} bytes");
+            // Its metadata alone (read on the calling thread too), with its conditions.
+            let meta = store.head(&path).await.unwrap();
+            assert_eq!((meta.size, &meta.e_tag), (size as u64, &put.e_tag));
+            let head = |if_match: Option<String>, if_none_match: Option<String>| GetOptions {
+                head: true,
+                if_match,
+                if_none_match,
+                ..Default::default()
+            };
+            let got = store
+                .get_opts(&path, head(put.e_tag.clone(), None))
+                .await
+                .unwrap();
+            assert_eq!(
+                (got.meta.size, got.range.clone()),
+                (size as u64, 0..size as u64)
+            );
+            assert!(got.bytes().await.unwrap().is_empty());
+            for (options, why) in [
+                (head(Some("not-its-etag".into()), None), "a stale version"),
+                (head(None, put.e_tag.clone()), "the version held"),
+            ] {
+                let refused = store.get_opts(&path, options).await.unwrap_err();
+                assert!(
+                    matches!(
+                        refused,
+                        object_store::Error::Precondition { .. }
+                            | object_store::Error::NotModified { .. }
+                    ),
+                    "{size}, {why}: {refused:?}"
+                );
+            }
         }
         let stale = GetOptions {
             if_match: Some("not-its-etag".into()),
@@ -109,6 +141,8 @@ async fn whole_objects_read_alike_on_and_off_the_calling_thread() {
         }
     }
     let missing = store.get(&Path::from("objects/none")).await.unwrap_err();
+    assert!(matches!(missing, object_store::Error::NotFound { .. }));
+    let missing = store.head(&Path::from("objects/none")).await.unwrap_err();
     assert!(matches!(missing, object_store::Error::NotFound { .. }));
 }
 

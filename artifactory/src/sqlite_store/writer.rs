@@ -105,8 +105,10 @@ pub(super) fn run(
     }
 }
 
-/// Applies `group` in one transaction; one reply per job. Each job runs inside a savepoint: a
-/// job whose statements fail is undone whole (a rename never half done) and the others go on.
+/// Applies `group` in one transaction; one reply per job. A job whose statement fails is undone
+/// whole and the others go on: a job of one statement by SQLite's own rule (a failed statement
+/// backs out its changes and leaves the transaction open), a job of two (a rename) inside a
+/// savepoint, so it is never half done.
 /// Where SQLite itself ended the transaction (a full disk, an I/O error), every job of the
 /// group, those before included, is reported not written, and the rest are not run.
 fn commit(conn: &mut Connection, group: &[Job], etags: &Etags) -> Vec<Reply> {
@@ -121,20 +123,31 @@ fn commit(conn: &mut Connection, group: &[Job], etags: &Etags) -> Vec<Reply> {
     }
     let mut replies = Vec::with_capacity(group.len());
     for job in group {
-        if let Err(e) = conn.execute_batch("SAVEPOINT job") {
-            return not_written(&format!("the transaction failed: {e}"));
+        let savepoint = matches!(
+            job.op,
+            Op::Copy {
+                remove_source: true,
+                ..
+            }
+        );
+        if savepoint {
+            if let Err(e) = conn.execute_batch("SAVEPOINT job") {
+                return not_written(&format!("the transaction failed: {e}"));
+            }
         }
         let reply = apply(conn, &job.op, etags);
         if conn.is_autocommit() {
             return not_written("the transaction was rolled back by the database");
         }
-        let settled = if reply.is_ok() {
-            conn.execute_batch("RELEASE job")
-        } else {
-            conn.execute_batch("ROLLBACK TO job; RELEASE job")
-        };
-        if let Err(e) = settled {
-            return not_written(&format!("the transaction failed: {e}"));
+        if savepoint {
+            let settled = if reply.is_ok() {
+                conn.execute_batch("RELEASE job")
+            } else {
+                conn.execute_batch("ROLLBACK TO job; RELEASE job")
+            };
+            if let Err(e) = settled {
+                return not_written(&format!("the transaction failed: {e}"));
+            }
         }
         replies.push(reply);
     }

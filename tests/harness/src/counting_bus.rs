@@ -1,4 +1,4 @@
-//! A bus that counts lane reads, for tests of how often a worker asks the bus. It forwards
+//! A bus that counts lane reads and wakes, for tests of how often a worker asks the bus. It forwards
 //! everything to a real bus.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -20,6 +20,7 @@ pub struct CountingBus {
     reads: AtomicUsize,
     messages: AtomicUsize,
     heads: AtomicUsize,
+    wakes: AtomicUsize,
 }
 
 /// What a [`CountingBus`] counted.
@@ -40,7 +41,13 @@ impl CountingBus {
             reads: AtomicUsize::new(0),
             messages: AtomicUsize::new(0),
             heads: AtomicUsize::new(0),
+            wakes: AtomicUsize::new(0),
         })
+    }
+
+    /// Wakes delivered through this bus ([`Bus::next_wake`]) so far.
+    pub fn wakes(&self) -> usize {
+        self.wakes.load(Ordering::SeqCst)
     }
 
     /// What was counted so far.
@@ -102,7 +109,13 @@ impl Bus for CountingBus {
     }
 
     async fn next_wake(&self) -> Result<Wake> {
-        self.inner.next_wake().await
+        let wake = self.inner.next_wake().await?;
+        self.wakes.fetch_add(1, Ordering::SeqCst);
+        Ok(wake)
+    }
+
+    async fn unsettled(&self) -> Result<Option<u64>> {
+        self.inner.unsettled().await
     }
 
     async fn claim(
