@@ -157,13 +157,14 @@ impl RecordSigner {
         self.key.verifying_key()
     }
 
-    /// Signs a root of `partition` covering `leaf_count` leaves and, when given, the digest of
-    /// the state the root carries (see [`signed_message`]).
     /// Signs an archive's manifest digest (see [`archive_message`]).
     pub fn sign_archive(&self, manifest_digest: &Hash) -> [u8; 64] {
         self.key.sign(&archive_message(manifest_digest)).to_bytes()
     }
 
+    /// Signs a root of `partition` covering `leaf_count` leaves and, when given, the digest of
+    /// the state the root carries (see [`signed_message`]). The signature is remembered as
+    /// valid for this key ([`crate::verified`]): reading the batch back does not verify it again.
     pub fn sign(
         &self,
         partition: &str,
@@ -171,9 +172,10 @@ impl RecordSigner {
         root: &Hash,
         state: Option<&Hash>,
     ) -> [u8; 64] {
-        self.key
-            .sign(&signed_message(partition, leaf_count, root, state))
-            .to_bytes()
+        let message = signed_message(partition, leaf_count, root, state);
+        let signature = self.key.sign(&message).to_bytes();
+        crate::verified::remember(&self.key.verifying_key(), &message, &signature);
+        signature
     }
 }
 
@@ -264,14 +266,19 @@ impl TrustedKeys {
         let Some((_, key)) = self.keys.iter().find(|(id, _)| id == key_id) else {
             return SignatureCheck::UnknownKey;
         };
-        let Ok(signature) = ed25519_dalek::Signature::from_slice(signature) else {
+        let message = signed_message(partition, leaf_count, root, state);
+        // Known valid (verified or made here before): the same answer, without the curve work.
+        if crate::verified::is_known(key, &message, signature) {
+            return SignatureCheck::Valid;
+        }
+        let Ok(parsed) = ed25519_dalek::Signature::from_slice(signature) else {
             return SignatureCheck::Invalid;
         };
-        match key.verify(
-            &signed_message(partition, leaf_count, root, state),
-            &signature,
-        ) {
-            Ok(()) => SignatureCheck::Valid,
+        match key.verify(&message, &parsed) {
+            Ok(()) => {
+                crate::verified::remember(key, &message, signature);
+                SignatureCheck::Valid
+            }
             Err(_) => SignatureCheck::Invalid,
         }
     }
@@ -309,6 +316,55 @@ fn write_private(path: &Path, text: &str) -> std::io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_signature_known_valid_stays_valid_only_for_its_key_and_message() {
+        // Signed elsewhere (not through `RecordSigner::sign`, which remembers what it signs).
+        let elsewhere = SigningKey::from_bytes(&[9; 32]);
+        let other = SigningKey::from_bytes(&[10; 32]);
+        let root = [3u8; 32];
+        let state = [4u8; 32];
+        let message = signed_message("conv-m", 5, &root, Some(&state));
+        let signature = elsewhere.sign(&message).to_bytes();
+        let key = elsewhere.verifying_key();
+        let id = key_id(&key);
+        let trusted = TrustedKeys::new([key]);
+        assert!(!crate::verified::is_known(&key, &message, &signature));
+        for _ in 0..2 {
+            assert_eq!(
+                trusted.verify(&id, "conv-m", 5, &root, Some(&state), &signature),
+                SignatureCheck::Valid
+            );
+            assert!(crate::verified::is_known(&key, &message, &signature));
+        }
+        // The known signature on anything else is checked in full, and fails.
+        let mut flipped = signature;
+        flipped[10] ^= 1;
+        for (partition, leaves, state, signature) in [
+            ("conv-m", 6, Some(&state), signature),
+            ("conv-n", 5, Some(&state), signature),
+            ("conv-m", 5, None, signature),
+            ("conv-m", 5, Some(&root), signature),
+            ("conv-m", 5, Some(&state), flipped),
+        ] {
+            assert_eq!(
+                trusted.verify(&id, partition, leaves, &root, state, &signature),
+                SignatureCheck::Invalid,
+                "{partition} {leaves} {state:?}"
+            );
+        }
+        // Known valid is not trusted: a verifier without the key refuses it.
+        let others = TrustedKeys::new([other.verifying_key()]);
+        assert_eq!(
+            others.verify(&id, "conv-m", 5, &root, Some(&state), &signature),
+            SignatureCheck::UnknownKey
+        );
+        let claimed = key_id(&other.verifying_key());
+        assert_eq!(
+            others.verify(&claimed, "conv-m", 5, &root, Some(&state), &signature),
+            SignatureCheck::Invalid
+        );
+    }
 
     #[test]
     fn signs_and_verifies_and_tells_keys_apart() {

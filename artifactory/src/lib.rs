@@ -4,6 +4,7 @@
 //! - [`record`]: the append-only, signed, verifiable record of one conversation
 //! - [`mmr`]: the Merkle Mountain Range under the record's roots
 //! - [`keys`]: ed25519 signing keys and trusted public keys
+//! - `verified`: signatures this process already knows to be valid (verified once, not twice)
 //! - [`turnlogs`]: one object per turn
 //! - [`attempts`]: side objects written per attempt, promoted once the record commits one
 //! - [`git`]: project versions, one immutable ref per successful turn
@@ -37,6 +38,7 @@ pub mod store;
 pub mod synced;
 pub mod tombstones;
 pub mod turnlogs;
+mod verified;
 
 pub use conversations::{Conversations, NewConversation};
 pub use dead_letters::{DeadLetter, DeadLetters};

@@ -1,0 +1,65 @@
+//! Signatures this process already knows to be valid, so that one record root is not verified
+//! twice: a worker reads back the head it just signed when its next drain starts, and a wake's
+//! check of the record reads the same last batch again.
+//!
+//! Contract: an entry is the SHA-256 of a public key, a message and a signature, for a
+//! signature that verified with that key — or that this process made with it. Whether a
+//! signature is valid is a function of those three alone, so a remembered answer never goes
+//! stale, and a signature copied onto another message, or claimed for another key, is another
+//! entry (a miss, verified in full). Trust is not remembered here: the caller still decides
+//! which keys it trusts. Bounded: at most [`CAPACITY`] entries, the oldest out first.
+
+use std::collections::{HashSet, VecDeque};
+use std::sync::{Mutex, OnceLock};
+
+use ed25519_dalek::VerifyingKey;
+use sha2::{Digest as _, Sha256};
+
+/// The most signatures remembered (about 3 MiB).
+pub const CAPACITY: usize = 32_768;
+
+type Entry = [u8; 32];
+
+#[derive(Default)]
+struct Known {
+    set: HashSet<Entry>,
+    order: VecDeque<Entry>,
+}
+
+fn known() -> &'static Mutex<Known> {
+    static KNOWN: OnceLock<Mutex<Known>> = OnceLock::new();
+    KNOWN.get_or_init(Mutex::default)
+}
+
+fn entry(key: &VerifyingKey, message: &[u8], signature: &[u8]) -> Entry {
+    let mut h = Sha256::new();
+    h.update(b"turnpike-verified-v1\0");
+    h.update(key.as_bytes());
+    h.update((message.len() as u64).to_be_bytes());
+    h.update(message);
+    h.update(signature);
+    h.finalize().into()
+}
+
+/// Whether `signature` over `message` by `key` is known to be valid.
+pub(crate) fn is_known(key: &VerifyingKey, message: &[u8], signature: &[u8]) -> bool {
+    let entry = entry(key, message, signature);
+    known().lock().is_ok_and(|k| k.set.contains(&entry))
+}
+
+/// Remembers that `signature` over `message` by `key` is valid (it verified, or this process
+/// made it with that key).
+pub(crate) fn remember(key: &VerifyingKey, message: &[u8], signature: &[u8]) {
+    let entry = entry(key, message, signature);
+    let Ok(mut k) = known().lock() else {
+        return;
+    };
+    if k.set.insert(entry) {
+        k.order.push_back(entry);
+        if k.order.len() > CAPACITY {
+            if let Some(oldest) = k.order.pop_front() {
+                k.set.remove(&oldest);
+            }
+        }
+    }
+}
