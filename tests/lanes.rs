@@ -1539,3 +1539,69 @@ async fn a_worker_with_every_slot_taken_leaves_wakes_to_a_worker_with_room() {
         .collect();
     assert_eq!(busy_dispatched, [busy_id]);
 }
+
+/// A running worker with one turn slot, idle and waiting for wakes, still sweeps: a turn left
+/// open by a dead owner, with no event left to bring it back, is recovered by its periodic
+/// sweep (waiting for a wake must not hold the slot a sweep needs).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_worker_with_one_slot_still_recovers_an_open_turn_by_its_sweep() {
+    use turnpike_worker::Failpoints;
+    let fleet = Fleet::start(&binary()).await;
+    let convs = create_conversations(&fleet.conversations, &signer(), 1).await;
+    publish(fleet.bus.clone(), &fleet.conversations, &convs, 0, 1, LONG)
+        .await
+        .unwrap();
+    let real = fleet.bus.next_wake().await.unwrap();
+    let seq = real.seq;
+    real.ack().await.unwrap();
+    let apps = Arc::new(Apps::new().with_fallback(Arc::new(EchoAgent)));
+    let config = WorkerConfig {
+        slots: 1,
+        lease_ttl: Duration::from_millis(1500),
+        renew_every: Duration::from_millis(500),
+        sweep_every: Duration::from_millis(200),
+        ..WorkerConfig::default()
+    };
+    let doomed = Worker::new(
+        fleet.bus.clone(),
+        fleet.conversations.clone(),
+        signer(),
+        apps.clone(),
+        WorkerConfig {
+            failpoints: Failpoints::default()
+                .with("after-batch-one", turnpike_worker::failpoints::Action::Hang),
+            ..config.clone()
+        },
+    );
+    doomed
+        .handle(Wake::new(
+            convs[0],
+            fixtures::tenant(),
+            seq,
+            1,
+            Box::new(HandAck),
+        ))
+        .await;
+    let rec = record(&fleet.conversations, convs[0]);
+    until(LONG, "batch one of turn 1", || async {
+        rec.head().await.unwrap().state().turn_open
+    })
+    .await;
+    doomed.crash();
+    let pool = WorkerPool::start([Worker::new(
+        fleet.bus.clone(),
+        fleet.conversations.clone(),
+        signer(),
+        apps,
+        config,
+    )]);
+    until(LONG, "the sweep recovers turn 1", || async {
+        let head = rec.head().await.unwrap();
+        head.state().last_turn == 1 && !head.state().turn_open
+    })
+    .await;
+    pool.stop().await;
+    check_conversation(&fleet.conversations, &signer(), convs[0], 0, 1)
+        .await
+        .unwrap();
+}

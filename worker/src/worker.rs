@@ -327,17 +327,20 @@ impl Worker {
         info!(worker = %self.inner.worker, drained, "worker stopped");
     }
 
-    /// The next wake, taken only once a turn slot is free: a worker whose slots are all taken
-    /// leaves the bus's wakes to workers that have room (or to itself, once a slot frees)
-    /// instead of taking them only to put them off. Wakes for the conversations it owns wait
-    /// too: their owners read their lanes to the end anyway. Cancel-safe.
+    /// The next wake, taken only once a turn slot is free, with that slot: a worker whose
+    /// slots are all taken leaves the bus's wakes to workers that have room (or to itself, once
+    /// a slot frees) instead of taking them only to put them off. Wakes for the conversations
+    /// it owns wait too: their owners read their lanes to the end anyway. The slot is not held
+    /// while waiting for a wake (a sweep may need it then); it is taken as the wake arrives and
+    /// handed to the wake's handler, which gives it back at once when the wake needs none (its
+    /// conversation is owned here, or already done) — or `None` if a sweep took it first.
+    /// Cancel-safe.
     async fn next_wake_with_a_free_slot(
         &self,
     ) -> turnpike_router::Result<(Wake, Option<tokio::sync::OwnedSemaphorePermit>)> {
-        // Taken first and handed to the wake's handler, which gives it back at once when the
-        // wake needs none (its conversation is owned here, or already done).
-        let permit = self.inner.slots.clone().acquire_owned().await.ok();
-        Ok((self.inner.bus.next_wake().await?, permit))
+        drop(self.inner.slots.acquire().await);
+        let wake = self.inner.bus.next_wake().await?;
+        Ok((wake, self.inner.slots.clone().try_acquire_owned().ok()))
     }
 
     /// Waits until no conversation is owned.
