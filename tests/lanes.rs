@@ -1442,11 +1442,27 @@ impl turnpike_worker::App for HoldOne {
     }
 }
 
-/// A worker whose turn slots are all taken leaves the bus's wakes alone: a worker with room
-/// takes them on their first delivery, while the busy worker's turn still runs — and every wake
-/// is settled once the turns are done.
+/// A worker whose turn slots are all taken leaves the bus's wakes alone (for its `busy_delay`,
+/// here longer than the test): a worker with room takes them on their first delivery, while the
+/// busy worker's turn still runs — and every wake is settled once the turns are done.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_with_every_slot_taken_leaves_wakes_to_a_worker_with_room() {
+    a_busy_worker_and_a_roomy_one(Duration::from_secs(600)).await;
+}
+
+/// Once every slot has stayed taken for a `busy_delay`, a worker takes wakes again and puts
+/// off those it has no room for, so that what a bus handed it ahead (a JetStream prefetch)
+/// goes back to workers with room instead of waiting out its ack wait there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_busy_past_its_busy_delay_hands_wakes_back() {
+    a_busy_worker_and_a_roomy_one(Duration::from_millis(100)).await;
+}
+
+/// One worker (one slot, `busy_delay`) holds a turn; another conversation's message comes, and
+/// a worker with room. With a long `busy_delay` the busy worker never takes the new wake; with
+/// a short one it takes it once it has been busy that long, and puts it off.
+async fn a_busy_worker_and_a_roomy_one(busy_delay: Duration) {
+    let patient = busy_delay > LONG;
     let dir = tempfile::tempdir().unwrap();
     let bus: Arc<dyn Bus> =
         EmbeddedBus::open(&dir.path().join("bus.redb"), EmbeddedConfig::default()).unwrap();
@@ -1469,6 +1485,7 @@ async fn a_worker_with_every_slot_taken_leaves_wakes_to_a_worker_with_room() {
             Arc::new(Apps::new().with_fallback(agent.clone())),
             WorkerConfig {
                 slots: 1,
+                busy_delay,
                 workspace_root: dir.path().join("workspaces"),
                 ..WorkerConfig::default()
             },
@@ -1489,10 +1506,18 @@ async fn a_worker_with_every_slot_taken_leaves_wakes_to_a_worker_with_room() {
             .expect("the held turn starts");
     }
     assert_eq!(busy_bus.wakes(), 1);
-    // Another conversation's message, with a worker that has room.
+    // Another conversation's message; a busy worker past its busy delay takes it, and puts it
+    // off.
     publish(bus.clone(), &conversations, &[other], 0, 1, LONG)
         .await
         .unwrap();
+    if !patient {
+        until(LONG, "the busy worker takes the wake", || async {
+            busy_bus.wakes() >= 2
+        })
+        .await;
+    }
+    // A worker with room.
     let roomy = worker(bus.clone());
     let roomy_id = roomy.id().to_string();
     let roomy_pool = WorkerPool::start([roomy]);
@@ -1510,8 +1535,10 @@ async fn a_worker_with_every_slot_taken_leaves_wakes_to_a_worker_with_room() {
         })
         .collect();
     assert_eq!(dispatched, [roomy_id]);
-    // The busy worker never took the other conversation's wake, not even to put it off.
-    assert_eq!(busy_bus.wakes(), 1);
+    if patient {
+        // The busy worker never took the other conversation's wake, not even to put it off.
+        assert_eq!(busy_bus.wakes(), 1);
+    }
     assert!(agent.running.load(std::sync::atomic::Ordering::SeqCst));
     agent.release.add_permits(1);
     wait_for_turns(&conversations, &[held], 1, LONG)

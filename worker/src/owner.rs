@@ -349,9 +349,6 @@ pub(crate) async fn own(
         }
         // Step 9: stop taking wakes, give up the lease, then re-read the lane head.
         let lane_through = state.as_ref().map_or(0, |s| s.lane_through);
-        if state.as_ref().is_some_and(|s| !s.turn_open) {
-            worker.drained(conversation, lane_through);
-        }
         let leftovers = guard.slot.close(state.as_ref()).await;
         worker.forget_owner(conversation, &guard.slot);
         // After a clean drain the rest is for whoever comes next, at once; after a failure,
@@ -393,6 +390,11 @@ pub(crate) async fn own(
             // recreated or re-sharded. Acking or skipping would lose events: stop and alarm.
             tracing::error!(%conversation, lane_last = last, lane_through, "the lane is behind the record (a recreated or re-sharded lane stream); nothing is skipped, this conversation waits for an operator");
             return;
+        }
+        // The lane is where the record says: wakes up to here that come later are done, once
+        // the record (read again) says so (see `Worker::handle`).
+        if state.as_ref().is_some_and(|s| !s.turn_open) {
+            worker.drained(conversation, lane_through);
         }
         if last == lane_through || worker.is_stopping() {
             return;

@@ -7,10 +7,11 @@
 //! two), and nak'd otherwise: after one `busy_delay` while the owner is between turns, after a
 //! delay that grows with its deliveries while a turn runs ([`turnpike_router::settle`]).
 //!
-//! The claim loop takes the next wake only once a turn slot is free, and hands the slot to the
-//! wake's handler: a worker whose slots are all taken leaves wakes on the bus for workers with
-//! room, instead of taking them only to put them off (under a burst for more conversations
-//! than slots, that redelivered every wake many times over). A wake for an event this worker's
+//! The claim loop takes the next wake only once a turn slot is free (waiting at most a
+//! `busy_delay` at a time), and hands the slot to the wake's handler: a worker whose slots free
+//! up quickly leaves wakes on the bus until it has room, instead of taking them only to put
+//! them off (under a burst for more conversations than slots, that redelivered every wake many
+//! times over, while the slots that freed stood empty until a put-off wake came back). A wake for an event this worker's
 //! last drain of the conversation already took is acked once the record, read again, holds it
 //! in a complete turn — without a claim.
 //!
@@ -60,6 +61,9 @@ pub(crate) struct Inner {
     /// [`Inner::drained`]).
     drained: Mutex<Recent>,
     pub(crate) stopping: AtomicBool,
+    /// Every slot has stayed taken for a `busy_delay`: the claim loop takes wakes without
+    /// waiting for one (see [`Worker::next_wake_with_a_free_slot`]).
+    saturated: AtomicBool,
 }
 
 impl std::ops::Deref for Inner {
@@ -204,6 +208,7 @@ impl Worker {
                 owner_gone: Notify::new(),
                 drained: Mutex::default(),
                 stopping: AtomicBool::new(false),
+                saturated: AtomicBool::new(false),
             }),
         }
     }
@@ -335,12 +340,25 @@ impl Worker {
     /// handed to the wake's handler, which gives it back at once when the wake needs none (its
     /// conversation is owned here, or already done) — or `None` if a sweep took it first.
     /// Cancel-safe.
+    ///
+    /// Bounded: once every slot has stayed taken for a `busy_delay` (long turns), wakes are
+    /// taken as they come again until a slot frees, and those that need one are put off as
+    /// before — so the wakes a bus already handed this process (a JetStream feeder's prefetch)
+    /// go back to workers with room within about a `busy_delay`, not at their ack wait.
     async fn next_wake_with_a_free_slot(
         &self,
     ) -> turnpike_router::Result<(Wake, Option<tokio::sync::OwnedSemaphorePermit>)> {
-        drop(self.inner.slots.acquire().await);
-        let wake = self.inner.bus.next_wake().await?;
-        Ok((wake, self.inner.slots.clone().try_acquire_owned().ok()))
+        let inner = &self.inner;
+        let free = if inner.saturated.load(Ordering::Relaxed) {
+            inner.slots.available_permits() > 0
+        } else {
+            tokio::time::timeout(inner.config.busy_delay, inner.slots.acquire())
+                .await
+                .is_ok()
+        };
+        inner.saturated.store(!free, Ordering::Relaxed);
+        let wake = inner.bus.next_wake().await?;
+        Ok((wake, inner.slots.clone().try_acquire_owned().ok()))
     }
 
     /// Waits until no conversation is owned.
@@ -593,7 +611,7 @@ impl Worker {
         };
         let busy = inner.config.busy_delay;
         // A wake this worker's last drain of the conversation went past (a message that came
-        // while it ran): done, when the record says so, without a claim or a slot.
+        // while it ran): done, when the record says so, without a claim.
         let wake = if inner.drained_past(wake.conversation, wake.seq) {
             match self.settle_if_done(wake).await {
                 None => return,
