@@ -505,6 +505,23 @@ impl JetStreamBus {
     }
 
     /// Starts one feeder per shard, pulling wakes from the shared dispatch consumers.
+    /// The dispatch consumer's state on every shard, in shard order.
+    async fn dispatch_infos(&self) -> Result<Vec<async_nats::jetstream::consumer::Info>> {
+        let mut out = Vec::with_capacity(self.streams.len());
+        for stream in &self.streams {
+            let mut consumer: PullConsumer = stream
+                .get_consumer(DISPATCH_CONSUMER)
+                .await
+                .map_err(|e| unavailable("reading the dispatch consumer", e))?;
+            let info = consumer
+                .info()
+                .await
+                .map_err(|e| unavailable("reading the dispatch consumer", e))?;
+            out.push(info.clone());
+        }
+        Ok(out)
+    }
+
     async fn start_feeders(&self) -> Mutex<mpsc::Receiver<Wake>> {
         let prefetch = self.config.prefetch.max(1);
         let (tx, rx) = mpsc::channel(prefetch);
@@ -630,35 +647,23 @@ impl WakeAck for JsAck {
 #[async_trait]
 impl Bus for JetStreamBus {
     async fn pending_per_shard(&self) -> Result<Vec<(u32, u64)>> {
-        let mut out = Vec::with_capacity(self.streams.len());
-        for (shard, stream) in self.streams.iter().enumerate() {
-            let mut consumer: PullConsumer = stream
-                .get_consumer(DISPATCH_CONSUMER)
-                .await
-                .map_err(|e| unavailable("reading the dispatch consumer", e))?;
-            let info = consumer
-                .info()
-                .await
-                .map_err(|e| unavailable("reading the dispatch consumer", e))?;
-            out.push((shard as u32, info.num_pending));
-        }
-        Ok(out)
+        Ok(self
+            .dispatch_infos()
+            .await?
+            .iter()
+            .enumerate()
+            .map(|(shard, info)| (shard as u32, info.num_pending))
+            .collect())
     }
 
     async fn unsettled(&self) -> Result<Option<u64>> {
-        let mut total = 0;
-        for stream in &self.streams {
-            let mut consumer: PullConsumer = stream
-                .get_consumer(DISPATCH_CONSUMER)
-                .await
-                .map_err(|e| unavailable("reading the dispatch consumer", e))?;
-            let info = consumer
-                .info()
-                .await
-                .map_err(|e| unavailable("reading the dispatch consumer", e))?;
-            total += info.num_pending + info.num_ack_pending as u64;
-        }
-        Ok(Some(total))
+        let infos = self.dispatch_infos().await?;
+        Ok(Some(
+            infos
+                .iter()
+                .map(|i| i.num_pending + i.num_ack_pending as u64)
+                .sum(),
+        ))
     }
 
     async fn publish(&self, event: &Event) -> Result<Published> {
