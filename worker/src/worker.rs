@@ -11,9 +11,10 @@
 //! `busy_delay` at a time), and hands the slot to the wake's handler: a worker whose slots free
 //! up quickly leaves wakes on the bus until it has room, instead of taking them only to put
 //! them off (under a burst for more conversations than slots, that redelivered every wake many
-//! times over, while the slots that freed stood empty until a put-off wake came back). A wake for an event this worker's
-//! last drain of the conversation already took is acked once the record, read again, holds it
-//! in a complete turn — without a claim.
+//! times over, while the slots that freed stood empty until a put-off wake came back).
+//!
+//! A wake for an event this worker's last drain of the conversation already took is acked
+//! once the record, read again, holds it in a complete turn — without a claim.
 //!
 //! Wakes are handled on their own tasks, so one slow store or lease read does not stall the
 //! intake of every other conversation's wakes.
