@@ -868,8 +868,17 @@ async fn bulk_load(f: Fixture) {
             );
             tokio::time::sleep(std::time::Duration::from_millis(50)).await;
         }
+        // Tests share the server: another test's index, opened at this moment, may have taken
+        // the lock to build it first (it is valid once that build ends); else this one did.
         let next = PgIndex::connect(&url, 384).await.unwrap();
-        assert_eq!(next.vector_index_valid().await.unwrap(), Some(true));
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while next.vector_index_valid().await.unwrap() != Some(true) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the vector index was never built again"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
     }
 }
 
