@@ -10,7 +10,7 @@ use async_trait::async_trait;
 use turnpike_artifactory::{Conversations, RecordSigner};
 use turnpike_router::bus::{Bus, Wake, WakeAck};
 use turnpike_router::embedded::{EmbeddedBus, EmbeddedConfig};
-use turnpike_schemas::EntryBody;
+use turnpike_schemas::{ConversationId, EntryBody};
 use turnpike_tests::fixtures::{self, signer};
 use turnpike_tests::fleet::Fleet;
 use turnpike_tests::lanes::{
@@ -1631,4 +1631,77 @@ async fn an_idle_worker_with_one_slot_still_recovers_an_open_turn_by_its_sweep()
     check_conversation(&fleet.conversations, &signer(), convs[0], 0, 1)
         .await
         .unwrap();
+}
+
+/// A worker whose slots are all taken still does the rest of its sweep: with a turn left open
+/// elsewhere that it has no slot to take over, it still closes a conversation gone idle.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_with_no_slot_for_a_takeover_still_closes_idle_conversations() {
+    let dir = tempfile::tempdir().unwrap();
+    let bus: Arc<dyn Bus> =
+        EmbeddedBus::open(&dir.path().join("bus.redb"), EmbeddedConfig::default()).unwrap();
+    let conversations = Conversations::new(
+        turnpike_artifactory::open_store(dir.path().join("store").to_str().unwrap()).unwrap(),
+    );
+    let convs = create_conversations(&conversations, &signer(), 2).await;
+    let (held, idle) = (convs[0], convs[1]);
+    let agent = Arc::new(HoldOne {
+        held,
+        started: tokio::sync::Notify::new(),
+        running: Default::default(),
+        release: tokio::sync::Semaphore::new(0),
+    });
+    let worker = |sweep_every: Duration| {
+        Worker::new(
+            bus.clone(),
+            conversations.clone(),
+            signer(),
+            Arc::new(Apps::new().with_fallback(agent.clone())),
+            WorkerConfig {
+                slots: 1,
+                sweep_every,
+                busy_delay: Duration::from_secs(600),
+                idle_timeout: Some(Duration::from_millis(500)),
+                workspace_root: dir.path().join("workspaces"),
+                ..WorkerConfig::default()
+            },
+        )
+    };
+    // The sweeping worker's one slot is held by a turn that waits.
+    let sweeper = WorkerPool::start([worker(Duration::from_millis(100))]);
+    let started = agent.started.notified();
+    publish(bus.clone(), &conversations, &[held], 0, 1, LONG)
+        .await
+        .unwrap();
+    if !agent.running.load(std::sync::atomic::Ordering::SeqCst) {
+        tokio::time::timeout(LONG, started)
+            .await
+            .expect("the held turn starts");
+    }
+    // Another worker (sweeping only as it starts) runs a turn in the other conversation, which
+    // then goes idle.
+    let other = WorkerPool::start([worker(Duration::from_secs(3600))]);
+    publish(bus.clone(), &conversations, &[idle], 0, 1, LONG)
+        .await
+        .unwrap();
+    wait_for_turns(&conversations, &[idle], 1, LONG)
+        .await
+        .unwrap();
+    // A turn left open somewhere, which the sweeper has no slot to take over.
+    let orphan =
+        turnpike_artifactory::ConversationPrefix::new(fixtures::tenant(), ConversationId::new());
+    conversations.open_turns().mark(&orphan).await.unwrap();
+    until(LONG, "the idle conversation is closed", || async {
+        record(&conversations, idle)
+            .entries()
+            .await
+            .unwrap()
+            .iter()
+            .any(|e| matches!(e.body, EntryBody::IdleClosed(_)))
+    })
+    .await;
+    assert!(agent.running.load(std::sync::atomic::Ordering::SeqCst));
+    agent.release.add_permits(1);
+    other.stop().await;
+    sweeper.stop().await;
 }

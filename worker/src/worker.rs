@@ -412,8 +412,10 @@ impl Worker {
             if inner.owns(conversation) {
                 continue;
             }
+            // No slot free for a takeover: the marks wait for the next sweep, and the rest of
+            // this one (deletions, idle conversations, retention) still runs.
             let Ok(permit) = inner.slots.clone().try_acquire_owned() else {
-                return;
+                break;
             };
             let Some(lease) = inner.claim_free(conversation).await else {
                 continue;
