@@ -264,14 +264,37 @@ async fn the_same_idempotency_key_sent_three_times_is_one_event() {
         .unwrap();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn embedded_workers_keep_order_and_lose_nothing() {
+/// The workers that dispatched `conversation`'s turns, in order.
+async fn dispatchers(
+    conversations: &Conversations,
+    conversation: turnpike_schemas::ConversationId,
+) -> Vec<String> {
+    record(conversations, conversation)
+        .entries()
+        .await
+        .unwrap()
+        .into_iter()
+        .filter_map(|e| match e.body {
+            EntryBody::TurnDispatched(d) => Some(d.worker.to_string()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// An embedded bus and a local store in a temporary directory, for workers in this process.
+fn embedded_in_process() -> (tempfile::TempDir, Arc<dyn Bus>, Conversations) {
     let dir = tempfile::tempdir().unwrap();
     let bus: Arc<dyn Bus> =
         EmbeddedBus::open(&dir.path().join("bus.redb"), EmbeddedConfig::default()).unwrap();
     let conversations = Conversations::new(
         turnpike_artifactory::open_store(dir.path().join("store").to_str().unwrap()).unwrap(),
     );
+    (dir, bus, conversations)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn embedded_workers_keep_order_and_lose_nothing() {
+    let (dir, bus, conversations) = embedded_in_process();
     let convs = create_conversations(&conversations, &signer(), 100).await;
     let pool = WorkerPool::start((0..4).map(|_| {
         Worker::new(
@@ -674,10 +697,20 @@ where
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_open_turn_is_never_acked_by_a_bystander_and_a_sweep_recovers_it_with_no_event_left() {
+/// A turn left open after batch one: its owner (`config`, hanging there) still holds the
+/// lease, and the event's wake was taken and acked beforehand, so nothing on the bus will ever
+/// bring it back.
+struct LeftOpen {
+    conversation: ConversationId,
+    /// The event's lane sequence.
+    seq: u64,
+    /// The owner, hanging after batch one (`crash` it to let its lease lapse).
+    doomed: Worker,
+    record: turnpike_artifactory::Record,
+}
+
+async fn a_turn_left_open(fleet: &Fleet, apps: &Arc<Apps>, config: &WorkerConfig) -> LeftOpen {
     use turnpike_worker::Failpoints;
-    let fleet = Fleet::start(&binary()).await;
     let convs = create_conversations(&fleet.conversations, &signer(), 1).await;
     publish(fleet.bus.clone(), &fleet.conversations, &convs, 0, 1, LONG)
         .await
@@ -686,12 +719,6 @@ async fn an_open_turn_is_never_acked_by_a_bystander_and_a_sweep_recovers_it_with
     let real = fleet.bus.next_wake().await.unwrap();
     let seq = real.seq;
     real.ack().await.unwrap();
-    let apps = Arc::new(Apps::new().with_fallback(Arc::new(EchoAgent)));
-    let config = WorkerConfig {
-        lease_ttl: Duration::from_millis(1500),
-        renew_every: Duration::from_millis(500),
-        ..WorkerConfig::default()
-    };
     let doomed = Worker::new(
         fleet.bus.clone(),
         fleet.conversations.clone(),
@@ -717,6 +744,30 @@ async fn an_open_turn_is_never_acked_by_a_bystander_and_a_sweep_recovers_it_with
         rec.head().await.unwrap().state().turn_open
     })
     .await;
+    LeftOpen {
+        conversation: convs[0],
+        seq,
+        doomed,
+        record: rec,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_open_turn_is_never_acked_by_a_bystander_and_a_sweep_recovers_it_with_no_event_left() {
+    let fleet = Fleet::start(&binary()).await;
+    let apps = Arc::new(Apps::new().with_fallback(Arc::new(EchoAgent)));
+    let config = WorkerConfig {
+        lease_ttl: Duration::from_millis(1500),
+        renew_every: Duration::from_millis(500),
+        ..WorkerConfig::default()
+    };
+    let LeftOpen {
+        conversation,
+        seq,
+        doomed,
+        record: rec,
+    } = a_turn_left_open(&fleet, &apps, &config).await;
+    let convs = [conversation];
 
     // A bystander gets the wake again while the turn is open: it cannot take the lease, and
     // the lane is committed past the wake — but the turn is not complete, so it must not ack.
@@ -1426,6 +1477,30 @@ struct HoldOne {
     release: tokio::sync::Semaphore,
 }
 
+impl HoldOne {
+    fn new(held: turnpike_schemas::ConversationId) -> Arc<Self> {
+        Arc::new(HoldOne {
+            held,
+            started: tokio::sync::Notify::new(),
+            running: Default::default(),
+            release: tokio::sync::Semaphore::new(0),
+        })
+    }
+
+    /// Sends the held conversation a message and waits until its turn runs (and waits).
+    async fn hold(&self, bus: &Arc<dyn Bus>, conversations: &Conversations) {
+        let started = self.started.notified();
+        publish(bus.clone(), conversations, &[self.held], 0, 1, LONG)
+            .await
+            .unwrap();
+        if !self.running.load(std::sync::atomic::Ordering::SeqCst) {
+            tokio::time::timeout(LONG, started)
+                .await
+                .expect("the held turn starts");
+        }
+    }
+}
+
 #[async_trait]
 impl turnpike_worker::App for HoldOne {
     async fn on_reactive_event(
@@ -1463,20 +1538,10 @@ async fn a_worker_busy_past_its_busy_delay_hands_wakes_back() {
 /// a short one it takes it once it has been busy that long, and puts it off.
 async fn a_busy_worker_and_a_roomy_one(busy_delay: Duration) {
     let patient = busy_delay > LONG;
-    let dir = tempfile::tempdir().unwrap();
-    let bus: Arc<dyn Bus> =
-        EmbeddedBus::open(&dir.path().join("bus.redb"), EmbeddedConfig::default()).unwrap();
-    let conversations = Conversations::new(
-        turnpike_artifactory::open_store(dir.path().join("store").to_str().unwrap()).unwrap(),
-    );
+    let (dir, bus, conversations) = embedded_in_process();
     let convs = create_conversations(&conversations, &signer(), 2).await;
     let (held, other) = (convs[0], convs[1]);
-    let agent = Arc::new(HoldOne {
-        held,
-        started: tokio::sync::Notify::new(),
-        running: Default::default(),
-        release: tokio::sync::Semaphore::new(0),
-    });
+    let agent = HoldOne::new(held);
     let worker = |bus: Arc<dyn Bus>| {
         Worker::new(
             bus,
@@ -1496,15 +1561,7 @@ async fn a_busy_worker_and_a_roomy_one(busy_delay: Duration) {
     let busy_id = busy.id().to_string();
     let busy_pool = WorkerPool::start([busy]);
     // The busy worker's one slot is taken by a turn that waits.
-    let started = agent.started.notified();
-    publish(bus.clone(), &conversations, &[held], 0, 1, LONG)
-        .await
-        .unwrap();
-    if !agent.running.load(std::sync::atomic::Ordering::SeqCst) {
-        tokio::time::timeout(LONG, started)
-            .await
-            .expect("the held turn starts");
-    }
+    agent.hold(&bus, &conversations).await;
     assert_eq!(busy_bus.wakes(), 1);
     // Another conversation's message; a busy worker past its busy delay takes it, and puts it
     // off.
@@ -1524,16 +1581,7 @@ async fn a_busy_worker_and_a_roomy_one(busy_delay: Duration) {
     wait_for_turns(&conversations, &[other], 1, LONG)
         .await
         .unwrap();
-    let dispatched: Vec<String> = record(&conversations, other)
-        .entries()
-        .await
-        .unwrap()
-        .into_iter()
-        .filter_map(|e| match e.body {
-            EntryBody::TurnDispatched(d) => Some(d.worker.to_string()),
-            _ => None,
-        })
-        .collect();
+    let dispatched = dispatchers(&conversations, other).await;
     assert_eq!(dispatched, [roomy_id]);
     if patient {
         // The busy worker never took the other conversation's wake, not even to put it off.
@@ -1554,16 +1602,7 @@ async fn a_busy_worker_and_a_roomy_one(busy_delay: Duration) {
     }
     roomy_pool.stop().await;
     busy_pool.stop().await;
-    let busy_dispatched: Vec<String> = record(&conversations, held)
-        .entries()
-        .await
-        .unwrap()
-        .into_iter()
-        .filter_map(|e| match e.body {
-            EntryBody::TurnDispatched(d) => Some(d.worker.to_string()),
-            _ => None,
-        })
-        .collect();
+    let busy_dispatched = dispatchers(&conversations, held).await;
     assert_eq!(busy_dispatched, [busy_id]);
 }
 
@@ -1572,15 +1611,7 @@ async fn a_busy_worker_and_a_roomy_one(busy_delay: Duration) {
 /// sweep (waiting for a wake must not hold the slot a sweep needs).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_worker_with_one_slot_still_recovers_an_open_turn_by_its_sweep() {
-    use turnpike_worker::Failpoints;
     let fleet = Fleet::start(&binary()).await;
-    let convs = create_conversations(&fleet.conversations, &signer(), 1).await;
-    publish(fleet.bus.clone(), &fleet.conversations, &convs, 0, 1, LONG)
-        .await
-        .unwrap();
-    let real = fleet.bus.next_wake().await.unwrap();
-    let seq = real.seq;
-    real.ack().await.unwrap();
     let apps = Arc::new(Apps::new().with_fallback(Arc::new(EchoAgent)));
     let config = WorkerConfig {
         slots: 1,
@@ -1589,31 +1620,13 @@ async fn an_idle_worker_with_one_slot_still_recovers_an_open_turn_by_its_sweep()
         sweep_every: Duration::from_millis(200),
         ..WorkerConfig::default()
     };
-    let doomed = Worker::new(
-        fleet.bus.clone(),
-        fleet.conversations.clone(),
-        signer(),
-        apps.clone(),
-        WorkerConfig {
-            failpoints: Failpoints::default()
-                .with("after-batch-one", turnpike_worker::failpoints::Action::Hang),
-            ..config.clone()
-        },
-    );
-    doomed
-        .handle(Wake::new(
-            convs[0],
-            fixtures::tenant(),
-            seq,
-            1,
-            Box::new(HandAck),
-        ))
-        .await;
-    let rec = record(&fleet.conversations, convs[0]);
-    until(LONG, "batch one of turn 1", || async {
-        rec.head().await.unwrap().state().turn_open
-    })
-    .await;
+    let LeftOpen {
+        conversation,
+        doomed,
+        record: rec,
+        ..
+    } = a_turn_left_open(&fleet, &apps, &config).await;
+    let convs = [conversation];
     doomed.crash();
     let pool = WorkerPool::start([Worker::new(
         fleet.bus.clone(),
@@ -1637,20 +1650,10 @@ async fn an_idle_worker_with_one_slot_still_recovers_an_open_turn_by_its_sweep()
 /// elsewhere that it has no slot to take over, it still closes a conversation gone idle.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_with_no_slot_for_a_takeover_still_closes_idle_conversations() {
-    let dir = tempfile::tempdir().unwrap();
-    let bus: Arc<dyn Bus> =
-        EmbeddedBus::open(&dir.path().join("bus.redb"), EmbeddedConfig::default()).unwrap();
-    let conversations = Conversations::new(
-        turnpike_artifactory::open_store(dir.path().join("store").to_str().unwrap()).unwrap(),
-    );
+    let (dir, bus, conversations) = embedded_in_process();
     let convs = create_conversations(&conversations, &signer(), 2).await;
     let (held, idle) = (convs[0], convs[1]);
-    let agent = Arc::new(HoldOne {
-        held,
-        started: tokio::sync::Notify::new(),
-        running: Default::default(),
-        release: tokio::sync::Semaphore::new(0),
-    });
+    let agent = HoldOne::new(held);
     let worker = |sweep_every: Duration| {
         Worker::new(
             bus.clone(),
@@ -1669,15 +1672,7 @@ async fn a_worker_with_no_slot_for_a_takeover_still_closes_idle_conversations() 
     };
     // The sweeping worker's one slot is held by a turn that waits.
     let sweeper = WorkerPool::start([worker(Duration::from_millis(100))]);
-    let started = agent.started.notified();
-    publish(bus.clone(), &conversations, &[held], 0, 1, LONG)
-        .await
-        .unwrap();
-    if !agent.running.load(std::sync::atomic::Ordering::SeqCst) {
-        tokio::time::timeout(LONG, started)
-            .await
-            .expect("the held turn starts");
-    }
+    agent.hold(&bus, &conversations).await;
     // Another worker (sweeping only as it starts) runs a turn in the other conversation, which
     // then goes idle.
     let other = WorkerPool::start([worker(Duration::from_secs(3600))]);
