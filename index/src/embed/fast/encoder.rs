@@ -538,6 +538,16 @@ mod tests {
         a.iter().zip(b).map(|(x, y)| x * y).sum()
     }
 
+    /// The made-up model loaded, or `None` (said on stderr) where this CPU cannot run the
+    /// encoder.
+    fn loaded() -> Option<Encoder> {
+        if !supported() {
+            eprintln!("skipped: this CPU has no AVX-512 with bf16");
+            return None;
+        }
+        Some(Encoder::load(&builder(""), shape()).unwrap())
+    }
+
     /// The encoder computes candle's BERT: every length up to the model's limit, weights bare
     /// or under `bert.`.
     #[test]
@@ -565,11 +575,9 @@ mod tests {
     /// bit, since every row is computed by itself.
     #[test]
     fn vectors_do_not_depend_on_threads_passes_or_batches() {
-        if !supported() {
-            eprintln!("skipped: this CPU has no AVX-512 with bf16");
+        let Some(encoder) = loaded() else {
             return;
-        }
-        let encoder = Encoder::load(&builder(""), shape()).unwrap();
+        };
         // Enough tokens for several passes per thread.
         let seqs: Vec<Vec<u32>> = sequences().into_iter().cycle().take(400).collect();
         assert!(seqs.iter().map(Vec::len).sum::<usize>() > 3 * TOKENS_PER_PASS);
@@ -587,11 +595,9 @@ mod tests {
     /// nothing.
     #[test]
     fn sequences_the_model_cannot_take_are_refused() {
-        if !supported() {
-            eprintln!("skipped: this CPU has no AVX-512 with bf16");
+        let Some(encoder) = loaded() else {
             return;
-        }
-        let encoder = Encoder::load(&builder(""), shape()).unwrap();
+        };
         assert_eq!(encoder.embed(&[], 2).unwrap(), Vec::<Vec<f32>>::new());
         let long = vec![1u32; POSITIONS + 1];
         let err = encoder.embed(&[&[1, 2], &long], 2).unwrap_err();
