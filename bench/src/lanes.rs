@@ -24,6 +24,8 @@ use turnpike_schemas::{ConversationId, EventBody, EventId, Identity};
 use turnpike_worker::turn::TurnContext;
 use turnpike_worker::{App, Apps, Worker, WorkerConfig, WorkerPool};
 
+use crate::cpu::{CpuTime, CpuUsed};
+
 /// Records when each turn's agent started, by input event.
 #[derive(Default)]
 struct Starts {
@@ -60,7 +62,7 @@ fn ms(d: Duration) -> f64 {
 }
 
 struct Nats {
-    _child: tokio::process::Child,
+    child: tokio::process::Child,
     _dir: tempfile::TempDir,
     url: String,
 }
@@ -85,14 +87,19 @@ async fn start_nats() -> Result<Nats> {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     Ok(Nats {
-        _child: child,
+        child,
         _dir: dir,
         url: format!("nats://127.0.0.1:{port}"),
     })
 }
 
 /// The floor: raw JetStream publish → pull-consume.
-async fn raw_jetstream(url: &str, samples: usize, burst: usize) -> Result<(Vec<Duration>, f64)> {
+async fn raw_jetstream(
+    url: &str,
+    nats_pid: Option<u32>,
+    samples: usize,
+    burst: usize,
+) -> Result<(Vec<Duration>, f64, CpuUsed)> {
     let client = async_nats::connect(url).await?;
     let js = jetstream::new(client);
     let stream = js
@@ -121,6 +128,7 @@ async fn raw_jetstream(url: &str, samples: usize, burst: usize) -> Result<(Vec<D
         latencies.push(start.elapsed());
     }
     let start = Instant::now();
+    let cpu = CpuTime::now(nats_pid);
     let publisher = {
         let js = js.clone();
         tokio::spawn(async move {
@@ -145,7 +153,8 @@ async fn raw_jetstream(url: &str, samples: usize, burst: usize) -> Result<(Vec<D
         m.ack().await.map_err(|e| anyhow::anyhow!("{e}"))?;
     }
     publisher.await??;
-    Ok((latencies, burst as f64 / start.elapsed().as_secs_f64()))
+    let rate = burst as f64 / start.elapsed().as_secs_f64();
+    Ok((latencies, rate, cpu.until(&CpuTime::now(nats_pid))))
 }
 
 struct Measured {
@@ -154,10 +163,14 @@ struct Measured {
     turns_per_second: f64,
     /// Turns over the time until every wake was settled.
     settled_per_second: f64,
+    /// CPU used from the first message published until every wake was settled.
+    cpu: CpuUsed,
 }
 
 /// Turnpike on a bus: latency one event at a time, then throughput over many conversations.
+#[allow(clippy::too_many_arguments)]
 async fn turnpike(
+    nats_pid: Option<u32>,
     fsync: bool,
     bus: Arc<dyn Bus>,
     store_location: &str,
@@ -232,6 +245,7 @@ async fn turnpike(
     let convs = create(conversations).await?;
     let already = starts.at.lock().expect("starts lock").len();
     let start = Instant::now();
+    let cpu = CpuTime::now(nats_pid);
     let mut publishers = Vec::new();
     for chunk in convs.chunks(conversations.div_ceil(16).max(1)) {
         let chunk = chunk.to_vec();
@@ -273,11 +287,13 @@ async fn turnpike(
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
     let settled_per_second = (conversations * turns) as f64 / start.elapsed().as_secs_f64();
+    let cpu = cpu.until(&CpuTime::now(nats_pid));
     pool.stop().await;
     Ok(Measured {
         latencies,
         turns_per_second,
         settled_per_second,
+        cpu,
     })
 }
 
@@ -291,15 +307,16 @@ pub async fn run(
     workers: usize,
 ) -> Result<ExitCode> {
     let started;
-    let url = match nats {
-        Some(url) => url,
+    let (url, nats_pid) = match nats {
+        Some(url) => (url, None),
         None => {
             started = start_nats().await?;
-            started.url.clone()
+            (started.url.clone(), started.child.id())
         }
     };
     println!("turnpike bench lanes: {workers} workers in-process, {conversations} conversations x {turns} turns, {samples} latency samples, NATS at {url}, fsync {}, local store: {}", if fsync { "on" } else { "off" }, if sqlite { "one SQLite database" } else { "a file per object" });
-    let (mut floor, floor_rate) = raw_jetstream(&url, samples, conversations * turns).await?;
+    let (mut floor, floor_rate, floor_cpu) =
+        raw_jetstream(&url, nats_pid, samples, conversations * turns).await?;
 
     let dir = tempfile::tempdir()?;
     let js_bus = JetStreamBus::connect(JetStreamConfig {
@@ -317,6 +334,7 @@ pub async fn run(
         })
     };
     let mut js = turnpike(
+        nats_pid,
         fsync,
         js_bus,
         &location("js-store")?,
@@ -328,6 +346,7 @@ pub async fn run(
     .await?;
     let embedded_bus = EmbeddedBus::open(&dir.path().join("bus.redb"), EmbeddedConfig::default())?;
     let mut emb = turnpike(
+        None,
         fsync,
         embedded_bus,
         &location("emb-store")?,
@@ -373,5 +392,34 @@ pub async fn run(
         100.0 * js.settled_per_second / floor_rate,
         emb.settled_per_second
     );
+    print_cpu(conversations * turns, &floor_cpu, &js.cpu, &emb.cpu);
     Ok(ExitCode::SUCCESS)
+}
+
+/// CPU per raw message and per turn: what the rates above come from, steadier than they are
+/// on a shared machine. The nats-server's share is known when this run started it.
+fn print_cpu(operations: usize, raw: &CpuUsed, js: &CpuUsed, embedded: &CpuUsed) {
+    println!(
+        "\n{:<44} {:>10} {:>12} {:>10}",
+        "CPU per operation, microseconds", "turnpike", "nats-server", "total"
+    );
+    let total = |used: &CpuUsed| {
+        let (own, other) = used.per(operations);
+        own + other.unwrap_or(0.0)
+    };
+    for (name, used) in [
+        ("raw JetStream message (bench client)", raw),
+        ("turn on JetStream", js),
+        ("turn embedded (no NATS)", embedded),
+    ] {
+        let (own, other) = used.per(operations);
+        let other = other.map_or_else(|| "-".to_owned(), |o| format!("{o:.1}"));
+        println!("{name:<44} {own:>10.1} {other:>12} {:>10.1}", total(used));
+    }
+    if raw.other.is_some() && js.other.is_some() {
+        println!(
+            "a turn on JetStream costs the CPU of {:.1} raw JetStream messages (at equal CPU use, 10% of its rate means at most 10)",
+            total(js) / total(raw).max(f64::EPSILON)
+        );
+    }
 }

@@ -57,6 +57,7 @@ pub fn bench_store(
     Ok((tmp, store, place))
 }
 pub mod context;
+mod cpu;
 pub mod edge;
 pub mod erase;
 pub mod fleet;
