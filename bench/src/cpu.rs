@@ -1,6 +1,6 @@
 //! CPU time spent by this process and by a child (nats-server), to report what a turn costs in
 //! CPU beside what it costs in wall time: on a shared, noisy machine the wall-time rate moves
-//! with the neighbours, while CPU per operation mostly does not.
+//! with the neighbours more than CPU per operation does.
 
 use std::time::Duration;
 

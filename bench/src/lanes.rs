@@ -4,7 +4,11 @@
 //! - turnpike on JetStream and on the embedded bus: accept (publish acknowledged) → turn start
 //!   (the agent is called, after batch one committed), and turns per second over many
 //!   conversations, with a no-op agent: from the first publish until the last turn started
-//!   (and, reported beside it, until every wake is settled too).
+//!   (and, reported beside it, until every wake is settled too);
+//! - CPU per raw message and per turn over those same stretches: this process's (the bench
+//!   client, the router's ingress and the worker) and, when the run started it, the
+//!   nats-server's. A turn's CPU over a raw message's says what the rate ratio above can reach
+//!   when CPU is what limits both.
 
 use std::collections::HashMap;
 use std::net::TcpListener;
@@ -396,8 +400,9 @@ pub async fn run(
     Ok(ExitCode::SUCCESS)
 }
 
-/// CPU per raw message and per turn: what the rates above come from, steadier than they are
-/// on a shared machine. The nats-server's share is known when this run started it.
+/// CPU per raw message and per turn: what the rates above come from. Other load on a shared
+/// machine moves it less than the rates, though not to nothing (runs vary by about a tenth).
+/// The nats-server's share is known when this run started it.
 fn print_cpu(operations: usize, raw: &CpuUsed, js: &CpuUsed, embedded: &CpuUsed) {
     println!(
         "\n{:<44} {:>10} {:>12} {:>10}",
