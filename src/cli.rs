@@ -766,8 +766,9 @@ pub enum RecordCommand {
 
 #[derive(Debug, Subcommand)]
 pub enum BenchCommand {
-    /// Accept → turn start latency and turns per second, beside raw JetStream, on JetStream and
-    /// on the embedded backend.
+    /// Accept → turn start latency, turns per second and CPU per turn, beside raw JetStream, on
+    /// JetStream and on the embedded backend. The workers' store: a fresh local one, or
+    /// `--store` (e.g. `memory://`, to see what the durable store costs a turn).
     Lanes {
         /// NATS to measure against; default: a nats-server started for the run.
         #[arg(long)]

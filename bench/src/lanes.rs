@@ -301,9 +301,14 @@ async fn turnpike(
     })
 }
 
+/// Runs the benchmark. `store`: the workers' object store (any location `--store` takes, e.g.
+/// `memory://` to see what durability costs); default: a fresh local store per bus, a SQLite
+/// database with `sqlite`, else a file per object.
+#[allow(clippy::too_many_arguments)]
 pub async fn run(
     fsync: bool,
     sqlite: bool,
+    store: Option<String>,
     nats: Option<String>,
     conversations: usize,
     turns: usize,
@@ -318,7 +323,12 @@ pub async fn run(
             (started.url.clone(), started.child.id())
         }
     };
-    println!("turnpike bench lanes: {workers} workers in-process, {conversations} conversations x {turns} turns, {samples} latency samples, NATS at {url}, fsync {}, local store: {}", if fsync { "on" } else { "off" }, if sqlite { "one SQLite database" } else { "a file per object" });
+    let store_name = match &store {
+        Some(location) => location.clone(),
+        None if sqlite => "local, one SQLite database".to_owned(),
+        None => "local, a file per object".to_owned(),
+    };
+    println!("turnpike bench lanes: {workers} workers in-process, {conversations} conversations x {turns} turns, {samples} latency samples, NATS at {url}, fsync {} (local stores), store: {store_name}", if fsync { "on" } else { "off" });
     let (mut floor, floor_rate, floor_cpu) =
         raw_jetstream(&url, nats_pid, samples, conversations * turns).await?;
 
@@ -329,6 +339,9 @@ pub async fn run(
     })
     .await?;
     let location = |name: &str| -> Result<String> {
+        if let Some(location) = &store {
+            return Ok(location.clone());
+        }
         let path = dir.path().join(name);
         let path = path.to_str().context("a UTF-8 path")?;
         Ok(if sqlite {

@@ -229,6 +229,7 @@ pub async fn run(global: &Global, command: BenchCommand) -> Result<ExitCode> {
                 !global.no_fsync,
                 // The workers' store: the embedded default's database unless `--local-store files`.
                 global.local_store != Some(crate::cli::LocalStore::Files),
+                global.store.clone(),
                 nats,
                 conversations.max(1),
                 turns.max(1),
