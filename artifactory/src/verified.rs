@@ -7,12 +7,14 @@
 //! signature is valid is a function of those three alone, so a remembered answer never goes
 //! stale, and a signature copied onto another message, or claimed for another key, is another
 //! entry (a miss, verified in full). Trust is not remembered here: the caller still decides
-//! which keys it trusts. Bounded: at most [`CAPACITY`] entries, the oldest out first.
+//! which keys it trusts. Bounded: at most [`CAPACITY`] entries, the least recently used out
+//! first.
 
-use std::collections::{HashSet, VecDeque};
+use std::num::NonZeroUsize;
 use std::sync::{Mutex, OnceLock};
 
 use ed25519_dalek::VerifyingKey;
+use lru::LruCache;
 use sha2::{Digest as _, Sha256};
 
 /// The most signatures remembered (about 3 MiB).
@@ -20,15 +22,13 @@ pub const CAPACITY: usize = 32_768;
 
 type Entry = [u8; 32];
 
-#[derive(Default)]
-struct Known {
-    set: HashSet<Entry>,
-    order: VecDeque<Entry>,
-}
-
-fn known() -> &'static Mutex<Known> {
-    static KNOWN: OnceLock<Mutex<Known>> = OnceLock::new();
-    KNOWN.get_or_init(Mutex::default)
+fn known() -> &'static Mutex<LruCache<Entry, ()>> {
+    static KNOWN: OnceLock<Mutex<LruCache<Entry, ()>>> = OnceLock::new();
+    KNOWN.get_or_init(|| {
+        Mutex::new(LruCache::new(
+            NonZeroUsize::new(CAPACITY).expect("a non-zero capacity"),
+        ))
+    })
 }
 
 fn entry(key: &VerifyingKey, message: &[u8], signature: &[u8]) -> Entry {
@@ -44,22 +44,14 @@ fn entry(key: &VerifyingKey, message: &[u8], signature: &[u8]) -> Entry {
 /// Whether `signature` over `message` by `key` is known to be valid.
 pub(crate) fn is_known(key: &VerifyingKey, message: &[u8], signature: &[u8]) -> bool {
     let entry = entry(key, message, signature);
-    known().lock().is_ok_and(|k| k.set.contains(&entry))
+    known().lock().is_ok_and(|mut k| k.get(&entry).is_some())
 }
 
 /// Remembers that `signature` over `message` by `key` is valid (it verified, or this process
 /// made it with that key).
 pub(crate) fn remember(key: &VerifyingKey, message: &[u8], signature: &[u8]) {
     let entry = entry(key, message, signature);
-    let Ok(mut k) = known().lock() else {
-        return;
-    };
-    if k.set.insert(entry) {
-        k.order.push_back(entry);
-        if k.order.len() > CAPACITY {
-            if let Some(oldest) = k.order.pop_front() {
-                k.set.remove(&oldest);
-            }
-        }
+    if let Ok(mut k) = known().lock() {
+        k.put(entry, ());
     }
 }

@@ -25,10 +25,12 @@
 
 use std::collections::HashMap;
 use std::future::Future;
+use std::num::NonZeroUsize;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use lru::LruCache;
 use tokio::sync::{Notify, Semaphore};
 use tracing::{debug, info, warn};
 use turnpike_artifactory::{ConversationPrefix, Conversations, RecordSigner};
@@ -58,9 +60,9 @@ pub(crate) struct Inner {
     /// A plain mutex: held only to look up or change the map, never across an await.
     owners: Mutex<HashMap<ConversationId, Arc<OwnerSlot>>>,
     owner_gone: Notify,
-    /// How far this worker's latest drains took recent conversations' lanes (see
-    /// [`Inner::drained`]).
-    drained: Mutex<Recent>,
+    /// How far this worker's latest drains took the lanes of the [`RECENT`] conversations it
+    /// drained most recently (see [`Inner::drained`]).
+    drained: Mutex<LruCache<ConversationId, u64>>,
     pub(crate) stopping: AtomicBool,
     /// Every slot has stayed taken for a `busy_delay`: the claim loop takes wakes without
     /// waiting for one (see [`Worker::next_wake_with_a_free_slot`]).
@@ -137,7 +139,7 @@ impl Inner {
             .lock()
             .expect("drained lock")
             .get(&conversation)
-            .is_some_and(|through| seq <= through)
+            .is_some_and(|&through| seq <= through)
     }
 
     /// Whether this worker owns `conversation` now.
@@ -207,7 +209,9 @@ impl Worker {
                 resolver,
                 owners: Mutex::new(HashMap::new()),
                 owner_gone: Notify::new(),
-                drained: Mutex::default(),
+                drained: Mutex::new(LruCache::new(
+                    NonZeroUsize::new(RECENT).expect("a non-zero capacity"),
+                )),
                 stopping: AtomicBool::new(false),
                 saturated: AtomicBool::new(false),
             }),
@@ -672,32 +676,9 @@ impl Worker {
     }
 }
 
-/// The lane positions of the conversations drained here most recently, at most [`RECENT`].
-#[derive(Default)]
-struct Recent {
-    through: HashMap<ConversationId, u64>,
-    order: std::collections::VecDeque<ConversationId>,
-}
-
-/// How many drained conversations a worker remembers.
+/// How many drained conversations a worker remembers (the least recently drained or asked
+/// about goes first).
 const RECENT: usize = 4096;
-
-impl Recent {
-    fn put(&mut self, conversation: ConversationId, through: u64) {
-        if self.through.insert(conversation, through).is_none() {
-            self.order.push_back(conversation);
-            if self.order.len() > RECENT {
-                if let Some(oldest) = self.order.pop_front() {
-                    self.through.remove(&oldest);
-                }
-            }
-        }
-    }
-
-    fn get(&self, conversation: &ConversationId) -> Option<u64> {
-        self.through.get(conversation).copied()
-    }
-}
 
 /// The most conversations one sweep deletes for retention.
 const RETENTION_PER_SWEEP: usize = 100;
