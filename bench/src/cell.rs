@@ -71,11 +71,17 @@ pub async fn run(runs: usize, init: Option<PathBuf>) -> Result<ExitCode> {
         c99 - f99
     );
     // The share of the overhead spent before bubblewrap runs: the host's setup, and the spawn
-    // whose child joins the run's cgroup (a migration that waits on the kernel when it is busy).
+    // whose child joins the run's cgroup (a migration: it waits for an RCU grace period unless
+    // a cgroup hierarchy is mounted with `favordynmods`, and for the kernel when it is busy).
     println!(
-        "of which: until bubblewrap started   p50 {:>7.2} ms   p99 {:>7.2} ms",
+        "of which: until bubblewrap started   p50 {:>7.2} ms   p99 {:>7.2} ms   (cgroup joins {})",
         percentile(&mut starts, 0.5),
-        percentile(&mut starts, 0.99)
+        percentile(&mut starts, 0.99),
+        if cell.cgroup_joins_wait() {
+            "wait for an RCU grace period: no hierarchy has favordynmods"
+        } else {
+            "do not wait: favordynmods, or no cgroups"
+        }
     );
     Ok(ExitCode::SUCCESS)
 }

@@ -132,6 +132,42 @@ impl Drop for ProcessGroup {
     }
 }
 
+/// Whether moving a process into a cgroup waits for an RCU grace period on this host, judged
+/// from the mount table (`/proc/self/mounts`): true when cgroups are mounted and no hierarchy
+/// carries `favordynmods`.
+///
+/// Why it matters: a migration (a write to `cgroup.procs`, as every cell's child does before it
+/// execs) takes the kernel's global `cgroup_threadgroup_rwsem` for writing, and unless some
+/// hierarchy favours dynamic modifications that first waits for a grace period: about 10 ms
+/// on a 2-core VM, more than the rest of a cell's start. `favordynmods` is global (one
+/// hierarchy mounted with it is enough); it makes forks and exits a little dearer instead.
+pub fn joins_wait_for_rcu(mounts: &str) -> bool {
+    let mut cgroups = false;
+    for line in mounts.lines() {
+        let mut fields = line.split_whitespace();
+        let (Some(_source), Some(_target), Some(fstype), Some(options)) =
+            (fields.next(), fields.next(), fields.next(), fields.next())
+        else {
+            continue;
+        };
+        if fstype != "cgroup" && fstype != "cgroup2" {
+            continue;
+        }
+        if options.split(',').any(|o| o == "favordynmods") {
+            return false;
+        }
+        cgroups = true;
+    }
+    cgroups
+}
+
+/// The advice a worker logs once where [`joins_wait_for_rcu`] holds.
+pub const SLOW_JOINS: &str = "every cell waits about 10 ms for the kernel to move it into its \
+     cgroup (an RCU grace period): no cgroup hierarchy here is mounted with `favordynmods`. \
+     Remount the cgroup2 hierarchy with it (`mount -o remount,favordynmods /sys/fs/cgroup`, \
+     or `/sys/fs/cgroup/unified` on a hybrid host; `scripts/services install` does it) or boot \
+     with `cgroup_favordynmods=true`";
+
 fn unique() -> u64 {
     use std::sync::atomic::{AtomicU64, Ordering};
     static NEXT: AtomicU64 = AtomicU64::new(0);
@@ -225,4 +261,50 @@ pub fn children_cpu() -> u64 {
     unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, &mut usage) };
     let ms = |t: libc::timeval| t.tv_sec as u64 * 1000 + t.tv_usec as u64 / 1000;
     ms(usage.ru_utime) + ms(usage.ru_stime)
+}
+
+#[cfg(test)]
+mod mount_tests {
+    use super::joins_wait_for_rcu;
+
+    /// A hybrid host as Debian's VMs mount it: v1 controllers and an empty v2 hierarchy.
+    const HYBRID: &str = "\
+sysfs /sys sysfs rw,nosuid,nodev,noexec,relatime 0 0
+tmpfs /sys/fs/cgroup tmpfs rw,relatime,mode=755 0 0
+cgroup /sys/fs/cgroup/pids cgroup rw,relatime,pids 0 0
+cgroup /sys/fs/cgroup/memory cgroup rw,relatime,memory 0 0
+cgroup2 /sys/fs/cgroup/unified cgroup2 rw,relatime 0 0
+";
+
+    #[test]
+    fn joins_wait_unless_some_hierarchy_favours_dynamic_modifications() {
+        assert!(joins_wait_for_rcu(HYBRID));
+        // One hierarchy with the option is enough: the lock it changes is global.
+        let tuned = HYBRID.replace(
+            "cgroup2 rw,relatime 0 0",
+            "cgroup2 rw,relatime,favordynmods 0 0",
+        );
+        assert!(!joins_wait_for_rcu(&tuned));
+        // Set by `cgroup_favordynmods=true` at boot, a v1 hierarchy shows it too.
+        let booted = HYBRID.replace("rw,relatime,pids", "rw,relatime,favordynmods,pids");
+        assert!(!joins_wait_for_rcu(&booted));
+        // A pure v2 host, with and without.
+        let v2 = "cgroup2 /sys/fs/cgroup cgroup2 rw,nosuid,nodev,noexec,relatime,nsdelegate 0 0\n";
+        assert!(joins_wait_for_rcu(v2));
+        assert!(!joins_wait_for_rcu(
+            &v2.replace("nsdelegate", "nsdelegate,favordynmods")
+        ));
+    }
+
+    #[test]
+    fn no_cgroups_mounted_means_no_joins_to_wait_for() {
+        assert!(!joins_wait_for_rcu(""));
+        assert!(!joins_wait_for_rcu(
+            "proc /proc proc rw 0 0\nsysfs /sys sysfs rw 0 0\n"
+        ));
+        // An option merely containing the word, or a short line, is not the option.
+        assert!(joins_wait_for_rcu(
+            "cgroup2 /sys/fs/cgroup cgroup2 rw,nofavordynmods 0 0\ncgroup2\n"
+        ));
+    }
 }

@@ -108,6 +108,9 @@ pub struct Cell {
     /// The seccomp programs, written once; each run opens them afresh (bwrap reads an fd to
     /// its end).
     filters: Vec<std::sync::Arc<tempfile::NamedTempFile>>,
+    /// Runs go into cgroups here, and moving a process into one waits for an RCU grace period
+    /// (see [`limits::joins_wait_for_rcu`]).
+    joins_wait: bool,
 }
 
 impl Cell {
@@ -133,7 +136,18 @@ impl Cell {
                 .map_err(|e| format!("cannot write the seccomp program: {e}"))?;
             filters.push(std::sync::Arc::new(file));
         }
-        let cell = Cell { config, filters };
+        let joins_wait = config.cgroups
+            && limits::ProcessGroup::create(&config.scratch, &config.limits).is_some()
+            && std::fs::read_to_string("/proc/self/mounts")
+                .is_ok_and(|m| limits::joins_wait_for_rcu(&m));
+        if joins_wait {
+            tracing::warn!("{}", limits::SLOW_JOINS);
+        }
+        let cell = Cell {
+            config,
+            filters,
+            joins_wait,
+        };
         let probe = tempfile::tempdir_in(&cell.config.scratch)
             .map_err(|e| format!("cannot prepare a probe workspace: {e}"))?;
         let result = cell
@@ -148,6 +162,12 @@ impl Cell {
             ));
         }
         Ok(cell)
+    }
+
+    /// Whether each run waits for the kernel to move it into its cgroup (an RCU grace period,
+    /// about 10 ms): cgroups are in use and no hierarchy is mounted with `favordynmods`.
+    pub fn cgroup_joins_wait(&self) -> bool {
+        self.joins_wait
     }
 
     /// Runs `code` in a fresh cell over `workspace` (mounted read-write at `/work`).
