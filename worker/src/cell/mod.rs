@@ -140,9 +140,6 @@ impl Cell {
             && limits::ProcessGroup::create(&config.scratch, &config.limits).is_some()
             && std::fs::read_to_string("/proc/self/mounts")
                 .is_ok_and(|m| limits::joins_wait_for_rcu(&m));
-        if joins_wait {
-            tracing::warn!("{}", limits::SLOW_JOINS);
-        }
         let cell = Cell {
             config,
             filters,
@@ -160,6 +157,10 @@ impl Cell {
                 result.exit_code,
                 result.stderr.trim()
             ));
+        }
+        // Only for a sandbox that works: where none does, the refusal above is what matters.
+        if cell.joins_wait {
+            tracing::warn!("{}", limits::SLOW_JOINS);
         }
         Ok(cell)
     }
