@@ -518,6 +518,14 @@ pub struct EdgeArgs {
     /// Verify JWTs against the keys in this JWKS file (with --jwt-issuer and --jwt-audience).
     #[arg(long, env = "TURNPIKE_JWKS")]
     pub jwks: Option<PathBuf>,
+    /// Verify JWTs against the keys the identity provider publishes at this URL, cached for
+    /// its Cache-Control max-age (5 minutes without one) and fetched again on an unknown key
+    /// id (at most every 10 s); the last good keys stay in use while it cannot be reached.
+    #[arg(long, env = "TURNPIKE_JWKS_URL", conflicts_with = "jwks")]
+    pub jwks_url: Option<String>,
+    /// Find the JWKS URL by OIDC discovery: `<--jwt-issuer>/.well-known/openid-configuration`.
+    #[arg(long, env = "TURNPIKE_JWT_DISCOVER", conflicts_with_all = ["jwks", "jwks_url"])]
+    pub jwt_discover: bool,
     #[arg(long, env = "TURNPIKE_JWT_ISSUER", default_value = "")]
     pub jwt_issuer: String,
     #[arg(long, env = "TURNPIKE_JWT_AUDIENCE", default_value = "turnpike")]
@@ -551,6 +559,13 @@ pub struct EdgeArgs {
     /// An identity that must approve every gated tool call (recorded with each turn's inputs).
     #[arg(long, env = "TURNPIKE_REQUIRED_APPROVER")]
     pub required_approver: Option<Identity>,
+}
+
+impl EdgeArgs {
+    /// Whether JWTs are verified (a JWKS file, URL, or discovery).
+    pub fn has_jwt(&self) -> bool {
+        self.jwks.is_some() || self.jwks_url.is_some() || self.jwt_discover
+    }
 }
 
 impl Command {
@@ -604,6 +619,10 @@ pub struct SendArgs {
     /// The client's idempotency key: a retried send with the same key is accepted once.
     #[arg(long)]
     pub idempotency_key: Option<String>,
+    /// The API of a `turnpike serve` holding this data directory: used when it does (with the
+    /// token `<data-dir>/tokens.toml` holds for `--actor`).
+    #[arg(long, env = "TURNPIKE_URL", default_value = "http://127.0.0.1:7700")]
+    pub url: String,
 }
 
 #[derive(Debug, Args)]
@@ -810,6 +829,29 @@ pub enum BenchCommand {
         #[arg(long, default_value_t = 8)]
         turns: usize,
         /// The nats-server binary.
+        #[arg(long, default_value = "nats-server")]
+        nats_server: PathBuf,
+    },
+    /// Resident memory over a long run: N turns of an echo agent through the API on the embedded
+    /// stack and on a fleet (nats-server, router, worker), each process's anonymous and
+    /// file-backed memory sampled as the turns go by; fails when anonymous memory grows more
+    /// than 10% after warm-up.
+    Soak {
+        /// Turns per stack.
+        #[arg(long, default_value_t = 100_000)]
+        turns: usize,
+        #[arg(long, default_value_t = 1_000)]
+        conversations: usize,
+        /// Clients sending at once (each with its share of the conversations).
+        #[arg(long, default_value_t = 16)]
+        clients: usize,
+        /// Memory samples over the run.
+        #[arg(long, default_value_t = 10)]
+        samples: usize,
+        /// The share of the turns before growth is measured, in percent.
+        #[arg(long, default_value_t = 10)]
+        warm_up_percent: usize,
+        /// The nats-server binary for the fleet; `none`: the embedded stack only.
         #[arg(long, default_value = "nats-server")]
         nats_server: PathBuf,
     },

@@ -493,6 +493,130 @@ async fn the_cell_never_runs_as_host_root_and_may_change_what_the_host_wrote() {
     assert!(ws.path().join("data/out.csv").is_file());
 }
 
+fn per_cell_budget_config() -> CellConfig {
+    CellConfig {
+        limits: Limits {
+            wall: Duration::from_secs(20),
+            cpu_seconds: 5,
+            processes: 24,
+            ..Limits::default()
+        },
+        cgroups: false,
+        init: Some(env!("CARGO_BIN_EXE_turnpike").into()),
+        ..CellConfig::default()
+    }
+}
+
+/// Item 2 of the third adversarial look: each cell's process budget is its own. Two cells of
+/// two tenants at once, where no cgroup is made: the first forks until the kernel says no and
+/// holds its children; the second, started only then, still forks all it asks for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cell_forking_to_its_limit_leaves_another_cells_budget_alone() {
+    let cell = Cell::detect(per_cell_budget_config())
+        .await
+        .expect("the sandbox works here");
+    let greedy_ws = tempfile::tempdir().unwrap();
+    let greedy = {
+        let (cell, ws) = (cell.clone(), greedy_ws.path().to_path_buf());
+        tokio::spawn(async move {
+            run(
+                &cell,
+                &ws,
+                "import os, time\nn = 0\ntry:\n    while True:\n        if os.fork() == 0:\n            time.sleep(30); os._exit(0)\n        n += 1\nexcept OSError:\n    pass\nopen('full', 'w').write(str(n))\ntime.sleep(8)\nprint('forked', n, flush=True)\n",
+            )
+            .await
+        })
+    };
+    // Until the greedy cell holds all it could get.
+    let full = greedy_ws.path().join("full");
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while !full.exists() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the greedy cell never filled up"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let held: u64 = std::fs::read_to_string(&full).unwrap().parse().unwrap();
+    assert!((10..24).contains(&held), "the greedy cell forked {held}");
+    let ws = tempfile::tempdir().unwrap();
+    let modest = run(
+        &cell,
+        ws.path(),
+        "import os\nkids = []\nfor _ in range(10):\n    pid = os.fork()\n    if pid == 0:\n        os._exit(0)\n    kids.append(pid)\nfor pid in kids:\n    os.waitpid(pid, 0)\nprint('forked', len(kids))\n",
+    )
+    .await;
+    assert_eq!(modest.stdout.trim(), "forked 10", "{modest:?}");
+    let greedy = greedy.await.unwrap();
+    assert_ne!(greedy.uid, modest.uid, "two cells shared a uid");
+    assert!(greedy.stdout.contains("forked"), "{greedy:?}");
+}
+
+/// Item 2: a worker with many threads of its own still starts cells (its threads are not in
+/// any cell's budget).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_with_many_threads_still_starts_cells() {
+    let cell = Cell::detect(per_cell_budget_config())
+        .await
+        .expect("the sandbox works here");
+    let (stop, parked) = std::sync::mpsc::channel::<()>();
+    let parked = std::sync::Arc::new(std::sync::Mutex::new(parked));
+    let threads: Vec<_> = (0..200)
+        .map(|_| {
+            let parked = parked.clone();
+            std::thread::spawn(move || {
+                let _ = parked.lock().unwrap().recv_timeout(Duration::from_secs(60));
+            })
+        })
+        .collect();
+    let ws = tempfile::tempdir().unwrap();
+    let r = run(
+        &cell,
+        ws.path(),
+        "import os\nif os.fork() == 0:\n    os._exit(0)\nos.wait()\nprint(40 + 2)",
+    )
+    .await;
+    assert_eq!(r.stdout.trim(), "42", "{r:?}");
+    drop(stop);
+    for t in threads {
+        t.join().unwrap();
+    }
+}
+
+/// Item 2: where a worker can give cells no budget of their own (not root, no cgroup it may
+/// create), `exec` refuses and says why — it never runs cells on the worker's shared budget.
+/// Run as an unprivileged user (nobody) through `turnpike cell run`.
+#[test]
+fn without_a_budget_of_its_own_a_cell_refuses_to_run() {
+    // SAFETY: geteuid cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: needs root to become another user");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    let script = dir.path().join("hello.py");
+    std::fs::write(&script, "print('ran')\n").unwrap();
+    let out = std::process::Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .arg(env!("CARGO_BIN_EXE_turnpike"))
+        .args(["cell", "run"])
+        .arg(&script)
+        .env("TMPDIR", dir.path())
+        .env("HOME", dir.path())
+        .output()
+        .expect("setpriv runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(!out.status.success(), "{stdout}\n{stderr}");
+    assert!(!stdout.contains("ran"), "{stdout}");
+    assert!(
+        stderr.contains("share one process budget") && stderr.contains("uid 65534"),
+        "{stderr}"
+    );
+}
+
 #[tokio::test]
 async fn a_fork_bomb_is_contained_where_no_cgroup_can_be_made() {
     let config = CellConfig {

@@ -98,8 +98,8 @@ fn demo_runs_a_multi_turn_conversation_with_tools_files_and_a_folded_follow_up()
     for expected in [
         "turn_1 [replied]",
         "turn_2 [replied]",
-        "attachment (local:demo-user): notes.txt at conv:at:",
-        "(folded into the running turn) follow-up (local:demo-user): Also list the action items",
+        "attachment (local:me): notes.txt at conv:at:",
+        "(folded into the running turn) follow-up (local:me): Also list the action items",
         "tool call call_1_0 pull(",
         "tool call call_3_0 publish(",
         "download: /v1/files/conv:fi:",
@@ -134,7 +134,7 @@ fn demo_runs_a_multi_turn_conversation_with_tools_files_and_a_folded_follow_up()
         "replay",
         &conv,
         "--actor",
-        "local:demo-user",
+        "local:me",
         "--what-if",
         "turn_1/result/call_3_0={\"error\":\"disk full\"}",
     ]);
@@ -149,7 +149,7 @@ fn demo_runs_a_multi_turn_conversation_with_tools_files_and_a_folded_follow_up()
         "replay",
         &conv,
         "--actor",
-        "local:demo-user",
+        "local:me",
         "--what-if",
         "turn_1/step/3=x",
     ]);
@@ -164,7 +164,7 @@ fn demo_runs_a_multi_turn_conversation_with_tools_files_and_a_folded_follow_up()
         &conv,
         repo.to_str().unwrap(),
         "--actor",
-        "local:demo-user",
+        "local:me",
     ]);
     assert!(export.status.success(), "{}", text(&export));
     let git = |args: &[&str]| turnpike_tests::git::git(&repo, args);
@@ -177,7 +177,7 @@ fn demo_runs_a_multi_turn_conversation_with_tools_files_and_a_folded_follow_up()
         &conv,
         repo.to_str().unwrap(),
         "--actor",
-        "local:demo-user",
+        "local:me",
     ]);
     assert_eq!(again.status.code(), Some(2), "{}", text(&again));
 
@@ -196,7 +196,7 @@ fn demo_runs_a_multi_turn_conversation_with_tools_files_and_a_folded_follow_up()
         args.extend_from_slice(extra);
         cli.run(&args)
     };
-    let out = search("local:demo-user", &["--json"]);
+    let out = search("local:me", &["--json"]);
     assert!(out.status.success(), "{}", text(&out));
     let page: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let hits = page["hits"].as_array().unwrap();
@@ -211,7 +211,7 @@ fn demo_runs_a_multi_turn_conversation_with_tools_files_and_a_folded_follow_up()
     let stranger = search("local:someone-else", &[]);
     assert!(stranger.status.success(), "{}", text(&stranger));
     assert_eq!(String::from_utf8_lossy(&stranger.stdout).trim(), "no hits");
-    let bad = search("local:demo-user", &["--mode", "fuzzy"]);
+    let bad = search("local:me", &["--mode", "fuzzy"]);
     assert_eq!(bad.status.code(), Some(2), "{}", text(&bad));
     assert!(String::from_utf8_lossy(&bad.stderr).contains("unknown mode \"fuzzy\""));
 }
@@ -496,6 +496,93 @@ fn send_serve_and_tail_run_turns_on_the_embedded_default() {
     assert_eq!(rows.matches("echo: twice").count(), 1, "{rows}");
     let verify = cli.run(&["conversation", "verify", &conv, "--actor", ACTOR]);
     assert_eq!(verify.status.code(), Some(0), "{}", text(&verify));
+}
+
+/// Item 9 of the third adversarial look: while `turnpike serve` holds the data directory (and
+/// its embedded bus), `turnpike send` goes through its API, as the actor the data directory's
+/// token file names — and says how to get in when it names no token for the actor.
+#[test]
+fn send_reaches_a_running_server_through_its_api() {
+    let cli = Cli::new();
+    let mut serve = turnpike_tests::process::Process::start(
+        Path::new(env!("CARGO_BIN_EXE_turnpike")),
+        &[
+            "--data-dir".into(),
+            cli.data.path().display().to_string(),
+            "--local-store".into(),
+            "files".into(),
+            "serve".into(),
+            "--workers".into(),
+            "1".into(),
+            "--listen".into(),
+            "127.0.0.1:0".into(),
+        ],
+        &[("TURNPIKE_ADMIN_LISTEN", "127.0.0.1:0".to_owned())],
+    )
+    .unwrap();
+    let line = serve
+        .wait_for_line("API listening on", std::time::Duration::from_secs(60))
+        .unwrap();
+    let url = line
+        .split_whitespace()
+        .find(|w| w.starts_with("http://"))
+        .unwrap()
+        .trim_end_matches("/v1")
+        .to_owned();
+    let sent = cli.run(&[
+        "send",
+        "new",
+        "--actor",
+        "local:me",
+        "--text",
+        "while serving",
+        "--url",
+        &url,
+    ]);
+    assert!(sent.status.success(), "{}", text(&sent));
+    assert!(
+        String::from_utf8_lossy(&sent.stderr).contains("sending through its API"),
+        "{}",
+        text(&sent)
+    );
+    let stdout = String::from_utf8_lossy(&sent.stdout).into_owned();
+    let conv = stdout.lines().next().unwrap().trim().to_owned();
+    assert!(stdout.contains("accepted evt_"), "{stdout}");
+    let tail = cli.run(&[
+        "tail",
+        &conv,
+        "--actor",
+        "local:me",
+        "--follow",
+        "--until-turns",
+        "1",
+        "--timeout-secs",
+        "120",
+    ]);
+    assert!(tail.status.success(), "{}", text(&tail));
+    assert!(
+        String::from_utf8_lossy(&tail.stdout).contains("echo: while serving"),
+        "{}",
+        text(&tail)
+    );
+    // An actor the token file has no token for is told so, and nothing is sent.
+    let stranger = cli.run(&[
+        "send",
+        &conv,
+        "--actor",
+        ACTOR,
+        "--text",
+        "let me in",
+        "--url",
+        &url,
+    ]);
+    assert!(!stranger.status.success());
+    assert!(
+        String::from_utf8_lossy(&stranger.stderr).contains("holds no token for oidc:acme:u-17"),
+        "{}",
+        text(&stranger)
+    );
+    serve.kill();
 }
 
 /// The benchmarks run (their numbers are for the closing notes, not for tests).

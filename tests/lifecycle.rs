@@ -565,3 +565,155 @@ async fn operators_see_phases_and_what_is_degraded() {
         "{text}"
     );
 }
+
+/// Every object left under a conversation's prefix in the rig's store.
+async fn objects_under(rig: &turnpike_tests::turns::Rig) -> Vec<String> {
+    use futures::TryStreamExt as _;
+    use object_store::ObjectStore as _;
+    rig.conversations
+        .store()
+        .list(Some(&rig.prefix().dir()))
+        .map_ok(|m| m.location.to_string())
+        .try_collect()
+        .await
+        .unwrap()
+}
+
+/// A rig whose conversation has one finished turn and a second left open by a crashed owner
+/// (its lease lapses after `ttl`, its open-turn mark stays set).
+async fn rig_with_an_open_turn(ttl: Duration) -> turnpike_tests::turns::Rig {
+    let mut options = turnpike_tests::turns::RigOptions::new(
+        "[[turn]]\n[[turn.step]]\ntext = \"echo: {last_user}\"\n",
+    );
+    options.lease_ttl = ttl;
+    let mut rig = turnpike_tests::turns::Rig::with(options).await;
+    rig.say("first").await;
+    rig.wait_turns(1).await;
+    rig.wait_settled().await;
+    rig.crash().await;
+    rig.run_hanging_at("after-batch-one");
+    rig.say("second").await;
+    rig.wait_dispatched(2).await;
+    rig.crash().await;
+    rig
+}
+
+/// Erases the rig's conversation with `eraser`, waiting out the crashed owner's lease.
+fn erase_when_free(
+    rig: &turnpike_tests::turns::Rig,
+    eraser: turnpike_worker::erasure::Eraser,
+) -> tokio::task::JoinHandle<
+    Result<turnpike_artifactory::Tombstone, turnpike_worker::erasure::ErasureError>,
+> {
+    let directory = rig.conversations.directory().clone();
+    let conversation = rig.conv;
+    tokio::spawn(async move {
+        let entry = directory.lookup_unchecked(conversation).await.unwrap();
+        let deadline = Instant::now() + LONG;
+        loop {
+            match eraser.erase(&entry, "local:alice", "the user asked").await {
+                Err(turnpike_worker::erasure::ErasureError::Busy) => {
+                    assert!(
+                        Instant::now() < deadline,
+                        "the crashed owner's lease never lapsed"
+                    );
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                other => return other,
+            }
+        }
+    })
+}
+
+/// Item 3 of the third adversarial look: a deleter whose lease renewal fails once keeps its
+/// lease (it retries), so a sweeper racing it all along can take nothing over; when the
+/// deletion reports done, nothing is left under the conversation's prefix, and the sweeps
+/// after it write nothing there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleter_keeps_its_lease_through_a_failed_renewal_and_a_racing_sweep_writes_nothing() {
+    let ttl = Duration::from_millis(900);
+    let rig = rig_with_an_open_turn(ttl).await;
+    assert!(!objects_under(&rig).await.is_empty());
+    let bus: std::sync::Arc<dyn turnpike_router::Bus> = rig.lane_reads.clone();
+    // A long deletion: it pauses between the directory and the objects for three lease times.
+    let eraser = turnpike_worker::erasure::Eraser::new(rig.conversations.clone(), bus, None)
+        .with_lease_ttl(ttl)
+        .with_failpoints(turnpike_worker::Failpoints::default().with(
+            "erase-after-directory",
+            turnpike_worker::failpoints::Action::Pause(ttl * 3),
+        ));
+    rig.lane_reads.fail_renewals(1);
+    let erasing = erase_when_free(&rig, eraser);
+    let sweeper = rig.idle_worker();
+    let racer = turnpike_schemas::WorkerId::new();
+    // Until the directory entry is gone the deleter may not hold the lease yet.
+    let deadline = Instant::now() + LONG;
+    while rig
+        .conversations
+        .directory()
+        .lookup_unchecked(rig.conv)
+        .await
+        .is_ok()
+    {
+        assert!(Instant::now() < deadline, "the deletion never started");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    while !erasing.is_finished() {
+        sweeper.sweep().await;
+        let taken = rig.bus.claim(rig.conv, racer, ttl).await.unwrap();
+        assert!(
+            taken.is_none() || erasing.is_finished(),
+            "the deleter's lease lapsed while it deleted"
+        );
+        if let Some(lease) = taken {
+            rig.bus.release(&lease).await.unwrap();
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let tombstone = erasing.await.unwrap().expect("the deletion finishes");
+    assert!(tombstone.finished_ms.is_some());
+    assert_eq!(objects_under(&rig).await, Vec::<String>::new());
+    for _ in 0..3 {
+        sweeper.sweep().await;
+    }
+    assert_eq!(objects_under(&rig).await, Vec::<String>::new());
+    assert!(!rig
+        .conversations
+        .open_turns()
+        .is_marked(&rig.prefix())
+        .await
+        .unwrap());
+}
+
+/// Item 3, the other way: a deleter that cannot renew at all stops before its lease can lapse
+/// (the deletion fails, its tombstone pending), and the sweep's `finish_pending` finishes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleter_that_cannot_renew_stops_before_its_lease_lapses_and_the_sweep_finishes() {
+    let ttl = Duration::from_millis(900);
+    let rig = rig_with_an_open_turn(ttl).await;
+    let bus: std::sync::Arc<dyn turnpike_router::Bus> = rig.lane_reads.clone();
+    let eraser = turnpike_worker::erasure::Eraser::new(rig.conversations.clone(), bus, None)
+        .with_lease_ttl(ttl)
+        .with_failpoints(turnpike_worker::Failpoints::default().with(
+            "erase-after-directory",
+            turnpike_worker::failpoints::Action::Pause(ttl * 3),
+        ));
+    rig.lane_reads.fail_renewals(usize::MAX);
+    let result = erase_when_free(&rig, eraser.clone()).await.unwrap();
+    let why = result
+        .expect_err("a deleter without its lease stops")
+        .to_string();
+    assert!(why.contains("could not be renewed"), "{why}");
+    // It stopped in its pause, before the objects: they are all still there, and pending.
+    assert!(!objects_under(&rig).await.is_empty());
+    let pending = rig.conversations.tombstones().pending().await.unwrap();
+    assert_eq!(pending.len(), 1);
+    rig.lane_reads.fail_renewals(0);
+    let finisher = turnpike_worker::erasure::Eraser::new(
+        rig.conversations.clone(),
+        rig.lane_reads.clone(),
+        None,
+    );
+    assert_eq!(finisher.finish_pending().await.unwrap(), 1);
+    assert_eq!(objects_under(&rig).await, Vec::<String>::new());
+}

@@ -396,6 +396,10 @@ impl RawApp {
                 continue;
             }
             let said = body["inputs"][0]["text"].as_str().unwrap_or_default();
+            if said.starts_with("wait ") || said.starts_with("more ") {
+                Self::hasty(socket, said).await;
+                return;
+            }
             let actions = match said {
                 "malformed" => {
                     "{\"type\":\"say\",\"text\":\"hm\"}\n{\"type\":\"shout\"}\n".to_owned()
@@ -425,6 +429,98 @@ impl RawApp {
             return;
         }
     }
+}
+
+impl RawApp {
+    /// Says one line, waits as long as the message asks ("wait 120 …": 120 ms), then sends
+    /// `done`, never reading follow-ups.
+    async fn hasty(mut socket: BufReader<tokio::net::TcpStream>, said: &str) {
+        let head =
+            "HTTP/1.1 200 OK\r\ncontent-type: application/x-ndjson\r\nconnection: close\r\n\r\n";
+        let say = json!({"type": "say", "text": format!("got {said}")});
+        let _ = socket.write_all(format!("{head}{say}\n").as_bytes()).await;
+        let _ = socket.flush().await;
+        let words: Vec<&str> = said.split_whitespace().collect();
+        if let (Some(&"wait"), Some(ms)) = (words.first(), words.get(1)) {
+            let ms: u64 = ms.parse().unwrap_or(0);
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+        }
+        let _ = socket.write_all(b"{\"type\":\"done\"}\n").await;
+        let mut rest = Vec::new();
+        let _ = socket.read_to_end(&mut rest).await;
+    }
+}
+
+/// Item 1 of the third adversarial look: a follow-up sent while the app is between its last
+/// `say` and its `done` — which the app never reads — gets a turn and a reply of its own,
+/// every time. Each round races a follow-up against a `done` the app sends 0–300 ms after
+/// the line the test waits for; whichever wins, nothing is swallowed and no turn fails.
+async fn every_unread_follow_up_gets_its_own_turn(server: &Server, app: &str, rounds: usize) {
+    let alice = server.client(ALICE);
+    let id = create(&alice, app, "hasty").await;
+    let mut deltas = Deltas::open(&alice, &id).await;
+    let mut expected = Vec::new();
+    for round in 0..rounds {
+        let delay = [0, 20, 60, 150, 300][round % 5];
+        let message = format!("wait {delay} r{round}");
+        say(&alice, &id, &message).await;
+        deltas.until(&format!("got {message}")).await;
+        let follow_up = format!("more r{round}");
+        submit(&alice, &id, "follow-ups", json!({ "text": follow_up })).await;
+        expected.push(message);
+        expected.push(follow_up);
+        wait_for_complete_turns(&alice, &id, expected.len(), LONG)
+            .await
+            .unwrap_or_else(|e| panic!("{app}, round {round}: {e:#}"));
+    }
+    let turns = turns_of(&rows(&alice, &id).await);
+    assert_eq!(turns.len(), expected.len(), "{turns:#?}");
+    for (turn, input) in turns.iter().zip(&expected) {
+        assert_eq!(turn.outcome.as_deref(), Some("replied"), "{turn:#?}");
+        assert_eq!(turn.inputs, std::slice::from_ref(input), "{turns:#?}");
+        assert_eq!(turn.replies, [format!("got {input}")], "{turns:#?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follow_up_a_raw_app_never_reads_starts_the_next_turn_every_time() {
+    let raw = RawApp::start().await;
+    let manifest = format!(
+        "app = \"raw\"\n[agents.hasty]\nprovider = \"echo\"\n[agents.hasty.remote]\nurl = \"http://127.0.0.1:{}\"\n",
+        raw.port
+    );
+    let apps = apps(1, &[("raw.toml", manifest)]);
+    let server = serve(apps.path());
+    every_unread_follow_up_gets_its_own_turn(&server, "raw", 15).await;
+    // Nothing was pushed to the app: it asked for no events.
+    assert!(raw.received.lock().unwrap().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follow_up_a_python_app_never_reads_starts_the_next_turn_every_time() {
+    let mut process = Process::start(
+        Path::new("python3"),
+        &[
+            repo().join("tests/apps/hasty.py").display().to_string(),
+            "--port".into(),
+            "0".into(),
+        ],
+        &[(
+            "PYTHONPATH",
+            repo().join("sdk/python").display().to_string(),
+        )],
+    )
+    .expect("python3");
+    let line = process
+        .wait_for_line("serving on", Duration::from_secs(30))
+        .expect("the app starts");
+    let port: u16 = line.rsplit(':').next().unwrap().trim().parse().unwrap();
+    let manifest = format!(
+        "app = \"py\"\n[agents.hasty]\nprovider = \"echo\"\n[agents.hasty.remote]\nurl = \"http://127.0.0.1:{port}\"\n"
+    );
+    let apps = apps(1, &[("py.toml", manifest)]);
+    let server = serve(apps.path());
+    every_unread_follow_up_gets_its_own_turn(&server, "py", 15).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

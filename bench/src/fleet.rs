@@ -38,8 +38,8 @@ pub struct Plan {
 }
 
 /// A child process killed when dropped.
-struct Proc {
-    child: Child,
+pub(crate) struct Proc {
+    pub(crate) child: Child,
     name: String,
 }
 
@@ -52,7 +52,7 @@ impl Drop for Proc {
 
 /// Starts `program` and waits until a line of its stderr contains `ready` (the rest of its
 /// output is drained in the background).
-fn start(name: &str, program: &Path, args: &[String], ready: &str) -> Result<Proc> {
+pub(crate) fn start(name: &str, program: &Path, args: &[String], ready: &str) -> Result<Proc> {
     let mut child = Command::new(program)
         .args(args)
         .env("RUST_LOG", "warn")
@@ -94,7 +94,7 @@ fn start(name: &str, program: &Path, args: &[String], ready: &str) -> Result<Pro
     }
 }
 
-fn free_port() -> Result<u16> {
+pub(crate) fn free_port() -> Result<u16> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
         .port())

@@ -15,6 +15,7 @@
 //! - [`cell`]: the cell's overhead over bare Python
 //! - [`model`]: what Turnpike adds to a real model's first token and to a tool-using turn
 //! - [`remote`]: what a remote app adds to a turn, and the cost of one streamed action
+//! - [`soak`]: resident memory over a long run, embedded and on a fleet
 //!
 //! The binary does the wiring (configuration, the stack under test) and calls these.
 
@@ -68,5 +69,6 @@ pub mod record;
 pub mod remote;
 pub mod search;
 pub mod series;
+pub mod soak;
 
 pub use series::Series;

@@ -5,9 +5,16 @@
 //!   an identity, a tenant and whether it may use the admin endpoints. Tokens are stored as
 //!   given or as their SHA-256 (`sha256 = "…"`), so the file need not hold secrets.
 //! - a **JWT verifier** for a fleet behind an identity provider: RS256/ES256/EdDSA tokens checked
-//!   against a JWKS file, with issuer and audience; the tenant comes from a claim and the
-//!   identity is `oidc:<scope>/<tenant>:<sub>`, so the same subject in two tenants is two
-//!   identities.
+//!   against a JWKS — a file, or fetched from the identity provider (a URL, or found by OIDC
+//!   discovery from the issuer) and cached — with issuer, audience, expiry and not-before; the
+//!   tenant comes from a claim and the identity is `oidc:<scope>/<tenant>:<sub>`, so the same
+//!   subject in two tenants is two identities.
+//!
+//! A fetched key set is refreshed when it expires (the JWKS response's `Cache-Control:
+//! max-age`, 5 minutes without one, 1 s to 24 h) and when a token names a key it does not hold
+//! (a key the provider rotated in), at most once per refresh interval (the max-age, at most
+//! 10 s), so a flood of made-up key ids costs the provider one request per interval. When the
+//! provider cannot be reached or answers something unusable, the last good set keeps serving.
 //!
 //! A request without a token, or with one no verifier accepts, is `401` with nothing revealed.
 
@@ -183,54 +190,264 @@ pub struct JwtConfig {
     pub admin_claim: String,
 }
 
-/// JWTs verified against the keys of a JWKS file.
+/// The longest bearer token a JWT verifier looks at (a longer one is refused unread).
+pub const MAX_TOKEN_BYTES: usize = 16 * 1024;
+
+/// One verification key: its `kid`, the key, its algorithm.
+type Key = (
+    Option<String>,
+    jsonwebtoken::DecodingKey,
+    jsonwebtoken::Algorithm,
+);
+
+/// JWTs verified against the keys of a JWKS (a file, or fetched: see [`JwksSource`]).
 pub struct JwtVerifier {
     config: JwtConfig,
-    keys: Vec<(
-        Option<String>,
-        jsonwebtoken::DecodingKey,
-        jsonwebtoken::Algorithm,
-    )>,
+    keys: tokio::sync::RwLock<KeySet>,
+    source: Option<JwksSource>,
+}
+
+/// The keys in use, and until when they are fresh (`None`: for good, as a file's).
+struct KeySet {
+    keys: Vec<Key>,
+    fresh_until: Option<tokio::time::Instant>,
+}
+
+/// Where fetched keys come from.
+#[derive(Debug, Clone)]
+pub enum JwksLocation {
+    /// A JWKS URL.
+    Url(String),
+    /// OIDC discovery: `{issuer}/.well-known/openid-configuration` names the JWKS URL.
+    Discover(String),
+}
+
+/// A JWKS fetched over HTTP, with what its refreshes need.
+pub struct JwksSource {
+    location: JwksLocation,
+    client: reqwest::Client,
+    /// When a refresh was last tried; held across a refresh so only one runs at a time.
+    attempted: tokio::sync::Mutex<Option<tokio::time::Instant>>,
+    /// The last max-age the provider gave (milliseconds).
+    max_age_ms: std::sync::atomic::AtomicU64,
+}
+
+/// The longest a fetched JWKS (or discovery document) may be.
+const MAX_JWKS_BYTES: usize = 1024 * 1024;
+const DEFAULT_MAX_AGE: std::time::Duration = std::time::Duration::from_secs(300);
+const MAX_REFRESH_INTERVAL: std::time::Duration = std::time::Duration::from_secs(10);
+
+impl JwksSource {
+    pub fn new(location: JwksLocation) -> Self {
+        let client = reqwest::Client::builder()
+            .timeout(std::time::Duration::from_secs(5))
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .expect("an HTTP client without TLS settings builds");
+        Self {
+            location,
+            client,
+            attempted: tokio::sync::Mutex::new(None),
+            max_age_ms: std::sync::atomic::AtomicU64::new(DEFAULT_MAX_AGE.as_millis() as u64),
+        }
+    }
+
+    /// How often a refresh may be tried.
+    fn interval(&self) -> std::time::Duration {
+        let max_age = std::time::Duration::from_millis(
+            self.max_age_ms.load(std::sync::atomic::Ordering::Relaxed),
+        );
+        max_age.min(MAX_REFRESH_INTERVAL)
+    }
+
+    async fn get(&self, url: &str) -> Result<(bytes::Bytes, Option<u64>), String> {
+        let response = self
+            .client
+            .get(url)
+            .send()
+            .await
+            .map_err(|e| format!("{url}: {e}"))?;
+        if !response.status().is_success() {
+            return Err(format!("{url} answered {}", response.status()));
+        }
+        let max_age = response
+            .headers()
+            .get(reqwest::header::CACHE_CONTROL)
+            .and_then(|v| v.to_str().ok())
+            .and_then(max_age_secs);
+        if response
+            .content_length()
+            .is_some_and(|n| n > MAX_JWKS_BYTES as u64)
+        {
+            return Err(format!("{url}: longer than {MAX_JWKS_BYTES} bytes"));
+        }
+        let body = response.bytes().await.map_err(|e| format!("{url}: {e}"))?;
+        if body.len() > MAX_JWKS_BYTES {
+            return Err(format!("{url}: longer than {MAX_JWKS_BYTES} bytes"));
+        }
+        Ok((body, max_age))
+    }
+
+    /// The provider's current keys and how long they stay fresh.
+    async fn fetch(&self) -> Result<(Vec<Key>, std::time::Duration), String> {
+        let url = match &self.location {
+            JwksLocation::Url(url) => url.clone(),
+            JwksLocation::Discover(issuer) => {
+                let at = format!(
+                    "{}/.well-known/openid-configuration",
+                    issuer.trim_end_matches('/')
+                );
+                let (body, _) = self.get(&at).await?;
+                let doc: serde_json::Value =
+                    serde_json::from_slice(&body).map_err(|e| format!("{at}: {e}"))?;
+                doc.get("jwks_uri")
+                    .and_then(|v| v.as_str())
+                    .ok_or_else(|| format!("{at}: no jwks_uri"))?
+                    .to_owned()
+            }
+        };
+        let (body, max_age) = self.get(&url).await?;
+        let text = std::str::from_utf8(&body).map_err(|e| format!("{url}: {e}"))?;
+        let keys = parse_jwks(text).map_err(|e| format!("{url}: {e}"))?;
+        let max_age = max_age
+            .map(std::time::Duration::from_secs)
+            .unwrap_or(DEFAULT_MAX_AGE)
+            .clamp(
+                std::time::Duration::from_secs(1),
+                std::time::Duration::from_secs(24 * 3600),
+            );
+        Ok((keys, max_age))
+    }
+}
+
+/// The `max-age` of a `Cache-Control` header, in seconds.
+fn max_age_secs(cache_control: &str) -> Option<u64> {
+    cache_control.split(',').find_map(|part| {
+        let (name, value) = part.trim().split_once('=')?;
+        name.trim()
+            .eq_ignore_ascii_case("max-age")
+            .then(|| value.trim().trim_matches('"').parse().ok())?
+    })
+}
+
+/// The usable keys of a JWKS (`{"keys": [...]}`); every key must be usable, and there must be
+/// one.
+fn parse_jwks(jwks: &str) -> Result<Vec<Key>, String> {
+    use jsonwebtoken::jwk::JwkSet;
+    let set: JwkSet = serde_json::from_str(jwks).map_err(|e| format!("the JWKS: {e}"))?;
+    let mut keys = Vec::new();
+    for (i, jwk) in set.keys.iter().enumerate() {
+        let key = jsonwebtoken::DecodingKey::from_jwk(jwk)
+            .map_err(|e| format!("the JWKS key {i}: {e}"))?;
+        let alg = match jwk.common.key_algorithm {
+            Some(a) => a
+                .to_string()
+                .parse::<jsonwebtoken::Algorithm>()
+                .map_err(|e| format!("the JWKS key {i}: algorithm {a}: {e}"))?,
+            None => match &jwk.algorithm {
+                jsonwebtoken::jwk::AlgorithmParameters::RSA(_) => jsonwebtoken::Algorithm::RS256,
+                jsonwebtoken::jwk::AlgorithmParameters::EllipticCurve(_) => {
+                    jsonwebtoken::Algorithm::ES256
+                }
+                jsonwebtoken::jwk::AlgorithmParameters::OctetKeyPair(_) => {
+                    jsonwebtoken::Algorithm::EdDSA
+                }
+                _ => return Err(format!("the JWKS key {i}: no usable algorithm")),
+            },
+        };
+        keys.push((jwk.common.key_id.clone(), key, alg));
+    }
+    if keys.is_empty() {
+        return Err("the JWKS holds no keys".to_owned());
+    }
+    Ok(keys)
 }
 
 impl JwtVerifier {
     /// Reads the JWKS (`{"keys": [...]}`) text; every key must be usable.
     pub fn from_jwks(jwks: &str, config: JwtConfig) -> Result<Self, String> {
-        use jsonwebtoken::jwk::JwkSet;
-        let set: JwkSet = serde_json::from_str(jwks).map_err(|e| format!("the JWKS: {e}"))?;
-        let mut keys = Vec::new();
-        for (i, jwk) in set.keys.iter().enumerate() {
-            let key = jsonwebtoken::DecodingKey::from_jwk(jwk)
-                .map_err(|e| format!("the JWKS key {i}: {e}"))?;
-            let alg = match jwk.common.key_algorithm {
-                Some(a) => a
-                    .to_string()
-                    .parse::<jsonwebtoken::Algorithm>()
-                    .map_err(|e| format!("the JWKS key {i}: algorithm {a}: {e}"))?,
-                None => match &jwk.algorithm {
-                    jsonwebtoken::jwk::AlgorithmParameters::RSA(_) => {
-                        jsonwebtoken::Algorithm::RS256
-                    }
-                    jsonwebtoken::jwk::AlgorithmParameters::EllipticCurve(_) => {
-                        jsonwebtoken::Algorithm::ES256
-                    }
-                    jsonwebtoken::jwk::AlgorithmParameters::OctetKeyPair(_) => {
-                        jsonwebtoken::Algorithm::EdDSA
-                    }
-                    _ => return Err(format!("the JWKS key {i}: no usable algorithm")),
-                },
-            };
-            keys.push((jwk.common.key_id.clone(), key, alg));
-        }
-        if keys.is_empty() {
-            return Err("the JWKS holds no keys".to_owned());
-        }
-        Ok(Self { config, keys })
+        Ok(Self {
+            config,
+            keys: tokio::sync::RwLock::new(KeySet {
+                keys: parse_jwks(jwks)?,
+                fresh_until: None,
+            }),
+            source: None,
+        })
     }
 
-    fn principal(&self, token: &str) -> Option<Principal> {
-        let header = jsonwebtoken::decode_header(token).ok()?;
-        for (kid, key, alg) in &self.keys {
+    /// Keys fetched from the identity provider, and refreshed (see the module's doc). The
+    /// first fetch happens here; when it fails the verifier still starts (it refuses every
+    /// token until the provider answers) and the error is returned beside it, to be logged.
+    pub async fn fetching(location: JwksLocation, config: JwtConfig) -> (Self, Option<String>) {
+        let verifier = Self {
+            config,
+            keys: tokio::sync::RwLock::new(KeySet {
+                keys: Vec::new(),
+                fresh_until: Some(tokio::time::Instant::now()),
+            }),
+            source: Some(JwksSource::new(location)),
+        };
+        let error = verifier.refresh().await.err();
+        (verifier, error)
+    }
+
+    /// Fetches the keys again, unless a refresh was tried within the refresh interval. On
+    /// failure the keys in use stay.
+    async fn refresh(&self) -> Result<(), String> {
+        let Some(source) = &self.source else {
+            return Ok(());
+        };
+        let mut attempted = source.attempted.lock().await;
+        let now = tokio::time::Instant::now();
+        if attempted.is_some_and(|at| now.duration_since(at) < source.interval()) {
+            return Ok(());
+        }
+        *attempted = Some(now);
+        match source.fetch().await {
+            Ok((keys, max_age)) => {
+                source.max_age_ms.store(
+                    max_age.as_millis() as u64,
+                    std::sync::atomic::Ordering::Relaxed,
+                );
+                *self.keys.write().await = KeySet {
+                    keys,
+                    fresh_until: Some(now + max_age),
+                };
+                Ok(())
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot refresh the JWKS; the last good keys stay in use");
+                Err(e)
+            }
+        }
+    }
+
+    /// Whether the keys in use are past their freshness.
+    async fn stale(&self) -> bool {
+        self.keys
+            .read()
+            .await
+            .fresh_until
+            .is_some_and(|t| tokio::time::Instant::now() >= t)
+    }
+
+    /// Whether a key with this `kid` is in use (a token without one may use any).
+    async fn knows(&self, kid: Option<&str>) -> bool {
+        let Some(kid) = kid else {
+            return true;
+        };
+        self.keys
+            .read()
+            .await
+            .keys
+            .iter()
+            .any(|(k, _, _)| k.as_deref() == Some(kid))
+    }
+
+    async fn principal(&self, token: &str, header: &jsonwebtoken::Header) -> Option<Principal> {
+        let keys = self.keys.read().await;
+        for (kid, key, alg) in &keys.keys {
             if header.kid.is_some() && kid.is_some() && header.kid != *kid {
                 continue;
             }
@@ -238,6 +455,7 @@ impl JwtVerifier {
                 continue;
             }
             let mut validation = jsonwebtoken::Validation::new(*alg);
+            validation.validate_nbf = true;
             validation.set_issuer(&[&self.config.issuer]);
             validation.set_audience(&[&self.config.audience]);
             validation.set_required_spec_claims(&["exp", "iss", "aud", "sub"]);
@@ -276,11 +494,24 @@ impl JwtVerifier {
 #[async_trait]
 impl Verifier for JwtVerifier {
     async fn verify(&self, token: &str) -> Option<Principal> {
-        // Three dots-separated parts or it is not ours to judge.
-        if token.split('.').count() != 3 {
+        // Three dots-separated parts of a sane length, or it is not ours to judge.
+        if token.len() > MAX_TOKEN_BYTES || token.split('.').count() != 3 {
             return None;
         }
-        self.principal(token)
+        let header = jsonwebtoken::decode_header(token).ok()?;
+        if self.stale().await {
+            let _ = self.refresh().await;
+        }
+        if let Some(principal) = self.principal(token, &header).await {
+            return Some(principal);
+        }
+        // A key id we do not hold may be a key the provider rotated in: look again (at most
+        // once per refresh interval, whatever the tokens say).
+        if self.source.is_some() && !self.knows(header.kid.as_deref()).await {
+            let _ = self.refresh().await;
+            return self.principal(token, &header).await;
+        }
+        None
     }
 }
 

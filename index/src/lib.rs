@@ -3,6 +3,7 @@
 //!
 //! # Layout
 //! - [`types`]: rows, scopes, filters, requests, hits
+//! - [`analysis`]: the one analyzer, query syntax and BM25 both backends rank by
 //! - [`backend`]: the [`Backend`] trait; [`postgres`] (pgvector, row-level security) and
 //!   [`embedded`] (tantivy + an on-disk vector store) implement it
 //! - [`fusion`]: reciprocal-rank fusion (k = 60), recency, the per-conversation cap, pages —
@@ -12,6 +13,7 @@
 //! - [`hydrate`]: snippets for hits, read through the resolver as the caller
 //! - [`eval`]: SMART-format test collections and nDCG/MAP, for `turnpike bench search`
 
+pub mod analysis;
 pub mod backend;
 pub mod embed;
 pub mod embedded;

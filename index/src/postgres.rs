@@ -48,18 +48,19 @@ impl MigrationSource<'static> for Migrations {
                     Cow::Borrowed(include_str!("../migrations/0002_scope_stats.sql")),
                     false,
                 ),
+                Migration::new(
+                    3,
+                    Cow::Borrowed("one analyzer"),
+                    MigrationType::Simple,
+                    Cow::Borrowed(include_str!("../migrations/0003_one_analyzer.sql")),
+                    false,
+                ),
             ])
         })
     }
 }
 
-/// BM25's term-frequency saturation and length normalisation (tantivy's and Lucene's
-/// defaults).
-const K1: f64 = 1.2;
-const B: f64 = 0.75;
-
-/// Bytes of text indexed per row (the tsvector has a size limit; the embedder reads far less).
-const MAX_TEXT: usize = 64 * 1024;
+use crate::analysis::{self, B, K1};
 
 /// The index in Postgres.
 #[derive(Clone)]
@@ -175,11 +176,12 @@ impl PgIndex {
         vector_index_state(&self.pool, self.dimension).await
     }
 
-    /// The kept statistics of `scope`: (rows, total distinct lexemes), what BM25 reads.
+    /// The kept statistics of `scope`: (rows, total length in words as stored), what BM25
+    /// reads.
     pub async fn scope_stats(&self, scope: &Scope) -> Result<(i64, i64)> {
         let mut tx = self.scoped(scope).await?;
         let mut q = QueryBuilder::<Postgres>::new(
-            "SELECT coalesce(sum(rows), 0)::int8, coalesce(sum(lexemes), 0)::int8 \
+            "SELECT coalesce(sum(rows), 0)::int8, coalesce(sum(words), 0)::int8 \
              FROM index_scope_stats",
         );
         self.push_scope(&mut q, scope);
@@ -302,36 +304,6 @@ fn candidate(row: &sqlx::postgres::PgRow) -> Result<Candidate> {
         },
         score: row.try_get::<f64, _>("score").map_err(get)?,
     })
-}
-
-/// The words of a query, for an OR of terms: letters and digits only, so no query can be
-/// tsquery syntax.
-fn words(text: &str) -> Vec<String> {
-    text.split(|c: char| !c.is_alphanumeric())
-        .filter(|w| !w.is_empty())
-        .map(str::to_lowercase)
-        .take(64)
-        .collect()
-}
-
-/// Whether the user wrote search syntax (a quoted phrase, an exclusion, `or`): then the query
-/// is read as web-search syntax (all terms required) instead of as ranked words.
-fn has_syntax(text: &str) -> bool {
-    text.contains('"')
-        || text
-            .split_whitespace()
-            .any(|w| w.starts_with('-') || w == "OR")
-}
-
-fn truncated(text: &str) -> &str {
-    if text.len() <= MAX_TEXT {
-        return text;
-    }
-    let mut end = MAX_TEXT;
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    &text[..end]
 }
 
 /// Whether the vector index for `dimension` is there (`None`: not) and valid.
@@ -512,22 +484,39 @@ fn copy_line(out: &mut String, ord: usize, row: &IndexRow) {
         let _ = write!(out, "{x}");
     }
     out.push_str("]\t");
-    copy_text(out, truncated(&row.text));
-    out.push('\n');
+    let analyzed = analysis::analyze(&row.text);
+    // Array literals with every element quoted (a term may read `null`); terms are letters
+    // and digits only, so nothing in them needs escaping.
+    out.push('{');
+    for (i, (term, _)) in analyzed.terms.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        let _ = write!(out, "\"{term}\"");
+    }
+    out.push_str("}\t{");
+    for (i, (_, n)) in analyzed.terms.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        let _ = write!(out, "{n}");
+    }
+    let _ = writeln!(out, "}}\t{}", analysis::stored_length(analyzed.length));
 }
 
 /// The staging table a large batch is copied into (per session, emptied at commit; nothing
 /// but this transaction can see it).
 const STAGE: &str = "CREATE TEMP TABLE IF NOT EXISTS index_stage (ord integer, tenant text, \
      owner text, id text, app text, agent text, conversation text, turn bigint, kind text, \
-     reference text, at_ms bigint, embedding vector, body text) ON COMMIT DELETE ROWS";
+     reference text, at_ms bigint, embedding vector, terms text[], tfs int4[], dl int4) \
+     ON COMMIT DELETE ROWS";
 
 /// How an upsert settles a row whose id is already present: the new one replaces it.
 const ON_CONFLICT: &str = " ON CONFLICT (tenant, id) DO UPDATE SET app = EXCLUDED.app, \
      agent = EXCLUDED.agent, conversation = EXCLUDED.conversation, \
      turn = EXCLUDED.turn, kind = EXCLUDED.kind, reference = EXCLUDED.reference, \
      at_ms = EXCLUDED.at_ms, embedding = EXCLUDED.embedding, \
-     search_tsv = EXCLUDED.search_tsv";
+     terms = EXCLUDED.terms, tfs = EXCLUDED.tfs, dl = EXCLUDED.dl";
 
 impl PgIndex {
     /// Writes `sorted` (deduplicated, grouped by scope) with one `INSERT` per scope and
@@ -544,11 +533,16 @@ impl PgIndex {
             for chunk in group.chunks(1000) {
                 let mut q = QueryBuilder::<Postgres>::new(
                     "INSERT INTO index_rows (tenant, owner, id, app, agent, conversation, turn, \
-                     kind, reference, at_ms, embedding, search_tsv) ",
+                     kind, reference, at_ms, embedding, terms, tfs, dl) ",
                 );
                 q.push_values(chunk, |mut b, row| {
-                    // Postgres text holds no NUL (COPY drops them too).
-                    let text = truncated(&row.text).replace('\0', "");
+                    let analyzed = analysis::analyze(&row.text);
+                    let (terms, counts): (Vec<String>, Vec<i32>) = analyzed
+                        .terms
+                        .into_iter()
+                        .map(|(t, n)| (t, i32::try_from(n).unwrap_or(i32::MAX)))
+                        .unzip();
+                    let length = analysis::stored_length(analyzed.length);
                     let info = &row.info;
                     b.push_bind(row.scope.tenant.to_string())
                         .push_bind(row.scope.identity.to_string())
@@ -561,11 +555,9 @@ impl PgIndex {
                         .push_bind(info.reference.clone())
                         .push_bind(info.at_ms)
                         .push_bind(Vector::from(row.embedding.clone()))
-                        .push("to_tsvector('english', ")
-                        .push_bind_unseparated(text.clone())
-                        .push_unseparated(") || to_tsvector('simple', ")
-                        .push_bind_unseparated(text)
-                        .push_unseparated(")");
+                        .push_bind(terms)
+                        .push_bind(counts)
+                        .push_bind(i32::try_from(length).unwrap_or(i32::MAX));
                 });
                 q.push(ON_CONFLICT);
                 q.build()
@@ -597,7 +589,7 @@ impl PgIndex {
         let mut copy = tx
             .copy_in_raw(
                 "COPY index_stage (ord, tenant, owner, id, app, agent, conversation, turn, kind, \
-                 reference, at_ms, embedding, body) FROM STDIN (FORMAT text)",
+                 reference, at_ms, embedding, terms, tfs, dl) FROM STDIN (FORMAT text)",
             )
             .await
             .map_err(pg("staging index rows"))?;
@@ -623,9 +615,9 @@ impl PgIndex {
             }
             sqlx::query(&format!(
                 "INSERT INTO index_rows (tenant, owner, id, app, agent, conversation, turn, \
-                 kind, reference, at_ms, embedding, search_tsv) \
+                 kind, reference, at_ms, embedding, terms, tfs, dl) \
                  SELECT tenant, owner, id, app, agent, conversation, turn, kind, reference, \
-                 at_ms, embedding, to_tsvector('english', body) || to_tsvector('simple', body) \
+                 at_ms, embedding, terms, tfs, dl \
                  FROM index_stage WHERE tenant = $1 AND owner = $2{ON_CONFLICT}"
             ))
             .bind(group[0].scope.tenant.as_str())
@@ -685,76 +677,71 @@ impl Backend for PgIndex {
         text: &str,
         k: usize,
     ) -> Result<Vec<Candidate>> {
-        let mut q = QueryBuilder::<Postgres>::new("");
-        if has_syntax(text) {
-            // Web-search syntax: every term required, ranked by cover density.
-            q.push("WITH query AS (SELECT websearch_to_tsquery('english', ")
-                .push_bind(text.to_owned())
-                .push(") || websearch_to_tsquery('simple', ")
-                .push_bind(text.to_owned())
-                .push(") AS q) ");
-            q.push(format!(
-                "SELECT {COLUMNS}, ts_rank_cd(search_tsv, query.q, 1)::float8 AS score \
-                 FROM index_rows, query"
-            ));
-            self.push_scope_and_filters(&mut q, scope, filters);
-            q.push(" AND search_tsv @@ query.q ORDER BY score DESC, id LIMIT ")
-                .push_bind(k.max(1) as i64);
-        } else {
-            // Ranked words, any of them, by BM25 over the caller's own rows. English stop
-            // words are dropped (a word the English configuration reduces to nothing); rows
-            // matching any remaining word in either configuration are candidates. The terms are
-            // the words' English lexemes: a term's weight is its inverse document frequency
-            // among the caller's rows, its count in a row (its positions) saturates (k1), and a
-            // row's length (its distinct lexemes, against the caller's average) normalises it
-            // (b). The caller's row count and total length come from `index_scope_stats` (kept
-            // by triggers), so only the matching rows are read; nothing of another identity
-            // shapes a score.
-            //
-            // A row's counts of the query's terms come from its tsvector cut down to them
-            // (`setweight` marks them, `ts_filter` keeps the marked): stored vectors carry
-            // only the default weight, so the mark is unambiguous.
-            q.push("WITH words AS (SELECT DISTINCT w FROM unnest(")
-                .push_bind(words(text))
-                .push(
-                    "::text[]) AS w WHERE numnode(to_tsquery('english', w)) > 0), \
-                     query AS MATERIALIZED (SELECT to_tsquery('english', string_agg(w, ' | ')) \
-                     || to_tsquery('simple', string_agg(w, ' | ')) AS q, \
-                     ARRAY(SELECT DISTINCT l FROM words, unnest(to_tsvector('english', words.w)) \
-                     AS t(l)) AS lexemes FROM words), \
-                     scoped AS MATERIALIZED (SELECT tenant, owner, id, app, agent, conversation, \
-                     turn, kind, reference, at_ms, length(search_tsv) AS dl, \
-                     ts_filter(setweight(search_tsv, 'A', query.lexemes), '{a}') AS found \
-                     FROM index_rows, query",
-                );
-            self.push_scope(&mut q, scope);
-            q.push(
-                " AND search_tsv @@ query.q), \
-                 kept AS (SELECT rows, lexemes FROM index_scope_stats",
-            );
-            self.push_scope(&mut q, scope);
-            q.push(
-                "), stats AS MATERIALIZED (SELECT \
-                 greatest(coalesce((SELECT rows FROM kept), 0), m.n)::float8 AS n, \
-                 CASE WHEN coalesce((SELECT rows FROM kept), 0) > 0 \
-                 THEN greatest((SELECT lexemes::float8 / rows FROM kept), 1) \
-                 ELSE greatest(coalesce(m.avgdl, 1), 1)::float8 END AS avgdl \
-                 FROM (SELECT count(*) AS n, avg(dl) AS avgdl FROM scoped) AS m), ",
-            );
-            q.push(format!(
-                "terms AS MATERIALIZED (SELECT u.lexeme, \
-                 ln(1 + (stats.n - count(*) + 0.5) / (count(*) + 0.5)) AS idf \
-                 FROM scoped, unnest(scoped.found) AS u, stats GROUP BY u.lexeme, stats.n) \
-                 SELECT {COLUMNS}, coalesce((SELECT sum(terms.idf * t.tf * ({K1} + 1) / \
-                 (t.tf + {K1} * (1 - {B} + {B} * scoped.dl / stats.avgdl))) \
-                 FROM (SELECT u.lexeme, coalesce(array_length(u.positions, 1), 1)::float8 AS tf \
-                 FROM unnest(scoped.found) AS u) t JOIN terms ON terms.lexeme = t.lexeme), 0)\
-                 ::float8 AS score FROM scoped, stats"
-            ));
-            self.push_scope_and_filters(&mut q, scope, filters);
-            q.push(" ORDER BY score DESC, id LIMIT ")
-                .push_bind(k.max(1) as i64);
+        // The analyzer and BM25 of `analysis`, as the embedded backend ranks: the rows of the
+        // caller holding any ranked term are the candidates; a term's weight is its inverse
+        // document frequency among the caller's rows (times how often the query says it), its
+        // count in a row saturates (k1), and the row's length (as stored, against the caller's
+        // average from `index_scope_stats`, kept by triggers) normalises it (b). Statistics are
+        // counted before filters, required and excluded terms, which change no score; nothing
+        // of another identity shapes one.
+        let query = analysis::Query::parse(text);
+        if query.is_empty() {
+            return Ok(Vec::new());
         }
+        let (ranked, qtfs): (Vec<String>, Vec<i32>) = query
+            .ranked
+            .iter()
+            .map(|(t, n)| (t.clone(), i32::try_from(*n).unwrap_or(i32::MAX)))
+            .unzip();
+        let mut q = QueryBuilder::<Postgres>::new(
+            "WITH query AS MATERIALIZED (SELECT q.t, q.qtf FROM unnest(",
+        );
+        q.push_bind(ranked.clone())
+            .push("::text[], ")
+            .push_bind(qtfs)
+            .push(
+                "::int4[]) AS q(t, qtf)), \
+                 scoped AS MATERIALIZED (SELECT tenant, owner, id, app, agent, conversation, \
+                 turn, kind, reference, at_ms, terms, tfs, dl FROM index_rows",
+            );
+        self.push_scope(&mut q, scope);
+        q.push(" AND terms && ").push_bind(ranked).push(
+            "::text[]), \
+                 kept AS (SELECT rows, words FROM index_scope_stats",
+        );
+        self.push_scope(&mut q, scope);
+        q.push(
+            "), stats AS MATERIALIZED (SELECT \
+             greatest(coalesce((SELECT rows FROM kept), 0), m.n)::float8 AS n, \
+             CASE WHEN coalesce((SELECT rows FROM kept), 0) > 0 \
+             THEN (SELECT words::float8 / rows FROM kept) \
+             ELSE coalesce(m.avgdl, 0)::float8 END AS avgdl \
+             FROM (SELECT count(*) AS n, avg(dl) AS avgdl FROM scoped) AS m), ",
+        );
+        q.push(format!(
+            "weights AS MATERIALIZED (SELECT query.t, query.qtf * \
+             ln(1 + (stats.n - count(*) + 0.5) / (count(*) + 0.5)) * ({K1} + 1) AS w \
+             FROM scoped, query, stats WHERE query.t = ANY(scoped.terms) \
+             GROUP BY query.t, query.qtf, stats.n) \
+             SELECT {COLUMNS}, coalesce((SELECT sum(weights.w * tf / (tf + {K1} * \
+             (1 - {B} + {B} * scoped.dl / greatest(stats.avgdl, 1e-9)))) \
+             FROM weights, LATERAL (SELECT scoped.tfs[array_position(scoped.terms, weights.t)]\
+             ::float8 AS tf) AS c WHERE c.tf IS NOT NULL), 0)::float8 AS score \
+             FROM scoped, stats"
+        ));
+        self.push_scope_and_filters(&mut q, scope, filters);
+        if !query.required.is_empty() {
+            q.push(" AND terms @> ")
+                .push_bind(query.required.clone())
+                .push("::text[]");
+        }
+        if !query.excluded.is_empty() {
+            q.push(" AND NOT terms && ")
+                .push_bind(query.excluded.clone())
+                .push("::text[]");
+        }
+        q.push(" ORDER BY score DESC, id LIMIT ")
+            .push_bind(k.max(1) as i64);
         let mut tx = self.scoped(scope).await?;
         // Planned for these values, never from a cached generic plan: a plan made without
         // knowing the scope walks the whole graph (or every matching row) for a selective one.
@@ -1010,14 +997,36 @@ impl Backend for PgIndex {
 mod tests {
     use super::*;
 
+    /// The analyzed terms go into `COPY` as array literals with every element quoted: a term
+    /// that reads `null` stays a word.
     #[test]
-    fn query_words_cannot_carry_tsquery_syntax() {
-        assert_eq!(
-            words("a&b | c:* !d (e) 'f'"),
-            ["a", "b", "c", "d", "e", "f"]
+    fn copied_rows_carry_their_terms_counts_and_length() {
+        let row = IndexRow {
+            scope: Scope::new("acme".parse().unwrap(), "test:a".parse().unwrap()),
+            info: RowInfo {
+                id: RowId::new("r1"),
+                app: "app".parse().unwrap(),
+                agent: "agent".parse().unwrap(),
+                conversation: ConversationId::new(),
+                turn: TurnId::FIRST,
+                kind: crate::types::Kind::Prompt,
+                reference: "ref".into(),
+                at_ms: 1,
+            },
+            text: "NULL null, x&y!".into(),
+            embedding: vec![0.5],
+        };
+        let mut line = String::new();
+        copy_line(&mut line, 7, &row);
+        assert!(
+            line.ends_with("[0.5]\t{\"null\",\"x\",\"y\"}\t{2,1,1}\t4\n"),
+            "{line}"
         );
-        assert!(has_syntax("\"exact phrase\""));
-        assert!(has_syntax("wings -flutter"));
-        assert!(!has_syntax("what about well-known wings"));
+        let terms: Vec<String> = crate::analysis::Query::parse("x&y | c:* !d (e) 'f'")
+            .ranked
+            .into_iter()
+            .map(|(t, _)| t)
+            .collect();
+        assert_eq!(terms, ["c", "d", "e", "f", "x", "y"]);
     }
 }

@@ -13,7 +13,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use redb::{Database, ReadableDatabase as _, ReadableTable as _, TableDefinition};
+use redb::{
+    Database, ReadableDatabase as _, ReadableTable as _, ReadableTableMetadata as _,
+    TableDefinition,
+};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 use turnpike_schemas::{ConversationId, Event, TenantId, WorkerId};
@@ -34,6 +37,18 @@ const HEADS: TableDefinition<&str, (&str, u64)> = TableDefinition::new("lane_hea
 const USAGE: TableDefinition<&str, &[u8]> = TableDefinition::new("usage");
 /// dedupe id → (seq, accepted at ms).
 const DEDUPE: TableDefinition<&str, (u64, u64)> = TableDefinition::new("dedupe");
+/// (accepted at ms, dedupe id): the dedupe ids in the order they expire, so that each commit
+/// drops a few that left the duplicate window (as JetStream forgets message ids).
+const DEDUPE_AT: TableDefinition<(u64, &str), ()> = TableDefinition::new("dedupe_at");
+
+/// The page cache of the bus database. redb's default (1 GiB) keeps every page written in
+/// memory until it is full: memory that grew with every event. Pages past this are read from
+/// the file (the kernel's page cache, which it can reclaim).
+pub const CACHE_BYTES: usize = 32 << 20;
+
+/// The most expired dedupe ids one group commit drops: more than one commit adds, so the
+/// table shrinks back to the window's worth whatever the rate.
+const DEDUPE_PRUNE_PER_COMMIT: usize = 2 * MAX_GROUP;
 
 /// Settings of the embedded bus.
 #[derive(Debug, Clone)]
@@ -263,6 +278,9 @@ fn commit_group(db: &Database, group: &[PublishRequest]) -> Result<Vec<Published
         let mut lanes = txn
             .open_table(LANES)
             .map_err(|e| storage("publishing", e))?;
+        let mut expiring = txn
+            .open_table(DEDUPE_AT)
+            .map_err(|e| storage("publishing", e))?;
         for r in group {
             let conv = r.conversation.to_string();
             let earlier = seen
@@ -289,6 +307,9 @@ fn commit_group(db: &Database, group: &[PublishRequest]) -> Result<Vec<Published
                         .map_err(|e| storage("publishing", e))?;
                     seen.insert(r.dedupe.as_str(), (seq, r.now_ms))
                         .map_err(|e| storage("publishing", e))?;
+                    expiring
+                        .insert((r.now_ms, r.dedupe.as_str()), ())
+                        .map_err(|e| storage("publishing", e))?;
                     Published {
                         seq,
                         duplicate: false,
@@ -297,9 +318,38 @@ fn commit_group(db: &Database, group: &[PublishRequest]) -> Result<Vec<Published
             };
             out.push(published);
         }
+        if let Some(first) = group.first() {
+            let horizon = first.now_ms.saturating_sub(first.window_ms);
+            forget_expired(&mut seen, &mut expiring, horizon, DEDUPE_PRUNE_PER_COMMIT)
+                .map_err(|e| storage("publishing", e))?;
+        }
     }
     txn.commit().map_err(|e| storage("publishing", e))?;
     Ok(out)
+}
+
+/// Drops up to `limit` dedupe ids accepted before `horizon` (ms). An id accepted again since
+/// (its entry newer) keeps its entry.
+fn forget_expired(
+    seen: &mut redb::Table<&str, (u64, u64)>,
+    expiring: &mut redb::Table<(u64, &str), ()>,
+    horizon: u64,
+    limit: usize,
+) -> std::result::Result<usize, redb::Error> {
+    let mut expired: Vec<(u64, String)> = Vec::new();
+    for item in expiring.range((0, "")..(horizon, ""))?.take(limit) {
+        let (key, _) = item?;
+        let (at, id) = key.value();
+        expired.push((at, id.to_owned()));
+    }
+    for (at, id) in &expired {
+        expiring.remove((*at, id.as_str()))?;
+        let current = seen.get(id.as_str())?.map(|v| v.value().1);
+        if current == Some(*at) {
+            seen.remove(id.as_str())?;
+        }
+    }
+    Ok(expired.len())
 }
 
 fn push_wake(wakes: &Wakes, pending: Pending) {
@@ -354,7 +404,9 @@ impl EmbeddedBus {
         if let Some(dir) = path.parent() {
             std::fs::create_dir_all(dir).map_err(|e| storage("creating its directory", e))?;
         }
-        let db = Database::create(path)
+        let db = redb::Builder::new()
+            .set_cache_size(CACHE_BYTES)
+            .create(path)
             .map_err(|e| storage(&format!("opening {}", path.display()), e))?;
         let txn = db.begin_write().map_err(|e| storage("starting", e))?;
         {
@@ -362,8 +414,29 @@ impl EmbeddedBus {
                 .map_err(|e| storage("creating tables", e))?;
             txn.open_table(HEADS)
                 .map_err(|e| storage("creating tables", e))?;
-            txn.open_table(DEDUPE)
+            let mut seen = txn
+                .open_table(DEDUPE)
                 .map_err(|e| storage("creating tables", e))?;
+            let mut expiring = txn
+                .open_table(DEDUPE_AT)
+                .map_err(|e| storage("creating tables", e))?;
+            // Ids from before `DEDUPE_AT` existed (or an empty one): expired ones go, the
+            // others are listed to expire.
+            if expiring.is_empty().map_err(|e| storage("opening", e))? {
+                let horizon = now_ms().saturating_sub(config.duplicate_window.as_millis() as u64);
+                seen.retain(|_, (_, at)| at >= horizon)
+                    .map_err(|e| storage("forgetting expired ids", e))?;
+                let mut kept: Vec<(u64, String)> = Vec::new();
+                for item in seen.iter().map_err(|e| storage("opening", e))? {
+                    let (id, value) = item.map_err(|e| storage("opening", e))?;
+                    kept.push((value.value().1, id.value().to_owned()));
+                }
+                for (at, id) in &kept {
+                    expiring
+                        .insert((*at, id.as_str()), ())
+                        .map_err(|e| storage("opening", e))?;
+                }
+            }
         }
         txn.commit().map_err(|e| storage("creating tables", e))?;
         let db = Arc::new(db);
@@ -773,5 +846,75 @@ impl Bus for EmbeddedBus {
             leases.remove(&lease.conversation);
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use turnpike_schemas::{Address, ConversationId, Event, EventBody};
+
+    use super::*;
+
+    fn keyed(conversation: ConversationId, key: &str) -> Event {
+        let mut event = Event::new(
+            Address {
+                tenant: "acme".parse().unwrap(),
+                app: "support".parse().unwrap(),
+                agent: "helper".parse().unwrap(),
+                conversation,
+                identity: "oidc:acme:u-17".parse().unwrap(),
+            },
+            EventBody::Message { text: key.into() },
+            1,
+        );
+        event.idempotency_key = Some(key.into());
+        event
+    }
+
+    fn remembered(bus: &EmbeddedBus) -> (u64, u64) {
+        let txn = bus.db.begin_read().unwrap();
+        let seen = txn.open_table(DEDUPE).unwrap().len().unwrap();
+        let expiring = txn.open_table(DEDUPE_AT).unwrap().len().unwrap();
+        (seen, expiring)
+    }
+
+    /// Item 7 of the third adversarial look: idempotency keys are forgotten once they leave the
+    /// duplicate window (they were kept forever, a few hundred bytes of memory per event), and
+    /// a key inside the window still deduplicates — also across a reopening.
+    #[tokio::test]
+    async fn dedupe_ids_are_forgotten_once_out_of_the_window() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("bus.redb");
+        let window = Duration::from_millis(300);
+        let config = EmbeddedConfig {
+            duplicate_window: window,
+            ..Default::default()
+        };
+        let bus = EmbeddedBus::open(&path, config.clone()).unwrap();
+        let conv = ConversationId::new();
+        for i in 0..50 {
+            assert!(
+                !bus.publish(&keyed(conv, &format!("k{i}")))
+                    .await
+                    .unwrap()
+                    .duplicate
+            );
+        }
+        assert_eq!(remembered(&bus), (50, 50));
+        assert!(bus.publish(&keyed(conv, "k7")).await.unwrap().duplicate);
+        // Once the window has passed, the next commit forgets them.
+        let start = now_ms();
+        while now_ms() < start + window.as_millis() as u64 + 10 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(!bus.publish(&keyed(conv, "fresh")).await.unwrap().duplicate);
+        assert_eq!(remembered(&bus), (1, 1));
+        assert!(bus.publish(&keyed(conv, "fresh")).await.unwrap().duplicate);
+        // An accepted key older than the window is a new event again.
+        assert!(!bus.publish(&keyed(conv, "k7")).await.unwrap().duplicate);
+        drop(bus);
+        let bus = EmbeddedBus::open(&path, config).unwrap();
+        assert!(bus.publish(&keyed(conv, "fresh")).await.unwrap().duplicate);
+        assert_eq!(remembered(&bus).0, 2);
     }
 }

@@ -173,6 +173,9 @@ pub struct Probes {
     pub store: Arc<dyn ObjectStore>,
     /// For workers: the cell's self-check (`Err`: why there is no sandbox).
     pub cell: Option<std::result::Result<(), String>>,
+    /// Whether a failed cell self-check makes the process unready (a fleet worker), or is
+    /// only said (`turnpike serve`: turns run without a cell, `exec` refuses).
+    pub cell_required: bool,
     /// Settings refused at start (e.g. a retention that does not parse), said in every answer.
     pub refused: Vec<String>,
     /// Set from SIGTERM on.
@@ -302,10 +305,13 @@ async fn readyz(State(probes): State<Arc<Probes>>) -> impl IntoResponse {
     if let Some(cell) = &probes.cell {
         checks.push(Check {
             name: "cell",
-            ok: cell.is_ok(),
+            ok: cell.is_ok() || !probes.cell_required,
             detail: match cell {
                 Ok(()) => "the self-check passed".into(),
-                Err(why) => why.clone(),
+                Err(why) if probes.cell_required => why.clone(),
+                Err(why) => {
+                    format!("unavailable (turns run; `exec` refuses until a sandbox works): {why}")
+                }
             },
         });
     }

@@ -214,6 +214,32 @@ pub async fn run(global: &Global, command: BenchCommand) -> Result<ExitCode> {
             })
             .await
         }
+        BenchCommand::Soak {
+            turns,
+            conversations,
+            clients,
+            samples,
+            warm_up_percent,
+            nats_server,
+        } => {
+            let nats_server = match nats_server.to_str() {
+                Some("none") => None,
+                _ if nats_server.components().count() == 1 => {
+                    Some(which(&nats_server).unwrap_or(nats_server))
+                }
+                _ => Some(nats_server),
+            };
+            turnpike_bench::soak::run(turnpike_bench::soak::Plan {
+                binary: std::env::current_exe()?,
+                nats_server,
+                turns,
+                conversations,
+                clients,
+                samples,
+                warm_up_percent: warm_up_percent.min(99),
+            })
+            .await
+        }
         BenchCommand::Lanes {
             nats,
             conversations,
@@ -260,6 +286,8 @@ async fn edge_stack(global: &Global, data_dir: PathBuf) -> Result<EdgeStack> {
         listen: "127.0.0.1:0".parse()?,
         tokens: None,
         jwks: None,
+        jwks_url: None,
+        jwt_discover: false,
         jwt_issuer: String::new(),
         jwt_audience: String::new(),
         jwt_identity_scope: String::new(),
@@ -272,7 +300,7 @@ async fn edge_stack(global: &Global, data_dir: PathBuf) -> Result<EdgeStack> {
         required_approver: None,
         ws_grace_ms: 0,
     };
-    let edge = super::edge::build(&g, &env, bus.clone(), &apps, None, &args, true)?;
+    let edge = super::edge::build(&g, &env, bus.clone(), &apps, None, &args, true).await?;
     let listener = tokio::net::TcpListener::bind(args.listen).await?;
     let addr = listener.local_addr()?;
     let server = tokio::spawn(async move {

@@ -40,7 +40,9 @@ pub async fn run(global: &Global, args: DemoArgs) -> Result<ExitCode> {
     let env = Env::open(global)?;
     let apps = env.apps(true)?;
     let bus = open_bus(global, &env, Duration::from_secs(30)).await?;
-    let owner: Identity = "local:demo-user".parse()?;
+    // The identity of `turnpike serve`'s first token: the console opened on this data directory
+    // shows the demo's conversation to its first user.
+    let owner: Identity = crate::commands::edge::LOCAL_IDENTITY.parse()?;
     println!("data directory: {}", global.data_dir.display());
     let (entry, record, _) = env
         .conversations
@@ -183,7 +185,7 @@ pub async fn run(global: &Global, args: DemoArgs) -> Result<ExitCode> {
     println!();
     let code = verify(&env, conversation, &"default".parse()?, &owner, false).await?;
     println!("\ntry: turnpike conversation replay {conversation} --actor {owner} --what-if 'turn_1/output/4=a different reply'");
-    println!("     turnpike serve   (the API on http://127.0.0.1:7700/v1), then in another terminal: turnpike chat");
+    println!("     turnpike serve   (the API and console on http://127.0.0.1:7700; its first token, in {}, is {owner}'s: the console and `turnpike chat --conversation {conversation}` show this conversation)", crate::commands::edge::default_tokens_path(global).display());
     if !replay_ok {
         return Ok(ExitCode::from(1));
     }

@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use anyhow::{bail, Context as _, Result};
 use sha2::Digest as _;
+use turnpike_edge::auth::JwksLocation;
 use turnpike_edge::{Authenticator, Edge, EdgeParts, JwtConfig, JwtVerifier, Limits, TokenFile};
 use turnpike_router::Bus;
 use turnpike_worker::Apps;
@@ -21,22 +22,29 @@ pub fn default_tokens_path(global: &Global) -> std::path::PathBuf {
     global.data_dir.join("tokens.toml")
 }
 
-/// The authenticator the flags describe. With neither `--tokens` nor `--jwks`, the embedded
-/// default (`embedded`) creates `<data-dir>/tokens.toml` with one admin token for `local:me`;
-/// a fleet router refuses to start without one of them.
-pub fn authenticator(global: &Global, args: &EdgeArgs, embedded: bool) -> Result<Authenticator> {
+/// The authenticator the flags describe. With neither `--tokens` nor a JWKS (`--jwks`,
+/// `--jwks-url`, `--jwt-discover`), the embedded default (`embedded`) creates
+/// `<data-dir>/tokens.toml` with one admin token for `local:me`; a fleet router refuses to
+/// start without one of them.
+pub async fn authenticator(
+    global: &Global,
+    args: &EdgeArgs,
+    embedded: bool,
+) -> Result<Authenticator> {
     let mut auth = Authenticator::new();
-    let tokens = match (&args.tokens, &args.jwks) {
+    let tokens = match (&args.tokens, args.has_jwt()) {
         (Some(path), _) => Some(path.clone()),
-        (None, None) if embedded => {
+        (None, false) if embedded => {
             let path = default_tokens_path(global);
             if !path.exists() {
                 write_default_tokens(&path)?;
             }
             Some(path)
         }
-        (None, None) => bail!("the edge needs callers: pass --tokens FILE or --jwks FILE"),
-        (None, Some(_)) => None,
+        (None, false) => {
+            bail!("the edge needs callers: pass --tokens FILE, --jwks FILE, --jwks-url URL or --jwt-discover")
+        }
+        (None, true) => None,
     };
     if let Some(path) = tokens {
         let file = TokenFile::load(&path).map_err(anyhow::Error::msg)?;
@@ -45,26 +53,42 @@ pub fn authenticator(global: &Global, args: &EdgeArgs, embedded: bool) -> Result
         }
         auth = auth.with(Arc::new(file));
     }
-    if let Some(path) = &args.jwks {
-        if args.jwt_issuer.is_empty() {
-            bail!("--jwks needs --jwt-issuer");
-        }
-        let text =
-            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-        let verifier = JwtVerifier::from_jwks(
-            &text,
-            JwtConfig {
-                issuer: args.jwt_issuer.clone(),
-                audience: args.jwt_audience.clone(),
-                identity_scope: args.jwt_identity_scope.clone(),
-                tenant_claim: args.jwt_tenant_claim.clone(),
-                admin_claim: args.jwt_admin_claim.clone(),
-            },
-        )
-        .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
-        auth = auth.with(Arc::new(verifier));
+    if !args.has_jwt() {
+        return Ok(auth);
     }
-    Ok(auth)
+    if args.jwt_issuer.is_empty() {
+        bail!("--jwks, --jwks-url and --jwt-discover need --jwt-issuer");
+    }
+    let config = JwtConfig {
+        issuer: args.jwt_issuer.clone(),
+        audience: args.jwt_audience.clone(),
+        identity_scope: args.jwt_identity_scope.clone(),
+        tenant_claim: args.jwt_tenant_claim.clone(),
+        admin_claim: args.jwt_admin_claim.clone(),
+    };
+    let location = match (&args.jwks, &args.jwks_url, args.jwt_discover) {
+        (Some(path), None, false) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("reading {}", path.display()))?;
+            let verifier = JwtVerifier::from_jwks(&text, config)
+                .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+            return Ok(auth.with(Arc::new(verifier)));
+        }
+        (None, Some(url), false) => {
+            let parsed = url::Url::parse(url).with_context(|| format!("--jwks-url {url}"))?;
+            if !matches!(parsed.scheme(), "http" | "https") {
+                bail!("--jwks-url {url}: not an http(s) URL");
+            }
+            JwksLocation::Url(url.clone())
+        }
+        (None, None, true) => JwksLocation::Discover(args.jwt_issuer.clone()),
+        _ => bail!("give one of --jwks, --jwks-url or --jwt-discover"),
+    };
+    let (verifier, error) = JwtVerifier::fetching(location.clone(), config).await;
+    if let Some(e) = error {
+        tracing::warn!(?location, error = %e, "cannot fetch the JWKS yet: JWTs are refused until the identity provider answers");
+    }
+    Ok(auth.with(Arc::new(verifier)))
 }
 
 fn write_default_tokens(path: &Path) -> Result<()> {
@@ -100,7 +124,7 @@ pub fn local_token(global: &Global) -> Option<String> {
 }
 
 /// The edge over this process's bus, store and index.
-pub fn build(
+pub async fn build(
     global: &Global,
     env: &Env,
     bus: Arc<dyn Bus>,
@@ -116,7 +140,7 @@ pub fn build(
         conversations: env.conversations.clone(),
         trusted: env.trusted.clone(),
         signer: env.signer.clone(),
-        auth: authenticator(global, args, embedded)?,
+        auth: authenticator(global, args, embedded).await?,
         apps: apps.clone(),
         search: index,
         limits: Limits {

@@ -1,5 +1,10 @@
 //! `turnpike send` and `turnpike tail`: an event onto a lane; committed rows off the record.
 //! `turnpike workers`: who is alive in a fleet.
+//!
+//! While `turnpike serve` runs on the same data directory it holds the embedded bus, so `send`
+//! goes through its API instead (`--url`), with the token the data directory's token file
+//! holds for `--actor`; without one it says how to get in. (`tail` reads the store, which
+//! serve shares.)
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -47,7 +52,13 @@ pub async fn workers(global: &Global, args: WorkersArgs) -> Result<ExitCode> {
 
 pub async fn send(global: &Global, args: SendArgs) -> Result<ExitCode> {
     let env = Env::open(global)?;
-    let bus = open_bus(global, &env, Duration::from_secs(30)).await?;
+    let bus = match open_bus(global, &env, Duration::from_secs(30)).await {
+        Ok(bus) => bus,
+        Err(e) if global.nats_url.is_none() && held_by_a_server(&e) => {
+            return send_through_api(global, args).await;
+        }
+        Err(e) => return Err(e),
+    };
     let body = match args.kind {
         EventKindArg::Message => EventBody::Message { text: args.text },
         EventKindArg::FollowUp => EventBody::FollowUp { text: args.text },
@@ -113,6 +124,119 @@ pub async fn send(global: &Global, args: SendArgs) -> Result<ExitCode> {
         event.id,
         published.seq,
         if published.duplicate {
+            " (duplicate: accepted before)"
+        } else {
+            ""
+        }
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Whether opening the embedded bus failed because another process (`turnpike serve`) holds
+/// it.
+fn held_by_a_server(e: &anyhow::Error) -> bool {
+    e.chain()
+        .any(|cause| cause.to_string().contains("already open"))
+}
+
+/// The token the data directory's token file holds for `identity` in `tenant`.
+fn token_for(global: &Global, identity: &str, tenant: &str) -> Option<String> {
+    let path = crate::commands::edge::default_tokens_path(global);
+    let value: toml::Value = toml::from_str(&std::fs::read_to_string(path).ok()?).ok()?;
+    value.get("tokens")?.as_array()?.iter().find_map(|t| {
+        let same = t.get("identity")?.as_str()? == identity
+            && t.get("tenant")
+                .and_then(|v| v.as_str())
+                .unwrap_or("default")
+                == tenant;
+        same.then(|| t.get("token")?.as_str().map(str::to_owned))?
+    })
+}
+
+/// `send` through the API of the server that holds the data directory.
+async fn send_through_api(global: &Global, args: SendArgs) -> Result<ExitCode> {
+    let (identity, tenant) = (
+        args.actor.identity.to_string(),
+        args.actor.tenant.to_string(),
+    );
+    let Some(token) = token_for(global, &identity, &tenant) else {
+        anyhow::bail!(
+            "a server (`turnpike serve`) holds {}; its API is the way in, but {} holds no token for {identity} in tenant {tenant}: add one there, or send as an identity it has",
+            global.data_dir.display(),
+            crate::commands::edge::default_tokens_path(global).display()
+        );
+    };
+    eprintln!(
+        "a server holds {}: sending through its API at {}",
+        global.data_dir.display(),
+        args.url
+    );
+    let client = turnpike_edge::client::Client::new(&args.url, &token);
+    let conversation = if args.conversation == "new" {
+        let made = client
+            .post(
+                "/v1/conversations",
+                &serde_json::json!({"app": "demo", "agent": "echo"}),
+            )
+            .await
+            .map_err(anyhow::Error::msg)?
+            .into_ok()
+            .map_err(|e| anyhow::anyhow!("creating a conversation: {e}"))?;
+        let id = made["id"].as_str().unwrap_or_default().to_owned();
+        println!("{id}");
+        id
+    } else {
+        args.conversation.clone()
+    };
+    let text = args.text;
+    let reason = (!text.is_empty()).then(|| text.clone());
+    let request = || {
+        args.request
+            .as_ref()
+            .map(|r| r.to_string())
+            .ok_or_else(|| anyhow::anyhow!("--kind {:?} needs --request REQ_ID", args.kind))
+    };
+    let (path, body) = match args.kind {
+        EventKindArg::Message => ("messages".to_owned(), serde_json::json!({"text": text})),
+        EventKindArg::FollowUp => ("follow-ups".to_owned(), serde_json::json!({"text": text})),
+        EventKindArg::Steer => ("steer".to_owned(), serde_json::json!({"text": text})),
+        EventKindArg::Stop => ("stop".to_owned(), serde_json::json!({"reason": reason})),
+        EventKindArg::Approve => (
+            format!("approvals/{}/approve", request()?),
+            serde_json::json!({"reason": reason}),
+        ),
+        EventKindArg::Deny => (
+            format!("approvals/{}/reject", request()?),
+            serde_json::json!({"reason": reason}),
+        ),
+        EventKindArg::Answer => (
+            format!("questions/{}/answer", request()?),
+            serde_json::json!({"answer": text}),
+        ),
+        EventKindArg::SwitchAgent => ("agent".to_owned(), serde_json::json!({"agent": text})),
+        EventKindArg::Compact => ("compact".to_owned(), serde_json::json!({})),
+    };
+    let reply = client
+        .send(
+            reqwest::Method::POST,
+            &format!("/v1/conversations/{conversation}/{path}"),
+            Some(&body),
+            args.idempotency_key.as_deref(),
+        )
+        .await
+        .map_err(anyhow::Error::msg)?;
+    if reply.status != 202 {
+        anyhow::bail!(
+            "the server refused the event ({}): {}",
+            reply.status,
+            reply.body
+        );
+    }
+    println!(
+        "accepted {} at lane sequence {}{}",
+        reply.body["event_id"].as_str().unwrap_or("the event"),
+        reply.body["lane_seq"].as_u64().unwrap_or_default(),
+        if reply.body["duplicate"].as_bool() == Some(true) {
             " (duplicate: accepted before)"
         } else {
             ""

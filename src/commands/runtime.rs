@@ -302,7 +302,10 @@ struct Running {
     draining: Arc<std::sync::atomic::AtomicBool>,
 }
 
-/// Starts the workers, and the admin listener with their probes.
+/// Starts the workers, and the admin listener with their probes. `cell_required`: a worker
+/// without its sandbox is not ready (a fleet's: others can take its turns); the embedded
+/// default runs turns without one (`exec` refuses) and says so in `/readyz`, ready.
+#[allow(clippy::too_many_arguments)]
 async fn run_workers(
     global: &Global,
     env: &Env,
@@ -311,6 +314,7 @@ async fn run_workers(
     count: usize,
     args: &WorkerArgs,
     indexing: Option<IndexQueue>,
+    cell_required: bool,
 ) -> Result<Running> {
     let hosted: Vec<String> = apps.ids().iter().map(|a| a.to_string()).collect();
     eprintln!("hosting apps: {}", hosted.join(", "));
@@ -320,6 +324,7 @@ async fn run_workers(
         bus: Some(bus.clone()),
         store: env.conversations.store().clone(),
         cell: Some(cell.as_ref().map(|_| ()).map_err(Clone::clone)),
+        cell_required,
         refused,
         draining: Default::default(),
     };
@@ -410,8 +415,9 @@ pub async fn serve(global: &Global, args: ServeArgs) -> Result<ExitCode> {
     let search = index.as_ref().ok().cloned();
     let indexing = indexing_with(index, &env, true);
     let edge =
-        crate::commands::edge::build(global, &env, bus.clone(), &apps, search, &args.edge, true)?;
-    if args.edge.tokens.is_none() && args.edge.jwks.is_none() {
+        crate::commands::edge::build(global, &env, bus.clone(), &apps, search, &args.edge, true)
+            .await?;
+    if args.edge.tokens.is_none() && !args.edge.has_jwt() {
         eprintln!(
             "API token for local:me is in {}",
             crate::commands::edge::default_tokens_path(global).display()
@@ -432,6 +438,7 @@ pub async fn serve(global: &Global, args: ServeArgs) -> Result<ExitCode> {
         args.workers,
         &args.worker,
         indexing,
+        false,
     )
     .await?;
     shutdown_signal().await;
@@ -479,7 +486,7 @@ pub async fn worker(global: &Global, args: WorkerArgs) -> Result<ExitCode> {
         pool,
         admin,
         draining,
-    } = run_workers(global, &env, bus, apps, 1, &args, indexing).await?;
+    } = run_workers(global, &env, bus, apps, 1, &args, indexing, true).await?;
     shutdown_signal().await;
     draining.store(true, std::sync::atomic::Ordering::Release);
     info!("shutting down: no new claims, running turns get their grace period");
@@ -516,10 +523,12 @@ pub async fn router(global: &Global, args: RouterArgs) -> Result<ExitCode> {
         bus: Some(bus.clone()),
         store: env.conversations.store().clone(),
         cell: None,
+        cell_required: false,
         refused: Vec::new(),
         draining: draining.clone(),
     };
-    let edge = crate::commands::edge::build(global, &env, bus, &apps, search, &args.edge, false)?;
+    let edge =
+        crate::commands::edge::build(global, &env, bus, &apps, search, &args.edge, false).await?;
     // The catalogue a router checks conversations against follows its apps folders.
     let watch =
         (args.apps_poll_ms > 0).then(|| apps.watch(Duration::from_millis(args.apps_poll_ms)));

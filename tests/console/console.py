@@ -154,6 +154,17 @@ class Browser:
     def wait_css(self, css, timeout=WAIT):
         return self.wait(f"an element {css}", lambda: next((e for e in self.qs(css) if e.is_displayed()), None), timeout)
 
+    def usable(self, css, within=None, timeout=WAIT):
+        """Waits, as a person would, until an element can be typed into or clicked: shown and
+        enabled (a busy machine draws the chat before it enables its message box)."""
+        root = within or self.d
+        def find():
+            for e in root.find_elements(By.CSS_SELECTOR, css):
+                if e.is_displayed() and e.is_enabled():
+                    return e
+            return None
+        return self.wait(f"a usable {css}", find, timeout)
+
     def text_of(self, css):
         return self.q(css).text
 
@@ -204,10 +215,10 @@ class Browser:
         return self.d.current_url.split("#/c/")[1].split("?")[0].split("/")[0]
 
     def send(self, text):
-        box = self.q("#input")
+        box = self.usable("#input")
         box.clear()
         box.send_keys(text)
-        self.q("#send").click()
+        self.usable("#send").click()
 
     def shown_rows(self):
         """(seq, kind, text) of every record row in the transcript, in page order."""
@@ -331,15 +342,15 @@ def approvals(b):
     assert len(all_rows(conv, ALICE)) == before
     b.q("#input").clear()
     # Reject with a reason: the agent's next reply carries it.
-    b.q(".approval-card .reason:enabled").send_keys("not on a friday")
-    b.q(".approval-card .reject:enabled").click()
+    b.usable(".approval-card .reason:enabled").send_keys("not on a friday")
+    b.usable(".approval-card .reject:enabled").click()
     b.wait_row("assistant_message", "not on a friday")
     # Switching agent with a pending approval rejects it automatically.
     b.send("publish third")
     b.wait("a third card", lambda: len(b.qs(".approval-card .approve:enabled")) == 1)
     b.wait("the switch note", lambda: "reject" in b.text_of("#agent-note"))
     Select(b.q("#agent-select")).select_by_value("other")
-    b.q("#agent-switch").click()
+    b.usable("#agent-switch").click()
     b.wait("the card rejected automatically", lambda: any(
         "automatically" in c.text for c in b.qs(".approval-card .state")))
     b.wait_row("agent_switched", "other")
@@ -353,17 +364,17 @@ def controls(b):
     b.send("a long task")
     streamed = lambda words: any(words in n.text for n in b.qs("#transcript li.streaming .text"))
     b.wait("the turn to stream", lambda: streamed("Step one"))
-    b.q("#input").send_keys("shorter please")
-    b.q("#steer").click()
+    b.usable("#input").send_keys("shorter please")
+    b.usable("#steer").click()
     b.wait_row("steer", "shorter please")
     b.wait("the steer taken in the next round", lambda: streamed("shorter please"))
-    b.q("#stop").click()
+    b.usable("#stop").click()
     b.wait_row("stop", "asked to stop")
     b.wait("the turn marked cancelled", lambda: b.qs('#transcript li.cancelled'))
     rows = all_rows(conv, ALICE)
     assert any(r["kind"] == "turn_complete" and r["data"]["outcome"] == "cancelled" for r in rows), rows
     b.wait("no streamed text left", lambda: not b.qs("#transcript li.streaming"))
-    b.q("#compact").click()
+    b.usable("#compact").click()
     b.wait_row("compact", "compact")
     eventually("the compaction", lambda: any(
         r["kind"] == "compaction_marker" for r in all_rows(conv, ALICE)))
@@ -376,8 +387,8 @@ def questions(b):
     b.send("pick a colour")
     card = b.wait_css(".question-card")
     assert "Which colour?" in card.text
-    card.find_element(By.CSS_SELECTOR, ".answer-text").send_keys("blue")
-    card.find_element(By.CSS_SELECTOR, "button.answer").click()
+    b.usable(".answer-text", within=card).send_keys("blue")
+    b.usable("button.answer", within=card).click()
     b.wait_row("question_response", "blue")
     eventually("the answered turn", lambda: completed_turns(conv, ALICE, 2))
     b.wait("the card closed", lambda: not card.find_element(By.CSS_SELECTOR, "button.answer").is_enabled())
@@ -419,7 +430,7 @@ def versions(b):
     b.send("second words")
     eventually("turn 2", lambda: completed_turns(conv, ALICE, 2))
     b.wait_row("assistant_message", "saved")
-    b.q("#open-versions").click()
+    b.usable("#open-versions").click()
     b.wait_css("#versions-view")
     link = b.wait("the file list", lambda: next(
         (a for a in b.qs('#version-files li[data-path="note.md"] a.file-link')), None))
@@ -430,13 +441,13 @@ def versions(b):
     eventually("the download", lambda: os.path.exists(path) and open(path).read() == "second words")
     Select(b.q("#diff-from")).select_by_value("turn_1")
     Select(b.q("#diff-to")).select_by_value("turn_2")
-    b.q("#diff-show").click()
+    b.usable("#diff-show").click()
     change = b.wait_css('#diff .change[data-path="note.md"]')
     assert change.get_attribute("data-change") == "modified"
     removed = [s.text for s in b.qs("#diff .removed")]
     added = [s.text for s in b.qs("#diff .added")]
     assert "-first words" in removed and "+second words" in added, (removed, added)
-    b.q("#versions-back").click()
+    b.usable("#versions-back").click()
     b.wait_css("#chat")
     b.assert_clean("versions")
 
@@ -453,9 +464,9 @@ def search(b):
     eventually("bob's index", lambda: ok("GET", "/v1/search?q=zebra&kinds=prompt", BOB)["hits"])
     b.open("/#/")
     b.wait_css("#app")
-    b.q("#search-q").send_keys("zebra")
+    b.usable("#search-q").send_keys("zebra")
     Select(b.q("#search-kind")).select_by_value("prompt")
-    b.q("#search-form button[type=submit]").click()
+    b.usable("#search-form button[type=submit]").click()
     hit = b.wait_css(f'#search-results li[data-conversation="{other}"] a')
     shown = {li.get_attribute("data-conversation") for li in b.qs("#search-results li")}
     assert bobs not in shown, "another identity's conversation in the results"
@@ -476,12 +487,12 @@ def admin(b):
     b.wait_css("#verify").click()
     b.wait("verify's verdict", lambda: b.q("#admin-result").get_attribute("data-result") == "intact")
     assert "intact" in b.text_of("#admin-result")
-    b.q("#replay").click()
+    b.usable("#replay").click()
     b.wait("replay's verdict", lambda: b.q("#admin-result").get_attribute("data-result") == "reproduced")
     assert "reproduced" in b.text_of("#admin-result")
     b.assert_clean("admin")
     # A non-admin has no such buttons, and the API refuses them.
-    b.q("#signout").click()
+    b.usable("#signout").click()
     b.sign_in(ALICE)
     mine = b.new_chat("console", "assistant")
     assert not b.q("#verify").is_displayed() and not b.q("#replay").is_displayed()
@@ -498,7 +509,7 @@ def narrow(b):
     assert not b.q("#sidebar").is_displayed(), "the list hides while a chat is open on a phone"
     b.send("tell me a story")
     b.wait_row("assistant_message", "happily ever after")
-    b.q("#back").click()
+    b.usable("#back").click()
     entry = b.wait_css(f'#conversations li[data-id="{conv}"] a')
     # Back into the same conversation: live again, and a reference with broken percent-encoding
     # in a message is shown, not dropped.
@@ -537,7 +548,7 @@ def paging(b):
     assert abs(top() - before) < 2, (before, top())
     while b.q("#load-earlier").is_displayed():
         count = len(b.shown_rows())
-        b.q("#load-earlier").click()
+        b.usable("#load-earlier").click()
         b.wait("another page", lambda: len(b.shown_rows()) > count or not b.q("#load-earlier").is_displayed())
     same_rows(b, conv, ALICE)
     b.assert_clean("paging")

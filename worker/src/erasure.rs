@@ -4,13 +4,17 @@
 //! Contract:
 //! - the deleter holds the conversation's lease, so no turn writes while it deletes; a
 //!   conversation whose lease is held (a turn runs) is [`ErasureError::Busy`] — retry, or stop
-//!   the turn first;
+//!   the turn first. The deleter is fenced like any owner: it renews the lease at a third of
+//!   its time (a failed renewal is retried) and stops — its work dropped, the tombstone left
+//!   pending — before the lease can lapse, so no sweeper takes the conversation over while it
+//!   still deletes;
 //! - a [`Tombstone`] (who, when, why, the record's final root) is written **before** anything
 //!   is deleted, outside the deleted data, and stays as the evidence;
 //! - then, in this order: the directory (from here on the conversation is not found by anyone),
-//!   every object under its prefix (record, turn logs, snapshots, files, attachments, project
-//!   versions, dead letters, forget markers), its open-turn mark, its index rows and mark, the
-//!   rest of its lane; last, the tombstone is marked finished;
+//!   its open-turn mark (so no sweep recovers a turn of what is being deleted), every object
+//!   under its prefix (record, turn logs, snapshots, files, attachments, project versions, dead
+//!   letters, forget markers), its index rows and mark, the rest of its lane; last, the
+//!   tombstone is marked finished;
 //! - every step is idempotent: a deletion cut short (a crash) is finished by
 //!   [`Eraser::finish_pending`], which the workers' sweep runs.
 
@@ -24,6 +28,7 @@ use turnpike_router::clock::now_ms;
 use turnpike_schemas::WorkerId;
 
 use crate::failpoints::Failpoints;
+use crate::fence::Fence;
 
 /// Why a deletion did not happen (now).
 #[derive(Debug)]
@@ -84,6 +89,12 @@ impl Eraser {
     /// Crashes at `erase-after-directory` (between the directory and the objects) in tests.
     pub fn with_failpoints(mut self, failpoints: Failpoints) -> Self {
         self.failpoints = failpoints;
+        self
+    }
+
+    /// How long the deleter's lease lasts (15 s by default); it is renewed at a third of that.
+    pub fn with_lease_ttl(mut self, ttl: Duration) -> Self {
+        self.lease_ttl = ttl;
         self
     }
 
@@ -174,6 +185,12 @@ impl Eraser {
         self.failpoints
             .hit("erase-after-directory", conversation)
             .await;
+        // Before the objects: a sweep must find no open turn here to recover into them.
+        self.conversations
+            .open_turns()
+            .clear(&prefix)
+            .await
+            .map_err(failed)?;
         // Until a listing finds nothing: what a racing writer added meanwhile goes too.
         let mut objects = 0;
         for _ in 0..3 {
@@ -188,11 +205,6 @@ impl Eraser {
                 break;
             }
         }
-        self.conversations
-            .open_turns()
-            .clear(&prefix)
-            .await
-            .map_err(failed)?;
         let mut rows = 0;
         if let Some(index) = &self.index {
             let scope =
@@ -223,42 +235,49 @@ impl Eraser {
         Ok(tombstone)
     }
 
-    /// Renews the lease in `held` at a third of its time until the task is aborted; `held`
-    /// always holds the latest lease (to release it by).
-    fn renew(
+    /// Runs `work` while renewing `lease` at a third of its time, then releases the lease. A
+    /// renewal that fails is retried at the next tick; once the lease could lapse before the
+    /// tick after, `work` is dropped (it is only polled between renewals, so nothing of it
+    /// runs after) and the deletion fails, its tombstone pending for the sweep to finish.
+    async fn holding<T>(
         &self,
-        held: Arc<std::sync::Mutex<turnpike_router::Lease>>,
-    ) -> tokio::task::JoinHandle<()> {
-        let (bus, ttl) = (self.bus.clone(), self.lease_ttl);
-        tokio::spawn(async move {
-            loop {
-                tokio::time::sleep(ttl / 3).await;
-                let current = held.lock().expect("lease lock").clone();
-                match bus.renew(&current, ttl).await {
-                    Ok(renewed) => *held.lock().expect("lease lock") = renewed,
-                    Err(e) => {
-                        warn!(conversation = %current.conversation, error = %e, "the deleter lost its lease");
-                        return;
+        mut lease: turnpike_router::Lease,
+        work: impl std::future::Future<Output = Result<T, ErasureError>>,
+    ) -> Result<T, ErasureError> {
+        let conversation = lease.conversation;
+        let every = self.lease_ttl / 3;
+        let fence = Fence::new(lease.expires_ms, every);
+        tokio::pin!(work);
+        let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let result = loop {
+            tokio::select! {
+                biased;
+                result = &mut work => break result,
+                _ = tick.tick() => {
+                    match self.bus.renew(&lease, self.lease_ttl).await {
+                        Ok(renewed) => {
+                            lease = renewed;
+                            fence.renewed(lease.expires_ms);
+                        }
+                        Err(e) if e.kind() == turnpike_router::ErrorKind::LeaseLost => {
+                            warn!(%conversation, error = %e, "the deleter lost its lease");
+                            break Err(failed(format!("the deleter lost its lease: {e}")));
+                        }
+                        Err(e) => {
+                            warn!(%conversation, error = %e, "the deleter's lease renewal failed; retrying")
+                        }
+                    }
+                    if !fence.holds_at(now_ms()) {
+                        break Err(failed(
+                            "the deleter's lease could not be renewed before it expires; the sweep finishes the deletion",
+                        ));
                     }
                 }
             }
-        })
-    }
-
-    /// Runs `work` while renewing `lease`, then releases it.
-    async fn holding<T>(
-        &self,
-        lease: turnpike_router::Lease,
-        work: impl std::future::Future<Output = T>,
-    ) -> T {
-        let held = Arc::new(std::sync::Mutex::new(lease));
-        let renewing = self.renew(held.clone());
-        let result = work.await;
-        renewing.abort();
-        let _ = renewing.await;
-        let lease = held.lock().expect("lease lock").clone();
+        };
         if let Err(e) = self.bus.release(&lease).await {
-            warn!(conversation = %lease.conversation, error = %e, "could not release the deleter's lease");
+            warn!(%conversation, error = %e, "could not release the deleter's lease");
         }
         result
     }

@@ -336,7 +336,6 @@ pub(crate) async fn own(
             Ok(head) => Some(head.state().clone()),
             Err(e) if e.is_fenced() => {
                 warn!(%conversation, worker = %worker.worker, why = %e, "fenced: another worker owns the conversation");
-                eprintln!("fenced: {conversation}: {e}");
                 None
             }
             Err(e) => {

@@ -6,7 +6,9 @@
 //! interrupted and not run again: someone must decide whether it took effect), or the index
 //! is behind the record (when an index is given).
 //!
-//! Reading one conversation's phase costs its head, its closed marker, and its last batch.
+//! Reading one conversation's phase costs its head, its closed marker, and the record back to
+//! where its last turn ended (the last batch, or a few more when batches without a turn — an
+//! idle close — followed it).
 
 use serde::Serialize;
 use turnpike_artifactory::{Conversations, DirectoryEntry};
@@ -40,6 +42,32 @@ pub async fn list(
         }
     }
     Ok(out)
+}
+
+/// The quarantine of the last turn to end, if it ended quarantined: the record is read
+/// backwards, a page at a time, to the last `turn_complete` or `turn_ambiguous` — past batches
+/// that end no turn (an idle close, a reopening), which must not hide a quarantine.
+async fn last_quarantine(
+    record: &turnpike_artifactory::Record,
+    head: &turnpike_artifactory::Head,
+) -> turnpike_artifactory::Result<Option<turnpike_schemas::entry::TurnAmbiguous>> {
+    const PAGE: usize = 32;
+    let mut before = head.leaves();
+    while before > 0 {
+        let page = record.page_before(before, PAGE).await?;
+        let Some(first) = page.entries.first() else {
+            break;
+        };
+        for entry in page.entries.iter().rev() {
+            match &entry.body {
+                EntryBody::TurnAmbiguous(a) => return Ok(Some(a.clone())),
+                EntryBody::TurnComplete(_) => return Ok(None),
+                _ => {}
+            }
+        }
+        before = first.position;
+    }
+    Ok(None)
 }
 
 /// One condition: whether it holds, and why.
@@ -116,22 +144,13 @@ pub async fn phase(
         (None, false, false) => "Idle",
     };
     let mut degraded = Vec::new();
-    if !head.is_empty() {
-        match record.entries_from(head.batches() - 1).await {
-            Ok(entries) => {
-                if let Some(EntryBody::TurnAmbiguous(a)) =
-                    entries.iter().rev().map(|e| &e.body).find(|b| {
-                        matches!(b, EntryBody::TurnAmbiguous(_) | EntryBody::TurnComplete(_))
-                    })
-                {
-                    degraded.push(format!(
-                        "{} is quarantined: {} was interrupted ({})",
-                        a.turn, a.tool, a.reason
-                    ));
-                }
-            }
-            Err(e) => degraded.push(format!("the last batch does not read: {e}")),
-        }
+    match last_quarantine(&record, &head).await {
+        Ok(Some(a)) => degraded.push(format!(
+            "{} is quarantined: {} was interrupted ({})",
+            a.turn, a.tool, a.reason
+        )),
+        Ok(None) => {}
+        Err(e) => degraded.push(format!("the record does not read: {e}")),
     }
     if let Some(index) = index {
         let complete = state.last_turn.saturating_sub(u64::from(state.turn_open));
@@ -181,4 +200,109 @@ pub async fn phase(
         },
     );
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use object_store::memory::InMemory;
+    use turnpike_artifactory::{Conversations, RecordSigner};
+    use turnpike_schemas::entry::{
+        ConversationOpened, IdleClosed, Reopened, TurnAmbiguous, TurnComplete, TurnDispatched,
+        TurnOutcome,
+    };
+    use turnpike_schemas::{ConversationId, Epoch, TurnId, WorkerId};
+
+    use super::*;
+
+    /// Item 5 of the third adversarial look: a quarantined turn stays Degraded after later
+    /// batches that end no turn (an idle close, a reopening), until a later turn completes.
+    #[tokio::test]
+    async fn a_quarantine_is_not_forgotten_when_an_idle_close_follows() {
+        let conversations = Conversations::new(Arc::new(InMemory::new()));
+        let entry = DirectoryEntry {
+            conversation: ConversationId::new(),
+            tenant: "t".parse().unwrap(),
+            owner: "local:a".parse().unwrap(),
+            app: "app".parse().unwrap(),
+            agent: "agent".parse().unwrap(),
+            created_ms: 1,
+            instructions: None,
+        };
+        let record = conversations.record(entry.prefix());
+        let signer = RecordSigner::from_seed([7; 32]);
+        let turn = |n| TurnId::new(n).unwrap();
+        let dispatched = |n| {
+            EntryBody::TurnDispatched(TurnDispatched {
+                turn: turn(n),
+                worker: WorkerId::new(),
+                agent: "agent".parse().unwrap(),
+                epoch: Epoch(1),
+                at_ms: 2,
+            })
+        };
+        let mut head = record.head().await.unwrap();
+        let batches = vec![
+            vec![EntryBody::ConversationOpened(ConversationOpened {
+                tenant: entry.tenant.clone(),
+                owner: entry.owner.clone(),
+                app: entry.app.clone(),
+                agent: entry.agent.clone(),
+                at_ms: 1,
+            })],
+            vec![dispatched(1)],
+            vec![EntryBody::TurnAmbiguous(TurnAmbiguous {
+                turn: turn(1),
+                tool: "exec".into(),
+                call_id: "c1".into(),
+                reason: "the worker died during the call".into(),
+            })],
+        ];
+        for bodies in batches {
+            head = record.append(&signer, &head, &bodies).await.unwrap();
+        }
+        let degraded = |p: &Phase| {
+            p.conditions
+                .iter()
+                .find(|c| c.kind == "Degraded")
+                .cloned()
+                .unwrap()
+        };
+        let p = phase(&conversations, &entry, None).await;
+        assert!(degraded(&p).status, "{p:?}");
+        // Closed as idle, then reopened: both later batches end no turn.
+        for body in [
+            EntryBody::IdleClosed(IdleClosed {
+                idle_since_ms: 2,
+                after_ms: 1,
+                at_ms: 3,
+            }),
+            EntryBody::Reopened(Reopened { at_ms: 4 }),
+        ] {
+            head = record.append(&signer, &head, &[body]).await.unwrap();
+            let p = phase(&conversations, &entry, None).await;
+            let d = degraded(&p);
+            assert!(d.status, "{p:?}");
+            assert!(d.reason.contains("turn_1 is quarantined"), "{d:?}");
+            assert!(!p.ready);
+        }
+        // A later turn that completes ends the quarantine's reign over the phase.
+        head = record
+            .append(&signer, &head, &[dispatched(2)])
+            .await
+            .unwrap();
+        let complete = EntryBody::TurnComplete(TurnComplete {
+            turn: turn(2),
+            outcome: TurnOutcome::Replied,
+            log: None,
+            log_sha256: None,
+            version: None,
+            attempt: None,
+            at_ms: 5,
+        });
+        record.append(&signer, &head, &[complete]).await.unwrap();
+        let p = phase(&conversations, &entry, None).await;
+        assert!(!degraded(&p).status, "{p:?}");
+    }
 }

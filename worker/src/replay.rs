@@ -305,14 +305,18 @@ impl std::str::FromStr for WhatIf {
     }
 }
 
-/// Where a replayed turn first differs from its record.
+/// Where a replayed turn first differs from its record: a block, or — with the same blocks —
+/// how it ends.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Divergence {
     pub turn: TurnId,
-    /// The first block that differs.
+    /// The first block that differs (the block count when only the outcome differs).
     pub block: usize,
     pub recorded: Option<Block>,
     pub replayed: Option<Block>,
+    /// The same blocks ended otherwise: the replayed outcome (or its error), when it is not
+    /// the recorded one.
+    pub outcome: Option<String>,
 }
 
 impl fmt::Display for Divergence {
@@ -321,6 +325,9 @@ impl fmt::Display for Divergence {
             Some(b) => serde_json::to_string(b).unwrap_or_default(),
             None => "(nothing)".into(),
         };
+        if let Some(outcome) = &self.outcome {
+            return write!(f, "{} ends differently: {outcome}", self.turn);
+        }
         write!(
             f,
             "{} diverges at block {}: recorded {}, replayed {}",
@@ -446,12 +453,23 @@ fn finish(
     history: &mut Vec<Block>,
     before: &[TurnReplay],
 ) -> TurnReplay {
-    let divergence = first_difference(&log.blocks, &blocks).map(|i| Divergence {
-        turn: log.turn,
-        block: i,
-        recorded: log.blocks.get(i).cloned(),
-        replayed: blocks.get(i).cloned(),
-    });
+    let divergence = first_difference(&log.blocks, &blocks)
+        .map(|i| Divergence {
+            turn: log.turn,
+            block: i,
+            recorded: log.blocks.get(i).cloned(),
+            replayed: blocks.get(i).cloned(),
+            outcome: None,
+        })
+        .or_else(|| {
+            other_ending(log.outcome, &outcome).map(|why| Divergence {
+                turn: log.turn,
+                block: blocks.len(),
+                recorded: None,
+                replayed: None,
+                outcome: Some(why),
+            })
+        });
     // As the live timeline: what a turn recalled was for that turn only.
     history.extend(
         blocks
@@ -469,6 +487,25 @@ fn finish(
         outcome,
         blocks,
         divergence,
+    }
+}
+
+/// How a replay's outcome differs from the recorded one, if it does. A recorded failure is
+/// reproduced by a replay that fails (its error is the failure; the record holds the reason).
+fn other_ending(
+    recorded: TurnOutcome,
+    replayed: &std::result::Result<TurnOutcome, String>,
+) -> Option<String> {
+    let name = |o: TurnOutcome| format!("{o:?}").to_lowercase();
+    match replayed {
+        Ok(o) if *o == recorded => None,
+        Err(_) if recorded == TurnOutcome::Failed => None,
+        Ok(o) => Some(format!(
+            "recorded {}, replayed {}",
+            name(recorded),
+            name(*o)
+        )),
+        Err(e) => Some(format!("recorded {}, replay failed: {e}", name(recorded))),
     }
 }
 
@@ -548,5 +585,36 @@ mod tests {
         assert_eq!(d.block, 2);
         assert!("turn_1/outputs/1=x".parse::<WhatIf>().is_err());
         assert!("turn_1/output/0=x".parse::<WhatIf>().is_err());
+    }
+
+    /// Item 4 of the third adversarial look: the same blocks ending otherwise (a turn recorded
+    /// as cancelled that a replay completes, or one whose replay fails) is a divergence, and
+    /// says how; a recorded failure that replays as a failure is not.
+    #[tokio::test]
+    async fn the_same_blocks_with_another_outcome_diverge() {
+        let mut cancelled = log(1, turn_with_tool());
+        cancelled.outcome = TurnOutcome::Cancelled;
+        let r = &replay(&[cancelled], None).await[0];
+        assert_eq!(r.blocks.len(), 5, "{:?}", r.blocks);
+        let d = r.divergence.clone().expect("another outcome diverges");
+        assert_eq!(d.block, 5);
+        assert_eq!(
+            d.outcome.as_deref(),
+            Some("recorded cancelled, replayed replied")
+        );
+        assert!(d.to_string().contains("ends differently"), "{d}");
+
+        let mut failed = log(1, turn_with_tool());
+        failed.outcome = TurnOutcome::Failed;
+        let r = &replay(&[failed], None).await[0];
+        assert!(r.divergence.is_some(), "a replied replay of a failed turn");
+        assert_eq!(
+            other_ending(TurnOutcome::Failed, &Err("model: gone".into())),
+            None
+        );
+        assert_eq!(
+            other_ending(TurnOutcome::Replied, &Err("model: gone".into())).as_deref(),
+            Some("recorded replied, replay failed: model: gone")
+        );
     }
 }

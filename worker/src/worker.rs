@@ -424,6 +424,25 @@ impl Worker {
             let Some(lease) = inner.claim_free(conversation).await else {
                 continue;
             };
+            // A conversation being deleted is the eraser's (`finish_pending`, below): nothing
+            // of it is recovered, promoted or cleared here.
+            match inner
+                .conversations
+                .tombstones()
+                .get(prefix.tenant(), conversation)
+                .await
+            {
+                Ok(None) => {}
+                Ok(Some(_)) => {
+                    let _ = inner.bus.release(&lease).await;
+                    continue;
+                }
+                Err(e) => {
+                    warn!(%conversation, error = %e, "sweep: cannot read the tombstones");
+                    let _ = inner.bus.release(&lease).await;
+                    continue;
+                }
+            }
             let record = inner.conversations.record(prefix.clone());
             // Under the lease: a repair cut short is finished before the head is read.
             if let Err(e) = record.finish_repair().await {

@@ -7,7 +7,9 @@
 //! cost grow with one user's rows, not the whole index's. (An approximate graph index would pay
 //! off only for single users with hundreds of thousands of rows; see the closing note's numbers.)
 //!
-//! Text is indexed twice — English stemming and plain words — and never stored.
+//! Text is indexed with the analyzer of [`crate::analysis`] (the Postgres backend's too) and
+//! never stored. (Indexes made before it, in `text/`, are dropped at open and their rows
+//! written again: their conversations' marks go, so the indexer's catch-up rewrites them.)
 
 use std::ops::Bound;
 use std::path::Path;
@@ -18,7 +20,9 @@ mod stats;
 use async_trait::async_trait;
 use redb::{Database, ReadableDatabase as _, ReadableTable as _, TableDefinition};
 use tantivy::collector::TopDocs;
-use tantivy::query::{BooleanQuery, Occur, Query, QueryParser, RangeQuery, TermQuery};
+use tantivy::query::{
+    BooleanQuery, BoostQuery, ConstScoreQuery, Occur, Query, RangeQuery, TermQuery,
+};
 use tantivy::schema::{
     Field, IndexRecordOption, Schema, TextFieldIndexing, TextOptions, Value as _, FAST, INDEXED,
     STORED, STRING,
@@ -31,6 +35,8 @@ use turnpike_schemas::{ConversationId, TurnId};
 
 use crate::types::{Candidate, Filters, IndexRow, RowId, RowInfo, Scope};
 
+/// The vector store's page cache.
+const VECTOR_CACHE_BYTES: usize = 64 << 20;
 const VECTORS: TableDefinition<&str, &[u8]> = TableDefinition::new("vectors");
 const MARKS: TableDefinition<&str, u64> = TableDefinition::new("marks");
 
@@ -40,7 +46,6 @@ pub struct EmbeddedIndex {
 }
 
 struct Inner {
-    index: Index,
     reader: IndexReader,
     writer: Mutex<IndexWriter>,
     fields: Fields,
@@ -58,7 +63,6 @@ struct Fields {
     reference: Field,
     turn: Field,
     at_ms: Field,
-    text_en: Field,
     text: Field,
 }
 
@@ -81,8 +85,7 @@ fn schema() -> (Schema, Fields) {
         reference: b.add_text_field("reference", STORED),
         turn: b.add_u64_field("turn", STORED),
         at_ms: b.add_i64_field("at_ms", INDEXED | STORED | FAST),
-        text_en: b.add_text_field("text_en", tokenized("en_stem")),
-        text: b.add_text_field("text", tokenized("default")),
+        text: b.add_text_field("text", tokenized(crate::analysis::TOKENIZER)),
     };
     (b.build(), fields)
 }
@@ -151,7 +154,10 @@ fn db<E: Into<redb::Error>>(what: &str) -> impl Fn(E) -> Error + '_ {
 impl EmbeddedIndex {
     /// Opens (or creates) the index under `dir`.
     pub fn open(dir: &Path) -> Result<Self> {
-        let text_dir = dir.join("text");
+        let text_dir = dir.join("text2");
+        // The index from before one analyzer: its rows are written again (see the module's doc).
+        let before = dir.join("text");
+        let rewrite = before.is_dir() && !text_dir.is_dir();
         std::fs::create_dir_all(&text_dir)
             .map_err(|e| Error::unavailable(&format!("creating {}", text_dir.display()), e))?;
         let (schema, fields) = schema();
@@ -159,6 +165,9 @@ impl EmbeddedIndex {
             .map_err(|e| Error::unavailable("opening the text index", e))?;
         let index = Index::open_or_create(directory, schema)
             .map_err(tantivy_error("opening the text index"))?;
+        index
+            .tokenizers()
+            .register(crate::analysis::TOKENIZER, crate::analysis::analyzer());
         let writer = index
             .writer_with_num_threads(1, 64_000_000)
             .map_err(tantivy_error("opening the text index for writing"))?;
@@ -167,19 +176,35 @@ impl EmbeddedIndex {
             .reload_policy(ReloadPolicy::Manual)
             .try_into()
             .map_err(tantivy_error("reading the text index"))?;
-        let vectors =
-            Database::create(dir.join("vectors.redb")).map_err(db("opening the vector store"))?;
+        // redb's default page cache (1 GiB) keeps every page written in memory until full:
+        // memory that grew with every indexed row. Past this bound, pages are read from the
+        // file (the kernel's page cache, which it can reclaim).
+        let vectors = redb::Builder::new()
+            .set_cache_size(VECTOR_CACHE_BYTES)
+            .create(dir.join("vectors.redb"))
+            .map_err(db("opening the vector store"))?;
         let txn = vectors
             .begin_write()
             .map_err(db("opening the vector store"))?;
         txn.open_table(VECTORS)
             .map_err(db("opening the vector store"))?;
-        txn.open_table(MARKS)
-            .map_err(db("opening the vector store"))?;
+        {
+            let mut marks = txn
+                .open_table(MARKS)
+                .map_err(db("opening the vector store"))?;
+            if rewrite {
+                marks
+                    .retain(|_, _| false)
+                    .map_err(db("forgetting the marks"))?;
+            }
+        }
         txn.commit().map_err(db("opening the vector store"))?;
+        if rewrite {
+            std::fs::remove_dir_all(&before)
+                .map_err(|e| Error::unavailable(&format!("removing {}", before.display()), e))?;
+        }
         Ok(Self {
             inner: Arc::new(Inner {
-                index,
                 reader,
                 writer: Mutex::new(writer),
                 fields,
@@ -337,8 +362,7 @@ impl Backend for EmbeddedIndex {
                 doc.add_text(f.reference, &info.reference);
                 doc.add_u64(f.turn, info.turn.number());
                 doc.add_i64(f.at_ms, info.at_ms);
-                doc.add_text(f.text_en, &row.text);
-                doc.add_text(f.text, &row.text);
+                doc.add_text(f.text, crate::analysis::truncated(&row.text));
                 writer
                     .add_document(doc)
                     .map_err(tantivy_error("indexing text"))?;
@@ -361,14 +385,43 @@ impl Backend for EmbeddedIndex {
         text: &str,
         k: usize,
     ) -> Result<Vec<Candidate>> {
-        let (scope, filters, text) = (scope.clone(), filters.clone(), text.to_owned());
+        let query = crate::analysis::Query::parse(text);
+        if query.is_empty() {
+            return Ok(Vec::new());
+        }
+        let (scope, filters) = (scope.clone(), filters.clone());
         self.blocking(move |inner| {
             let f = inner.fields;
-            let parser = QueryParser::for_index(&inner.index, vec![f.text_en, f.text]);
-            // Lenient: a query with stray syntax still searches its words.
-            let (words, _) = parser.parse_query_lenient(&text);
-            let mut clauses = inner.filter_queries(&scope, &filters);
-            clauses.push((Occur::Must, words));
+            let term = |t: &str| Term::from_field_text(f.text, t);
+            // The ranked terms, any of them, each weighted by how often the query says it.
+            let words: Vec<(Occur, Box<dyn Query>)> = query
+                .ranked
+                .iter()
+                .map(|(t, n)| {
+                    let scored = TermQuery::new(term(t), IndexRecordOption::WithFreqs);
+                    (
+                        Occur::Should,
+                        Box::new(BoostQuery::new(Box::new(scored), *n as f32)) as Box<dyn Query>,
+                    )
+                })
+                .collect();
+            // Filters and required terms admit, excluded terms refuse: none adds to a score.
+            let unscored =
+                |q: Box<dyn Query>| Box::new(ConstScoreQuery::new(q, 0.0)) as Box<dyn Query>;
+            let mut clauses: Vec<(Occur, Box<dyn Query>)> = inner
+                .filter_queries(&scope, &filters)
+                .into_iter()
+                .map(|(occur, q)| (occur, unscored(q)))
+                .collect();
+            clauses.push((Occur::Must, Box::new(BooleanQuery::new(words))));
+            for t in &query.required {
+                let q = Box::new(TermQuery::new(term(t), IndexRecordOption::Basic));
+                clauses.push((Occur::Must, unscored(q)));
+            }
+            for t in &query.excluded {
+                let q = Box::new(TermQuery::new(term(t), IndexRecordOption::Basic));
+                clauses.push((Occur::MustNot, q));
+            }
             let query = BooleanQuery::new(clauses);
             let searcher = inner.reader.searcher();
             let stats = stats::ScopeStats::new(
@@ -379,14 +432,22 @@ impl Backend for EmbeddedIndex {
             let top = searcher
                 .search_with_statistics_provider(&query, &TopDocs::with_limit(k.max(1)), &stats)
                 .map_err(tantivy_error("searching text"))?;
-            top.into_iter()
+            let mut found = top
+                .into_iter()
                 .map(|(score, address)| {
                     let doc: TantivyDocument = searcher
                         .doc(address)
                         .map_err(tantivy_error("reading a text hit"))?;
                     inner.candidate(&doc, f64::from(score))
                 })
-                .collect()
+                .collect::<Result<Vec<_>>>()?;
+            // Ties in id order, as the Postgres backend breaks them.
+            found.sort_by(|a, b| {
+                b.score
+                    .total_cmp(&a.score)
+                    .then_with(|| a.info.id.cmp(&b.info.id))
+            });
+            Ok(found)
         })
         .await
     }

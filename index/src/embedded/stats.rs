@@ -59,6 +59,9 @@ impl Bm25StatisticsProvider for ScopeStats<'_> {
                 .map(|&d| u64::from(norms.fieldnorm(d)))
                 .sum::<u64>();
         }
+        if let Ok(mut known) = self.tokens.lock() {
+            known.insert(field, total);
+        }
         Ok(total)
     }
 

@@ -76,7 +76,7 @@ class Context:
         self.events: List[Event] = []
         self._emit = emit
         self._waiting: Dict[str, asyncio.Future] = {}
-        self._events: asyncio.Queue = asyncio.Queue()
+        self._taken: List[Event] = []
         self._ids = 0
 
     @property
@@ -175,23 +175,28 @@ class Context:
 
     async def next_event(self, timeout: Optional[float] = None) -> Optional[Event]:
         """The next follow-up (or steer, attachment) the user sent during the turn; `None`
-        after `timeout` seconds."""
-        try:
-            return await asyncio.wait_for(self._events.get(), timeout)
-        except asyncio.TimeoutError:
-            return None
+        after `timeout` seconds (`None`: up to the turn's deadline).
+
+        Events are taken into this turn only when asked for here: what the user sends that the
+        handler does not take before it returns starts the next turn, with its own reply."""
+        if not self._taken:
+            if timeout is None:
+                wait_ms = int(self.limits.get("deadline_ms", 600_000))
+            else:
+                wait_ms = max(0, int(timeout * 1000))
+            answer = await self._call({"type": "next_events", "id": self._next_id("e"), "wait_ms": wait_ms})
+            for block in answer.get("blocks", []):
+                event = Event(block.get("kind", ""), block.get("text", ""), block)
+                self.events.append(event)
+                self._taken.append(event)
+        return self._taken.pop(0) if self._taken else None
 
     def _deliver(self, message: Dict[str, Any]) -> None:
         kind = message.get("type")
-        if kind in ("tool_result", "model_result"):
+        if kind in ("tool_result", "model_result", "events"):
             future = self._waiting.get(message.get("id", ""))
             if future is not None and not future.done():
                 future.set_result(message)
-        elif kind == "events":
-            for block in message.get("blocks", []):
-                event = Event(block.get("kind", ""), block.get("text", ""), block)
-                self.events.append(event)
-                self._events.put_nowait(event)
         elif kind == "parked":
             future = self._waiting.get(message.get("id", ""))
             if future is not None and not future.done():

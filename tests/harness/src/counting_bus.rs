@@ -1,5 +1,6 @@
 //! A bus that counts lane reads and wakes, for tests of how often a worker asks the bus. It forwards
-//! everything to a real bus.
+//! everything to a real bus — but lease renewals a test asks to fail (a bus that is briefly
+//! unreachable), which fail with [`ErrorKind::Unavailable`](turnpike_router::ErrorKind).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -21,6 +22,7 @@ pub struct CountingBus {
     messages: AtomicUsize,
     heads: AtomicUsize,
     wakes: AtomicUsize,
+    failing_renewals: AtomicUsize,
 }
 
 /// What a [`CountingBus`] counted.
@@ -42,7 +44,14 @@ impl CountingBus {
             messages: AtomicUsize::new(0),
             heads: AtomicUsize::new(0),
             wakes: AtomicUsize::new(0),
+            failing_renewals: AtomicUsize::new(0),
         })
+    }
+
+    /// The next `n` lease renewals fail as if the bus were unreachable (`usize::MAX`: all of
+    /// them, until this is called again).
+    pub fn fail_renewals(&self, n: usize) {
+        self.failing_renewals.store(n, Ordering::SeqCst);
     }
 
     /// Wakes delivered through this bus ([`Bus::next_wake`]) so far.
@@ -128,6 +137,20 @@ impl Bus for CountingBus {
     }
 
     async fn renew(&self, lease: &Lease, ttl: Duration) -> Result<Lease> {
+        let failing = self
+            .failing_renewals
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| match n {
+                0 => None,
+                usize::MAX => Some(usize::MAX),
+                n => Some(n - 1),
+            })
+            .is_ok();
+        if failing {
+            return Err(turnpike_router::Error::new(
+                turnpike_router::ErrorKind::Unavailable,
+                "the bus cannot be reached (a test's injected failure)",
+            ));
+        }
         self.inner.renew(lease, ttl).await
     }
 

@@ -226,6 +226,11 @@ impl Rig {
         self.pool = Some(WorkerPool::start([(self.make_worker)(failpoints)]));
     }
 
+    /// A worker of this rig that is not started: for calling [`Worker::sweep`] by hand.
+    pub fn idle_worker(&self) -> Worker {
+        (self.make_worker)(Failpoints::default())
+    }
+
     /// Stops the worker gracefully.
     pub async fn pause(&mut self) {
         if let Some(pool) = self.pool.take() {

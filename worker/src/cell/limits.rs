@@ -35,7 +35,9 @@ impl Default for Limits {
 
 impl Limits {
     /// Sets the rlimits of the calling process (between fork and exec: async-signal-safe).
-    pub fn apply(&self) -> std::io::Result<()> {
+    /// `RLIMIT_NPROC` only with `nproc`: it counts every process of the uid, so it bounds one
+    /// cell only where the cell has a uid of its own ([`Budget::OwnUid`]).
+    pub fn apply(&self, nproc: bool) -> std::io::Result<()> {
         let set = |resource, value: u64| {
             let lim = libc::rlimit {
                 rlim_cur: value,
@@ -51,7 +53,9 @@ impl Limits {
         set(libc::RLIMIT_AS, self.address_space_bytes)?;
         set(libc::RLIMIT_FSIZE, self.file_size_bytes)?;
         set(libc::RLIMIT_NOFILE, self.open_files)?;
-        set(libc::RLIMIT_NPROC, self.processes)?;
+        if nproc {
+            set(libc::RLIMIT_NPROC, self.processes)?;
+        }
         set(libc::RLIMIT_CORE, 0)?;
         Ok(())
     }
@@ -193,22 +197,57 @@ pub fn join_group(files: &[CString]) -> std::io::Result<()> {
     Ok(())
 }
 
-/// The host uids cells run as when the worker is root: far above any account's, one per run
-/// (so that `RLIMIT_NPROC` counts one cell's processes, not every cell's).
-pub const CELL_UIDS: std::ops::Range<u32> = 1_900_000_000..1_900_065_536;
+/// How a cell's process budget is kept its own — never shared with the worker's threads or
+/// with another tenant's cell.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Budget {
+    /// The worker is root: each run drops to a host uid of its own ([`cell_uid`]), so
+    /// `RLIMIT_NPROC` counts that run's processes only (and a pids cgroup binds too where one
+    /// can be made).
+    OwnUid,
+    /// The worker is not root but may create pids cgroups: each run's own cgroup bounds its
+    /// processes, and no `RLIMIT_NPROC` is set (it would count the worker's uid: its threads
+    /// and every other cell).
+    Cgroup,
+}
 
-/// The uid the next cell runs as: `None` when the worker is not root (then the cell runs as
-/// the worker's own, unprivileged uid).
-pub fn cell_uid() -> Option<u32> {
-    // SAFETY: geteuid cannot fail.
-    if unsafe { libc::geteuid() } != 0 {
-        return None;
+impl Budget {
+    /// The mode this process can give cells, or why none (then `exec` refuses: cells never
+    /// run on a shared budget).
+    pub fn detect(cgroups: bool, limits: &Limits) -> Result<Budget, String> {
+        // SAFETY: geteuid cannot fail.
+        let uid = unsafe { libc::geteuid() };
+        if uid == 0 {
+            return Ok(Budget::OwnUid);
+        }
+        if cgroups && ProcessGroup::create(Path::new("/"), limits).is_some() {
+            return Ok(Budget::Cgroup);
+        }
+        Err(format!(
+            "no sandbox: this worker runs as uid {uid}, not root, and may create no pids cgroup{}, so every cell would share one process budget (RLIMIT_NPROC counts all of uid {uid}'s processes: the worker's threads and every other tenant's cell); run the worker as root (each cell then gets a uid of its own) or delegate a cgroup with the pids controller to it",
+            if cgroups { "" } else { " (cgroups are off)" }
+        ))
     }
-    let span = CELL_UIDS.end - CELL_UIDS.start;
-    let n = (std::process::id() as u64)
-        .wrapping_mul(4099)
-        .wrapping_add(unique());
-    Some(CELL_UIDS.start + (n % span as u64) as u32)
+}
+
+/// The host uids cells of a root worker run as: far above any account's, one per run, drawn
+/// at random, so that cells of workers sharing a kernel (containers that all run as pid 1)
+/// do not meet on one uid: with 100 cells running on a host at once, two share a uid with a
+/// probability of about 2·10⁻⁵.
+pub const CELL_UIDS: std::ops::Range<u32> = 1_900_000_000..2_147_000_000;
+
+/// The uid the next cell of a root worker runs as.
+pub fn cell_uid() -> u32 {
+    let mut bytes = [0u8; 8];
+    let drawn = match getrandom::getrandom(&mut bytes) {
+        Ok(()) => u64::from_le_bytes(bytes),
+        // No entropy: still distinct within this process.
+        Err(_) => {
+            (u64::from(std::process::id()) << 32) ^ unique().wrapping_mul(0x9E37_79B9_7F4A_7C15)
+        }
+    };
+    let span = u64::from(CELL_UIDS.end - CELL_UIDS.start);
+    CELL_UIDS.start + (drawn % span) as u32
 }
 
 /// Gives the workspace to `uid` (every entry, links themselves, never followed), so that the

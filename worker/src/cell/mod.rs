@@ -5,8 +5,10 @@
 //! writable path (at `/work`), a private `/tmp`, a cleared environment, all capabilities dropped,
 //! never host root: a worker running as root drops the cell (bubblewrap included) to an
 //! unprivileged host uid of its own ([`CELL_UIDS`]) before it starts, so `RLIMIT_NPROC` binds
-//! even where no cgroup can be made, and the workspace is handed over by file descriptor and
-//! owned by that uid for the run,
+//! that cell alone even where no cgroup can be made, and the workspace is handed over by file
+//! descriptor and owned by that uid for the run. A worker that is not root runs each cell in a
+//! pids cgroup of its own; where it can make none, no cell runs ([`Budget`]): every cell would
+//! share the worker's uid, and so one process budget with the worker and every other tenant,
 //! a seccomp filter ([`seccomp`]) denying what code in a cell never needs, resource limits
 //! (CPU seconds, address space, file size, open files, processes — as a pids cgroup when the
 //! worker may create one, which is what binds root), a wall-clock timeout that kills the whole
@@ -28,7 +30,7 @@ use std::time::{Duration, Instant, SystemTime};
 use serde::Serialize;
 use tokio::io::AsyncReadExt as _;
 
-pub use limits::Limits;
+pub use limits::{Budget, Limits, CELL_UIDS};
 
 /// What a cell needs from the machine.
 #[derive(Debug, Clone)]
@@ -111,6 +113,8 @@ pub struct Cell {
     /// Runs go into cgroups here, and moving a process into one waits for an RCU grace period
     /// (see [`limits::joins_wait_for_rcu`]).
     joins_wait: bool,
+    /// How each run's process budget is its own.
+    budget: Budget,
 }
 
 impl Cell {
@@ -125,6 +129,7 @@ impl Cell {
         if !config.python.is_file() {
             return Err(format!("no Python runtime at {}", config.python.display()));
         }
+        let budget = Budget::detect(config.cgroups, &config.limits)?;
         std::fs::create_dir_all(&config.scratch)
             .map_err(|e| format!("cannot prepare {}: {e}", config.scratch.display()))?;
         let mut filters = Vec::new();
@@ -144,6 +149,7 @@ impl Cell {
             config,
             filters,
             joins_wait,
+            budget,
         };
         let probe = tempfile::tempdir_in(&cell.config.scratch)
             .map_err(|e| format!("cannot prepare a probe workspace: {e}"))?;
@@ -163,6 +169,11 @@ impl Cell {
             tracing::warn!("{}", limits::SLOW_JOINS);
         }
         Ok(cell)
+    }
+
+    /// How each run's process budget is kept its own.
+    pub fn budget(&self) -> Budget {
+        self.budget
     }
 
     /// Whether each run waits for the kernel to move it into its cgroup (an RCU grace period,
@@ -217,17 +228,25 @@ impl Cell {
         } else {
             None
         };
-        // Never host root: a root worker hands the workspace to a uid of the run's own.
-        let uid = match limits::cell_uid() {
-            Some(uid) => {
+        // Never host root, never a shared budget: a root worker hands the workspace to a uid
+        // of the run's own; any other runs only in a cgroup of its own.
+        let uid = match self.budget {
+            Budget::OwnUid => {
+                let uid = limits::cell_uid();
                 let root = workspace.to_path_buf();
                 tokio::task::spawn_blocking(move || limits::hand_over(&root, uid, MAX_SNAPSHOT))
                     .await
                     .map_err(|e| format!("cannot hand the workspace over: {e}"))??;
                 Some(uid)
             }
-            None => None,
+            Budget::Cgroup if group.is_none() => {
+                return Err(
+                    "cannot create this run's pids cgroup: a cell runs only with a process budget of its own".into(),
+                )
+            }
+            Budget::Cgroup => None,
         };
+        let nproc = self.budget == Budget::OwnUid;
         // The workspace (and the init binary) go in as descriptors, so that an unprivileged
         // bubblewrap needs no path to them.
         let work_fd = open_path(workspace)?;
@@ -322,7 +341,7 @@ impl Cell {
                 if let Some(path) = &procs_file {
                     limits::join_group(path)?;
                 }
-                limits.apply()?;
+                limits.apply(nproc)?;
                 match uid {
                     Some(uid) => limits::drop_to(uid),
                     None => Ok(()),
@@ -483,8 +502,6 @@ const WORK_FD: i32 = 1010;
 const INIT_FD: i32 = 1011;
 /// Where descriptors are staged before they are placed (above every target).
 const STAGING_FD: i32 = 1100;
-
-pub use limits::CELL_UIDS;
 
 /// The size of a cell's private `/dev/shm`.
 const SHM_BYTES: u64 = 16 << 20;

@@ -15,13 +15,17 @@
 //!   and text said since the last block is withheld until the approval), a side-effecting
 //!   call's intent committed before it runs; past `max_rounds` a call is answered with an
 //!   error result and not run;
-//! - events reaching the lane while the app works are committed, added to the turn and sent to
-//!   the app as they come; a stop cancels what runs (a tool, a model call), the app is sent
-//!   `stop`, and the turn ends `cancelled`;
+//! - events reaching the lane while the app works are taken only when the app asks for them
+//!   (`next_events`, answered `events`): committed, added to the turn, sent to the app. What it
+//!   has not taken when it sends `done` stays on the lane and starts the next turn — as with
+//!   the built-in loop, which takes arrivals only at the start of a round. A stop cancels what
+//!   runs (a tool, a model call, a wait for events), the app is sent `stop`, and the turn ends
+//!   `cancelled`;
 //! - every action and everything sent is kept in the exchange log, in order, so a replay can
 //!   re-drive the turn without the app.
 
 use std::collections::HashSet;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use serde_json::{json, Value};
@@ -40,7 +44,9 @@ use crate::timeline::messages;
 pub enum Step {
     /// One line of the app's stream (not yet parsed).
     Line(Vec<u8>),
-    /// Events reached the turn (committed; may be empty).
+    /// Events reached the turn (committed; may be empty). Live exchanges give these only as
+    /// the answer to [`Exchange::take`]; turns recorded before `next_events` hold them
+    /// unasked, where they came.
     Arrived(Vec<Block>),
     /// A stop reached the turn (committed, with what came with it).
     Stopped(Vec<Block>),
@@ -53,8 +59,18 @@ pub enum Step {
 pub trait Exchange: Send {
     /// Opens the exchange with the turn's context.
     async fn start(&mut self, context: &Value) -> Result<()>;
-    /// The next step: a line from the app, events on the lane, or a stop (cancel-safe).
+    /// The next step: a line from the app or a stop (cancel-safe). Arrivals wait on the lane
+    /// until the app takes them.
     async fn next(&mut self, inbox: &mut dyn Inbox, cx: &mut CallContext) -> Result<Step>;
+    /// The app's `next_events`: what waits on the lane, committed; when nothing waits, the
+    /// first arrival within `wait`, or nothing. [`Step::Arrived`] (a stop among the blocks
+    /// cancels the turn) or [`Step::Stopped`].
+    async fn take(
+        &mut self,
+        inbox: &mut dyn Inbox,
+        cx: &mut CallContext,
+        wait: Duration,
+    ) -> Result<Step>;
     /// Resolves once a stop is waiting (cancel-safe, writes nothing: it is raced against
     /// tools and model calls; may never resolve).
     async fn stop_signal(&mut self, inbox: &mut dyn Inbox);
@@ -158,14 +174,8 @@ impl Driver<'_, '_> {
                     return self.cancelled(arrived).await
                 }
                 Step::Arrived(arrived) if arrived.is_empty() => {}
-                Step::Arrived(arrived) => {
-                    self.flush();
-                    self.blocks.extend(arrived.iter().cloned());
-                    self.trace.steps.push(ExchangeStep::Arrived {
-                        blocks: arrived.clone(),
-                    });
-                    self.send(ToApp::Events { blocks: arrived }).await?;
-                }
+                // Only a recorded turn from before `next_events` has these unasked.
+                Step::Arrived(arrived) => self.arrived(None, arrived).await?,
                 Step::Closed => {
                     return Err(Error::app(
                         "the app ended its stream without a `done` action",
@@ -221,6 +231,23 @@ impl Driver<'_, '_> {
                 Err(Error::app(format!("the app failed: {shown}")))
             }
             Action::Keepalive {} => Ok(None),
+            Action::NextEvents { id, wait_ms } => {
+                let wait = Duration::from_millis(wait_ms);
+                match self.exchange.take(inbox, cx, wait).await? {
+                    Step::Arrived(arrived)
+                        if !arrived.iter().any(|b| matches!(b, Block::Stop { .. })) =>
+                    {
+                        self.arrived(Some(id), arrived).await?;
+                        Ok(None)
+                    }
+                    Step::Arrived(arrived) | Step::Stopped(arrived) => {
+                        self.cancelled(arrived).await.map(Some)
+                    }
+                    Step::Line(_) | Step::Closed => {
+                        Err(Error::app("the exchange answered a take with a line"))
+                    }
+                }
+            }
             Action::Model {
                 id,
                 messages: asked,
@@ -368,6 +395,23 @@ impl Driver<'_, '_> {
         })
         .await?;
         Ok(None)
+    }
+
+    /// Events the turn took (committed): added to its blocks and sent to the app, in answer to
+    /// its `next_events` with `id`.
+    async fn arrived(&mut self, id: Option<String>, arrived: Vec<Block>) -> Result<()> {
+        if !arrived.is_empty() {
+            self.flush();
+        }
+        self.blocks.extend(arrived.iter().cloned());
+        self.trace.steps.push(ExchangeStep::Arrived {
+            blocks: arrived.clone(),
+        });
+        self.send(ToApp::Events {
+            id,
+            blocks: arrived,
+        })
+        .await
     }
 
     /// Closes the text said so far into a reply block.

@@ -220,6 +220,18 @@ impl HttpExchange {
     }
 }
 
+/// Everything waiting on the lane, committed (one read takes a page of the lane).
+async fn drain(inbox: &mut dyn Inbox) -> Result<Vec<Block>> {
+    let mut arrived = Vec::new();
+    loop {
+        let page = inbox.arrivals().await?;
+        if page.is_empty() {
+            return Ok(arrived);
+        }
+        arrived.extend(page);
+    }
+}
+
 fn error_chain(e: &dyn std::error::Error) -> String {
     let mut text = e.to_string();
     let mut source = e.source();
@@ -244,26 +256,37 @@ impl Exchange for HttpExchange {
         Ok(())
     }
 
-    async fn next(&mut self, inbox: &mut dyn Inbox, cx: &mut CallContext) -> Result<Step> {
+    async fn next(&mut self, inbox: &mut dyn Inbox, _cx: &mut CallContext) -> Result<Step> {
+        // Arrivals are not watched here: they wait on the lane until the app takes them, so a
+        // `done` the app sent always ends the turn it belongs to.
         tokio::select! {
             biased;
             _ = inbox.stop_requested() => Ok(Step::Stopped(inbox.arrivals().await?)),
-            _ = cx.next_arrival() => {
-                // One read takes a page of the lane: take what waits, all of it.
-                let mut arrived = Vec::new();
-                loop {
-                    let page = inbox.arrivals().await?;
-                    if page.is_empty() {
-                        break;
-                    }
-                    arrived.extend(page);
-                }
-                Ok(Step::Arrived(arrived))
-            }
             line = self.line() => Ok(match line? {
                 Some(line) => Step::Line(line),
                 None => Step::Closed,
             }),
+        }
+    }
+
+    async fn take(
+        &mut self,
+        inbox: &mut dyn Inbox,
+        cx: &mut CallContext,
+        wait: Duration,
+    ) -> Result<Step> {
+        let until = (Instant::now() + wait).min(self.deadline);
+        loop {
+            let arrived = drain(inbox).await?;
+            if !arrived.is_empty() || Instant::now() >= until {
+                return Ok(Step::Arrived(arrived));
+            }
+            tokio::select! {
+                biased;
+                _ = inbox.stop_requested() => return Ok(Step::Stopped(inbox.arrivals().await?)),
+                _ = cx.next_arrival() => {}
+                _ = tokio::time::sleep_until(until) => {}
+            }
         }
     }
 

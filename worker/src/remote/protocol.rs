@@ -52,6 +52,16 @@ pub enum Action {
     AskUser { id: String, question: String },
     /// Publishes a file of the workspace (the `publish` tool).
     Publish { id: String, path: String },
+    /// Takes what reached the conversation since the turn started (follow-ups, steers,
+    /// attachments): the worker commits it to this turn and answers [`ToApp::Events`] with the
+    /// same id — at once with what waits, or, when nothing waits, after the first arrival or
+    /// `wait_ms` (at most the turn's deadline), whichever is first. What the app does not take
+    /// before its `done` starts the next turn, as with the built-in loop.
+    NextEvents {
+        id: String,
+        #[serde(default)]
+        wait_ms: u64,
+    },
     /// The turn is done.
     Done {},
     /// The app failed; the turn fails with this message.
@@ -97,7 +107,8 @@ impl Action {
             Action::Tool { id, .. }
             | Action::Model { id, .. }
             | Action::AskUser { id, .. }
-            | Action::Publish { id, .. } => Some(id),
+            | Action::Publish { id, .. }
+            | Action::NextEvents { id, .. } => Some(id),
             _ => None,
         }
     }
@@ -139,8 +150,14 @@ pub enum ToApp {
         usage: Option<Usage>,
     },
     /// What reached the conversation while the turn runs (follow-ups, steers, attachments),
-    /// already committed to its record.
-    Events { blocks: Vec<Block> },
+    /// already committed to its record: the answer to the app's [`Action::NextEvents`] with
+    /// that id (may be empty). Turns recorded before `next_events` existed hold these without
+    /// an id, sent as the events came.
+    Events {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        id: Option<String>,
+        blocks: Vec<Block>,
+    },
     /// The call with this id parks the turn (an approval, a question): the turn ends here and
     /// a later turn continues once it is answered. Nothing more is read from the app.
     Parked { id: String, reason: String },
@@ -186,6 +203,11 @@ mod tests {
             (r#"{"type":"publish","id":"p","path":"out.md"}"#, "publish"),
             (r#"{"type":"done"}"#, "done"),
             (r#"{"type":"keepalive"}"#, "keepalive"),
+            (r#"{"type":"next_events","id":"e1"}"#, "next_events"),
+            (
+                r#"{"type":"next_events","id":"e2","wait_ms":500}"#,
+                "next_events",
+            ),
         ];
         for (line, what) in ok {
             assert!(Action::parse(line.as_bytes()).is_ok(), "{what}: {line}");
@@ -243,6 +265,7 @@ mod tests {
             r#"{"type":"model","id":"i"}"#,
             r#"{"type":"ask_user","id":"i","question":"q"}"#,
             r#"{"type":"publish","id":"i","path":"p"}"#,
+            r#"{"type":"next_events","id":"i"}"#,
             r#"{"type":"done"}"#,
             r#"{"type":"error","message":"m"}"#,
             r#"{"type":"keepalive"}"#,
@@ -294,7 +317,10 @@ mod tests {
                 tool_calls: vec![],
                 usage: None,
             },
-            ToApp::Events { blocks: vec![] },
+            ToApp::Events {
+                id: Some("i".into()),
+                blocks: vec![],
+            },
             ToApp::Parked {
                 id: "i".into(),
                 reason: "r".into(),

@@ -61,6 +61,25 @@ impl Exchange for RecordedExchange {
         Ok(step)
     }
 
+    async fn take(
+        &mut self,
+        _inbox: &mut dyn Inbox,
+        _cx: &mut CallContext,
+        _wait: std::time::Duration,
+    ) -> Result<Step> {
+        let step = match self.steps.get(self.at) {
+            Some(ExchangeStep::Arrived { blocks }) => Step::Arrived(blocks.clone()),
+            Some(ExchangeStep::Stopped { blocks }) => Step::Stopped(blocks.clone()),
+            _ => {
+                return Err(Self::diverged(
+                    "the app takes events where the record took none".into(),
+                ))
+            }
+        };
+        self.at += 1;
+        Ok(step)
+    }
+
     async fn stop_signal(&mut self, _inbox: &mut dyn Inbox) {
         if !matches!(self.steps.get(self.at), Some(ExchangeStep::Stopped { .. })) {
             std::future::pending::<()>().await

@@ -1,0 +1,344 @@
+//! `turnpike bench soak`: memory over a long run. N turns of an echo agent through the API, on
+//! the embedded stack (`turnpike serve`) and on a fleet (a nats-server, a router and a worker
+//! process sharing a file store), by closed-loop clients over many conversations; each
+//! process's resident memory (anonymous and file-backed, from `/proc/<pid>/status`) is sampled
+//! as the turns go by. Memory that grows with work — something kept per event, message or turn,
+//! or a cache without a bound — shows as anonymous memory that keeps rising after warm-up; the
+//! report gives each process's growth from the first sample after warm-up to the last.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Result};
+use serde_json::json;
+use turnpike_edge::client::{Client, Cursor};
+
+use crate::fleet::{free_port, start, Proc};
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    /// The `turnpike` binary to start servers from.
+    pub binary: PathBuf,
+    /// The `nats-server` binary, for the fleet; `None`: the embedded stack only.
+    pub nats_server: Option<PathBuf>,
+    /// Turns in all, per stack.
+    pub turns: usize,
+    pub conversations: usize,
+    /// Clients sending at once.
+    pub clients: usize,
+    /// Memory samples over the run.
+    pub samples: usize,
+    /// The share of the run before the first sample that counts (warm-up), in percent.
+    pub warm_up_percent: usize,
+}
+
+/// One process's resident memory, in bytes.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Resident {
+    pub anonymous: u64,
+    pub file: u64,
+}
+
+/// Reads `RssAnon` and `RssFile` of process `pid`.
+pub fn resident(pid: u32) -> Result<Resident> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let field = |name: &str| -> u64 {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|rest| rest.split_whitespace().next()?.parse::<u64>().ok())
+            .map_or(0, |kb| kb * 1024)
+    };
+    Ok(Resident {
+        anonymous: field("RssAnon:"),
+        file: field("RssFile:"),
+    })
+}
+
+/// `turnpike bench soak`.
+pub async fn run(plan: Plan) -> Result<ExitCode> {
+    if plan.turns == 0 || plan.conversations == 0 || plan.clients == 0 || plan.samples < 2 {
+        bail!("turns, conversations and clients must be positive, samples at least 2");
+    }
+    println!(
+        "soak: {} turns of an echo agent over {} conversations by {} clients, through the API; resident memory sampled {} times, growth measured after the first {}% of the turns",
+        plan.turns, plan.conversations, plan.clients, plan.samples, plan.warm_up_percent
+    );
+    let mut flat = true;
+    flat &= soak(&plan, Stack::Embedded).await?;
+    if let Some(nats) = &plan.nats_server {
+        flat &= soak(&plan, Stack::Fleet(nats.clone())).await?;
+    }
+    Ok(if flat {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}
+
+enum Stack {
+    Embedded,
+    Fleet(PathBuf),
+}
+
+/// The stack's processes, the API's URL, and the processes to watch.
+struct Running {
+    _procs: Vec<Proc>,
+    url: String,
+    watched: Vec<(String, u32)>,
+    _dir: tempfile::TempDir,
+}
+
+fn start_stack(plan: &Plan, stack: &Stack) -> Result<Running> {
+    let dir = tempfile::tempdir()?;
+    let apps = dir.path().join("apps");
+    std::fs::create_dir_all(&apps)?;
+    std::fs::write(
+        apps.join("soak.toml"),
+        "app = \"soak\"\n\n[agents.echo]\nprovider = \"echo\"\n",
+    )?;
+    let tokens = dir.path().join("tokens.toml");
+    std::fs::write(
+        &tokens,
+        "[[tokens]]\ntoken = \"bench\"\nidentity = \"local:bench\"\n",
+    )?;
+    let port = free_port()?;
+    let url = format!("http://127.0.0.1:{port}");
+    let edge = |args: &mut Vec<String>| {
+        args.extend([
+            "--listen".into(),
+            format!("127.0.0.1:{port}"),
+            "--tokens".into(),
+            tokens.display().to_string(),
+            "--rate-per-second".into(),
+            "0".into(),
+        ])
+    };
+    let mut procs = Vec::new();
+    let mut watched = Vec::new();
+    match stack {
+        Stack::Embedded => {
+            let mut args = vec![
+                "--data-dir".into(),
+                dir.path().join("serve").display().to_string(),
+                "--apps".into(),
+                apps.display().to_string(),
+                "--admin-listen".into(),
+                "off".into(),
+                "serve".into(),
+            ];
+            edge(&mut args);
+            let serve = start("turnpike serve", &plan.binary, &args, "API listening on")?;
+            watched.push(("serve".to_owned(), serve.child.id()));
+            procs.push(serve);
+        }
+        Stack::Fleet(nats_server) => {
+            let key = dir.path().join("signing.key");
+            std::fs::write(
+                &key,
+                turnpike_artifactory::RecordSigner::generate()?.to_hex(),
+            )?;
+            let store = dir.path().join("store");
+            std::fs::create_dir_all(&store)?;
+            let nats_port = free_port()?;
+            procs.push(start(
+                "nats-server",
+                nats_server,
+                &[
+                    "-js".into(),
+                    "-a".into(),
+                    "127.0.0.1".into(),
+                    "-p".into(),
+                    nats_port.to_string(),
+                    "-sd".into(),
+                    dir.path().join("nats").display().to_string(),
+                ],
+                "Server is ready",
+            )?);
+            let common = |data: &str| -> Vec<String> {
+                vec![
+                    "--data-dir".into(),
+                    dir.path().join(data).display().to_string(),
+                    "--store".into(),
+                    format!("file://{}", store.display()),
+                    "--signing-key".into(),
+                    key.display().to_string(),
+                    "--nats-url".into(),
+                    format!("nats://127.0.0.1:{nats_port}"),
+                    "--apps".into(),
+                    apps.display().to_string(),
+                    "--admin-listen".into(),
+                    "off".into(),
+                ]
+            };
+            let mut args = common("router");
+            args.push("router".into());
+            edge(&mut args);
+            let router = start("router", &plan.binary, &args, "API listening on")?;
+            watched.push(("router".to_owned(), router.child.id()));
+            procs.push(router);
+            let mut args = common("worker");
+            args.push("worker".into());
+            let worker = start("worker", &plan.binary, &args, "ready")?;
+            watched.push(("worker".to_owned(), worker.child.id()));
+            procs.push(worker);
+        }
+    }
+    Ok(Running {
+        _procs: procs,
+        url,
+        watched,
+        _dir: dir,
+    })
+}
+
+/// Runs one stack's soak; returns whether every process's anonymous memory stayed within 10%
+/// after warm-up.
+async fn soak(plan: &Plan, stack: Stack) -> Result<bool> {
+    let name = match &stack {
+        Stack::Embedded => "embedded (turnpike serve)".to_owned(),
+        Stack::Fleet(_) => "fleet (nats-server, router, worker)".to_owned(),
+    };
+    println!("\n{name}:");
+    let running = start_stack(plan, &stack)?;
+    let client = Client::new(&running.url, "bench");
+    let mut ids = Vec::new();
+    for _ in 0..plan.conversations {
+        let made = client
+            .post(
+                "/v1/conversations",
+                &json!({"app": "soak", "agent": "echo"}),
+            )
+            .await
+            .map_err(anyhow::Error::msg)?
+            .into_ok()
+            .map_err(anyhow::Error::msg)?;
+        ids.push(made["id"].as_str().unwrap_or_default().to_owned());
+    }
+    let done = Arc::new(AtomicUsize::new(0));
+    let started = Instant::now();
+    let tasks: Vec<_> = (0..plan.clients)
+        .map(|c| {
+            let mine: Vec<String> = ids.iter().skip(c).step_by(plan.clients).cloned().collect();
+            let (client, done, total) = (client.clone(), done.clone(), plan.turns);
+            tokio::spawn(async move { drive(client, mine, done, total).await })
+        })
+        .collect();
+    println!(
+        "  {:>9}  {:>8}  {:<8} {:>10} {:>10}",
+        "turns", "turns/s", "process", "anon MiB", "file MiB"
+    );
+    let mut samples: Vec<(usize, Vec<Resident>)> = Vec::new();
+    let mut next = 1;
+    let mut last_turns = (0usize, Instant::now());
+    while next <= plan.samples {
+        let at = plan.turns * next / plan.samples;
+        let turns = done.load(Ordering::Relaxed);
+        if turns < at && !tasks.iter().all(|t| t.is_finished()) {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            continue;
+        }
+        let rate = (turns - last_turns.0) as f64 / last_turns.1.elapsed().as_secs_f64();
+        last_turns = (turns, Instant::now());
+        let mut row = Vec::new();
+        for (process, pid) in &running.watched {
+            let r = resident(*pid)?;
+            println!(
+                "  {turns:>9}  {rate:>8.0}  {process:<8} {:>10.1} {:>10.1}",
+                r.anonymous as f64 / 1048576.0,
+                r.file as f64 / 1048576.0
+            );
+            row.push(r);
+        }
+        samples.push((turns, row));
+        next += 1;
+        if tasks.iter().all(|t| t.is_finished()) {
+            break;
+        }
+    }
+    for t in tasks {
+        t.await??;
+    }
+    let took = started.elapsed();
+    let turns = done.load(Ordering::Relaxed).min(plan.turns);
+    println!(
+        "  {turns} turns in {:.0} s ({:.0} turns/s)",
+        took.as_secs_f64(),
+        turns as f64 / took.as_secs_f64()
+    );
+    let warm = plan.turns * plan.warm_up_percent / 100;
+    let Some(first) = samples.iter().position(|(turns, _)| *turns >= warm) else {
+        bail!("no sample after warm-up");
+    };
+    let mut flat = true;
+    for (k, (process, _)) in running.watched.iter().enumerate() {
+        let from = samples[first].1[k].anonymous as f64;
+        let to = samples.last().expect("samples").1[k].anonymous as f64;
+        let growth = (to - from) / from.max(1.0);
+        let turns_between = samples.last().expect("samples").0 - samples[first].0;
+        println!(
+            "  {process}: anonymous memory {:.1} → {:.1} MiB from turn {} to turn {} ({:+.1}%; {:.0} bytes per turn)",
+            from / 1048576.0,
+            to / 1048576.0,
+            samples[first].0,
+            samples.last().expect("samples").0,
+            100.0 * growth,
+            (to - from) / turns_between.max(1) as f64
+        );
+        flat &= growth <= 0.10;
+    }
+    Ok(flat)
+}
+
+/// Runs turns over `ids` in turn (each message once the previous turn of its conversation
+/// completed) until `done` reaches `total`.
+async fn drive(
+    client: Client,
+    ids: Vec<String>,
+    done: Arc<AtomicUsize>,
+    total: usize,
+) -> Result<()> {
+    if ids.is_empty() {
+        return Ok(());
+    }
+    let mut cursors: Vec<(Cursor, usize)> = ids.iter().map(|id| (Cursor::new(id), 0)).collect();
+    let mut sent = vec![0usize; ids.len()];
+    let mut k = 0;
+    while done.fetch_add(1, Ordering::Relaxed) < total {
+        let i = k % ids.len();
+        k += 1;
+        let id = &ids[i];
+        sent[i] += 1;
+        let n = sent[i];
+        let reply = client
+            .send(
+                reqwest::Method::POST,
+                &format!("/v1/conversations/{id}/messages"),
+                Some(&json!({"text": format!("turn {n}")})),
+                Some(&format!("soak-{n}")),
+            )
+            .await
+            .map_err(anyhow::Error::msg)?;
+        if reply.status != 202 {
+            bail!("{id}: message {n}: {} {}", reply.status, reply.body);
+        }
+        let (cursor, complete) = &mut cursors[i];
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while *complete < n {
+            let rows = cursor.read(&client).await.map_err(anyhow::Error::msg)?;
+            *complete += rows.iter().filter(|r| r["kind"] == "turn_complete").count();
+            if *complete >= n {
+                break;
+            }
+            if Instant::now() > deadline {
+                bail!("{id}: turn {n} did not complete within 120 s");
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    }
+    Ok(())
+}
