@@ -284,11 +284,29 @@ async fn fusion_order(f: Fixture) {
         .await
         .unwrap();
     assert!(!lexical.hits.is_empty() && !vector.hits.is_empty());
-    // Recompute reciprocal-rank fusion from the two single-retriever lists.
+    // Recompute the fusion from the two single-retriever lists: each list's raw scores put on
+    // one scale by their mean and spread (mean − 3σ → 0, mean + 3σ → 1), then summed.
     let mut expected: HashMap<String, f64> = HashMap::new();
-    for page in [&lexical, &vector] {
-        for (i, h) in page.hits.iter().enumerate() {
-            *expected.entry(h.info.reference.clone()).or_default() += 1.0 / (60.0 + (i + 1) as f64);
+    for (page, lexical_list) in [(&lexical, true), (&vector, false)] {
+        let raw: Vec<f64> = page
+            .hits
+            .iter()
+            .map(|h| {
+                let own = if lexical_list { h.lexical } else { h.vector };
+                own.expect("a single retriever's hit carries its score")
+                    .score
+            })
+            .collect();
+        let n = raw.len() as f64;
+        let mean = raw.iter().sum::<f64>() / n;
+        let sd = (raw.iter().map(|s| (s - mean) * (s - mean)).sum::<f64>() / n).sqrt();
+        for (h, s) in page.hits.iter().zip(&raw) {
+            let scaled = if sd > 0.0 {
+                ((s - (mean - 3.0 * sd)) / (6.0 * sd)).max(0.0)
+            } else {
+                1.0
+            };
+            *expected.entry(h.info.reference.clone()).or_default() += scaled;
         }
     }
     assert_eq!(hybrid.hits.len(), expected.len(), "the union of both lists");

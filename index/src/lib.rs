@@ -6,7 +6,7 @@
 //! - [`analysis`]: the one analyzer, query syntax and BM25 both backends rank by
 //! - [`backend`]: the [`Backend`] trait; [`postgres`] (pgvector, row-level security) and
 //!   [`embedded`] (tantivy + an on-disk vector store) implement it
-//! - [`fusion`]: reciprocal-rank fusion (k = 60), recency, the per-conversation cap, pages —
+//! - [`fusion`]: distribution-based score fusion, recency, the per-conversation cap, pages —
 //!   shared by every backend
 //! - [`embed`]: the [`Embedder`] trait; all-MiniLM-L6-v2 in Rust, OpenAI-compatible endpoints
 //! - [`indexer`]: turning finished turns into rows, idempotently, with retries

@@ -197,9 +197,9 @@ impl std::str::FromStr for Mode {
     }
 }
 
-/// A recency boost: a hit `half_life_ms` old gets half of `weight` added, scaled to the best
-/// single-retriever contribution (1 / (k + 1)), so `weight = 1` lets a fresh hit jump about one
-/// top rank.
+/// A recency boost: a hit `half_life_ms` old gets half of `weight` added, on the fused scale
+/// (where one retriever's hit at the top of its bulk counts 1), so `weight = 1` lets a fresh
+/// hit jump about one retriever's vote.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct Recency {
     pub half_life_ms: i64,
@@ -294,7 +294,7 @@ pub struct RetrieverScore {
 pub struct Hit {
     #[serde(flatten)]
     pub info: RowInfo,
-    /// The fused score (reciprocal-rank fusion, plus the recency boost if asked).
+    /// The fused score (distribution-based fusion, `fusion`; plus the recency boost if asked).
     pub score: f64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lexical: Option<RetrieverScore>,

@@ -51,8 +51,10 @@ pub struct RecallSpec {
     /// attachments only when named.
     #[serde(default)]
     pub kinds: Vec<String>,
-    /// Hits whose fused score is below this are dropped. The score is reciprocal-rank fusion:
-    /// about 0.016 for a row one retriever ranked first, about 0.033 for one both did.
+    /// Hits whose fused score is below this are dropped. The score is the index's
+    /// distribution-based fusion: each retriever adds 0 (the bottom of what it found for the
+    /// query) to about 1 (the top of it), so about 0.5 is an average candidate of one
+    /// retriever and about 2 a row both ranked at the top.
     #[serde(default)]
     pub min_score: f64,
     /// The most tokens recalled rows may take.
@@ -81,9 +83,9 @@ impl RecallSpec {
                 KINDS.join(", ")
             ));
         }
-        if !self.min_score.is_finite() || !(0.0..=0.05).contains(&self.min_score) {
+        if !self.min_score.is_finite() || !(0.0..=2.0).contains(&self.min_score) {
             return Err(format!(
-                "min_score: must be 0–0.05 (a fused reciprocal-rank score), not {}",
+                "min_score: must be 0–2 (a fused score: each retriever adds 0 to about 1), not {}",
                 self.min_score
             ));
         }
@@ -252,7 +254,7 @@ mod tests {
             .unwrap_err()
             .starts_with("min_score:"));
         assert!(
-            spec("min_score = 0.3").validate().is_err(),
+            spec("min_score = 2.5").validate().is_err(),
             "off the fused scale"
         );
         assert!(toml::from_str::<RecallSpec>("colour = 1").is_err());
