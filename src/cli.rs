@@ -521,10 +521,12 @@ pub struct EdgeArgs {
     /// Verify JWTs against the keys the identity provider publishes at this URL, cached for
     /// its Cache-Control max-age (5 minutes without one) and fetched again on an unknown key
     /// id (at most every 10 s); the last good keys stay in use while it cannot be reached.
-    #[arg(long, env = "TURNPIKE_JWKS_URL", conflicts_with = "jwks")]
+    #[arg(long, env = "TURNPIKE_JWKS_URL")]
     pub jwks_url: Option<String>,
     /// Find the JWKS URL by OIDC discovery: `<--jwt-issuer>/.well-known/openid-configuration`.
-    #[arg(long, env = "TURNPIKE_JWT_DISCOVER", conflicts_with_all = ["jwks", "jwks_url"])]
+    /// One of --jwks, --jwks-url and --jwt-discover at a time (the server refuses to start
+    /// with two).
+    #[arg(long, env = "TURNPIKE_JWT_DISCOVER")]
     pub jwt_discover: bool,
     #[arg(long, env = "TURNPIKE_JWT_ISSUER", default_value = "")]
     pub jwt_issuer: String,

@@ -410,6 +410,29 @@ pub async fn replay(logs: &[TurnLog], what_if: Option<&WhatIf>) -> Vec<TurnRepla
             out.push(finish(log, outcome, blocks, &mut history, &out));
             continue;
         }
+        let work = recorded.inputs.iter().any(|b| {
+            matches!(
+                b,
+                Block::UserMessage { .. }
+                    | Block::FollowUp { .. }
+                    | Block::Steer { .. }
+                    | Block::Attachment { .. }
+            )
+        });
+        if !work && recorded.outputs.is_empty() {
+            // As live (`agent_loop::run_live`): a turn with nothing for the model — a
+            // compaction, an agent switch, an answer that did not apply — ends without a model
+            // call, replied, or parked while a request is still pending.
+            let blocks = recorded.inputs.clone();
+            let (still_pending, _) = crate::approvals::pending(history.iter().chain(blocks.iter()));
+            let outcome = Ok(if still_pending.is_empty() {
+                TurnOutcome::Replied
+            } else {
+                TurnOutcome::Parked
+            });
+            out.push(finish(log, outcome, blocks, &mut history, &out));
+            continue;
+        }
         let model = ReplayModel::new(recorded.outputs.clone());
         let mut inbox = ReplayInbox {
             arrivals: recorded.arrivals.clone(),
