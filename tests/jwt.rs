@@ -313,3 +313,38 @@ async fn rotated_keys_are_picked_up_without_a_restart_and_survive_the_provider_g
     assert_eq!(status(&server, &with_new).await, 200);
     assert_eq!(status(&server, &with_old).await, 401);
 }
+
+/// Two sources of keys at once (a file and a URL, or a URL and discovery) are refused at
+/// start, with a reason: which keys would verify a token must never be a guess.
+#[test]
+fn two_sources_of_keys_are_refused_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let jwks = dir.path().join("jwks.json");
+    std::fs::write(&jwks, r#"{"keys":[]}"#).unwrap();
+    let jwks = jwks.display().to_string();
+    for sources in [
+        vec!["--jwks", &jwks, "--jwks-url", "http://127.0.0.1:9/jwks"],
+        vec!["--jwks-url", "http://127.0.0.1:9/jwks", "--jwt-discover"],
+    ] {
+        let out = std::process::Command::new(binary())
+            .args(["--data-dir", &dir.path().join("data").display().to_string()])
+            .args(["--admin-listen", "off"])
+            .arg("serve")
+            .args([
+                "--listen",
+                "127.0.0.1:0",
+                "--jwt-issuer",
+                "https://idp.example",
+            ])
+            .args(&sources)
+            .env_remove("TURNPIKE_CONFIG")
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{sources:?} started");
+        assert!(
+            stderr.contains("give one of --jwks, --jwks-url or --jwt-discover"),
+            "{sources:?}: {stderr}"
+        );
+    }
+}
