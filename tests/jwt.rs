@@ -283,7 +283,11 @@ async fn forged_misdated_and_malformed_jwts_are_refused_through_the_api() {
 async fn rotated_keys_are_picked_up_without_a_restart_and_survive_the_provider_going_down() {
     let old = Key::new("k1", 7);
     let new = Key::new("k2", 9);
-    let idp = Idp::start(vec![old.public()]).await;
+    // Providers also publish keys for other uses (encryption): they are skipped, not fatal.
+    let encryption = json!({"kty": "RSA", "use": "enc", "alg": "RSA-OAEP", "kid": "enc-1",
+        "n": "sXchDaQebHnPiGvyDOAT4saGEUetSyo9MKLOoWFsueri23bOdgWp4Dy1WlUzewbgBHod5pcM9H95GQRV3JDXboIRROSBigeC5yjU1hGzHHyXss8UDprecbAYxknTcQkhslANGRUZmdTOQ5qTRsLAt6BTYuyvVRdhS8exSZEy_c4gs_7svlJJQ4H9_NxsiIoLwAEk7-Q3UXERGYw_75IDrGA84-lA_-Ct4eTlXHBIY2EaV7t7LjJaynVJCpkv4LKjTTAumiGUIuQhrNhZLuF_RJLqHpM2kgWFLU7-VTdL1VbC2tejvcI2BlMkEpk1BzBZI0KQB0GaDWFLN-aEAw3vRw",
+        "e": "AQAB"});
+    let idp = Idp::start(vec![old.public(), encryption]).await;
     let server = serve(&idp);
     let with_old = old.token(&claims(&idp.issuer));
     let with_new = new.token(&claims(&idp.issuer));

@@ -456,13 +456,19 @@ impl RawApp {
 /// every time. Each round races a follow-up against a `done` the app sends 0–300 ms after
 /// the line the test waits for; whichever wins, nothing is swallowed and no turn fails.
 async fn every_unread_follow_up_gets_its_own_turn(server: &Server, app: &str, rounds: usize) {
+    unread_follow_ups(server, app, "wait", rounds).await
+}
+
+/// The race above, with messages starting with `verb` (`wait`, or `patience` for an app that
+/// first gives up a wait for events).
+async fn unread_follow_ups(server: &Server, app: &str, verb: &str, rounds: usize) {
     let alice = server.client(ALICE);
     let id = create(&alice, app, "hasty").await;
     let mut deltas = Deltas::open(&alice, &id).await;
     let mut expected = Vec::new();
     for round in 0..rounds {
         let delay = [0, 20, 60, 150, 300][round % 5];
-        let message = format!("wait {delay} r{round}");
+        let message = format!("{verb} {delay} r{round}");
         say(&alice, &id, &message).await;
         deltas.until(&format!("got {message}")).await;
         let follow_up = format!("more r{round}");
@@ -521,6 +527,10 @@ async fn a_follow_up_a_python_app_never_reads_starts_the_next_turn_every_time() 
     let apps = apps(1, &[("py.toml", manifest)]);
     let server = serve(apps.path());
     every_unread_follow_up_gets_its_own_turn(&server, "py", 15).await;
+    // A handler that gives up waiting for events (a timeout around `next_event`) is heard at
+    // once — its wait does not hold the turn — and what arrives afterwards still gets a turn
+    // and a reply of its own.
+    unread_follow_ups(&server, "py", "patience", 5).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -261,7 +261,8 @@ impl JwksSource {
     }
 
     async fn get(&self, url: &str) -> Result<(bytes::Bytes, Option<u64>), String> {
-        let response = self
+        secure_url(url)?;
+        let mut response = self
             .client
             .get(url)
             .send()
@@ -281,11 +282,15 @@ impl JwksSource {
         {
             return Err(format!("{url}: longer than {MAX_JWKS_BYTES} bytes"));
         }
-        let body = response.bytes().await.map_err(|e| format!("{url}: {e}"))?;
-        if body.len() > MAX_JWKS_BYTES {
-            return Err(format!("{url}: longer than {MAX_JWKS_BYTES} bytes"));
+        // Read in chunks: a body without a length is cut off at the cap, not buffered whole.
+        let mut body = Vec::new();
+        while let Some(chunk) = response.chunk().await.map_err(|e| format!("{url}: {e}"))? {
+            if body.len() + chunk.len() > MAX_JWKS_BYTES {
+                return Err(format!("{url}: longer than {MAX_JWKS_BYTES} bytes"));
+            }
+            body.extend_from_slice(&chunk);
         }
-        Ok((body, max_age))
+        Ok((bytes::Bytes::from(body), max_age))
     }
 
     /// The provider's current keys and how long they stay fresh.
@@ -308,7 +313,7 @@ impl JwksSource {
         };
         let (body, max_age) = self.get(&url).await?;
         let text = std::str::from_utf8(&body).map_err(|e| format!("{url}: {e}"))?;
-        let keys = parse_jwks(text).map_err(|e| format!("{url}: {e}"))?;
+        let keys = parse_jwks(text, true).map_err(|e| format!("{url}: {e}"))?;
         let max_age = max_age
             .map(std::time::Duration::from_secs)
             .unwrap_or(DEFAULT_MAX_AGE)
@@ -332,30 +337,66 @@ fn max_age_secs(cache_control: &str) -> Option<u64> {
 
 /// The usable keys of a JWKS (`{"keys": [...]}`); every key must be usable, and there must be
 /// one.
-fn parse_jwks(jwks: &str) -> Result<Vec<Key>, String> {
-    use jsonwebtoken::jwk::JwkSet;
+/// The signing keys of a JWKS. `published`: a set fetched from an identity provider, which
+/// may also list keys for other uses (encryption, algorithms not verified here): those are
+/// skipped, and only a set with no usable key at all is refused. A file an operator wrote must
+/// hold only usable keys.
+/// Keys are fetched over https only (anyone on the path of a plain-http fetch could swap them
+/// and sign as anyone), except from a loopback address (an identity provider beside the router).
+pub fn secure_url(url: &str) -> Result<(), String> {
+    let parsed = reqwest::Url::parse(url).map_err(|e| format!("{url}: {e}"))?;
+    let host = parsed.host_str().unwrap_or_default();
+    let loopback = host.eq_ignore_ascii_case("localhost")
+        || host
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback());
+    match parsed.scheme() {
+        "https" => Ok(()),
+        "http" if loopback => Ok(()),
+        _ => Err(format!(
+            "{url}: keys are fetched over https (plain http only from a loopback address)"
+        )),
+    }
+}
+
+fn parse_jwks(jwks: &str, published: bool) -> Result<Vec<Key>, String> {
+    use jsonwebtoken::jwk::{JwkSet, PublicKeyUse};
     let set: JwkSet = serde_json::from_str(jwks).map_err(|e| format!("the JWKS: {e}"))?;
     let mut keys = Vec::new();
     for (i, jwk) in set.keys.iter().enumerate() {
-        let key = jsonwebtoken::DecodingKey::from_jwk(jwk)
-            .map_err(|e| format!("the JWKS key {i}: {e}"))?;
-        let alg = match jwk.common.key_algorithm {
-            Some(a) => a
-                .to_string()
-                .parse::<jsonwebtoken::Algorithm>()
-                .map_err(|e| format!("the JWKS key {i}: algorithm {a}: {e}"))?,
-            None => match &jwk.algorithm {
-                jsonwebtoken::jwk::AlgorithmParameters::RSA(_) => jsonwebtoken::Algorithm::RS256,
-                jsonwebtoken::jwk::AlgorithmParameters::EllipticCurve(_) => {
-                    jsonwebtoken::Algorithm::ES256
-                }
-                jsonwebtoken::jwk::AlgorithmParameters::OctetKeyPair(_) => {
-                    jsonwebtoken::Algorithm::EdDSA
-                }
-                _ => return Err(format!("the JWKS key {i}: no usable algorithm")),
-            },
-        };
-        keys.push((jwk.common.key_id.clone(), key, alg));
+        if published && matches!(jwk.common.public_key_use, Some(PublicKeyUse::Encryption)) {
+            continue;
+        }
+        let parsed = (|| {
+            let key = jsonwebtoken::DecodingKey::from_jwk(jwk)
+                .map_err(|e| format!("the JWKS key {i}: {e}"))?;
+            let alg = match jwk.common.key_algorithm {
+                Some(a) => a
+                    .to_string()
+                    .parse::<jsonwebtoken::Algorithm>()
+                    .map_err(|e| format!("the JWKS key {i}: algorithm {a}: {e}"))?,
+                None => match &jwk.algorithm {
+                    jsonwebtoken::jwk::AlgorithmParameters::RSA(_) => {
+                        jsonwebtoken::Algorithm::RS256
+                    }
+                    jsonwebtoken::jwk::AlgorithmParameters::EllipticCurve(_) => {
+                        jsonwebtoken::Algorithm::ES256
+                    }
+                    jsonwebtoken::jwk::AlgorithmParameters::OctetKeyPair(_) => {
+                        jsonwebtoken::Algorithm::EdDSA
+                    }
+                    _ => return Err(format!("the JWKS key {i}: no usable algorithm")),
+                },
+            };
+            Ok((jwk.common.key_id.clone(), key, alg))
+        })();
+        match parsed {
+            Ok(key) => keys.push(key),
+            Err(e) if published => tracing::debug!(error = %e, "a published key is skipped"),
+            Err(e) => return Err(e),
+        }
     }
     if keys.is_empty() {
         return Err("the JWKS holds no keys".to_owned());
@@ -369,7 +410,7 @@ impl JwtVerifier {
         Ok(Self {
             config,
             keys: tokio::sync::RwLock::new(KeySet {
-                keys: parse_jwks(jwks)?,
+                keys: parse_jwks(jwks, false)?,
                 fresh_until: None,
             }),
             source: None,
@@ -398,7 +439,11 @@ impl JwtVerifier {
         let Some(source) = &self.source else {
             return Ok(());
         };
-        let mut attempted = source.attempted.lock().await;
+        // One refresh at a time, and nobody waits for it: while one is under way (it may take
+        // seconds when the provider is slow or down), other requests go on with the keys in use.
+        let Ok(mut attempted) = source.attempted.try_lock() else {
+            return Ok(());
+        };
         let now = tokio::time::Instant::now();
         if attempted.is_some_and(|at| now.duration_since(at) < source.interval()) {
             return Ok(());
@@ -670,5 +715,31 @@ mod tests {
             }
         )
         .is_err());
+    }
+}
+
+#[cfg(test)]
+mod url_tests {
+    use super::secure_url;
+
+    #[test]
+    fn keys_come_over_https_or_from_loopback_only() {
+        for ok in [
+            "https://idp.example/jwks",
+            "http://127.0.0.1:8080/jwks",
+            "http://localhost/jwks",
+            "http://[::1]:9/jwks",
+        ] {
+            assert!(secure_url(ok).is_ok(), "{ok}");
+        }
+        for bad in [
+            "http://idp.example/jwks",
+            "http://10.0.0.1/jwks",
+            "ftp://idp.example/jwks",
+            "file:///etc/jwks",
+            "not a url",
+        ] {
+            assert!(secure_url(bad).is_err(), "{bad}");
+        }
     }
 }

@@ -75,13 +75,14 @@ pub async fn authenticator(
             return Ok(auth.with(Arc::new(verifier)));
         }
         (None, Some(url), false) => {
-            let parsed = url::Url::parse(url).with_context(|| format!("--jwks-url {url}"))?;
-            if !matches!(parsed.scheme(), "http" | "https") {
-                bail!("--jwks-url {url}: not an http(s) URL");
-            }
+            turnpike_edge::auth::secure_url(url).map_err(|e| anyhow::anyhow!("--jwks-url {e}"))?;
             JwksLocation::Url(url.clone())
         }
-        (None, None, true) => JwksLocation::Discover(args.jwt_issuer.clone()),
+        (None, None, true) => {
+            turnpike_edge::auth::secure_url(&args.jwt_issuer)
+                .map_err(|e| anyhow::anyhow!("--jwt-issuer {e}"))?;
+            JwksLocation::Discover(args.jwt_issuer.clone())
+        }
         _ => bail!("give one of --jwks, --jwks-url or --jwt-discover"),
     };
     let (verifier, error) = JwtVerifier::fetching(location.clone(), config).await;

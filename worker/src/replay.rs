@@ -419,11 +419,17 @@ pub async fn replay(logs: &[TurnLog], what_if: Option<&WhatIf>) -> Vec<TurnRepla
                     | Block::Attachment { .. }
             )
         });
-        if !work && recorded.outputs.is_empty() {
+        let applied = log
+            .blocks
+            .iter()
+            .any(|b| matches!(b, Block::ToolCall { .. } | Block::ToolResult { .. }));
+        if !work && !applied && recorded.outputs.is_empty() {
             // As live (`agent_loop::run_live`): a turn with nothing for the model — a
             // compaction, an agent switch, an answer that did not apply — ends without a model
-            // call, replied, or parked while a request is still pending.
-            let blocks = recorded.inputs.clone();
+            // call, replied, or parked while a request is still pending. Its blocks are its
+            // inputs and what the prelude wrote (a switch, a refused answer).
+            let mut blocks = recorded.inputs.clone();
+            blocks.extend(recorded.arrivals.first().cloned().unwrap_or_default());
             let (still_pending, _) = crate::approvals::pending(history.iter().chain(blocks.iter()));
             let outcome = Ok(if still_pending.is_empty() {
                 TurnOutcome::Replied

@@ -157,7 +157,9 @@ impl EmbeddedIndex {
         let text_dir = dir.join("text2");
         // The index from before one analyzer: its rows are written again (see the module's doc).
         let before = dir.join("text");
-        let rewrite = before.is_dir() && !text_dir.is_dir();
+        // Until the old directory is gone the rewrite is not done: an open that failed after
+        // creating the new one (a lock held, a crash) clears the marks again next time.
+        let rewrite = before.is_dir();
         std::fs::create_dir_all(&text_dir)
             .map_err(|e| Error::unavailable(&format!("creating {}", text_dir.display()), e))?;
         let (schema, fields) = schema();

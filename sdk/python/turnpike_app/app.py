@@ -12,7 +12,7 @@ from typing import Any, Awaitable, Callable, Dict, List, Optional
 
 from . import http
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 log = logging.getLogger("turnpike_app")
 
 
@@ -178,7 +178,10 @@ class Context:
         after `timeout` seconds (`None`: up to the turn's deadline).
 
         Events are taken into this turn only when asked for here: what the user sends that the
-        handler does not take before it returns starts the next turn, with its own reply."""
+        handler does not take before it returns starts the next turn, with its own reply.
+        Give the wait a bound with `timeout` (Turnpike ends it) rather than cancelling it: an
+        event taken just as a cancelled wait ends is this turn's, and is returned by the next
+        call here, or by none."""
         if not self._taken:
             if timeout is None:
                 wait_ms = int(self.limits.get("deadline_ms", 600_000))
@@ -193,7 +196,18 @@ class Context:
 
     def _deliver(self, message: Dict[str, Any]) -> None:
         kind = message.get("type")
-        if kind in ("tool_result", "model_result", "events"):
+        if kind == "events":
+            future = self._waiting.get(message.get("id", ""))
+            if future is not None and not future.done():
+                future.set_result(message)
+            else:
+                # The wait was given up (a timeout around `next_event`, a cancelled task):
+                # what it took is this turn's all the same, so the next `next_event` gets it.
+                for block in message.get("blocks", []):
+                    event = Event(block.get("kind", ""), block.get("text", ""), block)
+                    self.events.append(event)
+                    self._taken.append(event)
+        elif kind in ("tool_result", "model_result"):
             future = self._waiting.get(message.get("id", ""))
             if future is not None and not future.done():
                 future.set_result(message)

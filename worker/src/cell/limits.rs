@@ -236,7 +236,40 @@ impl Budget {
 /// probability of about 2·10⁻⁵.
 pub const CELL_UIDS: std::ops::Range<u32> = 1_900_000_000..2_147_000_000;
 
-/// The uid the next cell of a root worker runs as.
+/// Uids this process's running cells hold: two cells of one worker never share one.
+static HELD: std::sync::Mutex<std::collections::BTreeSet<u32>> =
+    std::sync::Mutex::new(std::collections::BTreeSet::new());
+
+/// A cell's uid, held for this process until dropped.
+#[derive(Debug)]
+pub struct CellUid(u32);
+
+impl CellUid {
+    /// Draws a uid no running cell of this process holds.
+    pub fn take() -> Self {
+        let mut held = HELD.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            let uid = cell_uid();
+            if held.insert(uid) {
+                return CellUid(uid);
+            }
+        }
+    }
+
+    pub fn get(&self) -> u32 {
+        self.0
+    }
+}
+
+impl Drop for CellUid {
+    fn drop(&mut self) {
+        HELD.lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&self.0);
+    }
+}
+
+/// A uid for a cell of a root worker, drawn from [`CELL_UIDS`] (see [`CellUid::take`]).
 pub fn cell_uid() -> u32 {
     let mut bytes = [0u8; 8];
     let drawn = match getrandom::getrandom(&mut bytes) {
@@ -345,5 +378,24 @@ cgroup2 /sys/fs/cgroup/unified cgroup2 rw,relatime 0 0
         assert!(joins_wait_for_rcu(
             "cgroup2 /sys/fs/cgroup cgroup2 rw,nofavordynmods 0 0\ncgroup2\n"
         ));
+    }
+}
+
+#[cfg(test)]
+mod uid_tests {
+    use super::*;
+
+    #[test]
+    fn cells_of_one_process_never_hold_the_same_uid() {
+        let held: Vec<CellUid> = (0..2000).map(|_| CellUid::take()).collect();
+        let distinct: std::collections::BTreeSet<u32> = held.iter().map(CellUid::get).collect();
+        assert_eq!(distinct.len(), held.len());
+        assert!(held.iter().all(|u| CELL_UIDS.contains(&u.get())));
+        let first = held[0].get();
+        drop(held);
+        assert!(
+            !HELD.lock().unwrap().contains(&first),
+            "released when dropped"
+        );
     }
 }

@@ -230,14 +230,15 @@ impl Cell {
         };
         // Never host root, never a shared budget: a root worker hands the workspace to a uid
         // of the run's own; any other runs only in a cgroup of its own.
-        let uid = match self.budget {
+        // Held until this run ends: no other cell of this worker gets the uid meanwhile.
+        let held = match self.budget {
             Budget::OwnUid => {
-                let uid = limits::cell_uid();
-                let root = workspace.to_path_buf();
+                let held = limits::CellUid::take();
+                let (root, uid) = (workspace.to_path_buf(), held.get());
                 tokio::task::spawn_blocking(move || limits::hand_over(&root, uid, MAX_SNAPSHOT))
                     .await
                     .map_err(|e| format!("cannot hand the workspace over: {e}"))??;
-                Some(uid)
+                Some(held)
             }
             Budget::Cgroup if group.is_none() => {
                 return Err(
@@ -246,6 +247,7 @@ impl Cell {
             }
             Budget::Cgroup => None,
         };
+        let uid = held.as_ref().map(limits::CellUid::get);
         let nproc = self.budget == Budget::OwnUid;
         // The workspace (and the init binary) go in as descriptors, so that an unprivileged
         // bubblewrap needs no path to them.

@@ -132,6 +132,7 @@ pub async fn drive(
         blocks,
         trace,
         said: String::new(),
+        pending: None,
         ids: HashSet::new(),
         actions: 0,
         rounds: 0,
@@ -149,6 +150,8 @@ struct Driver<'d, 'r> {
     trace: &'d mut Trace,
     /// Text said since the last block.
     said: String,
+    /// What the app sent while a take of its waited, read before the exchange's next step.
+    pending: Option<Step>,
     ids: HashSet<String>,
     actions: u32,
     rounds: u32,
@@ -158,7 +161,11 @@ struct Driver<'d, 'r> {
 impl Driver<'_, '_> {
     async fn steps(&mut self, inbox: &mut dyn Inbox, cx: &mut CallContext) -> Result<TurnOutcome> {
         loop {
-            let step = match self.exchange.next(inbox, cx).await {
+            let next = match self.pending.take() {
+                Some(step) => Ok(step),
+                None => self.exchange.next(inbox, cx).await,
+            };
+            let step = match next {
                 Ok(step) => step,
                 // The app broke the protocol or went quiet: it is told why, if it still hears.
                 Err(e) if e.kind() == crate::error::ErrorKind::App => {
@@ -243,8 +250,13 @@ impl Driver<'_, '_> {
                     Step::Arrived(arrived) | Step::Stopped(arrived) => {
                         self.cancelled(arrived).await.map(Some)
                     }
-                    Step::Line(_) | Step::Closed => {
-                        Err(Error::app("the exchange answered a take with a line"))
+                    // The app spoke before anything arrived: it gave the wait up (a timeout of
+                    // its own around the take), so the take ends unanswered — nothing was taken
+                    // — and what it said is read next. A wait it gave up never holds the turn,
+                    // and what arrives later waits on the lane for the next take or turn.
+                    step @ (Step::Line(_) | Step::Closed) => {
+                        self.pending = Some(step);
+                        Ok(None)
                     }
                 }
             }

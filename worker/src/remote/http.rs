@@ -286,6 +286,12 @@ impl Exchange for HttpExchange {
                 _ = inbox.stop_requested() => return Ok(Step::Stopped(inbox.arrivals().await?)),
                 _ = cx.next_arrival() => {}
                 _ = tokio::time::sleep_until(until) => {}
+                // The app spoke while its take waited (it gave the wait up, or acts from another
+                // task): the take ends with nothing and the line is read next.
+                line = self.line() => return Ok(match line? {
+                    Some(line) => Step::Line(line),
+                    None => Step::Closed,
+                }),
             }
         }
     }

@@ -10,7 +10,8 @@ use turnpike_schemas::Block;
 use crate::model::{Message, ToolCallRequest, Usage};
 
 /// The protocol version this worker speaks (sent as `Turnpike-Protocol` and in the context).
-pub const PROTOCOL_VERSION: u32 = 1;
+/// 2: events are taken with `next_events`, never pushed (version 1 pushed them).
+pub const PROTOCOL_VERSION: u32 = 2;
 
 /// The longest id an app may give an action (ids are ASCII letters, digits, `_` and `-`, so
 /// that no two map to one stored name).

@@ -70,7 +70,12 @@ impl Exchange for RecordedExchange {
         let step = match self.steps.get(self.at) {
             Some(ExchangeStep::Arrived { blocks }) => Step::Arrived(blocks.clone()),
             Some(ExchangeStep::Stopped { blocks }) => Step::Stopped(blocks.clone()),
-            _ => {
+            // The live take ended unanswered: the app spoke (or closed) before anything arrived.
+            Some(ExchangeStep::Action { action }) => {
+                Step::Line(serde_json::to_vec(action).unwrap_or_default())
+            }
+            None => return Ok(Step::Closed),
+            Some(ExchangeStep::Sent { .. }) => {
                 return Err(Self::diverged(
                     "the app takes events where the record took none".into(),
                 ))
