@@ -718,16 +718,19 @@ impl Backend for PgIndex {
              ELSE coalesce(m.avgdl, 0)::float8 END AS avgdl \
              FROM (SELECT count(*) AS n, avg(dl) AS avgdl FROM scoped) AS m), ",
         );
+        // Each row's terms are unnested once and joined with the query's terms (a hash join),
+        // rather than searched term by term in every row's array.
         q.push(format!(
             "weights AS MATERIALIZED (SELECT query.t, query.qtf * \
              ln(1 + (stats.n - count(*) + 0.5) / (count(*) + 0.5)) * ({K1} + 1) AS w \
-             FROM scoped, query, stats WHERE query.t = ANY(scoped.terms) \
-             GROUP BY query.t, query.qtf, stats.n) \
-             SELECT {COLUMNS}, coalesce((SELECT sum(weights.w * tf / (tf + {K1} * \
-             (1 - {B} + {B} * scoped.dl / greatest(stats.avgdl, 1e-9)))) \
-             FROM weights, LATERAL (SELECT scoped.tfs[array_position(scoped.terms, weights.t)]\
-             ::float8 AS tf) AS c WHERE c.tf IS NOT NULL), 0)::float8 AS score \
-             FROM scoped, stats"
+             FROM scoped, unnest(scoped.terms) AS u(t), query, stats WHERE u.t = query.t \
+             GROUP BY query.t, query.qtf, stats.n), \
+             scores AS MATERIALIZED (SELECT s.id, sum(weights.w * u.tf::float8 / \
+             (u.tf::float8 + {K1} * (1 - {B} + {B} * s.dl / greatest(stats.avgdl, 1e-9)))) \
+             AS score FROM scoped AS s, unnest(s.terms, s.tfs) AS u(t, tf), weights, stats \
+             WHERE u.t = weights.t GROUP BY s.id) \
+             SELECT {COLUMNS}, coalesce(scores.score, 0)::float8 AS score \
+             FROM scoped LEFT JOIN scores USING (id)"
         ));
         self.push_scope_and_filters(&mut q, scope, filters);
         if !query.required.is_empty() {
