@@ -198,22 +198,7 @@ async fn measure(plan: &Plan, workers: usize) -> Result<Measured> {
         ],
         "Server is ready",
     )?;
-    let common = |data: &str| -> Vec<String> {
-        vec![
-            "--data-dir".into(),
-            dir.path().join(data).display().to_string(),
-            "--store".into(),
-            format!("file://{}", store.display()),
-            "--signing-key".into(),
-            key.display().to_string(),
-            "--nats-url".into(),
-            format!("nats://127.0.0.1:{nats_port}"),
-            "--apps".into(),
-            apps.display().to_string(),
-            "--admin-listen".into(),
-            "off".into(),
-        ]
-    };
+    let common = |data: &str| process_args(&dir.path().join(data), &store, &key, nats_port, &apps);
     let mut procs = Vec::new();
     let mut urls = Vec::new();
     for r in 0..plan.routers {
@@ -338,6 +323,31 @@ fn schedule_to_start(rows: &[Value]) -> Option<Vec<Duration>> {
         }
     }
     Some(out)
+}
+
+/// The flags a fleet process (router or worker) of a bench starts with: its own data
+/// directory, the shared file store, signing key, NATS server and apps; no admin listener.
+pub(crate) fn process_args(
+    data: &Path,
+    store: &Path,
+    key: &Path,
+    nats_port: u16,
+    apps: &Path,
+) -> Vec<String> {
+    vec![
+        "--data-dir".into(),
+        data.display().to_string(),
+        "--store".into(),
+        format!("file://{}", store.display()),
+        "--signing-key".into(),
+        key.display().to_string(),
+        "--nats-url".into(),
+        format!("nats://127.0.0.1:{nats_port}"),
+        "--apps".into(),
+        apps.display().to_string(),
+        "--admin-listen".into(),
+        "off".into(),
+    ]
 }
 
 #[cfg(test)]

@@ -16,7 +16,7 @@ use anyhow::{bail, Result};
 use serde_json::json;
 use turnpike_edge::client::{Client, Cursor};
 
-use crate::fleet::{free_port, start, Proc};
+use crate::fleet::{free_port, process_args, start, Proc};
 
 /// What to run.
 #[derive(Debug, Clone)]
@@ -159,22 +159,8 @@ fn start_stack(plan: &Plan, stack: &Stack) -> Result<Running> {
                 ],
                 "Server is ready",
             )?);
-            let common = |data: &str| -> Vec<String> {
-                vec![
-                    "--data-dir".into(),
-                    dir.path().join(data).display().to_string(),
-                    "--store".into(),
-                    format!("file://{}", store.display()),
-                    "--signing-key".into(),
-                    key.display().to_string(),
-                    "--nats-url".into(),
-                    format!("nats://127.0.0.1:{nats_port}"),
-                    "--apps".into(),
-                    apps.display().to_string(),
-                    "--admin-listen".into(),
-                    "off".into(),
-                ]
-            };
+            let common =
+                |data: &str| process_args(&dir.path().join(data), &store, &key, nats_port, &apps);
             let mut args = common("router");
             args.push("router".into());
             edge(&mut args);
