@@ -674,7 +674,7 @@ pub enum ConversationCommand {
         /// `turn_<n>/output/<k>=<text>` (the k-th model output of turn n says <text>) or
         /// `turn_<n>/result/<call_id>=<json>` (a tool call's result is <json>).
         #[arg(long)]
-        what_if: Option<turnpike_worker::replay::WhatIf>,
+        what_if: Option<turnpike_agent::replay::WhatIf>,
     },
     /// Creates a conversation owned by the actor and prints its id.
     Create {

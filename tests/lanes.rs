@@ -725,8 +725,10 @@ async fn a_turn_left_open(fleet: &Fleet, apps: &Arc<Apps>, config: &WorkerConfig
         signer(),
         apps.clone(),
         WorkerConfig {
-            failpoints: Failpoints::default()
-                .with("after-batch-one", turnpike_worker::failpoints::Action::Hang),
+            failpoints: Failpoints::default().with(
+                "after-batch-one",
+                turnpike_lifecycle::failpoints::Action::Hang,
+            ),
             ..config.clone()
         },
     );
@@ -1505,8 +1507,8 @@ impl HoldOne {
 impl turnpike_worker::App for HoldOne {
     async fn on_reactive_event(
         &self,
-        turn: &turnpike_worker::turn::TurnContext<'_>,
-    ) -> turnpike_worker::Result<turnpike_schemas::entry::TurnOutcome> {
+        turn: &dyn turnpike_agent::Turn,
+    ) -> turnpike_agent::Result<turnpike_schemas::entry::TurnOutcome> {
         if turn.conversation() == self.held {
             self.running
                 .store(true, std::sync::atomic::Ordering::SeqCst);

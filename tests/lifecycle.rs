@@ -601,9 +601,9 @@ async fn rig_with_an_open_turn(ttl: Duration) -> turnpike_tests::turns::Rig {
 /// Erases the rig's conversation with `eraser`, waiting out the crashed owner's lease.
 fn erase_when_free(
     rig: &turnpike_tests::turns::Rig,
-    eraser: turnpike_worker::erasure::Eraser,
+    eraser: turnpike_lifecycle::erasure::Eraser,
 ) -> tokio::task::JoinHandle<
-    Result<turnpike_artifactory::Tombstone, turnpike_worker::erasure::ErasureError>,
+    Result<turnpike_artifactory::Tombstone, turnpike_lifecycle::erasure::ErasureError>,
 > {
     let directory = rig.conversations.directory().clone();
     let conversation = rig.conv;
@@ -612,7 +612,7 @@ fn erase_when_free(
         let deadline = Instant::now() + LONG;
         loop {
             match eraser.erase(&entry, "local:alice", "the user asked").await {
-                Err(turnpike_worker::erasure::ErasureError::Busy) => {
+                Err(turnpike_lifecycle::erasure::ErasureError::Busy) => {
                     assert!(
                         Instant::now() < deadline,
                         "the crashed owner's lease never lapsed"
@@ -636,11 +636,11 @@ async fn a_deleter_keeps_its_lease_through_a_failed_renewal_and_a_racing_sweep_w
     assert!(!objects_under(&rig).await.is_empty());
     let bus: std::sync::Arc<dyn turnpike_router::Bus> = rig.lane_reads.clone();
     // A long deletion: it pauses between the directory and the objects for three lease times.
-    let eraser = turnpike_worker::erasure::Eraser::new(rig.conversations.clone(), bus, None)
+    let eraser = turnpike_lifecycle::erasure::Eraser::new(rig.conversations.clone(), bus, None)
         .with_lease_ttl(ttl)
         .with_failpoints(turnpike_worker::Failpoints::default().with(
             "erase-after-directory",
-            turnpike_worker::failpoints::Action::Pause(ttl * 3),
+            turnpike_lifecycle::failpoints::Action::Pause(ttl * 3),
         ));
     rig.lane_reads.fail_renewals(1);
     let erasing = erase_when_free(&rig, eraser);
@@ -692,11 +692,11 @@ async fn a_deleter_that_cannot_renew_stops_before_its_lease_lapses_and_the_sweep
     let ttl = Duration::from_millis(900);
     let rig = rig_with_an_open_turn(ttl).await;
     let bus: std::sync::Arc<dyn turnpike_router::Bus> = rig.lane_reads.clone();
-    let eraser = turnpike_worker::erasure::Eraser::new(rig.conversations.clone(), bus, None)
+    let eraser = turnpike_lifecycle::erasure::Eraser::new(rig.conversations.clone(), bus, None)
         .with_lease_ttl(ttl)
         .with_failpoints(turnpike_worker::Failpoints::default().with(
             "erase-after-directory",
-            turnpike_worker::failpoints::Action::Pause(ttl * 3),
+            turnpike_lifecycle::failpoints::Action::Pause(ttl * 3),
         ));
     rig.lane_reads.fail_renewals(usize::MAX);
     let result = erase_when_free(&rig, eraser.clone()).await.unwrap();
@@ -709,7 +709,7 @@ async fn a_deleter_that_cannot_renew_stops_before_its_lease_lapses_and_the_sweep
     let pending = rig.conversations.tombstones().pending().await.unwrap();
     assert_eq!(pending.len(), 1);
     rig.lane_reads.fail_renewals(0);
-    let finisher = turnpike_worker::erasure::Eraser::new(
+    let finisher = turnpike_lifecycle::erasure::Eraser::new(
         rig.conversations.clone(),
         rig.lane_reads.clone(),
         None,

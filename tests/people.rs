@@ -7,11 +7,11 @@ use std::time::Duration;
 use async_trait::async_trait;
 use serde_json::{json, Value};
 use tokio::sync::Notify;
+use turnpike_agent::model::ToolSpec;
 use turnpike_schemas::entry::{IngressDirective, TurnOutcome};
 use turnpike_schemas::{Block, EntryBody, EntryKind, EventBody, Identity, RequestId, TurnId};
 use turnpike_tests::fixtures::{owner, signer};
 use turnpike_tests::turns::{replies, Rig, RigOptions, LONG};
-use turnpike_worker::model::ToolSpec;
 use turnpike_worker::tools::{Tool, ToolContext, ToolOutput};
 
 /// `send {to, …}`: a side-effecting tool that records every call it starts (arguments and
@@ -572,7 +572,7 @@ async fn compaction_keeps_instructions_verbatim_and_the_record_still_replays_and
     for t in 1..=compacted_at + 2 {
         all.push(rig.log(t).await);
     }
-    for r in turnpike_worker::replay::replay(&all, None).await {
+    for r in turnpike_agent::replay::replay(&all, None).await {
         assert_eq!(r.divergence, None, "{}", r.turn);
     }
     rig.stop().await;

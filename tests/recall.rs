@@ -138,7 +138,7 @@ async fn a_fact_from_another_conversation_is_recalled_by_reference_and_replays_w
     );
 
     // Replay uses the pinned references: no index is involved, and the turn reproduces.
-    let report = turnpike_worker::replay::replay(std::slice::from_ref(&log), None).await;
+    let report = turnpike_agent::replay::replay(std::slice::from_ref(&log), None).await;
     assert_eq!(report.len(), 1);
     assert!(report[0].divergence.is_none(), "{report:#?}");
     assert_eq!(report[0].outcome, Ok(report[0].recorded_outcome));

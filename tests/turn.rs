@@ -11,6 +11,8 @@ use object_store::memory::InMemory;
 use object_store::ObjectStore;
 use serde_json::{json, Value};
 use tokio::sync::Notify;
+use turnpike_agent::agent_loop::{CANCELLED_RESULT, CLOSING_PROMPT, FALLBACK_REPLY};
+use turnpike_agent::model::ToolSpec;
 use turnpike_artifactory::{ConversationPrefix, Files, Record, TurnLogs};
 use turnpike_schemas::entry::{CompactionMarker, IngressDirective, TurnOutcome};
 use turnpike_schemas::live::LiveFrame;
@@ -19,8 +21,6 @@ use turnpike_schemas::{Block, ConversationId, EntryBody, EntryKind, EventBody, T
 use turnpike_tests::counting::CountingStore;
 use turnpike_tests::fixtures::{batch_one, batch_two, opened, owner, signer, tenant};
 use turnpike_tests::turns::{replies, tool_calls, Rig, RigOptions, LONG};
-use turnpike_worker::agent_loop::{CANCELLED_RESULT, CLOSING_PROMPT, FALLBACK_REPLY};
-use turnpike_worker::model::ToolSpec;
 use turnpike_worker::tools::{Tool, ToolContext, ToolOutput};
 
 /// What the blocking test tool saw.
@@ -467,7 +467,7 @@ async fn files_flow_through_pull_write_publish_and_a_later_turn_by_reference() {
 
     // Replay reproduces every turn without models or tools.
     let logs = vec![rig.log(1).await, rig.log(2).await, rig.log(3).await];
-    let replays = turnpike_worker::replay::replay(&logs, None).await;
+    let replays = turnpike_agent::replay::replay(&logs, None).await;
     for r in &replays {
         assert_eq!(r.divergence, None, "{}", r.turn);
     }
@@ -1155,7 +1155,7 @@ async fn a_burst_of_messages_is_read_from_the_lane_once_each() {
 /// wake — put off because the lease was still held — comes back ten minutes later.
 #[tokio::test]
 async fn a_message_sent_while_the_owner_lets_go_is_taken_by_its_re_read_after_the_release() {
-    use turnpike_worker::failpoints::Action;
+    use turnpike_lifecycle::failpoints::Action;
     let mut rig = Rig::with(RigOptions {
         paused: true,
         busy_delay: Duration::from_secs(600),

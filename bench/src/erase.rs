@@ -16,8 +16,8 @@ use futures::TryStreamExt as _;
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt as _, PutPayload};
 use turnpike_artifactory::{Conversations, DirectoryEntry, Files, RecordSigner};
+use turnpike_lifecycle::erasure::Eraser;
 use turnpike_schemas::{RefPath, TurnId};
-use turnpike_worker::erasure::Eraser;
 
 /// Writes `n` conversations of 10 turns and 3 files each; returns their directory entries.
 async fn conversations(

@@ -20,12 +20,12 @@ use anyhow::{Context as _, Result};
 use async_nats::jetstream::{self, consumer::pull, stream};
 use async_trait::async_trait;
 use futures::StreamExt as _;
+use turnpike_agent::Turn;
 use turnpike_artifactory::{open_store_with, Conversations, NewConversation, RecordSigner};
 use turnpike_router::embedded::{EmbeddedBus, EmbeddedConfig};
 use turnpike_router::{Bus, Ingress, JetStreamBus, JetStreamConfig};
 use turnpike_schemas::entry::TurnOutcome;
 use turnpike_schemas::{ConversationId, EventBody, EventId, Identity};
-use turnpike_worker::turn::TurnContext;
 use turnpike_worker::{App, Apps, Worker, WorkerConfig, WorkerPool};
 
 use crate::cpu::{CpuTime, CpuUsed};
@@ -41,10 +41,7 @@ struct NoopAgent(Arc<Starts>);
 
 #[async_trait]
 impl App for NoopAgent {
-    async fn on_reactive_event(
-        &self,
-        turn: &TurnContext<'_>,
-    ) -> turnpike_worker::Result<TurnOutcome> {
+    async fn on_reactive_event(&self, turn: &dyn Turn) -> turnpike_agent::Result<TurnOutcome> {
         let now = Instant::now();
         let mut at = self.0.at.lock().expect("starts lock");
         for e in turn.inputs() {

@@ -11,7 +11,8 @@ use super::model::{
     AppList, ConversationList, ConversationView, CreateConversation, GrantInput, GrantView,
     ListConversations, Status,
 };
-use super::{conversation_id, Body, Caller, Edge, Params};
+use crate::extract::{conversation_id, Body, Caller, Params};
+use crate::state::Edge;
 use turnpike_router::bus::now_ms;
 
 /// The longest instructions a conversation may be created with, in bytes.
@@ -22,7 +23,7 @@ pub const MAX_INSTRUCTIONS_BYTES: usize = 16 * 1024;
     responses((status = 200, body = AppList)))]
 pub async fn list_apps(State(edge): State<Edge>, _caller: Caller) -> Json<AppList> {
     Json(AppList {
-        apps: crate::catalog(&edge.inner.apps),
+        apps: edge.inner.apps.apps(),
     })
 }
 
@@ -250,11 +251,11 @@ pub async fn delete(
         .erase(&entry, &caller.identity.to_string(), reason)
         .await
         .map_err(|e| match e {
-            turnpike_worker::erasure::ErasureError::Busy => ApiError::conflict(e.to_string()),
-            turnpike_worker::erasure::ErasureError::Gone => {
+            turnpike_lifecycle::erasure::ErasureError::Busy => ApiError::conflict(e.to_string()),
+            turnpike_lifecycle::erasure::ErasureError::Gone => {
                 ApiError::not_found(format!("no conversation {conversation}"))
             }
-            turnpike_worker::erasure::ErasureError::Failed(_) => {
+            turnpike_lifecycle::erasure::ErasureError::Failed(_) => {
                 ApiError::unavailable(e.to_string())
             }
         })?;
@@ -305,8 +306,8 @@ pub async fn delete_me(
             .await
         {
             Ok(tombstone) => deleted.push(tombstone.into()),
-            Err(turnpike_worker::erasure::ErasureError::Busy) => busy.push(id.to_string()),
-            Err(turnpike_worker::erasure::ErasureError::Gone) => {}
+            Err(turnpike_lifecycle::erasure::ErasureError::Busy) => busy.push(id.to_string()),
+            Err(turnpike_lifecycle::erasure::ErasureError::Gone) => {}
             Err(e) => return Err(ApiError::unavailable(e.to_string())),
         }
         edge.inner.ingress.forget(id);
@@ -337,7 +338,7 @@ pub async fn delete_me(
 /// Shares (`granted`) or unshares the conversation `id` of `caller` with `input`'s identity.
 async fn set_grant(
     edge: &Edge,
-    caller: &super::Principal,
+    caller: &crate::auth::Principal,
     id: String,
     input: &GrantInput,
     granted: bool,
@@ -414,7 +415,7 @@ impl Edge {
     /// The conversation `id` if `caller` may see it; `404` otherwise, as for a missing one.
     pub(crate) async fn visible(
         &self,
-        caller: &super::Principal,
+        caller: &crate::auth::Principal,
         id: &str,
     ) -> ApiResult<DirectoryEntry> {
         let conversation = conversation_id(id)?;
@@ -430,7 +431,7 @@ impl Edge {
     /// otherwise.
     pub(crate) async fn owned(
         &self,
-        caller: &super::Principal,
+        caller: &crate::auth::Principal,
         id: &str,
     ) -> ApiResult<DirectoryEntry> {
         let conversation = conversation_id(id)?;
@@ -446,7 +447,7 @@ impl Edge {
     /// another tenant get 404).
     pub(crate) async fn owned_or_administered(
         &self,
-        caller: &super::Principal,
+        caller: &crate::auth::Principal,
         id: &str,
     ) -> ApiResult<DirectoryEntry> {
         if !caller.admin {
@@ -456,8 +457,8 @@ impl Edge {
     }
 
     /// What deletes conversations from every store this edge reaches.
-    pub(crate) fn eraser(&self) -> turnpike_worker::erasure::Eraser {
-        turnpike_worker::erasure::Eraser::new(
+    pub(crate) fn eraser(&self) -> turnpike_lifecycle::erasure::Eraser {
+        turnpike_lifecycle::erasure::Eraser::new(
             self.inner.conversations.clone(),
             self.inner.bus.clone(),
             self.inner.search.clone(),
@@ -522,7 +523,7 @@ fn view_of(entry: DirectoryEntry, head: &Head, closed_ms: Option<u64>) -> Conver
 impl Edge {
     /// Refuses an app or agent this deployment does not host (`422`).
     pub(crate) fn check_agent(&self, app: &AppId, agent: &AgentId) -> ApiResult<()> {
-        let catalog = crate::catalog(&self.inner.apps);
+        let catalog = self.inner.apps.apps();
         let Some(found) = catalog.iter().find(|a| a.id == app.as_str()) else {
             return Err(ApiError::not_found(format!(
                 "app {app:?} is not hosted here (hosted: {})",

@@ -12,7 +12,9 @@ use super::model::{
     Accepted, AnswerInput, ApprovalInput, ApprovalView, ListRows, Pending, QuestionView, Row,
     RowPage, StopInput, SwitchInput, TextInput,
 };
-use super::{conversation_id, Body, Caller, Edge, Params, Principal};
+use crate::auth::Principal;
+use crate::extract::{conversation_id, Body, Caller, Params};
+use crate::state::Edge;
 
 /// The header a client sets to make a submission safe to retry.
 pub const IDEMPOTENCY_KEY: &str = "idempotency-key";

@@ -15,7 +15,8 @@ use turnpike_schemas::{EventBody, Identity, TenantId, TurnId};
 
 use super::error::{ApiError, ApiResult, ErrorBody};
 use super::model::{AttachmentView, FileQuery, LinkInput, LinkView};
-use super::{Body, Caller, Edge, Params};
+use crate::extract::{Body, Caller, Params};
+use crate::state::Edge;
 use turnpike_router::bus::now_ms;
 
 /// The largest multipart body: one attachment at its limit plus room for the form around it.

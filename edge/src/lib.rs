@@ -26,7 +26,9 @@
 //! - [`console`]: the web console at `/` (embedded assets)
 //! - [`openapi`]: the document at `/v1/openapi.json`
 //! - [`client`]: a client of the API (for `turnpike chat` and the tests)
-//! - [`catalog`]: the apps and agents a deployment hosts, as the API lists them
+//! - `state`: what the edge is built from, and the state every handler reaches
+//! - [`extract`]: the caller, bodies, parameters and ids handlers take from a request
+//! - `hosted`: what the edge needs of the harness (the apps catalogue, replay), as traits
 
 pub mod auth;
 pub mod client;
@@ -34,104 +36,33 @@ pub mod console;
 pub mod conversations;
 pub mod error;
 pub mod events;
+pub mod extract;
 pub mod files;
+mod hosted;
 pub mod limits;
 pub mod memory;
 pub mod model;
 pub mod openapi;
 pub mod services;
+mod state;
 pub mod stream;
 pub mod tickets;
 pub mod usage;
 pub mod versions;
 
-use std::sync::Arc;
-
-use axum::extract::{FromRequest, FromRequestParts, Request, State};
-use axum::http::request::Parts;
+use axum::extract::{Request, State};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
-use serde::de::DeserializeOwned;
-use turnpike_artifactory::{Conversations, Files, RecordSigner, TrustedKeys};
-use turnpike_schemas::entry::IngressDirective;
 use turnpike_schemas::ConversationId;
 
 pub use auth::{Authenticator, JwtConfig, JwtVerifier, Principal, TokenFile, Verifier};
 pub use error::{ApiError, ApiResult, ErrorBody};
+pub use extract::{conversation_id, Body, Caller, Params};
+pub use hosted::{Catalog, Replayed, Replayer};
 pub use limits::Limits;
-use turnpike_router::bus::Bus;
-use turnpike_router::Ingress;
-
-/// The apps and agents `apps` hosts, as the API lists them.
-pub fn catalog(apps: &turnpike_worker::Apps) -> Vec<model::AppView> {
-    apps.ids()
-        .into_iter()
-        .map(|app| model::AppView {
-            id: app.to_string(),
-            agents: apps
-                .agent_specs(&app)
-                .iter()
-                .map(|spec| model::AgentView {
-                    id: spec.name.to_string(),
-                    model: spec.model.clone(),
-                    tools: spec.tools.specs().into_iter().map(|t| t.name).collect(),
-                    context_length: spec.context_length,
-                })
-                .collect(),
-        })
-        .collect()
-}
-
-/// What the edge is built from.
-pub struct EdgeParts {
-    pub bus: Arc<dyn Bus>,
-    pub conversations: Conversations,
-    pub trusted: TrustedKeys,
-    /// Signs the opening batch of conversations created here.
-    pub signer: RecordSigner,
-    pub auth: Authenticator,
-    /// The apps and agents this deployment hosts (conversations may only use these), read
-    /// at each request: a reload of the apps folders shows at once.
-    pub apps: std::sync::Arc<turnpike_worker::Apps>,
-    /// The hybrid index `/v1/search` asks (none: search answers 503).
-    pub search: Option<turnpike_index::Index>,
-    pub limits: Limits,
-    /// The key signed file links are made with (keep it the same across a fleet's routers).
-    pub link_key: [u8; 32],
-    /// A deployment's policy attached to every accepted event.
-    pub directive: Option<IngressDirective>,
-    /// Daily spending limits: messages under a spent one are refused (429 `budget_exceeded`).
-    pub budgets: Vec<turnpike_router::usage::Budget>,
-}
-
-/// The edge's shared state.
-#[derive(Clone)]
-pub struct Edge {
-    inner: Arc<Inner>,
-}
-
-struct Inner {
-    bus: Arc<dyn Bus>,
-    conversations: Conversations,
-    ingress: Ingress,
-    resolver: turnpike_resolver::Resolver,
-    files: Files,
-    trusted: TrustedKeys,
-    signer: RecordSigner,
-    auth: Authenticator,
-    apps: std::sync::Arc<turnpike_worker::Apps>,
-    search: Option<turnpike_index::Index>,
-    limits: Limits,
-    rates: limits::RateLimits,
-    in_flight: limits::InFlight,
-    link_key: [u8; 32],
-    /// True once the router is shutting down: no new streams, open ones close after a grace.
-    draining: tokio::sync::watch::Sender<bool>,
-    /// WebSocket streams open now.
-    streams: std::sync::Arc<std::sync::atomic::AtomicUsize>,
-}
+pub use state::{Edge, EdgeParts};
 
 /// Times every routed request by its route (the pattern, never the path), method and status.
 async fn metered(
@@ -165,39 +96,6 @@ async fn metered(
 }
 
 impl Edge {
-    pub fn new(parts: EdgeParts) -> Self {
-        let mut ingress = Ingress::new(parts.bus.clone(), parts.conversations.clone());
-        if let Some(d) = parts.directive {
-            ingress = ingress.with_directive(d);
-        }
-        ingress = ingress.with_budgets(parts.budgets);
-        let store = parts.conversations.store().clone();
-        let inner = Inner {
-            resolver: turnpike_resolver::Resolver::standard(
-                parts.conversations.directory().clone(),
-                store.clone(),
-            ),
-            files: Files::new(store),
-            rates: limits::RateLimits::new(&parts.limits),
-            in_flight: limits::InFlight::new(&parts.limits),
-            draining: tokio::sync::watch::Sender::new(false),
-            streams: Default::default(),
-            bus: parts.bus,
-            conversations: parts.conversations,
-            ingress,
-            trusted: parts.trusted,
-            signer: parts.signer,
-            auth: parts.auth,
-            apps: parts.apps,
-            search: parts.search,
-            limits: parts.limits,
-            link_key: parts.link_key,
-        };
-        Self {
-            inner: Arc::new(inner),
-        }
-    }
-
     /// The HTTP application.
     pub fn router(&self) -> Router {
         let authed = Router::new()
@@ -313,34 +211,6 @@ impl Edge {
             .with_state(self.clone())
     }
 
-    /// Starts shutting down: new streams are refused (503), open ones are closed with 1001
-    /// (going away) once the drain grace has passed, so their clients reconnect to another
-    /// router and resume from their cursor.
-    pub fn drain(&self) {
-        self.inner.draining.send_replace(true);
-    }
-
-    /// How long open streams go on after [`Self::drain`].
-    pub fn drain_grace(&self) -> std::time::Duration {
-        self.inner.limits.drain_grace
-    }
-
-    /// After [`Self::drain`]: waits out the grace, then (up to `limit` more) until every open
-    /// WebSocket stream has sent its 1001 and ended.
-    pub async fn drained(&self, limit: std::time::Duration) {
-        tokio::time::sleep(self.drain_grace()).await;
-        let deadline = tokio::time::Instant::now() + limit;
-        while self
-            .inner
-            .streams
-            .load(std::sync::atomic::Ordering::Acquire)
-            > 0
-            && tokio::time::Instant::now() < deadline
-        {
-            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-        }
-    }
-
     /// Serves until `shutdown` resolves, then waits for open requests (an SSE stream lasts as
     /// long as its client: callers bound that wait).
     pub async fn serve(
@@ -439,57 +309,4 @@ fn query_param(uri: &axum::http::Uri, name: &str) -> Option<String> {
         axum::extract::Query::<std::collections::HashMap<String, String>>::try_from_uri(uri)
             .ok()?;
     query.0.get(name).cloned()
-}
-
-/// The authenticated caller.
-pub struct Caller(pub Principal);
-
-impl<S: Send + Sync> FromRequestParts<S> for Caller {
-    type Rejection = ApiError;
-
-    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
-        parts
-            .extensions
-            .get::<Principal>()
-            .cloned()
-            .map(Caller)
-            .ok_or_else(|| ApiError::unauthorized("missing bearer token"))
-    }
-}
-
-/// A JSON body; a malformed or oversized one is refused in the API's error shape.
-pub struct Body<T>(pub T);
-
-impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for Body<T> {
-    type Rejection = ApiError;
-
-    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
-        match axum::Json::<T>::from_request(req, state).await {
-            Ok(axum::Json(v)) => Ok(Body(v)),
-            Err(rejection) => Err(ApiError::from_status(
-                rejection.status(),
-                rejection.body_text(),
-            )),
-        }
-    }
-}
-
-/// Query parameters; malformed ones are refused in the API's error shape.
-pub struct Params<T>(pub T);
-
-impl<T: DeserializeOwned, S: Send + Sync> FromRequestParts<S> for Params<T> {
-    type Rejection = ApiError;
-
-    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
-        match axum::extract::Query::<T>::from_request_parts(parts, state).await {
-            Ok(q) => Ok(Params(q.0)),
-            Err(rejection) => Err(ApiError::malformed(rejection.body_text())),
-        }
-    }
-}
-
-/// A conversation id from the path; one that cannot be an id is `404`, like a missing one.
-pub fn conversation_id(text: &str) -> ApiResult<ConversationId> {
-    text.parse()
-        .map_err(|_| ApiError::not_found(format!("conversation {text:?} not found")))
 }

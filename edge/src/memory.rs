@@ -10,10 +10,9 @@ use turnpike_index::{Filters, RowId, Scope};
 use turnpike_schemas::{ConversationId, Reference};
 
 use crate::error::{ApiError, ApiResult, ErrorBody};
+use crate::extract::{Caller, Params};
 use crate::model::{ForgetQuery, ForgottenView, MemoryList, MemoryQuery, MemoryRowView};
-use crate::Caller;
-use crate::Edge;
-use crate::Params;
+use crate::state::Edge;
 
 const DEFAULT_LIMIT: u32 = 100;
 const MAX_LIMIT: u32 = 500;

@@ -135,9 +135,11 @@ pub fn blank(text: &str) -> bool {
 
 impl TextInput {
     /// The text, unless it is blank.
-    pub fn checked(self) -> super::ApiResult<String> {
+    pub fn checked(self) -> crate::error::ApiResult<String> {
         if blank(&self.text) {
-            return Err(super::ApiError::invalid("the text is empty (only spaces)"));
+            return Err(crate::error::ApiError::invalid(
+                "the text is empty (only spaces)",
+            ));
         }
         Ok(self.text)
     }

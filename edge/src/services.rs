@@ -9,7 +9,9 @@ use turnpike_schemas::ConversationId;
 
 use super::error::{ApiError, ApiResult, ErrorBody};
 use super::model::{ReplayTurn, ReplayView, SearchHitView, SearchQuery, SearchResults, VerifyView};
-use super::{conversation_id, Caller, Edge, Params, Principal};
+use crate::auth::Principal;
+use crate::extract::{conversation_id, Caller, Params};
+use crate::state::Edge;
 use turnpike_index::{Filters, Kind, Scope, SearchRequest};
 
 /// Searches every conversation the caller owns, by meaning and by words.
@@ -181,18 +183,18 @@ impl Edge {
 pub async fn phases(
     State(edge): State<Edge>,
     Caller(caller): Caller,
-    crate::Params(query): crate::Params<crate::model::PhaseQuery>,
+    crate::extract::Params(query): crate::extract::Params<crate::model::PhaseQuery>,
 ) -> ApiResult<Json<crate::model::PhaseList>> {
     admin_only(&caller, "admin endpoints need an admin identity")?;
     let app: Option<turnpike_schemas::AppId> = parse_id("app", query.app)?;
     if let Some(s) = &query.status {
-        if !turnpike_worker::phases::PHASES.contains(&s.as_str()) {
+        if !turnpike_lifecycle::phases::PHASES.contains(&s.as_str()) {
             return Err(ApiError::invalid(format!(
                 "status: {s:?} is not idle, running, waiting, idle_closed or closed"
             )));
         }
     }
-    let phases = turnpike_worker::phases::list(
+    let phases = turnpike_lifecycle::phases::list(
         &edge.inner.conversations,
         &caller.tenant,
         app.as_ref(),
@@ -272,13 +274,13 @@ pub async fn replay(
 ) -> ApiResult<Json<ReplayView>> {
     let entry = edge.administered(&caller, &id).await?;
     let logs = edge.inner.conversations.recorded_logs(&entry).await?;
-    let replays = turnpike_worker::replay::replay(&logs, None).await;
+    let replays = edge.inner.replayer.replay(&logs).await;
     let turns: Vec<ReplayTurn> = replays
-        .iter()
+        .into_iter()
         .map(|r| ReplayTurn {
             turn: r.turn.to_string(),
             reproduced: r.divergence.is_none(),
-            divergence: r.divergence.as_ref().map(|d| d.to_string()),
+            divergence: r.divergence,
         })
         .collect();
     Ok(Json(ReplayView {

@@ -34,7 +34,8 @@ use turnpike_schemas::live::LiveFrame;
 
 use super::error::{ApiError, ApiResult, ErrorBody};
 use super::model::Frame;
-use super::{Caller, Edge};
+use crate::extract::Caller;
+use crate::state::Edge;
 
 /// How often the record is checked for rows no live message announced.
 const POLL: Duration = Duration::from_secs(2);
@@ -44,7 +45,7 @@ const POLL: Duration = Duration::from_secs(2);
 async fn frames(
     edge: &Edge,
     record: Record,
-    caller: &super::Principal,
+    caller: &crate::auth::Principal,
 ) -> ApiResult<BoxStream<'static, Frame>> {
     let conversation = record.prefix().conversation();
     // Subscribe before reading the head, so nothing committed in between goes unannounced.

@@ -24,7 +24,9 @@ use turnpike_schemas::{ConversationId, Identity, TenantId};
 
 use super::error::{ApiError, ApiResult, ErrorBody};
 use super::model::StreamTicket;
-use super::{Caller, Edge, Principal};
+use crate::auth::Principal;
+use crate::extract::Caller;
+use crate::state::Edge;
 use turnpike_router::bus::now_ms;
 
 /// How long a ticket may be used to open a stream.

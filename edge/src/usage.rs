@@ -12,7 +12,8 @@ use turnpike_schemas::EntryBody;
 use utoipa::{IntoParams, ToSchema};
 
 use super::error::{ApiError, ApiResult, ErrorBody};
-use super::{Caller, Edge, Params};
+use crate::extract::{Caller, Params};
+use crate::state::Edge;
 
 /// The most days one tenant usage request covers.
 pub const MAX_DAYS: u32 = 92;
@@ -141,14 +142,14 @@ pub async fn conversation(
     prices.dedup();
     Ok(Json(ConversationUsage {
         conversation: id,
-        total: turnpike_worker::usage::totals(calls.iter().copied()).into(),
+        total: turnpike_router::usage::UsageTotals::of_entries(calls.iter().copied()).into(),
         by_model: by_model
             .into_iter()
             .map(|((provider, model), us)| ModelUsageView {
                 provider: provider.to_owned(),
                 model: model.to_owned(),
                 estimated_calls: estimated(&us),
-                usage: turnpike_worker::usage::totals(us.iter().copied()).into(),
+                usage: turnpike_router::usage::UsageTotals::of_entries(us.iter().copied()).into(),
             })
             .collect(),
         estimated_calls: estimated(&calls),

@@ -16,7 +16,8 @@ use turnpike_schemas::{EntryBody, Family, ProjectVersion, RefPath, Reference, Tu
 use utoipa::{IntoParams, ToSchema};
 
 use super::error::{ApiError, ApiResult, ErrorBody};
-use super::{Caller, Edge, Params};
+use crate::extract::{Caller, Params};
+use crate::state::Edge;
 
 /// A turn that published a project version.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]

@@ -14,7 +14,7 @@ use object_store::{ObjectStore, ObjectStoreExt as _};
 use turnpike_artifactory::TurnLogs;
 use turnpike_schemas::Family;
 
-use crate::{AuthorizedReference, FamilyResolver, ResolveError, Resolved, ResolvedStream};
+use crate::family::{AuthorizedReference, FamilyResolver, ResolveError, Resolved, ResolvedStream};
 
 fn store_error(e: object_store::Error, reference: &AuthorizedReference) -> ResolveError {
     match e {

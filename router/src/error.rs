@@ -29,7 +29,7 @@ turnpike_schemas::error_type!(ErrorKind);
 
 impl Error {
     /// A lane message that cannot be read, with its bytes (kept as the source).
-    pub(crate) fn unreadable_message(message: crate::bus::Unreadable) -> Self {
+    pub(crate) fn unreadable_message(message: Unreadable) -> Self {
         Self::with_source(
             ErrorKind::Unreadable,
             format!(
@@ -41,7 +41,7 @@ impl Error {
     }
 
     /// The lane message that could not be read, for [`ErrorKind::Unreadable`].
-    pub fn unreadable(&self) -> Option<&crate::bus::Unreadable> {
+    pub fn unreadable(&self) -> Option<&Unreadable> {
         self.source_as()
     }
 }
@@ -61,3 +61,24 @@ impl From<turnpike_schemas::SchemaError> for Error {
         Error::with_source(ErrorKind::Invalid, e.to_string(), e)
     }
 }
+
+/// A lane message this binary cannot read (e.g. a newer event kind during a rolling upgrade),
+/// with its bytes so that the reader can park it as a dead letter.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unreadable {
+    pub seq: u64,
+    pub bytes: Vec<u8>,
+    pub reason: String,
+}
+
+impl std::fmt::Display for Unreadable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "lane message {} is unreadable: {}",
+            self.seq, self.reason
+        )
+    }
+}
+
+impl std::error::Error for Unreadable {}

@@ -2,8 +2,6 @@
 //! is handed over with its bytes, not skipped), the envelope a wake is routed by, and the id a
 //! publish is deduplicated by. Subjects and streams are named in [`crate::subject`].
 
-use std::fmt;
-
 use serde::Deserialize;
 use turnpike_schemas::{ConversationId, Event};
 
@@ -16,26 +14,7 @@ pub struct LaneMessage {
     pub event: Event,
 }
 
-/// A lane message this binary cannot read (e.g. a newer event kind during a rolling upgrade),
-/// with its bytes so that the reader can park it as a dead letter.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Unreadable {
-    pub seq: u64,
-    pub bytes: Vec<u8>,
-    pub reason: String,
-}
-
-impl fmt::Display for Unreadable {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "lane message {} is unreadable: {}",
-            self.seq, self.reason
-        )
-    }
-}
-
-impl std::error::Error for Unreadable {}
+pub use crate::error::Unreadable;
 
 /// Decodes a lane message, or says why it cannot be read.
 pub fn decode_lane_message(seq: u64, bytes: &[u8]) -> std::result::Result<LaneMessage, Unreadable> {

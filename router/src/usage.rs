@@ -30,7 +30,7 @@ impl Day {
 
     /// Today, by this machine's clock.
     pub fn today() -> Day {
-        Day::of_ms(crate::bus::now_ms())
+        Day::of_ms(crate::clock::now_ms())
     }
 
     /// The day after.
@@ -122,6 +122,28 @@ pub struct UsageTotals {
 
 impl UsageTotals {
     /// The sum of two totals (saturating).
+    /// What `usage` entries add up to (`turns` counts the distinct turns among them).
+    pub fn of_entries<'a>(
+        entries: impl IntoIterator<Item = &'a turnpike_schemas::entry::UsageEntry>,
+    ) -> UsageTotals {
+        let mut turns = std::collections::BTreeSet::new();
+        let mut total = UsageTotals::default();
+        for e in entries {
+            turns.insert(e.turn);
+            total = total.plus(UsageTotals {
+                turns: 0,
+                calls: 1,
+                input_tokens: e.input_tokens,
+                output_tokens: e.output_tokens,
+                cached_tokens: e.cached_tokens,
+                reasoning_tokens: e.reasoning_tokens,
+                cost_micro_usd: e.cost.as_ref().map_or(0, |c| c.micro_usd),
+            });
+        }
+        total.turns = turns.len() as u64;
+        total
+    }
+
     pub fn plus(self, o: UsageTotals) -> UsageTotals {
         UsageTotals {
             turns: self.turns.saturating_add(o.turns),

@@ -8,7 +8,7 @@
 //! Blocks as Turnpike writes them carry `kind` first (serde writes the tag before the fields).
 //! So the reader takes the first key; when it is `kind`, the rest of the object goes straight
 //! to the variant's own fields, through a twin of [`Block`] tagged by name (`ByKind`, made by
-//! [`block_kinds!`] from the same definition, so the two cannot drift apart). An object whose
+//! [`block_kinds!`](crate::block_kinds) from the same definition, so the two cannot drift apart). An object whose
 //! tag comes later — written by hand or by another tool — is still read, the slow way: into a
 //! JSON value first.
 //!
@@ -30,62 +30,6 @@ use serde::Deserialize;
 use serde_json::{Map, Value};
 
 use crate::turnlog::{Block, ByKind};
-
-/// Defines [`Block`] from one definition, and beside it `ByKind`: the same variants and fields,
-/// tagged by name outside (what serde's derive reads from an enum access), with the move from
-/// one to the other.
-macro_rules! block_kinds {
-    (
-        $(#[$meta:meta])*
-        pub enum Block {
-            $(
-                $(#[$vmeta:meta])*
-                $variant:ident {
-                    $( $(#[$fmeta:meta])* $field:ident : $ty:ty ),* $(,)?
-                }
-            ),* $(,)?
-        }
-    ) => {
-        $(#[$meta])*
-        pub enum Block {
-            $( $(#[$vmeta])* $variant { $( $(#[$fmeta])* $field : $ty ),* } ),*
-        }
-
-        /// [`Block`] tagged by name outside: read by [`crate::block_de`] once it has the tag.
-        #[derive(serde::Deserialize)]
-        #[serde(rename_all = "snake_case")]
-        pub(crate) enum ByKind {
-            $( $(#[$vmeta])* $variant { $( $(#[$fmeta])* $field : $ty ),* } ),*
-        }
-
-        /// [`Block`] read by serde's own derive (internally tagged, buffered): what the tests
-        /// hold the tag-first reader to.
-        #[cfg(test)]
-        #[derive(Debug, serde::Deserialize)]
-        #[serde(tag = "kind", rename_all = "snake_case")]
-        pub(crate) enum Derived {
-            $( $(#[$vmeta])* $variant { $( $(#[$fmeta])* $field : $ty ),* } ),*
-        }
-
-        #[cfg(test)]
-        impl From<Derived> for Block {
-            fn from(derived: Derived) -> Block {
-                match derived {
-                    $( Derived::$variant { $( $field ),* } => Block::$variant { $( $field ),* } ),*
-                }
-            }
-        }
-
-        impl From<ByKind> for Block {
-            fn from(by_kind: ByKind) -> Block {
-                match by_kind {
-                    $( ByKind::$variant { $( $field ),* } => Block::$variant { $( $field ),* } ),*
-                }
-            }
-        }
-    };
-}
-pub(crate) use block_kinds;
 
 /// The tag's field name.
 const TAG: &str = "kind";

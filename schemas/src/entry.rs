@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::error::{SchemaError, SchemaErrorKind};
+pub use crate::event::IngressDirective;
 use crate::event::{Event, EventBody};
 use crate::identity::Identity;
 use crate::ids::{AgentId, AppId, RequestId, TenantId, TurnId, WorkerId};
@@ -311,16 +312,6 @@ pub struct InputEntry {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lane_seq: Option<u64>,
     pub event: Event,
-}
-
-/// Limits placed on a turn by ingress. Each field can only tighten what the agent allows.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct IngressDirective {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub max_rounds: Option<u32>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub required_approver: Option<Identity>,
 }
 
 /// A turn was opened.

@@ -53,7 +53,7 @@ pub struct Event {
     /// Limits the edge places on the turn this event opens (set by ingress, never by a client);
     /// recorded as an `ingress_directive` entry in batch one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub directive: Option<crate::entry::IngressDirective>,
+    pub directive: Option<IngressDirective>,
     pub body: EventBody,
     /// The W3C `traceparent` of the span that accepted it, carried beside the event (a lane
     /// message header), never in it: not part of the record, advisory, absent without tracing.
@@ -223,6 +223,16 @@ impl Event {
         }
         Ok(())
     }
+}
+
+/// Limits placed on a turn by ingress. Each field can only tighten what the agent allows.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IngressDirective {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_rounds: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub required_approver: Option<Identity>,
 }
 
 #[cfg(test)]

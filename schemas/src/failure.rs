@@ -49,6 +49,11 @@ macro_rules! error_type {
             pub fn source_as<E: std::error::Error + 'static>(&self) -> Option<&E> {
                 self.source.as_deref()?.downcast_ref::<E>()
             }
+
+            /// The source, taken out of the error.
+            pub fn into_source(self) -> Option<Box<dyn std::error::Error + Send + Sync>> {
+                self.source
+            }
         }
 
         impl std::fmt::Display for Error {
@@ -101,6 +106,9 @@ mod tests {
             Some("the cause".into())
         );
         assert!(Error::new(Kind::Gone, "x").source_as::<Cause>().is_none());
+        assert!(Error::new(Kind::Gone, "x").into_source().is_none());
         let _: Result<()> = Err(e);
+        let taken = Error::with_source(Kind::Gone, "it is gone", Cause).into_source();
+        assert!(taken.unwrap().downcast::<Cause>().is_ok());
     }
 }

@@ -15,6 +15,7 @@
 //! - [`failure`]: the one error shape of the crates that do I/O (`error_type!`)
 
 mod block_de;
+mod block_kinds;
 pub mod entry;
 pub mod error;
 pub mod event;

@@ -3,7 +3,7 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::block_de::block_kinds;
+use crate::block_kinds::block_kinds;
 use crate::entry::TurnOutcome;
 use crate::identity::Identity;
 use crate::ids::{AgentId, ConversationId, RequestId, TurnId};

@@ -7,7 +7,7 @@ use turnpike_artifactory::record::TurnView;
 use turnpike_artifactory::{DirectoryEntry, Transcript};
 use turnpike_schemas::{ConversationId, EntryBody, EventBody, Identity};
 
-use turnpike_worker::replay::WhatIf;
+use turnpike_agent::replay::WhatIf;
 
 use crate::cli::ConversationCommand;
 use crate::env::{now_ms, Env};
@@ -259,7 +259,7 @@ pub async fn replay_report(
             println!("replay of {conversation} (recorded outputs; no model or tool is called):")
         }
     }
-    let replays = turnpike_worker::replay::replay(&recorded, what_if).await;
+    let replays = turnpike_agent::replay::replay(&recorded, what_if).await;
     let mut same = true;
     for r in &replays {
         match &r.divergence {
@@ -297,7 +297,7 @@ async fn list(
     }
     if let Some(s) = &status {
         anyhow::ensure!(
-            turnpike_worker::phases::PHASES.contains(&s.as_str()),
+            turnpike_lifecycle::phases::PHASES.contains(&s.as_str()),
             "--status {s:?}: one of idle, running, waiting, idle_closed, closed"
         );
     }
@@ -306,7 +306,7 @@ async fn list(
     } else {
         None
     };
-    let phases = turnpike_worker::phases::list(
+    let phases = turnpike_lifecycle::phases::list(
         &env.conversations,
         &actor.tenant,
         app.as_ref(),
@@ -382,7 +382,7 @@ async fn delete(
         Err(_) => None,
     };
     let failpoints = turnpike_worker::Failpoints::from_env().map_err(anyhow::Error::msg)?;
-    let eraser = turnpike_worker::erasure::Eraser::new(env.conversations.clone(), bus, index)
+    let eraser = turnpike_lifecycle::erasure::Eraser::new(env.conversations.clone(), bus, index)
         .with_failpoints(failpoints);
     let tombstone = eraser
         .erase(&entry, &actor.to_string(), reason)

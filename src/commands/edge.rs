@@ -142,7 +142,8 @@ pub async fn build(
         trusted: env.trusted.clone(),
         signer: env.signer.clone(),
         auth: authenticator(global, args, embedded).await?,
-        apps: apps.clone(),
+        apps: Arc::new(crate::hosted::AppsCatalog(apps.clone())),
+        replayer: Arc::new(crate::hosted::AgentReplayer),
         search: index,
         limits: Limits {
             rate_per_second: args.rate_per_second,

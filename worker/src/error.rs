@@ -15,7 +15,7 @@ pub enum ErrorKind {
     Refused,
     /// No app or agent is hosted for the turn's address.
     Route,
-    /// The model call failed (the source is the [`crate::model::ModelError`]).
+    /// The model call failed (the source is the [`turnpike_agent::model::ModelError`]).
     Model,
     /// A remote app could not be reached, timed out, or broke the protocol: the turn fails
     /// with this reason, recorded once, and is not retried.
@@ -76,9 +76,45 @@ impl Error {
     }
 }
 
-impl From<crate::model::ModelError> for Error {
-    fn from(e: crate::model::ModelError) -> Self {
+impl From<turnpike_agent::model::ModelError> for Error {
+    fn from(e: turnpike_agent::model::ModelError) -> Self {
         Self::with_source(ErrorKind::Model, e.to_string(), e)
+    }
+}
+
+impl From<turnpike_lifecycle::Fenced> for Error {
+    fn from(e: turnpike_lifecycle::Fenced) -> Self {
+        Self::with_source(ErrorKind::Fenced, e.to_string(), e)
+    }
+}
+
+/// The harness's error: the worker's own, passed through it, comes back unchanged; the
+/// harness's kinds map to the same kinds here.
+impl From<turnpike_agent::Error> for Error {
+    fn from(e: turnpike_agent::Error) -> Self {
+        use turnpike_agent::ErrorKind as Agent;
+        let e = match e.into_host::<Error>() {
+            Ok(ours) => return ours,
+            Err(e) => e,
+        };
+        let kind = match e.kind() {
+            Agent::Refused => ErrorKind::Refused,
+            Agent::Route => ErrorKind::Route,
+            Agent::Model => ErrorKind::Model,
+            Agent::App => ErrorKind::App,
+            _ => ErrorKind::Store,
+        };
+        let message = e.to_string();
+        match e.into_source() {
+            Some(source) => Self::with_source(kind, message, source),
+            None => Self::new(kind, message),
+        }
+    }
+}
+
+impl From<Error> for turnpike_agent::Error {
+    fn from(e: Error) -> Self {
+        turnpike_agent::Error::host(e)
     }
 }
 

@@ -22,9 +22,9 @@ use turnpike_router::bus::Lease;
 use turnpike_schemas::entry::IdleClosed;
 use turnpike_schemas::{ConversationId, EntryBody};
 
-use crate::fence::Fence;
+use crate::owners::Inner;
 use crate::turn::TurnEnv;
-use crate::worker::Inner;
+use turnpike_lifecycle::fence::Fence;
 
 /// Leaves an idle watch for the sweep when an owner lets go of a conversation that can go idle
 /// (some app closes idle conversations, the record has no open turn and is not closed as idle).

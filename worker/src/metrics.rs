@@ -60,48 +60,14 @@ fn outcome(o: TurnOutcome) -> &'static str {
     }
 }
 
-/// One model request: its latency, outcome and tokens.
-pub(crate) fn model_request(
-    provider: &str,
-    model: &str,
-    took: Duration,
-    usage: Option<(u64, u64)>,
-    ok: bool,
-) {
-    let (provider, model) = (provider.to_owned(), model.to_owned());
-    let outcome = if ok { "ok" } else { "error" };
-    metrics::counter!("turnpike_model_requests_total", "provider" => provider.clone(), "model" => model.clone(), "outcome" => outcome)
-        .increment(1);
-    metrics::histogram!("turnpike_model_request_seconds", "provider" => provider.clone(), "model" => model.clone())
-        .record(took.as_secs_f64());
-    if let Some((input, output)) = usage {
-        metrics::counter!("turnpike_model_tokens_total", "provider" => provider.clone(), "model" => model.clone(), "direction" => "input")
-            .increment(input);
-        metrics::counter!("turnpike_model_tokens_total", "provider" => provider, "model" => model, "direction" => "output")
-            .increment(output);
-    }
-}
-
 /// How long an approval request waited for its answer (ms).
 pub(crate) fn approval_wait(ms: u64) {
     metrics::histogram!("turnpike_approval_wait_seconds").record(seconds(ms));
 }
 
-/// How long a model call took to stream its first text.
-pub(crate) fn time_to_first_token(provider: &str, model: &str, took: Duration) {
-    metrics::histogram!("turnpike_model_time_to_first_token_seconds", "provider" => provider.to_owned(), "model" => model.to_owned())
-        .record(took.as_secs_f64());
-}
-
 /// A turn refused because a budget was spent.
 pub(crate) fn budget_refusal() {
     metrics::counter!("turnpike_budget_refusals_total").increment(1);
-}
-
-/// One tool call's outcome (`ok`, `error`, `refused`, `parked`).
-pub(crate) fn tool_call(tool: &str, outcome: &'static str) {
-    metrics::counter!("turnpike_tool_calls_total", "tool" => tool.to_owned(), "outcome" => outcome)
-        .increment(1);
 }
 
 /// One cell run.

@@ -3,106 +3,20 @@
 //! past them, then releases the lease and re-reads the lane head (DESIGN, steps 3–9).
 
 use std::sync::Arc;
-use std::time::Duration;
 
-use tokio::sync::{Mutex, OwnedSemaphorePermit};
+use tokio::sync::OwnedSemaphorePermit;
 use tracing::warn;
 use turnpike_artifactory::{ConversationPrefix, Head};
-use turnpike_router::bus::{now_ms, Lease, Wake, WakeKeeper};
-use turnpike_router::settle::{outcome, Outcome, Settlement};
+use turnpike_router::bus::{now_ms, Lease, Wake};
+use turnpike_router::settle::Settlement;
 use turnpike_router::{ErrorKind, LaneMessage};
 use turnpike_schemas::entry::RecordState;
-use turnpike_schemas::{EntryBody, EventBody, TenantId};
+use turnpike_schemas::{ConversationId, EntryBody, EventBody, TenantId};
 
 use crate::error::{Error, Result};
-use crate::fence::Fence;
+use crate::owners::{Inner, OwnerSlot};
 use crate::turn::{finish_promotion, recover_turn, run_new_turn, TurnEnv, LANE_READ};
-use crate::worker::Inner;
-
-/// The wakes an owner holds, shared with the claim loop that hands them over.
-#[derive(Default)]
-pub(crate) struct OwnerSlot {
-    held: Mutex<Held>,
-}
-
-#[derive(Default)]
-struct Held {
-    wakes: Vec<Wake>,
-    closed: bool,
-}
-
-impl OwnerSlot {
-    /// Hands a wake to the owner; gives it back when the owner is closing.
-    pub(crate) async fn offer(&self, wake: Wake) -> Option<Wake> {
-        let mut held = self.held.lock().await;
-        if held.closed {
-            return Some(wake);
-        }
-        held.wakes.push(wake);
-        None
-    }
-
-    /// Acks every held wake whose event the record holds in a **complete** turn: the lane is
-    /// committed past it and no turn is open (DESIGN step 2). While a turn is open nothing is
-    /// acked: its owner may still die before batch two, and then the wakes must come back.
-    async fn settle(&self, state: &RecordState) {
-        if state.turn_open {
-            return;
-        }
-        let record = Settlement::Record {
-            lane_through: state.lane_through,
-            turn_open: state.turn_open,
-        };
-        let mut held = self.held.lock().await;
-        let (done, waiting): (Vec<Wake>, Vec<Wake>) = std::mem::take(&mut held.wakes)
-            .into_iter()
-            .partition(|w| outcome(w.seq, w.deliveries, record, Duration::ZERO) == Outcome::Ack);
-        held.wakes = waiting;
-        drop(held);
-        for wake in done {
-            wake.settle(record, Duration::ZERO).await;
-        }
-    }
-
-    /// The highest lane sequence among the held wakes (0: none).
-    async fn max_seq(&self) -> u64 {
-        self.held
-            .lock()
-            .await
-            .wakes
-            .iter()
-            .map(|w| w.seq)
-            .max()
-            .unwrap_or(0)
-    }
-
-    /// Keeps every held wake from being redelivered. The lock is held only to copy the
-    /// handles, never across the network calls.
-    async fn progress(&self) {
-        let keepers: Vec<WakeKeeper> = self
-            .held
-            .lock()
-            .await
-            .wakes
-            .iter()
-            .map(Wake::keeper)
-            .collect();
-        for keeper in keepers {
-            let _ = keeper.progress().await;
-        }
-    }
-
-    /// Stops taking wakes; acks what is done (`state`: the record's state at the end, if the
-    /// owner knows it) and returns the rest.
-    async fn close(&self, state: Option<&RecordState>) -> Vec<Wake> {
-        if let Some(state) = state {
-            self.settle(state).await;
-        }
-        let mut held = self.held.lock().await;
-        held.closed = true;
-        std::mem::take(&mut held.wakes)
-    }
-}
+use turnpike_lifecycle::fence::Fence;
 
 /// Splits the pending lane messages into the next unit of work: a run of stops with no turn to
 /// stop (recorded on their own), or a turn's inputs — the first message, any other events
@@ -144,38 +58,7 @@ async fn drain(
     stopping: &std::sync::atomic::AtomicBool,
 ) -> Result<Head> {
     let conversation = env.record.prefix().conversation();
-    // A conversation being (or once) deleted runs nothing more: its wakes are dropped, and a
-    // deletion cut short is the sweep's to finish.
-    let tombstones = turnpike_artifactory::Tombstones::new(env.files.store().clone());
-    if tombstones
-        .get(env.record.prefix().tenant(), conversation)
-        .await?
-        .is_some()
-    {
-        return Err(Error::refused(format!(
-            "{conversation} is deleted: nothing more runs in it"
-        )));
-    }
-    // A repair cut short after its commit point is finished before anything reads the head.
-    env.record.finish_repair().await?;
-    let mut head = env.record.head().await?;
-    if head.is_empty() {
-        head = crate::parking::open_missing_record(env, head).await?;
-    }
-    // A previous owner may have died between a commit and its promotion. If that cannot be
-    // finished (e.g. a turn from before attempts existed left other bytes at a canonical key),
-    // say so and go on: the lane must not stall on it.
-    match finish_promotion(env, &head).await {
-        Ok(()) => {}
-        Err(e)
-            if e.store_error().map(|s| s.kind())
-                == Some(turnpike_artifactory::ErrorKind::AlreadyExists) =>
-        {
-            warn!(%conversation, error = %e, "could not finish an earlier turn's promotion");
-        }
-        // Anything else (the store is away): not now; nothing new runs before it is done.
-        Err(e) => return Err(e),
-    }
+    let mut head = open_drain(env).await?;
     // Lane messages read past the record, in lane order (a lane message never changes): each is
     // read once per drain, not again for every turn ahead of it.
     let mut ahead: Vec<LaneMessage> = Vec::new();
@@ -244,18 +127,7 @@ async fn drain(
         let (stops_only, taken) = next_inputs(&ahead);
         let inputs: Vec<LaneMessage> = ahead.drain(..taken).collect();
         if stops_only {
-            let bodies: Vec<EntryBody> = inputs
-                .iter()
-                .map(|m| EntryBody::input(m.event.clone(), Some(m.seq)))
-                .collect();
-            head = match env.append(&head, &bodies).await {
-                Ok(head) => head,
-                // Refused by the record: set aside, like a turn's inputs (never retried).
-                Err(e) if e.kind() == crate::error::ErrorKind::Refused => {
-                    crate::parking::park_refused(env, &head, &inputs, &e).await?
-                }
-                Err(e) => return Err(e),
-            };
+            head = record_stops(env, head, &inputs).await?;
             continue;
         }
         env.lane.lock().expect("lane lock").after_inputs = ahead.clone();
@@ -299,39 +171,7 @@ pub(crate) async fn own(
         .await;
     let mut known_last = 0;
     loop {
-        let epoch = lease.epoch();
-        let outcome = {
-            let work = drain(&env, &guard.slot, epoch, known_last, &worker.stopping);
-            tokio::pin!(work);
-            let every = worker.config.renew_every;
-            let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
-            loop {
-                tokio::select! {
-                    biased;
-                    result = &mut work => break result,
-                    _ = tick.tick() => {
-                        // The turn is not polled while this runs, so nothing is written
-                        // meanwhile; the fence below decides once it returns. (No timeout of
-                        // our own: dropping a renewal mid-write would make it ambiguous, which
-                        // the bus resolves only when the call runs to its end.)
-                        match worker.bus.renew(&lease, worker.config.lease_ttl).await {
-                            Ok(renewed) => {
-                                lease = renewed;
-                                env.fence.renewed(lease.expires_ms);
-                            }
-                            Err(e) if e.kind() == ErrorKind::LeaseLost => break Err(Error::fenced(e.to_string())),
-                            Err(e) => warn!(%conversation, error = %e, "lease renewal failed; retrying"),
-                        }
-                        // Cut off from the bus but not from the store: stop before the lease
-                        // can lapse, so no write of ours lands after another owner's.
-                        if !env.fence.holds_at(now_ms()) {
-                            break Err(Error::fenced("the lease could not be renewed before it expires"));
-                        }
-                        guard.slot.progress().await;
-                    }
-                }
-            }
-        };
+        let outcome = drain_renewing(&worker, &env, &mut lease, &guard.slot, known_last).await;
         let state = match &outcome {
             Ok(head) => Some(head.state().clone()),
             Err(e) if e.is_fenced() => {
@@ -350,27 +190,7 @@ pub(crate) async fn own(
         let lane_through = state.as_ref().map_or(0, |s| s.lane_through);
         let leftovers = guard.slot.close(state.as_ref()).await;
         worker.forget_owner(conversation, &guard.slot);
-        // After a clean drain the rest is for whoever comes next, at once; after a failure,
-        // later, so that a persistent fault does not spin; what no retry could mend (logged
-        // above) is never redelivered.
-        let settlement = match &outcome {
-            Ok(_) => Settlement::Handover,
-            Err(e) if e.kind() == crate::error::ErrorKind::Refused => Settlement::Poison,
-            Err(_) => Settlement::Failed,
-        };
-        if let Err(e) = &outcome {
-            let reason = if e.is_fenced() {
-                "fenced"
-            } else if e.kind() == crate::error::ErrorKind::Refused {
-                "refused"
-            } else {
-                "failed"
-            };
-            metrics::counter!("turnpike_turns_abandoned_total", "reason" => reason).increment(1);
-        }
-        for wake in leftovers {
-            wake.settle(settlement, worker.config.busy_delay).await;
-        }
+        settle_leftovers(&worker, leftovers, &outcome).await;
         worker
             .config
             .failpoints
@@ -380,24 +200,10 @@ pub(crate) async fn own(
         if outcome.is_err() {
             return;
         }
-        let last = match worker.bus.lane_last(conversation).await {
-            Ok(last) => last,
-            Err(_) => return,
+        let Some(last) = lane_past(&worker, conversation, lane_through, state.as_ref()).await
+        else {
+            return;
         };
-        if last < lane_through {
-            // The lane holds less than the record says was committed from it: the stream was
-            // recreated or re-sharded. Acking or skipping would lose events: stop and alarm.
-            tracing::error!(%conversation, lane_last = last, lane_through, "the lane is behind the record (a recreated or re-sharded lane stream); nothing is skipped, this conversation waits for an operator");
-            return;
-        }
-        // The lane is where the record says: wakes up to here that come later are done, once
-        // the record (read again) says so (see `Worker::handle`).
-        if state.as_ref().is_some_and(|s| !s.turn_open) {
-            worker.drained(conversation, lane_through);
-        }
-        if last == lane_through || worker.is_stopping() {
-            return;
-        }
         known_last = last;
         match worker
             .bus
@@ -430,6 +236,153 @@ impl Drop for ForgetOnDrop {
     fn drop(&mut self) {
         metrics::gauge!("turnpike_worker_slots_used").decrement(1.0);
         self.worker.forget_owner(self.conversation, &self.slot);
+    }
+}
+
+/// The head a drain starts from (DESIGN step 3): nothing for a deleted conversation; a repair
+/// cut short after its commit point finished; a missing record opened; an earlier owner's
+/// unfinished promotion finished.
+async fn open_drain(env: &TurnEnv) -> Result<Head> {
+    let conversation = env.record.prefix().conversation();
+    // A conversation being (or once) deleted runs nothing more: its wakes are dropped, and a
+    // deletion cut short is the sweep's to finish.
+    let tombstones = turnpike_artifactory::Tombstones::new(env.files.store().clone());
+    if tombstones
+        .get(env.record.prefix().tenant(), conversation)
+        .await?
+        .is_some()
+    {
+        return Err(Error::refused(format!(
+            "{conversation} is deleted: nothing more runs in it"
+        )));
+    }
+    // A repair cut short after its commit point is finished before anything reads the head.
+    env.record.finish_repair().await?;
+    let mut head = env.record.head().await?;
+    if head.is_empty() {
+        head = crate::parking::open_missing_record(env, head).await?;
+    }
+    // A previous owner may have died between a commit and its promotion. If that cannot be
+    // finished (e.g. a turn from before attempts existed left other bytes at a canonical key),
+    // say so and go on: the lane must not stall on it.
+    match finish_promotion(env, &head).await {
+        Ok(()) => {}
+        Err(e)
+            if e.store_error().map(|s| s.kind())
+                == Some(turnpike_artifactory::ErrorKind::AlreadyExists) =>
+        {
+            warn!(%conversation, error = %e, "could not finish an earlier turn's promotion");
+        }
+        // Anything else (the store is away): not now; nothing new runs before it is done.
+        Err(e) => return Err(e),
+    }
+    Ok(head)
+}
+
+/// Records a run of stops with no turn to stop, on their own (refused ones set aside).
+async fn record_stops(env: &TurnEnv, head: Head, inputs: &[LaneMessage]) -> Result<Head> {
+    let bodies: Vec<EntryBody> = inputs
+        .iter()
+        .map(|m| EntryBody::input(m.event.clone(), Some(m.seq)))
+        .collect();
+    match env.append(&head, &bodies).await {
+        Ok(head) => Ok(head),
+        // Refused by the record: set aside, like a turn's inputs (never retried).
+        Err(e) if e.kind() == crate::error::ErrorKind::Refused => {
+            crate::parking::park_refused(env, &head, inputs, &e).await
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// After a clean drain and release: the lane's last sequence when messages came past what the
+/// drain took (the owner claims again for them); `None` when nothing did, the worker is
+/// stopping, the lane cannot be read, or the lane is behind the record (an operator's to mend:
+/// nothing is skipped). A lane where the record says marks the drain for later wakes.
+async fn lane_past(
+    worker: &Inner,
+    conversation: ConversationId,
+    lane_through: u64,
+    state: Option<&RecordState>,
+) -> Option<u64> {
+    let last = worker.bus.lane_last(conversation).await.ok()?;
+    if last < lane_through {
+        // The lane holds less than the record says was committed from it: the stream was
+        // recreated or re-sharded. Acking or skipping would lose events: stop and alarm.
+        tracing::error!(%conversation, lane_last = last, lane_through, "the lane is behind the record (a recreated or re-sharded lane stream); nothing is skipped, this conversation waits for an operator");
+        return None;
+    }
+    // The lane is where the record says: wakes up to here that come later are done, once the
+    // record (read again) says so (see `Worker::handle`).
+    if state.is_some_and(|s| !s.turn_open) {
+        worker.drained(conversation, lane_through);
+    }
+    (last != lane_through && !worker.is_stopping()).then_some(last)
+}
+
+/// Drains the lane (see [`drain`]) while renewing the lease at `renew_every`; a lease lost, or
+/// one that can no longer be renewed before it lapses, fences the drain.
+async fn drain_renewing(
+    worker: &Inner,
+    env: &TurnEnv,
+    lease: &mut Lease,
+    slot: &OwnerSlot,
+    known_last: u64,
+) -> Result<Head> {
+    let conversation = lease.conversation;
+    let work = drain(env, slot, lease.epoch(), known_last, &worker.stopping);
+    tokio::pin!(work);
+    let every = worker.config.renew_every;
+    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+    loop {
+        tokio::select! {
+            biased;
+            result = &mut work => return result,
+            _ = tick.tick() => {
+                // The turn is not polled while this runs, so nothing is written meanwhile; the
+                // fence below decides once it returns. (No timeout of our own: dropping a
+                // renewal mid-write would make it ambiguous, which the bus resolves only when
+                // the call runs to its end.)
+                match worker.bus.renew(lease, worker.config.lease_ttl).await {
+                    Ok(renewed) => {
+                        *lease = renewed;
+                        env.fence.renewed(lease.expires_ms);
+                    }
+                    Err(e) if e.kind() == ErrorKind::LeaseLost => return Err(Error::fenced(e.to_string())),
+                    Err(e) => warn!(%conversation, error = %e, "lease renewal failed; retrying"),
+                }
+                // Cut off from the bus but not from the store: stop before the lease can lapse,
+                // so no write of ours lands after another owner's.
+                if !env.fence.holds_at(now_ms()) {
+                    return Err(Error::fenced("the lease could not be renewed before it expires"));
+                }
+                slot.progress().await;
+            }
+        }
+    }
+}
+
+/// Gives back the wakes an owner still held when it stopped: after a clean drain the rest is
+/// for whoever comes next, at once; after a failure, later, so that a persistent fault does not
+/// spin; what no retry could mend (logged) is never redelivered.
+async fn settle_leftovers(worker: &Inner, leftovers: Vec<Wake>, outcome: &Result<Head>) {
+    let settlement = match outcome {
+        Ok(_) => Settlement::Handover,
+        Err(e) if e.kind() == crate::error::ErrorKind::Refused => Settlement::Poison,
+        Err(_) => Settlement::Failed,
+    };
+    if let Err(e) = outcome {
+        let reason = if e.is_fenced() {
+            "fenced"
+        } else if e.kind() == crate::error::ErrorKind::Refused {
+            "refused"
+        } else {
+            "failed"
+        };
+        metrics::counter!("turnpike_turns_abandoned_total", "reason" => reason).increment(1);
+    }
+    for wake in leftovers {
+        wake.settle(settlement, worker.config.busy_delay).await;
     }
 }
 

@@ -22,11 +22,12 @@
 use std::path::Path;
 
 use serde::Deserialize;
+#[cfg(test)]
 use turnpike_router::usage::UsageTotals;
 use turnpike_schemas::entry::{Cost, UsageEntry};
 use turnpike_schemas::{EntryBody, TurnId};
 
-use crate::model::CallUsage;
+use turnpike_agent::model::CallUsage;
 
 /// One model's prices.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -132,30 +133,10 @@ pub fn entries(turn: TurnId, calls: &[CallUsage], prices: Option<&PriceTable>) -
         .collect()
 }
 
-/// What `usage` entries add up to (`turns` counts the distinct turns among them).
-pub fn totals<'a>(entries: impl IntoIterator<Item = &'a UsageEntry>) -> UsageTotals {
-    let mut turns = std::collections::BTreeSet::new();
-    let mut total = UsageTotals::default();
-    for e in entries {
-        turns.insert(e.turn);
-        total = total.plus(UsageTotals {
-            turns: 0,
-            calls: 1,
-            input_tokens: e.input_tokens,
-            output_tokens: e.output_tokens,
-            cached_tokens: e.cached_tokens,
-            reasoning_tokens: e.reasoning_tokens,
-            cost_micro_usd: e.cost.as_ref().map_or(0, |c| c.micro_usd),
-        });
-    }
-    total.turns = turns.len() as u64;
-    total
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::Usage;
+    use turnpike_agent::model::Usage;
 
     const TABLE: &str = r#"
 version = "2026-12-01"
@@ -245,7 +226,7 @@ output_usd_per_mtok = 10
                 _ => unreachable!(),
             })
             .collect();
-        let total = totals(usage);
+        let total = UsageTotals::of_entries(usage);
         assert_eq!(
             (
                 total.turns,

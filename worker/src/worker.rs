@@ -37,123 +37,13 @@ use turnpike_artifactory::{ConversationPrefix, Conversations, RecordSigner};
 use turnpike_router::bus::{now_ms, Bus, Wake};
 use turnpike_router::settle::Settlement;
 use turnpike_router::Heartbeat;
-use turnpike_schemas::{ConversationId, WorkerId};
+use turnpike_schemas::WorkerId;
 
-use crate::apps::Apps;
 use crate::config::WorkerConfig;
-use crate::owner::{own, OwnerSlot};
+use crate::owner::own;
+use crate::owners::{Inner, OwnerSlot};
 use crate::turn::Shared;
-
-/// State shared by the claim loop and the owners it spawns.
-pub(crate) struct Inner {
-    /// What every turn shares (the worker's id, bus, config, …; reached through `Deref`).
-    pub(crate) shared: Arc<Shared>,
-    pub(crate) conversations: Conversations,
-    /// The owners' tasks, so a simulated crash can drop them.
-    pub(crate) owner_tasks: std::sync::Mutex<Vec<tokio::task::AbortHandle>>,
-    pub(crate) resolver: turnpike_resolver::Resolver,
-    slots: Arc<Semaphore>,
-    /// Bounds how many wakes wait for a slot at once (as many as there are slots).
-    waiting: Arc<Semaphore>,
-    /// Bounds how many wakes are being handled (claim and head reads) at once.
-    intake: Arc<Semaphore>,
-    /// A plain mutex: held only to look up or change the map, never across an await.
-    owners: Mutex<HashMap<ConversationId, Arc<OwnerSlot>>>,
-    owner_gone: Notify,
-    /// How far this worker's latest drains took the lanes of the [`RECENT`] conversations it
-    /// drained most recently (see [`Inner::drained`]).
-    drained: Mutex<LruCache<ConversationId, u64>>,
-    pub(crate) stopping: AtomicBool,
-    /// Every slot has stayed taken for a `busy_delay`: the claim loop takes wakes without
-    /// waiting for one (see [`Worker::next_wake_with_a_free_slot`]).
-    saturated: AtomicBool,
-}
-
-impl std::ops::Deref for Inner {
-    type Target = Shared;
-
-    fn deref(&self) -> &Shared {
-        &self.shared
-    }
-}
-
-impl Inner {
-    pub(crate) fn forget_owner(&self, conversation: ConversationId, slot: &Arc<OwnerSlot>) {
-        let mut owners = self.owners.lock().expect("owner map lock");
-        if owners
-            .get(&conversation)
-            .is_some_and(|s| Arc::ptr_eq(s, slot))
-        {
-            owners.remove(&conversation);
-        }
-        drop(owners);
-        self.owner_gone.notify_waiters();
-    }
-
-    /// Registers an owner; false if one is registered already.
-    pub(crate) fn register_owner(
-        &self,
-        conversation: ConversationId,
-        slot: Arc<OwnerSlot>,
-    ) -> bool {
-        let mut owners = self.owners.lock().expect("owner map lock");
-        if owners.contains_key(&conversation) {
-            return false;
-        }
-        owners.insert(conversation, slot);
-        true
-    }
-
-    /// The lease of `conversation` for a sweep, when nobody holds it (its owner is gone, or
-    /// there is none); `None` when someone does, or the claim failed (logged).
-    pub(crate) async fn claim_free(
-        &self,
-        conversation: ConversationId,
-    ) -> Option<turnpike_router::bus::Lease> {
-        match self
-            .bus
-            .claim(conversation, self.worker, self.config.lease_ttl)
-            .await
-        {
-            Ok(lease) => lease,
-            Err(e) => {
-                warn!(%conversation, error = %e, "sweep: cannot claim");
-                None
-            }
-        }
-    }
-
-    /// Notes that a drain of `conversation` here left its record complete through lane
-    /// sequence `lane_through`.
-    pub(crate) fn drained(&self, conversation: ConversationId, lane_through: u64) {
-        self.drained
-            .lock()
-            .expect("drained lock")
-            .put(conversation, lane_through);
-    }
-
-    /// Whether a drain here went past lane sequence `seq` of `conversation` (a hint: only the
-    /// record, read again, says the wake is done).
-    fn drained_past(&self, conversation: ConversationId, seq: u64) -> bool {
-        self.drained
-            .lock()
-            .expect("drained lock")
-            .get(&conversation)
-            .is_some_and(|&through| seq <= through)
-    }
-
-    /// Whether this worker owns `conversation` now.
-    pub(crate) fn owns(&self, conversation: ConversationId) -> bool {
-        self.owners
-            .lock()
-            .expect("owner map lock")
-            .contains_key(&conversation)
-    }
-
-    pub(crate) fn is_stopping(&self) -> bool {
-        self.stopping.load(Ordering::Relaxed)
-    }
-}
+use turnpike_agent::apps::Apps;
 
 /// A worker: claims lanes and runs their turns.
 #[derive(Clone)]
@@ -193,6 +83,7 @@ impl Worker {
             cell: Err("no sandbox (cell) is set up on this worker".into()),
             signer,
             apps,
+            tools: crate::tools::Registry::builtin(),
             directory: conversations.directory().clone(),
             open_turns: conversations.open_turns(),
             dead_letters: conversations.dead_letters(),
@@ -236,6 +127,14 @@ impl Worker {
     /// worker starts.
     pub fn with_cell(mut self, cell: Result<Arc<crate::cell::Cell>, String>) -> Self {
         self.shared_mut("with_cell").cell = cell;
+        self
+    }
+
+    /// Runs tools from `tools` (default: [`crate::tools::Registry::builtin`]): the registry the
+    /// apps' manifests were checked against, with any native tools. Call before the worker
+    /// starts.
+    pub fn with_tools(mut self, tools: crate::tools::Registry) -> Self {
+        self.shared_mut("with_tools").tools = tools;
         self
     }
 
@@ -486,7 +385,7 @@ impl Worker {
         }
         metrics::gauge!("turnpike_open_turn_marks").set(f64::from(orphans));
         // Deletions a crash cut short are finished here too.
-        let eraser = crate::erasure::Eraser::new(
+        let eraser = turnpike_lifecycle::erasure::Eraser::new(
             inner.conversations.clone(),
             inner.bus.clone(),
             inner.indexing.as_ref().map(|q| q.index().clone()),
@@ -510,7 +409,7 @@ impl Worker {
     /// Deletes the conversations closed longer than `retention` ago. Any worker may run it:
     /// each deletion holds the conversation's lease, and one that another finished first is
     /// not found. Costs one listing of the closed markers when nothing is due.
-    async fn retain(&self, eraser: &crate::erasure::Eraser, retention: Duration) {
+    async fn retain(&self, eraser: &turnpike_lifecycle::erasure::Eraser, retention: Duration) {
         let inner = &self.inner;
         let closed = match inner.conversations.directory().closed_list().await {
             Ok(closed) => closed,
@@ -549,7 +448,7 @@ impl Worker {
                     deleted += 1;
                     info!(%conversation, "sweep: deleted a conversation past its retention")
                 }
-                Err(crate::erasure::ErasureError::Busy) => {}
+                Err(turnpike_lifecycle::erasure::ErasureError::Busy) => {}
                 Err(e) => warn!(%conversation, error = %e, "sweep: retention could not delete"),
             }
         }

@@ -15,8 +15,8 @@ use axum::routing::post;
 use axum::{Json, Router};
 use serde_json::{json, Value};
 use tokio::sync::{mpsc, watch};
-use turnpike_worker::model::openai::{OpenAi, OpenAiConfig};
-use turnpike_worker::model::{
+use turnpike_agent::model::openai::{OpenAi, OpenAiConfig};
+use turnpike_agent::model::{
     CallContext, Message, ModelErrorKind, ModelProvider, ModelRequest, Role, ToolChoice, ToolSpec,
 };
 

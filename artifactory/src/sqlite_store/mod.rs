@@ -41,7 +41,7 @@ use object_store::{
 use rusqlite::types::ValueRef;
 use rusqlite::{params, Connection, OptionalExtension as _};
 
-use writer::{Etags, Job, Op};
+use writer::{generic, Etags, Job, Op};
 
 /// The database's file name inside the store's directory.
 pub const FILE_NAME: &str = "objects.sqlite";
@@ -90,17 +90,6 @@ impl std::fmt::Display for SqliteStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "Sqlite({})", self.shared.file.display())
     }
-}
-
-fn generic(message: impl Into<String>) -> object_store::Error {
-    object_store::Error::Generic {
-        store: "Sqlite",
-        source: message.into().into(),
-    }
-}
-
-fn now_ms() -> i64 {
-    Utc::now().timestamp_millis()
 }
 
 fn open_connection(file: &FsPath, fsync: bool) -> rusqlite::Result<Connection> {

@@ -17,8 +17,6 @@ use object_store::path::Path;
 use object_store::{Error, Result};
 use rusqlite::{params, Connection, ErrorCode};
 
-use super::{generic, now_ms};
-
 /// The most jobs committed together.
 const MAX_GROUP: usize = 256;
 
@@ -276,4 +274,15 @@ impl Etags {
             self.next.fetch_add(1, Ordering::Relaxed)
         )
     }
+}
+
+pub(super) fn generic(message: impl Into<String>) -> object_store::Error {
+    object_store::Error::Generic {
+        store: "Sqlite",
+        source: message.into().into(),
+    }
+}
+
+pub(super) fn now_ms() -> i64 {
+    chrono::Utc::now().timestamp_millis()
 }

@@ -15,6 +15,7 @@
 //! - [`fixtures`]: small builders for conversations and records
 //! - [`turns`]: a conversation with a scripted agent on one worker, for turn tests
 //! - [`lanes`]: publishing many events and checking they were committed in order, once
+//! - [`shape`]: import circles between the modules of a crate, read from its source
 
 pub mod counting;
 pub mod counting_bus;
@@ -30,5 +31,6 @@ pub mod nats;
 pub mod postgres;
 pub mod process;
 pub mod services;
+pub mod shape;
 pub mod stores;
 pub mod turns;

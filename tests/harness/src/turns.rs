@@ -119,6 +119,7 @@ impl Rig {
             registry = registry.with(tool);
         }
         let apps = Arc::new(Apps::new().load_dir(dir.path(), &registry).unwrap());
+        let registry_for_workers = registry.clone();
         let counting = CountingStore::new(Arc::new(InMemory::new()));
         let store: Arc<dyn ObjectStore> = counting.clone();
         let conversations = Conversations::new(store);
@@ -175,7 +176,8 @@ impl Rig {
                         ..WorkerConfig::default()
                     },
                 )
-                .with_cell(cell.clone());
+                .with_cell(cell.clone())
+                .with_tools(registry_for_workers.clone());
                 match &indexing {
                     Some(queue) => worker.with_index(queue.clone()),
                     None => worker,
@@ -215,9 +217,11 @@ impl Rig {
     }
 
     /// Starts a fresh worker that hangs at the failpoint `name` (see
-    /// [`turnpike_worker::failpoints`]).
+    /// [`turnpike_lifecycle::failpoints`]).
     pub fn run_hanging_at(&mut self, name: &str) {
-        self.run_with(Failpoints::default().with(name, turnpike_worker::failpoints::Action::Hang));
+        self.run_with(
+            Failpoints::default().with(name, turnpike_lifecycle::failpoints::Action::Hang),
+        );
     }
 
     /// Starts a fresh worker with `failpoints`.

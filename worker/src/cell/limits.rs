@@ -6,6 +6,9 @@ use std::ffi::CString;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+/// How long a cell may run by default.
+pub const DEFAULT_WALL: Duration = Duration::from_secs(30);
+
 /// A cell's limits.
 #[derive(Debug, Clone)]
 pub struct Limits {
@@ -22,7 +25,7 @@ pub struct Limits {
 impl Default for Limits {
     fn default() -> Self {
         Self {
-            wall: super::DEFAULT_WALL,
+            wall: DEFAULT_WALL,
             cpu_seconds: 20,
             address_space_bytes: 1 << 30,
             file_size_bytes: 64 << 20,

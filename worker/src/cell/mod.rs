@@ -25,12 +25,12 @@ use std::collections::BTreeMap;
 use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Instant, SystemTime};
 
 use serde::Serialize;
 use tokio::io::AsyncReadExt as _;
 
-pub use limits::{Budget, Limits, CELL_UIDS};
+pub use limits::{Budget, Limits, CELL_UIDS, DEFAULT_WALL};
 
 /// What a cell needs from the machine.
 #[derive(Debug, Clone)]
@@ -510,6 +510,3 @@ const SHM_BYTES: u64 = 16 << 20;
 
 /// Where the init binary is inside a cell.
 const INIT_PATH: &str = "/run/turnpike-init";
-
-/// How long a cell may run by default.
-pub const DEFAULT_WALL: Duration = Duration::from_secs(30);

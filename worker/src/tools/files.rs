@@ -13,7 +13,7 @@ use serde_json::{json, Value};
 use turnpike_schemas::RefPath;
 
 use super::{str_arg, Tool, ToolContext, ToolOutput};
-use crate::model::ToolSpec;
+use turnpike_agent::model::ToolSpec;
 
 /// The most of a file `read_file` returns.
 const MAX_READ_BYTES: u64 = 64 * 1024;

@@ -1,4 +1,6 @@
-//! Tools: a registry of everything an agent may call, and the per-agent allowlist over it.
+//! Tools: the registry of every tool this worker runs. The harness knows them by description
+//! (an agent's allowlist is a [`Toolset`] made from this registry, a [`ToolCatalog`]); calls
+//! run here, in the trusted runtime, through [`run_call`].
 //!
 //! Contract of a [`Tool`]: it works only through its [`ToolContext`] — the turn's workspace,
 //! the resolver as the turn's bound identity, the conversation's hosted files — and returns a
@@ -22,7 +24,8 @@ use turnpike_artifactory::{ConversationPrefix, Files};
 use turnpike_resolver::Resolver;
 use turnpike_schemas::{AgentId, Block, Identity, RefPath, TurnId};
 
-use crate::model::ToolSpec;
+use turnpike_agent::message::ToolSpec;
+pub use turnpike_agent::tools::{ToolCatalog, ToolDescription, ToolOutput, Toolset};
 
 pub use files::{ListFiles, ReadFile, WriteFile};
 pub use people::{AskUser, SwitchAgent};
@@ -56,7 +59,7 @@ pub struct ToolContext<'a> {
     /// The sandbox for generated code, or why there is none on this worker.
     pub cell: &'a Result<Arc<crate::cell::Cell>, String>,
     /// The owner's lease deadline: checked before anything is hosted.
-    pub fence: &'a crate::fence::Fence,
+    pub fence: &'a turnpike_lifecycle::fence::Fence,
     /// What the turn may bring in from other conversations.
     pub reach: &'a crate::reach::Reach,
     /// Set once the turn hosts a file (its attempt's files are then promoted after commit).
@@ -97,23 +100,6 @@ impl ToolContext<'_> {
             ),
         );
         hex::encode(sha2::Digest::finalize(hasher))
-    }
-}
-
-/// What a tool returned.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct ToolOutput {
-    pub output: Value,
-    /// Blocks for the turn log besides the result (files the call hosted).
-    pub blocks: Vec<Block>,
-}
-
-impl From<Value> for ToolOutput {
-    fn from(output: Value) -> Self {
-        Self {
-            output,
-            blocks: Vec::new(),
-        }
     }
 }
 
@@ -171,55 +157,42 @@ impl Registry {
         self.tools.keys().map(String::as_str)
     }
 
+    /// The tool named `name`.
+    pub fn get(&self, name: &str) -> Option<&Arc<dyn Tool>> {
+        self.tools.get(name)
+    }
+
     /// The tools an allowlist names, in its order; unknown names are an error naming them.
     pub fn allow(&self, names: &[String]) -> Result<Toolset, String> {
-        let mut tools = Vec::new();
-        for name in names {
-            match self.tools.get(name) {
-                Some(t) => tools.push(t.clone()),
-                None => {
-                    return Err(format!(
-                        "unknown tool {name:?} (known: {})",
-                        self.names().collect::<Vec<_>>().join(", ")
-                    ))
-                }
-            }
-        }
-        Ok(Toolset { tools })
+        Toolset::allow(self, names)
     }
 }
 
-/// The tools one agent may call.
-#[derive(Clone, Default)]
-pub struct Toolset {
-    tools: Vec<Arc<dyn Tool>>,
-}
-
-impl Toolset {
-    pub fn specs(&self) -> Vec<ToolSpec> {
-        self.tools.iter().map(|t| t.spec()).collect()
+impl ToolCatalog for Registry {
+    fn describe(&self, name: &str) -> Option<ToolDescription> {
+        self.tools.get(name).map(|t| ToolDescription {
+            spec: t.spec(),
+            side_effects: t.side_effects(),
+        })
     }
 
-    pub fn get(&self, name: &str) -> Option<&Arc<dyn Tool>> {
-        self.tools.iter().find(|t| t.spec().name == name)
-    }
-
-    /// Whether a call of `name` has effects outside the workspace.
-    pub fn side_effects(&self, name: &str) -> bool {
-        self.get(name).is_some_and(|t| t.side_effects())
+    fn names(&self) -> Vec<String> {
+        self.tools.keys().cloned().collect()
     }
 }
 
 /// Runs a call of an allowed tool and bounds its result. A call of a tool outside the
 /// allowlist is an error result, never a call.
 pub async fn run_call(
+    registry: &Registry,
     tools: &Toolset,
     cx: &ToolContext<'_>,
     call_id: &str,
     name: &str,
     arguments: Value,
 ) -> (bool, ToolOutput) {
-    let Some(tool) = tools.get(name) else {
+    let tool = tools.get(name).and_then(|_| registry.get(name));
+    let Some(tool) = tool else {
         return (
             false,
             json!({"error": format!("no tool named {name:?} is available to this agent")}).into(),

@@ -7,7 +7,7 @@ use serde_json::{json, Value};
 use turnpike_schemas::{AgentId, Block, RequestId};
 
 use super::{str_arg, Tool, ToolContext, ToolOutput};
-use crate::model::ToolSpec;
+use turnpike_agent::model::ToolSpec;
 
 /// `ask_user {question}`.
 pub struct AskUser;

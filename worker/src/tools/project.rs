@@ -6,7 +6,7 @@ use serde_json::{json, Value};
 use turnpike_schemas::{RefPath, TurnId};
 
 use super::{Tool, ToolContext, ToolOutput};
-use crate::model::ToolSpec;
+use turnpike_agent::model::ToolSpec;
 
 /// The tool.
 pub struct Checkout;

@@ -10,7 +10,7 @@ use turnpike_schemas::{Block, Identity, TenantId};
 
 use super::files::{read_bounded, workspace_path, write_file};
 use super::{str_arg, Tool, ToolContext, ToolOutput};
-use crate::model::ToolSpec;
+use turnpike_agent::model::ToolSpec;
 
 /// The largest file `publish` hosts.
 const MAX_PUBLISH_BYTES: u64 = 64 * 1024 * 1024;

@@ -14,14 +14,18 @@ use turnpike_schemas::{
     AgentId, Block, EntryBody, Event, Family, RefPath, Reference, TurnId, TurnLog,
 };
 
-use crate::apps::OnNewMessage;
 use crate::error::{Error, Result};
 use crate::workspace::Workspace;
+use turnpike_agent::apps::OnNewMessage;
 use turnpike_artifactory::git::{Lineage, Project};
 
 use super::context::TurnContext;
 use super::lane_watch::{LaneWatch, StopCause};
 use super::TurnEnv;
+/// A turn after its batch one, through its batch two (DESIGN's life of a turn, steps 6–9): the
+/// turn's context is opened, the app does the work, what the workspace holds is checked and
+/// published as the project's next version, the turn log and context snapshot are written under
+/// the attempt, batch two is committed, and the attempt's objects are promoted.
 pub(super) async fn finish_turn(
     env: &TurnEnv,
     head: Head,
@@ -31,11 +35,48 @@ pub(super) async fn finish_turn(
     directive: Option<IngressDirective>,
     attempt: u64,
 ) -> Result<Head> {
+    let app = inputs
+        .first()
+        .expect("a turn has at least one input")
+        .address
+        .app
+        .clone();
+    let route = env.apps.route(env.record.prefix().tenant(), &app, &agent);
+    let spec = route.as_ref().ok().and_then(|r| r.agent.clone());
+    let opened = open(env, head, turn, agent, inputs, directive, attempt, spec)?;
+    let (outcome, failure) = work(env, &opened.ctx, &route).await?;
+    let (outcome, failure, version) = keep_workspace(&opened.ctx, outcome, failure).await?;
+    let ended = Ended::take(opened).await;
+    commit(env, ended, outcome, failure, version).await
+}
+
+/// A turn's context, open.
+struct Opened<'a> {
+    ctx: TurnContext<'a>,
+    /// Forwards the turn's streamed text to the conversation's live stream until the context
+    /// is taken apart.
+    forwarder: tokio::task::JoinHandle<()>,
+    /// How many of the turn's blocks are its inputs (committed in batch one).
+    input_count: usize,
+}
+
+/// Opens the turn's context: its workspace (made on first use), its lane watch, its stream of
+/// text, the project it starts from.
+#[allow(clippy::too_many_arguments)]
+fn open(
+    env: &TurnEnv,
+    head: Head,
+    turn: TurnId,
+    agent: AgentId,
+    inputs: Vec<Event>,
+    directive: Option<IngressDirective>,
+    attempt: u64,
+    spec: Option<std::sync::Arc<turnpike_agent::AgentSpec>>,
+) -> Result<Opened<'_>> {
     let conversation = env.record.prefix().conversation();
     let first = inputs.first().expect("a turn has at least one input");
     let app = first.address.app.clone();
     let identity = first.address.identity.clone();
-    let route = env.apps.route(env.record.prefix().tenant(), &app, &agent);
     let app_agents = env.apps.agents_of(&app);
     // Made when the turn first uses it (most replies never do); its root is checked now, so a
     // worker that cannot keep workspaces at all stops before anything runs (and the turn is
@@ -66,7 +107,6 @@ pub(super) async fn finish_turn(
     };
     let lane_through = head.state().lane_through;
     let lineage = Lineage::new(env.files.store().clone(), env.record.prefix().clone());
-    let spec = route.as_ref().ok().and_then(|r| r.agent.clone());
     let policy = spec
         .as_ref()
         .map_or(OnNewMessage::Queue, |s| s.on_new_message);
@@ -76,8 +116,8 @@ pub(super) async fn finish_turn(
         env,
         turn,
         attempt,
-        app: app.clone(),
-        agent: agent.clone(),
+        app,
+        agent,
         spec,
         identity,
         workspace,
@@ -100,56 +140,95 @@ pub(super) async fn finish_turn(
         watch,
         deltas: delta_tx,
     };
+    Ok(Opened {
+        ctx,
+        forwarder,
+        input_count,
+    })
+}
+
+/// The work of the turn: the app's callback (the built-in agent loop unless the app brings its
+/// own), after a budget check. A fenced turn stops here; any other failure ends the turn
+/// `failed` with its reason.
+async fn work(
+    env: &TurnEnv,
+    ctx: &TurnContext<'_>,
+    route: &std::result::Result<turnpike_agent::apps::Route, String>,
+) -> Result<(TurnOutcome, Option<String>)> {
     // A spent budget refuses the turn before it calls anything: its inputs are taken, the
     // reason recorded, nothing run.
     let refused = match turnpike_router::usage::check_budgets(
         env.bus.as_ref(),
         &env.config.budgets,
         env.record.prefix().tenant(),
-        &app,
+        &ctx.app,
     )
     .await
     {
         Ok(refused) => refused,
         // Unknown spend is not spend: a ledger that cannot be read does not stop turns.
         Err(e) => {
-            warn!(%conversation, %turn, error = %e, "could not read the usage ledger; budgets not checked");
+            warn!(conversation = %ctx.env.record.prefix().conversation(), turn = %ctx.turn, error = %e, "could not read the usage ledger; budgets not checked");
             None
         }
     };
-    let result = match (&route, refused) {
+    let result = match (route, refused) {
         (_, Some(why)) => {
             crate::metrics::budget_refusal();
             Err(Error::refused(why))
         }
-        (Ok(route), None) => route.callbacks.on_reactive_event(&ctx).await,
+        (Ok(route), None) => route
+            .callbacks
+            .on_reactive_event(ctx)
+            .await
+            .map_err(Error::from),
         (Err(why), None) => Err(Error::route(why.clone())),
     };
-    let (outcome, mut failure) = match result {
-        Ok(outcome) => (outcome, None),
-        Err(e) if e.is_fenced() => return Err(e),
-        Err(e) => (TurnOutcome::Failed, Some(e.to_string())),
-    };
-    // A successful (or parked) turn publishes the project's next version; a failed or cancelled
-    // one publishes nothing.
-    let mut version = None;
-    if failure.is_none() && matches!(outcome, TurnOutcome::Replied | TurnOutcome::Parked) {
-        // What generated code left must be plain files within the quota before any of it is
-        // committed (or even opened): a FIFO, a link or a huge tree fails the turn instead.
-        if let Some(why) = ctx.workspace.error() {
-            failure = Some(why.to_owned());
-        } else if ctx.workspace.is_made() {
-            let root = ctx.workspace.path().to_path_buf();
-            let quota = env.config.workspace_quota;
-            match tokio::task::spawn_blocking(move || crate::workspace::audit(&root, quota)).await {
-                Ok(Ok(_)) => {}
-                Ok(Err(why)) => failure = Some(why),
-                Err(e) => failure = Some(format!("checking the workspace failed: {e}")),
-            }
+    match result {
+        Ok(outcome) => Ok((outcome, None)),
+        Err(e) if e.is_fenced() => Err(e),
+        Err(e) => Ok((TurnOutcome::Failed, Some(e.to_string()))),
+    }
+}
+
+/// What the workspace holds, kept: a successful (or parked) turn's workspace must be plain
+/// files within the quota, and becomes the project's next version; a failed or cancelled turn
+/// publishes nothing. Returns the turn's outcome (failed if either step failed), its failure
+/// and its version.
+async fn keep_workspace(
+    ctx: &TurnContext<'_>,
+    outcome: TurnOutcome,
+    mut failure: Option<String>,
+) -> Result<(
+    TurnOutcome,
+    Option<String>,
+    Option<turnpike_schemas::ProjectVersion>,
+)> {
+    let kept = failure.is_none() && matches!(outcome, TurnOutcome::Replied | TurnOutcome::Parked);
+    if !kept {
+        let outcome = if failure.is_some() {
+            TurnOutcome::Failed
+        } else {
+            outcome
+        };
+        return Ok((outcome, failure, None));
+    }
+    // What generated code left must be plain files within the quota before any of it is
+    // committed (or even opened): a FIFO, a link or a huge tree fails the turn instead.
+    if let Some(why) = ctx.workspace.error() {
+        failure = Some(why.to_owned());
+    } else if ctx.workspace.is_made() {
+        let root = ctx.workspace.path().to_path_buf();
+        let quota = ctx.env.config.workspace_quota;
+        match tokio::task::spawn_blocking(move || crate::workspace::audit(&root, quota)).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(why)) => failure = Some(why),
+            Err(e) => failure = Some(format!("checking the workspace failed: {e}")),
         }
     }
-    if failure.is_none() && matches!(outcome, TurnOutcome::Replied | TurnOutcome::Parked) {
-        match publish_version(&ctx).await {
+    let mut version = None;
+    if failure.is_none() {
+        match publish_version(ctx).await {
             Ok(v) => version = v,
             Err(e) if e.is_fenced() => return Err(e),
             Err(e) => failure = Some(format!("publishing the project version failed: {e}")),
@@ -160,89 +239,128 @@ pub(super) async fn finish_turn(
     } else {
         outcome
     };
-    let TurnContext {
-        head,
-        blocks,
-        timeline,
-        workspace,
-        watch,
-        deltas,
-        spec,
-        intents,
-        compaction,
-        identity,
-        hosted,
-        usage,
-        calls,
-        exchange,
-        ..
-    } = ctx;
-    let turn_usage = usage.into_inner().expect("usage lock");
-    let calls = calls.into_inner().expect("calls lock");
-    let exchange = exchange.into_inner().expect("exchange lock");
-    let hosted = hosted.into_inner();
-    let intents = intents.into_inner().expect("intents lock");
-    let stop_cause = watch.cause();
-    env.lane.lock().expect("lane lock").quiet_through = watch.seen().quiet_through;
-    drop(watch);
-    drop(deltas);
-    let _ = forwarder.await;
-    let head = head.into_inner().expect("head lock");
-    let blocks = blocks.into_inner().expect("blocks lock");
-    if let Err(e) = workspace.remove().await {
-        warn!(%conversation, %turn, error = %e, "could not remove the turn's workspace");
+    Ok((outcome, failure, version))
+}
+
+/// What is left of a turn once its context is taken apart (its workspace removed, its stream
+/// of text flushed): what batch two is made of.
+struct Ended {
+    head: Head,
+    turn: TurnId,
+    attempt: u64,
+    app: turnpike_schemas::AppId,
+    agent: AgentId,
+    identity: turnpike_schemas::Identity,
+    spec: Option<std::sync::Arc<turnpike_agent::AgentSpec>>,
+    input_count: usize,
+    blocks: Vec<Block>,
+    timeline: Option<turnpike_agent::timeline::Timeline>,
+    usage: Option<turnpike_schemas::turnlog::Usage>,
+    calls: Vec<turnpike_agent::model::CallUsage>,
+    exchange: Option<turnpike_schemas::turnlog::Exchange>,
+    compaction: Option<turnpike_schemas::entry::CompactionMarker>,
+    intents: std::collections::HashSet<String>,
+    hosted: bool,
+    stop_cause: Option<StopCause>,
+}
+
+impl Ended {
+    async fn take(opened: Opened<'_>) -> Ended {
+        let Opened {
+            ctx,
+            forwarder,
+            input_count,
+        } = opened;
+        let env = ctx.env;
+        let TurnContext {
+            head,
+            turn,
+            attempt,
+            app,
+            agent,
+            blocks,
+            timeline,
+            workspace,
+            watch,
+            deltas,
+            spec,
+            intents,
+            compaction,
+            identity,
+            hosted,
+            usage,
+            calls,
+            exchange,
+            ..
+        } = ctx;
+        let stop_cause = watch.cause();
+        env.lane.lock().expect("lane lock").quiet_through = watch.seen().quiet_through;
+        drop(watch);
+        drop(deltas);
+        let _ = forwarder.await;
+        if let Err(e) = workspace.remove().await {
+            let conversation = env.record.prefix().conversation();
+            warn!(%conversation, %turn, error = %e, "could not remove the turn's workspace");
+        }
+        Ended {
+            head: head.into_inner().expect("head lock"),
+            turn,
+            attempt,
+            app,
+            agent,
+            identity,
+            spec,
+            input_count,
+            blocks: blocks.into_inner().expect("blocks lock"),
+            timeline: timeline.into_inner().expect("timeline lock"),
+            usage: usage.into_inner().expect("usage lock"),
+            calls: calls.into_inner().expect("calls lock"),
+            exchange: exchange.into_inner().expect("exchange lock"),
+            compaction: compaction.into_inner().expect("compaction lock"),
+            intents: intents.into_inner().expect("intents lock"),
+            hosted: hosted.into_inner(),
+            stop_cause,
+        }
     }
-    let side_effects = |tool: &str| spec.as_ref().is_some_and(|s| s.tools.side_effects(tool));
-    let mut bodies: Vec<EntryBody> = compaction
-        .into_inner()
-        .expect("compaction lock")
-        .map(EntryBody::CompactionMarker)
-        .into_iter()
-        .collect();
-    bodies.extend(
-        blocks
-            .iter()
-            .skip(input_count)
-            .filter(|b| !matches!(b, Block::ToolCall { call_id, .. } if intents.contains(call_id)))
-            .filter_map(|b| EntryBody::from_block(turn, b, &identity, &side_effects)),
-    );
+}
+
+/// Writes the turn log and the context snapshot under the attempt, commits batch two, counts
+/// the usage and promotes the attempt (DESIGN steps 7–9).
+async fn commit(
+    env: &TurnEnv,
+    ended: Ended,
+    outcome: TurnOutcome,
+    failure: Option<String>,
+    version: Option<turnpike_schemas::ProjectVersion>,
+) -> Result<Head> {
+    let conversation = env.record.prefix().conversation();
+    let (turn, attempt) = (ended.turn, ended.attempt);
+    let mut bodies = done_entries(&ended);
     let log = TurnLog {
         version: TURN_LOG_VERSION,
         conversation,
         turn,
-        agent,
+        agent: ended.agent.clone(),
         outcome,
-        blocks,
-        usage: turn_usage,
-        exchange,
-        unindexed: spec.as_ref().is_some_and(|s| !s.index),
+        blocks: ended.blocks,
+        usage: ended.usage,
+        exchange: ended.exchange,
+        unindexed: ended.spec.as_ref().is_some_and(|s| !s.index),
     };
     env.fence.check()?;
     let digest = env
         .turn_logs
         .write_attempt(env.record.prefix(), &log, attempt)
         .await?;
-    let mut snapshot = None;
-    if let Some(before) = timeline.into_inner().expect("timeline lock") {
-        // What the next turn's rebuild reads in one fetch: bounded by what its agent could use.
-        let budget = spec
-            .as_ref()
-            .map_or(u64::MAX, |s| 2 * u64::from(s.context_length));
-        let after = crate::timeline::snapshot_after(
-            &before,
-            env.record.prefix(),
-            turn,
-            &log.blocks,
-            budget,
-        );
-        env.fence.check()?;
-        env.turn_logs
-            .write_context_attempt(env.record.prefix(), &after, attempt)
-            .await?;
-        snapshot = Some(after);
-    }
+    let snapshot = match &ended.timeline {
+        Some(before) => {
+            let spec = ended.spec.as_deref();
+            Some(write_snapshot(env, before, &log, attempt, spec).await?)
+        }
+        None => None,
+    };
     // What the model calls used, whatever became of the turn: they were made.
-    let usage = crate::usage::entries(turn, &calls, env.config.prices.as_deref());
+    let usage = crate::usage::entries(turn, &ended.calls, env.config.prices.as_deref());
     bodies.extend(usage.iter().cloned());
     match (outcome, failure) {
         (_, Some(message)) => bodies.push(EntryBody::Error(ErrorEntry {
@@ -251,7 +369,7 @@ pub(super) async fn finish_turn(
         })),
         (TurnOutcome::Cancelled, None) => bodies.push(EntryBody::Cancelled(Cancelled {
             turn,
-            reason: stop_cause.and_then(StopCause::reason),
+            reason: ended.stop_cause.and_then(StopCause::reason),
         })),
         _ => {}
     }
@@ -271,13 +389,22 @@ pub(super) async fn finish_turn(
     }));
     let place = format!("{conversation} {turn}");
     env.config.failpoints.hit("before-batch-two", &place).await;
-    let head = env.append(&head, &bodies).await?;
+    let head = env.append(&ended.head, &bodies).await?;
     info!(%conversation, %turn, ?outcome, "turn complete");
-    count_usage(env, &app, &usage).await;
+    count_usage(env, &ended.app, &usage).await;
     env.config.failpoints.hit("before-promotion", &place).await;
     // Committed: this attempt's objects become the turn's. Should this fail (or the worker
     // die first), the mark stays and whoever next owns the conversation finishes it.
-    if let Err(e) = promote(env, turn, attempt, version, &log, snapshot.as_ref(), hosted).await {
+    let promoted = promote(
+        env,
+        turn,
+        attempt,
+        version,
+        &log,
+        snapshot.as_ref(),
+        ended.hosted,
+    );
+    if let Err(e) = promoted.await {
         // Committed but not promoted: stop here, mark kept, so that whoever owns the
         // conversation next finishes this promotion before any other turn runs.
         warn!(%conversation, %turn, error = %e, "promotion unfinished; the next owner finishes it");
@@ -289,6 +416,51 @@ pub(super) async fn finish_turn(
     Ok(head)
 }
 
+/// What the turn did, as record entries: the compaction it made, then its blocks past its
+/// inputs (a side-effecting call whose intent is committed already is not recorded twice).
+fn done_entries(ended: &Ended) -> Vec<EntryBody> {
+    let side_effects = |tool: &str| {
+        ended
+            .spec
+            .as_ref()
+            .is_some_and(|s| s.tools.side_effects(tool))
+    };
+    let mut bodies: Vec<EntryBody> = ended
+        .compaction
+        .clone()
+        .map(EntryBody::CompactionMarker)
+        .into_iter()
+        .collect();
+    bodies.extend(
+        ended
+            .blocks
+            .iter()
+            .skip(ended.input_count)
+            .filter(|b| !matches!(b, Block::ToolCall { call_id, .. } if ended.intents.contains(call_id)))
+            .filter_map(|b| EntryBody::from_block(ended.turn, b, &ended.identity, &side_effects)),
+    );
+    bodies
+}
+
+/// Writes the snapshot the next turn's rebuild reads in one fetch: the timeline this turn was
+/// built on and its own blocks, bounded by what its agent could use.
+async fn write_snapshot(
+    env: &TurnEnv,
+    before: &turnpike_agent::timeline::Timeline,
+    log: &TurnLog,
+    attempt: u64,
+    spec: Option<&turnpike_agent::AgentSpec>,
+) -> Result<turnpike_schemas::timeline::ContextSnapshot> {
+    let budget = spec.map_or(u64::MAX, |s| 2 * u64::from(s.context_length));
+    let after =
+        crate::timeline::snapshot_after(before, env.record.prefix(), log.turn, &log.blocks, budget);
+    env.fence.check()?;
+    env.turn_logs
+        .write_context_attempt(env.record.prefix(), &after, attempt)
+        .await?;
+    Ok(after)
+}
+
 /// Adds a committed turn's usage to the ledger's counters (its tenant's, its app's in the
 /// tenant), today. After the commit and only then: a turn is never counted twice; an owner
 /// that dies here leaves it out (see [`turnpike_router::usage`]).
@@ -296,10 +468,11 @@ async fn count_usage(env: &TurnEnv, app: &turnpike_schemas::AppId, usage: &[Entr
     if usage.is_empty() {
         return;
     }
-    let mut totals = crate::usage::totals(usage.iter().filter_map(|b| match b {
-        EntryBody::Usage(u) => Some(u),
-        _ => None,
-    }));
+    let mut totals =
+        turnpike_router::usage::UsageTotals::of_entries(usage.iter().filter_map(|b| match b {
+            EntryBody::Usage(u) => Some(u),
+            _ => None,
+        }));
     totals.turns = 1;
     let tenant = env.record.prefix().tenant().clone();
     let day = turnpike_router::usage::Day::today();

@@ -9,7 +9,7 @@ use turnpike_router::bus::Bus;
 use turnpike_router::LaneMessage;
 use turnpike_schemas::{Event, EventBody, Identity};
 
-use crate::apps::OnNewMessage;
+use turnpike_agent::apps::OnNewMessage;
 
 use super::{TurnEnv, LANE_READ};
 

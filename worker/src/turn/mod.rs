@@ -30,10 +30,10 @@ use turnpike_router::bus::Bus;
 use turnpike_schemas::live::LiveFrame;
 use turnpike_schemas::{EntryBody, WorkerId};
 
-use crate::apps::Apps;
 use crate::config::WorkerConfig;
 use crate::error::{Error, Result};
 use crate::tools::SearchIndex;
+use turnpike_agent::Apps;
 
 /// What every turn of a worker needs, built once per worker and shared by its owners.
 pub struct Shared {
@@ -47,6 +47,8 @@ pub struct Shared {
     pub cell: Result<Arc<crate::cell::Cell>, String>,
     pub signer: RecordSigner,
     pub apps: Arc<Apps>,
+    /// The tools this worker runs (an agent's allowlist names which it may call).
+    pub tools: crate::tools::Registry,
     pub directory: turnpike_artifactory::Directory,
     /// Where a sweep finds turns left open: marked before the first batch one of a drain,
     /// cleared when the drain ends with every turn closed and promoted.
@@ -66,7 +68,7 @@ pub struct TurnEnv {
     /// Whether this owner has marked the conversation (and not cleared the mark since).
     pub marked: std::sync::atomic::AtomicBool,
     /// The owner's lease deadline: fenced writes check it first.
-    pub fence: crate::fence::Fence,
+    pub fence: turnpike_lifecycle::Fence,
     /// When this owner dispatched the turn it runs (ms; 0: none), for the turn's duration.
     pub dispatched_ms: std::sync::atomic::AtomicU64,
     /// What the owner knows of the lane past the record, handed between its drain and the

@@ -6,7 +6,7 @@ use std::fmt;
 use std::path::Path;
 use std::sync::Arc;
 
-use crate::model::Message;
+use crate::message::Message;
 use crate::timeline::estimate_tokens;
 
 /// Counts the tokens of model messages.

@@ -23,6 +23,7 @@ use crate::model::{
     CallContext, ModelError, ModelErrorKind, ModelProvider, ModelReply, ModelRequest,
     ToolCallRequest, ToolSpec,
 };
+use crate::timeline::is_input;
 use crate::tools::ToolOutput;
 
 /// One recorded model output: optional text and the calls it made.
@@ -44,23 +45,6 @@ pub struct Recorded {
     pub arrivals: Vec<Vec<Block>>,
     /// The approval requests that parked calls, by call id.
     pub requests: HashMap<String, Block>,
-}
-
-/// Whether a block leads a turn (its inputs, a summary, what was recalled) rather than being
-/// something the turn did.
-pub fn is_input(block: &Block) -> bool {
-    matches!(
-        block,
-        Block::UserMessage { .. }
-            | Block::FollowUp { .. }
-            | Block::Steer { .. }
-            | Block::Stop { .. }
-            | Block::Attachment { .. }
-            // A compaction's summary leads the turn that made it.
-            | Block::Summary { .. }
-            // So does what the rebuild recalled.
-            | Block::Recall { .. }
-    )
 }
 
 impl Recorded {

@@ -3,7 +3,7 @@
 //!
 //! Contract: the renewal loop moves the deadline forward after each successful renewal. Every
 //! write that must be fenced (record appends, the turn log, the context snapshot, hosted files,
-//! project versions) calls [`Fence::check`] first, which fails with a fenced [`Error`] once the
+//! project versions) calls [`Fence::check`] first, which fails with [`Fenced`] once the
 //! lease expires within the margin. A process that was paused (SIGSTOP, a long GC-like stall)
 //! past its TTL therefore finds its deadline behind it the moment it resumes, and writes
 //! nothing.
@@ -14,7 +14,17 @@ use std::time::Duration;
 
 use turnpike_router::bus::now_ms;
 
-use crate::error::{Error, Result};
+/// The lease may lapse before a write could land: the holder stops writing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Fenced;
+
+impl std::fmt::Display for Fenced {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("the lease could not be renewed in time; this owner stops writing")
+    }
+}
+
+impl std::error::Error for Fenced {}
 
 /// A shared, cheap handle on the lease deadline.
 #[derive(Debug, Clone)]
@@ -43,13 +53,11 @@ impl Fence {
     }
 
     /// Fails (fenced) when the lease may lapse before a write could land.
-    pub fn check(&self) -> Result<()> {
+    pub fn check(&self) -> Result<(), Fenced> {
         if self.holds_at(now_ms()) {
             return Ok(());
         }
-        Err(Error::fenced(
-            "the lease could not be renewed in time; this owner stops writing",
-        ))
+        Err(Fenced)
     }
 }
 
@@ -64,7 +72,7 @@ mod tests {
         tokio::time::advance(Duration::from_secs(54)).await;
         assert!(fence.check().is_ok());
         tokio::time::advance(Duration::from_secs(2)).await;
-        assert!(fence.check().unwrap_err().is_fenced());
+        assert_eq!(fence.check(), Err(Fenced));
     }
 
     #[test]

@@ -7,7 +7,7 @@ use turnpike_schemas::EventBody;
 
 use crate::apps::App;
 use crate::error::Result;
-use crate::turn::TurnContext;
+use crate::turn::Turn;
 
 /// Replies `echo: <text>` to every message and follow-up, folding in what arrives on the lane
 /// between rounds; a stop cancels the turn.
@@ -16,7 +16,7 @@ pub struct EchoAgent;
 
 #[async_trait]
 impl App for EchoAgent {
-    async fn on_reactive_event(&self, turn: &TurnContext<'_>) -> Result<TurnOutcome> {
+    async fn on_reactive_event(&self, turn: &dyn Turn) -> Result<TurnOutcome> {
         let mut events: Vec<EventBody> = turn.inputs().iter().map(|e| e.body.clone()).collect();
         for _ in 0..turn.max_rounds() {
             for body in &events {

@@ -17,19 +17,14 @@
 use async_trait::async_trait;
 use serde_json::json;
 use turnpike_schemas::entry::TurnOutcome;
-use turnpike_schemas::{Block, RequestId};
+use turnpike_schemas::Block;
 
-use crate::approvals::{canonical, pending};
-use crate::apps::AgentSpec;
 use crate::error::{Error, Result};
-use crate::model::{
-    CallContext, Message, ModelProvider, ModelReply, ModelRequest, Role, ToolCallRequest,
-    ToolChoice, ToolSpec,
-};
+use crate::message::{Message, Role, ToolCallRequest, ToolSpec};
+use crate::model::{CallContext, ModelProvider, ModelReply, ModelRequest, ToolChoice};
 use crate::timeline::messages;
 use crate::tokens::TokenCounter;
-use crate::tools::{run_call, ToolOutput};
-use crate::turn::TurnContext;
+use crate::tools::ToolOutput;
 
 /// What the closing call asks for.
 pub const CLOSING_PROMPT: &str = "You have used every tool round this turn allows. Do not call \
@@ -149,74 +144,103 @@ pub async fn run(
             blocks.push(Block::AssistantMessage { text });
             return Ok(TurnOutcome::Replied);
         }
-        // A gated call parks the turn: the calls before it run, the round's text is withheld.
-        let gated = tool_calls
-            .iter()
-            .enumerate()
-            .find_map(|(i, c)| tools.gate(c).map(|request| (i, request)));
-        if !text.trim().is_empty() && gated.is_none() {
-            blocks.push(Block::AssistantMessage { text: text.clone() });
-        }
-        for call in &tool_calls {
-            blocks.push(Block::ToolCall {
-                call_id: call.id.clone(),
-                tool: call.name.clone(),
-                arguments: call.arguments.clone(),
-            });
-        }
-        for (i, call) in tool_calls.iter().enumerate() {
-            if let Some((at, request)) = &gated {
-                if i == *at {
-                    let mut request = request.clone();
-                    if let Block::ApprovalRequest { withheld, .. } = &mut request {
-                        if !text.trim().is_empty() {
-                            *withheld = text.clone();
-                        }
-                    }
-                    blocks.push(request);
-                    continue;
-                }
-                if i > *at {
-                    blocks.push(Block::ToolResult {
-                        call_id: call.id.clone(),
-                        ok: false,
-                        output: json!({ "error": "not run: the turn is waiting for an approval" }),
-                    });
-                    continue;
-                }
-            }
-            let (ok, out) = tokio::select! {
-                biased;
-                _ = inbox.stop_requested() => {
-                    blocks.push(Block::ToolResult {
-                        call_id: call.id.clone(),
-                        ok: false,
-                        output: json!({ "error": CANCELLED_RESULT }),
-                    });
-                    return cancel(inbox, blocks).await;
-                }
-                result = tools.run(call) => result,
-            };
-            blocks.push(Block::ToolResult {
-                call_id: call.id.clone(),
-                ok,
-                output: out.output,
-            });
-            let parks = out
-                .blocks
-                .iter()
-                .any(|b| matches!(b, Block::QuestionRequest { .. }));
-            blocks.extend(out.blocks);
-            if parks {
-                return Ok(TurnOutcome::Parked);
-            }
-        }
-        if gated.is_some() {
-            return Ok(TurnOutcome::Parked);
+        if let Some(outcome) = run_calls(tools, inbox, blocks, text, &tool_calls).await? {
+            return Ok(outcome);
         }
     }
     // The rounds ran out (or the model said nothing): one closing call, without tools.
-    let mut request = request(settings, &history, blocks, &[], true);
+    close(settings, &history, blocks, model, inbox, cx).await
+}
+
+/// The tool calls of one model reply, in order: a gated call parks the turn (the calls before
+/// it run, the round's text is withheld in its request, the calls after it are not run); a stop
+/// cancels the running call. `Some(outcome)` ends the turn; `None` goes on to the next round.
+async fn run_calls(
+    tools: &dyn ToolRunner,
+    inbox: &mut dyn Inbox,
+    blocks: &mut Vec<Block>,
+    text: String,
+    tool_calls: &[ToolCallRequest],
+) -> Result<Option<TurnOutcome>> {
+    // A gated call parks the turn: the calls before it run, the round's text is withheld.
+    let gated = tool_calls
+        .iter()
+        .enumerate()
+        .find_map(|(i, c)| tools.gate(c).map(|request| (i, request)));
+    if !text.trim().is_empty() && gated.is_none() {
+        blocks.push(Block::AssistantMessage { text: text.clone() });
+    }
+    for call in tool_calls {
+        blocks.push(Block::ToolCall {
+            call_id: call.id.clone(),
+            tool: call.name.clone(),
+            arguments: call.arguments.clone(),
+        });
+    }
+    for (i, call) in tool_calls.iter().enumerate() {
+        if let Some((at, request)) = &gated {
+            if i == *at {
+                let mut request = request.clone();
+                if let Block::ApprovalRequest { withheld, .. } = &mut request {
+                    if !text.trim().is_empty() {
+                        *withheld = text.clone();
+                    }
+                }
+                blocks.push(request);
+                continue;
+            }
+            if i > *at {
+                blocks.push(Block::ToolResult {
+                    call_id: call.id.clone(),
+                    ok: false,
+                    output: json!({ "error": "not run: the turn is waiting for an approval" }),
+                });
+                continue;
+            }
+        }
+        let (ok, out) = tokio::select! {
+            biased;
+            _ = inbox.stop_requested() => {
+                blocks.push(Block::ToolResult {
+                    call_id: call.id.clone(),
+                    ok: false,
+                    output: json!({ "error": CANCELLED_RESULT }),
+                });
+                return cancel(inbox, blocks).await.map(Some);
+            }
+            result = tools.run(call) => result,
+        };
+        blocks.push(Block::ToolResult {
+            call_id: call.id.clone(),
+            ok,
+            output: out.output,
+        });
+        let parks = out
+            .blocks
+            .iter()
+            .any(|b| matches!(b, Block::QuestionRequest { .. }));
+        blocks.extend(out.blocks);
+        if parks {
+            return Ok(Some(TurnOutcome::Parked));
+        }
+    }
+    if gated.is_some() {
+        return Ok(Some(TurnOutcome::Parked));
+    }
+    Ok(None)
+}
+
+/// The closing call, when the rounds ran out (or the model said nothing): no tools, a prompt
+/// that asks for what was tried; an empty answer is [`FALLBACK_REPLY`].
+async fn close(
+    settings: &Settings,
+    history: &[Message],
+    blocks: &mut Vec<Block>,
+    model: &dyn ModelProvider,
+    inbox: &mut dyn Inbox,
+    cx: &mut CallContext,
+) -> Result<TurnOutcome> {
+    let mut request = request(settings, history, blocks, &[], true);
     request
         .messages
         .push(Message::new(Role::System, CLOSING_PROMPT));
@@ -287,127 +311,6 @@ pub(crate) fn fit(history: &[Message], budget: u64, tokens: &TokenCounter) -> Ve
     history[start..].to_vec()
 }
 
-/// The live inbox: the conversation's lane, through the turn.
-struct LaneInbox<'t, 'a> {
-    turn: &'t TurnContext<'a>,
-}
-
-#[async_trait]
-impl Inbox for LaneInbox<'_, '_> {
-    async fn arrivals(&mut self) -> Result<Vec<Block>> {
-        let events = self.turn.commit_arrivals().await?;
-        Ok(events
-            .iter()
-            .filter_map(|e| Block::from_event(&e.body))
-            .collect())
-    }
-
-    async fn stop_requested(&mut self) {
-        self.turn.stop_requested().await
-    }
-}
-
-/// The live tools: the agent's allowlist, over the turn's workspace and bound identity.
-struct LiveTools<'t, 'a> {
-    turn: &'t TurnContext<'a>,
-    spec: &'t AgentSpec,
-}
-
-impl LiveTools<'_, '_> {
-    /// Runs a call (no gating): a side-effecting one only after its intent is committed.
-    async fn execute(&self, call: &ToolCallRequest) -> Result<(bool, ToolOutput)> {
-        if self.spec.tools.side_effects(&call.name) {
-            self.turn
-                .commit_intent(&call.id, &call.name, &call.arguments)
-                .await?;
-        }
-        let cx = self.turn.tool_context(&call.id);
-        Ok(run_call(
-            &self.spec.tools,
-            &cx,
-            &call.id,
-            &call.name,
-            call.arguments.clone(),
-        )
-        .await)
-    }
-}
-
-#[async_trait]
-impl ToolRunner for LiveTools<'_, '_> {
-    fn specs(&self) -> Vec<ToolSpec> {
-        self.spec.tools.specs()
-    }
-
-    async fn run(&self, call: &ToolCallRequest) -> (bool, ToolOutput) {
-        // A name the model made up is not a label: labels stay as few as the agent's tools.
-        let tool = if self.spec.tools.get(&call.name).is_some() {
-            call.name.as_str()
-        } else {
-            "unknown"
-        };
-        let span = tracing::info_span!(
-            "gen_ai.execute_tool",
-            otel.name = %format!("execute_tool {tool}"),
-            gen_ai.operation.name = "execute_tool",
-            gen_ai.tool.name = tool,
-            gen_ai.tool.call.id = %call.id,
-        );
-        let executed = {
-            use tracing::Instrument as _;
-            self.execute(call).instrument(span).await
-        };
-        match executed {
-            Ok(result) => {
-                crate::metrics::tool_call(tool, if result.0 { "ok" } else { "error" });
-                result
-            }
-            // The intent could not be committed (fenced, store down): the call does not run.
-            Err(e) => {
-                crate::metrics::tool_call(tool, "not_run");
-                (false, json!({ "error": format!("not run: {e}") }).into())
-            }
-        }
-    }
-
-    async fn restore_workspace(&self) -> std::result::Result<(), String> {
-        let cx = self.turn.tool_context("restore");
-        let Some(handle) = &cx.project else {
-            return Ok(());
-        };
-        if handle.base.is_none() {
-            return Ok(());
-        }
-        handle
-            .get()
-            .await?
-            .materialise(None, None)
-            .await
-            .map(|_| ())
-            .map_err(|e| e.to_string())
-    }
-
-    fn gate(&self, call: &ToolCallRequest) -> Option<Block> {
-        if !self.spec.policy.gated(&call.name, &call.arguments) {
-            return None;
-        }
-        let approvers = self
-            .turn
-            .directive()
-            .and_then(|d| d.required_approver.clone())
-            .into_iter()
-            .collect();
-        Some(Block::ApprovalRequest {
-            request_id: RequestId::new(),
-            call_id: call.id.clone(),
-            tool: call.name.clone(),
-            arguments: canonical(&call.arguments),
-            approvers,
-            withheld: String::new(),
-        })
-    }
-}
-
 /// Asks the model once, counting and timing the request.
 async fn ask(
     model: &dyn ModelProvider,
@@ -474,157 +377,6 @@ async fn ask(
     );
     reply
 }
-
-/// Runs a live turn of the turn's agent (see [`crate::apps::AgentLoopApp`]).
-pub async fn run_live(turn: &TurnContext<'_>) -> Result<TurnOutcome> {
-    let Some(spec) = turn.agent().cloned() else {
-        return Err(Error::route(format!(
-            "agent {} of app {} has no manifest: the agent loop needs one",
-            turn.agent_id(),
-            turn.app()
-        )));
-    };
-    let timeline = turn.timeline().await?;
-    let history_blocks = timeline.blocks();
-    let budget = u64::from(spec.context_length - spec.reply_reserve);
-    let asks = crate::approvals::asks(turn.inputs());
-    let tools = LiveTools { turn, spec: &spec };
-    let mut blocks = turn.blocks();
-    let applied =
-        crate::approvals::prelude(turn, &tools, &history_blocks, &mut blocks, &asks).await;
-    let applied = match applied {
-        Ok(a) => a,
-        Err(e) => {
-            turn.set_blocks(blocks);
-            return Err(e);
-        }
-    };
-    let mut cx = CallContext::new(Some(turn.deltas()), turn.arrivals())
-        .metered(&spec.provider_kind, spec.tokens.clone());
-    // Compaction: at the threshold, or when asked for.
-    let mut history = timeline.messages();
-    let used: u64 = history.iter().map(|m| spec.tokens.count(m)).sum();
-    let threshold = budget * COMPACT_AT_PERCENT / 100;
-    if (asks.compact || used >= threshold) && !history_blocks.is_empty() {
-        match crate::compaction::compact(turn, &spec, &history_blocks, &history, &mut cx).await {
-            Ok((summary, marker)) => {
-                // From here on the context is the summary (this turn's first row) and this turn.
-                blocks.insert(0, summary);
-                turn.set_compaction(marker);
-                history = Default::default();
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "compaction failed; the context is trimmed instead")
-            }
-        }
-    }
-    // Recall, after the turn's inputs: what the history leaves of the budget, at most.
-    if let (Some(recall), true) = (&spec.recall, asks.work) {
-        // What the request holds besides recall: the history, the system prompt, the turn's
-        // own input.
-        let used: u64 = history
-            .iter()
-            .chain(&messages(blocks.iter()))
-            .chain(&[Message::new(Role::System, spec.system_prompt.clone())])
-            .map(|m| spec.tokens.count(m))
-            .sum();
-        let in_timeline = timeline
-            .rows
-            .iter()
-            .map(|r| r.reference.to_string())
-            .collect();
-        let found = turn
-            .recall(crate::recall::RecallInput {
-                spec: recall,
-                index: None,
-                tenant: turn.tenant(),
-                identity: turn.identity(),
-                conversation: turn.conversation(),
-                app: turn.app(),
-                blocks: &blocks,
-                in_timeline: &in_timeline,
-                available_tokens: budget.saturating_sub(used),
-                tokens: &spec.tokens,
-                reach: turn.reach(),
-            })
-            .await;
-        if let Some(block) = found {
-            let at = blocks
-                .iter()
-                .take_while(|b| crate::replay::is_input(b))
-                .count();
-            blocks.insert(at, block);
-        }
-    }
-    let (still_pending, _) = pending(history_blocks.iter().chain(blocks.iter()));
-    if !asks.work && !applied {
-        turn.set_blocks(blocks);
-        turn.set_usage(&cx);
-        // Nothing for the model: a refused answer leaves the turn parked; a switch or a
-        // compaction alone is done.
-        return Ok(if still_pending.is_empty() {
-            TurnOutcome::Replied
-        } else {
-            TurnOutcome::Parked
-        });
-    }
-    let settings = Settings {
-        provider: spec.provider_kind.clone(),
-        model: spec.model.clone(),
-        system_prompt: match turn.instructions().await {
-            Some(extra) if spec.system_prompt.is_empty() => extra,
-            Some(extra) => format!("{}\n\n{extra}", spec.system_prompt),
-            None => spec.system_prompt.clone(),
-        },
-        max_rounds: turn.max_rounds(),
-        history_budget: budget,
-        tokens: spec.tokens.clone(),
-        // A forced tool is for turns with new input: a turn that only applies an answer (an
-        // approval, a question) lets the model choose.
-        tool_choice: if asks.work {
-            spec.tool_choice.clone()
-        } else {
-            ToolChoice::Auto
-        },
-        temperature: spec.temperature,
-        max_tokens: spec.max_tokens,
-    };
-    let mut inbox = LaneInbox { turn };
-    let result = match &spec.remote {
-        Some(remote) => {
-            crate::remote::run_live(
-                turn,
-                remote,
-                &settings,
-                &history,
-                &mut blocks,
-                &spec,
-                &tools,
-                &mut inbox,
-                &mut cx,
-            )
-            .await
-        }
-        None => {
-            run(
-                &settings,
-                &history,
-                &mut blocks,
-                spec.provider.as_ref(),
-                &tools,
-                &mut inbox,
-                &mut cx,
-            )
-            .await
-        }
-    };
-    turn.set_blocks(blocks);
-    turn.set_usage(&cx);
-    result
-}
-
-/// Compaction starts when the history reaches this share of the budget.
-pub const COMPACT_AT_PERCENT: u64 = 90;
 
 #[cfg(test)]
 mod tests {

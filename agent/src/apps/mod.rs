@@ -64,9 +64,10 @@ use crate::error::Result;
 use crate::model::openai::{OpenAi, OpenAiConfig};
 use crate::model::script::{Script, ScriptModel};
 use crate::model::{ModelProvider, ToolChoice};
+pub use crate::spec::{AgentSpec, OnNewMessage, DEFAULT_COMPACTION_PROMPT};
 use crate::tokens::TokenCounter;
-use crate::tools::{Registry, Toolset};
-use crate::turn::TurnContext;
+use crate::tools::{ToolCatalog, Toolset};
+use crate::turn::Turn;
 
 /// The most rounds any agent may take.
 pub const DEFAULT_MAX_ROUNDS: u32 = 8;
@@ -75,7 +76,7 @@ pub const DEFAULT_MAX_ROUNDS: u32 = 8;
 #[async_trait]
 pub trait App: Send + Sync + 'static {
     /// Does the work of one turn (between batch one and batch two) and says how it ended.
-    async fn on_reactive_event(&self, turn: &TurnContext<'_>) -> Result<TurnOutcome>;
+    async fn on_reactive_event(&self, turn: &dyn Turn) -> Result<TurnOutcome>;
 }
 
 /// The default callback: the built-in agent loop over the turn's agent.
@@ -84,59 +85,10 @@ pub struct AgentLoopApp;
 
 #[async_trait]
 impl App for AgentLoopApp {
-    async fn on_reactive_event(&self, turn: &TurnContext<'_>) -> Result<TurnOutcome> {
-        crate::agent_loop::run_live(turn).await
+    async fn on_reactive_event(&self, turn: &dyn Turn) -> Result<TurnOutcome> {
+        crate::live::run_live(turn).await
     }
 }
-
-/// One agent, ready to run.
-pub struct AgentSpec {
-    pub name: AgentId,
-    pub provider: Arc<dyn ModelProvider>,
-    /// The manifest's provider (`openai`, `script`, `echo`): a metrics label.
-    pub provider_kind: String,
-    pub model: String,
-    pub system_prompt: String,
-    pub tools: Toolset,
-    pub max_rounds: u32,
-    pub context_length: u32,
-    pub reply_reserve: u32,
-    /// How the agent's tokens are counted.
-    pub tokens: TokenCounter,
-    /// Which calls need a person's approval.
-    pub policy: Policy,
-    /// The prompt a compaction summarises with.
-    pub compaction_prompt: String,
-    /// What a message arriving on the lane does to a running turn of this agent.
-    pub on_new_message: OnNewMessage,
-    /// Whether the first round of a turn must call a tool.
-    pub tool_choice: ToolChoice,
-    /// Sampling temperature for every call; `None`: the endpoint's default.
-    pub temperature: Option<f32>,
-    /// The most tokens one reply may take; `None`: the endpoint's default.
-    pub max_tokens: Option<u32>,
-    /// What the context rebuild recalls from the index; `None`: nothing.
-    pub recall: Option<crate::recall::RecallSpec>,
-    /// The remote app that runs the agent's turns; `None`: the built-in agent loop. The
-    /// provider then answers the app's `model` actions.
-    pub remote: Option<Arc<crate::remote::RemoteSpec>>,
-    /// Whether the agent's turns are indexed (remembered across the user's conversations).
-    pub index: bool,
-}
-
-/// What a new message does to a running turn (an agent's `on_new_message`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum OnNewMessage {
-    /// It waits on the lane and starts its own turn once the running one ends.
-    #[default]
-    Queue,
-    /// It cancels the running turn (recorded as superseded), then starts its own.
-    Interrupt,
-}
-
-/// The compaction prompt unless an agent sets its own.
-pub const DEFAULT_COMPACTION_PROMPT: &str = "Summarise the conversation so far for your own later use: the user's goals, decisions made, facts learned, files made (with their references) and open questions. Be brief and concrete.";
 
 #[derive(Clone)]
 struct HostedApp {
@@ -161,7 +113,8 @@ pub struct Apps {
     fixed: HashMap<AppId, HostedApp>,
     loaded: RwLock<HashMap<AppId, HostedApp>>,
     dirs: Vec<PathBuf>,
-    registry: Registry,
+    /// The tools manifests are checked against (set by [`Self::load_dir`]).
+    catalog: Option<Arc<dyn ToolCatalog + Send + Sync>>,
     /// What the folders held at the last (re)load.
     fingerprint: Mutex<u64>,
     fallback: Option<Arc<dyn App>>,
@@ -203,9 +156,12 @@ impl Apps {
 
     /// Loads every `*.toml` manifest of a folder (scripts named `*.script.toml` are skipped);
     /// [`Self::reload`] reads the folder again.
-    pub fn load_dir(mut self, dir: &Path, tools: &Registry) -> Result<Self, String> {
+    pub fn load_dir<C>(mut self, dir: &Path, tools: &C) -> Result<Self, String>
+    where
+        C: ToolCatalog + Clone + Send + Sync + 'static,
+    {
         self.dirs.push(dir.to_path_buf());
-        self.registry = tools.clone();
+        self.catalog = Some(Arc::new(tools.clone()));
         let loaded = self.read_dirs()?;
         *self.loaded.get_mut().expect("apps lock") = loaded;
         *self.fingerprint.get_mut().expect("fingerprint lock") = fingerprint(&self.dirs);
@@ -224,7 +180,8 @@ impl Apps {
                 .collect();
             paths.sort();
             for path in paths {
-                let manifest = Manifest::load(&path, &self.registry)?;
+                let catalog = self.catalog.as_deref().expect("set with the folders");
+                let manifest = Manifest::load(&path, catalog)?;
                 if self.fixed.contains_key(&manifest.app) || loaded.contains_key(&manifest.app) {
                     return Err(format!(
                         "{}: app: {} is declared twice",
@@ -529,7 +486,7 @@ fn yes() -> bool {
 
 impl Manifest {
     /// Reads and validates a manifest file.
-    pub fn load(path: &Path, tools: &Registry) -> Result<Self, String> {
+    pub fn load(path: &Path, tools: &dyn ToolCatalog) -> Result<Self, String> {
         let text = std::fs::read_to_string(path)
             .map_err(|e| format!("cannot read the manifest {}: {e}", path.display()))?;
         let base = path.parent().unwrap_or(Path::new("."));
@@ -538,7 +495,7 @@ impl Manifest {
 
     /// Parses and validates manifest text; files it names are relative to `base`. The error
     /// names the field and the reason.
-    pub fn parse(text: &str, base: &Path, tools: &Registry) -> Result<Self, String> {
+    pub fn parse(text: &str, base: &Path, tools: &dyn ToolCatalog) -> Result<Self, String> {
         let raw: RawManifest = toml::from_str(text).map_err(|e| e.to_string())?;
         let app: AppId = raw.app.parse().map_err(|e| format!("app: {e}"))?;
         let tenants = raw
@@ -554,8 +511,7 @@ impl Manifest {
         for (name, agent) in raw.agents {
             let field = |f: &str| format!("agents.{name}.{f}");
             let id: AgentId = name.parse().map_err(|e| format!("agents.{name}: {e}"))?;
-            let toolset = tools
-                .allow(&agent.tools)
+            let toolset = Toolset::allow(tools, &agent.tools)
                 .map_err(|e| format!("{}: {e}", field("tools")))?;
             let max_rounds = agent.max_rounds.unwrap_or(DEFAULT_MAX_ROUNDS);
             if max_rounds == 0 || max_rounds > DEFAULT_MAX_ROUNDS {
@@ -679,7 +635,7 @@ impl Manifest {
             };
             let policy = Policy::new(agent.approval).map_err(|e| format!("agents.{name}.{e}"))?;
             for gate in policy_tools(&policy) {
-                if !tools.contains(&gate) {
+                if tools.describe(&gate).is_none() {
                     return Err(format!("agents.{name}.approval: unknown tool {gate:?}"));
                 }
             }
@@ -712,7 +668,7 @@ impl Manifest {
         }
         let idle_timeout = match raw.idle_timeout.as_deref() {
             None => IdleTimeout::Default,
-            Some(text) => match crate::config::parse_idle_timeout(text)
+            Some(text) => match crate::duration::parse_idle_timeout(text)
                 .map_err(|e| format!("idle_timeout: {e}"))?
             {
                 None => IdleTimeout::Never,
@@ -731,9 +687,45 @@ impl Manifest {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::message::ToolSpec;
+    use crate::tools::ToolDescription;
+
+    /// The worker's built-in tools, by name (the harness runs none of them).
+    #[derive(Clone)]
+    struct Builtins;
+
+    const BUILTINS: [&str; 10] = [
+        "ask_user",
+        "checkout",
+        "exec",
+        "list_files",
+        "publish",
+        "pull",
+        "read_file",
+        "search",
+        "system__switch_to_agent",
+        "write_file",
+    ];
+
+    impl ToolCatalog for Builtins {
+        fn describe(&self, name: &str) -> Option<ToolDescription> {
+            BUILTINS.contains(&name).then(|| ToolDescription {
+                spec: ToolSpec {
+                    name: name.into(),
+                    description: String::new(),
+                    parameters: serde_json::json!({"type": "object"}),
+                },
+                side_effects: name == "publish",
+            })
+        }
+
+        fn names(&self) -> Vec<String> {
+            BUILTINS.iter().map(|n| n.to_string()).collect()
+        }
+    }
 
     fn parse(text: &str) -> Result<Manifest, String> {
-        Manifest::parse(text, Path::new("."), &Registry::builtin())
+        Manifest::parse(text, Path::new("."), &Builtins)
     }
 
     #[test]

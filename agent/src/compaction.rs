@@ -13,10 +13,10 @@
 use turnpike_schemas::entry::CompactionMarker;
 use turnpike_schemas::{Block, TurnId};
 
-use crate::apps::AgentSpec;
 use crate::error::{Error, Result};
 use crate::model::{CallContext, Message, ModelRequest, Role};
-use crate::turn::TurnContext;
+use crate::spec::AgentSpec;
+use crate::turn::Turn;
 
 const MARKERS: [&str; 7] = [
     "always",
@@ -111,7 +111,7 @@ pub const VERBATIM_HEADING: &str = "\n\nKept verbatim (standing instructions and
 
 /// Summarises `history` (the rows before this turn) with the agent's model and prompt.
 pub async fn compact(
-    turn: &TurnContext<'_>,
+    turn: &dyn Turn,
     spec: &AgentSpec,
     history_blocks: &[Block],
     history: &[Message],

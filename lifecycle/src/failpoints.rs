@@ -5,7 +5,7 @@
 //!
 //! A worker process reads them from `TURNPIKE_FAILPOINTS` (`name=action[,name=action…]`, where
 //! an action is `hang` or `pause(<ms>)`); an in-process test sets them in
-//! [`WorkerConfig::failpoints`](crate::WorkerConfig). Reaching one prints
+//! `WorkerConfig::failpoints` (in `turnpike-worker`). Reaching one prints
 //! `failpoint <name>: <action> at <where>` on stderr first, which the tests wait for.
 //!
 //! The places: `claim-won` (a wake's lease claim won, its owner not registered yet),

@@ -23,7 +23,7 @@ use turnpike_schemas::Block;
 
 use super::driver::{Exchange, Step};
 use super::protocol::{Limits, ToApp, PROTOCOL_VERSION};
-use super::RemoteSpec;
+use super::spec::RemoteSpec;
 use crate::agent_loop::Inbox;
 use crate::error::{Error, Result};
 use crate::model::CallContext;
