@@ -293,7 +293,8 @@ async fn exec_runs_in_the_cell_and_its_files_become_references() {
     assert_eq!(result["stdout"], "done\n");
     let reference = result["files"][0]["reference"].as_str().unwrap().to_owned();
     assert_eq!(reference, format!("conv:gi:{}/turn_1/result.csv", rig.conv));
-    // The file is in the version the turn published.
+    // The file is in the version the turn published (its ref is written just after the commit).
+    rig.wait_settled().await;
     let resolver = turnpike_resolver::Resolver::standard(
         rig.conversations.directory().clone(),
         rig.conversations.store().clone(),

@@ -1,5 +1,8 @@
 //! Turnpike's durable side: the signed conversation record, turn logs and the directory.
 //!
+//! It must not know how events travel or how turns run: it depends on `schemas` only, and
+//! every writer above it (worker, edge, lifecycle) brings its own fence.
+//!
 //! # Layout
 //! - [`record`]: the append-only, signed, verifiable record of one conversation
 //! - [`mmr`]: the Merkle Mountain Range under the record's roots

@@ -1,6 +1,10 @@
 //! The HTTP and WebSocket edge: everything a client or an app integration does goes through
 //! here. `turnpike serve` and `turnpike router` mount it.
 //!
+//! It must not depend on the worker or the harness (`turnpike-worker`, `turnpike-agent`): what
+//! it needs of them comes through its own traits ([`Catalog`], [`Replayer`]), wired in the
+//! binary; it publishes events and reads the record, and never runs a turn.
+//!
 //! # Contract
 //! - Every `/v1` request except the OpenAPI document and signed links carries
 //!   `Authorization: Bearer <token>`; the token is turned into one [`Principal`] and everything

@@ -1,6 +1,9 @@
 //! The hybrid index: one row per prompt, completion, summary, attachment or file, searchable by
 //! words and by meaning at once, only ever by the identity it belongs to.
 //!
+//! It must not decide what a turn sees: it answers queries scoped to an identity; recall and the
+//! `search` tool (the worker) decide what to ask.
+//!
 //! # Layout
 //! - [`types`]: rows, scopes, filters, requests, hits
 //! - [`analysis`]: the one analyzer, query syntax and BM25 both backends rank by

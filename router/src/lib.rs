@@ -1,5 +1,8 @@
 //! How an event reaches a worker: lanes, wakes and leases on a bus, with two backends.
 //!
+//! It must not run turns or write the record: it moves events and decides who may own a
+//! conversation (leases), nothing more.
+//!
 //! # Layout
 //! - [`bus`]: the [`Bus`] trait and its contract; wakes
 //! - [`clock`]: the time leases and owners read (pausable in tests)
