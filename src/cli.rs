@@ -940,6 +940,21 @@ pub enum BenchCommand {
         #[arg(long)]
         without_landlock: bool,
     },
+    /// An MCP tool call (mcp-server-time) through Turnpike's path — sandboxed like a cell, the
+    /// Rust SDK as client — beside the Python `mcp` client's, and a stdio server's start cost.
+    Mcp {
+        /// The venv with `mcp` and `mcp-server-time` (scripts/services install tests).
+        #[arg(
+            long,
+            env = "TURNPIKE_MCP_VENV",
+            default_value = "/var/tmp/turnpike-services/mcp-venv"
+        )]
+        venv: PathBuf,
+        #[arg(long, default_value_t = 500)]
+        calls: usize,
+        #[arg(long, default_value_t = 20)]
+        starts: usize,
+    },
     /// Project versions: publish time per turn and one-file checkout time from turn N of a
     /// 1,000-turn lineage (100 files, a few changed per turn), on the local filesystem.
     Git {

@@ -68,6 +68,24 @@ max_rounds = 3
 context_length = 4096
 reply_reserve = 1024
 
+[agents.timekeeper]
+provider = "openai"
+model = "{model}"
+base_url = "{url}"
+api_key_env = ""
+system_prompt = "You tell the time with your tools."
+temperature = 0.0
+tool_choice = "time__get_current_time"
+max_tokens = 200
+max_rounds = 2
+context_length = 4096
+reply_reserve = 1024
+
+[[agents.timekeeper.mcp]]
+name = "time"
+command = ["{venv}/bin/mcp-server-time", "--local-timezone", "UTC"]
+read_only = ["{venv}"]
+
 [agents.tiny]
 provider = "openai"
 model = "{model}"
@@ -81,6 +99,8 @@ reply_reserve = 160
 "#,
         model = llm::MODEL,
         tiny = TINY_CONTEXT,
+        venv = std::env::var("TURNPIKE_MCP_VENV")
+            .unwrap_or_else(|_| "/var/tmp/turnpike-services/mcp-venv".into()),
     );
     std::fs::write(dir.path().join("local.toml"), manifest).unwrap();
     dir
@@ -464,6 +484,49 @@ async fn a_forced_tool_call_runs_the_real_tool_path_and_a_bad_argument_is_refuse
             .iter()
             .any(|b| matches!(b, Block::AssistantMessage { .. })),
         "{log:#?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_real_model_forced_to_an_mcp_tool_calls_it_and_gets_the_server_s_answer() {
+    let model = llm::shared();
+    let apps = apps(&model.url(), &model.url());
+    let server = serve(apps.path());
+    let alice = server.client(ALICE);
+    let id = create(&alice, "timekeeper").await;
+    say(&alice, &id, "What time is it in UTC?").await;
+    let turns = wait_for_complete_turns(&alice, &id, 1, LONG).await.unwrap();
+    let log = turn_log(&server, &id, 1).await;
+    assert_eq!(turns[0].outcome.as_deref(), Some("replied"), "{log:#?}");
+    let call = log
+        .blocks
+        .iter()
+        .find_map(|b| match b {
+            Block::ToolCall { call_id, tool, .. } => Some((call_id.clone(), tool.clone())),
+            _ => None,
+        })
+        .expect("the forced MCP tool was not called");
+    assert_eq!(call.1, "time__get_current_time");
+    // The server answered (the time, or why the model's arguments were wrong): a result the
+    // sandboxed server made, not a refusal of the runtime.
+    let output = log
+        .blocks
+        .iter()
+        .find_map(|b| match b {
+            Block::ToolResult {
+                call_id, output, ..
+            } if *call_id == call.0 => Some(output.clone()),
+            _ => None,
+        })
+        .expect("the call has a result");
+    let text = output.to_string();
+    assert!(
+        !text.contains("no tool named") && !text.contains("MCP server \\\"time\\\": "),
+        "{text}"
+    );
+    assert!(
+        output.get("content").is_some() || output.get("error").is_some(),
+        "{text}"
     );
 }
 

@@ -29,26 +29,60 @@ fn repo() -> PathBuf {
 }
 
 /// The sample app, running: its stderr (the SDK's log) can be waited on.
-struct PyApp {
+struct SampleApp {
     process: Process,
     port: u16,
 }
 
-impl PyApp {
-    fn start() -> PyApp {
+impl SampleApp {
+    /// The Python sample (`examples/support_bot/app.py`, on `sdk/python`).
+    fn start() -> SampleApp {
         let script = repo().join("examples/support_bot/app.py");
+        Self::run(Path::new("python3"), &script)
+    }
+
+    /// The same sample in TypeScript (`examples/support_bot_ts`, on `sdk/typescript`), built
+    /// from its sources first, run by Node.
+    fn typescript() -> SampleApp {
+        build_typescript();
+        let script = repo().join("examples/support_bot_ts/dist/app.js");
+        Self::run(Path::new("node"), &script)
+    }
+
+    fn run(program: &Path, script: &Path) -> SampleApp {
         let mut process = Process::start(
-            Path::new("python3"),
+            program,
             &[script.display().to_string(), "--port".into(), "0".into()],
             &[("SUPPORT_BOT_SECRET", SECRET.to_owned())],
         )
-        .expect("python3");
+        .unwrap_or_else(|e| panic!("{}: {e:#}", program.display()));
         let line = process
             .wait_for_line("serving on", Duration::from_secs(30))
             .expect("the app starts");
         let port = line.rsplit(':').next().unwrap().trim().parse().unwrap();
-        PyApp { process, port }
+        SampleApp { process, port }
     }
+}
+
+/// Builds the TypeScript SDK and its sample (`npm run build`: the TypeScript compiler that
+/// `scripts/services install tests` put in their `node_modules`), once per test binary.
+fn build_typescript() {
+    static BUILT: std::sync::OnceLock<()> = std::sync::OnceLock::new();
+    BUILT.get_or_init(|| {
+        for dir in ["sdk/typescript", "examples/support_bot_ts"] {
+            let out = std::process::Command::new("npm")
+                .args(["run", "--silent", "build"])
+                .current_dir(repo().join(dir))
+                .output()
+                .expect("npm (run `scripts/services install tests`)");
+            assert!(
+                out.status.success(),
+                "npm run build in {dir}: {}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+    });
 }
 
 /// An apps folder with the sample's manifest pointed at `port` (and `extra` manifests).
@@ -161,7 +195,44 @@ fn run_cli(server: &Server, args: &[&str]) -> std::process::Output {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_python_app_streams_calls_tools_and_the_model_parks_on_an_approval_and_replays() {
-    let mut app = PyApp::start();
+    the_sample_app_streams_calls_tools_and_the_model_parks_on_an_approval_and_replays(
+        SampleApp::start(),
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_typescript_app_streams_calls_tools_and_the_model_parks_on_an_approval_and_replays() {
+    the_sample_app_streams_calls_tools_and_the_model_parks_on_an_approval_and_replays(
+        SampleApp::typescript(),
+    )
+    .await
+}
+
+/// The TypeScript SDK's own check: it plays the worker against its sample and against small
+/// apps on the SDK (keepalives, a given-up wait, refusals, the deadline, bad requests).
+#[test]
+fn the_typescript_sdk_passes_its_own_protocol_check() {
+    build_typescript();
+    let out = std::process::Command::new("node")
+        .arg("test/smoke.mjs")
+        .current_dir(repo().join("sdk/typescript"))
+        .output()
+        .expect("node");
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success() && said.contains("smoke: ok"), "{said}");
+}
+
+/// Text streams, a follow-up reaches the app mid-turn, the model summarises, a gated tool
+/// parks the turn, the approved call's turn publishes a file, and replay re-drives both turns
+/// without the app — whichever SDK the sample is written with.
+async fn the_sample_app_streams_calls_tools_and_the_model_parks_on_an_approval_and_replays(
+    mut app: SampleApp,
+) {
     let apps = apps(app.port, &[]);
     let server = serve(apps.path());
     let alice = server.client(ALICE);
@@ -279,7 +350,7 @@ async fn turn(client: &Client, id: &str, text: &str, count: usize) -> Vec<Value>
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stop_reaches_the_app_mid_turn_and_the_conversation_goes_on() {
-    let mut app = PyApp::start();
+    let mut app = SampleApp::start();
     let apps = apps(app.port, &[]);
     let server = serve(apps.path());
     let alice = server.client(ALICE);
@@ -312,7 +383,7 @@ async fn a_stop_reaches_the_app_mid_turn_and_the_conversation_goes_on() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_killed_mid_turn_is_replaced_and_the_app_called_again_with_the_same_key() {
-    let mut app = PyApp::start();
+    let mut app = SampleApp::start();
     let apps = apps(app.port, &[]);
     let mut server = serve(apps.path());
     let alice = server.client(ALICE);

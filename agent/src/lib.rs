@@ -39,6 +39,7 @@ pub mod compaction;
 pub mod duration;
 pub mod error;
 pub mod live;
+pub mod mcp;
 pub mod message;
 mod metrics;
 pub mod model;

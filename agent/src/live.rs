@@ -15,7 +15,7 @@ use crate::model::{CallContext, ToolChoice};
 use crate::recall::RecallRequest;
 use crate::spec::AgentSpec;
 use crate::timeline::{is_input, messages};
-use crate::tools::ToolOutput;
+use crate::tools::{ToolOutput, Toolset};
 use crate::turn::Turn;
 
 /// The live inbox: the conversation's lane, through the turn.
@@ -38,21 +38,22 @@ impl Inbox for LaneInbox<'_> {
     }
 }
 
-/// The live tools: the agent's allowlist, over the turn's workspace and bound identity.
+/// The live tools: the turn's toolset, over the turn's workspace and bound identity.
 struct LiveTools<'t> {
     turn: &'t dyn Turn,
     spec: &'t AgentSpec,
+    tools: Toolset,
 }
 
 #[async_trait]
 impl ToolRunner for LiveTools<'_> {
     fn specs(&self) -> Vec<ToolSpec> {
-        self.spec.tools.specs()
+        self.tools.specs()
     }
 
     async fn run(&self, call: &ToolCallRequest) -> (bool, ToolOutput) {
         // A name the model made up is not a label: labels stay as few as the agent's tools.
-        let tool = if self.spec.tools.get(&call.name).is_some() {
+        let tool = if self.tools.get(&call.name).is_some() {
             call.name.as_str()
         } else {
             "unknown"
@@ -66,10 +67,7 @@ impl ToolRunner for LiveTools<'_> {
         );
         let executed = {
             use tracing::Instrument as _;
-            self.turn
-                .run_tool(&self.spec.tools, call)
-                .instrument(span)
-                .await
+            self.turn.run_tool(&self.tools, call).instrument(span).await
         };
         match executed {
             Ok(result) => {
@@ -121,7 +119,11 @@ pub async fn run_live(turn: &dyn Turn) -> Result<TurnOutcome> {
     let timeline = turn.timeline().await?;
     let history_blocks = timeline.blocks();
     let asks = crate::approvals::asks(turn.inputs());
-    let tools = LiveTools { turn, spec: &spec };
+    let tools = LiveTools {
+        turn,
+        spec: &spec,
+        tools: turn.toolset().await?,
+    };
     let mut blocks = turn.blocks();
     let applied =
         crate::approvals::prelude(turn, &tools, &history_blocks, &mut blocks, &asks).await;

@@ -341,121 +341,152 @@ pub async fn replay(logs: &[TurnLog], what_if: Option<&WhatIf>) -> Vec<TurnRepla
     let mut history: Vec<Block> = Vec::new();
     let mut out: Vec<TurnReplay> = Vec::new();
     for log in logs {
-        let mut recorded = Recorded::from_blocks(&log.blocks);
-        let recorded_calls: HashMap<String, (String, Value)> = recorded
-            .outputs
-            .iter()
-            .flat_map(|o| o.calls.iter())
-            .map(|c| (c.id.clone(), (c.name.clone(), c.arguments.clone())))
-            .collect();
-        match what_if {
-            Some(WhatIf::OutputText { turn, output, text }) if *turn == log.turn => {
-                if let Some(o) = recorded.outputs.get_mut(output - 1) {
-                    o.text = text.clone();
-                }
-            }
-            Some(WhatIf::ToolResult {
-                turn,
-                call_id,
-                output,
-            }) if *turn == log.turn => {
-                if let Some(r) = recorded.results.get_mut(call_id) {
-                    r.1 = output.clone();
-                }
-            }
-            _ => {}
-        }
-        let tools = ReplayTools {
-            requests: recorded.requests.clone(),
-            results: recorded.results.clone(),
-            recorded_calls,
-            specs: Vec::new(),
-        };
-        if let Some(exchange) = &log.exchange {
+        let (recorded, tools) = recorded(log, what_if);
+        let (outcome, blocks) = if let Some(exchange) = &log.exchange {
             // A remote app's turn: re-driven from its exchange, without the app.
-            let (outcome, blocks) = match what_if {
-                Some(WhatIf::OutputText { turn, .. }) if *turn == log.turn => (
-                    Err("a remote app's turn has no model outputs to change: change a tool result instead".to_owned()),
-                    Vec::new(),
-                ),
-                Some(WhatIf::ToolResult { turn, call_id, .. })
-                    if *turn == log.turn
-                        && log.blocks[..exchange.lead.min(log.blocks.len())].iter().any(
-                            |b| matches!(b, Block::ToolResult { call_id: c, .. } if c == call_id),
-                        ) =>
-                {
-                    (
-                        Err(format!("{call_id}'s result reached the app with the turn's inputs: what the app does with another is unknown to a replay")),
-                        Vec::new(),
-                    )
-                }
-                _ => crate::remote::replay_turn(log, exchange, &tools).await,
-            };
-            out.push(finish(log, outcome, blocks, &mut history, &out));
-            continue;
-        }
-        let work = recorded.inputs.iter().any(|b| {
-            matches!(
-                b,
-                Block::UserMessage { .. }
-                    | Block::FollowUp { .. }
-                    | Block::Steer { .. }
-                    | Block::Attachment { .. }
-            )
-        });
-        let applied = log
-            .blocks
-            .iter()
-            .any(|b| matches!(b, Block::ToolCall { .. } | Block::ToolResult { .. }));
-        if !work && !applied && recorded.outputs.is_empty() {
-            // As live (`agent_loop::run_live`): a turn with nothing for the model — a
-            // compaction, an agent switch, an answer that did not apply — ends without a model
-            // call, replied, or parked while a request is still pending. Its blocks are its
-            // inputs and what the prelude wrote (a switch, a refused answer).
-            let mut blocks = recorded.inputs.clone();
-            blocks.extend(recorded.arrivals.first().cloned().unwrap_or_default());
-            let (still_pending, _) = crate::approvals::pending(history.iter().chain(blocks.iter()));
-            let outcome = Ok(if still_pending.is_empty() {
-                TurnOutcome::Replied
-            } else {
-                TurnOutcome::Parked
-            });
-            out.push(finish(log, outcome, blocks, &mut history, &out));
-            continue;
-        }
-        let model = ReplayModel::new(recorded.outputs.clone());
-        let mut inbox = ReplayInbox {
-            arrivals: recorded.arrivals.clone(),
-            next: 0,
+            replay_remote(log, exchange, what_if, &tools).await
+        } else if let Some(done) = without_model(&recorded, log, &history) {
+            done
+        } else {
+            replay_loop(&recorded, &tools, &history).await
         };
-        let settings = Settings {
-            provider: "replay".into(),
-            model: "replay".into(),
-            system_prompt: String::new(),
-            // Replay as many rounds as were recorded; never fewer.
-            max_rounds: recorded.outputs.len().max(1) as u32,
-            history_budget: u64::MAX,
-            tokens: Default::default(),
-            tool_choice: Default::default(),
-            temperature: None,
-            max_tokens: None,
-        };
-        let mut blocks = recorded.inputs.clone();
-        let mut cx = CallContext::detached();
-        let outcome = agent_loop::run(
-            &settings,
-            &crate::timeline::messages(&history),
-            &mut blocks,
-            &model,
-            &tools,
-            &mut inbox,
-            &mut cx,
-        )
-        .await
-        .map_err(|e| e.to_string());
         out.push(finish(log, outcome, blocks, &mut history, &out));
     }
     out
+}
+
+/// What one turn replays from: its recorded model outputs, arrivals and tool results (with the
+/// what-if's change, when it is about this turn), and the tools that answer from them.
+fn recorded(log: &TurnLog, what_if: Option<&WhatIf>) -> (Recorded, ReplayTools) {
+    let mut recorded = Recorded::from_blocks(&log.blocks);
+    let recorded_calls: HashMap<String, (String, Value)> = recorded
+        .outputs
+        .iter()
+        .flat_map(|o| o.calls.iter())
+        .map(|c| (c.id.clone(), (c.name.clone(), c.arguments.clone())))
+        .collect();
+    match what_if {
+        Some(WhatIf::OutputText { turn, output, text }) if *turn == log.turn => {
+            if let Some(o) = recorded.outputs.get_mut(output - 1) {
+                o.text = text.clone();
+            }
+        }
+        Some(WhatIf::ToolResult {
+            turn,
+            call_id,
+            output,
+        }) if *turn == log.turn => {
+            if let Some(r) = recorded.results.get_mut(call_id) {
+                r.1 = output.clone();
+            }
+        }
+        _ => {}
+    }
+    let tools = ReplayTools {
+        requests: recorded.requests.clone(),
+        results: recorded.results.clone(),
+        recorded_calls,
+        specs: Vec::new(),
+    };
+    (recorded, tools)
+}
+
+/// A turn's outcome as replayed (the error as text) and the blocks it made.
+type Replayed = (std::result::Result<TurnOutcome, String>, Vec<Block>);
+
+/// A remote app's turn, re-driven from its exchange without the app. A what-if it cannot answer
+/// (a model output: the app made none; a result the app had with its inputs) says so.
+async fn replay_remote(
+    log: &TurnLog,
+    exchange: &turnpike_schemas::turnlog::Exchange,
+    what_if: Option<&WhatIf>,
+    tools: &ReplayTools,
+) -> Replayed {
+    match what_if {
+        Some(WhatIf::OutputText { turn, .. }) if *turn == log.turn => (
+            Err("a remote app's turn has no model outputs to change: change a tool result instead".to_owned()),
+            Vec::new(),
+        ),
+        Some(WhatIf::ToolResult { turn, call_id, .. })
+            if *turn == log.turn
+                && log.blocks[..exchange.lead.min(log.blocks.len())].iter().any(
+                    |b| matches!(b, Block::ToolResult { call_id: c, .. } if c == call_id),
+                ) =>
+        {
+            (
+                Err(format!("{call_id}'s result reached the app with the turn's inputs: what the app does with another is unknown to a replay")),
+                Vec::new(),
+            )
+        }
+        _ => crate::remote::replay_turn(log, exchange, tools).await,
+    }
+}
+
+/// As live (`agent_loop::run_live`): a turn with nothing for the model — a compaction, an
+/// agent switch, an answer that did not apply — ends without a model call, replied, or parked
+/// while a request is still pending. Its blocks are its inputs and what the prelude wrote (a
+/// switch, a refused answer). None: the turn had work for the model.
+fn without_model(recorded: &Recorded, log: &TurnLog, history: &[Block]) -> Option<Replayed> {
+    let work = recorded.inputs.iter().any(|b| {
+        matches!(
+            b,
+            Block::UserMessage { .. }
+                | Block::FollowUp { .. }
+                | Block::Steer { .. }
+                | Block::Attachment { .. }
+        )
+    });
+    let applied = log
+        .blocks
+        .iter()
+        .any(|b| matches!(b, Block::ToolCall { .. } | Block::ToolResult { .. }));
+    if work || applied || !recorded.outputs.is_empty() {
+        return None;
+    }
+    let mut blocks = recorded.inputs.clone();
+    blocks.extend(recorded.arrivals.first().cloned().unwrap_or_default());
+    let (still_pending, _) = crate::approvals::pending(history.iter().chain(blocks.iter()));
+    let outcome = Ok(if still_pending.is_empty() {
+        TurnOutcome::Replied
+    } else {
+        TurnOutcome::Parked
+    });
+    Some((outcome, blocks))
+}
+
+/// The very loop live turns run, with the recorded model outputs, arrivals and tool results.
+async fn replay_loop(recorded: &Recorded, tools: &ReplayTools, history: &[Block]) -> Replayed {
+    let model = ReplayModel::new(recorded.outputs.clone());
+    let mut inbox = ReplayInbox {
+        arrivals: recorded.arrivals.clone(),
+        next: 0,
+    };
+    let settings = Settings {
+        provider: "replay".into(),
+        model: "replay".into(),
+        system_prompt: String::new(),
+        // Replay as many rounds as were recorded; never fewer.
+        max_rounds: recorded.outputs.len().max(1) as u32,
+        history_budget: u64::MAX,
+        tokens: Default::default(),
+        tool_choice: Default::default(),
+        temperature: None,
+        max_tokens: None,
+    };
+    let mut blocks = recorded.inputs.clone();
+    let mut cx = CallContext::detached();
+    let outcome = agent_loop::run(
+        &settings,
+        &crate::timeline::messages(history),
+        &mut blocks,
+        &model,
+        tools,
+        &mut inbox,
+        &mut cx,
+    )
+    .await
+    .map_err(|e| e.to_string());
+    (outcome, blocks)
 }
 
 /// A turn's replay, compared with its record; its blocks join the history of the next.

@@ -41,6 +41,8 @@ pub struct AgentSpec {
     /// The remote app that runs the agent's turns; `None`: the built-in agent loop. The
     /// provider then answers the app's `model` actions.
     pub remote: Option<Arc<crate::remote::spec::RemoteSpec>>,
+    /// The MCP servers whose tools the agent may use, besides `tools`.
+    pub mcp: Vec<crate::mcp::ServerSpec>,
     /// Whether the agent's turns are indexed (remembered across the user's conversations).
     pub index: bool,
 }

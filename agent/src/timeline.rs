@@ -10,6 +10,7 @@
 //! per message for role and framing (OpenAI's rule of thumb for English text; it overestimates
 //! code slightly, which errs on the safe side of a context limit).
 
+use std::collections::HashSet;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use serde_json::Value;
@@ -119,69 +120,26 @@ where
     I::IntoIter: Clone,
 {
     let blocks = blocks.into_iter();
-    let answered: std::collections::HashSet<&str> = blocks
-        .clone()
-        .filter_map(|b| match b {
-            Block::ToolResult { call_id, .. } | Block::ApprovalRequest { call_id, .. } => {
-                Some(call_id.as_str())
-            }
-            _ => None,
-        })
-        .collect();
+    let answered = answered_calls(blocks.clone());
     let mut out: Vec<Message> = Vec::new();
-    let mut pending_unanswered: Vec<String> = Vec::new();
-    let flush = |out: &mut Vec<Message>, pending: &mut Vec<String>| {
-        for id in pending.drain(..) {
-            let mut m = Message::new(
-                Role::Tool,
-                r#"{"error":"no result: the turn ended before the tool finished"}"#,
-            );
-            m.tool_call_id = Some(id);
-            out.push(m);
-        }
-    };
+    let mut unanswered: Vec<String> = Vec::new();
     for block in blocks {
-        if !matches!(
-            block,
-            Block::ToolCall { .. } | Block::ToolResult { .. } | Block::ApprovalRequest { .. }
-        ) {
-            flush(&mut out, &mut pending_unanswered);
-        }
         match block {
-            Block::UserMessage { text } | Block::FollowUp { text } => {
-                out.push(Message::new(Role::User, text.clone()))
-            }
-            Block::Steer { text } => out.push(Message::new(
-                Role::User,
-                format!("[steer: change course] {text}"),
-            )),
-            Block::Stop { .. } => out.push(Message::new(
-                Role::System,
-                "The user stopped the turn here.",
-            )),
-            Block::AssistantMessage { text } => {
-                out.push(Message::new(Role::Assistant, text.clone()))
-            }
             Block::ToolCall {
                 call_id,
                 tool,
                 arguments,
             } => {
-                let call = ToolCallRequest {
-                    id: call_id.clone(),
-                    name: tool.clone(),
-                    arguments: arguments.clone(),
-                };
-                match out.last_mut() {
-                    Some(m) if m.role == Role::Assistant => m.tool_calls.push(call),
-                    _ => {
-                        let mut m = Message::new(Role::Assistant, "");
-                        m.tool_calls.push(call);
-                        out.push(m);
-                    }
-                }
+                push_call(
+                    &mut out,
+                    ToolCallRequest {
+                        id: call_id.clone(),
+                        name: tool.clone(),
+                        arguments: arguments.clone(),
+                    },
+                );
                 if !answered.contains(call_id.as_str()) {
-                    pending_unanswered.push(call_id.clone());
+                    unanswered.push(call_id.clone());
                 }
             }
             Block::ToolResult {
@@ -191,116 +149,170 @@ where
                     Value::String(s) => s.clone(),
                     other => other.to_string(),
                 };
-                let mut m = Message::new(Role::Tool, content);
-                m.tool_call_id = Some(call_id.clone());
-                out.push(m);
+                out.push(tool_answer(call_id, content));
             }
-            Block::File {
-                path,
-                reference,
-                size,
-                media_type,
-            } => out.push(Message::new(
-                Role::System,
-                format!("File published: {path} ({size} bytes, {media_type}) at {reference}"),
-            )),
-            Block::Artifact {
-                name, media_type, ..
-            } => out.push(Message::new(
-                Role::System,
-                format!("Artifact made: {name} ({media_type})"),
-            )),
-            Block::Summary { through, text } => out.push(Message::new(
-                Role::System,
-                format!("Summary of the conversation through {through}:\n{text}"),
-            )),
-            Block::Attachment {
-                name,
-                media_type,
-                reference,
-            } => out.push(Message::new(
-                Role::System,
-                format!("The user attached {name} ({media_type}) at {reference}"),
-            )),
             Block::ApprovalRequest {
                 request_id,
                 call_id,
                 ..
-            } => {
-                let mut m = Message::new(
-                    Role::Tool,
-                    format!(r#"{{"status":"waiting for approval","request_id":"{request_id}"}}"#),
-                );
-                m.tool_call_id = Some(call_id.clone());
-                out.push(m);
-            }
-            Block::ApprovalResponse {
-                request_id,
-                approved,
-                by,
-                reason,
-                automatic,
-                refused,
-            } => {
-                let because = reason
-                    .as_deref()
-                    .map(|r| format!(": {r}"))
-                    .unwrap_or_default();
-                let text = match (refused, automatic, approved, by) {
-                    (Some(why), ..) => {
-                        format!("An answer to approval request {request_id} was refused ({why}); it is still pending.")
-                    }
-                    (None, true, _, _) => {
-                        format!(
-                            "Approval request {request_id} was rejected automatically{because}."
-                        )
-                    }
-                    (None, false, true, Some(by)) => {
-                        format!("Approval request {request_id} was approved by {by}{because}.")
-                    }
-                    (None, false, _, by) => format!(
-                        "Approval request {request_id} was denied by {}{because}.",
-                        by.as_ref().map(|b| b.to_string()).unwrap_or_default()
-                    ),
-                };
-                out.push(Message::new(Role::System, text));
-            }
-            Block::QuestionRequest {
-                request_id,
-                question,
-                ..
-            } => out.push(Message::new(
-                Role::System,
-                format!("Waiting for the user's answer to question {request_id}: {question}"),
+            } => out.push(tool_answer(
+                call_id,
+                format!(r#"{{"status":"waiting for approval","request_id":"{request_id}"}}"#),
             )),
-            Block::QuestionResponse {
-                request_id,
-                answer,
-                automatic,
-            } => out.push(if *automatic {
-                Message::new(
-                    Role::System,
-                    format!("Question {request_id} was withdrawn: {answer}"),
-                )
-            } else {
-                Message::new(
-                    Role::User,
-                    format!("(answer to your question {request_id}) {answer}"),
-                )
-            }),
-            Block::AgentSwitched { from, to } => out.push(Message::new(
-                Role::System,
-                format!("The conversation was handed from agent {from} to agent {to}."),
-            )),
-            // Quoted material, not instructions: it may hold what someone else wrote.
-            Block::Recall { hits, .. } if !hits.is_empty() => {
-                out.push(Message::new(Role::User, recall_message(hits)))
+            other => {
+                close_unanswered(&mut out, &mut unanswered);
+                out.extend(message_of(other));
             }
-            Block::Recall { .. } => {}
         }
     }
-    flush(&mut out, &mut pending_unanswered);
+    close_unanswered(&mut out, &mut unanswered);
     out
+}
+
+/// The calls some block answers: a result, or a request for approval standing in for one.
+fn answered_calls<'b>(blocks: impl Iterator<Item = &'b Block>) -> HashSet<&'b str> {
+    blocks
+        .filter_map(|b| match b {
+            Block::ToolResult { call_id, .. } | Block::ApprovalRequest { call_id, .. } => {
+                Some(call_id.as_str())
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+/// A call goes onto the assistant message just before it, or onto a new, empty one.
+fn push_call(out: &mut Vec<Message>, call: ToolCallRequest) {
+    match out.last_mut() {
+        Some(m) if m.role == Role::Assistant => m.tool_calls.push(call),
+        _ => {
+            let mut m = Message::new(Role::Assistant, "");
+            m.tool_calls.push(call);
+            out.push(m);
+        }
+    }
+}
+
+fn tool_answer(call_id: &str, content: impl Into<String>) -> Message {
+    let mut m = Message::new(Role::Tool, content);
+    m.tool_call_id = Some(call_id.to_string());
+    m
+}
+
+/// Calls left without an answer when something else follows (the turn was stopped) are
+/// answered as such: a model API refuses a call with no answer.
+fn close_unanswered(out: &mut Vec<Message>, unanswered: &mut Vec<String>) {
+    for id in unanswered.drain(..) {
+        out.push(tool_answer(
+            &id,
+            r#"{"error":"no result: the turn ended before the tool finished"}"#,
+        ));
+    }
+}
+
+/// The message of a block that is neither a call nor its answer (none for an empty recall).
+fn message_of(block: &Block) -> Option<Message> {
+    let (role, text) = match block {
+        Block::UserMessage { text } | Block::FollowUp { text } => (Role::User, text.clone()),
+        Block::Steer { text } => (Role::User, format!("[steer: change course] {text}")),
+        Block::Stop { .. } => (Role::System, "The user stopped the turn here.".into()),
+        Block::AssistantMessage { text } => (Role::Assistant, text.clone()),
+        Block::File {
+            path,
+            reference,
+            size,
+            media_type,
+        } => (
+            Role::System,
+            format!("File published: {path} ({size} bytes, {media_type}) at {reference}"),
+        ),
+        Block::Artifact {
+            name, media_type, ..
+        } => (
+            Role::System,
+            format!("Artifact made: {name} ({media_type})"),
+        ),
+        Block::Summary { through, text } => (
+            Role::System,
+            format!("Summary of the conversation through {through}:\n{text}"),
+        ),
+        Block::Attachment {
+            name,
+            media_type,
+            reference,
+        } => (
+            Role::System,
+            format!("The user attached {name} ({media_type}) at {reference}"),
+        ),
+        Block::ApprovalResponse { .. } => (Role::System, approval_response_text(block)?),
+        Block::QuestionRequest {
+            request_id,
+            question,
+            ..
+        } => (
+            Role::System,
+            format!("Waiting for the user's answer to question {request_id}: {question}"),
+        ),
+        Block::QuestionResponse {
+            request_id,
+            answer,
+            automatic: true,
+        } => (
+            Role::System,
+            format!("Question {request_id} was withdrawn: {answer}"),
+        ),
+        Block::QuestionResponse {
+            request_id, answer, ..
+        } => (
+            Role::User,
+            format!("(answer to your question {request_id}) {answer}"),
+        ),
+        Block::AgentSwitched { from, to } => (
+            Role::System,
+            format!("The conversation was handed from agent {from} to agent {to}."),
+        ),
+        // Quoted material, not instructions: it may hold what someone else wrote.
+        Block::Recall { hits, .. } if !hits.is_empty() => (Role::User, recall_message(hits)),
+        Block::Recall { .. }
+        | Block::ToolCall { .. }
+        | Block::ToolResult { .. }
+        | Block::ApprovalRequest { .. } => return None,
+    };
+    Some(Message::new(role, text))
+}
+
+/// How an answer to an approval request reads to the model.
+fn approval_response_text(block: &Block) -> Option<String> {
+    let Block::ApprovalResponse {
+        request_id,
+        approved,
+        by,
+        reason,
+        automatic,
+        refused,
+    } = block
+    else {
+        return None;
+    };
+    let because = reason
+        .as_deref()
+        .map(|r| format!(": {r}"))
+        .unwrap_or_default();
+    Some(match (refused, automatic, approved, by) {
+        (Some(why), ..) => format!(
+            "An answer to approval request {request_id} was refused ({why}); it is still pending."
+        ),
+        (None, true, _, _) => {
+            format!("Approval request {request_id} was rejected automatically{because}.")
+        }
+        (None, false, true, Some(by)) => {
+            format!("Approval request {request_id} was approved by {by}{because}.")
+        }
+        (None, false, _, by) => format!(
+            "Approval request {request_id} was denied by {}{because}.",
+            by.as_ref().map(|b| b.to_string()).unwrap_or_default()
+        ),
+    })
 }
 
 /// How recalled rows read to the model: one line each, best first.

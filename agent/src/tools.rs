@@ -67,6 +67,13 @@ impl Toolset {
         Ok(Self { tools })
     }
 
+    /// The same tools and `more` after them (an agent's MCP tools, listed when its turn
+    /// starts).
+    pub fn with(mut self, more: impl IntoIterator<Item = ToolDescription>) -> Self {
+        self.tools.extend(more);
+        self
+    }
+
     pub fn specs(&self) -> Vec<ToolSpec> {
         self.tools.iter().map(|t| t.spec.clone()).collect()
     }

@@ -118,6 +118,13 @@ pub trait Turn: Send + Sync {
 
     // Tools.
 
+    /// The tools this turn's agent may call: its allowlist of the host's tools, and the tools
+    /// its MCP servers offer now (a host without MCP gives the allowlist alone). An error
+    /// says which server failed and why; the turn fails with it.
+    async fn toolset(&self) -> Result<Toolset> {
+        Ok(self.agent().map(|a| a.tools.clone()).unwrap_or_default())
+    }
+
     /// Runs `call` of a tool `tools` allows (no gating): a side-effecting one only after its
     /// intent is committed. `Ok((ok, output))`: the call ran (or was refused with a message
     /// for the model); `Err`: it did not run (the intent could not be committed).

@@ -13,6 +13,7 @@
 //! - [`edge`]: the HTTP/WebSocket edge over a stack the caller starts
 //! - [`fleet`]: routers and workers as processes on NATS, through the API: scaling with W
 //! - [`cell`]: the cell's overhead over bare Python
+//! - [`mcp`]: an MCP call through Turnpike beside the Python client's, and a server's start
 //! - [`model`]: what Turnpike adds to a real model's first token and to a tool-using turn
 //! - [`remote`]: what a remote app adds to a turn, and the cost of one streamed action
 //! - [`soak`]: resident memory over a long run, embedded and on a fleet
@@ -20,6 +21,7 @@
 //! The binary does the wiring (configuration, the stack under test) and calls these.
 
 pub mod cell;
+pub mod mcp;
 
 /// The store a benchmark writes to: the embedded default's local store under a fresh folder in `dir` (or the
 /// system's temporary folder), or the object store at `url`. Returns the folder (kept as long

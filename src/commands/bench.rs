@@ -104,6 +104,11 @@ pub async fn run(global: &Global, command: BenchCommand) -> Result<ExitCode> {
             };
             turnpike_bench::cell::run(runs.max(10), init).await
         }
+        BenchCommand::Mcp {
+            venv,
+            calls,
+            starts,
+        } => turnpike_bench::mcp::run(venv, calls.max(10), starts.max(2)).await,
         BenchCommand::Git { turns, dir } => turnpike_bench::git::run(turns.max(10), dir).await,
         BenchCommand::Context {
             samples,

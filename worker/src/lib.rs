@@ -31,6 +31,7 @@ pub mod cell;
 pub mod config;
 pub mod error;
 mod idle;
+pub mod mcp;
 mod metrics;
 pub mod owner;
 mod owners;

@@ -296,93 +296,9 @@ impl Worker {
     /// can sweep by hand.
     pub async fn sweep(&self) {
         let inner = &self.inner;
-        let marks = inner.conversations.open_turns();
-        let marked = match marks.list().await {
-            Ok(marked) => marked,
-            Err(e) => {
-                warn!(worker = %inner.worker, error = %e, "cannot list open turns; the sweep retries later");
-                return;
-            }
+        let Some(orphans) = self.sweep_marks().await else {
+            return;
         };
-        // Turns found left open by owners that are gone (their lease free): an alert when
-        // every sweep keeps finding some.
-        let mut orphans = 0;
-        for prefix in marked {
-            if inner.is_stopping() {
-                return;
-            }
-            let conversation = prefix.conversation();
-            if inner.owns(conversation) {
-                continue;
-            }
-            // No slot free for a takeover: the marks wait for the next sweep, and the rest of
-            // this one (deletions, idle conversations, retention) still runs.
-            let Ok(permit) = inner.slots.clone().try_acquire_owned() else {
-                break;
-            };
-            let Some(lease) = inner.claim_free(conversation).await else {
-                continue;
-            };
-            // A conversation being deleted is the eraser's (`finish_pending`, below): nothing
-            // of it is recovered, promoted or cleared here.
-            match inner
-                .conversations
-                .tombstones()
-                .get(prefix.tenant(), conversation)
-                .await
-            {
-                Ok(None) => {}
-                Ok(Some(_)) => {
-                    let _ = inner.bus.release(&lease).await;
-                    continue;
-                }
-                Err(e) => {
-                    warn!(%conversation, error = %e, "sweep: cannot read the tombstones");
-                    let _ = inner.bus.release(&lease).await;
-                    continue;
-                }
-            }
-            let record = inner.conversations.record(prefix.clone());
-            // Under the lease: a repair cut short is finished before the head is read.
-            if let Err(e) = record.finish_repair().await {
-                warn!(%conversation, error = %e, "sweep: cannot finish a repair");
-                let _ = inner.bus.release(&lease).await;
-                continue;
-            }
-            match record.head().await {
-                Ok(head) if head.state().turn_open => {
-                    orphans += 1;
-                    let slot = Arc::new(OwnerSlot::default());
-                    if !inner.register_owner(conversation, slot.clone()) {
-                        let _ = inner.bus.release(&lease).await;
-                        continue;
-                    }
-                    warn!(%conversation, worker = %inner.worker, "sweep: taking over a turn left open");
-                    self.spawn_owner(prefix.tenant().clone(), lease, slot, permit);
-                }
-                Ok(head) => {
-                    // Closed: finish a promotion its owner may have left undone, then the mark
-                    // is stale.
-                    let store = inner.conversations.store();
-                    match turnpike_artifactory::attempts::finish_latest(store, &record, &head).await
-                    {
-                        Ok(()) => {
-                            if let Err(e) = marks.clear(&prefix).await {
-                                debug!(%conversation, error = %e, "sweep: cannot clear a stale mark");
-                            }
-                        }
-                        Err(e) => {
-                            warn!(%conversation, error = %e, "sweep: cannot finish a promotion")
-                        }
-                    }
-                    let _ = inner.bus.release(&lease).await;
-                }
-                Err(e) => {
-                    warn!(%conversation, error = %e, "sweep: cannot read the head");
-                    let _ = inner.bus.release(&lease).await;
-                }
-            }
-        }
         metrics::gauge!("turnpike_open_turn_marks").set(f64::from(orphans));
         // Deletions a crash cut short are finished here too.
         let eraser = turnpike_lifecycle::erasure::Eraser::new(
@@ -404,6 +320,111 @@ impl Worker {
             self.retain(&eraser, retention).await;
         }
         debug!(worker = %inner.worker, "sweep done");
+    }
+
+    /// Goes through the open-turn marks: a turn left open by an owner that is gone (its lease
+    /// free) is taken over, a closed one's promotion finished and its stale mark cleared. The
+    /// turns found left open; none when the worker is stopping or the marks cannot be listed
+    /// (the sweep ends there and retries later).
+    async fn sweep_marks(&self) -> Option<u32> {
+        let inner = &self.inner;
+        let marks = inner.conversations.open_turns();
+        let marked = match marks.list().await {
+            Ok(marked) => marked,
+            Err(e) => {
+                warn!(worker = %inner.worker, error = %e, "cannot list open turns; the sweep retries later");
+                return None;
+            }
+        };
+        // Turns found left open by owners that are gone (their lease free): an alert when
+        // every sweep keeps finding some.
+        let mut orphans = 0;
+        for prefix in marked {
+            if inner.is_stopping() {
+                return None;
+            }
+            let conversation = prefix.conversation();
+            if inner.owns(conversation) {
+                continue;
+            }
+            // No slot free for a takeover: the marks wait for the next sweep, and the rest of
+            // this one (deletions, idle conversations, retention) still runs.
+            let Ok(permit) = inner.slots.clone().try_acquire_owned() else {
+                break;
+            };
+            let Some(lease) = inner.claim_free(conversation).await else {
+                continue;
+            };
+            match self.sweep_marked(&prefix).await {
+                Some(head) if head.state().turn_open => {
+                    orphans += 1;
+                    let slot = Arc::new(OwnerSlot::default());
+                    if !inner.register_owner(conversation, slot.clone()) {
+                        let _ = inner.bus.release(&lease).await;
+                        continue;
+                    }
+                    warn!(%conversation, worker = %inner.worker, "sweep: taking over a turn left open");
+                    self.spawn_owner(prefix.tenant().clone(), lease, slot, permit);
+                }
+                Some(head) => {
+                    // Closed: finish a promotion its owner may have left undone, then the mark
+                    // is stale.
+                    let record = inner.conversations.record(prefix.clone());
+                    let store = inner.conversations.store();
+                    match turnpike_artifactory::attempts::finish_latest(store, &record, &head).await
+                    {
+                        Ok(()) => {
+                            if let Err(e) = marks.clear(&prefix).await {
+                                debug!(%conversation, error = %e, "sweep: cannot clear a stale mark");
+                            }
+                        }
+                        Err(e) => {
+                            warn!(%conversation, error = %e, "sweep: cannot finish a promotion")
+                        }
+                    }
+                    let _ = inner.bus.release(&lease).await;
+                }
+                None => {
+                    let _ = inner.bus.release(&lease).await;
+                }
+            }
+        }
+        Some(orphans)
+    }
+
+    /// The head of a marked conversation, read under its lease once a repair cut short is
+    /// finished.
+    /// None: it is not the sweep's (being deleted: the eraser's, in `finish_pending`), or
+    /// something could not be read (logged; the next sweep tries again).
+    async fn sweep_marked(
+        &self,
+        prefix: &ConversationPrefix,
+    ) -> Option<turnpike_artifactory::Head> {
+        let inner = &self.inner;
+        let conversation = prefix.conversation();
+        match inner
+            .conversations
+            .tombstones()
+            .get(prefix.tenant(), conversation)
+            .await
+        {
+            Ok(None) => {}
+            Ok(Some(_)) => return None,
+            Err(e) => {
+                warn!(%conversation, error = %e, "sweep: cannot read the tombstones");
+                return None;
+            }
+        }
+        let record = inner.conversations.record(prefix.clone());
+        if let Err(e) = record.finish_repair().await {
+            warn!(%conversation, error = %e, "sweep: cannot finish a repair");
+            return None;
+        }
+        record
+            .head()
+            .await
+            .map_err(|e| warn!(%conversation, error = %e, "sweep: cannot read the head"))
+            .ok()
     }
 
     /// Deletes the conversations closed longer than `retention` ago. Any worker may run it:

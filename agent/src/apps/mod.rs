@@ -384,6 +384,22 @@ fn fingerprint(dirs: &[PathBuf]) -> u64 {
     hasher.finish()
 }
 
+/// An agent's MCP servers, validated, their names distinct; the error starts with where
+/// (`[i].field: …`).
+fn mcp_servers(
+    raw: Vec<crate::mcp::spec::RawServer>,
+) -> Result<Vec<crate::mcp::ServerSpec>, String> {
+    let mut out: Vec<crate::mcp::ServerSpec> = Vec::new();
+    for (i, server) in raw.into_iter().enumerate() {
+        let server = server.validate().map_err(|e| format!("[{i}].{e}"))?;
+        if out.iter().any(|s| s.name == server.name) {
+            return Err(format!("[{i}].name: {:?} is named twice", server.name));
+        }
+        out.push(server);
+    }
+    Ok(out)
+}
+
 fn policy_tools(policy: &Policy) -> Vec<String> {
     policy.tools()
 }
@@ -476,6 +492,8 @@ struct RawAgent {
     recall: Option<crate::recall::RecallSpec>,
     #[serde(default)]
     remote: Option<crate::remote::RawRemote>,
+    #[serde(default)]
+    mcp: Vec<crate::mcp::spec::RawServer>,
     #[serde(default = "yes")]
     index: bool,
 }
@@ -513,6 +531,8 @@ impl Manifest {
             let id: AgentId = name.parse().map_err(|e| format!("agents.{name}: {e}"))?;
             let toolset = Toolset::allow(tools, &agent.tools)
                 .map_err(|e| format!("{}: {e}", field("tools")))?;
+            let mcp = mcp_servers(agent.mcp).map_err(|e| format!("{}{e}", field("mcp")))?;
+            let is_mcp_tool = |tool: &str| mcp.iter().any(|s| s.own_name(tool).is_some());
             let max_rounds = agent.max_rounds.unwrap_or(DEFAULT_MAX_ROUNDS);
             if max_rounds == 0 || max_rounds > DEFAULT_MAX_ROUNDS {
                 return Err(format!(
@@ -593,13 +613,13 @@ impl Manifest {
             };
             let tool_choice = ToolChoice::parse(agent.tool_choice.as_deref().unwrap_or("auto"));
             match &tool_choice {
-                ToolChoice::Required if agent.tools.is_empty() => {
+                ToolChoice::Required if agent.tools.is_empty() && mcp.is_empty() => {
                     return Err(format!(
                         "{}: \"required\" needs the agent to have tools",
                         field("tool_choice")
                     ))
                 }
-                ToolChoice::Tool(tool) if !agent.tools.contains(tool) => {
+                ToolChoice::Tool(tool) if !agent.tools.contains(tool) && !is_mcp_tool(tool) => {
                     return Err(format!(
                     "{}: {tool:?} is not one of the agent's tools ({}), nor auto, required or none",
                     field("tool_choice"),
@@ -635,7 +655,7 @@ impl Manifest {
             };
             let policy = Policy::new(agent.approval).map_err(|e| format!("agents.{name}.{e}"))?;
             for gate in policy_tools(&policy) {
-                if tools.describe(&gate).is_none() {
+                if tools.describe(&gate).is_none() && !is_mcp_tool(&gate) {
                     return Err(format!("agents.{name}.approval: unknown tool {gate:?}"));
                 }
             }
@@ -662,6 +682,7 @@ impl Manifest {
                     max_tokens: agent.max_tokens,
                     recall: agent.recall,
                     remote,
+                    mcp,
                     index: agent.index,
                 }),
             );

@@ -157,6 +157,23 @@ struct Attempt {
     retry_after: Option<Duration>,
 }
 
+impl Attempt {
+    /// A failure another attempt would not mend.
+    fn fails(kind: ModelErrorKind, message: String) -> Self {
+        Attempt {
+            error: ModelError::new(kind, message),
+            retry: false,
+            retry_after: None,
+        }
+    }
+
+    /// The same failure, worth another attempt.
+    fn retried(mut self) -> Self {
+        self.retry = true;
+        self
+    }
+}
+
 #[async_trait]
 impl ModelProvider for OpenAi {
     async fn complete(
@@ -203,15 +220,26 @@ impl ModelProvider for OpenAi {
 
 impl OpenAi {
     async fn attempt(&self, body: &Value, cx: &mut CallContext) -> Result<ModelReply, Attempt> {
+        let response = self.send(body).await?;
+        if !response.status().is_success() {
+            return Err(self.refusal(response).await);
+        }
+        if self.config.stream {
+            self.streamed(response, cx).await
+        } else {
+            self.whole(response, cx).await
+        }
+    }
+
+    /// Sends the request and waits for the response's headers.
+    async fn send(&self, body: &Value) -> Result<reqwest::Response, Attempt> {
         let mut req = self.client.post(self.url()).json(body);
         if let Some(var) = &self.config.api_key_env {
-            let key = std::env::var(var).map_err(|_| Attempt {
-                error: ModelError::new(
+            let key = std::env::var(var).map_err(|_| {
+                Attempt::fails(
                     ModelErrorKind::Config,
                     format!("the API key variable {var} is not set"),
-                ),
-                retry: false,
-                retry_after: None,
+                )
             })?;
             req = req.bearer_auth(key);
         }
@@ -222,93 +250,89 @@ impl OpenAi {
         } else {
             self.config.deadline
         };
-        let response = tokio::time::timeout(wait, req.send())
+        tokio::time::timeout(wait, req.send())
             .await
-            .map_err(|_| Attempt {
-                error: ModelError::new(
+            .map_err(|_| {
+                Attempt::fails(
                     ModelErrorKind::Timeout,
-                    format!(
-                        "no response within {:?} from {}",
-                        self.config.stall_timeout,
-                        self.url()
-                    ),
-                ),
-                retry: true,
-                retry_after: None,
+                    format!("no response within {wait:?} from {}", self.url()),
+                )
+                .retried()
             })?
-            .map_err(|e| Attempt {
-                error: ModelError::new(
+            .map_err(|e| {
+                Attempt::fails(
                     ModelErrorKind::Unavailable,
                     format!("cannot reach {}: {e}", self.url()),
-                ),
-                retry: true,
-                retry_after: None,
-            })?;
+                )
+                .retried()
+            })
+    }
+
+    /// What an unsuccessful status means: retried when the endpoint may answer later (408,
+    /// 429, 5xx, after the `Retry-After` it gives), with the endpoint's own message.
+    async fn refusal(&self, response: reqwest::Response) -> Attempt {
         let status = response.status();
-        if !status.is_success() {
-            let retry_after = response
-                .headers()
-                .get(reqwest::header::RETRY_AFTER)
-                .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.trim().parse::<u64>().ok())
-                .map(Duration::from_secs);
-            let text = tokio::time::timeout(self.config.stall_timeout, response.text())
-                .await
-                .ok()
-                .and_then(|r| r.ok())
-                .unwrap_or_default();
-            let message = serde_json::from_str::<Value>(&text)
-                .ok()
-                .and_then(|v| v["error"]["message"].as_str().map(str::to_owned))
-                .unwrap_or_else(|| text.chars().take(500).collect());
-            let retry =
-                status.as_u16() == 408 || status.as_u16() == 429 || status.is_server_error();
-            let kind = if retry {
-                ModelErrorKind::Unavailable
-            } else {
-                ModelErrorKind::Rejected
-            };
-            return Err(Attempt {
-                error: ModelError::new(kind, format!("the endpoint answered {status}: {message}")),
-                retry,
-                retry_after,
-            });
+        let retry_after = response
+            .headers()
+            .get(reqwest::header::RETRY_AFTER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .map(Duration::from_secs);
+        let text = tokio::time::timeout(self.config.stall_timeout, response.text())
+            .await
+            .ok()
+            .and_then(|r| r.ok())
+            .unwrap_or_default();
+        let message = serde_json::from_str::<Value>(&text)
+            .ok()
+            .and_then(|v| v["error"]["message"].as_str().map(str::to_owned))
+            .unwrap_or_else(|| text.chars().take(500).collect());
+        let retry = status.as_u16() == 408 || status.as_u16() == 429 || status.is_server_error();
+        let kind = if retry {
+            ModelErrorKind::Unavailable
+        } else {
+            ModelErrorKind::Rejected
+        };
+        Attempt {
+            error: ModelError::new(kind, format!("the endpoint answered {status}: {message}")),
+            retry,
+            retry_after,
         }
-        if !self.config.stream {
-            return self.whole(response, cx).await;
-        }
+    }
+
+    /// Reads a streamed reply: server-sent chunks until `[DONE]` or the end, each within the
+    /// stall timeout.
+    async fn streamed(
+        &self,
+        response: reqwest::Response,
+        cx: &mut CallContext,
+    ) -> Result<ModelReply, Attempt> {
         let mut events = response.bytes_stream().eventsource();
         let mut assembly = Assembly::default();
         loop {
             let next = tokio::time::timeout(self.config.stall_timeout, events.next())
                 .await
-                .map_err(|_| Attempt {
-                    error: ModelError::new(
+                .map_err(|_| {
+                    Attempt::fails(
                         ModelErrorKind::Timeout,
                         format!("the stream stalled for {:?}", self.config.stall_timeout),
-                    ),
-                    retry: false,
-                    retry_after: None,
+                    )
                 })?;
             let Some(event) = next else { break };
-            let event = event.map_err(|e| Attempt {
-                error: ModelError::new(
+            let event = event.map_err(|e| {
+                Attempt::fails(
                     ModelErrorKind::Unavailable,
                     format!("the stream broke: {e}"),
-                ),
-                retry: false,
-                retry_after: None,
+                )
             })?;
             if event.data.trim() == "[DONE]" {
                 break;
             }
-            let chunk: Chunk = serde_json::from_str(&event.data).map_err(|e| Attempt {
-                error: ModelError::new(
+            let chunk: Chunk = serde_json::from_str(&event.data).map_err(|e| {
+                Attempt::fails(
                     ModelErrorKind::Protocol,
                     format!("a streamed chunk is not a chat-completion chunk: {e}"),
-                ),
-                retry: false,
-                retry_after: None,
+                )
             })?;
             assembly.add(chunk, cx);
         }
@@ -336,11 +360,7 @@ impl OpenAi {
         response: reqwest::Response,
         cx: &mut CallContext,
     ) -> Result<ModelReply, Attempt> {
-        let failed = |kind, message: String| Attempt {
-            error: ModelError::new(kind, message),
-            retry: false,
-            retry_after: None,
-        };
+        let failed = Attempt::fails;
         let text = tokio::time::timeout(self.config.stall_timeout, response.text())
             .await
             .map_err(|_| {

@@ -204,28 +204,11 @@ impl Driver<'_, '_> {
         inbox: &mut dyn Inbox,
         cx: &mut CallContext,
     ) -> Result<Option<TurnOutcome>> {
-        let action = match Action::parse(line) {
-            Ok(Action::Keepalive {}) => return Ok(None),
-            Ok(action) => action,
+        let action = match self.admit(line) {
+            Ok(Some(action)) => action,
+            Ok(None) => return Ok(None),
             Err(why) => return self.refuse(why).await,
         };
-        self.actions += 1;
-        if self.actions > self.run.limits.max_actions {
-            let max = self.run.limits.max_actions;
-            return self
-                .refuse(format!("the app sent more than {max} actions in one turn"))
-                .await;
-        }
-        self.trace.steps.push(ExchangeStep::Action {
-            action: serde_json::to_value(&action).unwrap_or(Value::Null),
-        });
-        if let Some(id) = action.id() {
-            if !self.ids.insert(id.to_owned()) {
-                return self
-                    .refuse(format!("the action id {id:?} was used twice in one turn"))
-                    .await;
-            }
-        }
         match action {
             Action::Say { text } => {
                 cx.delta(&text);
@@ -239,93 +222,137 @@ impl Driver<'_, '_> {
             }
             Action::Keepalive {} => Ok(None),
             Action::NextEvents { id, wait_ms } => {
-                let wait = Duration::from_millis(wait_ms);
-                match self.exchange.take(inbox, cx, wait).await? {
-                    Step::Arrived(arrived)
-                        if !arrived.iter().any(|b| matches!(b, Block::Stop { .. })) =>
-                    {
-                        self.arrived(Some(id), arrived).await?;
-                        Ok(None)
-                    }
-                    Step::Arrived(arrived) | Step::Stopped(arrived) => {
-                        self.cancelled(arrived).await.map(Some)
-                    }
-                    // The app spoke before anything arrived: it gave the wait up (a timeout of
-                    // its own around the take), so the take ends unanswered — nothing was taken
-                    // — and what it said is read next. A wait it gave up never holds the turn,
-                    // and what arrives later waits on the lane for the next take or turn.
-                    step @ (Step::Line(_) | Step::Closed) => {
-                        self.pending = Some(step);
-                        Ok(None)
-                    }
-                }
+                self.next_events(id, Duration::from_millis(wait_ms), inbox, cx)
+                    .await
             }
-            Action::Model {
-                id,
-                messages: asked,
-                tools,
-                say,
-                temperature,
-                max_tokens,
-            } => {
-                // As the built-in loop: a model call per round, and a closing one.
-                self.model_calls += 1;
-                let max = self.run.limits.max_rounds.saturating_add(1);
-                if self.model_calls > max {
-                    return self
-                        .refuse(format!(
-                            "the app asked the model more than {max} times in one turn"
-                        ))
-                        .await;
-                }
-                let mut request = self.run.base.clone();
-                match asked {
-                    Some(asked) => {
-                        request.messages = asked;
-                        request.turn_start = 0;
-                    }
-                    None => {
-                        request.messages.truncate(request.turn_start);
-                        request.messages.extend(messages(self.blocks.iter()));
-                    }
-                }
-                if !tools {
-                    request.tools = Vec::new();
-                }
-                request.temperature = temperature.or(request.temperature);
-                request.max_tokens = match (max_tokens, self.run.max_reply_tokens) {
-                    (Some(asked), Some(cap)) => Some(asked.min(cap)),
-                    (asked, cap) => asked.or(cap),
-                };
-                // The call sees the turn's arrivals on its own receiver: a model that waits
-                // for input cannot take a wake meant for the exchange.
-                let mut call_cx = if say { cx.fork() } else { cx.quiet() };
-                let reply = tokio::select! {
-                    biased;
-                    _ = self.exchange.stop_signal(inbox) => {
-                        return self.cancel(inbox).await.map(Some);
-                    }
-                    reply = self.run.model.complete(&request, &mut call_cx) => reply,
-                };
-                let reply = reply?;
-                cx.account(&request, &reply);
-                if say {
-                    self.said.push_str(&reply.text);
-                }
-                self.send(ToApp::ModelResult {
-                    id,
-                    text: reply.text,
-                    tool_calls: reply.tool_calls,
-                    usage: reply.usage,
-                })
-                .await?;
-                Ok(None)
-            }
+            model @ Action::Model { .. } => self.model(model, inbox, cx).await,
             call_action => {
                 let call = call_action.as_call().expect("the other actions are calls");
                 self.call(call, inbox).await
             }
         }
+    }
+
+    /// Parses a line into an action, counted and traced (none: a keepalive); the error says
+    /// why the app is refused (a malformed line, too many actions, an id used twice).
+    fn admit(&mut self, line: &[u8]) -> std::result::Result<Option<Action>, String> {
+        let action = match Action::parse(line)? {
+            Action::Keepalive {} => return Ok(None),
+            action => action,
+        };
+        self.actions += 1;
+        if self.actions > self.run.limits.max_actions {
+            let max = self.run.limits.max_actions;
+            return Err(format!("the app sent more than {max} actions in one turn"));
+        }
+        self.trace.steps.push(ExchangeStep::Action {
+            action: serde_json::to_value(&action).unwrap_or(Value::Null),
+        });
+        if let Some(id) = action.id() {
+            if !self.ids.insert(id.to_owned()) {
+                return Err(format!("the action id {id:?} was used twice in one turn"));
+            }
+        }
+        Ok(Some(action))
+    }
+
+    /// The app asks for what arrived: it waits up to `wait` for it.
+    async fn next_events(
+        &mut self,
+        id: String,
+        wait: Duration,
+        inbox: &mut dyn Inbox,
+        cx: &mut CallContext,
+    ) -> Result<Option<TurnOutcome>> {
+        match self.exchange.take(inbox, cx, wait).await? {
+            Step::Arrived(arrived) if !arrived.iter().any(|b| matches!(b, Block::Stop { .. })) => {
+                self.arrived(Some(id), arrived).await?;
+                Ok(None)
+            }
+            Step::Arrived(arrived) | Step::Stopped(arrived) => {
+                self.cancelled(arrived).await.map(Some)
+            }
+            // The app spoke before anything arrived: it gave the wait up (a timeout of its own
+            // around the take), so the take ends unanswered — nothing was taken — and what it
+            // said is read next. A wait it gave up never holds the turn, and what arrives later
+            // waits on the lane for the next take or turn.
+            step @ (Step::Line(_) | Step::Closed) => {
+                self.pending = Some(step);
+                Ok(None)
+            }
+        }
+    }
+
+    /// The app asks the model (`action` is an [`Action::Model`]); the reply goes back to it.
+    async fn model(
+        &mut self,
+        action: Action,
+        inbox: &mut dyn Inbox,
+        cx: &mut CallContext,
+    ) -> Result<Option<TurnOutcome>> {
+        let Action::Model {
+            id,
+            messages: asked,
+            tools,
+            say,
+            temperature,
+            max_tokens,
+        } = action
+        else {
+            return Ok(None);
+        };
+        // As the built-in loop: a model call per round, and a closing one.
+        self.model_calls += 1;
+        let max = self.run.limits.max_rounds.saturating_add(1);
+        if self.model_calls > max {
+            return self
+                .refuse(format!(
+                    "the app asked the model more than {max} times in one turn"
+                ))
+                .await;
+        }
+        let mut request = self.run.base.clone();
+        match asked {
+            Some(asked) => {
+                request.messages = asked;
+                request.turn_start = 0;
+            }
+            None => {
+                request.messages.truncate(request.turn_start);
+                request.messages.extend(messages(self.blocks.iter()));
+            }
+        }
+        if !tools {
+            request.tools = Vec::new();
+        }
+        request.temperature = temperature.or(request.temperature);
+        request.max_tokens = match (max_tokens, self.run.max_reply_tokens) {
+            (Some(asked), Some(cap)) => Some(asked.min(cap)),
+            (asked, cap) => asked.or(cap),
+        };
+        // The call sees the turn's arrivals on its own receiver: a model that waits for input
+        // cannot take a wake meant for the exchange.
+        let mut call_cx = if say { cx.fork() } else { cx.quiet() };
+        let reply = tokio::select! {
+            biased;
+            _ = self.exchange.stop_signal(inbox) => {
+                return self.cancel(inbox).await.map(Some);
+            }
+            reply = self.run.model.complete(&request, &mut call_cx) => reply,
+        };
+        let reply = reply?;
+        cx.account(&request, &reply);
+        if say {
+            self.said.push_str(&reply.text);
+        }
+        self.send(ToApp::ModelResult {
+            id,
+            text: reply.text,
+            tool_calls: reply.tool_calls,
+            usage: reply.usage,
+        })
+        .await?;
+        Ok(None)
     }
 
     /// One tool call of the app.

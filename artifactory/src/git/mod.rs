@@ -436,130 +436,50 @@ impl Project {
     }
 
     async fn commit_oid(&self, turn: TurnId, message: &str) -> Result<Oid> {
+        let _ = turn;
         // 1. Hash the workspace's files into the local repository.
         let workspace = self.workspace.clone();
-        let files = with_repo(&self.git_dir, move |repo| {
-            let mut out = Vec::new();
-            let mut stack = vec![(workspace.clone(), Vec::<String>::new())];
-            while let Some((dir, segs)) = stack.pop() {
-                let Ok(read) = std::fs::read_dir(&dir) else {
-                    continue;
-                };
-                for e in read.filter_map(|e| e.ok()) {
-                    let Ok(meta) = e.path().symlink_metadata() else {
-                        continue;
-                    };
-                    let Some(name) = e.file_name().to_str().map(str::to_owned) else {
-                        continue;
-                    };
-                    let mut s = segs.clone();
-                    s.push(name);
-                    if RefPath::from_segments(s.clone()).is_err() {
-                        continue;
-                    }
-                    if meta.is_dir() {
-                        stack.push((e.path(), s));
-                    } else if meta.is_file() {
-                        let data = std::fs::read(e.path())
-                            .map_err(|e| Error::new(ErrorKind::Store, e.to_string()))?;
-                        let oid = repo
-                            .blob(&data)
-                            .map_err(|e| git_error("hashing a file", e))?;
-                        out.push((s, oid));
-                    }
-                }
-            }
-            out.sort();
-            Ok(out)
-        })
-        .await?;
+        let files = with_repo(&self.git_dir, move |repo| hash_workspace(repo, &workspace)).await?;
         // 2. Fetch the base trees along every changed file's folder.
-        let base_root = match self.base {
-            Some(c) => Some(self.lineage.root_of(&self.git_dir, c).await?),
-            None => None,
-        };
-        if let Some(root) = base_root {
-            let dirs: BTreeSet<Vec<String>> = files
-                .iter()
-                .map(|(s, _)| s[..s.len() - 1].to_vec())
-                .collect();
-            for dir in dirs {
-                // As deep as the base has the folder (`None`: the rest is new).
-                self.lineage.fetch_path(&self.git_dir, root, &dir).await?;
-            }
-        }
+        let base_root = self.fetch_base(&files).await?;
         // 3. Lay the files over the base tree; commit if the tree changed.
         let (base, message) = (self.base, message.to_owned());
-        let upload = files.clone();
-        let (commit, new_trees) =
-            with_repo(&self.git_dir, move |repo| -> Result<(Oid, Vec<Oid>)> {
-                let base_tree = match base_root {
-                    Some(root) => repo
-                        .find_tree(root)
-                        .map_err(|e| git_error("reading a tree", e))?,
-                    None => {
-                        let empty = repo
-                            .treebuilder(None)
-                            .and_then(|b| b.write())
-                            .map_err(|e| git_error("an empty tree", e))?;
-                        repo.find_tree(empty)
-                            .map_err(|e| git_error("an empty tree", e))?
-                    }
-                };
-                let mut update = git2::build::TreeUpdateBuilder::new();
-                for (segs, oid) in &files {
-                    update.upsert(segs.join("/"), *oid, git2::FileMode::Blob);
-                }
-                let tree = update
-                    .create_updated(repo, &base_tree)
-                    .map_err(|e| git_error("building the tree", e))?;
-                if Some(tree) == base_root {
-                    return Ok((
-                        base.expect("a base tree comes from a base commit"),
-                        Vec::new(),
-                    ));
-                }
-                // The trees along every file's folder are new or unchanged; upload them all.
-                let mut trees = vec![tree];
-                let root = repo
-                    .find_tree(tree)
-                    .map_err(|e| git_error("reading a tree", e))?;
-                let mut seen = BTreeSet::new();
-                for (segs, _) in &files {
-                    for depth in 1..segs.len() {
-                        let p = segs[..depth].join("/");
-                        if seen.insert(p.clone()) {
-                            if let Ok(e) = root.get_path(std::path::Path::new(&p)) {
-                                trees.push(e.id());
-                            }
-                        }
-                    }
-                }
-                let sig = git2::Signature::now("turnpike", "turnpike@localhost")
-                    .map_err(|e| git_error("a signature", e))?;
-                let tree = repo
-                    .find_tree(tree)
-                    .map_err(|e| git_error("reading a tree", e))?;
-                let parents: Vec<git2::Commit> = match base {
-                    Some(b) => vec![repo
-                        .find_commit(b)
-                        .map_err(|e| git_error("reading a commit", e))?],
-                    None => Vec::new(),
-                };
-                let parent_refs: Vec<&git2::Commit> = parents.iter().collect();
-                let commit = repo
-                    .commit(None, &sig, &sig, &message, &tree, &parent_refs)
-                    .map_err(|e| git_error("committing", e))?;
-                Ok((commit, trees))
-            })
-            .await?;
+        let upload: Vec<Oid> = files.iter().map(|(_, o)| *o).collect();
+        let (commit, new_trees) = with_repo(&self.git_dir, move |repo| {
+            lay_over(repo, base_root, base, &files, &message)
+        })
+        .await?;
         if Some(commit) == self.base {
             return Ok(commit);
         }
         // 4. Store the new objects: blobs, trees, then the commit.
-        let mut oids: Vec<Oid> = upload.iter().map(|(_, o)| *o).collect();
+        let mut oids = upload;
         oids.extend(new_trees);
         oids.push(commit);
+        self.store_objects(oids).await?;
+        Ok(commit)
+    }
+
+    /// The base commit's root tree (none: no base), with the trees along every file's folder
+    /// fetched as deep as the base has them.
+    async fn fetch_base(&self, files: &[(Vec<String>, Oid)]) -> Result<Option<Oid>> {
+        let Some(base) = self.base else {
+            return Ok(None);
+        };
+        let root = self.lineage.root_of(&self.git_dir, base).await?;
+        let dirs: BTreeSet<Vec<String>> = files
+            .iter()
+            .map(|(s, _)| s[..s.len() - 1].to_vec())
+            .collect();
+        for dir in dirs {
+            // As deep as the base has the folder (`None`: the rest is new).
+            self.lineage.fetch_path(&self.git_dir, root, &dir).await?;
+        }
+        Ok(Some(root))
+    }
+
+    /// Copies objects of the local repository to the lineage's store, in the order given.
+    async fn store_objects(&self, oids: Vec<Oid>) -> Result<()> {
         for oid in oids {
             let (kind, data) = with_repo(&self.git_dir, move |repo| {
                 let odb = repo.odb().map_err(|e| git_error("opening", e))?;
@@ -571,8 +491,7 @@ impl Project {
             .await?;
             self.lineage.put_object(oid, kind, &data).await?;
         }
-        let _ = turn;
-        Ok(commit)
+        Ok(())
     }
 
     /// Removes the git directory (the workspace goes with the turn); dropping does the same.
@@ -745,4 +664,112 @@ pub async fn export(lineage: &Lineage, last_turn: u64, dir: &FsPath) -> Result<u
         .await?;
     }
     Ok(exported)
+}
+
+/// The workspace's regular files (path segments, blob), hashed into `repo`, sorted; names a
+/// ref path cannot hold are skipped, symbolic links never followed, and so is a repository's
+/// own `.git` directory (a turn's code may make one, e.g. for an MCP git server): a git tree
+/// cannot hold an entry of that name.
+fn hash_workspace(repo: &Repository, workspace: &FsPath) -> Result<Vec<(Vec<String>, Oid)>> {
+    let mut out = Vec::new();
+    let mut stack = vec![(workspace.to_path_buf(), Vec::<String>::new())];
+    while let Some((dir, segs)) = stack.pop() {
+        let Ok(read) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for e in read.filter_map(|e| e.ok()) {
+            let Ok(meta) = e.path().symlink_metadata() else {
+                continue;
+            };
+            let Some(name) = e.file_name().to_str().map(str::to_owned) else {
+                continue;
+            };
+            if name.eq_ignore_ascii_case(".git") {
+                continue;
+            }
+            let mut s = segs.clone();
+            s.push(name);
+            if RefPath::from_segments(s.clone()).is_err() {
+                continue;
+            }
+            if meta.is_dir() {
+                stack.push((e.path(), s));
+            } else if meta.is_file() {
+                let data = std::fs::read(e.path())
+                    .map_err(|e| Error::new(ErrorKind::Store, e.to_string()))?;
+                let oid = repo
+                    .blob(&data)
+                    .map_err(|e| git_error("hashing a file", e))?;
+                out.push((s, oid));
+            }
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// Lays `files` over the base tree (an empty one without a base) and commits the result on
+/// `base`: the commit and the trees along every file's folder (new or unchanged: all are
+/// uploaded). An unchanged tree is no commit: the base, and no trees.
+fn lay_over(
+    repo: &git2::Repository,
+    base_root: Option<Oid>,
+    base: Option<Oid>,
+    files: &[(Vec<String>, Oid)],
+    message: &str,
+) -> Result<(Oid, Vec<Oid>)> {
+    let base_tree = match base_root {
+        Some(root) => repo
+            .find_tree(root)
+            .map_err(|e| git_error("reading a tree", e))?,
+        None => {
+            let empty = repo
+                .treebuilder(None)
+                .and_then(|b| b.write())
+                .map_err(|e| git_error("an empty tree", e))?;
+            repo.find_tree(empty)
+                .map_err(|e| git_error("an empty tree", e))?
+        }
+    };
+    let mut update = git2::build::TreeUpdateBuilder::new();
+    for (segs, oid) in files {
+        update.upsert(segs.join("/"), *oid, git2::FileMode::Blob);
+    }
+    let tree = update
+        .create_updated(repo, &base_tree)
+        .map_err(|e| git_error("building the tree", e))?;
+    if Some(tree) == base_root {
+        return Ok((
+            base.expect("a base tree comes from a base commit"),
+            Vec::new(),
+        ));
+    }
+    let tree = repo
+        .find_tree(tree)
+        .map_err(|e| git_error("reading a tree", e))?;
+    let mut trees = vec![tree.id()];
+    let mut seen = BTreeSet::new();
+    for (segs, _) in files {
+        for depth in 1..segs.len() {
+            let p = segs[..depth].join("/");
+            if seen.insert(p.clone()) {
+                if let Ok(e) = tree.get_path(FsPath::new(&p)) {
+                    trees.push(e.id());
+                }
+            }
+        }
+    }
+    let sig = git2::Signature::now("turnpike", "turnpike@localhost")
+        .map_err(|e| git_error("a signature", e))?;
+    let parents: Vec<git2::Commit> = match base {
+        Some(b) => vec![repo
+            .find_commit(b)
+            .map_err(|e| git_error("reading a commit", e))?],
+        None => Vec::new(),
+    };
+    let parent_refs: Vec<&git2::Commit> = parents.iter().collect();
+    let commit = repo
+        .commit(None, &sig, &sig, message, &tree, &parent_refs)
+        .map_err(|e| git_error("committing", e))?;
+    Ok((commit, trees))
 }

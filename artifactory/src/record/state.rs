@@ -30,23 +30,7 @@ pub fn apply(state: &mut RecordState, body: &EntryBody) -> Result<(), String> {
         ));
     }
     if let Some(input) = body.as_input() {
-        if let Some(seq) = input.lane_seq {
-            if seq <= state.lane_through {
-                return Err(format!(
-                    "lane sequence {seq} is not after {} (out of order or applied twice)",
-                    state.lane_through
-                ));
-            }
-            state.lane_through = seq;
-        }
-        if matches!(
-            input.event.body,
-            turnpike_schemas::EventBody::Message { .. }
-                | turnpike_schemas::EventBody::FollowUp { .. }
-        ) {
-            state.messages += 1;
-        }
-        return Ok(());
+        return apply_input(state, input);
     }
     match body {
         EntryBody::LaneParked(p) => {
@@ -74,6 +58,41 @@ pub fn apply(state: &mut RecordState, body: &EntryBody) -> Result<(), String> {
             state.active_ms = state.active_ms.max(d.at_ms);
         }
         EntryBody::ConversationOpened(o) => state.active_ms = state.active_ms.max(o.at_ms),
+        EntryBody::IdleClosed(_) | EntryBody::Imported(_) | EntryBody::Reopened(_) => {
+            apply_between_turns(state, body)?
+        }
+        EntryBody::TurnComplete(_) | EntryBody::TurnAmbiguous(_) => apply_close(state, body)?,
+        other => apply_within_turn(state, other)?,
+    }
+    Ok(())
+}
+
+/// An input: its lane sequence after every one applied before; messages counted.
+fn apply_input(
+    state: &mut RecordState,
+    input: &turnpike_schemas::entry::InputEntry,
+) -> Result<(), String> {
+    if let Some(seq) = input.lane_seq {
+        if seq <= state.lane_through {
+            return Err(format!(
+                "lane sequence {seq} is not after {} (out of order or applied twice)",
+                state.lane_through
+            ));
+        }
+        state.lane_through = seq;
+    }
+    if matches!(
+        input.event.body,
+        turnpike_schemas::EventBody::Message { .. } | turnpike_schemas::EventBody::FollowUp { .. }
+    ) {
+        state.messages += 1;
+    }
+    Ok(())
+}
+
+/// An idle close, an import or a reopening: only between turns, and each only where it applies.
+fn apply_between_turns(state: &mut RecordState, body: &EntryBody) -> Result<(), String> {
+    match body {
         EntryBody::IdleClosed(_) => {
             if state.turn_open {
                 return Err(format!(
@@ -102,41 +121,51 @@ pub fn apply(state: &mut RecordState, body: &EntryBody) -> Result<(), String> {
             state.idle_closed = false;
             state.active_ms = state.active_ms.max(r.at_ms);
         }
-        EntryBody::TurnComplete(_) | EntryBody::TurnAmbiguous(_) => {
-            let turn = body.turn().expect("closing entries name their turn");
-            if !state.turn_open || turn.number() != state.last_turn {
-                return Err(format!("{turn} is not open; it cannot be closed"));
-            }
-            state.turn_open = false;
-            if let EntryBody::TurnComplete(c) = body {
-                state.active_ms = state.active_ms.max(c.at_ms);
-                state.waiting = c.outcome == turnpike_schemas::entry::TurnOutcome::Parked;
-                if c.version.is_some() {
-                    state.version = c.version;
-                }
-            }
+        _ => {}
+    }
+    Ok(())
+}
+
+/// A turn's closing entry (complete or ambiguous): only for the open turn.
+fn apply_close(state: &mut RecordState, body: &EntryBody) -> Result<(), String> {
+    let Some(turn) = body.turn() else {
+        return Err(format!("a {} entry names no turn", body.kind()));
+    };
+    if !state.turn_open || turn.number() != state.last_turn {
+        return Err(format!("{turn} is not open; it cannot be closed"));
+    }
+    state.turn_open = false;
+    if let EntryBody::TurnComplete(c) = body {
+        state.active_ms = state.active_ms.max(c.at_ms);
+        state.waiting = c.outcome == turnpike_schemas::entry::TurnOutcome::Parked;
+        if c.version.is_some() {
+            state.version = c.version;
         }
-        other => {
-            if let EntryBody::CompactionMarker(marker) = other {
-                if marker.through >= marker.turn {
-                    return Err(format!(
-                        "a compaction in {} cannot summarise {} (only earlier turns)",
-                        marker.turn, marker.through
-                    ));
-                }
-                state.summary_turn = marker.turn.number();
-            }
-            if let EntryBody::AgentSwitched(switch) = other {
-                state.active_agent = Some(switch.to.clone());
-            }
-            if let Some(turn) = other.turn() {
-                if !state.turn_open || turn.number() != state.last_turn {
-                    return Err(format!(
-                        "{turn} is not open; its {} entry cannot be appended",
-                        other.kind()
-                    ));
-                }
-            }
+    }
+    Ok(())
+}
+
+/// Any other entry: one that names a turn only while that turn is open; a compaction marker
+/// summarises earlier turns only; an agent switch names the agent from here on.
+fn apply_within_turn(state: &mut RecordState, body: &EntryBody) -> Result<(), String> {
+    if let EntryBody::CompactionMarker(marker) = body {
+        if marker.through >= marker.turn {
+            return Err(format!(
+                "a compaction in {} cannot summarise {} (only earlier turns)",
+                marker.turn, marker.through
+            ));
+        }
+        state.summary_turn = marker.turn.number();
+    }
+    if let EntryBody::AgentSwitched(switch) = body {
+        state.active_agent = Some(switch.to.clone());
+    }
+    if let Some(turn) = body.turn() {
+        if !state.turn_open || turn.number() != state.last_turn {
+            return Err(format!(
+                "{turn} is not open; its {} entry cannot be appended",
+                body.kind()
+            ));
         }
     }
     Ok(())

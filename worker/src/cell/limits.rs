@@ -262,7 +262,26 @@ impl CellUid {
     pub fn get(&self) -> u32 {
         self.0
     }
+
+    /// The uid of the sandboxes over `workspace`: the one its running sandboxes hold (a turn's
+    /// MCP server and its `exec` cells share the workspace's files, so they share its owner),
+    /// or a new one. Released once the last of them ends.
+    pub fn for_workspace(workspace: &Path) -> std::sync::Arc<CellUid> {
+        let mut by = BY_WORKSPACE.lock().unwrap_or_else(|e| e.into_inner());
+        by.retain(|_, uid| uid.strong_count() > 0);
+        if let Some(uid) = by.get(workspace).and_then(std::sync::Weak::upgrade) {
+            return uid;
+        }
+        let uid = std::sync::Arc::new(CellUid::take());
+        by.insert(workspace.to_path_buf(), std::sync::Arc::downgrade(&uid));
+        uid
+    }
 }
+
+/// The uids of workspaces some sandbox of this process runs over.
+static BY_WORKSPACE: std::sync::Mutex<
+    std::collections::BTreeMap<PathBuf, std::sync::Weak<CellUid>>,
+> = std::sync::Mutex::new(std::collections::BTreeMap::new());
 
 impl Drop for CellUid {
     fn drop(&mut self) {
@@ -400,5 +419,22 @@ mod uid_tests {
             !HELD.lock().unwrap().contains(&first),
             "released when dropped"
         );
+    }
+
+    #[test]
+    fn sandboxes_over_one_workspace_share_its_uid_and_no_other_workspace_gets_it() {
+        let (a, b) = (Path::new("/tmp/ws-a"), Path::new("/tmp/ws-b"));
+        let server = CellUid::for_workspace(a);
+        let cell = CellUid::for_workspace(a);
+        let other = CellUid::for_workspace(b);
+        assert_eq!(server.get(), cell.get());
+        assert_ne!(server.get(), other.get());
+        let uid = server.get();
+        drop((server, cell));
+        assert!(
+            !HELD.lock().unwrap().contains(&uid),
+            "released with the last"
+        );
+        assert_ne!(CellUid::for_workspace(a).get(), other.get());
     }
 }

@@ -18,49 +18,21 @@
 //! Fail closed: [`Cell::detect`] checks that the sandbox can be set up on this machine; where it
 //! cannot, `exec` refuses with what is missing and nothing runs.
 
+mod config;
 mod limits;
+mod sandbox;
 mod seccomp;
 
 use std::collections::BTreeMap;
-use std::os::unix::process::CommandExt as _;
-use std::path::{Path, PathBuf};
-use std::process::Stdio;
+use std::path::Path;
 use std::time::{Instant, SystemTime};
 
 use serde::Serialize;
 use tokio::io::AsyncReadExt as _;
 
+pub use config::CellConfig;
 pub use limits::{Budget, Limits, CELL_UIDS, DEFAULT_WALL};
-
-/// What a cell needs from the machine.
-#[derive(Debug, Clone)]
-pub struct CellConfig {
-    pub bwrap: PathBuf,
-    pub python: PathBuf,
-    pub limits: Limits,
-    /// Where the seccomp program and cgroups are prepared (outside every workspace).
-    pub scratch: PathBuf,
-    /// The binary that runs inside the cell, started as `turnpike-init`, to add Landlock before
-    /// the interpreter starts (the `turnpike` binary; none: bubblewrap and seccomp only).
-    pub init: Option<PathBuf>,
-    /// Put each run in a pids (and memory) cgroup where the worker may create one. Off: the
-    /// rlimits of the unprivileged cell uid are the bound (as on a host with no writable cgroup
-    /// hierarchy).
-    pub cgroups: bool,
-}
-
-impl Default for CellConfig {
-    fn default() -> Self {
-        Self {
-            bwrap: PathBuf::from("/usr/bin/bwrap"),
-            python: PathBuf::from("/usr/bin/python3"),
-            limits: Limits::default(),
-            scratch: std::env::temp_dir().join("turnpike-cell"),
-            init: None,
-            cgroups: true,
-        }
-    }
-}
+pub use sandbox::Extra;
 
 /// A languages the cell runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -216,199 +188,182 @@ impl Cell {
         let Language::Python = language;
         let started = Instant::now();
         let before = snapshot_off_thread(workspace).await;
-        let mut seccomp_files = Vec::new();
-        for filter in &self.filters {
-            seccomp_files.push(
-                std::fs::File::open(filter.path())
-                    .map_err(|e| format!("cannot open the seccomp program: {e}"))?,
-            );
-        }
-        let group = if self.config.cgroups {
-            limits::ProcessGroup::create(&self.config.scratch, &self.config.limits)
-        } else {
-            None
-        };
-        // Never host root, never a shared budget: a root worker hands the workspace to a uid
-        // of the run's own; any other runs only in a cgroup of its own.
-        // Held until this run ends: no other cell of this worker gets the uid meanwhile.
-        let held = match self.budget {
-            Budget::OwnUid => {
-                let held = limits::CellUid::take();
-                let (root, uid) = (workspace.to_path_buf(), held.get());
-                tokio::task::spawn_blocking(move || limits::hand_over(&root, uid, MAX_SNAPSHOT))
-                    .await
-                    .map_err(|e| format!("cannot hand the workspace over: {e}"))??;
-                Some(held)
-            }
-            Budget::Cgroup if group.is_none() => {
-                return Err(
-                    "cannot create this run's pids cgroup: a cell runs only with a process budget of its own".into(),
-                )
-            }
-            Budget::Cgroup => None,
-        };
-        let uid = held.as_ref().map(limits::CellUid::get);
-        let nproc = self.budget == Budget::OwnUid;
-        // The workspace (and the init binary) go in as descriptors, so that an unprivileged
-        // bubblewrap needs no path to them.
-        let work_fd = open_path(workspace)?;
-        let init_fd = self.config.init.as_deref().map(open_path).transpose()?;
-        let mut command = std::process::Command::new(&self.config.bwrap);
-        command
-            .args([
-                "--unshare-all",
-                "--die-with-parent",
-                "--new-session",
-                "--cap-drop",
-                "ALL",
-            ])
-            .args(["--clearenv", "--setenv", "PATH", "/usr/bin:/bin"])
-            .args(["--setenv", "HOME", "/work", "--setenv", "LANG", "C.UTF-8"])
-            .args(["--setenv", "PYTHONDONTWRITEBYTECODE", "1"])
-            .args(["--ro-bind", "/usr", "/usr"])
-            .args([
-                "--symlink",
-                "usr/bin",
-                "/bin",
-                "--symlink",
-                "usr/lib",
-                "/lib",
-            ])
-            .args(["--symlink", "usr/sbin", "/sbin"]);
-        if Path::new("/usr/lib64").exists() {
-            command.args(["--symlink", "usr/lib64", "/lib64"]);
-        }
-        command
-            // A private /tmp and /dev/shm of bounded size (the workspace has its own quota),
-            // and the rest of /dev read-only: no memory to fill where no cgroup bounds it.
-            .args(["--proc", "/proc", "--dev", "/dev", "--size"])
-            .arg(TMP_BYTES.to_string())
-            .args(["--tmpfs", "/tmp", "--size"])
-            .arg(SHM_BYTES.to_string())
-            .args(["--tmpfs", "/dev/shm", "--remount-ro", "/dev"])
-            .args(["--bind-fd", &WORK_FD.to_string(), "/work"]);
-        if init_fd.is_some() {
-            command.args(["--ro-bind-fd", &INIT_FD.to_string(), INIT_PATH]);
-        }
-        command
-            // The root bwrap builds is a tmpfs: make it read-only too.
-            .args(["--remount-ro", "/"])
-            .args(["--chdir", "/work", "--hostname", "cell"])
-            .args(["--add-seccomp-fd", "1000", "--add-seccomp-fd", "1001", "--"]);
-        if self.config.init.is_some() {
-            command.args([INIT_PATH, "--"]);
-        }
-        command
-            .arg(&self.config.python)
-            .args(["-I", "-S", "-c", code])
-            .env_clear()
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        let limits = self.config.limits.clone();
-        let seccomp_fds: Vec<i32> = seccomp_files
-            .iter()
-            .map(std::os::fd::AsRawFd::as_raw_fd)
-            .collect();
-        let procs_file = group.as_ref().map(|g| g.procs_file());
-        let mut passed: Vec<(i32, i32)> = seccomp_fds
-            .iter()
-            .enumerate()
-            .map(|(i, fd)| (*fd, 1000 + i as i32))
-            .collect();
-        passed.push((std::os::fd::AsRawFd::as_raw_fd(&work_fd), WORK_FD));
-        if let Some(fd) = &init_fd {
-            passed.push((std::os::fd::AsRawFd::as_raw_fd(fd), INIT_FD));
-        }
-        // Allocated here: nothing allocates between fork and exec.
-        let mut above = vec![0i32; passed.len()];
-        // SAFETY: only async-signal-safe calls (fcntl, dup2, open/write/close, setrlimit,
-        // setgroups, setgid, setuid) between fork and exec.
-        unsafe {
-            command.pre_exec(move || {
-                // First every source above every target, then each into place: a source that
-                // happens to sit at a target's number is never overwritten before it is copied.
-                for (i, (from, _)) in passed.iter().enumerate() {
-                    above[i] = libc::fcntl(*from, libc::F_DUPFD, STAGING_FD);
-                    if above[i] < 0 {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                }
-                for (i, (_, to)) in passed.iter().enumerate() {
-                    if libc::dup2(above[i], *to) < 0 {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                    libc::close(above[i]);
-                }
-                if let Some(path) = &procs_file {
-                    limits::join_group(path)?;
-                }
-                limits.apply(nproc)?;
-                match uid {
-                    Some(uid) => limits::drop_to(uid),
-                    None => Ok(()),
-                }
-            });
-        }
+        let held = sandbox::Held::take(
+            &self.config,
+            self.budget,
+            &self.filters,
+            workspace,
+            MAX_SNAPSHOT,
+        )
+        .await?;
+        let python = self.config.python.to_string_lossy();
+        let argv = [&*python, "-I", "-S", "-c", code];
+        let command = held.command(&self.config, &Extra::default(), &argv);
         let mut command = tokio::process::Command::from(command);
         command.kill_on_drop(true);
         let usage_before = limits::children_cpu();
-        let mut child = command
+        let child = command
             .spawn()
             .map_err(|e| format!("cannot start bubblewrap: {e}"))?;
         let started_us = started.elapsed().as_micros() as u64;
-        let cap = self.config.limits.output_bytes;
-        let mut stdout = child.stdout.take().expect("piped");
-        let mut stderr = child.stderr.take().expect("piped");
-        let first = std::sync::Arc::new(std::sync::OnceLock::new());
-        let first_out = first.clone();
-        let read_out = async move { read_capped(&mut stdout, cap, Some(&first_out)).await };
-        let read_err = async move { read_capped(&mut stderr, cap, None).await };
-        let wait = async {
-            let (out, err, status) = tokio::join!(read_out, read_err, child.wait());
-            (out, err, status)
-        };
-        let (timed_out, out, err, status) =
-            match tokio::time::timeout(self.config.limits.wall, wait).await {
-                Ok((out, err, status)) => (false, out, err, status.ok()),
-                Err(_) => {
-                    // Killing bwrap ends the PID namespace: the whole tree goes with it.
-                    if let Some(g) = &group {
-                        g.kill_all();
-                    }
-                    (true, (Vec::new(), false), (Vec::new(), false), None)
-                }
-            };
-        drop(group);
+        let ended = self.collect(child, &held, started).await;
+        let uid = held.uid();
         let duration = started.elapsed();
-        use std::os::unix::process::ExitStatusExt as _;
         let after = snapshot_off_thread(workspace).await;
-        let files = after
-            .iter()
-            .filter(|(path, meta)| before.get(*path) != Some(meta))
-            .map(|(path, (size, _))| ChangedFile {
-                path: path.clone(),
-                size: *size,
-            })
-            .collect();
+        // Held until this run ends: no other cell of this worker gets the uid meanwhile.
+        drop(held);
+        use std::os::unix::process::ExitStatusExt as _;
         Ok(RunResult {
-            exit_code: status.and_then(|s| s.code()),
-            signal: status.and_then(|s| s.signal()),
-            timed_out,
-            stdout: String::from_utf8_lossy(&out.0).into_owned(),
-            stderr: String::from_utf8_lossy(&err.0).into_owned(),
-            truncated: out.1 || err.1,
+            exit_code: ended.status.and_then(|s| s.code()),
+            signal: ended.status.and_then(|s| s.signal()),
+            timed_out: ended.timed_out,
+            stdout: String::from_utf8_lossy(&ended.stdout.0).into_owned(),
+            stderr: String::from_utf8_lossy(&ended.stderr.0).into_owned(),
+            truncated: ended.stdout.1 || ended.stderr.1,
             duration_ms: duration.as_millis() as u64,
-            first_output_us: first
-                .get()
-                .map(|t: &Instant| t.duration_since(started).as_micros() as u64),
+            first_output_us: ended.first_output_us,
             started_us,
             cpu_ms: limits::children_cpu().saturating_sub(usage_before),
-            files,
+            files: changed(&before, &after),
             // SAFETY: geteuid cannot fail.
             uid: uid.unwrap_or_else(|| unsafe { libc::geteuid() }),
         })
     }
+
+    /// Starts `argv` as a long-lived process in a cell over `workspace` (a stdio MCP server):
+    /// the same sandbox and limits as a run but no wall-clock limit, stdin and stdout piped,
+    /// the last of stderr kept for the error that explains a failure. It ends when the
+    /// returned process is dropped.
+    pub async fn spawn(
+        &self,
+        workspace: &Path,
+        argv: &[String],
+        extra: &Extra<'_>,
+    ) -> Result<CellProcess, String> {
+        let held = sandbox::Held::take(
+            &self.config,
+            self.budget,
+            &self.filters,
+            workspace,
+            MAX_SNAPSHOT,
+        )
+        .await?;
+        let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
+        let mut command = held.command(&self.config, extra, &argv);
+        command.stdin(std::process::Stdio::piped());
+        let mut command = tokio::process::Command::from(command);
+        command.kill_on_drop(true);
+        let mut child = command
+            .spawn()
+            .map_err(|e| format!("cannot start bubblewrap: {e}"))?;
+        let stderr = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        if let Some(mut pipe) = child.stderr.take() {
+            let kept = stderr.clone();
+            tokio::spawn(async move {
+                let mut buf = [0u8; 4096];
+                while let Ok(n @ 1..) = pipe.read(&mut buf).await {
+                    let Ok(mut kept) = kept.lock() else { return };
+                    kept.extend_from_slice(&buf[..n]);
+                    let over = kept.len().saturating_sub(STDERR_KEPT);
+                    kept.drain(..over);
+                }
+            });
+        }
+        Ok(CellProcess {
+            child,
+            stderr,
+            _held: held,
+        })
+    }
+
+    /// Reads the run's capped output until it exits or its wall-clock limit passes; then the
+    /// whole tree is killed (killing bwrap ends the PID namespace, and the cgroup's processes
+    /// are killed too).
+    async fn collect(
+        &self,
+        mut child: tokio::process::Child,
+        held: &sandbox::Held,
+        started: Instant,
+    ) -> Ended {
+        let cap = self.config.limits.output_bytes;
+        let (Some(mut stdout), Some(mut stderr)) = (child.stdout.take(), child.stderr.take())
+        else {
+            return Ended::default();
+        };
+        let first = std::sync::OnceLock::new();
+        let wait = async {
+            tokio::join!(
+                read_capped(&mut stdout, cap, Some(&first)),
+                read_capped(&mut stderr, cap, None),
+                child.wait()
+            )
+        };
+        let mut ended = match tokio::time::timeout(self.config.limits.wall, wait).await {
+            Ok((stdout, stderr, status)) => Ended {
+                timed_out: false,
+                stdout,
+                stderr,
+                status: status.ok(),
+                first_output_us: None,
+            },
+            Err(_) => {
+                if let Some(g) = &held.group {
+                    g.kill_all();
+                }
+                Ended {
+                    timed_out: true,
+                    ..Ended::default()
+                }
+            }
+        };
+        ended.first_output_us = first
+            .get()
+            .map(|t: &Instant| t.duration_since(started).as_micros() as u64);
+        ended
+    }
+}
+
+/// A long-lived process in a cell ([`Cell::spawn`]); killed, with its cgroup, when dropped.
+pub struct CellProcess {
+    pub child: tokio::process::Child,
+    stderr: std::sync::Arc<std::sync::Mutex<Vec<u8>>>,
+    _held: sandbox::Held,
+}
+
+impl CellProcess {
+    /// The last of what the process wrote to stderr (at most [`STDERR_KEPT`] bytes).
+    pub fn stderr_tail(&self) -> String {
+        let kept = self.stderr.lock().map(|k| k.clone()).unwrap_or_default();
+        String::from_utf8_lossy(&kept).trim().to_owned()
+    }
+}
+
+/// How much of a long-lived process's stderr is kept.
+pub const STDERR_KEPT: usize = 4096;
+
+/// How a run's process ended, and what it wrote (bytes, and whether the cap cut them).
+#[derive(Default)]
+struct Ended {
+    timed_out: bool,
+    stdout: (Vec<u8>, bool),
+    stderr: (Vec<u8>, bool),
+    status: Option<std::process::ExitStatus>,
+    first_output_us: Option<u64>,
+}
+
+/// The files created or changed between two snapshots.
+fn changed(
+    before: &BTreeMap<String, (u64, SystemTime)>,
+    after: &BTreeMap<String, (u64, SystemTime)>,
+) -> Vec<ChangedFile> {
+    after
+        .iter()
+        .filter(|(path, meta)| before.get(*path) != Some(meta))
+        .map(|(path, (size, _))| ChangedFile {
+            path: path.clone(),
+            size: *size,
+        })
+        .collect()
 }
 
 /// Reads up to `cap` bytes, then drains the rest (so the writer never blocks) and says so.
@@ -485,28 +440,3 @@ fn snapshot(root: &Path) -> BTreeMap<String, (u64, SystemTime)> {
     }
     out
 }
-
-/// The size of a cell's private `/tmp`.
-const TMP_BYTES: u64 = 64 << 20;
-
-/// Opens a path (the workspace, the init binary) as an `O_PATH` descriptor for bubblewrap.
-fn open_path(path: &Path) -> Result<std::fs::File, String> {
-    use std::os::unix::fs::OpenOptionsExt as _;
-    std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_PATH | libc::O_CLOEXEC)
-        .open(path)
-        .map_err(|e| format!("cannot open {}: {e}", path.display()))
-}
-
-/// The descriptor numbers the workspace and the init binary are passed at.
-const WORK_FD: i32 = 1010;
-const INIT_FD: i32 = 1011;
-/// Where descriptors are staged before they are placed (above every target).
-const STAGING_FD: i32 = 1100;
-
-/// The size of a cell's private `/dev/shm`.
-const SHM_BYTES: u64 = 16 << 20;
-
-/// Where the init binary is inside a cell.
-const INIT_PATH: &str = "/run/turnpike-init";

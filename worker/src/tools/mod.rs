@@ -204,7 +204,7 @@ pub async fn run_call(
     }
 }
 
-async fn bound(cx: &ToolContext<'_>, call_id: &str, mut out: ToolOutput) -> ToolOutput {
+pub(crate) async fn bound(cx: &ToolContext<'_>, call_id: &str, mut out: ToolOutput) -> ToolOutput {
     let text = out.output.to_string();
     if text.len() <= MAX_RESULT_BYTES {
         return out;
@@ -249,7 +249,7 @@ async fn bound(cx: &ToolContext<'_>, call_id: &str, mut out: ToolOutput) -> Tool
     out
 }
 
-fn sanitize(id: &str) -> String {
+pub(crate) fn sanitize(id: &str) -> String {
     let s: String = id
         .chars()
         .map(|c| {

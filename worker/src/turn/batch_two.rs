@@ -139,6 +139,7 @@ fn open(
         hosted: Default::default(),
         watch,
         deltas: delta_tx,
+        mcp: Default::default(),
     };
     Ok(Opened {
         ctx,

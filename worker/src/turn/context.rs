@@ -66,6 +66,8 @@ pub struct TurnContext<'a> {
     pub(super) hosted: std::sync::atomic::AtomicBool,
     pub(super) watch: LaneWatch,
     pub(super) deltas: mpsc::UnboundedSender<String>,
+    /// The agent's MCP servers, live for this turn once its toolset is asked for.
+    pub(super) mcp: crate::mcp::TurnServers,
 }
 
 impl TurnContext<'_> {
@@ -334,6 +336,19 @@ impl Turn for TurnContext<'_> {
         .await
     }
 
+    async fn toolset(&self) -> turnpike_agent::Result<Toolset> {
+        let Some(spec) = &self.spec else {
+            return Ok(Toolset::default());
+        };
+        if spec.mcp.is_empty() {
+            return Ok(spec.tools.clone());
+        }
+        self.mcp
+            .toolset(spec, self.workspace.path(), &self.env.cell)
+            .await
+            .map_err(turnpike_agent::Error::app)
+    }
+
     async fn run_tool(
         &self,
         tools: &Toolset,
@@ -344,6 +359,9 @@ impl Turn for TurnContext<'_> {
                 .await?;
         }
         let cx = self.tool_context(&call.id);
+        if let Some(done) = self.mcp.call(&cx, &call.name, call.arguments.clone()).await {
+            return Ok(done);
+        }
         Ok(crate::tools::run_call(
             &self.env.tools,
             tools,

@@ -202,93 +202,9 @@ impl LaneWatch {
         };
         // What the owner read past the inputs counts as read, before the turn starts (so its
         // first round already knows); the watch's first read follows it.
-        let task = folder.fold(known).then(|| {
-            tokio::spawn(async move {
-                // Signalled on every publish to the lane (watching before the first read, so
-                // nothing slips between); `every` is the fallback for a missed signal.
-                let (mut signals, mut signalling) = match bus.lane_signals(conversation).await {
-                    Ok(s) => (s, true),
-                    Err(_) => (futures::stream::pending().boxed(), false),
-                };
-                // Whether the next pass reads again shortly: a signal came, but the read did
-                // not yet show the message (a signal can run ahead of what a read sees).
-                let mut relook = false;
-                // Whether the next pass reads at once: the first, or after a read that stopped
-                // at its limit.
-                let mut at_once = true;
-                // A signal taken while checking for quiet, not yet answered by a read.
-                let mut waiting = false;
-                loop {
-                    let mut signalled = std::mem::take(&mut waiting);
-                    if relook {
-                        relook = false;
-                        tokio::time::sleep(LOOK_AGAIN).await;
-                    } else if !at_once && !signalled {
-                        tokio::select! {
-                            signal = signals.next() => match signal {
-                                Some(()) => {
-                                    signalled = true;
-                                    folder.set(|s| s.quiet_through = None);
-                                }
-                                // The signals ended: poll from here on.
-                                None => {
-                                    signals = futures::stream::pending().boxed();
-                                    signalling = false;
-                                }
-                            },
-                            _ = tokio::time::sleep(every) => {}
-                        }
-                    }
-                    at_once = false;
-                    let (messages, whole) = match read_folding(
-                        bus.as_ref(),
-                        conversation,
-                        folder.cursor,
-                        &folder.identity,
-                    )
-                    .await
-                    {
-                        Ok(read) => read,
-                        // A message this binary cannot read: the owner parks it after the
-                        // turn; nothing behind it concerns this one.
-                        Err(e) if e.kind() == turnpike_router::ErrorKind::Unreadable => {
-                            folder.set(|s| s.quiet_through = None);
-                            return;
-                        }
-                        Err(_) => {
-                            folder.set(|s| s.quiet_through = None);
-                            continue;
-                        }
-                    };
-                    relook = signalled && messages.is_empty();
-                    if !folder.fold(messages) {
-                        return;
-                    }
-                    // Quiet: the read saw the lane's end and no signal has come since it was
-                    // sent (one already waiting is taken now, and answered by a read at once).
-                    if relook || !whole || !signalling {
-                        folder.set(|s| s.quiet_through = None);
-                        at_once = !whole;
-                        continue;
-                    }
-                    match signals.next().now_or_never() {
-                        None => {
-                            let through = folder.cursor;
-                            folder.set(|s| s.quiet_through = Some(through));
-                        }
-                        Some(Some(())) => {
-                            folder.set(|s| s.quiet_through = None);
-                            waiting = true;
-                        }
-                        Some(None) => {
-                            folder.set(|s| s.quiet_through = None);
-                            signals = futures::stream::pending().boxed();
-                            signalling = false;
-                        }
-                    }
-                }
-            })
-        });
+        let task = folder
+            .fold(known)
+            .then(|| tokio::spawn(watch(folder, bus, conversation, every)));
         Self {
             arrivals,
             stop,
@@ -305,6 +221,123 @@ impl LaneWatch {
     /// What the watch knows of the lane now.
     pub(super) fn seen(&self) -> Seen {
         *self.seen.lock().expect("seen lock")
+    }
+}
+
+/// The watch itself: reads the lane when a publish signals it (or every `every`, for a
+/// missed signal) and folds what it reads, until something ends what concerns the turn.
+async fn watch(
+    mut folder: Folder,
+    bus: Arc<dyn Bus>,
+    conversation: turnpike_schemas::ConversationId,
+    every: Duration,
+) {
+    // Watching before the first read, so nothing slips between.
+    let mut signals = Signals::open(bus.as_ref(), conversation).await;
+    // Whether the next pass reads again shortly: a signal came, but the read did not yet show
+    // the message (a signal can run ahead of what a read sees).
+    let mut relook = false;
+    // Whether the next pass reads at once: the first, or after a read that stopped at its limit.
+    let mut at_once = true;
+    // A signal taken while checking for quiet, not yet answered by a read.
+    let mut waiting = false;
+    loop {
+        let mut signalled = std::mem::take(&mut waiting);
+        if relook {
+            relook = false;
+            tokio::time::sleep(LOOK_AGAIN).await;
+        } else if !at_once && !signalled {
+            signalled = signals.wait(every, &folder).await;
+        }
+        at_once = false;
+        let read = read_folding(bus.as_ref(), conversation, folder.cursor, &folder.identity);
+        let (messages, whole) = match read.await {
+            Ok(read) => read,
+            // A message this binary cannot read: the owner parks it after the turn; nothing
+            // behind it concerns this one.
+            Err(e) if e.kind() == turnpike_router::ErrorKind::Unreadable => {
+                folder.set(|s| s.quiet_through = None);
+                return;
+            }
+            Err(_) => {
+                folder.set(|s| s.quiet_through = None);
+                continue;
+            }
+        };
+        relook = signalled && messages.is_empty();
+        if !folder.fold(messages) {
+            return;
+        }
+        // Quiet: the read saw the lane's end and no signal has come since it was sent (one
+        // already waiting is taken now, and answered by a read at once).
+        if relook || !whole || !signals.live {
+            folder.set(|s| s.quiet_through = None);
+            at_once = !whole;
+            continue;
+        }
+        waiting = signals.quiet(&folder);
+    }
+}
+
+/// The lane's publish signals; where the bus gives none (or they end), the watch polls.
+struct Signals {
+    stream: futures::stream::BoxStream<'static, ()>,
+    live: bool,
+}
+
+impl Signals {
+    async fn open(bus: &dyn Bus, conversation: turnpike_schemas::ConversationId) -> Self {
+        match bus.lane_signals(conversation).await {
+            Ok(stream) => Signals { stream, live: true },
+            Err(_) => Signals {
+                stream: futures::stream::pending().boxed(),
+                live: false,
+            },
+        }
+    }
+
+    fn end(&mut self) {
+        self.stream = futures::stream::pending().boxed();
+        self.live = false;
+    }
+
+    /// Waits for a signal, or `every`; true when a signal came.
+    async fn wait(&mut self, every: Duration, folder: &Folder) -> bool {
+        tokio::select! {
+            signal = self.stream.next() => match signal {
+                Some(()) => {
+                    folder.set(|s| s.quiet_through = None);
+                    true
+                }
+                // The signals ended: poll from here on.
+                None => {
+                    self.end();
+                    false
+                }
+            },
+            _ = tokio::time::sleep(every) => false,
+        }
+    }
+
+    /// After a read that saw the lane's end: the lane is quiet through the cursor unless a
+    /// signal is already waiting (true: it is answered by a read at once).
+    fn quiet(&mut self, folder: &Folder) -> bool {
+        match self.stream.next().now_or_never() {
+            None => {
+                let through = folder.cursor;
+                folder.set(|s| s.quiet_through = Some(through));
+                false
+            }
+            Some(Some(())) => {
+                folder.set(|s| s.quiet_through = None);
+                true
+            }
+            Some(None) => {
+                folder.set(|s| s.quiet_through = None);
+                self.end();
+                false
+            }
+        }
     }
 }
 

@@ -1,0 +1,235 @@
+//! The MCP servers of a running turn: started (a stdio server, sandboxed in a cell over the
+//! turn's workspace) or connected (an HTTP server) when the turn asks for its toolset, used by
+//! its calls, ended with the turn. Nothing is shared between turns: a server process holds
+//! nothing of another turn, identity or conversation.
+//!
+//! Contract: a server that cannot start, list or name its tools fails the turn with its name
+//! and why; a call that fails (a crash, a hang past its timeout, an answer that is not MCP)
+//! is an error result the model sees, and the turn goes on. Results are bounded like every
+//! tool's: images and embedded resources are hosted as files, large text as a file with a
+//! preview.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use serde_json::{json, Map, Value};
+use turnpike_agent::mcp::{CallResult, McpTool, ServerSpec, Session, Transport};
+use turnpike_agent::tools::{ToolOutput, Toolset};
+use turnpike_agent::AgentSpec;
+use turnpike_schemas::{Block, RefPath};
+
+use crate::cell::{Cell, CellProcess, Extra};
+use crate::tools::ToolContext;
+
+/// The `_meta` key a call's idempotency key travels under.
+pub const IDEMPOTENCY_META: &str = "turnpike/idempotency-key";
+
+/// One server, live for the turn.
+struct Live {
+    spec: ServerSpec,
+    session: Session,
+    tools: Vec<McpTool>,
+    /// The sandboxed process of a stdio server; it ends when this is dropped.
+    _process: Option<CellProcess>,
+}
+
+/// The MCP servers of one turn.
+#[derive(Default)]
+pub struct TurnServers {
+    live: tokio::sync::OnceCell<Vec<Arc<Live>>>,
+}
+
+impl TurnServers {
+    /// The agent's toolset with its servers' tools after its own: every server started and
+    /// listed (at once) the first time; the same servers after that. The error names the
+    /// server that failed.
+    pub async fn toolset(
+        &self,
+        agent: &AgentSpec,
+        workspace: &Path,
+        cell: &Result<Arc<Cell>, String>,
+    ) -> Result<Toolset, String> {
+        let live = self
+            .live
+            .get_or_try_init(|| async {
+                let starts = agent.mcp.iter().map(|spec| start(spec, workspace, cell));
+                futures::future::try_join_all(starts).await
+            })
+            .await?;
+        let tools = live
+            .iter()
+            .flat_map(|l| l.tools.iter().map(|t| t.description.clone()));
+        Ok(agent.tools.clone().with(tools))
+    }
+
+    /// Runs a call of a tool the model knows as `name`, if one of the turn's servers offers it
+    /// (none: it is not an MCP tool). `Err` inside: the call did not give a result.
+    pub async fn call(
+        &self,
+        cx: &ToolContext<'_>,
+        name: &str,
+        arguments: Value,
+    ) -> Option<(bool, ToolOutput)> {
+        let live = self.live.get()?;
+        let (server, tool) = live.iter().find_map(|l| {
+            let own = l.spec.own_name(name)?;
+            l.tools
+                .iter()
+                .any(|t| t.description.spec.name == name)
+                .then_some((l, own))
+        })?;
+        let mut meta = Map::new();
+        meta.insert(IDEMPOTENCY_META.into(), json!(cx.idempotency_key()));
+        let started = std::time::Instant::now();
+        let result = server.session.call(tool, arguments, meta).await;
+        tracing::debug!(server = %server.spec.name, tool, elapsed_ms = started.elapsed().as_millis() as u64, ok = result.is_ok(), "mcp call");
+        Some(match result {
+            Ok(result) => output(cx, &server.spec.name, result).await,
+            Err(why) => (
+                false,
+                json!({ "error": format!("MCP server {:?}: {why}", server.spec.name) }).into(),
+            ),
+        })
+    }
+}
+
+/// Starts (or connects to) one server and lists its tools.
+async fn start(
+    spec: &ServerSpec,
+    workspace: &Path,
+    cell: &Result<Arc<Cell>, String>,
+) -> Result<Arc<Live>, String> {
+    let failed = |why: String| format!("MCP server {:?}: {why}", spec.name);
+    let (session, process) = match &spec.transport {
+        Transport::Stdio {
+            command,
+            read_only,
+            network,
+        } => {
+            let cell = cell.as_ref().map_err(|why| failed(why.clone()))?;
+            let extra = Extra {
+                read_only,
+                network: *network,
+            };
+            let mut process = cell
+                .spawn(workspace, command, &extra)
+                .await
+                .map_err(failed)?;
+            let (Some(stdout), Some(stdin)) =
+                (process.child.stdout.take(), process.child.stdin.take())
+            else {
+                return Err(failed("its pipes could not be opened".into()));
+            };
+            match Session::over_pipes(spec, stdout, stdin).await {
+                Ok(session) => (session, Some(process)),
+                Err(why) => {
+                    // What it said on its way out explains more than a closed pipe.
+                    let _ = tokio::time::timeout(
+                        std::time::Duration::from_secs(2),
+                        process.child.wait(),
+                    )
+                    .await;
+                    let said = process.stderr_tail();
+                    let why = if said.is_empty() {
+                        why
+                    } else {
+                        format!("{why}; it wrote: {}", tail(&said, 600))
+                    };
+                    return Err(failed(why));
+                }
+            }
+        }
+        Transport::Http { url } => (
+            Session::over_http(spec, url, None).await.map_err(failed)?,
+            None,
+        ),
+    };
+    let tools = session.tools().await.map_err(failed)?;
+    Ok(Arc::new(Live {
+        spec: spec.clone(),
+        session,
+        tools,
+        _process: process,
+    }))
+}
+
+/// A call's result as the model and the turn log get it: text (or the error's text) inline,
+/// files hosted with their references, bounded like every tool's result.
+async fn output(cx: &ToolContext<'_>, server: &str, result: CallResult) -> (bool, ToolOutput) {
+    let mut out = ToolOutput::default();
+    let text = result.text.join("\n");
+    let mut body = Map::new();
+    body.insert(
+        if result.is_error { "error" } else { "content" }.into(),
+        json!(text),
+    );
+    if let Some(structured) = result.structured {
+        body.insert("structured".into(), structured);
+    }
+    if !result.links.is_empty() {
+        body.insert("links".into(), json!(result.links));
+    }
+    let mut files = Vec::new();
+    for (i, file) in result.files.into_iter().enumerate() {
+        match host(cx, server, i, &file.name, &file.media_type, file.bytes).await {
+            Ok(block) => {
+                if let Block::File {
+                    path, reference, ..
+                } = &block
+                {
+                    files.push(json!({"path": path, "reference": reference.to_string(), "media_type": file.media_type}));
+                }
+                out.blocks.push(block);
+            }
+            Err(why) => files.push(json!({"name": file.name, "error": why})),
+        }
+    }
+    if !files.is_empty() {
+        body.insert("files".into(), json!(files));
+    }
+    out.output = Value::Object(body);
+    let out = crate::tools::bound(cx, cx.call_id, out).await;
+    (!result.is_error, out)
+}
+
+/// Hosts a file a call returned, under `mcp/<server>/<call>-<i>-<name>`.
+async fn host(
+    cx: &ToolContext<'_>,
+    server: &str,
+    i: usize,
+    name: &str,
+    media_type: &str,
+    bytes: Vec<u8>,
+) -> Result<Block, String> {
+    let file = format!(
+        "{}-{}-{}",
+        crate::tools::sanitize(cx.call_id),
+        i + 1,
+        crate::tools::sanitize(name)
+    );
+    let path = RefPath::from_segments(["mcp".to_owned(), server.to_owned(), file])
+        .map_err(|e| e.to_string())?;
+    cx.fence.check().map_err(|e| e.to_string())?;
+    cx.hosted.store(true, std::sync::atomic::Ordering::Relaxed);
+    let size = bytes.len() as u64;
+    let reference = cx
+        .files
+        .host(cx.prefix, cx.turn, cx.attempt, &path, Bytes::from(bytes))
+        .await
+        .map_err(|e| format!("the file could not be stored: {e}"))?;
+    Ok(Block::File {
+        path: path.to_relative_path(),
+        reference,
+        size,
+        media_type: media_type.to_owned(),
+    })
+}
+
+fn tail(text: &str, max: usize) -> &str {
+    let mut start = text.len().saturating_sub(max);
+    while !text.is_char_boundary(start) {
+        start += 1;
+    }
+    &text[start..]
+}
