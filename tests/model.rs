@@ -497,7 +497,8 @@ async fn the_real_model_forced_to_an_mcp_tool_calls_it_and_gets_the_server_s_ans
     say(&alice, &id, "What time is it in UTC?").await;
     let turns = wait_for_complete_turns(&alice, &id, 1, LONG).await.unwrap();
     let log = turn_log(&server, &id, 1).await;
-    assert_eq!(turns[0].outcome.as_deref(), Some("replied"), "{log:#?}");
+    let rows = all_rows(&alice, &id).await;
+    assert_eq!(turns[0].outcome.as_deref(), Some("replied"), "{rows:#?}");
     let call = log
         .blocks
         .iter()

@@ -10,9 +10,10 @@ use landlock::{
     ABI,
 };
 
-/// Restricts the calling process (and what it starts); returns how fully it is enforced:
-/// `full`, `partial` or `none`.
-pub fn restrict() -> Result<&'static str, String> {
+/// Restricts the calling process (and what it starts), with `readable` granted read and
+/// execute like `/usr` (a sandboxed server's own installation); returns how fully it is
+/// enforced: `full`, `partial` or `none`.
+pub fn restrict(readable: &[std::path::PathBuf]) -> Result<&'static str, String> {
     let abi = ABI::V1;
     let all = AccessFs::from_all(abi);
     let read = AccessFs::from_read(abi);
@@ -20,6 +21,7 @@ pub fn restrict() -> Result<&'static str, String> {
         .handle_access(all)
         .and_then(|r| r.create())
         .and_then(|r| r.add_rules(path_beneath_rules(["/usr"], read)))
+        .and_then(|r| r.add_rules(path_beneath_rules(readable, read)))
         .and_then(|r| {
             r.add_rules(path_beneath_rules(
                 ["/proc", "/dev"],

@@ -16,18 +16,28 @@ use std::process::ExitCode;
 /// The name the init is started under inside a cell.
 pub const INIT_NAME: &str = "turnpike-init";
 
-/// Applies Landlock and becomes the program in `args` (after an optional `--`); returns only
-/// when that fails.
+/// Applies Landlock and becomes the program in `args` (after `--read PATH` options, each a
+/// host path granted read and execute beside `/usr`, and an optional `--`); returns only when
+/// that fails.
 pub fn run(args: &[OsString]) -> ExitCode {
-    let rest = match args.first() {
-        Some(a) if a == "--" => &args[1..],
-        _ => args,
+    let mut rest = args;
+    let mut readable = Vec::new();
+    while let [flag, path, more @ ..] = rest {
+        if flag != "--read" {
+            break;
+        }
+        readable.push(std::path::PathBuf::from(path));
+        rest = more;
+    }
+    let rest = match rest.first() {
+        Some(a) if a == "--" => &rest[1..],
+        _ => rest,
     };
     let Some((program, program_args)) = rest.split_first() else {
         eprintln!("turnpike-init: no program to run");
         return ExitCode::from(126);
     };
-    let status = match landlock::restrict() {
+    let status = match landlock::restrict(&readable) {
         Ok(status) => status,
         Err(e) => {
             eprintln!("turnpike-init: {e}");

@@ -101,7 +101,11 @@ impl Held {
     ) -> std::process::Command {
         let mut command = bwrap(config, self.init.is_some(), extra);
         if self.init.is_some() {
-            command.args([INIT_PATH, "--"]);
+            command.arg(INIT_PATH);
+            for path in extra.read_only {
+                command.arg("--read").arg(path);
+            }
+            command.arg("--");
         }
         command
             .args(argv)
