@@ -483,6 +483,15 @@ pub struct WorkerArgs {
     /// (`refs/turnpike/<conversation>/turn_<n>`).
     #[arg(long, env = "TURNPIKE_GIT_REMOTE")]
     pub git_remote: Option<String>,
+    /// A host directory an app's MCP servers may be given read access to (their
+    /// installation: a manifest's `read_only` paths must lie under one of these). Repeatable.
+    #[arg(
+        long = "mcp-read-root",
+        env = "TURNPIKE_MCP_READ_ROOTS",
+        value_delimiter = ',',
+        default_value = "/opt"
+    )]
+    pub mcp_read_roots: Vec<PathBuf>,
 }
 
 #[derive(Debug, Args)]

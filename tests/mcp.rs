@@ -99,8 +99,9 @@ text = "looked"
 async fn an_agent_uses_time_and_git_servers_in_one_turn_and_the_git_server_sees_only_its_workspace()
 {
     let venv = mcp_venv();
-    // A repository on the host, outside every workspace: the server must not reach it.
-    let outside = tempfile::tempdir().unwrap();
+    // A repository on the host, outside every workspace (under /var/tmp, which the sandbox
+    // does not hide behind a private mount): the server must not reach it.
+    let outside = tempfile::tempdir_in("/var/tmp").unwrap();
     let repo = outside.path().join("secret-repo");
     for args in [
         vec!["init", "-q", repo.to_str().unwrap()],
@@ -393,7 +394,7 @@ text = "said: {last_user}"
 
 /// A rig whose agent has the bad server in `mode`, with a call timeout of two seconds; the
 /// server's script is copied to `dir` (a sandbox cannot be given paths under `/work`, where
-/// this repository may be).
+/// this repository may be, nor under `/tmp`; the rig grants `/var/tmp`).
 async fn bad_rig(dir: &Path, mode: &str) -> Rig {
     let python = "/usr/bin/python3";
     let script = dir.join("bad_server.py");
@@ -421,7 +422,7 @@ async fn a_server_that_misbehaves_on_a_call_is_a_clear_error_and_the_turn_goes_o
         ("garbage", "no answer within 2s"),
         ("flood", "no answer within 2s"),
     ] {
-        let dir = tempfile::tempdir().unwrap();
+        let dir = tempfile::tempdir_in("/var/tmp").unwrap();
         let rig = bad_rig(dir.path(), mode).await;
         rig.say("call it").await;
         rig.wait_turns(1).await;
@@ -453,9 +454,9 @@ async fn a_server_that_cannot_start_fails_the_turn_with_its_reason() {
     for (mode, reason) in [
         ("exit", "cannot open its configuration"),
         ("silent", "did not answer within 3s"),
-        ("many", "lists 300 tools"),
+        ("many", "lists more than 256 tools (300 so far)"),
     ] {
-        let dir = tempfile::tempdir().unwrap();
+        let dir = tempfile::tempdir_in("/var/tmp").unwrap();
         let rig = bad_rig(dir.path(), mode).await;
         rig.say("call it").await;
         rig.wait_turns(1).await;
@@ -486,6 +487,8 @@ async fn a_manifest_names_mcp_tools_in_gates_and_tool_choice_and_refuses_bad_ser
     for (text, why) in [
         ("[[agents.x.mcp]]\nname = \"git\"\ncommand = [\"/bin/true\"]\n[[agents.x.mcp]]\nname = \"git\"\nurl = \"http://a/\"\n", "named twice"),
         ("approval = [{ tool = \"hg__status\" }]\n", "unknown tool"),
+        // A gate on a tool the server's allowlist leaves out names nothing the agent may call.
+        ("approval = [{ tool = \"git__git_commit\" }]\n[[agents.x.mcp]]\nname = \"git\"\ncommand = [\"/bin/true\"]\ntools = [\"git_status\"]\n", "unknown tool"),
         ("[[agents.x.mcp]]\nname = \"git\"\n", "agents.x.mcp[0].needs either"),
     ] {
         let text = format!("app = \"a\"\n[agents.x]\nprovider = \"echo\"\n{text}");
@@ -578,4 +581,41 @@ async fn a_remote_app_calls_an_mcp_tool_with_its_tool_action() {
     let calls = server.calls();
     assert_eq!(calls.len(), 1, "{calls:?}");
     assert_eq!(calls[0].0, "a remote app");
+}
+
+#[tokio::test]
+async fn a_server_is_shown_only_host_paths_the_operator_grants_links_resolved() {
+    let venv = mcp_venv();
+    let dir = tempfile::tempdir_in("/var/tmp").unwrap();
+    // A link inside the grant (the rig grants /var/tmp) to a place outside it.
+    std::os::unix::fs::symlink("/etc", dir.path().join("etc")).unwrap();
+    for (path, reason) in [
+        (
+            "/etc".to_owned(),
+            "not under a directory the operator grants",
+        ),
+        (
+            dir.path().join("etc").display().to_string(),
+            "not under a directory the operator grants",
+        ),
+        ("/var/tmp/no-such-dir-here".to_owned(), "No such file"),
+    ] {
+        let mut o = RigOptions::new(BAD_CALL);
+        o.cell = true;
+        o.manifest_extra = format!(
+            "[[agents.helper.mcp]]\nname = \"time\"\ncommand = [\"{}/bin/mcp-server-time\"]\nread_only = [\"{}\", \"{path}\"]\n",
+            venv.display(),
+            venv.display()
+        );
+        let rig = Rig::with(o).await;
+        rig.say("call it").await;
+        rig.wait_turns(1).await;
+        assert_eq!(rig.log(1).await.outcome, TurnOutcome::Failed, "{path}");
+        let errors = errors(&rig).await;
+        assert!(
+            errors.iter().any(|e| e.contains(reason)),
+            "{path}: {errors:?}"
+        );
+        rig.stop().await;
+    }
 }

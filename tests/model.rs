@@ -99,8 +99,7 @@ reply_reserve = 160
 "#,
         model = llm::MODEL,
         tiny = TINY_CONTEXT,
-        venv = std::env::var("TURNPIKE_MCP_VENV")
-            .unwrap_or_else(|_| "/var/tmp/turnpike-services/mcp-venv".into()),
+        venv = mcp_venv(),
     );
     std::fs::write(dir.path().join("local.toml"), manifest).unwrap();
     dir
@@ -110,7 +109,20 @@ reply_reserve = 160
 const TINY_CONTEXT: u32 = 512;
 
 fn serve(apps: &Path) -> Server {
-    Server::start(&binary(), Some(apps), &[], false).expect("turnpike serve")
+    // The MCP servers' venv is the operator's grant to their sandboxes.
+    Server::start_with_env(
+        &binary(),
+        Some(apps),
+        &[],
+        false,
+        &[("TURNPIKE_MCP_READ_ROOTS", mcp_venv())],
+    )
+    .expect("turnpike serve")
+}
+
+fn mcp_venv() -> String {
+    std::env::var("TURNPIKE_MCP_VENV")
+        .unwrap_or_else(|_| "/var/tmp/turnpike-services/mcp-venv".into())
 }
 
 async fn create(client: &Client, agent: &str) -> String {

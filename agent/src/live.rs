@@ -53,11 +53,18 @@ impl ToolRunner for LiveTools<'_> {
 
     async fn run(&self, call: &ToolCallRequest) -> (bool, ToolOutput) {
         // A name the model made up is not a label: labels stay as few as the agent's tools.
-        let tool = if self.tools.get(&call.name).is_some() {
-            call.name.as_str()
-        } else {
-            "unknown"
+        // An MCP server's tools are labelled by their server: a server chooses its own names.
+        let mcp_server = self
+            .spec
+            .mcp
+            .iter()
+            .find(|s| s.own_name(&call.name).is_some());
+        let tool = match (self.tools.get(&call.name), mcp_server) {
+            (Some(_), Some(server)) => format!("mcp:{}", server.name),
+            (Some(_), None) => call.name.clone(),
+            (None, _) => "unknown".to_owned(),
         };
+        let tool = tool.as_str();
         let span = tracing::info_span!(
             "gen_ai.execute_tool",
             otel.name = %format!("execute_tool {tool}"),

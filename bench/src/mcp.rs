@@ -145,6 +145,7 @@ async fn start(
     let extra = Extra {
         read_only: &read_only,
         network: false,
+        read_only_workspace: true,
     };
     let mut process = cell
         .spawn(ws, argv, &extra)

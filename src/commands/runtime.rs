@@ -143,6 +143,7 @@ fn worker_config(global: &Global, args: &WorkerArgs) -> Result<(WorkerConfig, Ve
         grace: Duration::from_millis(args.grace_ms),
         heartbeat_every: Duration::from_millis(args.heartbeat_ms.max(100)),
         git_remote: args.git_remote.clone(),
+        mcp_read_roots: args.mcp_read_roots.clone(),
         prices: match &args.prices {
             Some(path) => Some(Arc::new(
                 turnpike_worker::usage::PriceTable::load(path).map_err(anyhow::Error::msg)?,

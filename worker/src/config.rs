@@ -45,6 +45,9 @@ pub struct WorkerConfig {
     pub budgets: Vec<turnpike_router::usage::Budget>,
     /// Where tests make this worker hang or pause (nothing without the `failpoints` feature).
     pub failpoints: turnpike_lifecycle::failpoints::Failpoints,
+    /// The host paths an MCP server's manifest may name in `read_only` (each must lie under
+    /// one, after its links are resolved): the operator's grant, never the workspaces.
+    pub mcp_read_roots: Vec<std::path::PathBuf>,
 }
 
 impl Default for WorkerConfig {
@@ -67,6 +70,7 @@ impl Default for WorkerConfig {
             prices: None,
             budgets: Vec::new(),
             failpoints: Default::default(),
+            mcp_read_roots: vec!["/opt".into()],
         }
     }
 }

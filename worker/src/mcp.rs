@@ -9,7 +9,7 @@
 //! tool's: images and embedded resources are hosted as files, large text as a file with a
 //! preview.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -21,6 +21,10 @@ use turnpike_schemas::{Block, RefPath};
 
 use crate::cell::{Cell, CellProcess, Extra};
 use crate::tools::ToolContext;
+
+/// The most files one result is kept with, and their most bytes in all.
+const MAX_FILES: usize = 16;
+const MAX_FILE_BYTES: usize = 16 << 20;
 
 /// The `_meta` key a call's idempotency key travels under.
 pub const IDEMPOTENCY_META: &str = "turnpike/idempotency-key";
@@ -49,11 +53,15 @@ impl TurnServers {
         agent: &AgentSpec,
         workspace: &Path,
         cell: &Result<Arc<Cell>, String>,
+        grants: &Grants<'_>,
     ) -> Result<Toolset, String> {
         let live = self
             .live
             .get_or_try_init(|| async {
-                let starts = agent.mcp.iter().map(|spec| start(spec, workspace, cell));
+                let starts = agent
+                    .mcp
+                    .iter()
+                    .map(|spec| start(spec, workspace, cell, grants));
                 futures::future::try_join_all(starts).await
             })
             .await?;
@@ -68,6 +76,7 @@ impl TurnServers {
     pub async fn call(
         &self,
         cx: &ToolContext<'_>,
+        tools: &Toolset,
         name: &str,
         arguments: Value,
     ) -> Option<(bool, ToolOutput)> {
@@ -84,8 +93,16 @@ impl TurnServers {
         let started = std::time::Instant::now();
         let result = server.session.call(tool, arguments, meta).await;
         tracing::debug!(server = %server.spec.name, tool, elapsed_ms = started.elapsed().as_millis() as u64, ok = result.is_ok(), "mcp call");
+        let side_effects = tools.side_effects(name);
         Some(match result {
             Ok(result) => output(cx, &server.spec.name, result).await,
+            // A call with effects that gave no answer may still have taken effect: the model
+            // is told so, not invited to try again blindly.
+            Err(why) if side_effects => (
+                false,
+                json!({ "error": format!("MCP server {:?}: {why}", server.spec.name),
+                        "outcome": "unknown: the call may have taken effect; check before calling it again" }).into(),
+            ),
             Err(why) => (
                 false,
                 json!({ "error": format!("MCP server {:?}: {why}", server.spec.name) }).into(),
@@ -94,11 +111,51 @@ impl TurnServers {
     }
 }
 
+/// What the operator lets a server's sandbox read besides `/usr`.
+pub struct Grants<'a> {
+    /// `read_only` paths must lie under one of these, once resolved.
+    pub roots: &'a [PathBuf],
+    /// Never inside, around or beside these (every turn's workspace, the cell's scratch).
+    pub never: &'a [PathBuf],
+}
+
+impl Grants<'_> {
+    /// The manifest's paths, resolved (links followed on the host, so the mount is what was
+    /// checked); the error names the first path refused and why.
+    fn check(&self, paths: &[PathBuf]) -> Result<Vec<PathBuf>, String> {
+        let resolve = |p: &Path| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
+        let roots: Vec<PathBuf> = self.roots.iter().map(|r| resolve(r)).collect();
+        let never: Vec<PathBuf> = self.never.iter().map(|n| resolve(n)).collect();
+        paths
+            .iter()
+            .map(|p| {
+                let real = std::fs::canonicalize(p)
+                    .map_err(|e| format!("read_only {}: {e}", p.display()))?;
+                if !roots.iter().any(|r| real.starts_with(r)) {
+                    return Err(format!(
+                        "read_only {} is not under a directory the operator grants MCP servers ({}; see --mcp-read-root)",
+                        p.display(),
+                        roots.iter().map(|r| r.display().to_string()).collect::<Vec<_>>().join(", ")
+                    ));
+                }
+                if never.iter().any(|n| real.starts_with(n) || n.starts_with(&real)) {
+                    return Err(format!(
+                        "read_only {} would show workspaces or the sandbox's scratch",
+                        p.display()
+                    ));
+                }
+                Ok(real)
+            })
+            .collect()
+    }
+}
+
 /// Starts (or connects to) one server and lists its tools.
 async fn start(
     spec: &ServerSpec,
     workspace: &Path,
     cell: &Result<Arc<Cell>, String>,
+    grants: &Grants<'_>,
 ) -> Result<Arc<Live>, String> {
     let failed = |why: String| format!("MCP server {:?}: {why}", spec.name);
     let (session, process) = match &spec.transport {
@@ -108,9 +165,12 @@ async fn start(
             network,
         } => {
             let cell = cell.as_ref().map_err(|why| failed(why.clone()))?;
+            let read_only = grants.check(read_only).map_err(failed)?;
             let extra = Extra {
-                read_only,
+                read_only: &read_only,
                 network: *network,
+                // The server lives beside the host's own work on the workspace: it reads it.
+                read_only_workspace: true,
             };
             let mut process = cell
                 .spawn(workspace, command, &extra)
@@ -171,7 +231,14 @@ async fn output(cx: &ToolContext<'_>, server: &str, result: CallResult) -> (bool
         body.insert("links".into(), json!(result.links));
     }
     let mut files = Vec::new();
+    let given = result.files.len();
+    let mut bytes = 0usize;
     for (i, file) in result.files.into_iter().enumerate() {
+        bytes += file.bytes.len();
+        if i >= MAX_FILES || bytes > MAX_FILE_BYTES {
+            files.push(json!({"not_kept": given - i, "why": format!("a result keeps at most {MAX_FILES} files and {MAX_FILE_BYTES} bytes")}));
+            break;
+        }
         match host(cx, server, i, &file.name, &file.media_type, file.bytes).await {
             Ok(block) => {
                 if let Block::File {

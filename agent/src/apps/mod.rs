@@ -532,7 +532,10 @@ impl Manifest {
             let toolset = Toolset::allow(tools, &agent.tools)
                 .map_err(|e| format!("{}: {e}", field("tools")))?;
             let mcp = mcp_servers(agent.mcp).map_err(|e| format!("{}{e}", field("mcp")))?;
-            let is_mcp_tool = |tool: &str| mcp.iter().any(|s| s.own_name(tool).is_some());
+            let is_mcp_tool = |tool: &str| {
+                mcp.iter()
+                    .any(|s| s.own_name(tool).is_some_and(|own| s.allows(own)))
+            };
             let max_rounds = agent.max_rounds.unwrap_or(DEFAULT_MAX_ROUNDS);
             if max_rounds == 0 || max_rounds > DEFAULT_MAX_ROUNDS {
                 return Err(format!(

@@ -15,9 +15,14 @@ use super::spec::{ServerSpec, MAX_LISTED_TOOLS, MAX_TOOLS};
 use crate::message::ToolSpec;
 use crate::tools::ToolDescription;
 
-/// The longest message read from a server (one JSON-RPC line, or one server-sent event):
-/// longer ones are dropped, and the call they answered times out.
+/// The longest message read from a stdio server (one JSON-RPC line): longer ones are dropped,
+/// and the call they answered times out. (An HTTP server's events are bounded by the SDK's
+/// own cap, 16 MiB.)
 pub const MAX_MESSAGE_BYTES: usize = 4 << 20;
+/// The most pages of a tool list read.
+const MAX_PAGES: usize = 16;
+/// The largest argument schema of one tool (it is sent to the model every round).
+const MAX_SCHEMA_BYTES: usize = 16 * 1024;
 /// The longest description of a tool the model is shown.
 const MAX_DESCRIPTION: usize = 2_000;
 
@@ -118,21 +123,14 @@ impl Session {
     /// lists more than [`MAX_LISTED_TOOLS`], or leaves more than [`MAX_TOOLS`] after the
     /// allowlist, or a tool of a name the model cannot be given, is refused with why.
     pub async fn tools(&self) -> Result<Vec<McpTool>, String> {
-        let listed = tokio::time::timeout(self.spec.start_timeout, self.client.list_all_tools())
+        let listed = tokio::time::timeout(self.spec.start_timeout, self.list())
             .await
             .map_err(|_| {
                 format!(
                     "it did not list its tools within {:?}",
                     self.spec.start_timeout
                 )
-            })?
-            .map_err(|e| format!("it could not list its tools: {e}"))?;
-        if listed.len() > MAX_LISTED_TOOLS {
-            return Err(format!(
-                "it lists {} tools; at most {MAX_LISTED_TOOLS} are read",
-                listed.len()
-            ));
-        }
+            })??;
         let mut out = Vec::new();
         for tool in listed.iter().filter(|t| self.spec.allows(&t.name)) {
             let name = self.spec.tool_name(&tool.name);
@@ -152,12 +150,19 @@ impl Session {
                 .and_then(|a| a.read_only_hint)
                 .unwrap_or(false);
             let description = tool.description.as_deref().unwrap_or_default();
+            let schema = Value::Object((*tool.input_schema).clone());
+            if schema.to_string().len() > MAX_SCHEMA_BYTES {
+                return Err(format!(
+                    "its tool {:?} has an argument schema over {MAX_SCHEMA_BYTES} bytes",
+                    tool.name
+                ));
+            }
             out.push(McpTool {
                 description: ToolDescription {
                     spec: ToolSpec {
                         name,
                         description: truncate(description, MAX_DESCRIPTION),
-                        parameters: Value::Object((*tool.input_schema).clone()),
+                        parameters: schema,
                     },
                     side_effects: !read_only,
                 },
@@ -170,6 +175,38 @@ impl Session {
             ));
         }
         Ok(out)
+    }
+
+    /// Every page of the server's tool list, stopping as soon as it lists more than
+    /// [`MAX_LISTED_TOOLS`] or takes more than [`MAX_PAGES`] pages (each page is one message,
+    /// at most [`MAX_MESSAGE_BYTES`]).
+    async fn list(&self) -> Result<Vec<rmcp::model::Tool>, String> {
+        let mut listed = Vec::new();
+        let mut cursor: Option<String> = None;
+        for _ in 0..MAX_PAGES {
+            let params = cursor
+                .take()
+                .map(|c| rmcp::model::PaginatedRequestParams::default().with_cursor(Some(c)));
+            let page = self
+                .client
+                .list_tools(params)
+                .await
+                .map_err(|e| format!("it could not list its tools: {e}"))?;
+            listed.extend(page.tools);
+            if listed.len() > MAX_LISTED_TOOLS {
+                return Err(format!(
+                    "it lists more than {MAX_LISTED_TOOLS} tools ({} so far)",
+                    listed.len()
+                ));
+            }
+            match page.next_cursor {
+                Some(next) => cursor = Some(next),
+                None => return Ok(listed),
+            }
+        }
+        Err(format!(
+            "it lists its tools over more than {MAX_PAGES} pages"
+        ))
     }
 
     /// Calls the server's tool `tool` (its own name) within the call timeout; `meta` goes with

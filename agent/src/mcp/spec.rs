@@ -128,13 +128,25 @@ impl RawServer {
                         ))
                     }
                 }
+                if self.network {
+                    return Err("network: a local server has no network yet (its own network namespace with a filtered way out is to come); use a url server".into());
+                }
                 for p in &self.read_only {
-                    let reserved = ["/", "/work", "/proc", "/dev"]
-                        .iter()
-                        .any(|r| p == std::path::Path::new(r) || (*r != "/" && p.starts_with(r)));
+                    let dotted = p.components().any(|c| {
+                        matches!(
+                            c,
+                            std::path::Component::ParentDir | std::path::Component::CurDir
+                        )
+                    });
+                    let reserved = dotted
+                        || ["/", "/work", "/proc", "/dev", "/sys", "/tmp"]
+                            .iter()
+                            .any(|r| {
+                                p == std::path::Path::new(r) || (*r != "/" && p.starts_with(r))
+                            });
                     if !p.is_absolute() || reserved {
                         return Err(format!(
-                            "read_only: {} must be an absolute path, not / or under /work, /proc or /dev (the sandbox's own)",
+                            "read_only: {} must be an absolute path without `..`, not / or under /work, /proc, /dev, /sys or /tmp (the sandbox's own)",
                             p.display()
                         ));
                     }

@@ -51,6 +51,9 @@ pub struct RigOptions {
     pub lane_poll: Duration,
     /// How long a wake is put off when another owner holds its conversation.
     pub busy_delay: Duration,
+    /// What MCP servers' sandboxes may be granted to read (`/var/tmp`: the services' venvs
+    /// and the tests' own files there).
+    pub mcp_read_roots: Vec<PathBuf>,
 }
 
 impl RigOptions {
@@ -72,6 +75,7 @@ impl RigOptions {
             index: None,
             lane_poll: Duration::from_millis(10),
             busy_delay: Duration::from_millis(50),
+            mcp_read_roots: vec!["/var/tmp".into()],
         }
     }
 }
@@ -139,6 +143,7 @@ impl Rig {
         let lane_poll = options.lane_poll;
         let busy_delay = options.busy_delay;
         let git_remote = options.git_remote.clone();
+        let mcp_read_roots = options.mcp_read_roots.clone();
         let cell: Result<Arc<turnpike_worker::cell::Cell>, String> = if options.cell {
             turnpike_worker::cell::Cell::detect(turnpike_worker::cell::CellConfig::default())
                 .await
@@ -173,6 +178,7 @@ impl Rig {
                         busy_delay,
                         failpoints,
                         git_remote: git_remote.clone(),
+                        mcp_read_roots: mcp_read_roots.clone(),
                         ..WorkerConfig::default()
                     },
                 )

@@ -143,6 +143,11 @@ impl Cell {
         Ok(cell)
     }
 
+    /// Where this cell prepares seccomp programs and cgroups (no sandbox may be shown it).
+    pub fn scratch(&self) -> &Path {
+        &self.config.scratch
+    }
+
     /// How each run's process budget is kept its own.
     pub fn budget(&self) -> Budget {
         self.budget
@@ -249,7 +254,14 @@ impl Cell {
         )
         .await?;
         let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
-        let mut command = held.command(&self.config, extra, &argv);
+        // It lives for the turn: more CPU time and address space than a run (a language
+        // runtime reserves much it never touches); the process count and files stay a cell's.
+        let limits = Limits {
+            cpu_seconds: SERVER_CPU_SECONDS,
+            address_space_bytes: SERVER_ADDRESS_SPACE,
+            ..self.config.limits.clone()
+        };
+        let mut command = held.command_with(&self.config, limits, extra, &argv);
         command.stdin(std::process::Stdio::piped());
         let mut command = tokio::process::Command::from(command);
         command.kill_on_drop(true);
@@ -337,6 +349,11 @@ impl CellProcess {
         String::from_utf8_lossy(&kept).trim().to_owned()
     }
 }
+
+/// The CPU seconds of a long-lived process in a cell.
+pub const SERVER_CPU_SECONDS: u64 = 600;
+/// The address space of a long-lived process in a cell.
+pub const SERVER_ADDRESS_SPACE: u64 = 8 << 30;
 
 /// How much of a long-lived process's stderr is kept.
 pub const STDERR_KEPT: usize = 4096;

@@ -99,6 +99,17 @@ impl Held {
         extra: &Extra<'_>,
         argv: &[&str],
     ) -> std::process::Command {
+        self.command_with(config, config.limits.clone(), extra, argv)
+    }
+
+    /// [`Self::command`] with other limits (a long-lived server's).
+    pub(super) fn command_with(
+        &self,
+        config: &CellConfig,
+        limits: Limits,
+        extra: &Extra<'_>,
+        argv: &[&str],
+    ) -> std::process::Command {
         let mut command = bwrap(config, self.init.is_some(), extra);
         if self.init.is_some() {
             command.arg(INIT_PATH);
@@ -113,7 +124,7 @@ impl Held {
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
-        self.pass_in(&mut command, config.limits.clone());
+        self.pass_in(&mut command, limits);
         command
     }
 
@@ -171,6 +182,10 @@ impl Held {
 pub struct Extra<'a> {
     pub read_only: &'a [std::path::PathBuf],
     pub network: bool,
+    /// The workspace is mounted read-only: a process that lives beside the host's own work
+    /// on the workspace (an MCP server, while the worker reads, writes, hands over and
+    /// publishes it) must not be able to swap a path for a link under the host's feet.
+    pub read_only_workspace: bool,
 }
 
 /// Bubblewrap's arguments up to the program: every namespace unshared (the network too unless
@@ -213,7 +228,12 @@ fn bwrap(config: &CellConfig, init: bool, extra: &Extra<'_>) -> std::process::Co
         .args(["--tmpfs", "/tmp", "--size"])
         .arg(SHM_BYTES.to_string())
         .args(["--tmpfs", "/dev/shm", "--remount-ro", "/dev"])
-        .args(["--bind-fd", &WORK_FD.to_string(), "/work"]);
+        .arg(if extra.read_only_workspace {
+            "--ro-bind-fd"
+        } else {
+            "--bind-fd"
+        })
+        .args([&WORK_FD.to_string(), "/work"]);
     if init {
         command.args(["--ro-bind-fd", &INIT_FD.to_string(), INIT_PATH]);
     }

@@ -343,8 +343,16 @@ impl Turn for TurnContext<'_> {
         if spec.mcp.is_empty() {
             return Ok(spec.tools.clone());
         }
+        let mut never = vec![self.env.config.workspace_root.clone()];
+        if let Ok(cell) = &self.env.cell {
+            never.push(cell.scratch().to_path_buf());
+        }
+        let grants = crate::mcp::Grants {
+            roots: &self.env.config.mcp_read_roots,
+            never: &never,
+        };
         self.mcp
-            .toolset(spec, self.workspace.path(), &self.env.cell)
+            .toolset(spec, self.workspace.path(), &self.env.cell, &grants)
             .await
             .map_err(turnpike_agent::Error::app)
     }
@@ -359,7 +367,11 @@ impl Turn for TurnContext<'_> {
                 .await?;
         }
         let cx = self.tool_context(&call.id);
-        if let Some(done) = self.mcp.call(&cx, &call.name, call.arguments.clone()).await {
+        if let Some(done) = self
+            .mcp
+            .call(&cx, tools, &call.name, call.arguments.clone())
+            .await
+        {
             return Ok(done);
         }
         Ok(crate::tools::run_call(
