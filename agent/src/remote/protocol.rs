@@ -1,4 +1,4 @@
-//! The remote app protocol, version 1: what a worker sends an app and what the app may answer.
+//! The remote app protocol, version 2: what a worker sends an app and what the app may answer.
 //! `docs/remote-apps.md` describes it for app authors; `docs/remote-apps.schema.json` is its
 //! JSON schema. Every message is one JSON object; the app's actions are one per line (NDJSON).
 
