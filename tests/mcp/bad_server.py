@@ -5,7 +5,7 @@ bad servers. Plain JSON-RPC lines, no dependencies (it runs in a cell with the h
 
 MODE: crash (exits when a tool is called), hang (never answers a call), garbage (answers a
 call with lines that are not JSON-RPC), flood (answers a call with one line of 8 MiB), many
-(lists 300 tools), silent (never answers `initialize`), exit (writes a reason to stderr and
+(lists 300 tools), twice (lists one tool twice), silent (never answers `initialize`), exit (writes a reason to stderr and
 exits at once), fine (a well-behaved `echo` tool).
 """
 
@@ -50,8 +50,12 @@ for line in sys.stdin:
             "serverInfo": {"name": "bad", "version": "1"},
         }})
     elif method == "tools/list":
-        count = 300 if MODE == "many" else 1
-        names = ["echo"] if count == 1 else ["t%d" % i for i in range(count)]
+        if MODE == "many":
+            names = ["t%d" % i for i in range(300)]
+        elif MODE == "twice":
+            names = ["echo", "echo"]
+        else:
+            names = ["echo"]
         send({"jsonrpc": "2.0", "id": rid, "result": {"tools": [tool(n) for n in names]}})
     elif method == "tools/call":
         if MODE == "crash":

@@ -131,9 +131,15 @@ impl Session {
                     self.spec.start_timeout
                 )
             })??;
-        let mut out = Vec::new();
+        let mut out: Vec<McpTool> = Vec::new();
         for tool in listed.iter().filter(|t| self.spec.allows(&t.name)) {
             let name = self.spec.tool_name(&tool.name);
+            if out.iter().any(|t| t.description.spec.name == name) {
+                return Err(format!(
+                    "it lists the tool {:?} twice",
+                    truncate(&tool.name, 80)
+                ));
+            }
             let valid = name.len() <= 64
                 && name
                     .bytes()
@@ -154,7 +160,7 @@ impl Session {
             if schema.to_string().len() > MAX_SCHEMA_BYTES {
                 return Err(format!(
                     "its tool {:?} has an argument schema over {MAX_SCHEMA_BYTES} bytes",
-                    tool.name
+                    truncate(&tool.name, 80)
                 ));
             }
             out.push(McpTool {
