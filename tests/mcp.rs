@@ -293,18 +293,7 @@ async fn a_side_effecting_call_cut_by_a_crash_is_quarantined_and_the_server_saw_
     rig.crash().await;
     std::fs::remove_file(&server.hold).unwrap();
     rig.run();
-    let deadline = Instant::now() + LONG;
-    let ambiguous = loop {
-        let entries = rig.record().entries().await.unwrap();
-        if let Some(a) = entries.iter().find_map(|e| match &e.body {
-            EntryBody::TurnAmbiguous(a) => Some(a.clone()),
-            _ => None,
-        }) {
-            break a;
-        }
-        assert!(Instant::now() < deadline, "no turn_ambiguous");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let ambiguous = rig.wait_ambiguous().await;
     assert_eq!(ambiguous.tool, "ledger__send");
     let calls = server.calls();
     assert_eq!(calls.len(), 1, "the call ran again: {calls:?}");

@@ -414,18 +414,7 @@ async fn a_side_effecting_call_interrupted_mid_way_is_quarantined_and_never_run_
         .store(false, std::sync::atomic::Ordering::SeqCst);
     rig.run();
     // The turn is closed as ambiguous, not completed.
-    let deadline = std::time::Instant::now() + LONG;
-    let ambiguous = loop {
-        let entries = rig.record().entries().await.unwrap();
-        if let Some(a) = entries.iter().find_map(|e| match &e.body {
-            EntryBody::TurnAmbiguous(a) => Some(a.clone()),
-            _ => None,
-        }) {
-            break a;
-        }
-        assert!(std::time::Instant::now() < deadline, "no turn_ambiguous");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let ambiguous = rig.wait_ambiguous().await;
     assert_eq!(ambiguous.tool, "send");
     assert_eq!(ledger.calls.lock().unwrap().len(), 1, "never run again");
     let transcript =

@@ -321,6 +321,23 @@ impl Rig {
             .unwrap()
     }
 
+    /// Waits until the record closes a turn as ambiguous (a side-effecting call cut short);
+    /// returns that entry.
+    pub async fn wait_ambiguous(&self) -> turnpike_schemas::entry::TurnAmbiguous {
+        let deadline = Instant::now() + LONG;
+        loop {
+            let entries = self.record().entries().await.unwrap();
+            if let Some(a) = entries.iter().find_map(|e| match &e.body {
+                turnpike_schemas::EntryBody::TurnAmbiguous(a) => Some(a.clone()),
+                _ => None,
+            }) {
+                return a;
+            }
+            assert!(Instant::now() < deadline, "no turn_ambiguous");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     /// Waits until turn `n` is dispatched (batch one committed).
     pub async fn wait_dispatched(&self, n: u64) {
         let deadline = Instant::now() + LONG;
