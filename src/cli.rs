@@ -492,6 +492,15 @@ pub struct WorkerArgs {
         default_value = "/opt"
     )]
     pub mcp_read_roots: Vec<PathBuf>,
+    /// An internal address, range (CIDR) or host name that apps' MCP servers may be called
+    /// at. Loopback, link-local (cloud metadata), private and shared ranges are refused
+    /// otherwise, checked after DNS resolution. Repeatable.
+    #[arg(
+        long = "outbound-allow",
+        env = "TURNPIKE_OUTBOUND_ALLOW",
+        value_delimiter = ','
+    )]
+    pub outbound_allow: Vec<String>,
 }
 
 #[derive(Debug, Args)]

@@ -62,9 +62,25 @@ impl Env {
                 TrustedKeys::parse_public(text).with_context(|| format!("--trusted-key {text}"))?,
             );
         }
+        let mut conversations =
+            Conversations::new(store.clone()).trusting(TrustedKeys::new(keys.clone()));
+        // Users' connections are sealed with the deployment's connection key: from the
+        // environment, or (embedded) a key file made under the data directory. A fleet without
+        // one has no connections; the API says how to give it one.
+        if let Ok(hex) = std::env::var("TURNPIKE_CONNECTION_KEY") {
+            conversations = conversations.with_connection_key(
+                turnpike_artifactory::ConnectionKey::from_hex(&hex)
+                    .context("TURNPIKE_CONNECTION_KEY")?,
+            );
+        } else if embedded {
+            conversations = conversations.with_connection_key(
+                turnpike_artifactory::ConnectionKey::load_or_create(
+                    &global.data_dir.join("keys/connection.key"),
+                )?,
+            );
+        }
         Ok(Env {
-            conversations: Conversations::new(store.clone())
-                .trusting(TrustedKeys::new(keys.clone())),
+            conversations,
             signer,
             trusted: TrustedKeys::new(keys),
             admins: global.admins.clone(),

@@ -206,17 +206,24 @@ struct Ledger {
 
 impl Ledger {
     fn start(dir: &Path) -> Ledger {
+        Self::start_with(dir, None)
+    }
+
+    /// A ledger that takes only the bearer tokens of `tokens` (token → user).
+    fn start_with(dir: &Path, tokens: Option<&Value>) -> Ledger {
         let venv = mcp_venv();
         let port = free_port().unwrap();
         let (ledger, hold) = (dir.join("ledger.jsonl"), dir.join("hold"));
+        let mut args = vec![
+            fixtures().join("ledger_server.py").display().to_string(),
+            port.to_string(),
+            ledger.display().to_string(),
+            hold.display().to_string(),
+        ];
+        args.extend(tokens.map(Value::to_string));
         let service = Service::start_logging(
             venv.join("bin/python").to_str().unwrap(),
-            &[
-                fixtures().join("ledger_server.py").display().to_string(),
-                port.to_string(),
-                ledger.display().to_string(),
-                hold.display().to_string(),
-            ],
+            &args,
             ([127, 0, 0, 1], port).into(),
             LONG,
             "TERM",
@@ -242,6 +249,18 @@ impl Ledger {
                     v["to"].as_str().unwrap().to_owned(),
                     v["key"].as_str().unwrap_or_default().to_owned(),
                 )
+            })
+            .collect()
+    }
+
+    /// Who each call was from, by the token it carried (`None`: no known token).
+    fn users(&self) -> Vec<Option<String>> {
+        std::fs::read_to_string(&self.ledger)
+            .unwrap_or_default()
+            .lines()
+            .map(|l| {
+                let v: Value = serde_json::from_str(l).unwrap();
+                v["user"].as_str().map(str::to_owned)
             })
             .collect()
     }
@@ -560,7 +579,7 @@ async fn a_remote_app_calls_an_mcp_tool_with_its_tool_action() {
     let serve = Server::start(
         Path::new(env!("CARGO_BIN_EXE_turnpike")),
         Some(apps.path()),
-        &[],
+        &["--outbound-allow", "127.0.0.1"],
         false,
     )
     .unwrap();
@@ -609,4 +628,234 @@ async fn a_server_is_shown_only_host_paths_the_operator_grants_links_resolved() 
         );
         rig.stop().await;
     }
+}
+
+const DESK: &str = r#"
+app = "desk"
+
+[agents.helper]
+provider = "script"
+script = "helper.script.toml"
+
+[[agents.helper.mcp]]
+name = "ledger"
+url = "URL"
+connection = true
+tools = ["send"]
+"#;
+
+/// Every file under `dir` whose bytes hold `needle`.
+fn files_holding(dir: &Path, needle: &str) -> Vec<PathBuf> {
+    let mut found = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for entry in std::fs::read_dir(&d).unwrap().flatten() {
+            let path = entry.path();
+            let kind = entry.file_type().unwrap();
+            if kind.is_dir() {
+                stack.push(path);
+            } else if kind.is_file() {
+                let bytes = std::fs::read(&path).unwrap_or_default();
+                if bytes.windows(needle.len()).any(|w| w == needle.as_bytes()) {
+                    found.push(path);
+                }
+            }
+        }
+    }
+    found
+}
+
+/// Item 4: per-user connections, through the API of `turnpike serve`. The HTTP server takes
+/// only known bearer tokens and logs whose each call carried.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_sender_calls_with_their_own_connection_and_a_missing_one_parks_until_they_connect() {
+    use reqwest::Method;
+    use serde_json::json;
+    use turnpike_tests::edge::{
+        apps_with, create, say, wait_for_complete_turns, Server, ALICE, BOB,
+    };
+    const ALICE_SECRET: &str = "sk-alice-3c9e51f0a7d24b68";
+    const BOB_SECRET: &str = "sk-bob-8f2d64ae17c95b03";
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = json!({ ALICE_SECRET: "alice", BOB_SECRET: "bob" });
+    let ledger = Ledger::start_with(dir.path(), Some(&tokens));
+    let manifest = DESK.replace("URL", &ledger.url);
+    let apps = apps_with(&[("desk.toml", &manifest), ("helper.script.toml", SEND)]);
+    // Everything at debug, spans included: the scan below reads it all.
+    let mut tp = Server::start_with_env(
+        Path::new(env!("CARGO_BIN_EXE_turnpike")),
+        Some(apps.path()),
+        &["--local-store", "files", "--outbound-allow", "127.0.0.1"],
+        false,
+        &[("RUST_LOG", "debug".into())],
+    )
+    .unwrap();
+    let (alice, bob) = (tp.client(ALICE), tp.client(BOB));
+    let connect = |client: &turnpike_edge::client::Client, token: &str| {
+        let (client, body) = (client.clone(), json!({ "token": token }));
+        async move {
+            client
+                .send(
+                    Method::PUT,
+                    "/v1/connections/desk/ledger",
+                    Some(&body),
+                    None,
+                )
+                .await
+                .unwrap()
+        }
+    };
+
+    // Alice connects; her turn's call carries her token.
+    let made = connect(&alice, ALICE_SECRET).await.into_ok().unwrap();
+    assert_eq!(
+        (made["app"].as_str(), made["server"].as_str()),
+        (Some("desk"), Some("ledger"))
+    );
+    let listed = alice
+        .get("/v1/connections")
+        .await
+        .unwrap()
+        .into_ok()
+        .unwrap();
+    assert_eq!(
+        listed["connections"].as_array().unwrap().len(),
+        1,
+        "{listed}"
+    );
+    assert!(!listed.to_string().contains(ALICE_SECRET));
+    let theirs = bob.get("/v1/connections").await.unwrap().into_ok().unwrap();
+    assert_eq!(
+        theirs["connections"],
+        json!([]),
+        "Bob sees Alice's connection"
+    );
+    let conv = create(&alice, "desk", "helper").await;
+    say(&alice, &conv, "send it").await;
+    let turns = wait_for_complete_turns(&alice, &conv, 1, LONG)
+        .await
+        .unwrap();
+    assert_eq!(turns[0].outcome.as_deref(), Some("replied"), "{turns:#?}");
+    assert!(
+        turns[0].replies.join(" ").contains("sent to ana"),
+        "{turns:#?}"
+    );
+    assert_eq!(ledger.users(), vec![Some("alice".to_owned())]);
+
+    // Alice shares the conversation with Bob, who has no connection: his turn parks on a
+    // connection card for him; Alice's token is not used for him.
+    let granted = alice
+        .post(
+            &format!("/v1/conversations/{conv}/grants"),
+            &json!({ "identity": "local:bob" }),
+        )
+        .await
+        .unwrap();
+    assert!(granted.ok(), "{:?}", granted.body);
+    say(&bob, &conv, "send it").await;
+    let turns = wait_for_complete_turns(&bob, &conv, 2, LONG).await.unwrap();
+    assert_eq!(turns[1].outcome.as_deref(), Some("parked"), "{turns:#?}");
+    let pending = bob
+        .get(&format!("/v1/conversations/{conv}/pending"))
+        .await
+        .unwrap()
+        .into_ok()
+        .unwrap();
+    let card = &pending["approvals"][0];
+    assert_eq!(card["connection"], "ledger", "{pending}");
+    assert_eq!(card["tool"], "ledger__send", "{pending}");
+    assert_eq!(card["approvers"], json!(["local:bob"]), "{pending}");
+    assert_eq!(
+        ledger.users().len(),
+        1,
+        "a call ran without Bob's connection"
+    );
+
+    // A credential that cannot travel in a header is refused; nothing is stored.
+    let bad = connect(&bob, "two words").await;
+    assert_eq!(bad.status, 422, "{:?}", bad.body);
+    // Bob connects: the parked call runs, with his own token, and the turn completes.
+    let made = connect(&bob, BOB_SECRET).await.into_ok().unwrap();
+    assert_eq!(made["resumed"], json!([conv]), "{made}");
+    let turns = wait_for_complete_turns(&bob, &conv, 3, LONG).await.unwrap();
+    assert_eq!(turns[2].outcome.as_deref(), Some("replied"), "{turns:#?}");
+    assert!(
+        turns[2].replies.join(" ").contains("sent to ana"),
+        "{turns:#?}"
+    );
+    assert_eq!(
+        ledger.users(),
+        vec![Some("alice".to_owned()), Some("bob".to_owned())]
+    );
+    // Connecting again resumes nothing more.
+    let again = connect(&bob, BOB_SECRET).await.into_ok().unwrap();
+    assert!(again.get("resumed").is_none(), "{again}");
+
+    // Disconnected: gone for Bob, Alice's untouched.
+    let gone = bob.delete("/v1/connections/desk/ledger").await.unwrap();
+    assert_eq!(gone.status, 204);
+    assert_eq!(
+        bob.get("/v1/connections/desk/ledger").await.unwrap().status,
+        404
+    );
+    assert_eq!(
+        alice
+            .get("/v1/connections/desk/ledger")
+            .await
+            .unwrap()
+            .status,
+        200
+    );
+
+    // The credentials appear in no object of the store, no log line and no span.
+    for secret in [ALICE_SECRET, BOB_SECRET] {
+        assert_eq!(files_holding(tp.data.path(), secret), Vec::<PathBuf>::new());
+        let lines = tp.process.lines();
+        assert!(lines.len() > 50, "debug logs were expected: {lines:?}");
+        let leaked: Vec<&String> = lines.iter().filter(|l| l.contains(secret)).collect();
+        assert!(leaked.is_empty(), "{leaked:?}");
+    }
+}
+
+/// Invariant 12: a url server at an internal address (here loopback, by address and by a
+/// name that resolves there) is not called unless the operator allows that address; the
+/// server hears nothing, and the turn fails saying why and how to allow it.
+#[tokio::test]
+async fn a_url_server_at_an_internal_address_is_refused_unless_the_operator_allows_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Ledger::start(dir.path());
+    let by_name = server.url.replace("127.0.0.1", "localhost");
+    for (url, allow) in [
+        (server.url.clone(), vec![]),
+        (by_name.clone(), vec![]),
+        // Allowing another internal range does not let loopback through.
+        (server.url.clone(), vec!["10.0.0.0/8".to_owned()]),
+    ] {
+        let mut o = RigOptions::new(SEND);
+        o.manifest_extra = format!("[[agents.helper.mcp]]\nname = \"ledger\"\nurl = \"{url}\"\n");
+        o.outbound_allow = allow;
+        let rig = Rig::with(o).await;
+        rig.say("send it").await;
+        rig.wait_turns(1).await;
+        assert_eq!(rig.log(1).await.outcome, TurnOutcome::Failed, "{url}");
+        let errors = errors(&rig).await;
+        assert!(
+            errors.iter().any(|e| e.contains("MCP server \"ledger\"")
+                && e.contains("an internal address")
+                && e.contains("--outbound-allow")),
+            "{url}: {errors:?}"
+        );
+        rig.stop().await;
+    }
+    assert!(server.calls().is_empty(), "{:?}", server.calls());
+    // Allowed by the operator (as the other tests' rigs are): called.
+    let mut o = RigOptions::new(SEND);
+    o.manifest_extra = format!("[[agents.helper.mcp]]\nname = \"ledger\"\nurl = \"{by_name}\"\n");
+    o.outbound_allow = vec!["localhost".into()];
+    let rig = Rig::with(o).await;
+    rig.say("send it").await;
+    rig.wait_turns(1).await;
+    assert_eq!(rig.log(1).await.outcome, TurnOutcome::Replied);
+    assert_eq!(server.calls().len(), 1);
+    rig.stop().await;
 }

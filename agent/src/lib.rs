@@ -43,6 +43,7 @@ pub mod mcp;
 pub mod message;
 mod metrics;
 pub mod model;
+pub mod outbound;
 pub mod recall;
 pub mod remote;
 pub mod replay;

@@ -95,7 +95,18 @@ impl ToolRunner for LiveTools<'_> {
 
     fn gate(&self, call: &ToolCallRequest) -> Option<Block> {
         if !self.spec.policy.gated(&call.name, &call.arguments) {
-            return None;
+            // A server the sender has not connected: the call waits for them to (a gated
+            // call is approved first; run without a connection, it says what is missing).
+            let server = self.tools.needs_connection(&call.name)?;
+            return Some(Block::ApprovalRequest {
+                request_id: RequestId::new(),
+                call_id: call.id.clone(),
+                tool: call.name.clone(),
+                arguments: canonical(&call.arguments),
+                approvers: vec![self.turn.identity().clone()],
+                withheld: String::new(),
+                connection: Some(server.to_owned()),
+            });
         }
         let approvers = self
             .turn
@@ -110,6 +121,7 @@ impl ToolRunner for LiveTools<'_> {
             arguments: canonical(&call.arguments),
             approvers,
             withheld: String::new(),
+            connection: None,
         })
     }
 }

@@ -154,10 +154,24 @@ where
             Block::ApprovalRequest {
                 request_id,
                 call_id,
+                connection: None,
                 ..
             } => out.push(tool_answer(
                 call_id,
                 format!(r#"{{"status":"waiting for approval","request_id":"{request_id}"}}"#),
+            )),
+            Block::ApprovalRequest {
+                request_id,
+                call_id,
+                connection: Some(server),
+                ..
+            } => out.push(tool_answer(
+                call_id,
+                serde_json::json!({
+                    "status": format!("waiting for the user to connect {server}"),
+                    "request_id": request_id.to_string(),
+                })
+                .to_string(),
             )),
             other => {
                 close_unanswered(&mut out, &mut unanswered);

@@ -47,6 +47,9 @@ pub trait ToolCatalog {
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Toolset {
     tools: Vec<ToolDescription>,
+    /// Tools offered before the turn's sender connected their server: name → server. A call
+    /// of one parks with a `connection_required` card.
+    unconnected: Vec<(String, String)>,
 }
 
 impl Toolset {
@@ -64,7 +67,10 @@ impl Toolset {
                 }
             }
         }
-        Ok(Self { tools })
+        Ok(Self {
+            tools,
+            unconnected: Vec::new(),
+        })
     }
 
     /// The same tools and `more` after them (an agent's MCP tools, listed when its turn
@@ -72,6 +78,28 @@ impl Toolset {
     pub fn with(mut self, more: impl IntoIterator<Item = ToolDescription>) -> Self {
         self.tools.extend(more);
         self
+    }
+
+    /// Adds tools of `server` that need the sender's connection to it, which they lack.
+    pub fn with_unconnected(
+        mut self,
+        server: &str,
+        more: impl IntoIterator<Item = ToolDescription>,
+    ) -> Self {
+        for tool in more {
+            self.unconnected
+                .push((tool.spec.name.clone(), server.to_owned()));
+            self.tools.push(tool);
+        }
+        self
+    }
+
+    /// The server whose connection a call of `name` needs first, if the sender lacks it.
+    pub fn needs_connection(&self, name: &str) -> Option<&str> {
+        self.unconnected
+            .iter()
+            .find(|(tool, _)| tool == name)
+            .map(|(_, server)| server.as_str())
     }
 
     pub fn specs(&self) -> Vec<ToolSpec> {

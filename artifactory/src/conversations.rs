@@ -31,6 +31,8 @@ pub struct Conversations {
     directory: Directory,
     /// The keys every record's head is checked against, once set.
     keys: Option<Arc<TrustedKeys>>,
+    /// Users' connections, once the deployment has a key to seal them with.
+    connections: Option<crate::Connections>,
 }
 
 impl Conversations {
@@ -39,6 +41,7 @@ impl Conversations {
             directory: Directory::new(store.clone()),
             store,
             keys: None,
+            connections: None,
         }
     }
 
@@ -47,6 +50,17 @@ impl Conversations {
     pub fn trusting(mut self, keys: TrustedKeys) -> Self {
         self.keys = Some(Arc::new(keys));
         self
+    }
+
+    /// Users' connections are sealed with `key` (without one there are none: the API says so).
+    pub fn with_connection_key(mut self, key: crate::ConnectionKey) -> Self {
+        self.connections = Some(crate::Connections::new(self.store.clone(), key));
+        self
+    }
+
+    /// Users' connections, when the deployment has a connection key.
+    pub fn connections(&self) -> Option<&crate::Connections> {
+        self.connections.as_ref()
     }
 
     /// The keys heads are checked against, once set.

@@ -23,6 +23,7 @@
 
 pub mod archive;
 pub mod attempts;
+pub mod connections;
 mod context_cache;
 pub mod conversations;
 pub mod dead_letters;
@@ -43,6 +44,7 @@ pub mod tombstones;
 pub mod turnlogs;
 mod verified;
 
+pub use connections::{Connection, ConnectionKey, Connections, Secret};
 pub use conversations::{Conversations, NewConversation};
 pub use dead_letters::{DeadLetter, DeadLetters};
 pub use directory::{Directory, DirectoryEntry};

@@ -229,7 +229,8 @@ fn file_chunks(
 /// Deletes a conversation from every store — its record, turn logs, files, attachments,
 /// project versions, index rows, grants, directory entry, the rest of its lane (its owner, or
 /// an admin of its tenant). A tombstone outside the deleted data keeps who, when, why and the
-/// record's final root. A running turn makes it `409`: retry once it ends, or stop it first.
+/// record's final root. A turn still running after a few seconds makes it `409`: retry once it
+/// ends, or stop it first.
 #[utoipa::path(delete, path = "/v1/conversations/{id}", tag = "conversations",
     params(("id" = String, Path, description = "conv_<ulid>")),
     responses((status = 200, body = crate::model::TombstoneView), (status = 404, body = ErrorBody),
@@ -276,8 +277,9 @@ pub async fn me(Caller(caller): Caller) -> Json<crate::model::MeView> {
 }
 
 /// Erases everything of the caller's (a data-protection request): every conversation they own,
-/// as `DELETE /v1/conversations/{id}` does, and everything the index remembers of them. A
-/// conversation with a running turn makes it `409` once the others are deleted: retry.
+/// as `DELETE /v1/conversations/{id}` does, their connections, and everything the index
+/// remembers of them. A conversation with a turn still running after a few seconds makes it
+/// `409` once the others are deleted: retry.
 #[utoipa::path(delete, path = "/v1/me", tag = "conversations",
     responses((status = 200, body = crate::model::ErasedView),
               (status = 409, body = ErrorBody), (status = 503, body = ErrorBody)))]
@@ -311,6 +313,13 @@ pub async fn delete_me(
             Err(e) => return Err(ApiError::unavailable(e.to_string())),
         }
         edge.inner.ingress.forget(id);
+    }
+    // The user's connections go with them (sealed credentials and waiting marks).
+    if let Some(connections) = edge.inner.conversations.connections() {
+        connections
+            .erase(&caller.tenant, &caller.identity)
+            .await
+            .map_err(|e| ApiError::unavailable(e.to_string()))?;
     }
     let mut forgotten = 0;
     if let Some(index) = &edge.inner.search {
@@ -463,6 +472,8 @@ impl Edge {
             self.inner.bus.clone(),
             self.inner.search.clone(),
         )
+        // An owner finishing the turn whose reply the caller just saw lets go within moments.
+        .with_busy_wait(std::time::Duration::from_secs(5))
     }
 
     /// The record of a visible conversation.

@@ -427,6 +427,7 @@ pub async fn pending(
                 tool: r.tool.clone(),
                 arguments: r.arguments.clone(),
                 approvers: r.approvers.iter().map(|a| a.to_string()).collect(),
+                connection: r.connection.clone(),
             }),
             EntryBody::ApprovalResolved(r) if r.refused.is_none() => {
                 let id = r.request_id.to_string();

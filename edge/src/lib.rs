@@ -36,6 +36,7 @@
 
 pub mod auth;
 pub mod client;
+pub mod connections;
 pub mod console;
 pub mod conversations;
 pub mod error;
@@ -171,6 +172,13 @@ impl Edge {
             .route(
                 "/v1/me",
                 get(conversations::me).delete(conversations::delete_me),
+            )
+            .route("/v1/connections", get(connections::list))
+            .route(
+                "/v1/connections/{app}/{server}",
+                get(connections::get_one)
+                    .put(connections::put)
+                    .delete(connections::delete),
             )
             .route("/v1/admin/conversations", get(services::phases))
             .route(

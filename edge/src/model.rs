@@ -250,6 +250,11 @@ pub struct ApprovalView {
     pub arguments: serde_json::Value,
     /// Who may answer (empty: whoever may see the conversation).
     pub approvers: Vec<String>,
+    /// A `connection_required` card: the MCP server of the conversation's app the call needs
+    /// its sender's connection to. `PUT /v1/connections/{app}/{server}` resumes it (so does
+    /// an approval, once connected); a rejection answers the call with the refusal.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub connection: Option<String>,
 }
 
 /// A question waiting for an answer.

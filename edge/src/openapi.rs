@@ -9,7 +9,8 @@ use utoipa::{Modify, OpenApi};
 
 use super::model;
 use super::{
-    conversations, error, events, files, memory, services, stream, tickets, usage, versions,
+    connections, conversations, error, events, files, memory, services, stream, tickets, usage,
+    versions,
 };
 
 #[derive(OpenApi)]
@@ -57,6 +58,10 @@ use super::{
         versions::version_files,
         versions::version_diff,
         conversations::me,
+        connections::list,
+        connections::get_one,
+        connections::put,
+        connections::delete,
     ),
     components(schemas(error::ErrorBody, model::Frame)),
     modifiers(&Common),

@@ -69,6 +69,8 @@ pub struct Eraser {
     failpoints: Failpoints,
     /// How long the deleter's lease lasts (it is released when done).
     lease_ttl: Duration,
+    /// How long a held lease is waited for before the deletion is [`ErasureError::Busy`].
+    busy_wait: Duration,
 }
 
 impl Eraser {
@@ -83,6 +85,7 @@ impl Eraser {
             index,
             failpoints: Failpoints::default(),
             lease_ttl: Duration::from_secs(15),
+            busy_wait: Duration::ZERO,
         }
     }
 
@@ -98,6 +101,15 @@ impl Eraser {
         self
     }
 
+    /// How long a lease held by an owner is waited for before the deletion is
+    /// [`ErasureError::Busy`] (none by default). A user who saw a turn's reply and asks for a
+    /// deletion right away meets the owner still finishing that turn (its ref, its index rows,
+    /// letting go of the lane): the API waits that out instead of answering `409`.
+    pub fn with_busy_wait(mut self, wait: Duration) -> Self {
+        self.busy_wait = wait;
+        self
+    }
+
     /// Deletes the conversation of `entry`, recorded as asked by `by` for `reason`.
     pub async fn erase(
         &self,
@@ -106,12 +118,21 @@ impl Eraser {
         reason: &str,
     ) -> Result<Tombstone, ErasureError> {
         let deleter = WorkerId::new();
-        let lease = self
-            .bus
-            .claim(entry.conversation, deleter, self.lease_ttl)
-            .await
-            .map_err(failed)?
-            .ok_or(ErasureError::Busy)?;
+        let deadline = tokio::time::Instant::now() + self.busy_wait;
+        let lease = loop {
+            match self
+                .bus
+                .claim(entry.conversation, deleter, self.lease_ttl)
+                .await
+                .map_err(failed)?
+            {
+                Some(lease) => break lease,
+                None if tokio::time::Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                None => return Err(ErasureError::Busy),
+            }
+        };
         // The lease is renewed while the deletion runs: no owner takes the conversation and
         // writes into what is being deleted.
         self.holding(lease, self.erase_held(entry, by, reason))

@@ -315,6 +315,16 @@ mod tests {
                 arguments: json!({}),
                 approvers: vec!["local:alice".parse().unwrap()],
                 withheld: "thinking".into(),
+                connection: None,
+            },
+            Block::ApprovalRequest {
+                request_id: request,
+                call_id: "c4".into(),
+                tool: "tickets__create".into(),
+                arguments: json!({"title": "x"}),
+                approvers: vec!["local:bob".parse().unwrap()],
+                withheld: String::new(),
+                connection: Some("tickets".into()),
             },
             Block::ApprovalResponse {
                 request_id: request,

@@ -417,6 +417,10 @@ pub struct ApprovalRequest {
     /// Who may approve; empty means the conversation's owner.
     #[serde(default)]
     pub approvers: Vec<Identity>,
+    /// A `connection_required` card: the call needs its sender's connection to this MCP
+    /// server of the app, which they lack; connecting (or approving) retries it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub connection: Option<String>,
 }
 
 /// What became of an approval request.
@@ -688,6 +692,7 @@ impl EntryBody {
                 tool,
                 arguments,
                 approvers,
+                connection,
                 ..
             } => Some(EntryBody::ApprovalRequest(ApprovalRequest {
                 turn,
@@ -695,6 +700,7 @@ impl EntryBody {
                 tool: tool.clone(),
                 arguments: arguments.clone(),
                 approvers: approvers.clone(),
+                connection: connection.clone(),
             })),
             Block::ApprovalResponse {
                 request_id,

@@ -165,6 +165,10 @@ pub enum Block {
         /// The model's text of the paused round, withheld from the user.
         #[serde(default, skip_serializing_if = "String::is_empty")]
         withheld: String,
+        /// A `connection_required` card: the MCP server (of the conversation's app) whose
+        /// connection the sender lacks; once they connect (or approve), the call is retried.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        connection: Option<String>,
     },
     /// How an approval request was answered (or refused, or rejected automatically).
     ApprovalResponse {

@@ -144,6 +144,8 @@ fn worker_config(global: &Global, args: &WorkerArgs) -> Result<(WorkerConfig, Ve
         heartbeat_every: Duration::from_millis(args.heartbeat_ms.max(100)),
         git_remote: args.git_remote.clone(),
         mcp_read_roots: args.mcp_read_roots.clone(),
+        outbound: turnpike_agent::outbound::Outbound::parse(&args.outbound_allow)
+            .map_err(|why| anyhow::anyhow!("--outbound-allow {why}"))?,
         prices: match &args.prices {
             Some(path) => Some(Arc::new(
                 turnpike_worker::usage::PriceTable::load(path).map_err(anyhow::Error::msg)?,

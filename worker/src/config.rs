@@ -48,6 +48,9 @@ pub struct WorkerConfig {
     /// The host paths an MCP server's manifest may name in `read_only` (each must lie under
     /// one, after its links are resolved): the operator's grant, never the workspaces.
     pub mcp_read_roots: Vec<std::path::PathBuf>,
+    /// Internal addresses, ranges and hosts the operator lets apps' servers be called at
+    /// (invariant 12: none by default; public addresses need no entry).
+    pub outbound: turnpike_agent::outbound::Outbound,
 }
 
 impl Default for WorkerConfig {
@@ -71,6 +74,7 @@ impl Default for WorkerConfig {
             budgets: Vec::new(),
             failpoints: Default::default(),
             mcp_read_roots: vec!["/opt".into()],
+            outbound: Default::default(),
         }
     }
 }

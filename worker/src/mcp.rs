@@ -32,7 +32,9 @@ pub const IDEMPOTENCY_META: &str = "turnpike/idempotency-key";
 /// One server, live for the turn.
 struct Live {
     spec: ServerSpec,
-    session: Session,
+    /// `None`: it needs the sender's connection, which they lack; its allowlisted tools are
+    /// offered, and a call of one parks for the connection.
+    session: Option<Session>,
     tools: Vec<McpTool>,
     /// The sandboxed process of a stdio server; it ends when this is dropped.
     _process: Option<CellProcess>,
@@ -54,6 +56,7 @@ impl TurnServers {
         workspace: &Path,
         cell: &Result<Arc<Cell>, String>,
         grants: &Grants<'_>,
+        sender: &Sender<'_>,
     ) -> Result<Toolset, String> {
         let live = self
             .live
@@ -61,14 +64,19 @@ impl TurnServers {
                 let starts = agent
                     .mcp
                     .iter()
-                    .map(|spec| start(spec, workspace, cell, grants));
+                    .map(|spec| start(spec, workspace, cell, grants, sender));
                 futures::future::try_join_all(starts).await
             })
             .await?;
         let tools = live
             .iter()
+            .filter(|l| l.session.is_some())
             .flat_map(|l| l.tools.iter().map(|t| t.description.clone()));
-        Ok(agent.tools.clone().with(tools))
+        let mut set = agent.tools.clone().with(tools);
+        for l in live.iter().filter(|l| l.session.is_none()) {
+            set = set.with_unconnected(&l.spec.name, l.tools.iter().map(|t| t.description.clone()));
+        }
+        Ok(set)
     }
 
     /// Runs a call of a tool the model knows as `name`, if one of the turn's servers offers it
@@ -88,10 +96,22 @@ impl TurnServers {
                 .any(|t| t.description.spec.name == name)
                 .then_some((l, own))
         })?;
+        let Some(session) = &server.session else {
+            // Run without the sender's connection (approved as a gated call before they
+            // connected, or approved instead of connecting): it says what is missing.
+            return Some((
+                false,
+                json!({ "error": format!(
+                    "not run: {} needs your connection to MCP server {:?}, which you have not made (PUT /v1/connections/<app>/{}); connect and ask again",
+                    name, server.spec.name, server.spec.name
+                ) })
+                .into(),
+            ));
+        };
         let mut meta = Map::new();
         meta.insert(IDEMPOTENCY_META.into(), json!(cx.idempotency_key()));
         let started = std::time::Instant::now();
-        let result = server.session.call(tool, arguments, meta).await;
+        let result = session.call(tool, arguments, meta).await;
         tracing::debug!(server = %server.spec.name, tool, elapsed_ms = started.elapsed().as_millis() as u64, ok = result.is_ok(), "mcp call");
         let side_effects = tools.side_effects(name);
         Some(match result {
@@ -111,8 +131,87 @@ impl TurnServers {
     }
 }
 
-/// What the operator lets a server's sandbox read besides `/usr`.
+/// Whose turn it is, for servers that take a user's connection: the sender's own credential
+/// is the only one a call carries (in a shared conversation too).
+pub struct Sender<'a> {
+    /// Users' connections; `None`: the deployment has no connection key.
+    pub connections: Option<&'a turnpike_artifactory::Connections>,
+    pub tenant: &'a turnpike_schemas::TenantId,
+    pub identity: &'a turnpike_schemas::Identity,
+    pub app: &'a str,
+}
+
+impl Sender<'_> {
+    /// The sender's credential for `server`; `Ok(None)`: they have not connected.
+    async fn secret(&self, server: &str) -> Result<Option<turnpike_artifactory::Secret>, String> {
+        let Some(connections) = self.connections else {
+            return Err("it needs each user's connection, and this deployment keeps none: set TURNPIKE_CONNECTION_KEY (64 hex characters) on every process".into());
+        };
+        let scope = turnpike_artifactory::connections::Scope {
+            tenant: self.tenant,
+            identity: self.identity,
+            app: self.app,
+            server,
+        };
+        connections.secret(&scope).await.map_err(|e| e.to_string())
+    }
+}
+
+/// Leaves a waiting mark for each `connection_required` card among a parked turn's `blocks`,
+/// so that its sender connecting resumes the turn. Committed already: a mark that cannot be
+/// written is logged, and the card is answered by hand (an approval once connected).
+pub(crate) async fn mark_waiting(
+    env: &crate::turn::TurnEnv,
+    app: &str,
+    sender: &turnpike_schemas::Identity,
+    blocks: &[Block],
+) {
+    let Some(connections) = &env.connections else {
+        return;
+    };
+    let prefix = env.record.prefix();
+    for block in blocks {
+        let Block::ApprovalRequest {
+            request_id,
+            connection: Some(server),
+            ..
+        } = block
+        else {
+            continue;
+        };
+        let scope = turnpike_artifactory::connections::Scope {
+            tenant: prefix.tenant(),
+            identity: sender,
+            app,
+            server,
+        };
+        let waiting = turnpike_artifactory::connections::Waiting {
+            conversation: prefix.conversation(),
+            request_id: *request_id,
+        };
+        if let Err(e) = connections.wait(&scope, &waiting).await {
+            tracing::warn!(conversation = %prefix.conversation(), %request_id, error = %e,
+                "cannot mark the turn as waiting for a connection; approve its card once connected");
+        }
+    }
+}
+
+/// The tools a server that needs a connection offers before the sender has connected: its
+/// allowlist, with arguments the model fills as it sees fit (the server checks them once
+/// the call runs).
+fn unconnected_tools(spec: &ServerSpec) -> Vec<McpTool> {
+    spec.tools
+        .iter()
+        .flatten()
+        .map(|tool| McpTool::unlisted(spec, tool))
+        .collect()
+}
+
+/// What the operator grants servers: what a sandbox may read besides `/usr`, and which
+/// internal addresses a url server may be at.
 pub struct Grants<'a> {
+    /// Internal addresses a url server may resolve to (public ones need no grant).
+    pub outbound: &'a turnpike_agent::outbound::Outbound,
     /// `read_only` paths must lie under one of these, once resolved.
     pub roots: &'a [PathBuf],
     /// Never inside, around or beside these (every turn's workspace, the cell's scratch).
@@ -156,6 +255,7 @@ async fn start(
     workspace: &Path,
     cell: &Result<Arc<Cell>, String>,
     grants: &Grants<'_>,
+    sender: &Sender<'_>,
 ) -> Result<Arc<Live>, String> {
     let failed = |why: String| format!("MCP server {:?}: {why}", spec.name);
     let (session, process) = match &spec.transport {
@@ -200,15 +300,37 @@ async fn start(
                 }
             }
         }
-        Transport::Http { url } => (
-            Session::over_http(spec, url, None).await.map_err(failed)?,
-            None,
-        ),
+        Transport::Http { url } if spec.connection => {
+            let pinned = grants.outbound.resolve(url).await.map_err(failed)?;
+            let Some(secret) = sender.secret(&spec.name).await.map_err(failed)? else {
+                return Ok(Arc::new(Live {
+                    spec: spec.clone(),
+                    session: None,
+                    tools: unconnected_tools(spec),
+                    _process: None,
+                }));
+            };
+            (
+                Session::over_http(spec, url, Some(secret.expose().to_owned()), &pinned)
+                    .await
+                    .map_err(failed)?,
+                None,
+            )
+        }
+        Transport::Http { url } => {
+            let pinned = grants.outbound.resolve(url).await.map_err(failed)?;
+            (
+                Session::over_http(spec, url, None, &pinned)
+                    .await
+                    .map_err(failed)?,
+                None,
+            )
+        }
     };
     let tools = session.tools().await.map_err(failed)?;
     Ok(Arc::new(Live {
         spec: spec.clone(),
-        session,
+        session: Some(session),
         tools,
         _process: process,
     }))

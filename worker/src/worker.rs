@@ -87,6 +87,7 @@ impl Worker {
             directory: conversations.directory().clone(),
             open_turns: conversations.open_turns(),
             dead_letters: conversations.dead_letters(),
+            connections: conversations.connections().cloned(),
             config,
         };
         Worker {

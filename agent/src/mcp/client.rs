@@ -40,6 +40,27 @@ pub struct McpTool {
     pub description: ToolDescription,
 }
 
+impl McpTool {
+    /// A tool of `server` offered before it could be listed (it needs the user's connection,
+    /// which they lack): named by the manifest's allowlist, arguments as the model sees fit,
+    /// side-effecting (nothing says otherwise).
+    pub fn unlisted(server: &ServerSpec, tool: &str) -> Self {
+        McpTool {
+            description: ToolDescription {
+                spec: ToolSpec {
+                    name: server.tool_name(tool),
+                    description: format!(
+                        "{tool} of the {} service (the user connects it on first use; its arguments are shown once they have)",
+                        server.name
+                    ),
+                    parameters: serde_json::json!({ "type": "object" }),
+                },
+                side_effects: true,
+            },
+        }
+    }
+}
+
 /// What a call returned, read from the protocol's content.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct CallResult {
@@ -78,10 +99,14 @@ impl Session {
 
     /// Speaks MCP to a streamable-HTTP server, with `bearer` as its `Authorization` (the
     /// token alone, no scheme) when there is one.
+    /// Connects to a streamable-HTTP server at `url`, reached at the `pinned` addresses only
+    /// (those [`crate::outbound::Outbound::resolve`] checked; none: as DNS says), `bearer`
+    /// in its `Authorization` header. Redirects are not followed.
     pub async fn over_http(
         spec: &ServerSpec,
         url: &url::Url,
         bearer: Option<String>,
+        pinned: &[std::net::SocketAddr],
     ) -> Result<Self, String> {
         use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
         use rmcp::transport::StreamableHttpClientTransport;
@@ -89,9 +114,13 @@ impl Session {
         if let Some(token) = bearer {
             config = config.auth_header(token);
         }
-        let client = reqwest::Client::builder()
+        let mut builder = reqwest::Client::builder()
             .redirect(reqwest::redirect::Policy::none())
-            .connect_timeout(spec.start_timeout)
+            .connect_timeout(spec.start_timeout);
+        if let (Some(host), false) = (url.host_str(), pinned.is_empty()) {
+            builder = builder.resolve_to_addrs(host, pinned);
+        }
+        let client = builder
             .build()
             .map_err(|e| format!("cannot make an HTTP client: {e}"))?;
         let transport = StreamableHttpClientTransport::with_client(client, config);

@@ -30,6 +30,11 @@ pub struct ServerSpec {
     pub tools: Option<Vec<String>>,
     pub start_timeout: Duration,
     pub call_timeout: Duration,
+    /// A url server that needs each user's own credential (their *connection*, stored through
+    /// `/v1/connections`): calls carry the turn's sender's, never anyone else's, and a sender
+    /// without one parks the call with a `connection_required` card. Such a server names its
+    /// `tools`: they are offered to the model before anyone has connected.
+    pub connection: bool,
 }
 
 /// Where a server runs.
@@ -83,6 +88,8 @@ pub struct RawServer {
     #[serde(default)]
     network: bool,
     #[serde(default)]
+    connection: bool,
+    #[serde(default)]
     start_timeout_secs: Option<u64>,
     #[serde(default)]
     timeout_secs: Option<u64>,
@@ -98,6 +105,7 @@ impl RawServer {
             tools: None,
             read_only,
             network: false,
+            connection: false,
             start_timeout_secs: None,
             timeout_secs: None,
         }
@@ -127,6 +135,9 @@ impl RawServer {
                             command.first().map(String::as_str).unwrap_or("")
                         ))
                     }
+                }
+                if self.connection {
+                    return Err("connection: only a url server takes a user's connection".into());
                 }
                 if self.network {
                     return Err("network: a local server has no network yet (its own network namespace with a filtered way out is to come); use a url server".into());
@@ -168,6 +179,9 @@ impl RawServer {
                         "read_only and network are for a local (command) server, not a url".into(),
                     );
                 }
+                if self.connection && self.tools.as_ref().is_none_or(Vec::is_empty) {
+                    return Err("tools: a server that needs a connection names the tools the agent may use (they are offered before the user has connected)".into());
+                }
                 Transport::Http { url: parsed }
             }
             _ => return Err("needs either command (a local server) or url, not both".into()),
@@ -181,6 +195,7 @@ impl RawServer {
             tools: self.tools,
             start_timeout: secs(self.start_timeout_secs, DEFAULT_START_TIMEOUT),
             call_timeout: secs(self.timeout_secs, DEFAULT_CALL_TIMEOUT),
+            connection: self.connection,
         })
     }
 }
@@ -243,6 +258,14 @@ tools = ["git_status"]"#)
             (
                 "name = \"git\"\ncommand = [\"/x\"]\nread_only = [\"/\"]",
                 "read_only",
+            ),
+            (
+                "name = \"git\"\ncommand = [\"/x\"]\nconnection = true",
+                "connection",
+            ),
+            (
+                "name = \"tickets\"\nurl = \"http://a/\"\nconnection = true",
+                "tools",
             ),
         ] {
             let e = raw(text).unwrap_err();

@@ -81,6 +81,14 @@ impl Process {
         self.seen.iter().filter(|l| l.contains(needle)).count()
     }
 
+    /// Every stderr line so far (without waiting).
+    pub fn lines(&mut self) -> &[String] {
+        while let Ok(line) = self.lines.try_recv() {
+            self.seen.push(line);
+        }
+        &self.seen
+    }
+
     /// Waits until `count` stderr lines contain `needle`; returns the first `count`.
     pub fn wait_for_lines(
         &mut self,

@@ -54,6 +54,8 @@ pub struct RigOptions {
     /// What MCP servers' sandboxes may be granted to read (`/var/tmp`: the services' venvs
     /// and the tests' own files there).
     pub mcp_read_roots: Vec<PathBuf>,
+    /// Internal addresses url MCP servers may be at (the tests' servers run on loopback).
+    pub outbound_allow: Vec<String>,
 }
 
 impl RigOptions {
@@ -76,6 +78,7 @@ impl RigOptions {
             lane_poll: Duration::from_millis(10),
             busy_delay: Duration::from_millis(50),
             mcp_read_roots: vec!["/var/tmp".into()],
+            outbound_allow: vec!["127.0.0.1".into()],
         }
     }
 }
@@ -144,6 +147,8 @@ impl Rig {
         let busy_delay = options.busy_delay;
         let git_remote = options.git_remote.clone();
         let mcp_read_roots = options.mcp_read_roots.clone();
+        let outbound = turnpike_agent::outbound::Outbound::parse(&options.outbound_allow)
+            .expect("the rig's outbound allowlist");
         let cell: Result<Arc<turnpike_worker::cell::Cell>, String> = if options.cell {
             turnpike_worker::cell::Cell::detect(turnpike_worker::cell::CellConfig::default())
                 .await
@@ -179,6 +184,7 @@ impl Rig {
                         failpoints,
                         git_remote: git_remote.clone(),
                         mcp_read_roots: mcp_read_roots.clone(),
+                        outbound: outbound.clone(),
                         ..WorkerConfig::default()
                     },
                 )

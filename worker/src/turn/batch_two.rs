@@ -392,6 +392,9 @@ async fn commit(
     env.config.failpoints.hit("before-batch-two", &place).await;
     let head = env.append(&ended.head, &bodies).await?;
     info!(%conversation, %turn, ?outcome, "turn complete");
+    if outcome == TurnOutcome::Parked {
+        crate::mcp::mark_waiting(env, ended.app.as_str(), &ended.identity, &log.blocks).await;
+    }
     count_usage(env, &ended.app, &usage).await;
     env.config.failpoints.hit("before-promotion", &place).await;
     // Committed: this attempt's objects become the turn's. Should this fail (or the worker

@@ -348,11 +348,24 @@ impl Turn for TurnContext<'_> {
             never.push(cell.scratch().to_path_buf());
         }
         let grants = crate::mcp::Grants {
+            outbound: &self.env.config.outbound,
             roots: &self.env.config.mcp_read_roots,
             never: &never,
         };
+        let sender = crate::mcp::Sender {
+            connections: self.env.connections.as_ref(),
+            tenant: self.env.record.prefix().tenant(),
+            identity: &self.identity,
+            app: self.app.as_str(),
+        };
         self.mcp
-            .toolset(spec, self.workspace.path(), &self.env.cell, &grants)
+            .toolset(
+                spec,
+                self.workspace.path(),
+                &self.env.cell,
+                &grants,
+                &sender,
+            )
             .await
             .map_err(turnpike_agent::Error::app)
     }

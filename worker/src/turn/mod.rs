@@ -55,6 +55,8 @@ pub struct Shared {
     pub open_turns: turnpike_artifactory::OpenTurns,
     /// Where lane messages that cannot be taken are set aside.
     pub dead_letters: turnpike_artifactory::DeadLetters,
+    /// Users' connections to MCP servers (none without a deployment connection key).
+    pub connections: Option<turnpike_artifactory::Connections>,
     pub config: WorkerConfig,
 }
 
