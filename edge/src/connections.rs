@@ -27,6 +27,7 @@ use crate::state::Edge;
 pub struct ConnectionInput {
     /// The credential as the server takes it after `Bearer ` (1–8192 visible ASCII
     /// characters). It is sealed at rest and never shown again.
+    #[schema(pattern = "^[!-~]{1,8192}$", min_length = 1, max_length = 8192)]
     pub token: String,
 }
 
@@ -62,10 +63,11 @@ fn scope<'a>(caller: &'a Principal, app: &'a str, server: &'a str) -> ApiResult<
             && s.bytes()
                 .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
     };
+    // No app or server has another name: there is nothing of that name to connect.
     if !part(app) || !part(server) {
-        return Err(ApiError::invalid(
-            "an app and a server are 1–64 of a-z, A-Z, 0-9, '-' and '_'",
-        ));
+        return Err(ApiError::not_found(format!(
+            "no connection to {app:?}/{server:?} (an app and a server are 1–64 of a-z, A-Z, 0-9, '-' and '_')"
+        )));
     }
     Ok(Scope {
         tenant: &caller.tenant,
