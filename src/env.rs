@@ -67,7 +67,8 @@ impl Env {
         // Users' connections are sealed with the deployment's connection key: from the
         // environment, or (embedded) a key file made under the data directory. A fleet without
         // one has no connections; the API says how to give it one.
-        if let Ok(hex) = std::env::var("TURNPIKE_CONNECTION_KEY") {
+        let connection_key = std::env::var("TURNPIKE_CONNECTION_KEY").map(|k| k.trim().to_owned());
+        if let Some(hex) = connection_key.ok().filter(|k| !k.is_empty()) {
             conversations = conversations.with_connection_key(
                 turnpike_artifactory::ConnectionKey::from_hex(&hex)
                     .context("TURNPIKE_CONNECTION_KEY")?,

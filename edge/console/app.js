@@ -638,8 +638,62 @@ function renderRow(row) {
 
 // ---------- approvals and questions ----------
 
+// A call that needs the user's own connection to a service (an MCP server of the app): the
+// user pastes their token, it is stored sealed (never shown again), and the call resumes.
+function connectionCard(row) {
+  const d = row.data;
+  const token = el("input", { type: "password", class: "token", "aria-label": `Your token for ${d.connection}`, placeholder: "Your token", autocomplete: "off" });
+  const reason = el("input", { type: "text", class: "reason", "aria-label": "Reason for rejecting", placeholder: "Reason (optional)" });
+  const busy = (on) => {
+    for (const b of card.querySelectorAll("button, input")) b.disabled = on;
+  };
+  const connectNow = async () => {
+    if (!token.value.trim()) return flash("Paste your token first.");
+    busy(true);
+    try {
+      const app = encodeURIComponent(state.conv.app);
+      await api("PUT", `/v1/connections/${app}/${encodeURIComponent(d.connection)}`, { token: token.value.trim() });
+      token.value = "";
+      card.querySelector(".state").textContent = "connected: the call resumes…";
+    } catch (e) {
+      busy(false);
+      flash(e.message);
+    }
+  };
+  const reject = async () => {
+    const body = { tool: d.tool, arguments: d.arguments };
+    if (reason.value.trim()) body.reason = reason.value.trim();
+    busy(true);
+    try {
+      await api("POST", conversationPath(chat.id, `/approvals/${encodeURIComponent(d.request_id)}/reject`), body, { idempotent: true });
+      card.querySelector(".state").textContent = "rejecting…";
+    } catch (e) {
+      busy(false);
+      flash(e.message);
+    }
+  };
+  const card = el(
+    "li",
+    { class: "row card approval-card connection-card", dataset: { seq: String(row.seq), kind: row.kind, request: d.request_id } },
+    el("span", { class: "label", text: `Connection needed · ${row.turn}` }),
+    el("span", {}, "The agent wants to call ", el("strong", { class: "tool", text: d.tool }), ", which needs your own connection to ", el("strong", { text: d.connection }), ":"),
+    el("pre", { class: "arguments", text: JSON.stringify(d.arguments, null, 2) }),
+    el(
+      "div",
+      { class: "actions" },
+      token,
+      el("button", { type: "button", class: "approve primary", text: "Connect", onclick: connectNow }),
+      reason,
+      el("button", { type: "button", class: "reject", text: "Reject", onclick: reject }),
+      el("span", { class: "state", role: "status", text: "" }),
+    ),
+  );
+  return card;
+}
+
 function approvalCard(row) {
   const d = row.data;
+  if (d.connection) return connectionCard(row);
   const reason = el("input", { type: "text", class: "reason", "aria-label": "Reason for rejecting", placeholder: "Reason (optional)" });
   const answer = async (approve) => {
     const body = { tool: d.tool, arguments: d.arguments };

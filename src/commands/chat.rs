@@ -21,6 +21,7 @@ use crate::cli::{ChatArgs, Global};
 const HELP: &str = "type to talk (a follow-up while the agent works). Commands:
   /approve [reason]   /reject [reason]   approve or reject the pending call
   /answer TEXT        answer the agent's question
+  /connect TOKEN      connect the service a call waits for with your token (it resumes)
   /steer TEXT         redirect the running turn        /stop      cancel it
   /switch AGENT       hand over to another agent       /compact   summarise older turns now
   /attach PATH        attach an image, a PDF or a text file
@@ -263,6 +264,37 @@ async fn command(client: &Client, conv: &str, line: &str) -> Result<Option<Strin
                 "rejected"
             })
         }
+        "connect" => {
+            let pending = get_ok(client, &format!("{c}/pending")).await?;
+            let Some(server) = pending["approvals"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find_map(|a| a["connection"].as_str())
+            else {
+                return done("no call waits for a connection");
+            };
+            if rest.is_empty() {
+                return done("usage: /connect TOKEN");
+            }
+            let view = get_ok(client, &c).await?;
+            let app = view["app"].as_str().unwrap_or_default();
+            let made = client
+                .send(
+                    Method::PUT,
+                    &format!("/v1/connections/{app}/{server}"),
+                    Some(&json!({ "token": rest })),
+                    None,
+                )
+                .await
+                .map_err(anyhow::Error::msg)?
+                .into_ok()
+                .map_err(anyhow::Error::msg)?;
+            let resumed = made["resumed"].as_array().map_or(0, Vec::len);
+            Ok(Some(format!(
+                "(connected {app}/{server}; {resumed} waiting call(s) resumed)"
+            )))
+        }
         "answer" => {
             let pending = get_ok(client, &format!("{c}/pending")).await?;
             let Some(request) = pending["questions"][0]["request_id"].as_str() else {
@@ -486,6 +518,16 @@ fn show(view: &mut View, row: &Value) {
             if data["ok"] == true { "ok" } else { "failed" },
             short(&data["output"], 160)
         ),
+        "approval_request" if data["connection"].is_string() => {
+            let server = data["connection"].as_str().unwrap_or("?");
+            println!("┌─ connection needed: {server} ──────────────────────");
+            println!(
+                "│ {}({}) needs your own connection to {server}",
+                data["tool"].as_str().unwrap_or("?"),
+                short(&data["arguments"], 400)
+            );
+            println!("└─ /connect TOKEN (the call then runs) or /reject [reason]");
+        }
         "approval_request" => {
             println!("┌─ approval needed ────────────────────────────────");
             println!(

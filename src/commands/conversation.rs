@@ -704,7 +704,11 @@ pub fn describe(body: &EntryBody) -> Option<String> {
         }
         EntryBody::Error(e) => Some(format!("error: {}", e.message)),
         EntryBody::ApprovalRequest(r) => Some(format!(
-            "approval requested {}: {}({}){}",
+            "{} {}: {}({}){}",
+            match &r.connection {
+                Some(server) => format!("connection to {server} required"),
+                None => "approval requested".to_owned(),
+            },
             r.request_id,
             r.tool,
             r.arguments,

@@ -45,6 +45,12 @@ app.kubernetes.io/component: {{ .component }}
     secretKeyRef:
       name: {{ include "turnpike.secretName" . }}
       key: signing-key
+- name: TURNPIKE_CONNECTION_KEY
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "turnpike.secretName" . }}
+      key: connection-key
+      optional: true
 - name: TURNPIKE_DATABASE_URL
   valueFrom:
     secretKeyRef:
