@@ -679,6 +679,26 @@ async fn each_turn_leaves_a_snapshot_that_rebuilds_the_next_context_in_one_read(
     assert_eq!(fast.rows.len(), 3 * 4);
     assert!(matches!(&fast.rows.last().unwrap().block,
         Block::AssistantMessage { text } if text == "ok three"));
+    // Only the latest snapshot is kept: the older ones go once the next is in place, so a
+    // conversation's snapshots do not grow with the square of its length.
+    let store = rig.conversations.store().clone();
+    let exists = |turn: u64| {
+        let (store, path) = (
+            store.clone(),
+            rig.prefix().context_snapshot(TurnId::new(turn).unwrap()),
+        );
+        async move {
+            object_store::ObjectStoreExt::head(&store, &path)
+                .await
+                .is_ok()
+        }
+    };
+    let deadline = std::time::Instant::now() + LONG;
+    while exists(1).await || exists(2).await {
+        assert!(std::time::Instant::now() < deadline, "older snapshots stay");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert!(exists(3).await, "the latest snapshot went");
     rig.stop().await;
 }
 

@@ -164,6 +164,19 @@ impl TurnLogs {
         Ok(())
     }
 
+    /// Deletes the context snapshot after `turn` (gone already: fine). Only the latest turn's
+    /// snapshot is ever read (the next turn's context starts from it); an older one is what
+    /// made a conversation's storage grow with the square of its length.
+    pub async fn forget_context(&self, prefix: &ConversationPrefix, turn: TurnId) -> Result<()> {
+        match self.store.delete(&prefix.context_snapshot(turn)).await {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+            Err(e) => Err(Error::store(
+                &format!("deleting the context after {turn}"),
+                e,
+            )),
+        }
+    }
+
     /// Writes the context snapshot after a turn as attempt `attempt` wrote it (created only if
     /// absent, under the attempt's own key).
     pub async fn write_context_attempt(

@@ -414,6 +414,9 @@ async fn commit(
         warn!(%conversation, %turn, error = %e, "promotion unfinished; the next owner finishes it");
         return Err(e);
     }
+    if snapshot.is_some() {
+        forget_older_context(env, turn);
+    }
     if let Some(queue) = &env.indexing {
         queue.push(conversation);
     }
@@ -522,6 +525,23 @@ async fn publish_version(
         .commit_if_any(ctx.turn, &message)
         .await
         .map_err(Into::into)
+}
+
+/// Deletes the snapshot the turn before `turn` left, now that `turn`'s is in place: only the
+/// latest is read, and keeping each would store a conversation's context once per turn (its
+/// storage growing with the square of its length). In the background, off the turn's path; one
+/// that fails (or a worker that dies first) leaves a dead object, never a wrong context.
+fn forget_older_context(env: &TurnEnv, turn: TurnId) {
+    let Some(previous) = turn.number().checked_sub(1).and_then(TurnId::new) else {
+        return;
+    };
+    let (logs, prefix) = (env.turn_logs.clone(), env.record.prefix().clone());
+    tokio::spawn(async move {
+        if let Err(e) = logs.forget_context(&prefix, previous).await {
+            tracing::debug!(conversation = %prefix.conversation(), turn = %previous, error = %e,
+                "an older context snapshot stays");
+        }
+    });
 }
 
 /// Promotes a committed attempt: its side objects to the turn's canonical keys, its version
