@@ -717,3 +717,46 @@ async fn a_deleter_that_cannot_renew_stops_before_its_lease_lapses_and_the_sweep
     assert_eq!(finisher.finish_pending().await.unwrap(), 1);
     assert_eq!(objects_under(&rig).await, Vec::<String>::new());
 }
+
+/// A deletion waits a few seconds for an owner finishing a turn (the reply the user just saw),
+/// but not for a turn that goes on running: that one is `409`, and nothing is deleted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deletion_during_a_running_turn_is_refused_after_a_short_wait_and_deletes_nothing() {
+    let apps = turnpike_tests::edge::queue_apps();
+    let server = Server::start(&binary(), Some(apps.path()), FILES, false).unwrap();
+    let store = server.store_dir();
+    let alice = server.client(ALICE);
+    let id = create(&alice, "queue", "stuck").await;
+    say(&alice, &id, "take your time").await;
+    turnpike_tests::edge::wait_for_status(&alice, &id, "running", LONG)
+        .await
+        .unwrap();
+    let refused = alice
+        .delete(&format!("/v1/conversations/{id}"))
+        .await
+        .unwrap();
+    assert_eq!(refused.status, 409, "{:?}", refused.body);
+    assert!(!objects_of(&store, &id).is_empty());
+    let all = alice.delete("/v1/me").await.unwrap();
+    assert_eq!(all.status, 409, "{:?}", all.body);
+    assert!(
+        all.body["message"].as_str().unwrap().contains(&id),
+        "{:?}",
+        all.body
+    );
+    // Stopped, it is deleted.
+    turnpike_tests::edge::submit(&alice, &id, "stop", json!({})).await;
+    let deadline = Instant::now() + LONG;
+    loop {
+        let reply = alice
+            .delete(&format!("/v1/conversations/{id}"))
+            .await
+            .unwrap();
+        if reply.status == 200 {
+            break;
+        }
+        assert_eq!(reply.status, 409, "{:?}", reply.body);
+        assert!(Instant::now() < deadline, "the stopped turn never let go");
+    }
+    assert_eq!(objects_of(&store, &id), Vec::<String>::new());
+}

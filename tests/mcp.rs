@@ -774,13 +774,33 @@ async fn each_sender_calls_with_their_own_connection_and_a_missing_one_parks_unt
     // A credential that cannot travel in a header is refused; nothing is stored.
     let bad = connect(&bob, "two words").await;
     assert_eq!(bad.status, 422, "{:?}", bad.body);
+    // A credential the server refuses (revoked, say): the resumed call is not run and says
+    // why; the next call asks Bob to connect again.
+    let made = connect(&bob, "sk-bob-revoked").await.into_ok().unwrap();
+    assert_eq!(made["resumed"], json!([conv]), "{made}");
+    let turns = wait_for_complete_turns(&bob, &conv, 3, LONG).await.unwrap();
+    assert!(
+        turns[2]
+            .replies
+            .join(" ")
+            .contains("missing or was refused"),
+        "{turns:#?}"
+    );
+    say(&bob, &conv, "send it").await;
+    let turns = wait_for_complete_turns(&bob, &conv, 4, LONG).await.unwrap();
+    assert_eq!(turns[3].outcome.as_deref(), Some("parked"), "{turns:#?}");
+    assert_eq!(
+        ledger.users().len(),
+        1,
+        "a call ran without Bob's connection"
+    );
     // Bob connects: the parked call runs, with his own token, and the turn completes.
     let made = connect(&bob, BOB_SECRET).await.into_ok().unwrap();
     assert_eq!(made["resumed"], json!([conv]), "{made}");
-    let turns = wait_for_complete_turns(&bob, &conv, 3, LONG).await.unwrap();
-    assert_eq!(turns[2].outcome.as_deref(), Some("replied"), "{turns:#?}");
+    let turns = wait_for_complete_turns(&bob, &conv, 5, LONG).await.unwrap();
+    assert_eq!(turns[4].outcome.as_deref(), Some("replied"), "{turns:#?}");
     assert!(
-        turns[2].replies.join(" ").contains("sent to ana"),
+        turns[4].replies.join(" ").contains("sent to ana"),
         "{turns:#?}"
     );
     assert_eq!(

@@ -96,23 +96,43 @@ pub fn internal(ip: IpAddr) -> bool {
     match ip {
         IpAddr::V4(v4) => internal_v4(v4),
         IpAddr::V6(v6) => {
-            if let Some(v4) = v6.to_ipv4_mapped() {
+            if let Some(v4) = v6.to_ipv4_mapped().or_else(|| embedded_v4(v6)) {
                 return internal_v4(v4);
             }
-            let first = v6.segments()[0];
+            let s = v6.segments();
+            let first = s[0];
             v6.is_loopback()
                 || v6.is_unspecified()
                 || v6.is_multicast()
                 || (first & 0xfe00) == 0xfc00 // unique local fc00::/7
                 || (first & 0xffc0) == 0xfe80 // link-local fe80::/10
                 || (first & 0xffc0) == 0xfec0 // site-local fec0::/10 (deprecated)
-                || (first == 0x64 && v6.segments()[1] == 0xff9b) // NAT64 64:ff9b::/96
-                || (first == 0x2001 && v6.segments()[1] == 0x0db8) // documentation
+                || (first == 0x64 && s[1] == 0xff9b && s[2] == 1) // local-use NAT64 64:ff9b:1::/48
+                || (first == 0x2001 && s[1] == 0x0db8) // documentation
                 || v6 == Ipv6Addr::new(0, 0, 0, 0, 0, 0, 0, 1)
                 // IPv4-compatible ::a.b.c.d (deprecated, still routed by some stacks)
                 || (v6.segments()[..6].iter().all(|s| *s == 0))
         }
     }
+}
+
+/// The IPv4 address an IPv6 one stands for, where a translation carries it inside: NAT64's
+/// well-known prefix (`64:ff9b::/96`), SIIT (`::ffff:0:a.b.c.d`) and 6to4 (`2002:a.b.c.d::/48`).
+/// Such an address reaches what its IPv4 address reaches, and is judged as that.
+fn embedded_v4(v6: Ipv6Addr) -> Option<Ipv4Addr> {
+    let s = v6.segments();
+    let tail =
+        |hi: u16, lo: u16| Ipv4Addr::new((hi >> 8) as u8, hi as u8, (lo >> 8) as u8, lo as u8);
+    if s[0] == 0x64 && s[1] == 0xff9b && s[2..6] == [0, 0, 0, 0] {
+        return Some(tail(s[6], s[7]));
+    }
+    if s[..4] == [0, 0, 0, 0] && s[4] == 0xffff && s[5] == 0 {
+        return Some(tail(s[6], s[7]));
+    }
+    if s[0] == 0x2002 {
+        return Some(tail(s[1], s[2]));
+    }
+    None
 }
 
 fn internal_v4(ip: Ipv4Addr) -> bool {
@@ -157,6 +177,11 @@ mod tests {
             "::ffff:169.254.169.254",
             "::127.0.0.1",
             "64:ff9b::a9fe:a9fe",
+            "64:ff9b::7f00:1",
+            "64:ff9b:1::8.8.8.8",
+            "::ffff:0:10.0.0.1",
+            "2002:a9fe:a9fe::1",
+            "2002:7f00:1::",
         ] {
             assert!(
                 internal(inside.parse().unwrap()),
@@ -170,6 +195,8 @@ mod tests {
             "100.128.0.1",
             "2606:4700:4700::1111",
             "::ffff:8.8.8.8",
+            "64:ff9b::8.8.8.8",
+            "2002:808:808::1",
         ] {
             assert!(!internal(outside.parse().unwrap()), "{outside} refused");
         }

@@ -15,7 +15,8 @@
 //! - everything of an identity sits under one prefix, so erasing the user erases it.
 //!
 //! Layout: `tenants/{tenant}/connections/{sha256(identity)}/{app}/{server}` (sealed) and
-//! `…/{sha256(identity)}/waiting/{app}/{server}/{conversation}` (marks).
+//! `tenants/{tenant}/connection-waits/{sha256(identity)}/{app}/{server}/{conversation}` (marks:
+//! beside, not under, the credentials, so no app's name can collide with them).
 
 use std::sync::Arc;
 
@@ -181,9 +182,19 @@ pub struct Connections {
     key: ConnectionKey,
 }
 
+fn identity_hash(identity: &Identity) -> String {
+    hex::encode(sha2::Sha256::digest(identity.to_string().as_bytes()))
+}
+
 fn identity_dir(tenant: &TenantId, identity: &Identity) -> String {
-    let hash = hex::encode(sha2::Sha256::digest(identity.to_string().as_bytes()));
-    format!("tenants/{tenant}/connections/{hash}")
+    format!("tenants/{tenant}/connections/{}", identity_hash(identity))
+}
+
+fn waits_dir(tenant: &TenantId, identity: &Identity) -> String {
+    format!(
+        "tenants/{tenant}/connection-waits/{}",
+        identity_hash(identity)
+    )
 }
 
 fn now_ms() -> u64 {
@@ -208,8 +219,8 @@ impl Connections {
 
     fn waiting_dir(scope: &Scope<'_>) -> String {
         format!(
-            "{}/waiting/{}/{}",
-            identity_dir(scope.tenant, scope.identity),
+            "{}/{}/{}",
+            waits_dir(scope.tenant, scope.identity),
             scope.app,
             scope.server
         )
@@ -272,7 +283,10 @@ impl Connections {
                 ),
             )
         };
-        let sealed: Sealed = serde_json::from_slice(&bytes).map_err(|_| corrupt())?;
+        let sealed: Sealed = serde_json::from_slice(&bytes)
+            .ok()
+            .filter(|s: &Sealed| s.v == 1)
+            .ok_or_else(corrupt)?;
         use base64::Engine as _;
         let b64 = base64::engine::general_purpose::STANDARD;
         let nonce: [u8; NONCE_LEN] = b64
@@ -391,20 +405,23 @@ impl Connections {
 
     /// Erases every connection and mark of the identity in `tenant`; how many objects went.
     pub async fn erase(&self, tenant: &TenantId, identity: &Identity) -> Result<usize> {
-        let dir = Path::from(identity_dir(tenant, identity));
-        let objects: Vec<_> = self
-            .store
-            .list(Some(&dir))
-            .try_collect()
-            .await
-            .map_err(|e| Error::store("listing connections", e))?;
-        for meta in &objects {
-            match self.store.delete(&meta.location).await {
-                Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
-                Err(e) => return Err(Error::store("erasing a connection", e)),
+        let mut erased = 0;
+        for dir in [identity_dir(tenant, identity), waits_dir(tenant, identity)] {
+            let objects: Vec<_> = self
+                .store
+                .list(Some(&Path::from(dir)))
+                .try_collect()
+                .await
+                .map_err(|e| Error::store("listing connections", e))?;
+            for meta in &objects {
+                match self.store.delete(&meta.location).await {
+                    Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+                    Err(e) => return Err(Error::store("erasing a connection", e)),
+                }
             }
+            erased += objects.len();
         }
-        Ok(objects.len())
+        Ok(erased)
     }
 }
 
@@ -489,7 +506,7 @@ mod tests {
         c.wait(&desk(&tenant, &alice), &w).await.unwrap();
         assert_eq!(
             c.take_waiting(&desk(&tenant, &alice)).await.unwrap(),
-            vec![w]
+            vec![w.clone()]
         );
         assert!(c
             .take_waiting(&desk(&tenant, &alice))
@@ -500,7 +517,13 @@ mod tests {
         assert!(!c.delete(&desk(&tenant, &alice)).await.unwrap());
         assert_eq!(c.secret(&desk(&tenant, &alice)).await.unwrap(), None);
         c.put(&desk(&tenant, &bob), &secret).await.unwrap();
-        assert_eq!(c.erase(&tenant, &bob).await.unwrap(), 1);
+        c.wait(&desk(&tenant, &bob), &w).await.unwrap();
+        assert_eq!(c.erase(&tenant, &bob).await.unwrap(), 2);
+        assert!(c
+            .take_waiting(&desk(&tenant, &bob))
+            .await
+            .unwrap()
+            .is_empty());
         assert!(c.list(&tenant, &bob).await.unwrap().is_empty());
     }
 

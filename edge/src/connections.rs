@@ -21,14 +21,20 @@ use crate::error::{ApiError, ApiResult, ErrorBody};
 use crate::extract::{Body, Caller};
 use crate::state::Edge;
 
-/// A credential for one server.
-#[derive(Debug, Deserialize, ToSchema)]
+/// A credential for one server. Its `Debug` shows nothing of it.
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ConnectionInput {
     /// The credential as the server takes it after `Bearer ` (1–8192 visible ASCII
     /// characters). It is sealed at rest and never shown again.
     #[schema(pattern = "^[!-~]{1,8192}$", min_length = 1, max_length = 8192)]
     pub token: String,
+}
+
+impl std::fmt::Debug for ConnectionInput {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ConnectionInput { token: (redacted) }")
+    }
 }
 
 /// One connection of the caller (never its credential).

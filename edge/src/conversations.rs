@@ -276,6 +276,9 @@ pub async fn me(Caller(caller): Caller) -> Json<crate::model::MeView> {
     })
 }
 
+/// How long a deletion through the API waits for owners finishing a turn.
+const ERASE_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// Erases everything of the caller's (a data-protection request): every conversation they own,
 /// as `DELETE /v1/conversations/{id}` does, their connections, and everything the index
 /// remembers of them. A conversation with a turn still running after a few seconds makes it
@@ -288,10 +291,22 @@ pub async fn delete_me(
     Caller(caller): Caller,
 ) -> ApiResult<Json<crate::model::ErasedView>> {
     let directory = edge.inner.conversations.directory();
-    let eraser = edge.eraser();
+    // The user's connections go with them (sealed credentials and waiting marks), first: a
+    // request cut short by a client that stops waiting has erased them anyway.
+    if let Some(connections) = edge.inner.conversations.connections() {
+        connections
+            .erase(&caller.tenant, &caller.identity)
+            .await
+            .map_err(|e| ApiError::unavailable(e.to_string()))?;
+    }
+    // One wait for owners finishing turns, shared by every conversation (not one each).
+    let deadline = tokio::time::Instant::now() + ERASE_WAIT;
     let mut deleted = Vec::new();
     let mut busy = Vec::new();
     for id in directory.owned(&caller.identity).await? {
+        let eraser = edge
+            .eraser()
+            .with_busy_wait(deadline.saturating_duration_since(tokio::time::Instant::now()));
         // Owned in this tenant only: an identity's conversations elsewhere are not this call's.
         let Ok(entry) = directory
             .lookup_owned(id, &caller.tenant, &caller.identity)
@@ -313,13 +328,6 @@ pub async fn delete_me(
             Err(e) => return Err(ApiError::unavailable(e.to_string())),
         }
         edge.inner.ingress.forget(id);
-    }
-    // The user's connections go with them (sealed credentials and waiting marks).
-    if let Some(connections) = edge.inner.conversations.connections() {
-        connections
-            .erase(&caller.tenant, &caller.identity)
-            .await
-            .map_err(|e| ApiError::unavailable(e.to_string()))?;
     }
     let mut forgotten = 0;
     if let Some(index) = &edge.inner.search {
@@ -473,7 +481,7 @@ impl Edge {
             self.inner.search.clone(),
         )
         // An owner finishing the turn whose reply the caller just saw lets go within moments.
-        .with_busy_wait(std::time::Duration::from_secs(5))
+        .with_busy_wait(ERASE_WAIT)
     }
 
     /// The record of a visible conversation.

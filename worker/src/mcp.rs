@@ -102,7 +102,7 @@ impl TurnServers {
             return Some((
                 false,
                 json!({ "error": format!(
-                    "not run: {} needs your connection to MCP server {:?}, which you have not made (PUT /v1/connections/<app>/{}); connect and ask again",
+                    "not run: {} needs your connection to MCP server {:?}, which is missing or was refused (PUT /v1/connections/<app>/{}); connect and ask again",
                     name, server.spec.name, server.spec.name
                 ) })
                 .into(),
@@ -153,7 +153,15 @@ impl Sender<'_> {
             app: self.app,
             server,
         };
-        connections.secret(&scope).await.map_err(|e| e.to_string())
+        match connections.secret(&scope).await {
+            Ok(secret) => Ok(secret),
+            // Sealed under another key, or damaged: as good as none — the user connects again.
+            Err(e) if e.kind() == turnpike_artifactory::ErrorKind::Corrupt => {
+                tracing::warn!(server, error = %e, "a stored connection does not open; the user is asked to connect again");
+                Ok(None)
+            }
+            Err(e) => Err(e.to_string()),
+        }
     }
 }
 
@@ -194,6 +202,13 @@ pub(crate) async fn mark_waiting(
                 "cannot mark the turn as waiting for a connection; approve its card once connected");
         }
     }
+}
+
+/// Whether a server's refusal to start says the credential was not accepted (HTTP 401 or 403).
+fn refused_credential(why: &str) -> bool {
+    ["401", "403", "Unauthorized", "Forbidden"]
+        .iter()
+        .any(|s| why.contains(s))
 }
 
 /// The tools a server that needs a connection offers before the sender has connected: its
@@ -302,20 +317,27 @@ async fn start(
         }
         Transport::Http { url } if spec.connection => {
             let pinned = grants.outbound.resolve(url).await.map_err(failed)?;
-            let Some(secret) = sender.secret(&spec.name).await.map_err(failed)? else {
-                return Ok(Arc::new(Live {
+            let unconnected = || {
+                Arc::new(Live {
                     spec: spec.clone(),
                     session: None,
                     tools: unconnected_tools(spec),
                     _process: None,
-                }));
+                })
             };
-            (
-                Session::over_http(spec, url, Some(secret.expose().to_owned()), &pinned)
-                    .await
-                    .map_err(failed)?,
-                None,
-            )
+            let Some(secret) = sender.secret(&spec.name).await.map_err(failed)? else {
+                return Ok(unconnected());
+            };
+            match Session::over_http(spec, url, Some(secret.expose().to_owned()), &pinned).await {
+                Ok(session) => (session, None),
+                // The server refuses the credential (expired, revoked): the user is asked to
+                // connect again, as if they never had.
+                Err(why) if refused_credential(&why) => {
+                    tracing::info!(server = %spec.name, "the server refused a user's connection; asking them to connect again");
+                    return Ok(unconnected());
+                }
+                Err(why) => return Err(failed(why)),
+            }
         }
         Transport::Http { url } => {
             let pinned = grants.outbound.resolve(url).await.map_err(failed)?;

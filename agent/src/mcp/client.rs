@@ -114,7 +114,10 @@ impl Session {
         if let Some(token) = bearer {
             config = config.auth_header(token);
         }
+        // No proxy from the environment: it would resolve the name again, past the check
+        // and the pinning (and see a bearer token on a plain-http URL).
         let mut builder = reqwest::Client::builder()
+            .no_proxy()
             .redirect(reqwest::redirect::Policy::none())
             .connect_timeout(spec.start_timeout);
         if let (Some(host), false) = (url.host_str(), pinned.is_empty()) {

@@ -388,13 +388,15 @@ async fn commit(
         attempt: Some(attempt),
         at_ms: now_ms(),
     }));
+    // Marked before the commit: a sender who connects the moment the card is committed finds
+    // the mark (a mark whose card never commits resumes nothing: its answer is refused).
+    if outcome == TurnOutcome::Parked {
+        crate::mcp::mark_waiting(env, ended.app.as_str(), &ended.identity, &log.blocks).await;
+    }
     let place = format!("{conversation} {turn}");
     env.config.failpoints.hit("before-batch-two", &place).await;
     let head = env.append(&ended.head, &bodies).await?;
     info!(%conversation, %turn, ?outcome, "turn complete");
-    if outcome == TurnOutcome::Parked {
-        crate::mcp::mark_waiting(env, ended.app.as_str(), &ended.identity, &log.blocks).await;
-    }
     count_usage(env, &ended.app, &usage).await;
     env.config.failpoints.hit("before-promotion", &place).await;
     // Committed: this attempt's objects become the turn's. Should this fail (or the worker
