@@ -10,8 +10,10 @@
 //! size within one tick of the file system's clock, on a reused inode, keeps its ETag. Workers
 //! write snapshots once per key and attempt, so this needs a replacement no worker makes; the
 //! SQLite store and S3 give every write a new ETag. Nothing here is needed for correctness: a miss reads
-//! and parses as before, and the memory is bounded ([`CAPACITY`] snapshots, least recently used
-//! first out).
+//! and parses as before, and the memory is bounded: one snapshot per conversation (only the
+//! latest is ever read again), at most [`CAPACITY`] snapshots and [`MAX_ROWS`] rows in all, least
+//! recently used first out — a snapshot grows with its conversation, so a count alone bounded
+//! nothing.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -21,6 +23,9 @@ use turnpike_schemas::Row;
 
 /// The most snapshots remembered.
 pub const CAPACITY: usize = 64;
+/// The most rows remembered in all (a row is a few hundred bytes parsed); a snapshot with more
+/// is not remembered.
+pub const MAX_ROWS: usize = 50_000;
 
 /// What identifies one stored object: its key and the store's ETag (and version) for it.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -65,6 +70,13 @@ pub(crate) struct ContextCache {
 struct Lru {
     entries: HashMap<ObjectVersion, (u64, Arc<Vec<Row>>)>,
     clock: u64,
+    /// The rows of every entry.
+    rows: usize,
+}
+
+/// The conversation an object belongs to: its key up to its turns.
+fn conversation_of(path: &str) -> &str {
+    path.split_once("/turns/").map_or(path, |(c, _)| c)
 }
 
 impl std::fmt::Debug for ContextCache {
@@ -96,25 +108,97 @@ impl ContextCache {
         };
         lru.clock += 1;
         let now = lru.clock;
-        // The same key with other bytes: the old parse is of no use any more.
-        lru.entries.retain(|v, _| v.path != version.path);
-        if lru.entries.len() >= CAPACITY {
-            if let Some(oldest) = lru
+        // The same key with other bytes, or an earlier turn of the same conversation: the old
+        // parse is of no use any more (the next turn reads this one).
+        let conversation = conversation_of(&version.path).to_owned();
+        lru.entries
+            .retain(|v, _| conversation_of(&v.path) != conversation);
+        lru.rows = lru.entries.values().map(|(_, s)| s.len()).sum();
+        if snapshot.len() > MAX_ROWS {
+            return;
+        }
+        while lru.entries.len() >= CAPACITY || lru.rows + snapshot.len() > MAX_ROWS {
+            let Some(oldest) = lru
                 .entries
                 .iter()
                 .min_by_key(|(_, (used, _))| *used)
                 .map(|(v, _)| v.clone())
-            {
-                lru.entries.remove(&oldest);
+            else {
+                break;
+            };
+            if let Some((_, gone)) = lru.entries.remove(&oldest) {
+                lru.rows -= gone.len();
             }
         }
+        lru.rows += snapshot.len();
         lru.entries.insert(version, (now, snapshot));
+    }
+
+    /// Forgets what is remembered of the object at `path` (it was deleted).
+    pub(crate) fn forget(&self, path: &str) {
+        if let Ok(mut lru) = self.inner.lock() {
+            lru.entries.retain(|v, _| v.path != path);
+            lru.rows = lru.entries.values().map(|(_, s)| s.len()).sum();
+        }
     }
 
     /// Forgets everything (a cold rebuild, for measurements).
     pub(crate) fn clear(&self) {
         if let Ok(mut lru) = self.inner.lock() {
             lru.entries.clear();
+            lru.rows = 0;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use turnpike_schemas::{Block, ConversationId, TurnId};
+
+    fn snapshot(conversation: ConversationId, rows: usize) -> Arc<Vec<Row>> {
+        let turn = TurnId::new(1).unwrap();
+        Arc::new(
+            (0..rows)
+                .map(|i| {
+                    Row::new(
+                        conversation,
+                        turn,
+                        i,
+                        Block::UserMessage { text: "x".into() },
+                    )
+                })
+                .collect(),
+        )
+    }
+
+    fn version(conversation: ConversationId, turn: u64) -> ObjectVersion {
+        ObjectVersion {
+            path: format!("tenants/t/conversations/{conversation}/turns/turn_{turn}/context.json"),
+            e_tag: format!("e{turn}"),
+            version: None,
+        }
+    }
+
+    #[test]
+    fn one_snapshot_per_conversation_and_a_bound_on_rows() {
+        let cache = ContextCache::default();
+        let (a, b) = (ConversationId::new(), ConversationId::new());
+        cache.put(version(a, 1), snapshot(a, 10));
+        cache.put(version(a, 2), snapshot(a, 12));
+        // The earlier turn's parse went: only the latest is read again.
+        assert!(cache.get(&version(a, 1)).is_none());
+        assert_eq!(cache.get(&version(a, 2)).unwrap().len(), 12);
+        // Rows beyond the bound push out the least recently used.
+        cache.put(version(b, 1), snapshot(b, MAX_ROWS - 5));
+        assert!(cache.get(&version(a, 2)).is_none(), "over the row bound");
+        assert!(cache.get(&version(b, 1)).is_some());
+        // A snapshot larger than the bound is not remembered (and pushes nothing out).
+        cache.put(version(a, 3), snapshot(a, MAX_ROWS + 1));
+        assert!(cache.get(&version(a, 3)).is_none());
+        assert!(cache.get(&version(b, 1)).is_some());
+        cache.forget(&version(b, 1).path);
+        assert!(cache.get(&version(b, 1)).is_none());
+        assert_eq!(cache.inner.lock().unwrap().rows, 0);
     }
 }

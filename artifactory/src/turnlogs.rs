@@ -168,7 +168,9 @@ impl TurnLogs {
     /// snapshot is ever read (the next turn's context starts from it); an older one is what
     /// made a conversation's storage grow with the square of its length.
     pub async fn forget_context(&self, prefix: &ConversationPrefix, turn: TurnId) -> Result<()> {
-        match self.store.delete(&prefix.context_snapshot(turn)).await {
+        let path = prefix.context_snapshot(turn);
+        self.contexts.forget(path.as_ref());
+        match self.store.delete(&path).await {
             Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
             Err(e) => Err(Error::store(
                 &format!("deleting the context after {turn}"),

@@ -6,6 +6,13 @@
 //! would wait. Here the writer never checkpoints; this thread does, a little after writes
 //! happened, in `PASSIVE` mode: it copies what no reader still needs and never waits for the
 //! writer or a reader. The thread ends when the store is dropped.
+//!
+//! A passive checkpoint cannot start the log over while readers keep reading it, and under a
+//! steady load they always are: the log then grows without end (a long soak filled the disk
+//! with it). Once the log passes [`RESTART_FRAMES`], this thread checkpoints in `TRUNCATE`
+//! mode instead: it waits (up to the busy timeout) for the readers of the log to finish their
+//! current reads, holding new writes back meanwhile, copies everything and cuts the log to
+//! nothing. A rare short pause of writes, for a log whose size is bounded.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
@@ -16,6 +23,10 @@ use rusqlite::Connection;
 
 /// How often the log is checkpointed while writes come in.
 const INTERVAL: Duration = Duration::from_millis(200);
+
+/// The log's length (frames, a page each: 4 KiB by default, so 64 MiB) past which it is
+/// started over.
+const RESTART_FRAMES: i64 = 16_384;
 
 /// Runs until `stop` is closed (its sender dropped with the store).
 pub(super) fn run(conn: Connection, stop: Receiver<()>, commits: Arc<AtomicU64>) {
@@ -30,8 +41,36 @@ pub(super) fn run(conn: Connection, stop: Receiver<()>, commits: Arc<AtomicU64>)
             continue;
         }
         seen = now;
-        if let Err(e) = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(())) {
-            tracing::warn!(error = %e, "a checkpoint of the local store's log failed (retried later)");
+        // (busy, frames in the log, frames copied)
+        let passive = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |row| {
+            Ok((
+                row.get::<_, i64>(0)?,
+                row.get::<_, i64>(1)?,
+                row.get::<_, i64>(2)?,
+            ))
+        });
+        match passive {
+            Ok((_, log, _)) if log >= RESTART_FRAMES => {
+                let cut = conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |row| {
+                    row.get::<_, i64>(0)
+                });
+                match cut {
+                    Ok(0) => {
+                        tracing::debug!(frames = log, "the local store's log was started over")
+                    }
+                    Ok(_) => tracing::debug!(
+                        frames = log,
+                        "readers kept the local store's log; retried later"
+                    ),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "a checkpoint of the local store's log failed (retried later)")
+                    }
+                }
+            }
+            Ok(_) => {}
+            Err(e) => {
+                tracing::warn!(error = %e, "a checkpoint of the local store's log failed (retried later)")
+            }
         }
     }
 }
