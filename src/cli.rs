@@ -340,6 +340,12 @@ pub enum Command {
     /// The hybrid index.
     #[command(subcommand)]
     Index(IndexCommand),
+    /// Prints a page of the book's reference, generated from these definitions: every command
+    /// and its options (`cli`), or the configuration file's keys (`config`).
+    Reference {
+        #[arg(value_enum)]
+        page: crate::commands::reference::Page,
+    },
 }
 
 #[derive(Debug, Args)]
@@ -689,8 +695,8 @@ pub enum ConversationCommand {
         #[command(flatten)]
         actor: Actor,
         /// Changes one recorded step and reports where the replay diverges:
-        /// `turn_<n>/output/<k>=<text>` (the k-th model output of turn n says <text>) or
-        /// `turn_<n>/result/<call_id>=<json>` (a tool call's result is <json>).
+        /// `turn_<n>/output/<k>=<text>` (the k-th model output of turn n says `<text>`) or
+        /// `turn_<n>/result/<call_id>=<json>` (a tool call's result is `<json>`).
         #[arg(long)]
         what_if: Option<turnpike_agent::replay::WhatIf>,
     },

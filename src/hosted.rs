@@ -28,6 +28,12 @@ impl Catalog for AppsCatalog {
                         model: spec.model.clone(),
                         tools: spec.tools.specs().into_iter().map(|t| t.name).collect(),
                         context_length: spec.context_length,
+                        connections: spec
+                            .mcp
+                            .iter()
+                            .filter(|s| s.connection)
+                            .map(|s| s.name.clone())
+                            .collect(),
                     })
                     .collect(),
             })

@@ -706,6 +706,22 @@ async fn each_sender_calls_with_their_own_connection_and_a_missing_one_parks_unt
         }
     };
 
+    // Only a server of the app that takes a connection keeps one.
+    for path in [
+        "/v1/connections/desk/nosuch",
+        "/v1/connections/nosuch/ledger",
+    ] {
+        let refused = alice
+            .send(
+                Method::PUT,
+                path,
+                Some(&json!({ "token": ALICE_SECRET })),
+                None,
+            )
+            .await
+            .unwrap();
+        assert_eq!(refused.status, 404, "{path}: {:?}", refused.body);
+    }
     // Alice connects; her turn's call carries her token.
     let made = connect(&alice, ALICE_SECRET).await.into_ok().unwrap();
     assert_eq!(

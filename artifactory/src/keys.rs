@@ -164,7 +164,7 @@ impl RecordSigner {
 
     /// Signs a root of `partition` covering `leaf_count` leaves and, when given, the digest of
     /// the state the root carries (see [`signed_message`]). The signature is remembered as
-    /// valid for this key ([`crate::verified`]): reading the batch back does not verify it again.
+    /// valid for this key (`crate::verified`): reading the batch back does not verify it again.
     pub fn sign(
         &self,
         partition: &str,

@@ -14,7 +14,7 @@ use crate::layout::ConversationPrefix;
 #[derive(Debug, Clone)]
 pub struct TurnLogs {
     store: Arc<dyn ObjectStore>,
-    /// Context snapshots parsed before, shared by clones (see [`crate::context_cache`]).
+    /// Context snapshots parsed before, shared by clones (see `crate::context_cache`).
     contexts: Arc<crate::context_cache::ContextCache>,
 }
 
@@ -206,7 +206,7 @@ impl TurnLogs {
 
     /// The rows of the context snapshot the previous turn left after `turn` (its canonical
     /// key), if there is one of this version for this conversation. The same stored object
-    /// read again gives the same shared rows without parsing (see [`crate::context_cache`]).
+    /// read again gives the same shared rows without parsing (see `crate::context_cache`).
     pub async fn read_context(
         &self,
         prefix: &ConversationPrefix,

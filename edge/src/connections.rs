@@ -156,8 +156,18 @@ pub async fn put(
     Body(input): Body<ConnectionInput>,
 ) -> ApiResult<Json<ConnectionView>> {
     let scope = scope(&caller, &app, &server)?;
-    if !edge.inner.apps.apps().iter().any(|a| a.id == app) {
-        return Err(ApiError::not_found(format!("no app {app:?}")));
+    // Only a server some agent of the app names as needing a connection takes one: nothing
+    // is kept under a name no call would ever use.
+    let takes = edge
+        .inner
+        .apps
+        .apps()
+        .iter()
+        .any(|a| a.id == app && a.agents.iter().any(|g| g.connections.contains(&server)));
+    if !takes {
+        return Err(ApiError::not_found(format!(
+            "app {app:?} has no MCP server {server:?} that takes a user's connection"
+        )));
     }
     let connections = store(&edge)?;
     let secret = Secret::new(input.token).map_err(|e| ApiError::invalid(format!("token: {e}")))?;

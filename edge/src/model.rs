@@ -32,6 +32,9 @@ pub struct AgentView {
     pub tools: Vec<String>,
     /// Tokens the model takes (0 when unknown).
     pub context_length: u32,
+    /// Its MCP servers that need each user's own connection (`PUT /v1/connections/{app}/{server}`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub connections: Vec<String>,
 }
 
 #[derive(Debug, Clone, Serialize, ToSchema)]

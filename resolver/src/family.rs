@@ -57,7 +57,7 @@ impl ResolvedStream {
 }
 
 /// A reference the caller's identity may read. Private fields and one constructor
-/// ([`Resolver::authorize`]): a family resolver cannot be handed an unchecked reference.
+/// (`Resolver::authorize`): a family resolver cannot be handed an unchecked reference.
 #[derive(Debug, Clone)]
 pub struct AuthorizedReference {
     pub(crate) reference: Reference,

@@ -1,7 +1,7 @@
 //! The one definition [`Block`](crate::Block) and its twin tagged by name (`ByKind`, read by
 //! [`crate::block_de`]) are both made from.
 
-/// Defines [`Block`] from one definition, and beside it `ByKind`: the same variants and fields,
+/// Defines `Block` from one definition, and beside it `ByKind`: the same variants and fields,
 /// tagged by name outside (what serde's derive reads from an enum access), with the move from
 /// one to the other.
 macro_rules! block_kinds {

@@ -7,7 +7,7 @@
 //! - [`identity`]: `provider:scope:external_id` identities
 //! - [`event`]: the versioned, addressed event envelope
 //! - [`entry`]: record entry kinds and their payloads
-//! - [`reference`]: the reference grammar v1
+//! - [`mod@reference`]: the reference grammar v1
 //! - [`turnlog`]: the one-object-per-turn log format
 //! - [`live`]: advisory frames on `tp.live.{conv}`
 //! - [`timeline`]: the rows an agent is fed, each with a stable reference

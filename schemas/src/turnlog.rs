@@ -99,7 +99,7 @@ impl Usage {
 }
 
 block_kinds! {
-/// One step of a turn. Read with its `kind` first without buffering (see [`crate::block_de`]).
+/// One step of a turn. Read with its `kind` first without buffering (see `crate::block_de`).
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum Block {

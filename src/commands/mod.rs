@@ -10,6 +10,7 @@ mod edge;
 mod git;
 mod lanes;
 mod record;
+pub(crate) mod reference;
 mod runtime;
 mod search;
 
@@ -56,6 +57,10 @@ pub async fn run(cli: Cli) -> Result<ExitCode> {
         Command::Workers(args) => lanes::workers(&cli.global, args).await,
         Command::Search(args) => search::search(&cli.global, args).await,
         Command::Chat(args) => chat::run(&cli.global, args).await,
+        Command::Reference { page } => {
+            print!("{}", reference::render(page));
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Index(command) => search::index(&cli.global, command).await,
     }
 }

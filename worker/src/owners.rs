@@ -34,7 +34,7 @@ pub(crate) struct Inner {
     /// A plain mutex: held only to look up or change the map, never across an await.
     pub(crate) owners: Mutex<HashMap<ConversationId, Arc<OwnerSlot>>>,
     pub(crate) owner_gone: Notify,
-    /// How far this worker's latest drains took the lanes of the [`RECENT`] conversations it
+    /// How far this worker's latest drains took the lanes of the `RECENT` conversations it
     /// drained most recently (see [`Inner::drained`]).
     pub(crate) drained: Mutex<LruCache<ConversationId, u64>>,
     pub(crate) stopping: AtomicBool,

@@ -8,9 +8,9 @@
 //! of the same call are one call, and any other call needs another approval.
 //!
 //! # Layout
-//! - [`canonical`]: the canonical form of a call's arguments
+//! - [`mod@canonical`]: the canonical form of a call's arguments
 //! - [`policy`]: an agent's gates
-//! - [`pending`]: what is still waiting for an answer
+//! - [`mod@pending`]: what is still waiting for an answer
 //! - here: a turn's prelude
 
 pub mod canonical;

@@ -204,7 +204,7 @@ pub fn join_group(files: &[CString]) -> std::io::Result<()> {
 /// with another tenant's cell.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Budget {
-    /// The worker is root: each run drops to a host uid of its own ([`cell_uid`]), so
+    /// The worker is root: each run drops to a host uid of its own (`cell_uid`), so
     /// `RLIMIT_NPROC` counts that run's processes only (and a pids cgroup binds too where one
     /// can be made).
     OwnUid,

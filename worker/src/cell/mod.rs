@@ -9,7 +9,7 @@
 //! descriptor and owned by that uid for the run. A worker that is not root runs each cell in a
 //! pids cgroup of its own; where it can make none, no cell runs ([`Budget`]): every cell would
 //! share the worker's uid, and so one process budget with the worker and every other tenant,
-//! a seccomp filter ([`seccomp`]) denying what code in a cell never needs, resource limits
+//! a seccomp filter (`seccomp`) denying what code in a cell never needs, resource limits
 //! (CPU seconds, address space, file size, open files, processes — as a pids cgroup when the
 //! worker may create one, which is what binds root), a wall-clock timeout that kills the whole
 //! tree (bwrap is PID 1's parent in a PID namespace and dies with its parent; killing it ends

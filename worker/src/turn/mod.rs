@@ -6,10 +6,10 @@
 //!
 //! # Layout
 //! - [`TurnEnv`] (here): what a turn needs from its owner
-//! - [`batch_one`]: a new turn's batch one, and recovering a turn left open
-//! - [`context`]: [`TurnContext`], the turn as an app's callback sees it
-//! - [`lane_watch`]: what arrives on the lane while a turn runs (follow-ups, stops)
-//! - [`batch_two`]: the end of a turn: its entries, its version, the commit, the promotion
+//! - `batch_one`: a new turn's batch one, and recovering a turn left open
+//! - `context`: [`TurnContext`], the turn as an app's callback sees it
+//! - `lane_watch`: what arrives on the lane while a turn runs (follow-ups, stops)
+//! - `batch_two`: the end of a turn: its entries, its version, the commit, the promotion
 
 mod batch_one;
 mod batch_two;
