@@ -642,6 +642,17 @@ name = "ledger"
 url = "URL"
 connection = true
 tools = ["send"]
+
+[agents.gated]
+provider = "script"
+script = "helper.script.toml"
+approval = [{ tool = "ledger__send" }]
+
+[[agents.gated.mcp]]
+name = "ledger"
+url = "URL"
+connection = true
+tools = ["send"]
 "#;
 
 /// Every file under `dir` whose bytes hold `needle`.
@@ -823,6 +834,62 @@ async fn each_sender_calls_with_their_own_connection_and_a_missing_one_parks_unt
         ledger.users(),
         vec![Some("alice".to_owned()), Some("bob".to_owned())]
     );
+    // A gated call on Bob's connection, in Alice's conversation shared with him: only Bob
+    // may approve it (approved, it runs with the approver's credential); Alice's approval is
+    // refused and runs nothing.
+    let gated = create(&alice, "desk", "gated").await;
+    let granted = alice
+        .post(
+            &format!("/v1/conversations/{gated}/grants"),
+            &json!({ "identity": "local:bob" }),
+        )
+        .await
+        .unwrap();
+    assert!(granted.ok(), "{:?}", granted.body);
+    say(&bob, &gated, "send it").await;
+    let turns = wait_for_complete_turns(&bob, &gated, 1, LONG)
+        .await
+        .unwrap();
+    assert_eq!(turns[0].outcome.as_deref(), Some("parked"), "{turns:#?}");
+    let pending = bob
+        .get(&format!("/v1/conversations/{gated}/pending"))
+        .await
+        .unwrap()
+        .into_ok()
+        .unwrap();
+    let card = pending["approvals"][0].clone();
+    assert_eq!(card["approvers"], json!(["local:bob"]), "{pending}");
+    assert!(card.get("connection").is_none(), "{pending}");
+    let request = card["request_id"].as_str().unwrap().to_owned();
+    let approve = |client: &turnpike_edge::client::Client| {
+        let (client, path) = (
+            client.clone(),
+            format!("/v1/conversations/{gated}/approvals/{request}/approve"),
+        );
+        async move {
+            let sent = client.post(&path, &json!({})).await.unwrap();
+            assert_eq!(sent.status, 202, "{:?}", sent.body);
+        }
+    };
+    let calls = ledger.users().len();
+    approve(&alice).await;
+    wait_for_complete_turns(&bob, &gated, 2, LONG)
+        .await
+        .unwrap();
+    assert_eq!(
+        ledger.users().len(),
+        calls,
+        "Alice's approval ran Bob's call"
+    );
+    approve(&bob).await;
+    let turns = wait_for_complete_turns(&bob, &gated, 3, LONG)
+        .await
+        .unwrap();
+    assert!(
+        turns[2].replies.join(" ").contains("sent to ana"),
+        "{turns:#?}"
+    );
+    assert_eq!(ledger.users().last().unwrap().as_deref(), Some("bob"));
     // Connecting again resumes nothing more.
     let again = connect(&bob, BOB_SECRET).await.into_ok().unwrap();
     assert!(again.get("resumed").is_none(), "{again}");

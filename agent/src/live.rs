@@ -108,12 +108,24 @@ impl ToolRunner for LiveTools<'_> {
                 connection: Some(server.to_owned()),
             });
         }
-        let approvers = self
+        // A call on a server that takes each user's own connection runs with the credential of
+        // whoever's turn it runs in — the answerer's, once answered. So unless a directive names
+        // the approver, only its sender may approve it: nobody else's credential serves a call
+        // they did not ask for (empty approvers would let the owner answer a grantee's call).
+        let personal = self
+            .spec
+            .mcp
+            .iter()
+            .any(|s| s.connection && s.own_name(&call.name).is_some());
+        let approvers = match self
             .turn
             .directive()
             .and_then(|d| d.required_approver.clone())
-            .into_iter()
-            .collect();
+        {
+            Some(required) => vec![required],
+            None if personal => vec![self.turn.identity().clone()],
+            None => Vec::new(),
+        };
         Some(Block::ApprovalRequest {
             request_id: RequestId::new(),
             call_id: call.id.clone(),
