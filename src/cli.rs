@@ -344,8 +344,17 @@ pub enum Command {
     /// and its options (`cli`), or the configuration file's keys (`config`).
     Reference {
         #[arg(value_enum)]
-        page: crate::commands::reference::Page,
+        page: ReferencePage,
     },
+}
+
+/// A page of the book's reference (`turnpike reference`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ReferencePage {
+    /// Every command and its options.
+    Cli,
+    /// The configuration file's keys (`--config`), per long-running command.
+    Config,
 }
 
 #[derive(Debug, Args)]

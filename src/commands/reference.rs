@@ -5,14 +5,7 @@
 
 use clap::CommandFactory as _;
 
-/// Which page.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum Page {
-    /// Every command and its options.
-    Cli,
-    /// The configuration file's keys (`--config`), per long-running command.
-    Config,
-}
+use crate::cli::ReferencePage as Page;
 
 /// The page, as markdown.
 pub fn render(page: Page) -> String {

@@ -166,8 +166,9 @@ impl Sender<'_> {
 }
 
 /// Leaves a waiting mark for each `connection_required` card among a parked turn's `blocks`,
-/// so that its sender connecting resumes the turn. Committed already: a mark that cannot be
-/// written is logged, and the card is answered by hand (an approval once connected).
+/// so that its sender connecting resumes the turn. Written before the card commits (a mark
+/// whose card never commits resumes nothing); one that cannot be written is logged, and the
+/// card is answered by hand (an approval once connected).
 pub(crate) async fn mark_waiting(
     env: &crate::turn::TurnEnv,
     app: &str,
