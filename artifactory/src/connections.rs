@@ -407,19 +407,12 @@ impl Connections {
     pub async fn erase(&self, tenant: &TenantId, identity: &Identity) -> Result<usize> {
         let mut erased = 0;
         for dir in [identity_dir(tenant, identity), waits_dir(tenant, identity)] {
-            let objects: Vec<_> = self
-                .store
-                .list(Some(&Path::from(dir)))
-                .try_collect()
-                .await
-                .map_err(|e| Error::store("listing connections", e))?;
-            for meta in &objects {
-                match self.store.delete(&meta.location).await {
-                    Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
-                    Err(e) => return Err(Error::store("erasing a connection", e)),
-                }
-            }
-            erased += objects.len();
+            erased += crate::store::delete_under(
+                self.store.as_ref(),
+                &Path::from(dir),
+                "a user's connections",
+            )
+            .await?;
         }
         Ok(erased)
     }

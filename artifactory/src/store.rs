@@ -38,6 +38,33 @@ pub(crate) async fn exists(
 
 /// Opens the store at `location`, without fsync on the local filesystem (see
 /// [`open_store_with`]).
+/// Deletes every object under `dir` (gone already: fine), in bulk where the store can (S3
+/// deletes up to 1,000 keys per request); returns how many there were. `what` names them in
+/// an error.
+pub(crate) async fn delete_under(
+    store: &dyn ObjectStore,
+    dir: &object_store::path::Path,
+    what: &str,
+) -> Result<usize> {
+    use futures::{StreamExt as _, TryStreamExt as _};
+    let paths: Vec<object_store::path::Path> = store
+        .list(Some(dir))
+        .map_ok(|m| m.location)
+        .try_collect()
+        .await
+        .map_err(|e| Error::store(&format!("listing {what}"), e))?;
+    let n = paths.len();
+    let locations = futures::stream::iter(paths.into_iter().map(Ok)).boxed();
+    let results: Vec<_> = store.delete_stream(locations).collect().await;
+    for result in results {
+        match result {
+            Ok(_) | Err(object_store::Error::NotFound { .. }) => {}
+            Err(e) => return Err(Error::store(&format!("deleting {what}"), e)),
+        }
+    }
+    Ok(n)
+}
+
 pub fn open_store(location: &str) -> Result<Arc<dyn ObjectStore>> {
     open_store_with(location, false)
 }

@@ -9,8 +9,7 @@
 
 use std::sync::Arc;
 
-use futures::{StreamExt as _, TryStreamExt as _};
-use object_store::path::Path;
+use futures::TryStreamExt as _;
 use object_store::{ObjectStore, ObjectStoreExt as _, PutPayload};
 use serde::{Deserialize, Serialize};
 use turnpike_schemas::{AgentId, AppId, ConversationId, Identity, TenantId};
@@ -140,23 +139,11 @@ impl Tombstones {
     /// files, attachments, project versions, dead letters, forget markers); returns how many.
     /// Idempotent.
     pub async fn purge(&self, prefix: &ConversationPrefix) -> Result<usize> {
-        let paths: Vec<Path> = self
-            .store
-            .list(Some(&prefix.dir()))
-            .map_ok(|m| m.location)
-            .try_collect()
-            .await
-            .map_err(|e| Error::store("listing a conversation's objects", e))?;
-        let n = paths.len();
-        // In bulk where the store can (S3 deletes up to 1,000 keys per request).
-        let locations = futures::stream::iter(paths.into_iter().map(Ok)).boxed();
-        let results: Vec<_> = self.store.delete_stream(locations).collect().await;
-        for result in results {
-            match result {
-                Ok(_) | Err(object_store::Error::NotFound { .. }) => {}
-                Err(e) => return Err(Error::store("deleting a conversation's objects", e)),
-            }
-        }
-        Ok(n)
+        crate::store::delete_under(
+            self.store.as_ref(),
+            &prefix.dir(),
+            "a conversation's objects",
+        )
+        .await
     }
 }
