@@ -312,7 +312,7 @@ pub enum Command {
     #[command(subcommand)]
     Record(RecordCommand),
     /// The embedded default: router and workers in one process, data under `--data-dir`.
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// A fleet router: creates the lane streams, consumers and lease stream, and serves the
     /// HTTP/WebSocket edge.
     Router(RouterArgs),
@@ -516,6 +516,23 @@ pub struct WorkerArgs {
         value_delimiter = ','
     )]
     pub outbound_allow: Vec<String>,
+    /// A tenant's share of the turn slots when work waits, as `TENANT=WEIGHT` (`*=WEIGHT`:
+    /// every tenant not named; 1 by default): a tenant of weight 2 gets twice the slots of
+    /// one of weight 1. Repeatable.
+    #[arg(
+        long = "tenant-weight",
+        env = "TURNPIKE_TENANT_WEIGHTS",
+        value_delimiter = ','
+    )]
+    pub tenant_weights: Vec<String>,
+    /// The most turns of a tenant a worker runs at once, as `TENANT=N` (`*=N`: every tenant not
+    /// named; no cap by default). Repeatable.
+    #[arg(
+        long = "tenant-cap",
+        env = "TURNPIKE_TENANT_CAPS",
+        value_delimiter = ','
+    )]
+    pub tenant_caps: Vec<String>,
 }
 
 #[derive(Debug, Args)]

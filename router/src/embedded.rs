@@ -77,37 +77,44 @@ struct Pending {
 #[derive(Default)]
 struct Queue {
     ready: VecDeque<Pending>,
-    delayed: Vec<(Instant, Pending)>,
+    /// Put-off wakes by when they are due (and the order they were put off in).
+    delayed: std::collections::BTreeMap<(Instant, u64), Pending>,
     inflight: HashMap<u64, (Instant, Pending)>,
     next_id: u64,
 }
 
 impl Queue {
-    /// Moves ripe delayed and expired in-flight wakes back to ready; returns the next deadline.
+    /// Moves ripe delayed and expired in-flight wakes back to ready, ahead of wakes never
+    /// delivered and in the order they fell due (as JetStream redelivers); returns the next
+    /// deadline.
     fn ripen(&mut self, now: Instant) -> Option<Instant> {
-        let mut i = 0;
-        while i < self.delayed.len() {
-            if self.delayed[i].0 <= now {
-                let (_, p) = self.delayed.swap_remove(i);
-                self.ready.push_back(p);
-            } else {
-                i += 1;
+        let mut ripe: Vec<Pending> = Vec::new();
+        while let Some(entry) = self.delayed.first_entry() {
+            if entry.key().0 > now {
+                break;
             }
+            ripe.push(entry.remove());
         }
-        let expired: Vec<u64> = self
+        let mut expired: Vec<(Instant, u64)> = self
             .inflight
             .iter()
             .filter(|(_, (deadline, _))| *deadline <= now)
-            .map(|(id, _)| *id)
+            .map(|(id, (deadline, _))| (*deadline, *id))
             .collect();
-        for id in expired {
+        expired.sort();
+        for (_, id) in expired {
             if let Some((_, p)) = self.inflight.remove(&id) {
-                self.ready.push_back(p);
+                ripe.push(p);
             }
         }
+        for p in ripe.into_iter().rev() {
+            self.ready.push_front(p);
+        }
         self.delayed
-            .iter()
+            .keys()
+            .next()
             .map(|(t, _)| *t)
+            .into_iter()
             .chain(self.inflight.values().map(|(t, _)| *t))
             .min()
     }
@@ -524,7 +531,9 @@ impl WakeAck for EmbeddedAck {
     async fn nak(&self, delay: Duration) -> Result<()> {
         let mut queue = self.wakes.queue.lock().expect("wake queue lock");
         if let Some((_, p)) = queue.inflight.remove(&self.id) {
-            queue.delayed.push((Instant::now() + delay, p));
+            let order = queue.next_id;
+            queue.next_id += 1;
+            queue.delayed.insert((Instant::now() + delay, order), p);
         }
         drop(queue);
         self.wakes.notify.notify_one();

@@ -31,6 +31,9 @@ pub enum Settlement {
     Failed,
     /// Nothing a retry could mend.
     Poison,
+    /// Put off for fairness: its tenant has as many wakes waiting at this worker as it may;
+    /// it comes back after this delay (about when its turn would come).
+    Deferred(Duration),
 }
 
 /// What the bus is told about a wake.
@@ -62,6 +65,7 @@ pub fn outcome(seq: u64, deliveries: u64, settlement: Settlement, busy: Duration
         Settlement::Handover => Outcome::Nak(Duration::ZERO),
         Settlement::Failed => Outcome::Nak(busy * FAILED_STEPS),
         Settlement::Poison => Outcome::Term,
+        Settlement::Deferred(delay) => Outcome::Nak(delay),
     }
 }
 
@@ -86,6 +90,7 @@ mod tests {
             Just(Settlement::Handover),
             Just(Settlement::Failed),
             Just(Settlement::Poison),
+            (0u64..60_000).prop_map(|ms| Settlement::Deferred(Duration::from_millis(ms))),
         ]
     }
 
@@ -108,8 +113,10 @@ mod tests {
                     prop_assert_eq!(out, Outcome::Nak(busy), "an owner between turns");
                 }
             }
-            if let Outcome::Nak(delay) = out {
-                prop_assert!(delay <= busy * MAX_BACKOFF_STEPS as u32);
+            match (s, out) {
+                (Settlement::Deferred(asked), out) => prop_assert_eq!(out, Outcome::Nak(asked)),
+                (_, Outcome::Nak(delay)) => prop_assert!(delay <= busy * MAX_BACKOFF_STEPS as u32),
+                _ => {}
             }
         }
 

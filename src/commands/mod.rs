@@ -49,7 +49,7 @@ pub async fn run(cli: Cli) -> Result<ExitCode> {
         Command::Bench(command) => bench::run(&cli.global, command).await,
         Command::Cell(command) => cell::run(command).await,
         Command::Git(command) => git::run(&Env::open(&cli.global)?, command).await,
-        Command::Serve(args) => runtime::serve(&cli.global, args).await,
+        Command::Serve(args) => runtime::serve(&cli.global, *args).await,
         Command::Router(args) => runtime::router(&cli.global, args).await,
         Command::Worker(args) => runtime::worker(&cli.global, args).await,
         Command::Send(args) => lanes::send(&cli.global, args).await,

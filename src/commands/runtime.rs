@@ -146,6 +146,8 @@ fn worker_config(global: &Global, args: &WorkerArgs) -> Result<(WorkerConfig, Ve
         mcp_read_roots: args.mcp_read_roots.clone(),
         outbound: turnpike_agent::outbound::Outbound::parse(&args.outbound_allow)
             .map_err(|why| anyhow::anyhow!("--outbound-allow {why}"))?,
+        fair: turnpike_worker::fair::FairShare::parse(&args.tenant_weights, &args.tenant_caps)
+            .map_err(anyhow::Error::msg)?,
         prices: match &args.prices {
             Some(path) => Some(Arc::new(
                 turnpike_worker::usage::PriceTable::load(path).map_err(anyhow::Error::msg)?,

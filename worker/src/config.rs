@@ -51,6 +51,9 @@ pub struct WorkerConfig {
     /// Internal addresses, ranges and hosts the operator lets apps' servers be called at
     /// (invariant 12: none by default; public addresses need no entry).
     pub outbound: turnpike_agent::outbound::Outbound,
+    /// How the worker's slots are shared between tenants when work waits: weights and caps
+    /// (DESIGN step 2; invariant 13).
+    pub fair: crate::fair::FairShare,
 }
 
 impl Default for WorkerConfig {
@@ -75,6 +78,7 @@ impl Default for WorkerConfig {
             failpoints: Default::default(),
             mcp_read_roots: vec!["/opt".into()],
             outbound: Default::default(),
+            fair: Default::default(),
         }
     }
 }

@@ -29,7 +29,9 @@
 
 pub mod cell;
 pub mod config;
+mod dispatch;
 pub mod error;
+pub mod fair;
 mod idle;
 pub mod mcp;
 mod metrics;

@@ -141,7 +141,8 @@ pub(crate) async fn own(
     tenant: TenantId,
     mut lease: Lease,
     slot: Arc<OwnerSlot>,
-    _permit: OwnedSemaphorePermit,
+    // Held until the owner ends: its turn slot, and its count among its tenant's owners.
+    _turn_slot: (OwnedSemaphorePermit, crate::dispatch::Running),
 ) {
     let conversation = lease.conversation;
     let env = TurnEnv {

@@ -27,8 +27,8 @@ pub(crate) struct Inner {
     pub(crate) owner_tasks: std::sync::Mutex<Vec<tokio::task::AbortHandle>>,
     pub(crate) resolver: turnpike_resolver::Resolver,
     pub(crate) slots: Arc<Semaphore>,
-    /// Bounds how many wakes wait for a slot at once (as many as there are slots).
-    pub(crate) waiting: Arc<Semaphore>,
+    /// The fair intake: wakes waiting for a slot, running owners per tenant.
+    pub(crate) dispatch: Arc<crate::dispatch::Dispatch>,
     /// Bounds how many wakes are being handled (claim and head reads) at once.
     pub(crate) intake: Arc<Semaphore>,
     /// A plain mutex: held only to look up or change the map, never across an await.
@@ -38,9 +38,6 @@ pub(crate) struct Inner {
     /// drained most recently (see [`Inner::drained`]).
     pub(crate) drained: Mutex<LruCache<ConversationId, u64>>,
     pub(crate) stopping: AtomicBool,
-    /// Every slot has stayed taken for a `busy_delay`: the claim loop takes wakes without
-    /// waiting for one (see `Worker::next_wake_with_a_free_slot`).
-    pub(crate) saturated: AtomicBool,
 }
 
 impl std::ops::Deref for Inner {

@@ -1,17 +1,17 @@
 //! The claim loop: wakes in, conversation owners out, bounded by turn slots.
 //!
 //! A wake for a conversation this worker owns goes to its owner, which keeps it in progress
-//! until the record holds it in a complete turn. Otherwise the worker tries to take the lease:
-//! if it gets it, it becomes the owner; if another worker holds it, the wake is acked only when
-//! the record is already past it **and no turn is open** (the owner may still die before batch
-//! two), and nak'd otherwise: after one `busy_delay` while the owner is between turns, after a
-//! delay that grows with its deliveries while a turn runs ([`turnpike_router::settle`]).
-//!
-//! The claim loop takes the next wake only once a turn slot is free (waiting at most a
-//! `busy_delay` at a time), and hands the slot to the wake's handler: a worker whose slots free
-//! up quickly leaves wakes on the bus until it has room, instead of taking them only to put
-//! them off (under a burst for more conversations than slots, that redelivered every wake many
-//! times over, while the slots that freed stood empty until a put-off wake came back).
+//! until the record holds it in a complete turn. Otherwise the wake waits in the worker's fair
+//! intake ([`crate::dispatch`]) for a free slot: wakes are taken off the bus as they come, one
+//! short queue per tenant, and a slot that frees goes to the tenant with the fewest running
+//! turns for its weight (never past its cap); a tenant's wakes beyond its queue are put off at
+//! once, each for about the time until its turn would come, so a burst of one tenant is not
+//! queued in front of another tenant's next message (DESIGN step 2, invariant 13). A wake
+//! taken for a slot tries the lease: if it gets it, the worker becomes the owner; if another
+//! worker holds it, the wake is acked only when the record is already past it **and no turn
+//! is open** (the owner may still die before batch two), and nak'd otherwise: after one
+//! `busy_delay` while the owner is between turns, after a delay that grows with its deliveries
+//! while a turn runs ([`turnpike_router::settle`]).
 //!
 //! A wake for an event this worker's last drain of the conversation already took is acked
 //! once the record, read again, holds it in a complete turn — without a claim.
@@ -93,8 +93,12 @@ impl Worker {
         Worker {
             inner: Arc::new(Inner {
                 slots: Arc::new(Semaphore::new(slot_permits(&shared.config) as usize)),
-                waiting: Arc::new(Semaphore::new(slot_permits(&shared.config) as usize)),
                 intake: Arc::new(Semaphore::new(intake_permits(&shared.config) as usize)),
+                dispatch: Arc::new(crate::dispatch::Dispatch::new(
+                    shared.config.slots.max(1),
+                    shared.config.fair.clone(),
+                    shared.config.busy_delay,
+                )),
                 shared: Arc::new(shared),
                 conversations,
                 owner_tasks: std::sync::Mutex::new(Vec::new()),
@@ -105,7 +109,6 @@ impl Worker {
                     NonZeroUsize::new(RECENT).expect("a non-zero capacity"),
                 )),
                 stopping: AtomicBool::new(false),
-                saturated: AtomicBool::new(false),
             }),
         }
     }
@@ -175,13 +178,24 @@ impl Worker {
         // The first tick is at once: a worker starting up recovers what was left open.
         let mut sweep = tokio::time::interval(self.inner.config.sweep_every);
         sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // A wake waits here for a slot at most this long before it goes back to the bus, for
+        // a worker with room (and so it is never near its ack wait).
+        let hand_back = self.inner.config.busy_delay.min(MAX_WAITING);
+        let mut keep = tokio::time::interval(hand_back / 2);
+        keep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let sweeping = Arc::new(AtomicBool::new(false));
+        let companions = [
+            tokio::spawn(self.clone().dispatch_loop()),
+            tokio::spawn(self.clone().count_workers()),
+        ];
+        let dispatch = &self.inner.dispatch;
         loop {
+            let room = dispatch.has_room();
             tokio::select! {
                 _ = &mut shutdown => break,
                 _ = heartbeat.tick() => {
                     let owned = self.inner.owners.lock().expect("owner map lock").len();
-                    debug!(worker = %self.inner.worker, owned, "heartbeat");
+                    debug!(worker = %self.inner.worker, owned, waiting = dispatch.len(), "heartbeat");
                     let beat = Heartbeat {
                         worker: self.inner.worker,
                         owned,
@@ -201,17 +215,22 @@ impl Worker {
                         });
                     }
                 }
-                wake = self.next_wake_with_a_free_slot() => match wake {
-                    Ok((wake, slot)) => {
-                        backoff = Duration::from_millis(50);
-                        let Ok(permit) = self.inner.intake.clone().acquire_owned().await else {
-                            break;
-                        };
-                        let worker = self.clone();
+                _ = keep.tick() => {
+                    let older = dispatch.older(hand_back);
+                    if !older.is_empty() {
+                        metrics::counter!("turnpike_wakes_handed_back_total").increment(older.len() as u64);
                         tokio::spawn(async move {
-                            worker.handle_with(wake, slot).await;
-                            drop(permit);
+                            for wake in older {
+                                wake.settle(Settlement::Handover, Duration::ZERO).await;
+                            }
                         });
+                    }
+                }
+                _ = dispatch.room.notified(), if !room => {}
+                wake = self.inner.bus.next_wake(), if room => match wake {
+                    Ok(wake) => {
+                        backoff = Duration::from_millis(50);
+                        self.take(wake);
                     }
                     Err(e) => {
                         warn!(worker = %self.inner.worker, error = %e, "no wakes; retrying");
@@ -222,6 +241,13 @@ impl Worker {
             }
         }
         self.inner.stopping.store(true, Ordering::Relaxed);
+        for task in &companions {
+            task.abort();
+        }
+        // What waited here for a slot goes back to the bus for another worker, at once.
+        for wake in dispatch.drain() {
+            wake.settle(Settlement::Handover, Duration::ZERO).await;
+        }
         let drained = tokio::time::timeout(self.inner.config.grace, async {
             // Not the owner map: an owner leaves it before it settles its wakes and releases
             // its lease, and a wake being handled may have a claim in flight whose owner is not
@@ -237,33 +263,76 @@ impl Worker {
         info!(worker = %self.inner.worker, drained, "worker stopped");
     }
 
-    /// The next wake, taken only once a turn slot is free, with that slot: a worker whose
-    /// slots are all taken leaves the bus's wakes to workers that have room (or to itself, once
-    /// a slot frees) instead of taking them only to put them off. Wakes for the conversations
-    /// it owns wait too: their owners read their lanes to the end anyway. The slot is not held
-    /// while waiting for a wake (a sweep may need it then); it is taken as the wake arrives and
-    /// handed to the wake's handler, which gives it back at once when the wake needs none (its
-    /// conversation is owned here, or already done) — or `None` if a sweep took it first.
-    /// Cancel-safe.
-    ///
-    /// Bounded: once every slot has stayed taken for a `busy_delay` (long turns), wakes are
-    /// taken as they come again until a slot frees, and those that need one are put off as
-    /// before — so the wakes a bus already handed this process (a JetStream feeder's prefetch)
-    /// go back to workers with room within about a `busy_delay`, not at their ack wait.
-    async fn next_wake_with_a_free_slot(
-        &self,
-    ) -> turnpike_router::Result<(Wake, Option<tokio::sync::OwnedSemaphorePermit>)> {
+    /// A wake off the bus: to its owner when the conversation is owned here (or to the record
+    /// when a drain here went past it), else into the fair intake, or back to the bus for the
+    /// time its tenant's queue needs.
+    fn take(&self, wake: Wake) {
         let inner = &self.inner;
-        let free = if inner.saturated.load(Ordering::Relaxed) {
-            inner.slots.available_permits() > 0
-        } else {
-            tokio::time::timeout(inner.config.busy_delay, inner.slots.acquire())
-                .await
-                .is_ok()
-        };
-        inner.saturated.store(!free, Ordering::Relaxed);
-        let wake = inner.bus.next_wake().await?;
-        Ok((wake, inner.slots.clone().try_acquire_owned().ok()))
+        if inner.owns(wake.conversation) || inner.drained_past(wake.conversation, wake.seq) {
+            let worker = self.clone();
+            tokio::spawn(async move {
+                let Ok(_permit) = worker.inner.intake.clone().acquire_owned().await else {
+                    return;
+                };
+                worker.handle_with(wake, None).await;
+            });
+            return;
+        }
+        self.put_off_unless_queued(wake);
+    }
+
+    /// Queues `wake` in the fair intake, or gives it back to the bus for the time its tenant's
+    /// queue here needs.
+    fn put_off_unless_queued(&self, wake: Wake) {
+        let free = self.inner.slots.available_permits();
+        if let Some((wake, delay)) = self.inner.dispatch.admit(wake, free) {
+            metrics::counter!("turnpike_wakes_deferred_total").increment(1);
+            tokio::spawn(async move {
+                wake.settle(Settlement::Deferred(delay), Duration::ZERO)
+                    .await;
+            });
+        }
+    }
+
+    /// Starts queued wakes as slots free, in the order the fair share says.
+    async fn dispatch_loop(self) {
+        let inner = &self.inner;
+        loop {
+            loop {
+                let ready = inner.dispatch.ready.notified();
+                if inner.dispatch.has_startable() {
+                    break;
+                }
+                ready.await;
+            }
+            let Ok(slot) = inner.slots.clone().acquire_owned().await else {
+                return;
+            };
+            let Ok(handling) = inner.intake.clone().acquire_owned().await else {
+                return;
+            };
+            // Taken by the time a slot freed (by another tenant's wake, or a sweep).
+            let Some((wake, running)) = inner.dispatch.next() else {
+                continue;
+            };
+            let worker = self.clone();
+            tokio::spawn(async move {
+                worker.handle_with(wake, Some((slot, running))).await;
+                drop(handling);
+            });
+        }
+    }
+
+    /// Keeps the intake's estimate of how many workers share the wakes current (their
+    /// heartbeats; put-off wakes come back to any of them).
+    async fn count_workers(self) {
+        let window = self.inner.config.heartbeat_every + Duration::from_millis(500);
+        loop {
+            if let Ok(beats) = self.inner.bus.heartbeats(window).await {
+                self.inner.dispatch.set_workers(beats.len());
+            }
+            tokio::time::sleep(COUNT_WORKERS_EVERY).await;
+        }
     }
 
     /// Waits until no conversation is owned.
@@ -283,9 +352,16 @@ impl Worker {
         lease: turnpike_router::bus::Lease,
         slot: Arc<OwnerSlot>,
         permit: tokio::sync::OwnedSemaphorePermit,
+        running: crate::dispatch::Running,
     ) {
         let inner = &self.inner;
-        let task = tokio::spawn(own(inner.clone(), tenant, lease, slot, permit));
+        let task = tokio::spawn(own(
+            inner.clone(),
+            tenant,
+            lease,
+            slot,
+            (permit, running.owning()),
+        ));
         let mut tasks = inner.owner_tasks.lock().expect("owner tasks lock");
         tasks.retain(|t| !t.is_finished());
         tasks.push(task.abort_handle());
@@ -365,7 +441,8 @@ impl Worker {
                         continue;
                     }
                     warn!(%conversation, worker = %inner.worker, "sweep: taking over a turn left open");
-                    self.spawn_owner(prefix.tenant().clone(), lease, slot, permit);
+                    let running = inner.dispatch.running(prefix.tenant().clone());
+                    self.spawn_owner(prefix.tenant().clone(), lease, slot, permit, running);
                 }
                 Some(head) => {
                     // Closed: finish a promotion its owner may have left undone, then the mark
@@ -514,34 +591,20 @@ impl Worker {
         None
     }
 
-    /// A turn slot: at once when one is free; else, for at most as many wakes as there are
-    /// slots, the first one freed within `wait` (the rest are put off at once). A wake that
-    /// finds every slot taken thus usually starts when the next owner lets go, instead of
-    /// going back to the bus for `wait` while that slot stands empty, and a burst of wakes
-    /// for more conversations than there are slots is not redelivered over and over.
-    async fn free_slot(&self, wait: Duration) -> Option<tokio::sync::OwnedSemaphorePermit> {
-        let inner = &self.inner;
-        if let Ok(permit) = inner.slots.clone().try_acquire_owned() {
-            return Some(permit);
-        }
-        if inner.is_stopping() {
-            return None;
-        }
-        let _waiting = inner.waiting.clone().try_acquire_owned().ok()?;
-        tokio::time::timeout(wait, inner.slots.clone().acquire_owned())
-            .await
-            .ok()?
-            .ok()
-    }
-
-    /// Handles one wake (public so tests can deliver wakes by hand).
+    /// Handles one wake (public so tests can deliver wakes by hand): waits for a turn slot
+    /// first, outside the fair intake.
     pub async fn handle(&self, wake: Wake) {
-        self.handle_with(wake, None).await
+        let inner = &self.inner;
+        let Ok(permit) = inner.slots.clone().acquire_owned().await else {
+            return;
+        };
+        let running = inner.dispatch.running(wake.tenant.clone());
+        self.handle_with(wake, Some((permit, running))).await
     }
 
     /// Handles one wake, with a turn slot already taken for it, if any (else one is taken
     /// when the wake needs it).
-    async fn handle_with(&self, wake: Wake, slot: Option<tokio::sync::OwnedSemaphorePermit>) {
+    async fn handle_with(&self, wake: Wake, slot: Option<Slot>) {
         let inner = &self.inner;
         let existing = inner
             .owners
@@ -567,12 +630,10 @@ impl Worker {
         } else {
             wake
         };
-        let slot = match slot {
-            Some(slot) => Some(slot),
-            None => self.free_slot(busy).await,
-        };
-        let Some(permit) = slot else {
-            wake.settle(Settlement::Full, busy).await;
+        // A wake that came without a slot (its owner here was closing) waits for one in the
+        // fair intake like any other.
+        let Some((permit, running)) = slot else {
+            self.put_off_unless_queued(wake);
             return;
         };
         let claimed = inner
@@ -601,10 +662,10 @@ impl Worker {
                 let tenant = wake.tenant.clone();
                 debug!(conversation = %wake.conversation, worker = %inner.worker, epoch = lease.revision, "lease taken");
                 let _ = slot.offer(wake).await;
-                self.spawn_owner(tenant, lease, slot, permit);
+                self.spawn_owner(tenant, lease, slot, permit, running);
             }
             Ok(None) => {
-                drop(permit);
+                drop((permit, running));
                 let settlement = self.settlement_by_record(&wake).await;
                 wake.settle(settlement, busy).await;
             }
@@ -615,6 +676,16 @@ impl Worker {
         }
     }
 }
+
+/// A turn slot taken for a wake, counted as one of its tenant's running owners.
+type Slot = (tokio::sync::OwnedSemaphorePermit, crate::dispatch::Running);
+
+/// The longest a wake waits in the fair intake for a slot before it goes back to the bus:
+/// well within any ack wait, so a waiting wake is never redelivered under it.
+const MAX_WAITING: Duration = Duration::from_secs(1);
+
+/// How often a worker counts the workers that share the wakes.
+const COUNT_WORKERS_EVERY: Duration = Duration::from_secs(30);
 
 /// How many drained conversations a worker remembers (the least recently drained or asked
 /// about goes first).

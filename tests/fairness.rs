@@ -1,0 +1,356 @@
+//! Fair share between tenants (DESIGN step 2, invariant 13): when the pool is full, a burst of
+//! one tenant delays that tenant, not the others; a tenant's cap on running turns holds.
+//!
+//! The bounds are counts, not times: how many of the bursting tenant's turns started after the
+//! other tenant's message was accepted and before its turn started. First come, first served
+//! would start the whole burst first.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use turnpike_artifactory::{ConversationPrefix, Conversations, NewConversation, Record};
+use turnpike_router::bus::Bus;
+use turnpike_router::embedded::{EmbeddedBus, EmbeddedConfig};
+use turnpike_router::Ingress;
+use turnpike_schemas::{ConversationId, EntryBody, EventBody, Identity, TenantId};
+use turnpike_tests::fixtures::signer;
+use turnpike_tests::fleet::Fleet;
+use turnpike_worker::fair::FairShare;
+use turnpike_worker::{Apps, Worker, WorkerConfig, WorkerPool};
+
+const LONG: Duration = Duration::from_secs(240);
+
+fn tenant(name: &str) -> TenantId {
+    name.parse().unwrap()
+}
+
+fn user(tenant: &str) -> Identity {
+    format!("oidc:{tenant}:u-1").parse().unwrap()
+}
+
+/// Creates `n` conversations of `tenant` (app `fair`, agent `slow`).
+async fn conversations_of(
+    conversations: &Conversations,
+    name: &str,
+    n: usize,
+) -> Vec<ConversationId> {
+    let mut out = Vec::new();
+    for _ in 0..n {
+        let (entry, _, _) = conversations
+            .create(
+                &signer(),
+                NewConversation {
+                    tenant: tenant(name),
+                    owner: user(name),
+                    app: "fair".parse().unwrap(),
+                    agent: "slow".parse().unwrap(),
+                    at_ms: 1,
+                    instructions: None,
+                },
+            )
+            .await
+            .unwrap();
+        out.push(entry.conversation);
+    }
+    out
+}
+
+/// One message to each conversation of `name`, all at once; returns when every one is accepted.
+async fn burst(
+    bus: &Arc<dyn Bus>,
+    conversations: &Conversations,
+    name: &str,
+    convs: &[ConversationId],
+) {
+    let ingress = Ingress::new(bus.clone(), conversations.clone());
+    let sends = convs.iter().map(|conv| {
+        let ingress = ingress.clone();
+        let conv = *conv;
+        async move {
+            ingress
+                .submit(
+                    &tenant(name),
+                    &user(name),
+                    conv,
+                    EventBody::Message { text: "go".into() },
+                    Some(format!("go-{conv}")),
+                )
+                .await
+                .unwrap();
+        }
+    });
+    futures::future::join_all(sends).await;
+}
+
+/// An agent that takes `delay` per turn and notes when each turn ran.
+struct Timed {
+    delay: Duration,
+    ran: Mutex<Vec<(ConversationId, Instant, Instant)>>,
+}
+
+#[async_trait]
+impl turnpike_worker::App for Timed {
+    async fn on_reactive_event(
+        &self,
+        turn: &dyn turnpike_agent::Turn,
+    ) -> turnpike_agent::Result<turnpike_schemas::entry::TurnOutcome> {
+        let start = Instant::now();
+        tokio::time::sleep(self.delay).await;
+        self.ran
+            .lock()
+            .unwrap()
+            .push((turn.conversation(), start, Instant::now()));
+        Ok(turnpike_schemas::entry::TurnOutcome::Replied)
+    }
+}
+
+struct Embedded {
+    dir: tempfile::TempDir,
+    bus: Arc<dyn Bus>,
+    conversations: Conversations,
+}
+
+fn embedded() -> Embedded {
+    let dir = tempfile::tempdir().unwrap();
+    let bus: Arc<dyn Bus> =
+        EmbeddedBus::open(&dir.path().join("bus.redb"), EmbeddedConfig::default()).unwrap();
+    let conversations = Conversations::new(
+        turnpike_artifactory::open_store(dir.path().join("store").to_str().unwrap()).unwrap(),
+    );
+    Embedded {
+        dir,
+        bus,
+        conversations,
+    }
+}
+
+fn workers(
+    e: &Embedded,
+    agent: &Arc<Timed>,
+    n: usize,
+    slots: usize,
+    fair: FairShare,
+) -> WorkerPool {
+    WorkerPool::start((0..n).map(|_| {
+        Worker::new(
+            e.bus.clone(),
+            e.conversations.clone(),
+            signer(),
+            Arc::new(Apps::new().with_fallback(agent.clone())),
+            WorkerConfig {
+                slots,
+                fair: fair.clone(),
+                workspace_root: e.dir.path().join("workspaces"),
+                ..WorkerConfig::default()
+            },
+        )
+    }))
+}
+
+async fn until(what: &str, mut check: impl FnMut() -> bool) {
+    let deadline = Instant::now() + LONG;
+    while !check() {
+        assert!(Instant::now() < deadline, "{what}: not within {LONG:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Tenant A sends one message to each of 60 conversations; right after, tenant B sends one.
+/// Two workers of two slots, 200 ms a turn: A's burst is 15 turn times of work. B's turn
+/// starts before at most two turn times' worth of A's (8 turns on 4 slots); first come, first
+/// served would start all 56 still waiting first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_of_one_tenant_does_not_hold_back_another_tenants_turn_on_the_embedded_bus() {
+    let e = embedded();
+    let a = conversations_of(&e.conversations, "alpha", 60).await;
+    let b = conversations_of(&e.conversations, "beta", 1).await;
+    let agent = Arc::new(Timed {
+        delay: Duration::from_millis(200),
+        ran: Mutex::new(Vec::new()),
+    });
+    let pool = workers(&e, &agent, 2, 2, FairShare::default());
+    burst(&e.bus, &e.conversations, "alpha", &a).await;
+    burst(&e.bus, &e.conversations, "beta", &b).await;
+    let b_accepted = Instant::now();
+    until("every turn ran", || agent.ran.lock().unwrap().len() == 61).await;
+    pool.stop().await;
+    let ran = agent.ran.lock().unwrap().clone();
+    let b_start = ran.iter().find(|(c, _, _)| *c == b[0]).unwrap().1;
+    let a_before_b = ran
+        .iter()
+        .filter(|(c, start, _)| *c != b[0] && *start > b_accepted && *start < b_start)
+        .count();
+    assert!(
+        a_before_b <= 8,
+        "{a_before_b} of A's turns started after B's message was accepted and before B's turn"
+    );
+    // Nothing was lost or run twice.
+    let mut runs: HashMap<ConversationId, usize> = HashMap::new();
+    for (c, _, _) in &ran {
+        *runs.entry(*c).or_default() += 1;
+    }
+    assert_eq!(runs.len(), 61);
+    assert!(runs.values().all(|n| *n == 1), "{runs:?}");
+}
+
+/// A cap of 2 running turns for tenant A on a worker of 8 slots: never more than 2 of A's turns
+/// at once, while tenant B (no cap) runs more than 2 at once beside them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenants_cap_on_running_turns_holds_and_leaves_the_other_slots_to_others() {
+    let e = embedded();
+    let a = conversations_of(&e.conversations, "alpha", 12).await;
+    let b = conversations_of(&e.conversations, "beta", 4).await;
+    let agent = Arc::new(Timed {
+        delay: Duration::from_millis(300),
+        ran: Mutex::new(Vec::new()),
+    });
+    let fair = FairShare::parse(&[], &["alpha=2".into()]).unwrap();
+    let pool = workers(&e, &agent, 1, 8, fair);
+    burst(&e.bus, &e.conversations, "alpha", &a).await;
+    burst(&e.bus, &e.conversations, "beta", &b).await;
+    until("every turn ran", || agent.ran.lock().unwrap().len() == 16).await;
+    pool.stop().await;
+    let ran = agent.ran.lock().unwrap().clone();
+    let most_at_once = |convs: &[ConversationId]| {
+        let mut edges: Vec<(Instant, i32)> = ran
+            .iter()
+            .filter(|(c, _, _)| convs.contains(c))
+            .flat_map(|(_, s, e)| [(*s, 1), (*e, -1)])
+            .collect();
+        // An end before a start at the same instant.
+        edges.sort();
+        let (mut now, mut most) = (0, 0);
+        for (_, d) in edges {
+            now += d;
+            most = most.max(now);
+        }
+        most
+    };
+    assert!(most_at_once(&a) <= 2, "A ran {} at once", most_at_once(&a));
+    assert_eq!(most_at_once(&a), 2, "the cap is reached, not undercut");
+    assert!(most_at_once(&b) > 2, "B ran {} at once", most_at_once(&b));
+}
+
+/// The same burst on a fleet (JetStream, two worker processes of two slots, a scripted model
+/// taking 200 ms) with one worker SIGKILLed during the burst: B's turn still starts before at
+/// most a bounded number of A's, and every turn of both tenants completes exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_on_a_fleet_with_a_worker_killed_does_not_hold_back_another_tenant() {
+    let binary = PathBuf::from(env!("CARGO_BIN_EXE_turnpike"));
+    let mut fleet = Fleet::start(&binary).await;
+    let apps = tempfile::tempdir().unwrap();
+    std::fs::write(
+        apps.path().join("fair.toml"),
+        "app = \"fair\"\n\n[agents.slow]\nprovider = \"script\"\nscript = \"slow.script.toml\"\n",
+    )
+    .unwrap();
+    std::fs::write(
+        apps.path().join("slow.script.toml"),
+        "[[turn]]\n[[turn.step]]\ntext = \"done\"\ndelay_ms = 200\n",
+    )
+    .unwrap();
+    fleet.apps = Some(apps.path().to_path_buf());
+    let bus: Arc<dyn Bus> = fleet.bus.clone();
+    let a = conversations_of(&fleet.conversations, "alpha", 60).await;
+    let b = conversations_of(&fleet.conversations, "beta", 1).await;
+    let (mut doomed, _) = fleet.worker(&["--slots", "2"]);
+    let (_survivor, _) = fleet.worker(&["--slots", "2"]);
+    burst(&bus, &fleet.conversations, "alpha", &a).await;
+    // Killed during the burst, holding turns and wakes: its leases lapse, its wakes come back.
+    until_dispatched(&fleet.conversations, &a, 4).await;
+    doomed.kill();
+    burst(&bus, &fleet.conversations, "beta", &b).await;
+    let b_accepted = turnpike_router::bus::now_ms();
+    let (_replacement, _) = fleet.worker(&["--slots", "2"]);
+    let mut starts = HashMap::new();
+    for conv in a.iter().chain(&b) {
+        starts.insert(
+            *conv,
+            completed_once(&fleet.conversations, *conv, &tenant_of(&a, conv)).await,
+        );
+    }
+    let b_start = starts[&b[0]];
+    let a_before_b = a
+        .iter()
+        .filter(|c| starts[c] > b_accepted && starts[c] < b_start)
+        .count();
+    // Two turn times of the fleet's 4 slots, and the killed worker's turns taken over.
+    assert!(
+        a_before_b <= 12,
+        "{a_before_b} of A's turns started after B's message was accepted and before B's turn"
+    );
+}
+
+fn tenant_of(a: &[ConversationId], conv: &ConversationId) -> String {
+    if a.contains(conv) { "alpha" } else { "beta" }.to_owned()
+}
+
+fn record(conversations: &Conversations, name: &str, conv: ConversationId) -> Record {
+    conversations.record(ConversationPrefix::new(tenant(name), conv))
+}
+
+/// Waits until `n` of the conversations have a turn dispatched.
+async fn until_dispatched(conversations: &Conversations, convs: &[ConversationId], n: usize) {
+    let deadline = Instant::now() + LONG;
+    loop {
+        let mut dispatched = 0;
+        for conv in convs {
+            let head = record(conversations, "alpha", *conv).head().await.unwrap();
+            if head.state().last_turn > 0 || head.state().turn_open {
+                dispatched += 1;
+            }
+        }
+        if dispatched >= n {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{n} turns not dispatched within {LONG:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Waits until the conversation's one turn is complete; checks it ran once (one dispatch, or
+/// a dispatch and its recovery under the same turn id) and returns when it was first
+/// dispatched.
+async fn completed_once(conversations: &Conversations, conv: ConversationId, name: &str) -> u64 {
+    let record = record(conversations, name, conv);
+    let deadline = Instant::now() + LONG;
+    loop {
+        let head = record.head().await.unwrap();
+        if head.state().last_turn >= 1 && !head.state().turn_open {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{conv}: no complete turn within {LONG:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let entries = record.entries().await.unwrap();
+    let dispatched: Vec<_> = entries
+        .iter()
+        .filter_map(|e| match &e.body {
+            EntryBody::TurnDispatched(d) => Some(d.clone()),
+            _ => None,
+        })
+        .collect();
+    let complete = entries
+        .iter()
+        .filter(|e| matches!(e.body, EntryBody::TurnComplete(_)))
+        .count();
+    let messages = entries
+        .iter()
+        .filter(|e| matches!(e.body, EntryBody::UserMessage(_)))
+        .count();
+    assert_eq!((messages, complete), (1, 1), "{conv}: {entries:#?}");
+    assert!(
+        dispatched.iter().all(|d| d.turn == dispatched[0].turn),
+        "{conv}: one turn, retried under its own id at most: {dispatched:#?}"
+    );
+    dispatched[0].at_ms
+}

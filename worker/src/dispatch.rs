@@ -1,0 +1,194 @@
+//! The worker's fair intake: the wakes it took off the bus and waits to start, per tenant
+//! ([`FairQueue`]), and the turns it runs per tenant, so that a free slot goes to the tenant
+//! the deployment's [`FairShare`] says is owed it (DESIGN step 2, invariant 13).
+//!
+//! # Contract
+//! - Every wake offered is either queued here or handed back with the delay after which the
+//!   bus should deliver it again; a stopping worker hands every queued wake back at once.
+//! - A [`Running`] counts one of its tenant's owners from the moment its wake is taken for a
+//!   slot until it is dropped (the owner ended, or the wake needed no owner): a tenant's cap is
+//!   checked against that count, so two wakes taken at once cannot both pass a cap of one.
+//! - `ready` is notified whenever something may have become startable (a wake queued, an
+//!   owner ended); `room` whenever a queued wake left.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::sync::Notify;
+use turnpike_router::bus::Wake;
+use turnpike_schemas::TenantId;
+
+use crate::fair::{Admit, FairQueue, FairShare};
+
+/// See the module docs.
+pub(crate) struct Dispatch {
+    queue: Mutex<FairQueue<Wake>>,
+    running: Mutex<HashMap<TenantId, usize>>,
+    share: FairShare,
+    /// Something may have become startable.
+    pub(crate) ready: Notify,
+    /// A queued wake left.
+    pub(crate) room: Notify,
+    /// How many workers share the bus's wakes (from their heartbeats; 1 until known).
+    workers: AtomicUsize,
+}
+
+impl Dispatch {
+    /// For a worker with `slots` slots; `hold` is the first guess of how long an owner holds
+    /// its slot.
+    pub(crate) fn new(slots: usize, share: FairShare, hold: Duration) -> Self {
+        Self {
+            queue: Mutex::new(FairQueue::new(slots, slots, hold)),
+            running: Mutex::new(HashMap::new()),
+            share,
+            ready: Notify::new(),
+            room: Notify::new(),
+            workers: AtomicUsize::new(1),
+        }
+    }
+
+    fn queue(&self) -> std::sync::MutexGuard<'_, FairQueue<Wake>> {
+        self.queue.lock().expect("fair queue lock")
+    }
+
+    fn running_of(&self) -> impl Fn(&TenantId) -> usize + '_ {
+        let running = self.running.lock().expect("running lock").clone();
+        move |t| running.get(t).copied().unwrap_or(0)
+    }
+
+    /// Queues `wake` (`free`: the worker's free slots now), or hands it back with how long
+    /// the bus should keep it.
+    pub(crate) fn admit(&self, wake: Wake, free: usize) -> Option<(Wake, Duration)> {
+        let tenant = wake.tenant.clone();
+        let workers = self.workers.load(Ordering::Relaxed);
+        let admitted = self
+            .queue()
+            .admit(&tenant, wake, Instant::now(), free, workers);
+        match admitted {
+            Admit::Queued => {
+                self.ready.notify_one();
+                None
+            }
+            Admit::Defer(wake, delay) => Some((wake, delay)),
+        }
+    }
+
+    /// Whether another wake could be queued.
+    pub(crate) fn has_room(&self) -> bool {
+        self.queue().has_room()
+    }
+
+    /// Whether a queued wake may start now.
+    pub(crate) fn has_startable(&self) -> bool {
+        let running = self.running_of();
+        self.queue().has_eligible(running, &self.share)
+    }
+
+    /// The wake to start in a free slot, counted as running for its tenant.
+    pub(crate) fn next(self: &Arc<Self>) -> Option<(Wake, Running)> {
+        let mut running = self.running.lock().expect("running lock");
+        let next = {
+            let counts = &*running;
+            self.queue()
+                .next(|t| counts.get(t).copied().unwrap_or(0), &self.share)
+        };
+        let (tenant, wake) = next?;
+        *running.entry(tenant.clone()).or_default() += 1;
+        drop(running);
+        self.room.notify_one();
+        Some((
+            wake,
+            Running {
+                dispatch: self.clone(),
+                tenant,
+                since: Instant::now(),
+                owning: false,
+            },
+        ))
+    }
+
+    /// Counts an owner started without the queue (a sweep's takeover, a recovery): it is
+    /// counted, never refused (a turn left open must be finished).
+    pub(crate) fn running(self: &Arc<Self>, tenant: TenantId) -> Running {
+        *self
+            .running
+            .lock()
+            .expect("running lock")
+            .entry(tenant.clone())
+            .or_default() += 1;
+        Running {
+            dispatch: self.clone(),
+            tenant,
+            since: Instant::now(),
+            owning: false,
+        }
+    }
+
+    /// The wakes that waited here longer than `older` (taken out: the worker gives them back
+    /// to the bus, for a worker with room).
+    pub(crate) fn older(&self, older: Duration) -> Vec<Wake> {
+        let now = Instant::now();
+        let mut queue = self.queue();
+        let wakes = queue.take_older(now, older);
+        queue.forget_idle(now);
+        drop(queue);
+        if !wakes.is_empty() {
+            self.room.notify_one();
+        }
+        wakes
+    }
+
+    /// Every queued wake (a stopping worker gives them back).
+    pub(crate) fn drain(&self) -> Vec<Wake> {
+        let wakes = self.queue().drain();
+        self.room.notify_one();
+        wakes
+    }
+
+    /// Wakes waiting here.
+    pub(crate) fn len(&self) -> usize {
+        self.queue().len()
+    }
+
+    /// How many workers share the wakes.
+    pub(crate) fn set_workers(&self, n: usize) {
+        self.workers.store(n.max(1), Ordering::Relaxed);
+    }
+}
+
+/// One of a tenant's running owners; see the module docs.
+pub(crate) struct Running {
+    dispatch: Arc<Dispatch>,
+    tenant: TenantId,
+    since: Instant,
+    /// It became an owner (its hold time says how long slots are held).
+    owning: bool,
+}
+
+impl Running {
+    /// Marks it as an owner's.
+    pub(crate) fn owning(mut self) -> Self {
+        self.owning = true;
+        self.since = Instant::now();
+        self
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let mut running = self.dispatch.running.lock().expect("running lock");
+        if let Some(n) = running.get_mut(&self.tenant) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                running.remove(&self.tenant);
+            }
+        }
+        drop(running);
+        if self.owning {
+            self.dispatch.queue().finished(self.since.elapsed());
+        }
+        self.dispatch.ready.notify_one();
+    }
+}

@@ -1,0 +1,419 @@
+//! Fair share of a worker's turn slots between tenants (DESIGN step 2, invariant 13).
+//!
+//! A worker takes wakes off the bus as they come — not only when a slot is free — into a
+//! [`FairQueue`]: one short queue per tenant. A free slot goes to the tenant with the fewest
+//! running turns for its weight (weighted max-min: a tenant with nothing running comes first),
+//! never to a tenant at its cap; within a tenant, first come, first served. So the worker sees
+//! past a burst: the wakes of a tenant whose queue here is full are put off (nak'd) at once,
+//! each for about the time its tenant's queue needs to come to it, which lets the wakes of
+//! every other tenant behind the burst reach the worker within a moment of being published.
+//!
+//! # Contract
+//! - A tenant's wakes wait here in the order they came; at most `per_tenant` of them. The rest
+//!   are put off, each one an estimated start interval after the one before it (its place is
+//!   kept, roughly: a put-off wake comes back about when its turn would come), capped at
+//!   [`MAX_DEFER`]. Nothing is dropped: a wake is queued or given back to the bus with a delay.
+//! - [`FairQueue::next`] never returns a wake of a tenant whose running turns have reached its
+//!   cap, and otherwise returns a wake of the tenant with the least `(running + 1) / weight`
+//!   (ties: the one whose first wake has waited longest).
+//! - Pure: no clock, no I/O; the caller passes `now` and the running counts.
+
+use std::collections::{HashMap, VecDeque};
+use std::time::{Duration, Instant};
+
+use turnpike_schemas::TenantId;
+
+/// The longest a wake is put off for fairness at once (it is put off again if its tenant's
+/// queue is still full when it comes back).
+pub const MAX_DEFER: Duration = Duration::from_secs(30);
+
+/// How a deployment shares turn slots between tenants: weights (a tenant of weight 2 gets
+/// twice the slots of a tenant of weight 1 when both have work waiting) and caps on a tenant's
+/// running turns per worker.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FairShare {
+    weights: HashMap<TenantId, u32>,
+    default_weight: u32,
+    caps: HashMap<TenantId, usize>,
+    default_cap: Option<usize>,
+}
+
+impl Default for FairShare {
+    fn default() -> Self {
+        Self {
+            weights: HashMap::new(),
+            default_weight: 1,
+            caps: HashMap::new(),
+            default_cap: None,
+        }
+    }
+}
+
+impl FairShare {
+    /// Reads `TENANT=N` settings (`*=N`: every tenant not named). Weights are at least 1;
+    /// a cap of 0 is refused (a tenant that may run nothing is a deleted tenant, not a cap).
+    pub fn parse(weights: &[String], caps: &[String]) -> Result<Self, String> {
+        let mut share = FairShare::default();
+        for (tenant, weight) in pairs(weights, "--tenant-weight")? {
+            if weight == 0 || weight > 1_000 {
+                let tenant = tenant.as_ref().map_or("*", |t| t.as_str());
+                return Err(format!(
+                    "--tenant-weight {tenant}={weight}: a weight is 1 to 1000"
+                ));
+            }
+            let weight = weight as u32;
+            match tenant {
+                None => share.default_weight = weight,
+                Some(t) => {
+                    share.weights.insert(t, weight);
+                }
+            }
+        }
+        for (tenant, cap) in pairs(caps, "--tenant-cap")? {
+            if cap == 0 {
+                return Err("--tenant-cap: a cap is at least 1 running turn".into());
+            }
+            match tenant {
+                None => share.default_cap = Some(cap),
+                Some(t) => {
+                    share.caps.insert(t, cap);
+                }
+            }
+        }
+        Ok(share)
+    }
+
+    /// The tenant's weight (1 unless set).
+    pub fn weight(&self, tenant: &TenantId) -> u32 {
+        self.weights
+            .get(tenant)
+            .copied()
+            .unwrap_or(self.default_weight)
+    }
+
+    /// How many of the tenant's turns a worker runs at once at most (`None`: no cap).
+    pub fn cap(&self, tenant: &TenantId) -> Option<usize> {
+        self.caps.get(tenant).copied().or(self.default_cap)
+    }
+}
+
+/// `TENANT=N` pairs; `None` for `*`.
+fn pairs(items: &[String], flag: &str) -> Result<Vec<(Option<TenantId>, usize)>, String> {
+    items
+        .iter()
+        .filter(|s| !s.trim().is_empty())
+        .map(|item| {
+            let (tenant, n) = item
+                .split_once('=')
+                .ok_or_else(|| format!("{flag} {item:?}: expected TENANT=N (or *=N)"))?;
+            let n: usize = n
+                .trim()
+                .parse()
+                .map_err(|_| format!("{flag} {item:?}: {n:?} is not a number"))?;
+            let tenant = match tenant.trim() {
+                "*" => None,
+                t => Some(
+                    t.parse::<TenantId>()
+                        .map_err(|e| format!("{flag} {item:?}: {e}"))?,
+                ),
+            };
+            Ok((tenant, n))
+        })
+        .collect()
+}
+
+/// What became of an item offered to the queue.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Admit<T> {
+    /// It waits here for a slot.
+    Queued,
+    /// Its tenant's queue is full: give it back to the bus for this long.
+    Defer(T, Duration),
+}
+
+struct Tenant<T> {
+    waiting: VecDeque<(Instant, T)>,
+    /// When the last item put off for this tenant is due back.
+    due: Option<Instant>,
+}
+
+/// Per-tenant queues of wakes waiting for a slot. See the module docs.
+pub struct FairQueue<T> {
+    tenants: HashMap<TenantId, Tenant<T>>,
+    per_tenant: usize,
+    /// Past this many waiting in all, everything is put off.
+    total: usize,
+    len: usize,
+    /// How long a slot is held per start, on average (an estimate updated by `finished`).
+    hold: Duration,
+    slots: usize,
+}
+
+/// How many tenants' full queues a worker keeps at once.
+const TENANTS_AT_ONCE: usize = 64;
+
+impl<T> FairQueue<T> {
+    /// A queue for a worker with `slots` slots, keeping up to `per_tenant` waiting per tenant;
+    /// `hold` is the first estimate of how long a start holds its slot.
+    pub fn new(slots: usize, per_tenant: usize, hold: Duration) -> Self {
+        let per_tenant = per_tenant.max(1);
+        Self {
+            tenants: HashMap::new(),
+            per_tenant,
+            total: per_tenant * TENANTS_AT_ONCE,
+            len: 0,
+            hold: hold.max(Duration::from_millis(1)),
+            slots: slots.max(1),
+        }
+    }
+
+    /// Items waiting.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Whether another item could be queued for some tenant.
+    pub fn has_room(&self) -> bool {
+        self.len < self.total
+    }
+
+    /// Offers `item` of `tenant`. `free` is how many slots are free now: a tenant may have one
+    /// more item waiting than that (so the next slot to free can choose fairly), up to
+    /// `per_tenant`. `workers` is how many workers share the tenant's backlog (put-off items
+    /// come back to any of them).
+    pub fn admit(
+        &mut self,
+        tenant: &TenantId,
+        item: T,
+        now: Instant,
+        free: usize,
+        workers: usize,
+    ) -> Admit<T> {
+        let per_tenant = self.per_tenant.min(free.saturating_add(1));
+        let full = self.len >= self.total;
+        // The time between two of a tenant's starts if it had the whole pool: a put-off item
+        // that comes back early is put off again (a nak); one that comes back late would
+        // leave slots idle. So the estimate leans early.
+        let interval = self.hold / (self.slots * workers.max(1)) as u32;
+        let entry = self
+            .tenants
+            .entry(tenant.clone())
+            .or_insert_with(|| Tenant {
+                waiting: VecDeque::new(),
+                due: None,
+            });
+        if entry.waiting.len() < per_tenant && !full {
+            entry.waiting.push_back((now, item));
+            self.len += 1;
+            return Admit::Queued;
+        }
+        // After what waits here, and after the items put off before this one.
+        let ahead = interval * entry.waiting.len() as u32;
+        let after_last = entry
+            .due
+            .map_or(Duration::ZERO, |d| d.saturating_duration_since(now));
+        let delay = (ahead.max(after_last) + interval).min(MAX_DEFER);
+        if delay < MAX_DEFER {
+            entry.due = Some(now + delay);
+        }
+        Admit::Defer(item, delay)
+    }
+
+    /// Whether [`FairQueue::next`] would return something now.
+    pub fn has_eligible(&self, running: impl Fn(&TenantId) -> usize, share: &FairShare) -> bool {
+        self.tenants.iter().any(|(tenant, t)| {
+            !t.waiting.is_empty() && share.cap(tenant).is_none_or(|cap| running(tenant) < cap)
+        })
+    }
+
+    /// The next item to start: see the module docs.
+    pub fn next(
+        &mut self,
+        running: impl Fn(&TenantId) -> usize,
+        share: &FairShare,
+    ) -> Option<(TenantId, T)> {
+        let mut best: Option<(&TenantId, f64, Instant)> = None;
+        for (tenant, t) in &self.tenants {
+            let Some((since, _)) = t.waiting.front() else {
+                continue;
+            };
+            let n = running(tenant);
+            if share.cap(tenant).is_some_and(|cap| n >= cap) {
+                continue;
+            }
+            let load = (n as f64 + 1.0) / f64::from(share.weight(tenant));
+            let better = match best {
+                None => true,
+                Some((_, l, s)) => load < l || (load == l && *since < s),
+            };
+            if better {
+                best = Some((tenant, load, *since));
+            }
+        }
+        let tenant = best?.0.clone();
+        let t = self.tenants.get_mut(&tenant)?;
+        let (_, item) = t.waiting.pop_front()?;
+        self.len -= 1;
+        Some((tenant, item))
+    }
+
+    /// A start held its slot for `held`: the estimate of hold times follows.
+    pub fn finished(&mut self, held: Duration) {
+        self.hold = (self.hold * 7 + held) / 8;
+        self.hold = self.hold.max(Duration::from_millis(1));
+    }
+
+    /// Forgets tenants with nothing waiting and nothing due back (bounded memory).
+    pub fn forget_idle(&mut self, now: Instant) {
+        self.tenants
+            .retain(|_, t| !t.waiting.is_empty() || t.due.is_some_and(|d| d > now));
+    }
+
+    /// Takes every item that has waited longer than `older`: a worker gives them back to the
+    /// bus rather than keep them from a worker with room.
+    pub fn take_older(&mut self, now: Instant, older: Duration) -> Vec<T> {
+        let mut out = Vec::new();
+        for t in self.tenants.values_mut() {
+            while t
+                .waiting
+                .front()
+                .is_some_and(|(since, _)| now.saturating_duration_since(*since) > older)
+            {
+                if let Some((_, item)) = t.waiting.pop_front() {
+                    out.push(item);
+                }
+            }
+        }
+        self.len -= out.len();
+        out
+    }
+
+    /// Takes every waiting item (a stopping worker gives them back).
+    pub fn drain(&mut self) -> Vec<T> {
+        self.len = 0;
+        self.tenants
+            .drain()
+            .flat_map(|(_, t)| t.waiting.into_iter().map(|(_, item)| item))
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn tenant(name: &str) -> TenantId {
+        name.parse().unwrap()
+    }
+
+    #[test]
+    fn a_burst_of_one_tenant_does_not_stand_before_another_tenants_single_wake() {
+        let now = Instant::now();
+        let mut q = FairQueue::new(4, 4, Duration::from_millis(250));
+        let (a, b) = (tenant("a"), tenant("b"));
+        let mut deferred = Vec::new();
+        for i in 0..600 {
+            match q.admit(&a, i, now, 4, 1) {
+                Admit::Queued => {}
+                Admit::Defer(i, delay) => deferred.push((i, delay)),
+            }
+        }
+        assert_eq!(q.len(), 4);
+        assert_eq!(deferred.len(), 596);
+        // Put-off wakes keep their order: each comes back no sooner than the one before it.
+        assert!(deferred.windows(2).all(|w| w[0].1 <= w[1].1));
+        assert!(deferred.iter().all(|(_, d)| *d <= MAX_DEFER));
+        assert_eq!(q.admit(&b, 1000, now, 0, 1), Admit::Queued);
+        // A runs 4 turns; B none: B's wake is next.
+        let running = |t: &TenantId| if *t == a { 4 } else { 0 };
+        assert_eq!(q.next(running, &FairShare::default()), Some((b, 1000)));
+        assert_eq!(q.next(running, &FairShare::default()), Some((a, 0)));
+    }
+
+    #[test]
+    fn a_capped_tenant_gets_nothing_past_its_cap_and_weights_share_slots() {
+        let now = Instant::now();
+        let share = FairShare::parse(&["heavy=3".into()], &["capped=2".into()]).unwrap();
+        let mut q = FairQueue::new(8, 8, Duration::from_millis(100));
+        let (capped, heavy, light) = (tenant("capped"), tenant("heavy"), tenant("light"));
+        for i in 0..8 {
+            for t in [&capped, &heavy, &light] {
+                assert_eq!(q.admit(t, i, now, 8, 1), Admit::Queued);
+            }
+        }
+        let mut running: HashMap<TenantId, usize> = HashMap::new();
+        let mut order = Vec::new();
+        while let Some((t, _)) = q.next(|t| running.get(t).copied().unwrap_or(0), &share) {
+            *running.entry(t.clone()).or_default() += 1;
+            order.push(t);
+            if order.len() == 10 {
+                break;
+            }
+        }
+        assert_eq!(running[&capped], 2, "{order:?}");
+        // Of the other 8 starts, heavy (weight 3) gets three times light's.
+        assert_eq!((running[&heavy], running[&light]), (6, 2), "{order:?}");
+        assert!(!q.has_eligible(
+            |t| if *t == capped { 2 } else { 100 },
+            &FairShare::parse(&[], &["*=100".into(), "capped=2".into()]).unwrap()
+        ));
+    }
+
+    #[test]
+    fn settings_parse_or_say_why_not() {
+        let share = FairShare::parse(&["*=2".into(), "acme=5".into()], &["*=4".into()]).unwrap();
+        assert_eq!(share.weight(&tenant("acme")), 5);
+        assert_eq!(share.weight(&tenant("other")), 2);
+        assert_eq!(share.cap(&tenant("other")), Some(4));
+        assert_eq!(FairShare::default().cap(&tenant("x")), None);
+        for (w, c) in [
+            (vec!["acme".to_string()], vec![]),
+            (vec!["acme=0".into()], vec![]),
+            (vec!["acme=x".into()], vec![]),
+            (vec![], vec!["*=0".into()]),
+            (vec!["../x=1".into()], vec![]),
+        ] {
+            assert!(FairShare::parse(&w, &c).is_err(), "{w:?} {c:?}");
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn nothing_is_lost_and_a_tenant_is_served_in_arrival_order(
+            arrivals in proptest::collection::vec((0u8..4, any::<bool>()), 1..300),
+            per_tenant in 1usize..6,
+        ) {
+            let now = Instant::now();
+            let mut q = FairQueue::new(4, per_tenant, Duration::from_millis(100));
+            let mut given_back = 0;
+            let mut queued = 0;
+            for (i, (t, _)) in arrivals.iter().enumerate() {
+                match q.admit(&tenant(&format!("t{t}")), i, now, 8, 1) {
+                    Admit::Queued => queued += 1,
+                    Admit::Defer(j, delay) => {
+                        prop_assert_eq!(j, i);
+                        prop_assert!(delay > Duration::ZERO && delay <= MAX_DEFER);
+                        given_back += 1;
+                    }
+                }
+            }
+            prop_assert_eq!(queued + given_back, arrivals.len());
+            prop_assert_eq!(q.len(), queued);
+            let mut last: HashMap<TenantId, usize> = HashMap::new();
+            let mut out = 0;
+            while let Some((t, i)) = q.next(|_| 0, &FairShare::default()) {
+                if let Some(prev) = last.insert(t, i) {
+                    prop_assert!(prev < i);
+                }
+                out += 1;
+            }
+            prop_assert_eq!(out, queued);
+            prop_assert!(q.is_empty());
+        }
+    }
+}
