@@ -884,6 +884,29 @@ pub enum BenchCommand {
         #[arg(long, default_value = "nats-server")]
         nats_server: PathBuf,
     },
+    /// One tenant's burst against another's single messages: tenant B's wait for a reply on an
+    /// idle system and while tenant A's burst of N messages (into N conversations) is worked
+    /// off, on the embedded bus and on JetStream; the ratio is what fair share keeps small.
+    Fairness {
+        /// Burst sizes, comma-separated.
+        #[arg(long, value_delimiter = ',', default_value = "600,6000")]
+        bursts: Vec<usize>,
+        /// Workers in the process.
+        #[arg(long, default_value_t = 1)]
+        workers: usize,
+        /// Turn slots per worker.
+        #[arg(long, default_value_t = 64)]
+        slots: usize,
+        /// The agent's time per turn, in milliseconds.
+        #[arg(long, default_value_t = 250)]
+        turn_ms: u64,
+        /// B's single messages in each phase.
+        #[arg(long, default_value_t = 10)]
+        singles: usize,
+        /// The embedded bus only (no nats-server).
+        #[arg(long)]
+        embedded_only: bool,
+    },
     /// Resident memory over a long run: N turns of an echo agent through the API on the embedded
     /// stack and on a fleet (nats-server, router, worker), each process's anonymous and
     /// file-backed memory sampled as the turns go by; fails when anonymous memory grows more

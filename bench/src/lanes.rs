@@ -62,13 +62,14 @@ fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
 }
 
-struct Nats {
+pub(crate) struct Nats {
     child: tokio::process::Child,
     _dir: tempfile::TempDir,
-    url: String,
+    pub(crate) url: String,
 }
 
-async fn start_nats() -> Result<Nats> {
+/// A nats-server for one run, on a free loopback port (killed when dropped).
+pub(crate) async fn start_nats() -> Result<Nats> {
     let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
     let dir = tempfile::tempdir()?;
     let child = tokio::process::Command::new("nats-server")

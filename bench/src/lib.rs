@@ -11,6 +11,7 @@
 //! - [`lanes`]: accept → turn start and turns per second, embedded and on JetStream
 //! - [`erase`]: deleting conversations from every store, and the sweep with nothing due
 //! - [`edge`]: the HTTP/WebSocket edge over a stack the caller starts
+//! - [`fairness`]: one tenant's burst against another tenant's single messages
 //! - [`fleet`]: routers and workers as processes on NATS, through the API: scaling with W
 //! - [`cell`]: the cell's overhead over bare Python
 //! - [`mcp`]: an MCP call through Turnpike beside the Python client's, and a server's start
@@ -63,6 +64,7 @@ pub mod context;
 mod cpu;
 pub mod edge;
 pub mod erase;
+pub mod fairness;
 pub mod fleet;
 pub mod git;
 pub mod lanes;

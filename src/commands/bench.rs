@@ -219,6 +219,24 @@ pub async fn run(global: &Global, command: BenchCommand) -> Result<ExitCode> {
             })
             .await
         }
+        BenchCommand::Fairness {
+            bursts,
+            workers,
+            slots,
+            turn_ms,
+            singles,
+            embedded_only,
+        } => {
+            turnpike_bench::fairness::run(turnpike_bench::fairness::Plan {
+                bursts,
+                workers: workers.max(1),
+                slots: slots.max(1),
+                turn: Duration::from_millis(turn_ms),
+                singles: singles.max(1),
+                jetstream: !embedded_only,
+            })
+            .await
+        }
         BenchCommand::Soak {
             turns,
             conversations,
