@@ -3,7 +3,9 @@
 //! by closed-loop clients, with a scripted model that takes a fixed time per call, so the
 //! model's time, not this machine's cores, is what bounds a worker. For W = 1, 2, 4, …: turns
 //! per second and schedule-to-start (the edge's accept → the turn's dispatch, read from each
-//! record), and the scaling efficiency as a ratio of W = 1's throughput.
+//! record) beside what a first-come, first-served dispatcher over all the fleet's slots would
+//! have given for the same arrivals and turn times, and the scaling efficiency as a ratio of
+//! W = 1's throughput.
 //!
 //! The load: twice as many conversations as the fleet has turn slots, each sending its next
 //! message once its previous turn completed (seen through the conversation's WebSocket and its
@@ -123,6 +125,10 @@ struct Measured {
     per_second: f64,
     s2s_p50_ms: f64,
     s2s_p99_ms: f64,
+    /// What a first-come, first-served dispatcher over all the fleet's slots would have given
+    /// for the same arrivals and turn times.
+    fcfs_p50_ms: f64,
+    fcfs_p99_ms: f64,
 }
 
 /// `turnpike bench fleet`.
@@ -145,12 +151,15 @@ pub async fn run(plan: Plan) -> Result<ExitCode> {
             .first()
             .map(|base| m.per_second / (base.per_second * w as f64 / base.workers as f64));
         println!(
-            "W = {w}: {:.1} turns/s ({} turns; {:.0}% of the model-bound ceiling {ideal:.1}/s); schedule-to-start p50 {:.1} ms, p99 {:.1} ms{}",
+            "W = {w}: {:.1} turns/s ({} turns; {:.0}% of the model-bound ceiling {ideal:.1}/s); schedule-to-start p50 {:.1} ms, p99 {:.1} ms (first come, first served: p50 {:.1} ms, p99 {:.1} ms; p99 x{:.2}){}",
             m.per_second,
             m.turns,
             100.0 * m.per_second / ideal,
             m.s2s_p50_ms,
             m.s2s_p99_ms,
+            m.fcfs_p50_ms,
+            m.fcfs_p99_ms,
+            m.s2s_p99_ms / m.fcfs_p99_ms.max(1.0),
             match (results.first(), efficiency) {
                 (Some(base), Some(e)) => format!(
                     "; ×{:.2} W = {} (scaling efficiency {:.0}%)",
@@ -252,25 +261,62 @@ async fn measure(plan: &Plan, workers: usize) -> Result<Measured> {
             tokio::spawn(async move { drive(client, id, turns).await })
         })
         .collect();
-    let mut s2s = Vec::new();
+    let mut timed = Vec::new();
     for t in tasks {
-        s2s.extend(t.await??);
+        timed.extend(t.await??);
     }
     let took = started.elapsed();
     drop(procs);
-    let turns = s2s.len();
+    let turns = timed.len();
+    let mut s2s: Vec<Duration> = timed
+        .iter()
+        .map(|t| Duration::from_millis(t.started_ms.saturating_sub(t.accepted_ms)))
+        .collect();
+    let mut fcfs = first_come_first_served(&timed, workers * plan.slots);
     Ok(Measured {
         workers,
         turns,
         per_second: turns as f64 / took.as_secs_f64(),
         s2s_p50_ms: crate::series::percentile_ms(&mut s2s, 0.5),
         s2s_p99_ms: crate::series::percentile_ms(&mut s2s, 0.99),
+        fcfs_p50_ms: crate::series::percentile_ms(&mut fcfs, 0.5),
+        fcfs_p99_ms: crate::series::percentile_ms(&mut fcfs, 0.99),
     })
 }
 
+/// One turn's times (milliseconds since the epoch): its message accepted, its dispatch, and
+/// when its client saw it complete.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Timed {
+    accepted_ms: u64,
+    started_ms: u64,
+    ended_ms: u64,
+}
+
+/// The schedule-to-start of each turn had one queue in front of all `slots` slots taken them
+/// in arrival order, each for as long as it really ran: the figure a dispatcher that knows
+/// the whole fleet gives.
+fn first_come_first_served(turns: &[Timed], slots: usize) -> Vec<Duration> {
+    let mut arrivals: Vec<&Timed> = turns.iter().collect();
+    arrivals.sort_by_key(|t| t.accepted_ms);
+    // When each slot is free next.
+    let mut free: std::collections::BinaryHeap<std::cmp::Reverse<u64>> =
+        (0..slots.max(1)).map(|_| std::cmp::Reverse(0)).collect();
+    let mut waits = Vec::with_capacity(turns.len());
+    for t in arrivals {
+        let std::cmp::Reverse(at) = free.pop().expect("a slot");
+        let start = at.max(t.accepted_ms);
+        waits.push(Duration::from_millis(start - t.accepted_ms));
+        let ran = t.ended_ms.saturating_sub(t.started_ms);
+        free.push(std::cmp::Reverse(start + ran));
+    }
+    waits
+}
+
 /// Runs `turns` turns in one conversation, each message sent once the previous turn completed;
-/// returns each turn's schedule-to-start from the record.
-async fn drive(client: Client, id: String, turns: usize) -> Result<Vec<Duration>> {
+/// returns each turn's times (accepted and dispatched from the record).
+async fn drive(client: Client, id: String, turns: usize) -> Result<Vec<Timed>> {
+    let mut ended = Vec::with_capacity(turns);
     let mut stream = client.stream(&id).await.map_err(anyhow::Error::msg)?;
     let mut cursor = Cursor::new(&id);
     let mut rows: Vec<Value> = Vec::new();
@@ -292,6 +338,7 @@ async fn drive(client: Client, id: String, turns: usize) -> Result<Vec<Duration>
             rows.extend(cursor.read(&client).await.map_err(anyhow::Error::msg)?);
             let complete = rows.iter().filter(|r| r["kind"] == "turn_complete").count();
             if complete >= n {
+                ended.push(turnpike_router::bus::now_ms());
                 break;
             }
             if Instant::now() > deadline {
@@ -302,12 +349,21 @@ async fn drive(client: Client, id: String, turns: usize) -> Result<Vec<Duration>
         }
     }
     stream.close().await;
-    schedule_to_start(&rows)
-        .ok_or_else(|| anyhow!("{id}: the rows do not pair messages and dispatches"))
+    let pairs = schedule_to_start(&rows)
+        .ok_or_else(|| anyhow!("{id}: the rows do not pair messages and dispatches"))?;
+    Ok(pairs
+        .into_iter()
+        .zip(ended)
+        .map(|((accepted_ms, started_ms), ended_ms)| Timed {
+            accepted_ms,
+            started_ms,
+            ended_ms,
+        })
+        .collect())
 }
 
-/// Each turn's accept → dispatch: the message's `accepted_at_ms` to its `turn_dispatched`.
-fn schedule_to_start(rows: &[Value]) -> Option<Vec<Duration>> {
+/// Each turn's accept and dispatch: the message's `accepted_at_ms` and its `turn_dispatched`.
+fn schedule_to_start(rows: &[Value]) -> Option<Vec<(u64, u64)>> {
     let mut accepted = None;
     let mut out = Vec::new();
     for row in rows {
@@ -317,7 +373,7 @@ fn schedule_to_start(rows: &[Value]) -> Option<Vec<Duration>> {
             }
             "turn_dispatched" => {
                 let at = row["data"]["at_ms"].as_u64()?;
-                out.push(Duration::from_millis(at.saturating_sub(accepted.take()?)));
+                out.push((accepted.take()?, at));
             }
             _ => {}
         }
@@ -367,7 +423,20 @@ mod tests {
         ];
         assert_eq!(
             schedule_to_start(&rows).unwrap(),
-            [Duration::from_millis(40), Duration::from_millis(300)]
+            [(1000, 1040), (2000, 2300)]
         );
+    }
+
+    #[test]
+    fn first_come_first_served_queues_arrivals_in_order_over_the_slots() {
+        let t = |accepted_ms, ran| Timed {
+            accepted_ms,
+            started_ms: 0,
+            ended_ms: ran,
+        };
+        // Two slots; three turns of 100 ms at once, then one long after.
+        let waits = first_come_first_served(&[t(0, 100), t(0, 100), t(0, 100), t(500, 100)], 2);
+        let ms: Vec<u64> = waits.iter().map(|d| d.as_millis() as u64).collect();
+        assert_eq!(ms, [0, 0, 100, 0]);
     }
 }
