@@ -63,9 +63,14 @@ impl Dispatch {
     pub(crate) fn admit(&self, wake: Wake, free: usize) -> Option<(Wake, Duration)> {
         let tenant = wake.tenant.clone();
         let workers = self.workers.load(Ordering::Relaxed);
-        let admitted = self
-            .queue()
-            .admit(&tenant, wake, Instant::now(), free, workers);
+        let admitted = self.queue().admit(
+            &tenant,
+            wake,
+            Instant::now(),
+            free,
+            workers,
+            self.share.cap(&tenant),
+        );
         match admitted {
             Admit::Queued => {
                 self.ready.notify_one();

@@ -184,7 +184,7 @@ impl<T> FairQueue<T> {
     /// Offers `item` of `tenant`. `free` is how many slots are free now: a tenant may have one
     /// more item waiting than that (so the next slot to free can choose fairly), up to
     /// `per_tenant`. `workers` is how many workers share the tenant's backlog (put-off items
-    /// come back to any of them).
+    /// come back to any of them); `cap`, the tenant's cap on running turns here.
     pub fn admit(
         &mut self,
         tenant: &TenantId,
@@ -192,13 +192,15 @@ impl<T> FairQueue<T> {
         now: Instant,
         free: usize,
         workers: usize,
+        cap: Option<usize>,
     ) -> Admit<T> {
         let per_tenant = self.per_tenant.min(free.saturating_add(1));
         let full = self.len >= self.total;
-        // The time between two of a tenant's starts if it had the whole pool: a put-off item
-        // that comes back early is put off again (a nak); one that comes back late would
-        // leave slots idle. So the estimate leans early.
-        let interval = self.hold / (self.slots * workers.max(1)) as u32;
+        // The time between two of a tenant's starts if it had the whole pool (or as much of it
+        // as its cap allows): a put-off item that comes back early is put off again (a nak);
+        // one that comes back late would leave slots idle. So the estimate leans early.
+        let slots = cap.map_or(self.slots, |cap| cap.clamp(1, self.slots));
+        let interval = self.hold / (slots * workers.max(1)) as u32;
         let entry = self
             .tenants
             .entry(tenant.clone())
@@ -318,7 +320,7 @@ mod tests {
         let (a, b) = (tenant("a"), tenant("b"));
         let mut deferred = Vec::new();
         for i in 0..600 {
-            match q.admit(&a, i, now, 4, 1) {
+            match q.admit(&a, i, now, 4, 1, None) {
                 Admit::Queued => {}
                 Admit::Defer(i, delay) => deferred.push((i, delay)),
             }
@@ -328,7 +330,7 @@ mod tests {
         // Put-off wakes keep their order: each comes back no sooner than the one before it.
         assert!(deferred.windows(2).all(|w| w[0].1 <= w[1].1));
         assert!(deferred.iter().all(|(_, d)| *d <= MAX_DEFER));
-        assert_eq!(q.admit(&b, 1000, now, 0, 1), Admit::Queued);
+        assert_eq!(q.admit(&b, 1000, now, 0, 1, None), Admit::Queued);
         // A runs 4 turns; B none: B's wake is next.
         let running = |t: &TenantId| if *t == a { 4 } else { 0 };
         assert_eq!(q.next(running, &FairShare::default()), Some((b, 1000)));
@@ -343,7 +345,7 @@ mod tests {
         let (capped, heavy, light) = (tenant("capped"), tenant("heavy"), tenant("light"));
         for i in 0..8 {
             for t in [&capped, &heavy, &light] {
-                assert_eq!(q.admit(t, i, now, 8, 1), Admit::Queued);
+                assert_eq!(q.admit(t, i, now, 8, 1, None), Admit::Queued);
             }
         }
         let mut running: HashMap<TenantId, usize> = HashMap::new();
@@ -393,7 +395,7 @@ mod tests {
             let mut given_back = 0;
             let mut queued = 0;
             for (i, (t, _)) in arrivals.iter().enumerate() {
-                match q.admit(&tenant(&format!("t{t}")), i, now, 8, 1) {
+                match q.admit(&tenant(&format!("t{t}")), i, now, 8, 1, None) {
                     Admit::Queued => queued += 1,
                     Admit::Defer(j, delay) => {
                         prop_assert_eq!(j, i);
