@@ -60,6 +60,9 @@ pub struct Wake {
     pub seq: u64,
     /// How many times it was delivered (1 the first time).
     pub deliveries: u64,
+    /// When its event was put on the lane (ms since the epoch; 0: unknown): its place in the
+    /// order of arrival, however often it was put off since.
+    pub published_ms: u64,
     acker: std::sync::Arc<dyn WakeAck>,
 }
 
@@ -87,8 +90,15 @@ impl Wake {
             tenant,
             seq,
             deliveries,
+            published_ms: 0,
             acker: acker.into(),
         }
+    }
+
+    /// The same wake, knowing when its event was put on the lane.
+    pub fn published_at(mut self, ms: u64) -> Self {
+        self.published_ms = ms;
+        self
     }
 
     /// A handle that keeps this wake in progress without holding the wake itself (so a caller

@@ -72,6 +72,8 @@ struct Pending {
     tenant: TenantId,
     seq: u64,
     deliveries: u64,
+    /// When it was put on the lane (ms since the epoch; a reopened bus's queued wakes: then).
+    published_ms: u64,
 }
 
 #[derive(Default)]
@@ -256,6 +258,7 @@ fn write_loop(
                                 tenant: request.tenant.clone(),
                                 seq: published.seq,
                                 deliveries: 0,
+                                published_ms: crate::clock::now_ms(),
                             },
                         );
                     }
@@ -493,6 +496,7 @@ impl EmbeddedBus {
                 tenant,
                 seq,
                 deliveries: 0,
+                published_ms: crate::clock::now_ms(),
             });
         }
         drop(queue);
@@ -780,7 +784,8 @@ impl Bus for EmbeddedBus {
                             wakes: self.wakes.clone(),
                             id,
                         }),
-                    ));
+                    )
+                    .published_at(pending.published_ms));
                 }
                 deadline
             };

@@ -585,6 +585,8 @@ async fn feed(stream: stream::Stream, tx: mpsc::Sender<Wake>, prefetch: usize) {
             };
             let Ok(info) = message.info() else { continue };
             let (seq, deliveries) = (info.stream_sequence, info.delivered.max(1) as u64);
+            let published_ms = u64::try_from(info.published.unix_timestamp_nanos() / 1_000_000)
+                .unwrap_or_default();
             let (message, acker) = message.split();
             // Only the address is read here: a message whose body this binary cannot read
             // still wakes its owner, who parks it as a dead letter.
@@ -602,7 +604,8 @@ async fn feed(stream: stream::Stream, tx: mpsc::Sender<Wake>, prefetch: usize) {
                 seq,
                 deliveries,
                 Box::new(JsAck(acker)),
-            );
+            )
+            .published_at(published_ms);
             if tx.send(wake).await.is_err() {
                 return;
             }

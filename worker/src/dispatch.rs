@@ -58,16 +58,22 @@ impl Dispatch {
         move |t| running.get(t).copied().unwrap_or(0)
     }
 
-    /// Queues `wake` (`free`: the worker's free slots now), or hands it back with how long
-    /// the bus should keep it.
-    pub(crate) fn admit(&self, wake: Wake, free: usize) -> Option<(Wake, Duration)> {
+    /// Queues `wake` in its place among its tenant's, or hands back it (or a later one of its
+    /// tenant's it displaced) with how long the bus should keep it.
+    pub(crate) fn admit(&self, wake: Wake) -> Option<(Wake, Duration)> {
         let tenant = wake.tenant.clone();
         let workers = self.workers.load(Ordering::Relaxed);
+        let now = Instant::now();
+        // A wake of unknown arrival counts as arriving now.
+        let arrived = match wake.published_ms {
+            0 => turnpike_router::bus::now_ms(),
+            ms => ms,
+        };
         let admitted = self.queue().admit(
             &tenant,
             wake,
-            Instant::now(),
-            free,
+            arrived,
+            now,
             workers,
             self.share.cap(&tenant),
         );
@@ -76,7 +82,11 @@ impl Dispatch {
                 self.ready.notify_one();
                 None
             }
-            Admit::Defer(wake, delay) => Some((wake, delay)),
+            Admit::Defer(wake, delay) => {
+                // The one handed back may be another: the offered one took its place.
+                self.ready.notify_one();
+                Some((wake, delay))
+            }
         }
     }
 

@@ -9,13 +9,14 @@
 //! every other tenant behind the burst reach the worker within a moment of being published.
 //!
 //! # Contract
-//! - A tenant's wakes wait here in the order they came; at most `per_tenant` of them. The rest
-//!   are put off, each one an estimated start interval after the one before it (its place is
-//!   kept, roughly: a put-off wake comes back about when its turn would come), capped at
-//!   [`MAX_DEFER`]. Nothing is dropped: a wake is queued or given back to the bus with a delay.
+//! - A tenant's wakes wait here in the order they arrived on the bus; at most `per_tenant` of
+//!   them, the earliest seen. The rest are put off, each one an estimated start interval after
+//!   the one before it (a put-off wake comes back about when its turn would come, and takes
+//!   its place again before any later arrival), capped at [`MAX_DEFER`]. Nothing is dropped:
+//!   a wake is queued or given back to the bus with a delay.
 //! - [`FairQueue::next`] never returns a wake of a tenant whose running turns have reached its
 //!   cap, and otherwise returns a wake of the tenant with the least `(running + 1) / weight`
-//!   (ties: the one whose first wake has waited longest).
+//!   (ties: the one whose first wake arrived first).
 //! - Pure: no clock, no I/O; the caller passes `now` and the running counts.
 
 use std::collections::{HashMap, VecDeque};
@@ -132,7 +133,8 @@ pub enum Admit<T> {
 }
 
 struct Tenant<T> {
-    waiting: VecDeque<(Instant, T)>,
+    /// In order of arrival: (taken here, arrived on the bus, item).
+    waiting: VecDeque<(Instant, u64, T)>,
     /// When the last item put off for this tenant is due back.
     due: Option<Instant>,
 }
@@ -181,20 +183,22 @@ impl<T> FairQueue<T> {
         self.len < self.total
     }
 
-    /// Offers `item` of `tenant`. `free` is how many slots are free now: a tenant may have one
-    /// more item waiting than that (so the next slot to free can choose fairly), up to
-    /// `per_tenant`. `workers` is how many workers share the tenant's backlog (put-off items
-    /// come back to any of them); `cap`, the tenant's cap on running turns here.
+    /// Offers `item` of `tenant`, which arrived on the bus at `arrived` (ms; its place in the
+    /// tenant's order, kept however often it was put off). A tenant's queue holds its
+    /// `per_tenant` earliest arrivals seen: a later one is put off, or, when an earlier one
+    /// comes (back), the latest waiting is put off in its stead. `workers` is how many workers
+    /// share the tenant's backlog (put-off items come back to any of them); `cap`, the
+    /// tenant's cap on running turns here.
     pub fn admit(
         &mut self,
         tenant: &TenantId,
         item: T,
+        arrived: u64,
         now: Instant,
-        free: usize,
         workers: usize,
         cap: Option<usize>,
     ) -> Admit<T> {
-        let per_tenant = self.per_tenant.min(free.saturating_add(1));
+        let per_tenant = self.per_tenant;
         let full = self.len >= self.total;
         // The time between two of a tenant's starts if it had the whole pool (or as much of it
         // as its cap allows): a put-off item that comes back early is put off again (a nak);
@@ -208,11 +212,19 @@ impl<T> FairQueue<T> {
                 waiting: VecDeque::new(),
                 due: None,
             });
-        if entry.waiting.len() < per_tenant && !full {
-            entry.waiting.push_back((now, item));
+        let at = entry.waiting.partition_point(|(_, a, _)| *a <= arrived);
+        let item = if entry.waiting.len() < per_tenant && !full {
+            entry.waiting.insert(at, (now, arrived, item));
             self.len += 1;
             return Admit::Queued;
-        }
+        } else if at < entry.waiting.len() {
+            // Earlier than the latest waiting: that one is put off instead.
+            entry.waiting.insert(at, (now, arrived, item));
+            let (_, _, latest) = entry.waiting.pop_back().expect("not empty");
+            latest
+        } else {
+            item
+        };
         // After what waits here, and after the items put off before this one.
         let ahead = interval * entry.waiting.len() as u32;
         let after_last = entry
@@ -238,9 +250,9 @@ impl<T> FairQueue<T> {
         running: impl Fn(&TenantId) -> usize,
         share: &FairShare,
     ) -> Option<(TenantId, T)> {
-        let mut best: Option<(&TenantId, f64, Instant)> = None;
+        let mut best: Option<(&TenantId, f64, u64)> = None;
         for (tenant, t) in &self.tenants {
-            let Some((since, _)) = t.waiting.front() else {
+            let Some((_, since, _)) = t.waiting.front() else {
                 continue;
             };
             let n = running(tenant);
@@ -258,7 +270,7 @@ impl<T> FairQueue<T> {
         }
         let tenant = best?.0.clone();
         let t = self.tenants.get_mut(&tenant)?;
-        let (_, item) = t.waiting.pop_front()?;
+        let (_, _, item) = t.waiting.pop_front()?;
         self.len -= 1;
         Some((tenant, item))
     }
@@ -280,15 +292,11 @@ impl<T> FairQueue<T> {
     pub fn take_older(&mut self, now: Instant, older: Duration) -> Vec<T> {
         let mut out = Vec::new();
         for t in self.tenants.values_mut() {
-            while t
-                .waiting
-                .front()
-                .is_some_and(|(since, _)| now.saturating_duration_since(*since) > older)
-            {
-                if let Some((_, item)) = t.waiting.pop_front() {
-                    out.push(item);
-                }
-            }
+            let (old, young): (VecDeque<_>, VecDeque<_>) = std::mem::take(&mut t.waiting)
+                .into_iter()
+                .partition(|(since, _, _)| now.saturating_duration_since(*since) > older);
+            t.waiting = young;
+            out.extend(old.into_iter().map(|(_, _, item)| item));
         }
         self.len -= out.len();
         out
@@ -299,7 +307,7 @@ impl<T> FairQueue<T> {
         self.len = 0;
         self.tenants
             .drain()
-            .flat_map(|(_, t)| t.waiting.into_iter().map(|(_, item)| item))
+            .flat_map(|(_, t)| t.waiting.into_iter().map(|(_, _, item)| item))
             .collect()
     }
 }
@@ -320,7 +328,7 @@ mod tests {
         let (a, b) = (tenant("a"), tenant("b"));
         let mut deferred = Vec::new();
         for i in 0..600 {
-            match q.admit(&a, i, now, 4, 1, None) {
+            match q.admit(&a, i, i as u64, now, 1, None) {
                 Admit::Queued => {}
                 Admit::Defer(i, delay) => deferred.push((i, delay)),
             }
@@ -330,7 +338,7 @@ mod tests {
         // Put-off wakes keep their order: each comes back no sooner than the one before it.
         assert!(deferred.windows(2).all(|w| w[0].1 <= w[1].1));
         assert!(deferred.iter().all(|(_, d)| *d <= MAX_DEFER));
-        assert_eq!(q.admit(&b, 1000, now, 0, 1, None), Admit::Queued);
+        assert_eq!(q.admit(&b, 1000, 1000, now, 1, None), Admit::Queued);
         // A runs 4 turns; B none: B's wake is next.
         let running = |t: &TenantId| if *t == a { 4 } else { 0 };
         assert_eq!(q.next(running, &FairShare::default()), Some((b, 1000)));
@@ -345,7 +353,7 @@ mod tests {
         let (capped, heavy, light) = (tenant("capped"), tenant("heavy"), tenant("light"));
         for i in 0..8 {
             for t in [&capped, &heavy, &light] {
-                assert_eq!(q.admit(t, i, now, 8, 1, None), Admit::Queued);
+                assert_eq!(q.admit(t, i, i as u64, now, 1, None), Admit::Queued);
             }
         }
         let mut running: HashMap<TenantId, usize> = HashMap::new();
@@ -364,6 +372,29 @@ mod tests {
             |t| if *t == capped { 2 } else { 100 },
             &FairShare::parse(&[], &["*=100".into(), "capped=2".into()]).unwrap()
         ));
+    }
+
+    #[test]
+    fn a_wake_that_comes_back_keeps_its_place_before_later_arrivals() {
+        let now = Instant::now();
+        let mut q = FairQueue::new(2, 2, Duration::from_millis(100));
+        let a = tenant("a");
+        assert_eq!(q.admit(&a, "ten", 10, now, 1, None), Admit::Queued);
+        assert_eq!(q.admit(&a, "twenty", 20, now, 1, None), Admit::Queued);
+        // Full: a later arrival is put off; an earlier one (put off before, back now) takes
+        // the place of the latest waiting.
+        assert!(matches!(
+            q.admit(&a, "thirty", 30, now, 1, None),
+            Admit::Defer("thirty", _)
+        ));
+        assert!(matches!(
+            q.admit(&a, "five", 5, now, 1, None),
+            Admit::Defer("twenty", _)
+        ));
+        let order: Vec<_> = std::iter::from_fn(|| q.next(|_| 0, &FairShare::default()))
+            .map(|(_, item)| item)
+            .collect();
+        assert_eq!(order, ["five", "ten"]);
     }
 
     #[test]
@@ -395,7 +426,7 @@ mod tests {
             let mut given_back = 0;
             let mut queued = 0;
             for (i, (t, _)) in arrivals.iter().enumerate() {
-                match q.admit(&tenant(&format!("t{t}")), i, now, 8, 1, None) {
+                match q.admit(&tenant(&format!("t{t}")), i, i as u64, now, 1, None) {
                     Admit::Queued => queued += 1,
                     Admit::Defer(j, delay) => {
                         prop_assert_eq!(j, i);

@@ -284,8 +284,7 @@ impl Worker {
     /// Queues `wake` in the fair intake, or gives it back to the bus for the time its tenant's
     /// queue here needs.
     fn put_off_unless_queued(&self, wake: Wake) {
-        let free = self.inner.slots.available_permits();
-        if let Some((wake, delay)) = self.inner.dispatch.admit(wake, free) {
+        if let Some((wake, delay)) = self.inner.dispatch.admit(wake) {
             metrics::counter!("turnpike_wakes_deferred_total").increment(1);
             tokio::spawn(async move {
                 wake.settle(Settlement::Deferred(delay), Duration::ZERO)
