@@ -55,7 +55,7 @@ async fn drain(
     slot: &OwnerSlot,
     epoch: turnpike_schemas::Epoch,
     known_last: u64,
-    stopping: &std::sync::atomic::AtomicBool,
+    worker: &Inner,
 ) -> Result<Head> {
     let conversation = env.record.prefix().conversation();
     let mut head = open_drain(env).await?;
@@ -70,8 +70,15 @@ async fn drain(
             head = recover_turn(env, head, epoch).await?;
             continue;
         }
-        if stopping.load(std::sync::atomic::Ordering::Relaxed) {
+        if worker.is_stopping() {
             // Shutting down: no new turn; what is left goes to the next owner.
+            env.end_drain().await;
+            return Ok(head);
+        }
+        if !first && worker.dispatch.has_startable() {
+            // Other wakes wait here for a slot: this conversation's next turn waits its turn
+            // among them (its wakes go back to the bus as the owner lets go), instead of
+            // keeping the slot for as long as its sender keeps writing.
             env.end_drain().await;
             return Ok(head);
         }
@@ -199,6 +206,11 @@ pub(crate) async fn own(
             .await;
         let _ = worker.bus.release(&lease).await;
         if outcome.is_err() {
+            return;
+        }
+        // Others wait for a slot here: whatever the lane holds now waits its turn among them
+        // (its wakes are on the bus or in the intake; none was acked undone).
+        if worker.dispatch.has_startable() {
             return;
         }
         let Some(last) = lane_past(&worker, conversation, lane_through, state.as_ref()).await
@@ -331,7 +343,7 @@ async fn drain_renewing(
     known_last: u64,
 ) -> Result<Head> {
     let conversation = lease.conversation;
-    let work = drain(env, slot, lease.epoch(), known_last, &worker.stopping);
+    let work = drain(env, slot, lease.epoch(), known_last, worker);
     tokio::pin!(work);
     let every = worker.config.renew_every;
     let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
