@@ -141,11 +141,13 @@ impl Dispatch {
         }
     }
 
-    /// The wakes that waited here longer than `older` (taken out: the worker gives them back
-    /// to the bus, for a worker with room).
-    pub(crate) fn older(&self, older: Duration) -> Vec<Wake> {
+    /// The wakes that waited here longer than twice the time a start holds a slot, but at
+    /// least `least` and at most `most` (taken out: the worker gives them back to the bus, for
+    /// a worker with room). A wake that waits about a turn for a slot here stays.
+    pub(crate) fn older(&self, least: Duration, most: Duration) -> Vec<Wake> {
         let now = Instant::now();
         let mut queue = self.queue();
+        let older = (queue.hold() * 2).clamp(least, most.max(least));
         let wakes = queue.take_older(now, older);
         queue.forget_idle(now);
         drop(queue);

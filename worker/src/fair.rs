@@ -275,6 +275,11 @@ impl<T> FairQueue<T> {
         Some((tenant, item))
     }
 
+    /// How long a start holds its slot, as estimated now.
+    pub fn hold(&self) -> Duration {
+        self.hold
+    }
+
     /// A start held its slot for `held`: the estimate of hold times follows.
     pub fn finished(&mut self, held: Duration) {
         self.hold = (self.hold * 7 + held) / 8;

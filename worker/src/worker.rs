@@ -178,8 +178,8 @@ impl Worker {
         // The first tick is at once: a worker starting up recovers what was left open.
         let mut sweep = tokio::time::interval(self.inner.config.sweep_every);
         sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        // A wake waits here for a slot at most this long before it goes back to the bus, for
-        // a worker with room (and so it is never near its ack wait).
+        // A wake waits here for a slot at least this long (and at most MAX_WAITING: never near
+        // its ack wait) before it goes back to the bus, for a worker with room.
         let hand_back = self.inner.config.busy_delay.min(MAX_WAITING);
         let mut keep = tokio::time::interval(hand_back / 2);
         keep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -216,7 +216,7 @@ impl Worker {
                     }
                 }
                 _ = keep.tick() => {
-                    let older = dispatch.older(hand_back);
+                    let older = dispatch.older(hand_back, MAX_WAITING);
                     if !older.is_empty() {
                         metrics::counter!("turnpike_wakes_handed_back_total").increment(older.len() as u64);
                         tokio::spawn(async move {
