@@ -2,7 +2,7 @@
 //!
 //! A wake for a conversation this worker owns goes to its owner, which keeps it in progress
 //! until the record holds it in a complete turn. Otherwise the wake waits in the worker's fair
-//! intake ([`crate::dispatch`]) for a free slot: wakes are taken off the bus as they come, one
+//! intake (see [`crate::fair`]) for a free slot: wakes are taken off the bus as they come, one
 //! short queue per tenant, and a slot that frees goes to the tenant with the fewest running
 //! turns for its weight (never past its cap); a tenant's wakes beyond its queue are put off at
 //! once, each for about the time until its turn would come, so a burst of one tenant is not
