@@ -53,11 +53,6 @@ impl Dispatch {
         self.queue.lock().expect("fair queue lock")
     }
 
-    fn running_of(&self) -> impl Fn(&TenantId) -> usize + '_ {
-        let running = self.running.lock().expect("running lock").clone();
-        move |t| running.get(t).copied().unwrap_or(0)
-    }
-
     /// Queues `wake` in its place among its tenant's, or hands back it (or a later one of its
     /// tenant's it displaced) with how long the bus should keep it.
     pub(crate) fn admit(&self, wake: Wake) -> Option<(Wake, Duration)> {
@@ -97,8 +92,10 @@ impl Dispatch {
 
     /// Whether a queued wake may start now.
     pub(crate) fn has_startable(&self) -> bool {
-        let running = self.running_of();
-        self.queue().has_eligible(running, &self.share)
+        // The locks in the order `next` takes them: the running counts, then the queue.
+        let running = self.running.lock().expect("running lock");
+        self.queue()
+            .has_eligible(|t| running.get(t).copied().unwrap_or(0), &self.share)
     }
 
     /// The wake to start in a free slot, counted as running for its tenant.
