@@ -355,6 +355,10 @@ pub enum ReferencePage {
     Cli,
     /// The configuration file's keys (`--config`), per long-running command.
     Config,
+    /// The kinds of entry a conversation's record holds.
+    Entries,
+    /// The API's error codes.
+    Errors,
 }
 
 #[derive(Debug, Args)]

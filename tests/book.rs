@@ -1,7 +1,12 @@
 //! The book (`book/`) against the binary: its reference pages are what `turnpike reference`
 //! prints now (a renamed flag fails here until the page is regenerated), every manifest and
-//! script it shows (code blocks marked `toml title=NAME`) loads as an app, and `mdbook build`
-//! succeeds.
+//! script it shows (code blocks marked `toml title=NAME`) loads as an app, every shell snippet
+//! (code blocks marked `sh`, unless also `no-run`) runs, and `mdbook build` succeeds.
+//!
+//! A page's snippets run in order as one script, in a fresh directory holding the page's
+//! titled files, with `turnpike` on the `PATH` and in a network namespace of their own (so a
+//! snippet's `turnpike serve &` listens on the documented default ports): what a reader types,
+//! byte for byte.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -16,7 +21,12 @@ fn binary() -> PathBuf {
 
 #[test]
 fn the_reference_pages_are_what_the_binary_prints() {
-    for (page, file) in [("cli", "cli.md"), ("config", "config.md")] {
+    for (page, file) in [
+        ("cli", "cli.md"),
+        ("config", "config.md"),
+        ("entries", "entries.md"),
+        ("errors", "errors.md"),
+    ] {
         let out = Command::new(binary())
             .args(["reference", page])
             .output()
@@ -145,4 +155,106 @@ fn the_book_builds() {
         String::from_utf8_lossy(&built.stderr)
     );
     assert!(out_dir.path().join("reference/cli.html").is_file());
+}
+
+/// The shell snippets of a page that run (```` ```sh ````, not marked `no-run`), in order.
+fn shell_blocks(markdown: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    // Inside a block: `Some(text)` for a snippet that runs, `None` for any other block.
+    let mut inside: Option<Option<String>> = None;
+    for line in markdown.lines() {
+        let fence = line.trim_start().strip_prefix("```");
+        match (inside.take(), fence) {
+            (None, Some(info)) => {
+                let mut words = info.split_whitespace();
+                let runs = words.next() == Some("sh") && !words.any(|w| w == "no-run");
+                inside = Some(runs.then(String::new));
+            }
+            (None, None) => {}
+            (Some(block), Some(_)) => out.extend(block),
+            (Some(block), None) => {
+                inside = Some(block.map(|mut text| {
+                    text.push_str(line);
+                    text.push('\n');
+                    text
+                }));
+            }
+        }
+    }
+    out
+}
+
+/// Runs a page's snippets as a reader would (see the module docs); the script's output when it
+/// fails.
+fn run_snippets(page: &Path, markdown: &str) -> Result<(), String> {
+    let blocks = shell_blocks(markdown);
+    if blocks.is_empty() {
+        return Ok(());
+    }
+    let dir = tempfile::tempdir().unwrap();
+    for (name, text) in titled_blocks(markdown) {
+        std::fs::write(dir.path().join(name), text).unwrap();
+    }
+    // Whatever a snippet starts in the background stops with the script.
+    let mut script = String::from(
+        "set -euo pipefail\n\
+         trap 'status=$?; kill $(jobs -p) 2>/dev/null || true; wait || true; exit $status' EXIT\n\
+         ip link set lo up\n",
+    );
+    for block in &blocks {
+        script.push_str(block);
+    }
+    let bin = binary();
+    let path = format!(
+        "{}:{}",
+        bin.parent().unwrap().display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let out = Command::new("timeout")
+        .args(["300", "unshare", "-rn", "bash", "-c", &script])
+        .current_dir(dir.path())
+        .env("PATH", path)
+        .env("HOME", dir.path())
+        .env_remove("TURNPIKE_DATA_DIR")
+        .env_remove("TURNPIKE_URL")
+        .output()
+        .unwrap();
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "{}: its snippets failed ({}):\n--- script\n{script}--- stdout\n{}--- stderr\n{}",
+            page.display(),
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ))
+    }
+}
+
+#[test]
+fn every_shell_snippet_in_the_book_runs() {
+    let mut all = Vec::new();
+    pages(&book().join("src"), &mut all);
+    all.sort();
+    let mut ran = 0;
+    for page in all {
+        let markdown = std::fs::read_to_string(&page).unwrap();
+        ran += shell_blocks(&markdown).len();
+        run_snippets(&page, &markdown).unwrap_or_else(|e| panic!("{e}"));
+    }
+    assert!(ran >= 2, "the book runs {ran} snippets");
+}
+
+#[test]
+fn a_snippet_with_a_renamed_flag_fails() {
+    // The check above would catch a page whose commands no longer fit the binary.
+    let good =
+        "```sh\nturnpike conversation create --actor local:me --app demo --agent echo\n```\n";
+    run_snippets(Path::new("good.md"), good).unwrap_or_else(|e| panic!("{e}"));
+    let renamed = good.replace("--agent", "--agent-name");
+    let failed = run_snippets(Path::new("bad.md"), &renamed).expect_err("an unknown flag fails");
+    assert!(failed.contains("--agent-name"), "{failed}");
+    let skipped = "```sh no-run\nfalse\n```\n```toml\n[x]\n```\n";
+    assert!(shell_blocks(skipped).is_empty());
 }

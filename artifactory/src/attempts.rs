@@ -92,17 +92,57 @@ pub async fn promote(
         let Some(canonical) = prefix.promoted(&meta.location, turn, attempt) else {
             continue;
         };
-        let bytes = store
-            .get(&meta.location)
-            .await
-            .map_err(|e| Error::store(&what, e))?
-            .bytes()
-            .await
-            .map_err(|e| Error::store(&what, e))?;
+        let bytes = match store.get(&meta.location).await {
+            Ok(got) => got.bytes().await.map_err(|e| Error::store(&what, e))?,
+            // Cleared since the listing (see [`clear`]): only ever after its promotion.
+            Err(object_store::Error::NotFound { .. }) if store.head(&canonical).await.is_ok() => {
+                continue;
+            }
+            Err(e) => return Err(Error::store(&what, e)),
+        };
         create(store.as_ref(), &canonical, bytes, &what).await?;
         promoted += 1;
     }
     Ok(promoted)
+}
+
+/// Deletes what attempt `attempt` at `turn` wrote, once its promotion is done: the canonical
+/// keys hold the same bytes, and an attempt's own keys are read only while its promotion is
+/// unfinished. Without this every turn would keep its log and its context snapshot twice, and
+/// the snapshots (each the size of the conversation's context) would grow a conversation's
+/// storage with the square of its length. `written`: the canonical keys the attempt wrote,
+/// when the caller knows them (no listing); `None` lists the attempt's folder. Gone already is
+/// fine. Returns how many objects it deleted or found gone.
+pub async fn clear(
+    store: &Arc<dyn ObjectStore>,
+    prefix: &ConversationPrefix,
+    turn: TurnId,
+    attempt: u64,
+    written: Option<&[object_store::path::Path]>,
+) -> Result<usize> {
+    let what = format!(
+        "clearing attempt {attempt} of {turn} of {}",
+        prefix.partition()
+    );
+    let paths: Vec<object_store::path::Path> = match written {
+        Some(canonical) => canonical
+            .iter()
+            .map(|c| prefix.in_attempt(c, turn, attempt))
+            .collect(),
+        None => store
+            .list(Some(&prefix.attempt_dir(turn, attempt)))
+            .map_ok(|meta| meta.location)
+            .try_collect()
+            .await
+            .map_err(|e| Error::store(&what, e))?,
+    };
+    for path in &paths {
+        match store.delete(path).await {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+            Err(e) => return Err(Error::store(&what, e)),
+        }
+    }
+    Ok(paths.len())
 }
 
 /// Reads a turn's object at its canonical key — or, while the promotion of the committed
@@ -258,6 +298,30 @@ mod tests {
         .await
         .unwrap_err();
         assert_eq!(err.kind(), crate::ErrorKind::AlreadyExists);
+        // Once promoted, the attempt's own copies go (listed, or named by the caller); the
+        // canonical objects stay, and a promotion run again finds nothing left to do.
+        assert_eq!(clear(&store, &prefix, turn, 7, None).await.unwrap(), 2);
+        let left: Vec<_> = store
+            .list(Some(&prefix.attempt_dir(turn, 7)))
+            .try_collect()
+            .await
+            .unwrap();
+        assert!(left.is_empty(), "{left:?}");
+        assert_eq!(&read(prefix.turn_log(turn)).await[..], b"log");
+        assert_eq!(promote(&store, &prefix, turn, 7).await.unwrap(), 0);
+        // Another attempt's keys are not this one's to clear.
+        assert!(store.head(&zombie).await.is_ok());
+        let named = [prefix.context_snapshot(turn)];
+        assert_eq!(
+            clear(&store, &prefix, turn, 8, Some(&named)).await.unwrap(),
+            1
+        );
+        assert!(store.head(&zombie).await.is_err());
+        // Gone already is fine.
+        assert_eq!(
+            clear(&store, &prefix, turn, 8, Some(&named)).await.unwrap(),
+            1
+        );
     }
 
     #[tokio::test]

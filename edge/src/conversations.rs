@@ -368,8 +368,7 @@ async fn set_grant(
     if let Some(tenant) = &input.tenant {
         if tenant != entry.tenant.as_str() {
             return Err(ApiError::new(
-                StatusCode::FORBIDDEN,
-                "cross_tenant",
+                crate::error::ErrorCode::CrossTenant,
                 format!(
                     "conversations of tenant {} cannot be shared with identities of tenant {tenant}",
                     entry.tenant

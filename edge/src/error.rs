@@ -5,13 +5,90 @@ use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 use utoipa::ToSchema;
 
+/// Declares the API's error codes: name on the wire, status, meaning (the doc comment).
+macro_rules! error_codes {
+    ($($(#[doc = $doc:literal])* $variant:ident = $name:literal, $status:ident;)*) => {
+        /// The stable, machine-readable kinds of the API's errors ([`ErrorBody::code`]): a
+        /// client branches on these, never on messages. The book's reference lists them
+        /// (`turnpike reference errors`).
+        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+        pub enum ErrorCode {
+            $($(#[doc = $doc])* $variant,)*
+        }
+
+        impl ErrorCode {
+            /// Every code, in table order.
+            pub const ALL: &'static [ErrorCode] = &[$(ErrorCode::$variant,)*];
+
+            /// The name on the wire.
+            pub const fn as_str(self) -> &'static str {
+                match self {
+                    $(ErrorCode::$variant => $name,)*
+                }
+            }
+
+            /// The HTTP status an error of this code comes with.
+            pub fn status(self) -> StatusCode {
+                match self {
+                    $(ErrorCode::$variant => StatusCode::$status,)*
+                }
+            }
+
+            /// What it means and what to do, for a person.
+            pub fn meaning(self) -> String {
+                let lines: &[&str] = match self {
+                    $(ErrorCode::$variant => &[$($doc),*],)*
+                };
+                lines.iter().map(|l| l.trim()).collect::<Vec<_>>().join(" ")
+            }
+        }
+    };
+}
+
+error_codes! {
+    /// The request is not valid JSON, or a parameter does not parse. Fix the request.
+    Malformed = "malformed", BAD_REQUEST;
+    /// No bearer token, or one that no longer identifies anyone (unknown, expired, wrong
+    /// audience or issuer). Get a new token.
+    Unauthorized = "unauthorized", UNAUTHORIZED;
+    /// The caller is known but may not do this (not an admin, not an allowed approver, not the
+    /// owner of what it names).
+    Forbidden = "forbidden", FORBIDDEN;
+    /// The request names something of another tenant: nothing crosses a tenant.
+    CrossTenant = "cross_tenant", FORBIDDEN;
+    /// No such thing for this caller: missing, or not theirs (the two are not told apart).
+    NotFound = "not_found", NOT_FOUND;
+    /// The endpoint exists but does not take that method.
+    MethodNotAllowed = "method_not_allowed", METHOD_NOT_ALLOWED;
+    /// The request conflicts with the state it acts on (a closed conversation, a request
+    /// already answered).
+    Conflict = "conflict", CONFLICT;
+    /// The body, a message or an attachment is larger than its limit (`details.limit_bytes`).
+    PayloadTooLarge = "payload_too_large", PAYLOAD_TOO_LARGE;
+    /// A file's type is not accepted, or its content is not what it says it is.
+    UnsupportedMediaType = "unsupported_media_type", UNSUPPORTED_MEDIA_TYPE;
+    /// The request parses but a value does not fit (`message` says which field and why).
+    Invalid = "invalid", UNPROCESSABLE_ENTITY;
+    /// Too many requests from this identity: retry after `Retry-After` seconds.
+    RateLimited = "rate_limited", TOO_MANY_REQUESTS;
+    /// A daily budget of the tenant or app is spent; it renews at UTC midnight
+    /// (`Retry-After`).
+    BudgetExceeded = "budget_exceeded", TOO_MANY_REQUESTS;
+    /// The service cannot take this now (the bus is saturated or unreachable, search has no
+    /// index): retry after `Retry-After` seconds. Nothing was accepted.
+    Unavailable = "unavailable", SERVICE_UNAVAILABLE;
+    /// A fault on the server's side; the server logs it. Retrying with the same idempotency
+    /// key is safe.
+    Internal = "internal", INTERNAL_SERVER_ERROR;
+}
+
 /// Every error response of the API.
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct ErrorBody {
-    /// A stable, machine-readable code: `unauthorized`, `not_found`, `malformed`, `invalid`,
-    /// `payload_too_large`, `unsupported_media_type`, `conflict`, `forbidden`, `rate_limited`,
-    /// `budget_exceeded`,
-    /// `unavailable`, `internal`.
+    /// A stable, machine-readable code (see [`ErrorCode`]): `malformed`, `unauthorized`,
+    /// `forbidden`, `cross_tenant`, `not_found`, `method_not_allowed`, `conflict`,
+    /// `payload_too_large`, `unsupported_media_type`, `invalid`, `rate_limited`,
+    /// `budget_exceeded`, `unavailable`, `internal`.
     pub code: String,
     /// What was wrong, for a person.
     pub message: String,
@@ -30,11 +107,11 @@ pub struct ApiError {
 }
 
 impl ApiError {
-    pub fn new(status: StatusCode, code: &str, message: impl Into<String>) -> Self {
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
         Self {
-            status,
+            status: code.status(),
             body: ErrorBody {
-                code: code.to_owned(),
+                code: code.as_str().to_owned(),
                 message: message.into(),
                 details: serde_json::Value::Object(Default::default()),
             },
@@ -53,50 +130,53 @@ impl ApiError {
     }
 
     pub fn not_found(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::NOT_FOUND, "not_found", message)
+        Self::new(ErrorCode::NotFound, message)
     }
 
     pub fn invalid(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid", message)
+        Self::new(ErrorCode::Invalid, message)
     }
 
     pub fn malformed(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::BAD_REQUEST, "malformed", message)
+        Self::new(ErrorCode::Malformed, message)
     }
 
     pub fn too_large(message: impl Into<String>, limit: u64) -> Self {
-        Self::new(StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large", message)
+        Self::new(ErrorCode::PayloadTooLarge, message)
             .with_details(serde_json::json!({ "limit_bytes": limit }))
     }
 
     pub fn unauthorized(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::UNAUTHORIZED, "unauthorized", message)
+        Self::new(ErrorCode::Unauthorized, message)
     }
 
     pub fn conflict(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::CONFLICT, "conflict", message)
+        Self::new(ErrorCode::Conflict, message)
     }
 
     pub fn unavailable(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", message).retry_after(1)
+        Self::new(ErrorCode::Unavailable, message).retry_after(1)
     }
 
     pub fn internal(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", message)
+        Self::new(ErrorCode::Internal, message)
     }
 
     /// The code that goes with a status the framework chose (a rejected body or query).
     pub fn from_status(status: StatusCode, message: impl Into<String>) -> Self {
         let code = match status {
-            StatusCode::PAYLOAD_TOO_LARGE => "payload_too_large",
-            StatusCode::UNSUPPORTED_MEDIA_TYPE => "unsupported_media_type",
-            StatusCode::UNPROCESSABLE_ENTITY => "invalid",
-            StatusCode::NOT_FOUND => "not_found",
-            StatusCode::METHOD_NOT_ALLOWED => "method_not_allowed",
-            s if s.is_server_error() => "internal",
-            _ => "malformed",
+            StatusCode::PAYLOAD_TOO_LARGE => ErrorCode::PayloadTooLarge,
+            StatusCode::UNSUPPORTED_MEDIA_TYPE => ErrorCode::UnsupportedMediaType,
+            StatusCode::UNPROCESSABLE_ENTITY => ErrorCode::Invalid,
+            StatusCode::NOT_FOUND => ErrorCode::NotFound,
+            StatusCode::METHOD_NOT_ALLOWED => ErrorCode::MethodNotAllowed,
+            s if s.is_server_error() => ErrorCode::Internal,
+            _ => ErrorCode::Malformed,
         };
-        Self::new(status, code, message)
+        Self {
+            status,
+            ..Self::new(code, message)
+        }
     }
 }
 
@@ -128,12 +208,8 @@ impl From<turnpike_router::Error> for ApiError {
             K::NotFound => ApiError::not_found(e.to_string()),
             K::Invalid => ApiError::invalid(e.to_string()),
             K::Closed => ApiError::conflict(e.to_string()),
-            K::BudgetSpent => ApiError::new(
-                axum::http::StatusCode::TOO_MANY_REQUESTS,
-                "budget_exceeded",
-                e.to_string(),
-            )
-            .retry_after(seconds_to_utc_midnight()),
+            K::BudgetSpent => ApiError::new(ErrorCode::BudgetExceeded, e.to_string())
+                .retry_after(seconds_to_utc_midnight()),
             K::Unavailable => ApiError::unavailable(e.to_string()),
             _ => ApiError::internal(e.to_string()),
         }

@@ -162,13 +162,11 @@ fn media_type_of(bytes: &[u8], declared: Option<&str>) -> ApiResult<&'static str
         (Some(s), None | Some("application/octet-stream")) => Ok(s),
         (Some(s), Some(d)) if d == s => Ok(s),
         (Some(s), Some(d)) => Err(ApiError::new(
-            StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            "unsupported_media_type",
+            crate::error::ErrorCode::UnsupportedMediaType,
             format!("the file says it is {d} but its content is {s}"),
         )),
         (None, d) => Err(ApiError::new(
-            StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            "unsupported_media_type",
+            crate::error::ErrorCode::UnsupportedMediaType,
             format!(
                 "{} is not accepted: attach a PNG, JPEG, GIF or WebP image, a PDF, or plain text",
                 d.unwrap_or("this content")

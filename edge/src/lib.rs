@@ -63,7 +63,7 @@ use axum::Router;
 use turnpike_schemas::ConversationId;
 
 pub use auth::{Authenticator, JwtConfig, JwtVerifier, Principal, TokenFile, Verifier};
-pub use error::{ApiError, ApiResult, ErrorBody};
+pub use error::{ApiError, ApiResult, ErrorBody, ErrorCode};
 pub use extract::{conversation_id, Body, Caller, Params};
 pub use hosted::{Catalog, Replayed, Replayer};
 pub use limits::Limits;
@@ -212,8 +212,7 @@ impl Edge {
             .fallback(|| async { ApiError::not_found("no such endpoint") })
             .method_not_allowed_fallback(|| async {
                 ApiError::new(
-                    axum::http::StatusCode::METHOD_NOT_ALLOWED,
-                    "method_not_allowed",
+                    crate::error::ErrorCode::MethodNotAllowed,
                     "this endpoint does not take that method",
                 )
             })

@@ -77,8 +77,7 @@ impl RateLimits {
                 let wait = not_until.wait_time_from(self.clock.now());
                 let seconds = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
                 Err(ApiError::new(
-                    axum::http::StatusCode::TOO_MANY_REQUESTS,
-                    "rate_limited",
+                    crate::error::ErrorCode::RateLimited,
                     format!("too many requests from {identity}; retry in {seconds} s"),
                 )
                 .retry_after(seconds))

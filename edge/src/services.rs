@@ -2,7 +2,6 @@
 //! record) and replay (the agent loop's replay of the recorded turns).
 
 use axum::extract::{Path, State};
-use axum::http::StatusCode;
 use axum::Json;
 use turnpike_artifactory::DirectoryEntry;
 use turnpike_schemas::ConversationId;
@@ -89,7 +88,7 @@ pub(crate) fn admin_only(caller: &Principal, why: &str) -> ApiResult<()> {
     if caller.admin {
         return Ok(());
     }
-    Err(ApiError::new(StatusCode::FORBIDDEN, "forbidden", why))
+    Err(ApiError::new(crate::error::ErrorCode::Forbidden, why))
 }
 
 /// A filter's id, parsed (`422` naming the parameter when it is not one).

@@ -19,11 +19,11 @@ use crate::reference::Reference;
 
 /// Declares the table of entry kinds: name on the wire, variant, payload type.
 macro_rules! entry_kinds {
-    ($($(#[$doc:meta])* $variant:ident = $name:literal => $payload:ty,)*) => {
+    ($($(#[doc = $doc:literal])* $variant:ident = $name:literal => $payload:ty,)*) => {
         /// The kind of a record entry.
         #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
         pub enum EntryKind {
-            $($(#[$doc])* $variant,)*
+            $($(#[doc = $doc])* $variant,)*
         }
 
         impl EntryKind {
@@ -35,6 +35,14 @@ macro_rules! entry_kinds {
                 match self {
                     $(EntryKind::$variant => $name,)*
                 }
+            }
+
+            /// What an entry of this kind is, from its documentation (one line).
+            pub fn describe(&self) -> String {
+                let lines: &[&str] = match self {
+                    $(EntryKind::$variant => &[$($doc),*],)*
+                };
+                lines.iter().map(|l| l.trim()).collect::<Vec<_>>().join(" ")
             }
         }
 
@@ -55,7 +63,7 @@ macro_rules! entry_kinds {
         /// A record entry's typed content.
         #[derive(Debug, Clone, PartialEq)]
         pub enum EntryBody {
-            $($(#[$doc])* $variant($payload),)*
+            $($(#[doc = $doc])* $variant($payload),)*
         }
 
         impl EntryBody {

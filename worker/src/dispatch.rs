@@ -22,6 +22,17 @@ use turnpike_schemas::TenantId;
 
 use crate::fair::{Admit, FairQueue, FairShare};
 
+/// How long an owner keeps its slot, at least, while another tenant's wakes wait for one:
+/// what a tenant's waiting wake may wait beyond a turn for a busy pool (a few model tokens),
+/// and long enough for cheap turns to run back to back.
+pub(crate) const YIELD_AFTER: Duration = Duration::from_millis(50);
+
+/// How long an owner keeps its slot, at least, while only wakes of its own tenant wait: about
+/// what a wake refused for a busy owner waits before it is offered again (`busy_delay`), so a
+/// conversation whose sender keeps writing cannot hold a slot from its tenant's others for
+/// long, while cheap turns still run many to a claim (each claim re-reads the record).
+pub(crate) const YIELD_WITHIN_TENANT: Duration = Duration::from_millis(250);
+
 /// See the module docs.
 pub(crate) struct Dispatch {
     queue: Mutex<FairQueue<Wake>>,
@@ -64,8 +75,15 @@ impl Dispatch {
             0 => turnpike_router::bus::now_ms(),
             ms => ms,
         };
-        let admitted = self.queue().admit(
+        let lane = {
+            use std::hash::{Hash as _, Hasher as _};
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            wake.conversation.hash(&mut h);
+            h.finish()
+        };
+        let admitted = self.queue().admit_in(
             &tenant,
+            Some(lane),
             wake,
             arrived,
             now,
@@ -98,13 +116,34 @@ impl Dispatch {
             .has_eligible(|t| running.get(t).copied().unwrap_or(0), &self.share)
     }
 
+    /// Whether an owner of a conversation of `tenant` that has held its slot for `held` should
+    /// give it up after its turn: a queued wake of another tenant may start and the owner had
+    /// its quantum ([`YIELD_AFTER`]), or one of its own tenant may and it had the longer one
+    /// ([`YIELD_WITHIN_TENANT`]). Turns cheaper than the quantum run back to back in one
+    /// ownership (a claim and a re-read of the record saved per turn); a long one yields after
+    /// each turn.
+    pub(crate) fn owes_slot(&self, tenant: &TenantId, held: Duration) -> bool {
+        if held < YIELD_AFTER {
+            return false;
+        }
+        let running = self.running.lock().expect("running lock");
+        let running = |t: &TenantId| running.get(t).copied().unwrap_or(0);
+        let queue = self.queue();
+        let besides = (held < YIELD_WITHIN_TENANT).then_some(tenant);
+        queue.has_eligible_besides(besides, running, &self.share)
+    }
+
     /// The wake to start in a free slot, counted as running for its tenant.
     pub(crate) fn next(self: &Arc<Self>) -> Option<(Wake, Running)> {
         let mut running = self.running.lock().expect("running lock");
         let next = {
             let counts = &*running;
-            self.queue()
-                .next(|t| counts.get(t).copied().unwrap_or(0), &self.share)
+            let mut queue = self.queue();
+            let next = queue.next(|t| counts.get(t).copied().unwrap_or(0), &self.share);
+            if next.is_some() {
+                queue.started(Instant::now());
+            }
+            next
         };
         let (tenant, wake) = next?;
         *running.entry(tenant.clone()).or_default() += 1;

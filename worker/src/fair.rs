@@ -12,8 +12,11 @@
 //! - A tenant's wakes wait here in the order they arrived on the bus; at most `per_tenant` of
 //!   them, the earliest seen. The rest are put off, each one an estimated start interval after
 //!   the one before it (a put-off wake comes back about when its turn would come, and takes
-//!   its place again before any later arrival), capped at [`MAX_DEFER`]. Nothing is dropped:
-//!   a wake is queued or given back to the bus with a delay.
+//!   its place again before any later arrival), capped at [`MAX_DEFER`]. A wake of a lane
+//!   (conversation) whose earlier wake waits here or was put off takes no place in that
+//!   spacing: it comes back a hold time after that one is due to start, since the start that
+//!   drains a lane most often takes its later events too. Nothing is dropped: a wake is
+//!   queued or given back to the bus with a delay.
 //! - [`FairQueue::next`] never returns a wake of a tenant whose running turns have reached its
 //!   cap, and otherwise returns a wake of the tenant with the least `(running + 1) / weight`
 //!   (ties: the one whose first wake arrived first).
@@ -133,11 +136,20 @@ pub enum Admit<T> {
 }
 
 struct Tenant<T> {
-    /// In order of arrival: (taken here, arrived on the bus, item).
-    waiting: VecDeque<(Instant, u64, T)>,
+    /// In order of arrival: (taken here, arrived on the bus, its lane, item).
+    waiting: VecDeque<(Instant, u64, Option<u64>, T)>,
     /// When the last item put off for this tenant is due back.
     due: Option<Instant>,
+    /// Lanes with an item waiting here or put off: when that item is due to start, and when it
+    /// arrived on the bus. A later item of the same lane most often needs no start of its own
+    /// (the start that drains the lane takes its event too), so it is put off to just after
+    /// that one instead of taking a place in the tenant's spacing. Entries older than a hold
+    /// time are stale.
+    lanes: HashMap<u64, (Instant, u64)>,
 }
+
+/// How many lanes a tenant's entry remembers before stale ones are forgotten.
+const LANES_KEPT: usize = 65_536;
 
 /// Per-tenant queues of wakes waiting for a slot. See the module docs.
 pub struct FairQueue<T> {
@@ -149,6 +161,11 @@ pub struct FairQueue<T> {
     /// How long a slot is held per start, on average (an estimate updated by `finished`).
     hold: Duration,
     slots: usize,
+    /// The time between two starts while items kept waiting (the rate this worker really
+    /// starts at when busy, which CPU may hold below `slots / hold`), on average.
+    gap: Option<Duration>,
+    /// The last start that left items waiting.
+    busy_since: Option<Instant>,
 }
 
 /// How many tenants' full queues a worker keeps at once.
@@ -166,6 +183,8 @@ impl<T> FairQueue<T> {
             len: 0,
             hold: hold.max(Duration::from_millis(1)),
             slots: slots.max(1),
+            gap: None,
+            busy_since: None,
         }
     }
 
@@ -198,33 +217,79 @@ impl<T> FairQueue<T> {
         workers: usize,
         cap: Option<usize>,
     ) -> Admit<T> {
+        self.admit_in(tenant, None, item, arrived, now, workers, cap)
+    }
+
+    /// [`FairQueue::admit`] for an item of `lane` (a conversation, hashed), when known: an item
+    /// put off while an earlier one of its lane waits here or is put off comes back just after
+    /// that one is due to start (most often, the start that drains the lane takes its event
+    /// too) instead of taking a place of its own in the tenant's spacing.
+    #[allow(clippy::too_many_arguments)]
+    pub fn admit_in(
+        &mut self,
+        tenant: &TenantId,
+        lane: Option<u64>,
+        item: T,
+        arrived: u64,
+        now: Instant,
+        workers: usize,
+        cap: Option<usize>,
+    ) -> Admit<T> {
         let per_tenant = self.per_tenant;
         let full = self.len >= self.total;
+        let hold = self.hold;
         // The time between two of a tenant's starts if it had the whole pool (or as much of it
         // as its cap allows): a put-off item that comes back early is put off again (a nak);
         // one that comes back late would leave slots idle. So the estimate leans early.
         let slots = cap.map_or(self.slots, |cap| cap.clamp(1, self.slots));
-        let interval = self.hold / (slots * workers.max(1)) as u32;
+        let workers = workers.max(1) as u32;
+        let interval =
+            (hold / (slots as u32 * workers)).max(self.gap.unwrap_or_default() / workers);
         let entry = self
             .tenants
             .entry(tenant.clone())
             .or_insert_with(|| Tenant {
                 waiting: VecDeque::new(),
                 due: None,
+                lanes: HashMap::new(),
             });
-        let at = entry.waiting.partition_point(|(_, a, _)| *a <= arrived);
-        let item = if entry.waiting.len() < per_tenant && !full {
-            entry.waiting.insert(at, (now, arrived, item));
+        if entry.lanes.len() >= LANES_KEPT {
+            entry.lanes.retain(|_, (due, _)| *due + hold > now);
+        }
+        let at = entry.waiting.partition_point(|(_, a, _, _)| *a <= arrived);
+        let (lane, arrived, item) = if entry.waiting.len() < per_tenant && !full {
+            entry.waiting.insert(at, (now, arrived, lane, item));
+            if let Some(lane) = lane {
+                entry.lanes.entry(lane).or_insert((now, arrived));
+            }
             self.len += 1;
             return Admit::Queued;
         } else if at < entry.waiting.len() {
             // Earlier than the latest waiting: that one is put off instead.
-            entry.waiting.insert(at, (now, arrived, item));
-            let (_, _, latest) = entry.waiting.pop_back().expect("not empty");
-            latest
+            entry.waiting.insert(at, (now, arrived, lane, item));
+            if let Some(lane) = lane {
+                entry.lanes.entry(lane).or_insert((now, arrived));
+            }
+            let (_, latest_arrived, latest_lane, latest) =
+                entry.waiting.pop_back().expect("not empty");
+            // It no longer waits here: its lane's place goes with it.
+            if let Some(l) = latest_lane {
+                if !entry.waiting.iter().any(|(_, _, w, _)| *w == Some(l)) {
+                    entry.lanes.remove(&l);
+                }
+            }
+            (latest_lane, latest_arrived, latest)
         } else {
-            item
+            (lane, arrived, item)
         };
+        // An earlier item of its lane is due to start: just after that one.
+        let leader = lane
+            .and_then(|l| entry.lanes.get(&l))
+            .filter(|(due, first)| *due + hold > now && *first < arrived);
+        if let Some((due, _)) = leader {
+            let delay = (due.saturating_duration_since(now) + hold).min(MAX_DEFER);
+            return Admit::Defer(item, delay);
+        }
         // After what waits here, and after the items put off before this one.
         let ahead = interval * entry.waiting.len() as u32;
         let after_last = entry
@@ -234,13 +299,29 @@ impl<T> FairQueue<T> {
         if delay < MAX_DEFER {
             entry.due = Some(now + delay);
         }
+        if let Some(lane) = lane {
+            entry.lanes.insert(lane, (now + delay, arrived));
+        }
         Admit::Defer(item, delay)
     }
 
     /// Whether [`FairQueue::next`] would return something now.
     pub fn has_eligible(&self, running: impl Fn(&TenantId) -> usize, share: &FairShare) -> bool {
+        self.has_eligible_besides(None, running, share)
+    }
+
+    /// Whether [`FairQueue::next`] would return something now of a tenant other than
+    /// `besides` (any tenant: `None`).
+    pub fn has_eligible_besides(
+        &self,
+        besides: Option<&TenantId>,
+        running: impl Fn(&TenantId) -> usize,
+        share: &FairShare,
+    ) -> bool {
         self.tenants.iter().any(|(tenant, t)| {
-            !t.waiting.is_empty() && share.cap(tenant).is_none_or(|cap| running(tenant) < cap)
+            Some(tenant) != besides
+                && !t.waiting.is_empty()
+                && share.cap(tenant).is_none_or(|cap| running(tenant) < cap)
         })
     }
 
@@ -252,7 +333,7 @@ impl<T> FairQueue<T> {
     ) -> Option<(TenantId, T)> {
         let mut best: Option<(&TenantId, f64, u64)> = None;
         for (tenant, t) in &self.tenants {
-            let Some((_, since, _)) = t.waiting.front() else {
+            let Some((_, since, _, _)) = t.waiting.front() else {
                 continue;
             };
             let n = running(tenant);
@@ -270,9 +351,19 @@ impl<T> FairQueue<T> {
         }
         let tenant = best?.0.clone();
         let t = self.tenants.get_mut(&tenant)?;
-        let (_, _, item) = t.waiting.pop_front()?;
+        let (_, _, _, item) = t.waiting.pop_front()?;
         self.len -= 1;
         Some((tenant, item))
+    }
+
+    /// An item taken by [`FairQueue::next`] started at `now`: while items keep waiting, the
+    /// time between starts is the rate put-off items are spaced by.
+    pub fn started(&mut self, now: Instant) {
+        if let Some(since) = self.busy_since {
+            let gap = now.saturating_duration_since(since);
+            self.gap = Some(self.gap.map_or(gap, |g| (g * 7 + gap) / 8));
+        }
+        self.busy_since = (self.len > 0).then_some(now);
     }
 
     /// How long a start holds its slot, as estimated now.
@@ -288,8 +379,13 @@ impl<T> FairQueue<T> {
 
     /// Forgets tenants with nothing waiting and nothing due back (bounded memory).
     pub fn forget_idle(&mut self, now: Instant) {
-        self.tenants
-            .retain(|_, t| !t.waiting.is_empty() || t.due.is_some_and(|d| d > now));
+        let hold = self.hold;
+        for t in self.tenants.values_mut() {
+            t.lanes.retain(|_, (due, _)| *due + hold > now);
+        }
+        self.tenants.retain(|_, t| {
+            !t.waiting.is_empty() || t.due.is_some_and(|d| d > now) || !t.lanes.is_empty()
+        });
     }
 
     /// Takes every item that has waited longer than `older`: a worker gives them back to the
@@ -299,20 +395,24 @@ impl<T> FairQueue<T> {
         for t in self.tenants.values_mut() {
             let (old, young): (VecDeque<_>, VecDeque<_>) = std::mem::take(&mut t.waiting)
                 .into_iter()
-                .partition(|(since, _, _)| now.saturating_duration_since(*since) > older);
+                .partition(|(since, _, _, _)| now.saturating_duration_since(*since) > older);
             t.waiting = young;
-            out.extend(old.into_iter().map(|(_, _, item)| item));
+            out.extend(old.into_iter().map(|(_, _, _, item)| item));
         }
         self.len -= out.len();
+        if self.len == 0 {
+            self.busy_since = None;
+        }
         out
     }
 
     /// Takes every waiting item (a stopping worker gives them back).
     pub fn drain(&mut self) -> Vec<T> {
         self.len = 0;
+        self.busy_since = None;
         self.tenants
             .drain()
-            .flat_map(|(_, t)| t.waiting.into_iter().map(|(_, _, item)| item))
+            .flat_map(|(_, t)| t.waiting.into_iter().map(|(_, _, _, item)| item))
             .collect()
     }
 }
@@ -324,6 +424,76 @@ mod tests {
 
     fn tenant(name: &str) -> TenantId {
         name.parse().unwrap()
+    }
+
+    #[test]
+    fn a_later_item_of_a_lane_already_due_comes_back_after_it_without_taking_a_place() {
+        // One slot held 100 ms: the tenant's put-off items are spaced 100 ms apart. A lane
+        // with ten events has ten wakes, but the start that drains it takes them all: the
+        // nine after the first must not push every other lane's wake nine places back.
+        let a = tenant("a");
+        let now = Instant::now();
+        let hold = Duration::from_millis(100);
+        let mut q = FairQueue::new(1, 1, hold);
+        let mut offer = |lane: u64, item: u32, arrived: u64| {
+            q.admit_in(&a, Some(lane), item, arrived, now, 1, None)
+        };
+        assert_eq!(offer(1, 10, 10), Admit::Queued);
+        // Lane 1's second event: after the first one's start, no place of its own.
+        assert_eq!(offer(1, 11, 11), Admit::Defer(11, hold));
+        // Lane 2 takes the next place: after what waits (one), plus one.
+        let Admit::Defer(20, two) = offer(2, 20, 20) else {
+            panic!("a full queue puts off");
+        };
+        assert_eq!(two, 2 * hold);
+        // Lane 2's second event follows lane 2's first; lane 1's third, lane 1's first.
+        assert_eq!(offer(2, 21, 21), Admit::Defer(21, 3 * hold));
+        assert_eq!(offer(1, 12, 12), Admit::Defer(12, hold));
+        // Lane 3 comes right after lane 2, as if the followers had not been there.
+        assert_eq!(offer(3, 30, 30), Admit::Defer(30, 3 * hold));
+        // Lane 2's first wake, back and still without room, is put off as the lane's first
+        // (after lane 3), not as a follower of itself.
+        assert_eq!(offer(2, 20, 20), Admit::Defer(20, 4 * hold));
+    }
+
+    #[test]
+    fn put_off_items_are_spaced_by_the_measured_start_interval_when_slower_than_slots_allow() {
+        // 4 slots held 4 ms each would start one a millisecond; this worker (CPU-bound, say)
+        // starts one every 100 ms while items wait, and spaces put-off items by that.
+        let a = tenant("a");
+        let t0 = Instant::now();
+        let mut q = FairQueue::new(4, 1, Duration::from_millis(4));
+        let offer = |q: &mut FairQueue<u32>, i: u32, now: Instant| {
+            q.admit(&a, i, u64::from(i), now, 1, None)
+        };
+        assert_eq!(offer(&mut q, 0, t0), Admit::Queued);
+        let Admit::Defer(_, early) = offer(&mut q, 1, t0) else {
+            panic!("a full queue puts off");
+        };
+        assert!(early < Duration::from_millis(10), "{early:?}");
+        // Starts 100 ms apart, each leaving one waiting.
+        for (n, i) in [(0, 2), (100, 3), (200, 4)] {
+            let now = t0 + Duration::from_millis(n);
+            assert!(q.next(|_| 0, &FairShare::default()).is_some());
+            assert_eq!(offer(&mut q, i, now), Admit::Queued);
+            q.started(now);
+        }
+        let later = t0 + Duration::from_millis(200);
+        let Admit::Defer(_, spaced) = offer(&mut q, 9, later) else {
+            panic!("a full queue puts off");
+        };
+        assert!(spaced >= Duration::from_millis(100), "{spaced:?}");
+        // Once nothing waits, the next gap is not measured across the idle time.
+        q.drain();
+        q.started(later + Duration::from_secs(10));
+        q.started(later + Duration::from_secs(20));
+        let Admit::Defer(_, still) = ({
+            assert_eq!(offer(&mut q, 10, later), Admit::Queued);
+            offer(&mut q, 11, later)
+        }) else {
+            panic!("a full queue puts off");
+        };
+        assert!(still < Duration::from_secs(1), "{still:?}");
     }
 
     #[test]
@@ -344,10 +514,17 @@ mod tests {
         assert!(deferred.windows(2).all(|w| w[0].1 <= w[1].1));
         assert!(deferred.iter().all(|(_, d)| *d <= MAX_DEFER));
         assert_eq!(q.admit(&b, 1000, 1000, now, 1, None), Admit::Queued);
-        // A runs 4 turns; B none: B's wake is next.
+        // A runs 4 turns; B none: B's wake is next. An owner of A's sees B's wake waiting
+        // (it owes its slot after the short quantum), and B's sees A's.
         let running = |t: &TenantId| if *t == a { 4 } else { 0 };
-        assert_eq!(q.next(running, &FairShare::default()), Some((b, 1000)));
-        assert_eq!(q.next(running, &FairShare::default()), Some((a, 0)));
+        let share = FairShare::default();
+        assert!(q.has_eligible_besides(Some(&a), running, &share));
+        assert!(q.has_eligible_besides(Some(&b), running, &share));
+        assert_eq!(q.next(running, &share), Some((b.clone(), 1000)));
+        // Only A's own wait now: an owner of A's keeps its slot until the longer quantum.
+        assert!(!q.has_eligible_besides(Some(&a), running, &share));
+        assert!(q.has_eligible_besides(Some(&b), running, &share));
+        assert_eq!(q.next(running, &share), Some((a, 0)));
     }
 
     #[test]

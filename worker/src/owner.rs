@@ -3,6 +3,7 @@
 //! past them, then releases the lease and re-reads the lane head (DESIGN, steps 3–9).
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use tokio::sync::OwnedSemaphorePermit;
 use tracing::warn;
@@ -56,6 +57,7 @@ async fn drain(
     epoch: turnpike_schemas::Epoch,
     known_last: u64,
     worker: &Inner,
+    owned_since: Instant,
 ) -> Result<Head> {
     let conversation = env.record.prefix().conversation();
     let mut head = open_drain(env).await?;
@@ -75,10 +77,12 @@ async fn drain(
             env.end_drain().await;
             return Ok(head);
         }
-        if !first && worker.dispatch.has_startable() {
-            // Other wakes wait here for a slot: this conversation's next turn waits its turn
-            // among them (its wakes go back to the bus as the owner lets go), instead of
-            // keeping the slot for as long as its sender keeps writing.
+        let tenant = env.record.prefix().tenant();
+        if !first && worker.dispatch.owes_slot(tenant, owned_since.elapsed()) {
+            // Other wakes wait here for a slot and this owner had its share: this
+            // conversation's next turn waits its turn among them (its wakes go back to the bus
+            // as the owner lets go), instead of keeping the slot for as long as its sender keeps
+            // writing.
             env.end_drain().await;
             return Ok(head);
         }
@@ -178,8 +182,17 @@ pub(crate) async fn own(
         .hit("after-claim", conversation)
         .await;
     let mut known_last = 0;
+    let owned_since = Instant::now();
     loop {
-        let outcome = drain_renewing(&worker, &env, &mut lease, &guard.slot, known_last).await;
+        let outcome = drain_renewing(
+            &worker,
+            &env,
+            &mut lease,
+            &guard.slot,
+            known_last,
+            owned_since,
+        )
+        .await;
         let state = match &outcome {
             Ok(head) => Some(head.state().clone()),
             Err(e) if e.is_fenced() => {
@@ -210,7 +223,10 @@ pub(crate) async fn own(
         }
         // Others wait for a slot here: whatever the lane holds now waits its turn among them
         // (its wakes are on the bus or in the intake; none was acked undone).
-        if worker.dispatch.has_startable() {
+        if worker
+            .dispatch
+            .owes_slot(env.record.prefix().tenant(), owned_since.elapsed())
+        {
             return;
         }
         let Some(last) = lane_past(&worker, conversation, lane_through, state.as_ref()).await
@@ -341,9 +357,10 @@ async fn drain_renewing(
     lease: &mut Lease,
     slot: &OwnerSlot,
     known_last: u64,
+    owned_since: Instant,
 ) -> Result<Head> {
     let conversation = lease.conversation;
-    let work = drain(env, slot, lease.epoch(), known_last, worker);
+    let work = drain(env, slot, lease.epoch(), known_last, worker, owned_since);
     tokio::pin!(work);
     let every = worker.config.renew_every;
     let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);

@@ -401,24 +401,15 @@ async fn commit(
     env.config.failpoints.hit("before-promotion", &place).await;
     // Committed: this attempt's objects become the turn's. Should this fail (or the worker
     // die first), the mark stays and whoever next owns the conversation finishes it.
-    let promoted = promote(
-        env,
-        turn,
-        attempt,
-        version,
-        &log,
-        snapshot.as_ref(),
-        ended.hosted,
-    );
+    let hosted = ended.hosted;
+    let promoted = promote(env, turn, attempt, version, &log, snapshot.as_ref(), hosted);
     if let Err(e) = promoted.await {
         // Committed but not promoted: stop here, mark kept, so that whoever owns the
         // conversation next finishes this promotion before any other turn runs.
         warn!(%conversation, %turn, error = %e, "promotion unfinished; the next owner finishes it");
         return Err(e);
     }
-    if snapshot.is_some() {
-        forget_older_context(env, turn);
-    }
+    clear_after_promotion(env, turn, attempt, snapshot.is_some(), hosted);
     if let Some(queue) = &env.indexing {
         queue.push(conversation);
     }
@@ -529,19 +520,35 @@ async fn publish_version(
         .map_err(Into::into)
 }
 
-/// Deletes the snapshot the turn before `turn` left, now that `turn`'s is in place: only the
-/// latest is read, and keeping each would store a conversation's context once per turn (its
-/// storage growing with the square of its length). In the background, off the turn's path; one
-/// that fails (or a worker that dies first) leaves a dead object, never a wrong context.
-fn forget_older_context(env: &TurnEnv, turn: TurnId) {
-    let Some(previous) = turn.number().checked_sub(1).and_then(TurnId::new) else {
-        return;
-    };
+/// Once `turn` is promoted, in the background, off the turn's path: deletes the attempt's own
+/// copies of what was promoted (see `attempts::clear`) and the snapshot the turn before left
+/// (only the latest is read; keeping each would store a conversation's context once per turn,
+/// its storage growing with the square of its length). A delete that fails (or a worker that
+/// dies first) leaves a dead object, never a wrong context.
+fn clear_after_promotion(env: &TurnEnv, turn: TurnId, attempt: u64, snapshot: bool, hosted: bool) {
     let (logs, prefix) = (env.turn_logs.clone(), env.record.prefix().clone());
+    let store = env.files.store().clone();
     tokio::spawn(async move {
-        if let Err(e) = logs.forget_context(&prefix, previous).await {
-            tracing::debug!(conversation = %prefix.conversation(), turn = %previous, error = %e,
-                "an older context snapshot stays");
+        let conversation = prefix.conversation();
+        // The log and the snapshot are the attempt's only objects unless it hosted files.
+        let mut written = vec![prefix.turn_log(turn)];
+        if snapshot {
+            written.push(prefix.context_snapshot(turn));
+        }
+        let named = (!hosted).then_some(written.as_slice());
+        if let Err(e) =
+            turnpike_artifactory::attempts::clear(&store, &prefix, turn, attempt, named).await
+        {
+            tracing::debug!(%conversation, %turn, error = %e, "an attempt's copies stay");
+        }
+        let Some(previous) = turn.number().checked_sub(1).and_then(TurnId::new) else {
+            return;
+        };
+        if snapshot {
+            if let Err(e) = logs.forget_context(&prefix, previous).await {
+                tracing::debug!(%conversation, turn = %previous, error = %e,
+                    "an older context snapshot stays");
+            }
         }
     });
 }
