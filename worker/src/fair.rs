@@ -151,6 +151,23 @@ struct Tenant<T> {
 /// How many lanes a tenant's entry remembers before stale ones are forgotten.
 const LANES_KEPT: usize = 65_536;
 
+/// Notes that an item of `lane` that arrived at `arrived` waits here from `now`, unless an
+/// earlier item of the lane still holds a place (one that is not stale).
+fn note_lane(
+    lanes: &mut HashMap<u64, (Instant, u64)>,
+    lane: u64,
+    now: Instant,
+    arrived: u64,
+    hold: Duration,
+) {
+    let held = lanes
+        .get(&lane)
+        .is_some_and(|(due, first)| *due + hold > now && *first <= arrived);
+    if !held {
+        lanes.insert(lane, (now, arrived));
+    }
+}
+
 /// Per-tenant queues of wakes waiting for a slot. See the module docs.
 pub struct FairQueue<T> {
     tenants: HashMap<TenantId, Tenant<T>>,
@@ -260,7 +277,7 @@ impl<T> FairQueue<T> {
         let (lane, arrived, item) = if entry.waiting.len() < per_tenant && !full {
             entry.waiting.insert(at, (now, arrived, lane, item));
             if let Some(lane) = lane {
-                entry.lanes.entry(lane).or_insert((now, arrived));
+                note_lane(&mut entry.lanes, lane, now, arrived, hold);
             }
             self.len += 1;
             return Admit::Queued;
@@ -268,13 +285,17 @@ impl<T> FairQueue<T> {
             // Earlier than the latest waiting: that one is put off instead.
             entry.waiting.insert(at, (now, arrived, lane, item));
             if let Some(lane) = lane {
-                entry.lanes.entry(lane).or_insert((now, arrived));
+                note_lane(&mut entry.lanes, lane, now, arrived, hold);
             }
             let (_, latest_arrived, latest_lane, latest) =
                 entry.waiting.pop_back().expect("not empty");
-            // It no longer waits here: its lane's place goes with it.
+            // It no longer waits here: the place it held for its lane goes with it.
             if let Some(l) = latest_lane {
-                if !entry.waiting.iter().any(|(_, _, w, _)| *w == Some(l)) {
+                let held = entry
+                    .lanes
+                    .get(&l)
+                    .is_some_and(|(_, first)| *first == latest_arrived);
+                if held && !entry.waiting.iter().any(|(_, _, w, _)| *w == Some(l)) {
                     entry.lanes.remove(&l);
                 }
             }

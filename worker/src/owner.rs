@@ -60,7 +60,8 @@ async fn drain(
     owned_since: Instant,
 ) -> Result<Head> {
     let conversation = env.record.prefix().conversation();
-    let mut head = open_drain(env).await?;
+    let known = worker.heads.lock().expect("heads lock").pop(&conversation);
+    let mut head = open_drain(env, known).await?;
     // Lane messages read past the record, in lane order (a lane message never changes): each is
     // read once per drain, not again for every turn ahead of it.
     let mut ahead: Vec<LaneMessage> = Vec::new();
@@ -206,6 +207,11 @@ pub(crate) async fn own(
         };
         if let Ok(head) = &outcome {
             crate::idle::watch(&env, head).await;
+            worker
+                .heads
+                .lock()
+                .expect("heads lock")
+                .put(conversation, head.clone());
         }
         // Step 9: stop taking wakes, give up the lease, then re-read the lane head.
         let lane_through = state.as_ref().map_or(0, |s| s.lane_through);
@@ -271,7 +277,8 @@ impl Drop for ForgetOnDrop {
 /// The head a drain starts from (DESIGN step 3): nothing for a deleted conversation; a repair
 /// cut short after its commit point finished; a missing record opened; an earlier owner's
 /// unfinished promotion finished.
-async fn open_drain(env: &TurnEnv) -> Result<Head> {
+/// `known`: the head this worker's last drain of the conversation left, if it remembers it.
+async fn open_drain(env: &TurnEnv, known: Option<Head>) -> Result<Head> {
     let conversation = env.record.prefix().conversation();
     // A conversation being (or once) deleted runs nothing more: its wakes are dropped, and a
     // deletion cut short is the sweep's to finish.
@@ -287,7 +294,10 @@ async fn open_drain(env: &TurnEnv) -> Result<Head> {
     }
     // A repair cut short after its commit point is finished before anything reads the head.
     env.record.finish_repair().await?;
-    let mut head = env.record.head().await?;
+    let mut head = match &known {
+        Some(known) => env.record.head_from_known(known).await?,
+        None => env.record.head().await?,
+    };
     if head.is_empty() {
         head = crate::parking::open_missing_record(env, head).await?;
     }

@@ -37,6 +37,11 @@ pub(crate) struct Inner {
     /// How far this worker's latest drains took the lanes of the `RECENT` conversations it
     /// drained most recently (see [`Inner::drained`]).
     pub(crate) drained: Mutex<LruCache<ConversationId, u64>>,
+    /// The record heads this worker's latest drains left, of the `RECENT` conversations it
+    /// drained most recently: the next claim of one checks the head is still that one (two
+    /// metadata probes, see `Record::head_from_known`) instead of reading it again. Only a hint:
+    /// anything appended or rewritten since is read afresh.
+    pub(crate) heads: Mutex<LruCache<ConversationId, turnpike_artifactory::Head>>,
     pub(crate) stopping: AtomicBool,
 }
 

@@ -108,6 +108,9 @@ impl Worker {
                 drained: Mutex::new(LruCache::new(
                     NonZeroUsize::new(RECENT).expect("a non-zero capacity"),
                 )),
+                heads: Mutex::new(LruCache::new(
+                    NonZeroUsize::new(RECENT).expect("a non-zero capacity"),
+                )),
                 stopping: AtomicBool::new(false),
             }),
         }

@@ -61,12 +61,24 @@ pub struct RecordEntry {
 }
 
 /// The end of a record as observed by a reader: where the next batch goes.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct Head {
     batches: u64,
     mmr: Mmr,
     state: RecordState,
+    /// The store's e-tag of the last batch, when this head was written here (see
+    /// [`Record::head_from_known`]). Not part of what a head is: two heads of the same batches
+    /// are equal whoever observed them.
+    last_etag: Option<String>,
 }
+
+impl PartialEq for Head {
+    fn eq(&self, other: &Self) -> bool {
+        (self.batches, &self.mmr, &self.state) == (other.batches, &other.mmr, &other.state)
+    }
+}
+
+impl Eq for Head {}
 
 impl Head {
     fn empty() -> Self {
@@ -74,6 +86,7 @@ impl Head {
             batches: 0,
             mmr: Mmr::new(),
             state: RecordState::default(),
+            last_etag: None,
         }
     }
 
@@ -198,7 +211,29 @@ impl Record {
             batches: last + 1,
             mmr,
             state: root.state,
+            last_etag: None,
         })
+    }
+
+    /// The current head, from `known`: a head this process wrote (with its last batch's
+    /// e-tag). When that batch is still there unchanged and none follows it, `known` itself,
+    /// for two metadata probes — no read, no parse, no signature check (it was signed here).
+    /// Anything else — a batch after it (another owner appended), the batch rewritten (a
+    /// repair), no e-tag — reads the head afresh as [`Record::head`] does.
+    pub async fn head_from_known(&self, known: &Head) -> Result<Head> {
+        let (Some(etag), Some(last)) = (&known.last_etag, known.batches.checked_sub(1)) else {
+            return self.head().await;
+        };
+        let what = format!("probing {}", self.prefix.partition());
+        match self.store.head(&self.prefix.record_batch(last)).await {
+            Ok(meta) if meta.e_tag.as_deref() == Some(etag.as_str()) => {}
+            Ok(_) | Err(object_store::Error::NotFound { .. }) => return self.head().await,
+            Err(e) => return Err(Error::store(&what, e)),
+        }
+        if self.exists(known.batches).await? {
+            return self.head_after(Some(known)).await;
+        }
+        Ok(known.clone())
     }
 
     /// Appends one atomic batch at `head`, closed by a signed root. Returns the new head.
@@ -274,7 +309,7 @@ impl Record {
     }
 
     /// Writes a sealed batch at `head` (create-only), then the hint now and then.
-    async fn put_batch(&self, head: &Head, batch: StoredBatch, new_head: Head) -> Result<Head> {
+    async fn put_batch(&self, head: &Head, batch: StoredBatch, mut new_head: Head) -> Result<Head> {
         let path = self.prefix.record_batch(head.batches);
         let opts = PutOptions {
             mode: PutMode::Create,
@@ -285,10 +320,11 @@ impl Record {
             .put_opts(&path, PutPayload::from(batch.to_bytes()), opts)
             .await
         {
-            Ok(_) => {
+            Ok(put) => {
                 if head.batches.is_multiple_of(HINT_EVERY) {
                     self.write_hint(head.batches);
                 }
+                new_head.last_etag = put.e_tag;
                 Ok(new_head)
             }
             Err(
@@ -409,6 +445,7 @@ impl Record {
                 batches: head.batches + 1,
                 mmr,
                 state,
+                last_etag: None,
             },
         )
     }
@@ -690,5 +727,52 @@ mod tests {
         assert_eq!(head.state().active_ms, 501);
         let report = record.verify(&keys, None).await.unwrap().unwrap();
         assert_eq!(report.checkpoint.state, *head.state());
+    }
+
+    async fn head_from_known_sees_what_changed(store: Arc<dyn ObjectStore>) {
+        let prefix = ConversationPrefix::new("t".parse().unwrap(), ConversationId::new());
+        let record = Record::new(store.clone(), prefix.clone());
+        let signer = RecordSigner::from_seed([7; 32]);
+        let head = record
+            .append(&signer, &Head::empty(), &[opened(100)])
+            .await
+            .unwrap();
+        let known = record.append(&signer, &head, &turn(1, 200)).await.unwrap();
+        // Nothing since: the known head itself, equal to a fresh read.
+        let again = record.head_from_known(&known).await.unwrap();
+        assert_eq!(again, known);
+        assert_eq!(again, record.head().await.unwrap());
+        // Another owner appended: the head it left.
+        let other = record.head().await.unwrap();
+        let moved = record.append(&signer, &other, &turn(2, 300)).await.unwrap();
+        assert_eq!(record.head_from_known(&known).await.unwrap(), moved);
+        // The last batch rewritten in place (as a repair stages it): read afresh, never the
+        // cached head. Here batch 2 gives way to batch 1's bytes (a record one batch shorter
+        // in its state: a head that differs from `moved`).
+        let bytes = record.read_bytes(1).await.unwrap();
+        store
+            .put(&prefix.record_batch(2), PutPayload::from(bytes))
+            .await
+            .unwrap();
+        let read = record.head_from_known(&moved).await;
+        assert!(read.map_or(true, |h| h != moved));
+        // A head without an e-tag (read, not written here) is read afresh.
+        let fresh = record.head().await.unwrap();
+        assert!(fresh.last_etag.is_none());
+    }
+
+    #[tokio::test]
+    async fn head_from_known_in_memory() {
+        head_from_known_sees_what_changed(Arc::new(object_store::memory::InMemory::new())).await;
+    }
+
+    #[tokio::test]
+    async fn head_from_known_on_the_local_stores() {
+        let dir = tempfile::tempdir().unwrap();
+        let files = object_store::local::LocalFileSystem::new_with_prefix(dir.path()).unwrap();
+        head_from_known_sees_what_changed(Arc::new(files)).await;
+        let dir = tempfile::tempdir().unwrap();
+        let sqlite = crate::sqlite_store::SqliteStore::open(dir.path(), false).unwrap();
+        head_from_known_sees_what_changed(Arc::new(sqlite)).await;
     }
 }
