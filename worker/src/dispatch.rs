@@ -110,10 +110,18 @@ impl Dispatch {
 
     /// Whether a queued wake may start now.
     pub(crate) fn has_startable(&self) -> bool {
+        self.startable_besides(None)
+    }
+
+    /// Whether a queued wake of a tenant other than `besides` (any: `None`) may start now.
+    fn startable_besides(&self, besides: Option<&TenantId>) -> bool {
         // The locks in the order `next` takes them: the running counts, then the queue.
         let running = self.running.lock().expect("running lock");
-        self.queue()
-            .has_eligible(|t| running.get(t).copied().unwrap_or(0), &self.share)
+        self.queue().has_eligible_besides(
+            besides,
+            |t| running.get(t).copied().unwrap_or(0),
+            &self.share,
+        )
     }
 
     /// Whether an owner of a conversation of `tenant` that has held its slot for `held` should
@@ -123,14 +131,8 @@ impl Dispatch {
     /// ownership (a claim and a re-read of the record saved per turn); a long one yields after
     /// each turn.
     pub(crate) fn owes_slot(&self, tenant: &TenantId, held: Duration) -> bool {
-        if held < YIELD_AFTER {
-            return false;
-        }
-        let running = self.running.lock().expect("running lock");
-        let running = |t: &TenantId| running.get(t).copied().unwrap_or(0);
-        let queue = self.queue();
-        let besides = (held < YIELD_WITHIN_TENANT).then_some(tenant);
-        queue.has_eligible_besides(besides, running, &self.share)
+        held >= YIELD_AFTER
+            && self.startable_besides((held < YIELD_WITHIN_TENANT).then_some(tenant))
     }
 
     /// The wake to start in a free slot, counted as running for its tenant.
