@@ -337,6 +337,9 @@ pub enum Command {
     Search(SearchArgs),
     /// Talks to a conversation through the API of `turnpike serve` (or a fleet's router).
     Chat(ChatArgs),
+    /// Your schedules, through the API: messages fired into conversations by a cron expression
+    /// or an interval, each firing once across the fleet.
+    Schedule(ScheduleArgs),
     /// The hybrid index.
     #[command(subcommand)]
     Index(IndexCommand),
@@ -377,6 +380,82 @@ pub struct ChatArgs {
     pub app: Option<String>,
     #[arg(long)]
     pub agent: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct ScheduleArgs {
+    /// The API's address.
+    #[arg(
+        long,
+        env = "TURNPIKE_URL",
+        default_value = "http://127.0.0.1:7700",
+        global = true
+    )]
+    pub url: String,
+    /// The bearer token; default: the one `turnpike serve` generated in `<data-dir>/tokens.toml`.
+    #[arg(long, env = "TURNPIKE_TOKEN", hide_env_values = true, global = true)]
+    pub token: Option<String>,
+    /// Print the API's JSON instead of a table.
+    #[arg(long, global = true)]
+    pub json: bool,
+    #[command(subcommand)]
+    pub command: ScheduleCommand,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ScheduleCommand {
+    /// Lists your schedules: ID, WHEN, NEXT, LAST (the latest firing and its outcome), PAUSED.
+    List,
+    /// Shows one schedule and its latest firings (fired, skipped, missed) with their
+    /// conversations.
+    Show { id: String },
+    /// Creates a schedule and prints its id. Exactly one of `--cron` and `--every`.
+    Create(Box<ScheduleCreate>),
+    /// Stops firing until resumed.
+    Pause { id: String },
+    /// Fires again.
+    Resume { id: String },
+    /// Deletes a schedule and its history.
+    Delete { id: String },
+}
+
+#[derive(Debug, Args)]
+pub struct ScheduleCreate {
+    /// The message each firing sends.
+    #[arg(long)]
+    pub text: String,
+    /// A cron expression (5 fields, or 6 with seconds first; `@daily`, …).
+    #[arg(long)]
+    pub cron: Option<String>,
+    /// The IANA time zone of `--cron` (default UTC).
+    #[arg(long)]
+    pub zone: Option<String>,
+    /// Fire every this many seconds.
+    #[arg(long)]
+    pub every: Option<u64>,
+    /// The app and agent of each new conversation.
+    #[arg(long)]
+    pub app: Option<String>,
+    #[arg(long)]
+    pub agent: Option<String>,
+    /// Fire into this conversation of yours every time (default: a new one per firing).
+    #[arg(long)]
+    pub conversation: Option<String>,
+    /// Firings missed while nothing could fire them: skip, latest (default), all.
+    #[arg(long)]
+    pub missed: Option<String>,
+    /// With `--missed all`: the most missed firings fired.
+    #[arg(long)]
+    pub catch_up: Option<u32>,
+    /// When the previous firing's turn still runs: skip, queue (default), cancel.
+    #[arg(long)]
+    pub overlap: Option<String>,
+    /// Put each firing off by up to this many seconds.
+    #[arg(long)]
+    pub jitter: Option<u64>,
+    /// A firing later than this many seconds is missed (default 60).
+    #[arg(long)]
+    pub grace: Option<u64>,
 }
 
 #[derive(Debug, Args)]

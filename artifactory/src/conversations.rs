@@ -7,7 +7,7 @@ use turnpike_schemas::entry::ConversationOpened;
 use turnpike_schemas::{AgentId, AppId, ConversationId, EntryBody, Identity, TenantId};
 
 use crate::directory::{Directory, DirectoryEntry};
-use crate::error::Result;
+use crate::error::{Error, ErrorKind, Result};
 use crate::keys::{RecordSigner, TrustedKeys};
 use crate::record::{Head, Record};
 use crate::turnlogs::TurnLogs;
@@ -145,8 +145,67 @@ impl Conversations {
         signer: &RecordSigner,
         new: NewConversation,
     ) -> Result<(DirectoryEntry, Record, Head)> {
+        self.create_as(signer, ConversationId::new(), new).await
+    }
+
+    /// Creates the conversation `id` (chosen ahead, e.g. in a schedule's claim), or finds it
+    /// created already as `new` says — by an earlier try that a crash cut short, or by another
+    /// process at the same time — and finishes opening its record. The same id registered for
+    /// another tenant, owner, app or agent is `AlreadyExists`.
+    pub async fn ensure(
+        &self,
+        signer: &RecordSigner,
+        id: ConversationId,
+        new: NewConversation,
+    ) -> Result<(DirectoryEntry, Record, Head)> {
+        match self.create_as(signer, id, new.clone()).await {
+            Err(e) if e.kind() == ErrorKind::AlreadyExists => {}
+            other => return other,
+        }
+        let entry = self.directory.lookup_unchecked(id).await?;
+        if entry.tenant != new.tenant
+            || entry.owner != new.owner
+            || entry.app != new.app
+            || entry.agent != new.agent
+        {
+            return Err(Error::new(
+                ErrorKind::AlreadyExists,
+                format!("{id} exists as another conversation"),
+            ));
+        }
+        // The owner's marker may be what the cut-short try did not write.
+        self.directory.create_marker(&entry).await?;
+        let record = self.record(entry.prefix());
+        let head = record.head().await?;
+        if head.leaves() > 0 {
+            return Ok((entry, record, head));
+        }
+        let opened = EntryBody::ConversationOpened(ConversationOpened {
+            tenant: new.tenant,
+            owner: new.owner,
+            app: new.app,
+            agent: new.agent,
+            at_ms: new.at_ms,
+        });
+        match record.append(signer, &head, &[opened]).await {
+            Ok(head) => Ok((entry, record, head)),
+            // Opened by the other creator meanwhile.
+            Err(e) if e.kind() == ErrorKind::HeadMoved => {
+                let head = record.head().await?;
+                Ok((entry, record, head))
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn create_as(
+        &self,
+        signer: &RecordSigner,
+        id: ConversationId,
+        new: NewConversation,
+    ) -> Result<(DirectoryEntry, Record, Head)> {
         let entry = DirectoryEntry {
-            conversation: ConversationId::new(),
+            conversation: id,
             tenant: new.tenant.clone(),
             owner: new.owner.clone(),
             app: new.app.clone(),

@@ -70,6 +70,11 @@ impl Directory {
             )
             .await
             .map_err(|e| Error::store(&format!("registering {}", entry.conversation), e))?;
+        self.create_marker(entry).await
+    }
+
+    /// Lists a registered conversation under its owner (idempotent).
+    pub async fn create_marker(&self, entry: &DirectoryEntry) -> Result<()> {
         self.store
             .put(
                 &owned_marker(&entry.owner, entry.conversation),

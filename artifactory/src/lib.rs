@@ -20,6 +20,7 @@
 //! - [`synced`]: the local filesystem store with fsync of each object and its directory
 //! - [`open_turns`]: marks of conversations whose record may end in an open turn (the sweep)
 //! - [`dead_letters`]: lane messages set aside (unreadable or refused) for an operator
+//! - [`schedules`]: schedules and the create-only claims that make each firing happen once
 
 pub mod archive;
 pub mod attempts;
@@ -37,6 +38,7 @@ pub mod layout;
 pub mod mmr;
 pub mod open_turns;
 pub mod record;
+pub mod schedules;
 pub mod sqlite_store;
 pub mod store;
 pub mod synced;
@@ -55,6 +57,7 @@ pub use keys::{RecordSigner, TrustedKeys};
 pub use layout::ConversationPrefix;
 pub use open_turns::OpenTurns;
 pub use record::{Checkpoint, Head, Record, RecordEntry, Transcript, Verdict};
+pub use schedules::Schedules;
 pub use store::{open_local, open_store, open_store_with, LocalLayout};
 pub use tombstones::{Tombstone, Tombstones};
 pub use turnlogs::TurnLogs;

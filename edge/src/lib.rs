@@ -25,6 +25,7 @@
 //! - [`conversations`], [`events`], [`files`], [`stream`], [`services`]: the handlers
 //! - [`memory`]: what the index remembers of the caller, and forgetting it
 //! - [`versions`]: a conversation's project versions: files and diffs
+//! - [`schedules`]: the caller's schedules (the workers fire them)
 //! - [`usage`]: what model calls used (a conversation's, from its record; a tenant's per day)
 //! - [`tickets`]: short-lived stream tickets, so browsers keep bearer tokens out of URLs
 //! - [`console`]: the web console at `/` (embedded assets)
@@ -48,6 +49,7 @@ pub mod limits;
 pub mod memory;
 pub mod model;
 pub mod openapi;
+pub mod schedules;
 pub mod services;
 mod state;
 pub mod stream;
@@ -180,6 +182,16 @@ impl Edge {
                     .put(connections::put)
                     .delete(connections::delete),
             )
+            .route(
+                "/v1/schedules",
+                get(schedules::list).post(schedules::create),
+            )
+            .route(
+                "/v1/schedules/{id}",
+                get(schedules::get_one).delete(schedules::delete),
+            )
+            .route("/v1/schedules/{id}/pause", post(schedules::pause))
+            .route("/v1/schedules/{id}/resume", post(schedules::resume))
             .route("/v1/admin/conversations", get(services::phases))
             .route(
                 "/v1/memory",

@@ -9,8 +9,8 @@ use utoipa::{Modify, OpenApi};
 
 use super::model;
 use super::{
-    connections, conversations, error, events, files, memory, services, stream, tickets, usage,
-    versions,
+    connections, conversations, error, events, files, memory, schedules, services, stream, tickets,
+    usage, versions,
 };
 
 #[derive(OpenApi)]
@@ -62,6 +62,12 @@ use super::{
         connections::get_one,
         connections::put,
         connections::delete,
+        schedules::create,
+        schedules::list,
+        schedules::get_one,
+        schedules::pause,
+        schedules::resume,
+        schedules::delete,
     ),
     components(schemas(error::ErrorBody, model::Frame)),
     modifiers(&Common),

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use turnpike_artifactory::{Conversations, DirectoryEntry};
 use turnpike_schemas::entry::IngressDirective;
-use turnpike_schemas::{Address, ConversationId, Event, EventBody, Identity, TenantId};
+use turnpike_schemas::{Address, ConversationId, Event, EventBody, EventId, Identity, TenantId};
 
 use crate::bus::{now_ms, Bus, Published};
 use crate::error::{Error, ErrorKind, Result};
@@ -210,6 +210,22 @@ impl Ingress {
         body: EventBody,
         idempotency_key: Option<String>,
     ) -> Result<(Event, Published)> {
+        self.submit_as(tenant, caller, conversation, body, idempotency_key, None)
+            .await
+    }
+
+    /// Submits like [`Self::submit`], with the event id chosen ahead (`Some`): a trigger that
+    /// decided its event before publishing it (a schedule's claim) publishes the same event
+    /// however often it retries.
+    pub async fn submit_as(
+        &self,
+        tenant: &TenantId,
+        caller: &Identity,
+        conversation: ConversationId,
+        body: EventBody,
+        idempotency_key: Option<String>,
+        id: Option<EventId>,
+    ) -> Result<(Event, Published)> {
         let entry = self.entry_for(conversation, tenant, caller).await?;
         if self.closed(conversation).await? {
             return Err(Error::new(
@@ -248,6 +264,9 @@ impl Ingress {
             body,
             now_ms(),
         );
+        if let Some(id) = id {
+            event.id = id;
+        }
         event.idempotency_key = idempotency_key;
         event.directive = self.directive.clone();
         event.traceparent = crate::trace::current();

@@ -181,6 +181,10 @@ minted_id!(
     /// An approval or question request: `req_<ulid>`.
     RequestId, "req_", "request id"
 );
+minted_id!(
+    /// A schedule: `sched_<ulid>`.
+    ScheduleId, "sched_", "schedule id"
+);
 named_id!(
     /// A tenant, the isolation boundary above users.
     TenantId, "tenant id"

@@ -32,8 +32,8 @@ pub use error::{SchemaError, SchemaErrorKind};
 pub use event::{Address, Event, EventBody};
 pub use identity::Identity;
 pub use ids::{
-    AgentId, AppId, ConversationId, Epoch, EventId, ProjectVersion, RequestId, TenantId, TurnId,
-    WorkerId,
+    AgentId, AppId, ConversationId, Epoch, EventId, ProjectVersion, RequestId, ScheduleId,
+    TenantId, TurnId, WorkerId,
 };
 pub use reference::{Family, RefPath, Reference};
 pub use timeline::Row;

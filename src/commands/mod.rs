@@ -12,6 +12,7 @@ mod lanes;
 mod record;
 pub(crate) mod reference;
 mod runtime;
+mod schedule;
 mod search;
 
 use std::process::ExitCode;
@@ -57,6 +58,7 @@ pub async fn run(cli: Cli) -> Result<ExitCode> {
         Command::Workers(args) => lanes::workers(&cli.global, args).await,
         Command::Search(args) => search::search(&cli.global, args).await,
         Command::Chat(args) => chat::run(&cli.global, args).await,
+        Command::Schedule(args) => schedule::run(&cli.global, args).await,
         Command::Reference { page } => {
             print!("{}", reference::render(page));
             Ok(ExitCode::SUCCESS)

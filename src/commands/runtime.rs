@@ -156,6 +156,11 @@ fn worker_config(global: &Global, args: &WorkerArgs) -> Result<(WorkerConfig, Ve
         },
         budgets: global.budgets.clone(),
         failpoints: Failpoints::from_env().map_err(anyhow::Error::msg)?,
+        // Schedule shards pass on as fast as conversations do.
+        schedules: Some(turnpike_worker::schedules::SchedulerConfig {
+            lease_ttl: ttl,
+            ..Default::default()
+        }),
         ..Default::default()
     };
     // A budget in dollars counts costs, which only a price table gives.

@@ -54,6 +54,9 @@ pub struct WorkerConfig {
     /// How the worker's slots are shared between tenants when work waits: weights and caps
     /// (DESIGN step 2; invariant 13).
     pub fair: crate::fair::FairShare,
+    /// Whether (and how) this worker fires schedules: it holds free schedule shards beside its
+    /// turns (`None`: it leaves them to other workers).
+    pub schedules: Option<crate::schedules::SchedulerConfig>,
 }
 
 impl Default for WorkerConfig {
@@ -79,6 +82,7 @@ impl Default for WorkerConfig {
             mcp_read_roots: vec!["/opt".into()],
             outbound: Default::default(),
             fair: Default::default(),
+            schedules: Some(Default::default()),
         }
     }
 }

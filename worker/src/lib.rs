@@ -24,6 +24,7 @@
 //!   and the turn logs after it), and the snapshot a turn leaves
 //! - [`usage`]: each model call's `usage` entry, its cost (the price table), budgets
 //! - [`workspace`]: a fresh directory per turn, deleted however the turn ends
+//! - [`schedules`]: the scheduler: schedule shards held under leases, each firing once
 //! - [`config`]: worker settings
 //! - [`error`]: the crate's error type
 
@@ -41,6 +42,7 @@ pub mod parking;
 pub mod pool;
 pub mod reach;
 pub mod recall;
+pub mod schedules;
 pub mod search;
 pub mod timeline;
 pub mod tools;

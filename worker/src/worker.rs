@@ -187,10 +187,33 @@ impl Worker {
         let mut keep = tokio::time::interval(hand_back / 2);
         keep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let sweeping = Arc::new(AtomicBool::new(false));
-        let companions = [
+        // Aborted when this function returns or is dropped (a crash aborts the worker's task:
+        // nothing it started may go on).
+        let companions = AbortOnDrop(vec![
             tokio::spawn(self.clone().dispatch_loop()),
             tokio::spawn(self.clone().count_workers()),
-        ];
+        ]);
+        let (stop_scheduler, scheduler_stop) = tokio::sync::watch::channel(false);
+        let mut scheduler_task = AbortOnDrop(Vec::new());
+        if let Some(config) = self.inner.config.schedules.clone() {
+            let ingress = turnpike_router::Ingress::new(
+                self.inner.bus.clone(),
+                self.inner.conversations.clone(),
+            )
+            .with_budgets(self.inner.config.budgets.clone());
+            let scheduler = crate::schedules::Scheduler::new(
+                self.inner.bus.clone(),
+                self.inner.conversations.clone(),
+                self.inner.signer.clone(),
+                self.inner.worker,
+                config,
+            )
+            .with_ingress(ingress)
+            .with_failpoints(self.inner.config.failpoints.clone());
+            scheduler_task
+                .0
+                .push(tokio::spawn(scheduler.run(scheduler_stop)));
+        }
         let dispatch = &self.inner.dispatch;
         loop {
             let room = dispatch.has_room();
@@ -244,8 +267,11 @@ impl Worker {
             }
         }
         self.inner.stopping.store(true, Ordering::Relaxed);
-        for task in &companions {
-            task.abort();
+        drop(companions);
+        // The scheduler lets its shards go (another worker takes them at once), briefly.
+        let _ = stop_scheduler.send(true);
+        for task in scheduler_task.0.drain(..) {
+            let _ = tokio::time::timeout(Duration::from_secs(2), task).await;
         }
         // What waited here for a slot goes back to the bus for another worker, at once.
         for wake in dispatch.drain() {
@@ -714,4 +740,15 @@ fn slot_permits(config: &WorkerConfig) -> u32 {
 /// How many wakes a worker handles at once (claiming, or handing to an owner): twice its slots.
 fn intake_permits(config: &WorkerConfig) -> u32 {
     u32::try_from(2 * config.slots.max(1)).unwrap_or(u32::MAX)
+}
+
+/// Tasks aborted when this is dropped.
+struct AbortOnDrop(Vec<tokio::task::JoinHandle<()>>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        for task in &self.0 {
+            task.abort();
+        }
+    }
 }

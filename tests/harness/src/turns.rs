@@ -185,6 +185,10 @@ impl Rig {
                         git_remote: git_remote.clone(),
                         mcp_read_roots: mcp_read_roots.clone(),
                         outbound: outbound.clone(),
+                        schedules: Some(turnpike_worker::schedules::SchedulerConfig {
+                            lease_ttl: ttl,
+                            ..Default::default()
+                        }),
                         ..WorkerConfig::default()
                     },
                 )

@@ -1,0 +1,689 @@
+//! Sessions: schedules fire messages into lanes with nobody typing, each firing once across a
+//! fleet, with missed-firing and overlap policies; the API and `turnpike schedule` show them.
+//!
+//! The checks count: every tick of a schedule is accounted for exactly once (a fired firing's
+//! event is on its lane once, a missed claim stands for the firings it says), whatever was
+//! killed or stopped.
+
+use std::collections::{BTreeSet, HashMap};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+use turnpike_artifactory::schedules::{Firing, Missed, Outcome, Overlap, Schedule, Target, Timing};
+use turnpike_artifactory::{ConversationPrefix, Conversations, Schedules};
+use turnpike_router::bus::{now_ms, Bus};
+use turnpike_schemas::{ConversationId, EntryBody, EventBody, ScheduleId};
+use turnpike_tests::edge::{Server, ALICE, ALICE_OF_BETA, BOB};
+use turnpike_tests::fixtures::{owner, tenant};
+use turnpike_tests::fleet::Fleet;
+use turnpike_tests::lanes::create_conversations;
+use turnpike_tests::turns::{Rig, RigOptions};
+
+const LONG: Duration = Duration::from_secs(120);
+
+/// A reply at once, every turn.
+const QUICK: &str = "[[turn]]\n[[turn.step]]\ntext = \"done\"\n";
+
+/// A turn that outlasts a one-second interval.
+const SLOW: &str = "[[turn]]\n[[turn.step]]\ntext = \"done\"\ndelay_ms = 2500\n";
+
+fn binary() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_turnpike"))
+}
+
+/// A schedule of the fixture owner firing every second into `target` (app `support`, agent
+/// `helper`: the rig's).
+fn every_second(target: Target, missed: Missed, overlap: Overlap, grace_ms: u64) -> Schedule {
+    let now = now_ms();
+    Schedule {
+        id: ScheduleId::new(),
+        tenant: tenant(),
+        owner: owner(),
+        app: "support".parse().unwrap(),
+        agent: "helper".parse().unwrap(),
+        timing: Timing::Every { every_ms: 1_000 },
+        target,
+        text: "the hourly report".into(),
+        missed,
+        overlap,
+        jitter_ms: 0,
+        grace_ms,
+        paused: false,
+        created_ms: now,
+        updated_ms: now,
+    }
+}
+
+/// Every kept claim of a schedule, oldest first.
+async fn claims(schedules: &Schedules, id: ScheduleId) -> Vec<Firing> {
+    let mut all = schedules.recent(id, usize::MAX).await.unwrap();
+    all.reverse();
+    all
+}
+
+/// Waits until `done` holds for the schedule's claims.
+async fn until_claims(
+    schedules: &Schedules,
+    id: ScheduleId,
+    what: &str,
+    done: impl Fn(&[Firing]) -> bool,
+) -> Vec<Firing> {
+    let deadline = Instant::now() + LONG;
+    loop {
+        let all = claims(schedules, id).await;
+        if done(&all) {
+            return all;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what}: not within {LONG:?}; claims: {all:#?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// How many firings a claim stands for: a fired one itself and the missed ones it stands for,
+/// a missed one its count, a skipped one itself.
+fn stands_for(f: &Firing) -> u64 {
+    match &f.outcome {
+        Outcome::Fired { missed, .. } => 1 + missed,
+        Outcome::Missed { count } => *count,
+        Outcome::Skipped { .. } => 1,
+    }
+}
+
+/// The events on a lane, in order.
+async fn lane_events(bus: &dyn Bus, conversation: ConversationId) -> Vec<turnpike_schemas::Event> {
+    let mut out = Vec::new();
+    let mut after = 0;
+    loop {
+        let page = bus.read_lane(conversation, after, None, 500).await.unwrap();
+        let Some(last) = page.last() else { break };
+        after = last.seq;
+        out.extend(page.into_iter().map(|m| m.event));
+    }
+    out
+}
+
+/// Asserts that the claims after `after_ms` account for every tick once: consecutive claims
+/// are as far apart as the firings between them that the later one stands for.
+fn assert_every_tick_once(all: &[Firing], after_ms: u64) {
+    let mut last = after_ms;
+    for f in all.iter().filter(|f| f.fire_ms > after_ms) {
+        let ticks = (f.fire_ms - last) / 1_000;
+        assert_eq!(
+            (f.fire_ms - last) % 1_000,
+            0,
+            "fire times are whole intervals apart"
+        );
+        assert_eq!(
+            ticks,
+            stands_for(f),
+            "the claim at {} stands for {} firings but follows the previous by {ticks}: {all:#?}",
+            f.fire_ms,
+            stands_for(f)
+        );
+        last = f.fire_ms;
+    }
+}
+
+/// The fleet (here: the rig's one worker) stopped for several ticks, then started: each
+/// missed-firing policy does what it says, and every tick is accounted for once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn firings_missed_while_the_workers_were_down_follow_each_policy() {
+    let mut options = RigOptions::new(QUICK);
+    options.lease_ttl = Duration::from_secs(1);
+    let mut rig = Rig::with(options).await;
+    let schedules = Schedules::new(rig.conversations.store().clone());
+    let grace = 1_500;
+    let policies = [Missed::Skip, Missed::Latest, Missed::All { cap: 2 }];
+    let mut made = Vec::new();
+    for missed in policies {
+        let s = every_second(Target::New, missed, Overlap::Queue, grace);
+        schedules.put(&s).await.unwrap();
+        made.push(s);
+    }
+    let mut before = HashMap::new();
+    for s in &made {
+        let all = until_claims(&schedules, s.id, "a first firing", |c| !c.is_empty()).await;
+        assert!(matches!(all[0].outcome, Outcome::Fired { missed: 0, .. }));
+        before.insert(s.id, all.last().unwrap().fire_ms);
+    }
+    rig.pause().await;
+    let mut stopped = HashMap::new();
+    for s in &made {
+        stopped.insert(s.id, claims(&schedules, s.id).await.last().unwrap().fire_ms);
+    }
+    // The scenario: nothing runs for five ticks (this is the outage, not a synchronisation).
+    tokio::time::sleep(Duration::from_millis(5_000)).await;
+    rig.run();
+    let restarted = now_ms();
+    for s in &made {
+        let all = until_claims(&schedules, s.id, "firing on time again", |c| {
+            c.last().is_some_and(|f| f.fire_ms >= restarted + 1_000)
+        })
+        .await;
+        assert_every_tick_once(&all, all[0].fire_ms);
+        let after: Vec<&Firing> = all.iter().filter(|f| f.fire_ms > stopped[&s.id]).collect();
+        match s.missed {
+            Missed::Skip => {
+                let Outcome::Missed { count } = after[0].outcome else {
+                    panic!("skip: the first claim after the outage is not missed: {after:#?}")
+                };
+                assert!(count >= 3, "five ticks down, {count} missed");
+                assert!(after[1..]
+                    .iter()
+                    .all(|f| matches!(f.outcome, Outcome::Fired { missed: 0, .. })));
+            }
+            Missed::Latest => {
+                let Outcome::Fired { missed, .. } = after[0].outcome else {
+                    panic!("latest: the first claim after the outage did not fire: {after:#?}")
+                };
+                assert!(missed >= 2, "latest fired one for {missed} more");
+                assert!(
+                    after[0].fire_ms + grace < after[0].claimed_ms,
+                    "the one fired was late"
+                );
+            }
+            Missed::All { .. } => {
+                let Outcome::Missed { count } = after[0].outcome else {
+                    panic!("all (cap 2): the oldest are missed first: {after:#?}")
+                };
+                assert!(count >= 1);
+                for late in &after[1..3] {
+                    assert!(matches!(late.outcome, Outcome::Fired { missed: 0, .. }));
+                    assert!(
+                        late.fire_ms + grace < late.claimed_ms,
+                        "the capped catch-up fires late firings: {after:#?}"
+                    );
+                }
+            }
+        }
+        // A new conversation per firing, its message on its lane once, answered.
+        for f in &all {
+            if let Outcome::Fired {
+                conversation,
+                event,
+                ..
+            } = &f.outcome
+            {
+                let events = lane_events(rig.bus.as_ref(), *conversation).await;
+                assert_eq!(
+                    events.iter().filter(|e| e.id == *event).count(),
+                    1,
+                    "{conversation}"
+                );
+                assert_eq!(events.len(), 1);
+            }
+        }
+    }
+}
+
+/// The overlap policies, each with a turn (2.5 s) that outlasts the interval (1 s), into one
+/// standing conversation each: skip records skips, queue fires every time, cancel stops the
+/// running turn before it fires.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn overlap_policies_hold_with_a_turn_that_outlasts_the_interval() {
+    let mut options = RigOptions::new(SLOW);
+    options.lease_ttl = Duration::from_secs(2);
+    let rig = Rig::with(options).await;
+    let schedules = Schedules::new(rig.conversations.store().clone());
+    let convs =
+        create_conversations(&rig.conversations, &turnpike_tests::fixtures::signer(), 3).await;
+    let mut made = Vec::new();
+    for (overlap, conversation) in [Overlap::Skip, Overlap::Queue, Overlap::Cancel]
+        .into_iter()
+        .zip(convs.iter().copied())
+    {
+        let s = every_second(
+            Target::Same { conversation },
+            Missed::Latest,
+            overlap,
+            60_000,
+        );
+        schedules.put(&s).await.unwrap();
+        made.push(s);
+    }
+    for s in &made {
+        until_claims(&schedules, s.id, "six claims", |c| c.len() >= 6).await;
+    }
+    for s in &mut made {
+        s.paused = true;
+        schedules.put(s).await.unwrap();
+    }
+    for (s, conversation) in made.iter().zip(&convs) {
+        // Settled: the pause seen (no claim for two intervals) and every fired message taken.
+        let mut count = claims(&schedules, s.id).await.len();
+        loop {
+            tokio::time::sleep(Duration::from_millis(2_100)).await;
+            let now = claims(&schedules, s.id).await.len();
+            if now == count {
+                break;
+            }
+            count = now;
+        }
+        let all = claims(&schedules, s.id).await;
+        assert_every_tick_once(&all, all[0].fire_ms);
+        let fired: Vec<&Firing> = all
+            .iter()
+            .filter(|f| matches!(f.outcome, Outcome::Fired { .. }))
+            .collect();
+        let skipped = all.len() - fired.len();
+        let events = lane_events(rig.bus.as_ref(), *conversation).await;
+        let messages: Vec<_> = events
+            .iter()
+            .filter(|e| matches!(e.body, EventBody::Message { .. }))
+            .collect();
+        // Each fired firing's message is on the lane once; nothing else of the schedule's.
+        let keys: BTreeSet<_> = messages
+            .iter()
+            .map(|e| e.idempotency_key.clone().unwrap())
+            .collect();
+        assert_eq!(keys.len(), messages.len(), "a message twice");
+        assert_eq!(messages.len(), fired.len(), "{:?}", s.overlap);
+        let stops = fired
+            .iter()
+            .filter(|f| matches!(f.outcome, Outcome::Fired { stop: Some(_), .. }))
+            .count();
+        let record = rig
+            .conversations
+            .record(ConversationPrefix::new(tenant(), *conversation));
+        match s.overlap {
+            Overlap::Skip => {
+                assert!(skipped >= 2, "skip: {skipped} skipped of {}", all.len());
+                assert_eq!(stops, 0);
+            }
+            Overlap::Queue => {
+                assert_eq!(skipped, 0, "queue skips nothing");
+                assert_eq!(stops, 0);
+            }
+            Overlap::Cancel => {
+                assert_eq!(skipped, 0, "cancel skips nothing");
+                assert!(stops >= 2, "cancel stopped {stops} turns");
+                let deadline = Instant::now() + LONG;
+                loop {
+                    let entries = record.entries().await.unwrap();
+                    let cancelled = entries
+                        .iter()
+                        .filter(|e| matches!(e.body, EntryBody::Cancelled(_)))
+                        .count();
+                    if cancelled >= 1 {
+                        break;
+                    }
+                    assert!(Instant::now() < deadline, "no turn was cancelled");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        }
+    }
+}
+
+/// A schedule firing every second on a fleet of three worker processes, each SIGKILLed in turn
+/// (and replaced) while it fires: every tick in the window fires exactly once — one event on
+/// the lane per tick, none twice, none skipped — and each is answered in the record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_tick_fires_exactly_once_on_a_fleet_with_workers_killed() {
+    let fleet = Fleet::start(&binary()).await;
+    let conversations: &Conversations = &fleet.conversations;
+    let schedules = Schedules::new(conversations.store().clone());
+    let (entry, _, _) = conversations
+        .create(
+            &turnpike_tests::fixtures::signer(),
+            turnpike_artifactory::NewConversation {
+                tenant: tenant(),
+                owner: owner(),
+                app: "demo".parse().unwrap(),
+                agent: "echo".parse().unwrap(),
+                at_ms: now_ms(),
+                instructions: None,
+            },
+        )
+        .await
+        .unwrap();
+    let conversation = entry.conversation;
+    let mut workers: Vec<_> = (0..3).map(|_| fleet.worker(&[]).0).collect();
+    let mut s = every_second(
+        Target::Same { conversation },
+        Missed::All { cap: 1_000 },
+        Overlap::Queue,
+        600_000,
+    );
+    s.app = "demo".parse().unwrap();
+    s.agent = "echo".parse().unwrap();
+    schedules.put(&s).await.unwrap();
+    // Kill a worker after every few firings (whichever holds the shard, or not), replace it.
+    for round in 1..=4usize {
+        until_claims(&schedules, s.id, "firings", |c| c.len() >= round * 3).await;
+        let mut doomed = workers.remove(0);
+        doomed.kill();
+        workers.push(fleet.worker(&[]).0);
+    }
+    until_claims(&schedules, s.id, "firings after the kills", |c| {
+        c.len() >= 15
+    })
+    .await;
+    s.paused = true;
+    schedules.put(&s).await.unwrap();
+    let bus: &dyn Bus = fleet.bus.as_ref();
+    // Settled: no new claim for two seconds, and the record has taken every message.
+    let mut count = claims(&schedules, s.id).await.len();
+    loop {
+        tokio::time::sleep(Duration::from_millis(2_000)).await;
+        let now = claims(&schedules, s.id).await.len();
+        if now == count {
+            break;
+        }
+        count = now;
+    }
+    let all = claims(&schedules, s.id).await;
+    assert!(all.len() < 32, "every claim kept for the check");
+    assert_every_tick_once(&all, s.created_ms);
+    assert!(all
+        .iter()
+        .all(|f| matches!(f.outcome, Outcome::Fired { missed: 0, .. })));
+    let events = lane_events(bus, conversation).await;
+    let keys: Vec<String> = events
+        .iter()
+        .map(|e| e.idempotency_key.clone().unwrap_or_default())
+        .collect();
+    let expected: Vec<String> = all
+        .iter()
+        .map(|f| turnpike_worker::schedules::firing_key(s.id, f.fire_ms))
+        .collect();
+    assert_eq!(
+        keys, expected,
+        "one event per tick, in tick order, none twice"
+    );
+    let record = conversations.record(ConversationPrefix::new(tenant(), conversation));
+    let deadline = Instant::now() + LONG;
+    loop {
+        let state = record.head().await.unwrap().state().clone();
+        if state.messages as usize == all.len() && !state.turn_open {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the record took {} of {} messages",
+            state.messages,
+            all.len()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Through the API of `turnpike serve`: a schedule is created, fires into a new conversation
+/// of its maker that gets answered, and shows its firings and next firing; another identity
+/// (or tenant) sees none of it; bad input is refused with nothing written; pause, resume and
+/// delete work; `turnpike schedule` lists it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_api_and_cli_show_schedules_to_their_maker_only() {
+    let server = Server::start(&binary(), None, &[], false).unwrap();
+    let alice = server.client(ALICE);
+    let bob = server.client(BOB);
+    let beta = server.client(ALICE_OF_BETA);
+    for bad in [
+        json!({"app": "demo", "agent": "echo", "text": "hi"}),
+        json!({"app": "demo", "agent": "echo", "text": "hi", "cron": "61 * * * *"}),
+        json!({"app": "demo", "agent": "echo", "text": "hi", "cron": "0 9 * * *", "zone": "Mars/Base"}),
+        json!({"app": "demo", "agent": "echo", "text": "hi", "every_seconds": 0}),
+        json!({"app": "demo", "agent": "echo", "text": "hi", "every_seconds": 5, "cron": "* * * * *"}),
+        json!({"app": "demo", "agent": "echo", "text": "", "every_seconds": 5}),
+        json!({"app": "demo", "agent": "echo", "text": "hi", "every_seconds": 5, "missed": "latest", "catch_up": 3}),
+        json!({"app": "demo", "agent": "echo", "text": "hi", "every_seconds": 5, "surprise": 1}),
+    ] {
+        let reply = alice.post("/v1/schedules", &bad).await.unwrap();
+        assert_eq!(reply.status, 422, "{bad}: {:?}", reply.body);
+    }
+    let reply = alice
+        .post(
+            "/v1/schedules",
+            &json!({"app": "nope", "agent": "echo", "text": "hi", "every_seconds": 5}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(reply.status, 404);
+    // Bob's conversation is not Alice's to fire into.
+    let bobs = turnpike_tests::edge::create(&bob, "demo", "echo").await;
+    let reply = alice
+        .post(
+            "/v1/schedules",
+            &json!({"conversation": bobs, "text": "hi", "every_seconds": 5}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(reply.status, 404);
+    assert_eq!(
+        alice.get("/v1/schedules").await.unwrap().body["schedules"],
+        json!([]),
+        "nothing refused was written"
+    );
+
+    let made = alice
+        .post(
+            "/v1/schedules",
+            &json!({"app": "demo", "agent": "echo", "text": "daily digest", "every_seconds": 1}),
+        )
+        .await
+        .unwrap()
+        .into_ok()
+        .unwrap();
+    let id = made["id"].as_str().unwrap().to_owned();
+    assert!(made["next_ms"].as_u64().unwrap() > made["created_ms"].as_u64().unwrap());
+    let deadline = Instant::now() + LONG;
+    let fired = loop {
+        let view = alice
+            .get(&format!("/v1/schedules/{id}"))
+            .await
+            .unwrap()
+            .into_ok()
+            .unwrap();
+        if let Some(f) = view["firings"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|f| f["outcome"] == "fired")
+        {
+            break f.clone();
+        }
+        assert!(Instant::now() < deadline, "never fired: {view}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let conversation = fired["conversation"].as_str().unwrap();
+    turnpike_tests::edge::wait_for_complete_turns(&alice, conversation, 1, LONG)
+        .await
+        .unwrap();
+    let rows = alice
+        .get(&format!("/v1/conversations/{conversation}/messages"))
+        .await
+        .unwrap()
+        .into_ok()
+        .unwrap();
+    assert!(rows.to_string().contains("daily digest"), "{rows}");
+    // Nobody else sees it, or its conversation.
+    for other in [&bob, &beta] {
+        for path in [format!("/v1/schedules/{id}")] {
+            assert_eq!(other.get(&path).await.unwrap().status, 404);
+        }
+        assert_eq!(
+            other
+                .post(&format!("/v1/schedules/{id}/pause"), &json!({}))
+                .await
+                .unwrap()
+                .status,
+            404
+        );
+        assert_eq!(
+            other
+                .delete(&format!("/v1/schedules/{id}"))
+                .await
+                .unwrap()
+                .status,
+            404
+        );
+        assert_eq!(
+            other.get("/v1/schedules").await.unwrap().body["schedules"],
+            json!([])
+        );
+        assert_eq!(
+            other
+                .get(&format!("/v1/conversations/{conversation}"))
+                .await
+                .unwrap()
+                .status,
+            404
+        );
+    }
+    // The CLI, as Alice.
+    let out = std::process::Command::new(binary())
+        .args(["schedule", "--url", &server.base, "--token", ALICE, "list"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(
+        text.contains(&id) && text.contains("every 1s") && text.contains("fired"),
+        "{text}"
+    );
+    let out = std::process::Command::new(binary())
+        .args([
+            "schedule",
+            "--url",
+            &server.base,
+            "--token",
+            ALICE,
+            "pause",
+            &id,
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let view = alice
+        .get(&format!("/v1/schedules/{id}"))
+        .await
+        .unwrap()
+        .into_ok()
+        .unwrap();
+    assert_eq!(view["paused"], true);
+    assert!(
+        view.get("next_ms").is_none(),
+        "a paused schedule has no next firing"
+    );
+    let resumed = alice
+        .post(&format!("/v1/schedules/{id}/resume"), &json!({}))
+        .await
+        .unwrap()
+        .into_ok()
+        .unwrap();
+    assert_eq!(resumed["paused"], false);
+    let reply = alice.delete(&format!("/v1/schedules/{id}")).await.unwrap();
+    assert_eq!(reply.status, 204);
+    assert_eq!(
+        alice
+            .get(&format!("/v1/schedules/{id}"))
+            .await
+            .unwrap()
+            .status,
+        404
+    );
+}
+
+/// SIGKILL at each step boundary of a firing, with no later firing to rescue it: a worker
+/// hangs right after claiming a firing (nothing published), or after creating its new
+/// conversation (its message not published), and is killed; the worker that takes the shard
+/// over finishes that firing — its event on its lane once — and goes on with the next ones.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_firing_cut_short_at_each_step_is_finished_once_by_the_next_holder() {
+    let fleet = Fleet::start(&binary()).await;
+    let conversations: &Conversations = &fleet.conversations;
+    let schedules = Schedules::new(conversations.store().clone());
+    let bus: &dyn Bus = fleet.bus.as_ref();
+    let (entry, _, _) = conversations
+        .create(
+            &turnpike_tests::fixtures::signer(),
+            turnpike_artifactory::NewConversation {
+                tenant: tenant(),
+                owner: owner(),
+                app: "demo".parse().unwrap(),
+                agent: "echo".parse().unwrap(),
+                at_ms: now_ms(),
+                instructions: None,
+            },
+        )
+        .await
+        .unwrap();
+    for (failpoint, target) in [
+        (
+            "schedule-claimed",
+            Target::Same {
+                conversation: entry.conversation,
+            },
+        ),
+        ("schedule-conversation", Target::New),
+    ] {
+        let (mut doomed, _) = fleet.failing_worker(&format!("{failpoint}=hang"));
+        let mut s = every_second(target, Missed::All { cap: 1_000 }, Overlap::Queue, 600_000);
+        s.app = "demo".parse().unwrap();
+        s.agent = "echo".parse().unwrap();
+        schedules.put(&s).await.unwrap();
+        doomed
+            .wait_for_line(&format!("failpoint {failpoint}"), LONG)
+            .unwrap();
+        let cut = claims(&schedules, s.id).await;
+        assert_eq!(cut.len(), 1, "one firing claimed before the hang");
+        doomed.kill();
+        let (_next, _) = fleet.worker(&[]);
+        until_claims(&schedules, s.id, "firings after the takeover", |c| {
+            c.len() >= 3
+        })
+        .await;
+        s.paused = true;
+        schedules.put(&s).await.unwrap();
+        let mut count = claims(&schedules, s.id).await.len();
+        loop {
+            tokio::time::sleep(Duration::from_millis(2_000)).await;
+            let now = claims(&schedules, s.id).await.len();
+            if now == count {
+                break;
+            }
+            count = now;
+        }
+        let all = claims(&schedules, s.id).await;
+        assert_eq!(all[0], cut[0], "the cut-short claim stands");
+        assert_every_tick_once(&all, s.created_ms);
+        let mut keys = Vec::new();
+        let mut read = std::collections::HashSet::new();
+        for f in &all {
+            let Outcome::Fired {
+                conversation,
+                event,
+                ..
+            } = &f.outcome
+            else {
+                panic!("{f:?}")
+            };
+            let events = lane_events(bus, *conversation).await;
+            assert_eq!(
+                events.iter().filter(|e| e.id == *event).count(),
+                1,
+                "{failpoint}: firing {} on its lane once",
+                f.fire_ms
+            );
+            if read.insert(*conversation) {
+                keys.extend(
+                    events
+                        .iter()
+                        .filter_map(|e| e.idempotency_key.clone())
+                        .filter(|k| k.contains(&s.id.to_string())),
+                );
+            }
+        }
+        let expected: Vec<String> = all
+            .iter()
+            .map(|f| turnpike_worker::schedules::firing_key(s.id, f.fire_ms))
+            .collect();
+        assert_eq!(keys, expected, "{failpoint}: each tick once, in order");
+        // Nothing of this schedule fires into the next round.
+        schedules.delete(&s).await.unwrap();
+    }
+}

@@ -1,0 +1,648 @@
+//! The scheduler: fires schedules into lanes, each firing once across a fleet.
+//!
+//! Schedules are spread over [`SHARDS`] shards. Every worker runs a scheduler that holds the
+//! leases of free shards (the bus's leases, so a shard has one holder at a time and passes on
+//! when its holder dies) and fires the schedules of the shards it holds.
+//!
+//! # Contract
+//! - A firing is (schedule, fire time). Its holder **claims** it in the store (create-only:
+//!   one claim wins) with everything it will do — the conversation, the event id, the lane
+//!   position before it — and only then publishes. Whoever finds a claim (the next holder
+//!   after a crash, a zombie that lost its lease) finishes it the same way: it looks for the
+//!   event on the lane after that position and publishes the same event (same id, same
+//!   idempotency key: deduplicated on the bus) only when it is not there. So a firing's event
+//!   is on its lane once, whatever is killed when.
+//! - Firings are claimed in fire-time order; a schedule's latest claim is its cursor. A shard
+//!   taken over resumes from each schedule's cursor, finishing its latest claim first.
+//! - Late firings (later than the schedule's grace) follow its [`Missed`] policy; a firing
+//!   due while the previous firing's turn still runs follows its [`Overlap`] policy.
+//! - A firing is a message from the schedule's owner: ingress checks it as it checks theirs
+//!   (the conversation must be theirs and open; budgets apply).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tracing::{debug, info, warn};
+use turnpike_artifactory::schedules::{
+    Claim, Firing, Missed, Outcome, Overlap, Schedule, Target, SHARDS,
+};
+use turnpike_artifactory::{Conversations, NewConversation, RecordSigner, Schedules};
+use turnpike_router::bus::{now_ms, Bus, Lease};
+use turnpike_router::Ingress;
+use turnpike_schemas::{ConversationId, EventBody, EventId, ScheduleId, WorkerId};
+
+/// How the scheduler paces itself.
+#[derive(Debug, Clone)]
+pub struct SchedulerConfig {
+    /// How long a shard's lease lasts without renewal (a dead holder's shards pass on after).
+    pub lease_ttl: Duration,
+    /// How often due firings are looked for.
+    pub tick: Duration,
+    /// How often a held shard's schedules are listed again (new, changed, deleted ones).
+    pub refresh: Duration,
+}
+
+impl Default for SchedulerConfig {
+    fn default() -> Self {
+        Self {
+            lease_ttl: Duration::from_secs(6),
+            tick: Duration::from_millis(100),
+            refresh: Duration::from_secs(1),
+        }
+    }
+}
+
+/// The lease key of a shard: a conversation id no conversation has (timestamp 0, a fixed tag).
+pub fn shard_key(shard: u32) -> ConversationId {
+    const TAG: u128 = 0x5343_4845_4455_4c45 << 16;
+    ConversationId::from_ulid(ulid::Ulid::from_parts(0, TAG | u128::from(shard)))
+}
+
+/// The idempotency key of a firing's message.
+pub fn firing_key(id: ScheduleId, fire_ms: u64) -> String {
+    format!("schedule:{id}:{fire_ms}")
+}
+
+/// Fires the schedules of the shards it holds.
+pub struct Scheduler {
+    bus: Arc<dyn Bus>,
+    conversations: Conversations,
+    schedules: Schedules,
+    ingress: Ingress,
+    signer: RecordSigner,
+    worker: WorkerId,
+    config: SchedulerConfig,
+    failpoints: turnpike_lifecycle::failpoints::Failpoints,
+}
+
+/// A held shard.
+struct Held {
+    lease: Lease,
+    renewed: Instant,
+    listed: Option<Instant>,
+    tracked: HashMap<ScheduleId, Tracked>,
+}
+
+/// What the holder knows of a schedule.
+struct Tracked {
+    schedule: Schedule,
+    /// The latest claimed fire time (0: none yet).
+    cursor: u64,
+    /// The conversation of the latest fired firing (for the overlap policy).
+    previous: Option<ConversationId>,
+    /// Whether the latest claim was seen through (published, if it fires).
+    settled: bool,
+    /// When its next firing is due, jitter included (`None`: to be worked out again).
+    due_at: Option<u64>,
+}
+
+impl Scheduler {
+    pub fn new(
+        bus: Arc<dyn Bus>,
+        conversations: Conversations,
+        signer: RecordSigner,
+        worker: WorkerId,
+        config: SchedulerConfig,
+    ) -> Self {
+        Self {
+            ingress: Ingress::new(bus.clone(), conversations.clone()),
+            schedules: Schedules::new(conversations.store().clone()),
+            bus,
+            conversations,
+            signer,
+            worker,
+            config,
+            failpoints: Default::default(),
+        }
+    }
+
+    /// Hangs or pauses where tests say: `schedule-claimed` (a firing claimed, nothing of it
+    /// done) and `schedule-conversation` (its new conversation created, its message not
+    /// published).
+    pub fn with_failpoints(
+        mut self,
+        failpoints: turnpike_lifecycle::failpoints::Failpoints,
+    ) -> Self {
+        self.failpoints = failpoints;
+        self
+    }
+
+    /// Publishes firings through `ingress` (one with the deployment's directive and budgets).
+    pub fn with_ingress(mut self, ingress: Ingress) -> Self {
+        self.ingress = ingress;
+        self
+    }
+
+    /// Holds free shards and fires their schedules until `stop` turns true (then lets its
+    /// shards go, so another scheduler takes them at once) or its task is aborted (a crash:
+    /// its shards pass on when their leases run out).
+    pub async fn run(self, mut stop: tokio::sync::watch::Receiver<bool>) {
+        let mut held: HashMap<u32, Held> = HashMap::new();
+        let mut claimed_at: Option<Instant> = None;
+        let mut tick = tokio::time::interval(self.config.tick);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                _ = async { let _ = stop.wait_for(|stop| *stop).await; } => {
+                    for (_, h) in held.drain() {
+                        let _ = self.bus.release(&h.lease).await;
+                    }
+                    return;
+                }
+            }
+            if claimed_at.is_none_or(|t| t.elapsed() >= self.config.lease_ttl / 3) {
+                claimed_at = Some(Instant::now());
+                self.claim_free(&mut held).await;
+            }
+            let shards: Vec<u32> = held.keys().copied().collect();
+            for shard in shards {
+                let Some(h) = held.get_mut(&shard) else {
+                    continue;
+                };
+                if h.renewed.elapsed() >= self.config.lease_ttl / 3 {
+                    match self.bus.renew(&h.lease, self.config.lease_ttl).await {
+                        Ok(lease) => {
+                            h.lease = lease;
+                            h.renewed = Instant::now();
+                        }
+                        Err(e) => {
+                            warn!(worker = %self.worker, shard, error = %e, "lost a schedule shard's lease");
+                            held.remove(&shard);
+                            continue;
+                        }
+                    }
+                }
+                // Never fire on a lease that may have run out (another holder may fire).
+                if h.renewed.elapsed() >= self.config.lease_ttl * 2 / 3 {
+                    continue;
+                }
+                if h.listed.is_none_or(|t| t.elapsed() >= self.config.refresh) {
+                    self.list(shard, h).await;
+                }
+                for t in h.tracked.values_mut() {
+                    self.fire_due(t).await;
+                }
+            }
+        }
+    }
+
+    /// Takes the leases of shards nobody holds.
+    async fn claim_free(&self, held: &mut HashMap<u32, Held>) {
+        for shard in 0..SHARDS {
+            if held.contains_key(&shard) {
+                continue;
+            }
+            match self
+                .bus
+                .claim(shard_key(shard), self.worker, self.config.lease_ttl)
+                .await
+            {
+                Ok(Some(lease)) => {
+                    info!(worker = %self.worker, shard, "holding a schedule shard");
+                    held.insert(
+                        shard,
+                        Held {
+                            lease,
+                            renewed: Instant::now(),
+                            listed: None,
+                            tracked: HashMap::new(),
+                        },
+                    );
+                }
+                Ok(None) => {}
+                Err(e) => debug!(shard, error = %e, "cannot claim a schedule shard"),
+            }
+        }
+    }
+
+    /// Lists a shard's schedules: new ones are tracked from their cursor, changed ones take
+    /// their new definition, deleted ones are dropped.
+    async fn list(&self, shard: u32, held: &mut Held) {
+        let listed = match self.schedules.in_shard(shard).await {
+            Ok(listed) => listed,
+            Err(e) => {
+                warn!(shard, error = %e, "cannot list a shard's schedules");
+                return;
+            }
+        };
+        held.listed = Some(Instant::now());
+        let mut seen = std::collections::HashSet::new();
+        for schedule in listed {
+            seen.insert(schedule.id);
+            if let Some(t) = held.tracked.get_mut(&schedule.id) {
+                if t.schedule != schedule {
+                    t.schedule = schedule;
+                    t.due_at = None;
+                }
+                continue;
+            }
+            let (cursor, previous) = match self.schedules.recent(schedule.id, 1).await {
+                Ok(recent) => match recent.first() {
+                    Some(f) => (
+                        f.fire_ms,
+                        match &f.outcome {
+                            Outcome::Fired { conversation, .. } => Some(*conversation),
+                            _ => None,
+                        },
+                    ),
+                    None => (0, None),
+                },
+                Err(e) => {
+                    warn!(schedule = %schedule.id, error = %e, "cannot read a schedule's firings");
+                    continue;
+                }
+            };
+            held.tracked.insert(
+                schedule.id,
+                Tracked {
+                    schedule,
+                    cursor,
+                    previous,
+                    settled: cursor == 0,
+                    due_at: None,
+                },
+            );
+        }
+        held.tracked.retain(|id, _| seen.contains(id));
+    }
+
+    /// Fires what is due of one schedule (and first sees its latest claim through).
+    async fn fire_due(&self, t: &mut Tracked) {
+        if !t.settled {
+            match self.schedules.firing(t.schedule.id, t.cursor).await {
+                Ok(firing) => match self.finish(&t.schedule, &firing).await {
+                    Ok(()) => t.settled = true,
+                    Err(e) => {
+                        warn!(schedule = %t.schedule.id, fire_ms = t.cursor, error = %e, "cannot finish a claimed firing; retrying");
+                        return;
+                    }
+                },
+                // Pruned or deleted: nothing to finish.
+                Err(e) if e.kind() == turnpike_artifactory::ErrorKind::NotFound => t.settled = true,
+                Err(e) => {
+                    warn!(schedule = %t.schedule.id, error = %e, "cannot read a claimed firing");
+                    return;
+                }
+            }
+        }
+        if t.schedule.paused {
+            return;
+        }
+        let now = now_ms();
+        let due_at = *t.due_at.get_or_insert_with(|| {
+            let s = &t.schedule;
+            s.next_after(t.cursor.max(s.created_ms))
+                .map_or(u64::MAX, |next| next + s.jitter_of(next))
+        });
+        if now < due_at {
+            return;
+        }
+        t.due_at = None;
+        let due = due_firings(&t.schedule, t.cursor, now);
+        if due.is_empty() {
+            return;
+        }
+        let grace = t.schedule.grace_ms;
+        let late = due.iter().take_while(|f| now - **f > grace).count();
+        let mut plan: Vec<(u64, u64)> = Vec::new(); // (fire time, missed before it)
+        if late > 0 {
+            let last_late = due[late - 1];
+            match t.schedule.missed {
+                Missed::Skip => {
+                    let missed = Firing {
+                        fire_ms: last_late,
+                        claimed_ms: now,
+                        outcome: Outcome::Missed { count: late as u64 },
+                    };
+                    if !self.claim_and_finish(t, missed).await {
+                        return;
+                    }
+                }
+                Missed::Latest => plan.push((last_late, late as u64 - 1)),
+                Missed::All { cap } => {
+                    let cap = cap as usize;
+                    let fired_from = late.saturating_sub(cap);
+                    if fired_from > 0 {
+                        let missed = Firing {
+                            fire_ms: due[fired_from - 1],
+                            claimed_ms: now,
+                            outcome: Outcome::Missed {
+                                count: fired_from as u64,
+                            },
+                        };
+                        if !self.claim_and_finish(t, missed).await {
+                            return;
+                        }
+                    }
+                    plan.extend(due[fired_from..late].iter().map(|f| (*f, 0)));
+                }
+            }
+        }
+        plan.extend(due[late..].iter().map(|f| (*f, 0)));
+        for (fire_ms, missed) in plan {
+            let firing = match self.decide(t, fire_ms, missed).await {
+                Ok(firing) => firing,
+                Err(e) => {
+                    warn!(schedule = %t.schedule.id, fire_ms, error = %e, "cannot decide a firing; retrying");
+                    return;
+                }
+            };
+            if !self.claim_and_finish(t, firing).await {
+                return;
+            }
+        }
+    }
+
+    /// What firing `fire_ms` does: the overlap policy against the previous firing's turn, the
+    /// conversation and the event.
+    async fn decide(&self, t: &Tracked, fire_ms: u64, missed: u64) -> crate::error::Result<Firing> {
+        let s = &t.schedule;
+        let mut stop = None;
+        if let Some(previous) = t.previous {
+            if self.running(s, previous).await? {
+                match s.overlap {
+                    Overlap::Skip => {
+                        return Ok(Firing {
+                            fire_ms,
+                            claimed_ms: now_ms(),
+                            outcome: Outcome::Skipped {
+                                reason: "the previous firing's turn was still running".into(),
+                            },
+                        })
+                    }
+                    Overlap::Cancel => stop = Some(previous),
+                    Overlap::Queue => {}
+                }
+            }
+        }
+        let (conversation, lane_after) = match s.target {
+            Target::New => (ConversationId::new(), 0),
+            Target::Same { conversation } => {
+                (conversation, self.bus.lane_last(conversation).await?)
+            }
+        };
+        Ok(Firing {
+            fire_ms,
+            claimed_ms: now_ms(),
+            outcome: Outcome::Fired {
+                conversation,
+                event: EventId::new(),
+                lane_after,
+                stop,
+                missed,
+            },
+        })
+    }
+
+    /// Whether the turn of `conversation` still runs, or its lane holds events not yet taken.
+    async fn running(
+        &self,
+        s: &Schedule,
+        conversation: ConversationId,
+    ) -> crate::error::Result<bool> {
+        let (_, record) = match self
+            .conversations
+            .open(conversation, &s.tenant, &s.owner)
+            .await
+        {
+            Ok(opened) => opened,
+            Err(e) if e.kind() == turnpike_artifactory::ErrorKind::NotFound => return Ok(false),
+            Err(e) => return Err(e.into()),
+        };
+        let head = record.head().await?;
+        let state = head.state();
+        if state.turn_open {
+            return Ok(true);
+        }
+        Ok(self.bus.lane_last(conversation).await? > state.lane_through)
+    }
+
+    /// Claims `firing` and sees it (or the claim that won) through; moves the cursor. False:
+    /// stop for now (retried on the next tick).
+    async fn claim_and_finish(&self, t: &mut Tracked, firing: Firing) -> bool {
+        let id = t.schedule.id;
+        let won = match self.schedules.claim(id, &firing).await {
+            Ok(Claim::Won) => {
+                self.failpoints
+                    .hit("schedule-claimed", format!("{id} {}", firing.fire_ms))
+                    .await;
+                firing
+            }
+            Ok(Claim::Lost(theirs)) => theirs,
+            Err(e) => {
+                warn!(schedule = %id, fire_ms = firing.fire_ms, error = %e, "cannot claim a firing; retrying");
+                return false;
+            }
+        };
+        t.cursor = won.fire_ms;
+        t.settled = false;
+        if let Outcome::Fired { conversation, .. } = &won.outcome {
+            t.previous = Some(*conversation);
+        }
+        match self.finish(&t.schedule, &won).await {
+            Ok(()) => t.settled = true,
+            Err(e) => {
+                warn!(schedule = %id, fire_ms = won.fire_ms, error = %e, "cannot finish a firing; retrying");
+                return false;
+            }
+        }
+        metrics::counter!("turnpike_schedule_firings_total", "outcome" => outcome_name(&won.outcome)).increment(1);
+        if matches!(won.outcome, Outcome::Fired { .. }) {
+            let lag = now_ms().saturating_sub(won.fire_ms + t.schedule.jitter_of(won.fire_ms));
+            metrics::histogram!("turnpike_schedule_firing_lag_seconds").record(lag as f64 / 1000.0);
+        }
+        if won.fire_ms % 16 == 0 {
+            if let Err(e) = self.schedules.prune(id).await {
+                debug!(schedule = %id, error = %e, "cannot prune old firings");
+            }
+        }
+        true
+    }
+
+    /// Sees a claimed firing through: for a fired one, the stop (if any), the conversation (a
+    /// new one is created as the claim names it) and the message, each only if not there yet.
+    async fn finish(&self, s: &Schedule, firing: &Firing) -> crate::error::Result<()> {
+        let Outcome::Fired {
+            conversation,
+            event,
+            lane_after,
+            stop,
+            ..
+        } = &firing.outcome
+        else {
+            return Ok(());
+        };
+        if let Some(previous) = stop {
+            let stopped = self
+                .ingress
+                .submit(
+                    &s.tenant,
+                    &s.owner,
+                    *previous,
+                    EventBody::Stop {
+                        reason: Some(format!("schedule {} fires again", s.id)),
+                    },
+                    Some(format!("{}:stop", firing_key(s.id, firing.fire_ms))),
+                )
+                .await;
+            if let Err(e) = stopped {
+                // A conversation closed or deleted since has nothing to stop.
+                debug!(schedule = %s.id, error = %e, "the previous firing's turn was not stopped");
+            }
+        }
+        if matches!(s.target, Target::New) {
+            self.conversations
+                .ensure(
+                    &self.signer,
+                    *conversation,
+                    NewConversation {
+                        tenant: s.tenant.clone(),
+                        owner: s.owner.clone(),
+                        app: s.app.clone(),
+                        agent: s.agent.clone(),
+                        at_ms: firing.claimed_ms,
+                        instructions: None,
+                    },
+                )
+                .await?;
+            self.failpoints
+                .hit(
+                    "schedule-conversation",
+                    format!("{} {}", s.id, firing.fire_ms),
+                )
+                .await;
+        }
+        if self.on_lane(*conversation, *lane_after, *event).await? {
+            return Ok(());
+        }
+        let published = self
+            .ingress
+            .submit_as(
+                &s.tenant,
+                &s.owner,
+                *conversation,
+                EventBody::Message {
+                    text: s.text.clone(),
+                },
+                Some(firing_key(s.id, firing.fire_ms)),
+                Some(*event),
+            )
+            .await;
+        match published {
+            Ok(_) => Ok(()),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    turnpike_router::ErrorKind::Closed
+                        | turnpike_router::ErrorKind::NotFound
+                        | turnpike_router::ErrorKind::BudgetSpent
+                        | turnpike_router::ErrorKind::Invalid
+                ) =>
+            {
+                // Refused for good (the conversation closed or went, a budget is spent): the
+                // firing is over; the next one tries again.
+                warn!(schedule = %s.id, fire_ms = firing.fire_ms, error = %e, "a firing's message was refused");
+                Ok(())
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Whether `event` is on the lane of `conversation` after `after`.
+    async fn on_lane(
+        &self,
+        conversation: ConversationId,
+        after: u64,
+        event: EventId,
+    ) -> crate::error::Result<bool> {
+        let mut from = after;
+        loop {
+            let page = match self.bus.read_lane(conversation, from, None, 256).await {
+                Ok(page) => page,
+                Err(e) if e.kind() == turnpike_router::ErrorKind::Unreadable => return Ok(false),
+                Err(e) => return Err(e.into()),
+            };
+            if page.iter().any(|m| m.event.id == event) {
+                return Ok(true);
+            }
+            match page.last() {
+                Some(last) if page.len() == 256 => from = last.seq,
+                _ => return Ok(false),
+            }
+        }
+    }
+}
+
+fn outcome_name(outcome: &Outcome) -> &'static str {
+    match outcome {
+        Outcome::Fired { .. } => "fired",
+        Outcome::Skipped { .. } => "skipped",
+        Outcome::Missed { .. } => "missed",
+    }
+}
+
+/// The most firings looked at in one go (a schedule down for long, firing each second).
+const MAX_DUE: usize = 100_000;
+
+/// The fire times after `cursor` (and after the schedule's creation) that are due at `now`
+/// (jitter included), oldest first.
+pub fn due_firings(s: &Schedule, cursor: u64, now: u64) -> Vec<u64> {
+    let mut out = Vec::new();
+    let mut after = cursor.max(s.created_ms);
+    while out.len() < MAX_DUE {
+        let Some(next) = s.next_after(after) else {
+            break;
+        };
+        if next + s.jitter_of(next) > now {
+            break;
+        }
+        out.push(next);
+        after = next;
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use turnpike_artifactory::schedules::Timing;
+
+    fn every_second() -> Schedule {
+        Schedule {
+            id: ScheduleId::new(),
+            tenant: "acme".parse().unwrap(),
+            owner: "u:alice".parse().unwrap(),
+            app: "demo".parse().unwrap(),
+            agent: "echo".parse().unwrap(),
+            timing: Timing::Every { every_ms: 1_000 },
+            target: Target::New,
+            text: "tick".into(),
+            missed: Missed::Skip,
+            overlap: Overlap::Queue,
+            jitter_ms: 0,
+            grace_ms: 60_000,
+            paused: false,
+            created_ms: 10_000,
+            updated_ms: 10_000,
+        }
+    }
+
+    #[test]
+    fn due_firings_start_after_the_cursor_and_stop_at_now() {
+        let s = every_second();
+        assert!(due_firings(&s, 0, 10_999).is_empty());
+        assert_eq!(due_firings(&s, 0, 13_500), [11_000, 12_000, 13_000]);
+        assert_eq!(due_firings(&s, 12_000, 13_500), [13_000]);
+        assert!(due_firings(&s, 13_000, 13_999).is_empty());
+    }
+
+    #[test]
+    fn shard_keys_are_distinct_and_no_conversation_minted_now_has_one() {
+        let keys: std::collections::HashSet<_> = (0..SHARDS).map(shard_key).collect();
+        assert_eq!(keys.len(), SHARDS as usize);
+        assert!(keys.iter().all(|k| k.ulid().timestamp_ms() == 0));
+        assert!(ConversationId::new().ulid().timestamp_ms() > 0);
+    }
+}
