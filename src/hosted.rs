@@ -39,6 +39,10 @@ impl Catalog for AppsCatalog {
             })
             .collect()
     }
+
+    fn hook(&self, app: &str, hook: &str) -> Option<turnpike_schemas::HookSpec> {
+        self.0.hook(&app.parse().ok()?, hook)
+    }
 }
 
 /// Replay by the harness's own loop, from the recorded outputs.

@@ -687,3 +687,253 @@ async fn a_firing_cut_short_at_each_step_is_finished_once_by_the_next_holder() {
         schedules.delete(&s).await.unwrap();
     }
 }
+
+/// The services' Python (where `standardwebhooks` is installed).
+fn python() -> PathBuf {
+    let state = std::env::var("TURNPIKE_SERVICES_DIR")
+        .unwrap_or_else(|_| "/var/tmp/turnpike-services".into());
+    PathBuf::from(state).join("venv/bin/python")
+}
+
+/// The Standard Webhooks headers of `body` for delivery `id` at `timestamp` (seconds), signed
+/// by the reference library (`standardwebhooks` from PyPI) with `secret`.
+fn standard_headers(secret: &str, id: &str, timestamp: i64, body: &str) -> Vec<(String, String)> {
+    let script = "import sys, datetime\n\
+                  from standardwebhooks.webhooks import Webhook\n\
+                  secret, msg_id, ts, body = sys.argv[1:5]\n\
+                  at = datetime.datetime.fromtimestamp(int(ts), tz=datetime.timezone.utc)\n\
+                  print(Webhook(secret).sign(msg_id, at, body))\n";
+    let out = std::process::Command::new(python())
+        .args(["-c", script, secret, id, &timestamp.to_string(), body])
+        .output()
+        .expect("the services' python");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    vec![
+        ("webhook-id".into(), id.into()),
+        ("webhook-timestamp".into(), timestamp.to_string()),
+        (
+            "webhook-signature".into(),
+            String::from_utf8(out.stdout).unwrap().trim().to_owned(),
+        ),
+    ]
+}
+
+/// GitHub's headers of `body` for delivery `id`, signed with `secret`.
+fn github_headers(secret: &str, id: &str, body: &str) -> Vec<(String, String)> {
+    use hmac::Mac as _;
+    let mut mac = hmac::Hmac::<sha2::Sha256>::new_from_slice(secret.as_bytes()).unwrap();
+    mac.update(body.as_bytes());
+    vec![
+        ("x-github-delivery".into(), id.into()),
+        (
+            "x-hub-signature-256".into(),
+            format!("sha256={}", hex::encode(mac.finalize().into_bytes())),
+        ),
+    ]
+}
+
+async fn deliver(
+    base: &str,
+    path: &str,
+    headers: &[(String, String)],
+    body: &str,
+) -> (u16, serde_json::Value) {
+    let mut request = reqwest::Client::new()
+        .post(format!("{base}{path}"))
+        .body(body.to_owned());
+    for (name, value) in headers {
+        request = request.header(name, value);
+    }
+    let response = request.send().await.unwrap();
+    let status = response.status().as_u16();
+    (
+        status,
+        response.json().await.unwrap_or(serde_json::Value::Null),
+    )
+}
+
+const HOOKS_MANIFEST: &str = r#"
+app = "ci"
+
+[agents.triage]
+provider = "echo"
+
+[hooks.push]
+agent = "triage"
+tenant = "default"
+owner = "local:alice"
+signature = "standard"
+secret_env = "CI_PUSH_SECRET"
+max_bytes = 2048
+
+[hooks.issues]
+agent = "triage"
+tenant = "default"
+owner = "local:alice"
+signature = "github"
+secret_env = "CI_ISSUES_SECRET"
+conversation = "/issue/number"
+"#;
+
+/// Inbound webhooks through `turnpike serve`: a delivery signed by the Standard Webhooks
+/// reference library becomes one message in a new conversation of the hook's owner, answered;
+/// the same delivery id again adds nothing; a bad signature, an old timestamp, an oversized
+/// body and an unknown hook are refused with nothing enqueued; GitHub-signed deliveries with
+/// the same issue number go into one conversation, each once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn signed_deliveries_become_one_message_each_and_bad_ones_nothing() {
+    let apps = turnpike_tests::edge::apps_with(&[("ci.toml", HOOKS_MANIFEST)]);
+    let push_secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+    let issues_secret = "it is a secret to everybody";
+    let server = Server::start_with_env(
+        &binary(),
+        Some(apps.path()),
+        &[],
+        false,
+        &[
+            ("CI_PUSH_SECRET", push_secret.into()),
+            ("CI_ISSUES_SECRET", issues_secret.into()),
+        ],
+    )
+    .unwrap();
+    let alice = server.client(ALICE);
+    let now = (now_ms() / 1000) as i64;
+    let body = r#"{"ref":"refs/heads/main","commits":3}"#;
+    let conversations_of_alice = || async {
+        alice.get("/v1/conversations?limit=100").await.unwrap().body["conversations"]
+            .as_array()
+            .unwrap()
+            .len()
+    };
+    // Refused, and nothing written: a wrong secret, a tampered body, an old timestamp, no
+    // signature, an oversized body, an unknown hook.
+    let wrong = standard_headers("whsec_c2VjcmV0LW5vdC10aGUtcmlnaHQtb25l", "msg_1", now, body);
+    assert_eq!(
+        deliver(&server.base, "/v1/hooks/ci/push", &wrong, body)
+            .await
+            .0,
+        401
+    );
+    let good = standard_headers(push_secret, "msg_1", now, body);
+    let tampered = body.replace('3', "4");
+    assert_eq!(
+        deliver(&server.base, "/v1/hooks/ci/push", &good, &tampered)
+            .await
+            .0,
+        401
+    );
+    let old = standard_headers(push_secret, "msg_1", now - 3_600, body);
+    assert_eq!(
+        deliver(&server.base, "/v1/hooks/ci/push", &old, body)
+            .await
+            .0,
+        401
+    );
+    assert_eq!(
+        deliver(&server.base, "/v1/hooks/ci/push", &[], body)
+            .await
+            .0,
+        401
+    );
+    let huge = format!("{{\"pad\":\"{}\"}}", "x".repeat(4096));
+    let signed_huge = standard_headers(push_secret, "msg_big", now, &huge);
+    let (status, error) = deliver(&server.base, "/v1/hooks/ci/push", &signed_huge, &huge).await;
+    assert_eq!(status, 413, "{error}");
+    assert_eq!(
+        deliver(&server.base, "/v1/hooks/ci/nope", &good, body)
+            .await
+            .0,
+        404
+    );
+    assert_eq!(
+        conversations_of_alice().await,
+        0,
+        "nothing refused was enqueued"
+    );
+
+    // A good delivery: one message in a new conversation of the owner, answered.
+    let (status, first) = deliver(&server.base, "/v1/hooks/ci/push", &good, body).await;
+    assert_eq!(status, 202, "{first}");
+    assert_eq!(first["duplicate"], false);
+    let conversation = first["conversation"].as_str().unwrap().to_owned();
+    turnpike_tests::edge::wait_for_complete_turns(&alice, &conversation, 1, LONG)
+        .await
+        .unwrap();
+    // The sender retries (its own retry, or a redelivery later): the same answer, nothing new.
+    let again = standard_headers(push_secret, "msg_1", now + 5, body);
+    let (status, second) = deliver(&server.base, "/v1/hooks/ci/push", &again, body).await;
+    assert_eq!(status, 202);
+    assert_eq!(second["duplicate"], true);
+    assert_eq!(second["conversation"], first["conversation"]);
+    assert_eq!(second["event_id"], first["event_id"]);
+    assert_eq!(conversations_of_alice().await, 1);
+    let rows = alice
+        .get(&format!("/v1/conversations/{conversation}/messages"))
+        .await
+        .unwrap()
+        .into_ok()
+        .unwrap();
+    let delivered: Vec<_> = rows["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["kind"] == "user_message")
+        .collect();
+    assert_eq!(delivered.len(), 1, "{rows}");
+    assert_eq!(delivered[0]["text"], body, "the payload is the message");
+
+    // GitHub-signed issue events: routed by /issue/number.
+    let mut issue_conversations = Vec::new();
+    for (delivery, number) in [("gh-1", 7), ("gh-2", 7), ("gh-3", 8), ("gh-1", 7)] {
+        let body = format!(r#"{{"action":"opened","issue":{{"number":{number}}}}}"#);
+        let headers = github_headers(issues_secret, delivery, &body);
+        let (status, reply) = deliver(&server.base, "/v1/hooks/ci/issues", &headers, &body).await;
+        assert_eq!(status, 202, "{reply}");
+        issue_conversations.push(reply["conversation"].as_str().unwrap().to_owned());
+    }
+    assert_eq!(
+        issue_conversations[0], issue_conversations[1],
+        "same issue, same conversation"
+    );
+    assert_ne!(issue_conversations[0], issue_conversations[2]);
+    assert_eq!(issue_conversations[0], issue_conversations[3]);
+    let bad = github_headers("not it", "gh-4", "{}");
+    assert_eq!(
+        deliver(&server.base, "/v1/hooks/ci/issues", &bad, "{}")
+            .await
+            .0,
+        401
+    );
+    let no_key = r#"{"action":"ping"}"#;
+    let headers = github_headers(issues_secret, "gh-5", no_key);
+    assert_eq!(
+        deliver(&server.base, "/v1/hooks/ci/issues", &headers, no_key)
+            .await
+            .0,
+        422
+    );
+    turnpike_tests::edge::wait_for_complete_turns(&alice, &issue_conversations[0], 2, LONG)
+        .await
+        .unwrap();
+    let rows = alice
+        .get(&format!(
+            "/v1/conversations/{}/messages",
+            issue_conversations[0]
+        ))
+        .await
+        .unwrap()
+        .into_ok()
+        .unwrap();
+    let messages = rows["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["kind"] == "user_message")
+        .count();
+    assert_eq!(messages, 2, "gh-1 and gh-2, gh-1 once: {rows}");
+    assert_eq!(conversations_of_alice().await, 3);
+}

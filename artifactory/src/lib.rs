@@ -20,6 +20,7 @@
 //! - [`synced`]: the local filesystem store with fsync of each object and its directory
 //! - [`open_turns`]: marks of conversations whose record may end in an open turn (the sweep)
 //! - [`dead_letters`]: lane messages set aside (unreadable or refused) for an operator
+//! - [`hooks`]: inbound webhook deliveries, each claimed once, and the conversations keys name
 //! - [`schedules`]: schedules and the create-only claims that make each firing happen once
 
 pub mod archive;
@@ -33,6 +34,7 @@ pub mod error;
 pub mod files;
 pub mod forgotten;
 pub mod git;
+pub mod hooks;
 pub mod keys;
 pub mod layout;
 pub mod mmr;

@@ -12,6 +12,12 @@ pub trait Catalog: Send + Sync {
     /// The apps hosted now, in id order, each with its agents. Read at each request: a reload
     /// of the apps folders shows at once.
     fn apps(&self) -> Vec<AppView>;
+
+    /// The inbound hook `hook` of `app`, if a hosted manifest declares one.
+    fn hook(&self, app: &str, hook: &str) -> Option<turnpike_schemas::HookSpec> {
+        let _ = (app, hook);
+        None
+    }
 }
 
 /// One turn replayed from its recorded outputs.

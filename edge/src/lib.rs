@@ -25,6 +25,7 @@
 //! - [`conversations`], [`events`], [`files`], [`stream`], [`services`]: the handlers
 //! - [`memory`]: what the index remembers of the caller, and forgetting it
 //! - [`versions`]: a conversation's project versions: files and diffs
+//! - [`hooks`]: inbound webhooks (signed deliveries become messages, each once)
 //! - [`schedules`]: the caller's schedules (the workers fire them)
 //! - [`usage`]: what model calls used (a conversation's, from its record; a tenant's per day)
 //! - [`tickets`]: short-lived stream tickets, so browsers keep bearer tokens out of URLs
@@ -44,6 +45,7 @@ pub mod error;
 pub mod events;
 pub mod extract;
 pub mod files;
+pub mod hooks;
 mod hosted;
 pub mod limits;
 pub mod memory;
@@ -216,6 +218,11 @@ impl Edge {
         Router::new()
             .route("/v1/openapi.json", get(openapi::document))
             .route("/v1/links/{token}", get(files::follow_link))
+            .route(
+                "/v1/hooks/{app}/{hook}",
+                post(hooks::receive)
+                    .layer(axum::extract::DefaultBodyLimit::max(hooks::MAX_HOOK_BODY)),
+            )
             .route("/healthz", get(|| async { "ok" }))
             .route("/", get(console::page))
             .route("/console/{name}", get(console::asset))

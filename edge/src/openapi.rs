@@ -9,8 +9,8 @@ use utoipa::{Modify, OpenApi};
 
 use super::model;
 use super::{
-    connections, conversations, error, events, files, memory, schedules, services, stream, tickets,
-    usage, versions,
+    connections, conversations, error, events, files, hooks, memory, schedules, services, stream,
+    tickets, usage, versions,
 };
 
 #[derive(OpenApi)]
@@ -68,6 +68,7 @@ use super::{
         schedules::pause,
         schedules::resume,
         schedules::delete,
+        hooks::receive,
     ),
     components(schemas(error::ErrorBody, model::Frame)),
     modifiers(&Common),

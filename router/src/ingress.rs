@@ -214,6 +214,59 @@ impl Ingress {
             .await
     }
 
+    /// Submits `body` as event `id` unless that event is on the lane already after
+    /// `lane_after` (the lane's last sequence before the event was decided): a trigger that
+    /// claimed its event durably (a schedule's firing, a webhook delivery) publishes it once
+    /// however often it retries, within the bus's duplicate window (same id and key) and past
+    /// it (the lane is looked at first). Found there: `duplicate`, with its sequence.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn submit_once(
+        &self,
+        tenant: &TenantId,
+        caller: &Identity,
+        conversation: ConversationId,
+        body: EventBody,
+        key: String,
+        id: EventId,
+        lane_after: u64,
+    ) -> Result<Published> {
+        if let Some(seq) = self.find_on_lane(conversation, lane_after, id).await? {
+            return Ok(Published {
+                seq,
+                duplicate: true,
+            });
+        }
+        self.submit_as(tenant, caller, conversation, body, Some(key), Some(id))
+            .await
+            .map(|(_, published)| published)
+    }
+
+    /// The sequence of event `id` on the lane after `after`, if it is there.
+    async fn find_on_lane(
+        &self,
+        conversation: ConversationId,
+        after: u64,
+        id: EventId,
+    ) -> Result<Option<u64>> {
+        const PAGE: usize = 256;
+        let mut from = after;
+        loop {
+            let page = match self.bus.read_lane(conversation, from, None, PAGE).await {
+                Ok(page) => page,
+                // A message this binary cannot read is not the event it wrote.
+                Err(e) if e.kind() == ErrorKind::Unreadable => return Ok(None),
+                Err(e) => return Err(e),
+            };
+            if let Some(found) = page.iter().find(|m| m.event.id == id) {
+                return Ok(Some(found.seq));
+            }
+            match page.last() {
+                Some(last) if page.len() == PAGE => from = last.seq,
+                _ => return Ok(None),
+            }
+        }
+    }
+
     /// Submits like [`Self::submit`], with the event id chosen ahead (`Some`): a trigger that
     /// decided its event before publishing it (a schedule's claim) publishes the same event
     /// however often it retries.

@@ -20,6 +20,7 @@ pub mod entry;
 pub mod error;
 pub mod event;
 pub mod failure;
+pub mod hook;
 pub mod identity;
 pub mod ids;
 pub mod live;
@@ -30,6 +31,7 @@ pub mod turnlog;
 pub use entry::{EntryBody, EntryKind};
 pub use error::{SchemaError, SchemaErrorKind};
 pub use event::{Address, Event, EventBody};
+pub use hook::{HookConversation, HookSignature, HookSpec};
 pub use identity::Identity;
 pub use ids::{
     AgentId, AppId, ConversationId, Epoch, EventId, ProjectVersion, RequestId, ScheduleId,

@@ -514,20 +514,18 @@ impl Scheduler {
                 )
                 .await;
         }
-        if self.on_lane(*conversation, *lane_after, *event).await? {
-            return Ok(());
-        }
         let published = self
             .ingress
-            .submit_as(
+            .submit_once(
                 &s.tenant,
                 &s.owner,
                 *conversation,
                 EventBody::Message {
                     text: s.text.clone(),
                 },
-                Some(firing_key(s.id, firing.fire_ms)),
-                Some(*event),
+                firing_key(s.id, firing.fire_ms),
+                *event,
+                *lane_after,
             )
             .await;
         match published {
@@ -547,30 +545,6 @@ impl Scheduler {
                 Ok(())
             }
             Err(e) => Err(e.into()),
-        }
-    }
-
-    /// Whether `event` is on the lane of `conversation` after `after`.
-    async fn on_lane(
-        &self,
-        conversation: ConversationId,
-        after: u64,
-        event: EventId,
-    ) -> crate::error::Result<bool> {
-        let mut from = after;
-        loop {
-            let page = match self.bus.read_lane(conversation, from, None, 256).await {
-                Ok(page) => page,
-                Err(e) if e.kind() == turnpike_router::ErrorKind::Unreadable => return Ok(false),
-                Err(e) => return Err(e.into()),
-            };
-            if page.iter().any(|m| m.event.id == event) {
-                return Ok(true);
-            }
-            match page.last() {
-                Some(last) if page.len() == 256 => from = last.seq,
-                _ => return Ok(false),
-            }
         }
     }
 }

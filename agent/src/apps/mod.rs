@@ -92,6 +92,7 @@ impl App for AgentLoopApp {
 
 #[derive(Clone)]
 struct HostedApp {
+    hooks: BTreeMap<String, turnpike_schemas::HookSpec>,
     tenants: Vec<TenantId>,
     idle_timeout: IdleTimeout,
     agents: BTreeMap<AgentId, Arc<AgentSpec>>,
@@ -137,6 +138,7 @@ impl Apps {
         self.fixed.insert(
             app,
             HostedApp {
+                hooks: BTreeMap::new(),
                 tenants: Vec::new(),
                 idle_timeout: IdleTimeout::Default,
                 agents: BTreeMap::new(),
@@ -257,6 +259,11 @@ impl Apps {
             .unwrap_or_default()
     }
 
+    /// The inbound hook `name` of `app`, if its manifest declares one.
+    pub fn hook(&self, app: &AppId, name: &str) -> Option<turnpike_schemas::HookSpec> {
+        self.lookup(app).and_then(|a| a.hooks.get(name).cloned())
+    }
+
     /// Whether `app` is hosted here (by a manifest, natively, or by the fallback).
     pub fn hosts(&self, app: &AppId) -> bool {
         self.fallback.is_some() || self.lookup(app).is_some()
@@ -346,6 +353,7 @@ impl Apps {
 
 fn hosted(manifest: Manifest, callbacks: Option<Arc<dyn App>>) -> HostedApp {
     HostedApp {
+        hooks: manifest.hooks,
         tenants: manifest.tenants,
         idle_timeout: manifest.idle_timeout,
         agents: manifest.agents,
@@ -431,6 +439,8 @@ pub struct Manifest {
     pub tenants: Vec<TenantId>,
     pub idle_timeout: IdleTimeout,
     pub agents: BTreeMap<AgentId, Arc<AgentSpec>>,
+    /// Inbound webhooks, by name.
+    pub hooks: BTreeMap<String, turnpike_schemas::HookSpec>,
 }
 
 #[derive(Deserialize)]
@@ -444,6 +454,129 @@ struct RawManifest {
     idle_timeout: Option<String>,
     #[serde(default)]
     agents: BTreeMap<String, RawAgent>,
+    #[serde(default)]
+    hooks: BTreeMap<String, RawHook>,
+}
+
+/// `[hooks.<name>]`: an inbound webhook.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawHook {
+    agent: String,
+    /// The tenant its conversations belong to (default: the app's only tenant).
+    #[serde(default)]
+    tenant: Option<String>,
+    /// The identity its messages come from (default `hook:<app>:<name>`).
+    #[serde(default)]
+    owner: Option<String>,
+    /// `standard` (Standard Webhooks) or `github`.
+    signature: String,
+    /// The environment variable holding the secret.
+    secret_env: String,
+    /// `new` (default), or a JSON pointer into the payload naming the conversation's key.
+    #[serde(default)]
+    conversation: Option<String>,
+    #[serde(default)]
+    max_bytes: Option<usize>,
+    #[serde(default)]
+    tolerance_secs: Option<u64>,
+}
+
+/// The most a hook may take in one body.
+pub const MAX_HOOK_BYTES: usize = 1 << 20;
+
+fn hook_spec(
+    app: &AppId,
+    tenants: &[TenantId],
+    agents: &BTreeMap<AgentId, Arc<AgentSpec>>,
+    name: &str,
+    raw: RawHook,
+) -> Result<turnpike_schemas::HookSpec, String> {
+    use turnpike_schemas::{HookConversation, HookSignature};
+    let field = |f: &str| format!("hooks.{name}.{f}");
+    if name.is_empty()
+        || name.len() > 63
+        || !name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_')
+    {
+        return Err(format!(
+            "hooks.{name}: a hook's name is 1–63 of a-z, 0-9, - and _"
+        ));
+    }
+    let agent: AgentId = raw
+        .agent
+        .parse()
+        .map_err(|e| format!("{}: {e}", field("agent")))?;
+    if !agents.contains_key(&agent) {
+        return Err(format!("{}: the app has no agent {agent}", field("agent")));
+    }
+    let tenant: TenantId = match (&raw.tenant, tenants) {
+        (Some(t), _) => t.parse().map_err(|e| format!("{}: {e}", field("tenant")))?,
+        (None, [only]) => only.clone(),
+        (None, _) => {
+            return Err(format!(
+                "{}: say which tenant its conversations belong to",
+                field("tenant")
+            ))
+        }
+    };
+    if !tenants.is_empty() && !tenants.contains(&tenant) {
+        return Err(format!(
+            "{}: {tenant} is not one of the app's tenants",
+            field("tenant")
+        ));
+    }
+    let owner: turnpike_schemas::Identity = raw
+        .owner
+        .clone()
+        .unwrap_or_else(|| format!("hook:{app}:{name}"))
+        .parse()
+        .map_err(|e| format!("{}: {e}", field("owner")))?;
+    let signature = match raw.signature.as_str() {
+        "standard" => HookSignature::Standard,
+        "github" => HookSignature::Github,
+        other => {
+            return Err(format!(
+                "{}: `standard` or `github`, not {other:?}",
+                field("signature")
+            ))
+        }
+    };
+    if raw.secret_env.trim().is_empty() {
+        return Err(format!(
+            "{}: name an environment variable",
+            field("secret_env")
+        ));
+    }
+    let conversation = match raw.conversation.as_deref() {
+        None | Some("new") => HookConversation::New,
+        Some(pointer) if pointer.starts_with('/') => HookConversation::Field(pointer.to_owned()),
+        Some(other) => {
+            return Err(format!(
+                "{}: `new` or a JSON pointer (`/issue/number`), not {other:?}",
+                field("conversation")
+            ))
+        }
+    };
+    let max_bytes = raw.max_bytes.unwrap_or(64 << 10);
+    if max_bytes == 0 || max_bytes > MAX_HOOK_BYTES {
+        return Err(format!(
+            "{}: 1–{MAX_HOOK_BYTES}, not {max_bytes}",
+            field("max_bytes")
+        ));
+    }
+    Ok(turnpike_schemas::HookSpec {
+        name: name.to_owned(),
+        agent,
+        tenant,
+        owner,
+        signature,
+        secret_env: raw.secret_env,
+        conversation,
+        max_bytes,
+        tolerance_secs: raw.tolerance_secs.unwrap_or(300),
+    })
 }
 
 #[derive(Deserialize)]
@@ -699,11 +832,17 @@ impl Manifest {
                 Some(d) => IdleTimeout::After(d),
             },
         };
+        let mut hooks = BTreeMap::new();
+        for (name, raw) in raw.hooks {
+            let spec = hook_spec(&app, &tenants, &agents, &name, raw)?;
+            hooks.insert(name, spec);
+        }
         Ok(Manifest {
             app,
             tenants,
             idle_timeout,
             agents,
+            hooks,
         })
     }
 }
@@ -770,6 +909,12 @@ mod tests {
             ("app = \"x\"\n[agents.a]\nprovider = \"echo\"\ntemperature = 3.5\n", "agents.a.temperature: must be 0–2"),
             ("app = \"x\"\n[agents.a]\nprovider = \"echo\"\nreply_reserve = 100\nmax_tokens = 200\n", "agents.a.max_tokens: must be 1–100"),
             ("app = \"x\"\n[agents.a]\nprovider = \"echo\"\nremote = { url = \"nope\" }\n", "agents.a.remote.url: \"nope\" is not a URL"),
+            ("app = \"x\"\n[agents.a]\nprovider = \"echo\"\n[hooks.h]\nagent = \"b\"\ntenant = \"t\"\nsignature = \"standard\"\nsecret_env = \"S\"\n", "hooks.h.agent: the app has no agent b"),
+            ("app = \"x\"\n[agents.a]\nprovider = \"echo\"\n[hooks.h]\nagent = \"a\"\nsignature = \"standard\"\nsecret_env = \"S\"\n", "hooks.h.tenant"),
+            ("app = \"x\"\n[agents.a]\nprovider = \"echo\"\n[hooks.h]\nagent = \"a\"\ntenant = \"t\"\nsignature = \"hmac\"\nsecret_env = \"S\"\n", "hooks.h.signature"),
+            ("app = \"x\"\n[agents.a]\nprovider = \"echo\"\n[hooks.h]\nagent = \"a\"\ntenant = \"t\"\nsignature = \"github\"\nsecret_env = \"S\"\nconversation = \"issue\"\n", "hooks.h.conversation"),
+            ("app = \"x\"\ntenants = [\"u\"]\n[agents.a]\nprovider = \"echo\"\n[hooks.h]\nagent = \"a\"\ntenant = \"t\"\nsignature = \"github\"\nsecret_env = \"S\"\n", "hooks.h.tenant: t is not one of the app's tenants"),
+            ("app = \"x\"\n[agents.a]\nprovider = \"echo\"\n[hooks.h]\nagent = \"a\"\ntenant = \"t\"\nsignature = \"github\"\nsecret_env = \"S\"\nmax_bytes = 9999999\n", "hooks.h.max_bytes"),
         ];
         for (text, expected) in cases {
             match parse(text) {
