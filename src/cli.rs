@@ -990,6 +990,22 @@ pub enum BenchCommand {
         #[arg(long)]
         embedded_only: bool,
     },
+    /// Firing lag at many schedules: fire time → message on the lane and → turn dispatched, at
+    /// 1 and W workers in this process, beside a bare timer for the same fire times (the floor).
+    Schedules {
+        /// Schedules, spread evenly over their interval, each into its own conversation.
+        #[arg(long, default_value_t = 10_000)]
+        schedules: usize,
+        /// Each schedule's interval, in seconds.
+        #[arg(long, default_value_t = 20)]
+        every_secs: u64,
+        /// How long firings are measured, in seconds (after the warm-up).
+        #[arg(long, default_value_t = 20)]
+        window_secs: u64,
+        /// Worker counts to measure, comma-separated.
+        #[arg(long, value_delimiter = ',', default_value = "1,3")]
+        workers: Vec<usize>,
+    },
     /// Resident memory over a long run: N turns of an echo agent through the API on the embedded
     /// stack and on a fleet (nats-server, router, worker), each process's anonymous and
     /// file-backed memory sampled as the turns go by; fails when anonymous memory grows more

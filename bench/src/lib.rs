@@ -71,6 +71,7 @@ pub mod lanes;
 pub mod model;
 pub mod record;
 pub mod remote;
+pub mod schedules;
 pub mod search;
 pub mod series;
 pub mod soak;

@@ -237,6 +237,20 @@ pub async fn run(global: &Global, command: BenchCommand) -> Result<ExitCode> {
             })
             .await
         }
+        BenchCommand::Schedules {
+            schedules,
+            every_secs,
+            window_secs,
+            workers,
+        } => {
+            turnpike_bench::schedules::run(turnpike_bench::schedules::Plan {
+                schedules: schedules.max(1),
+                every: Duration::from_secs(every_secs.max(1)),
+                window: Duration::from_secs(window_secs.max(1)),
+                workers,
+            })
+            .await
+        }
         BenchCommand::Soak {
             turns,
             conversations,

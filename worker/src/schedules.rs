@@ -74,6 +74,8 @@ pub struct Scheduler {
     worker: WorkerId,
     config: SchedulerConfig,
     failpoints: turnpike_lifecycle::failpoints::Failpoints,
+    /// How many schedulers share the shards (the live workers): each holds its part.
+    peers: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 /// A held shard.
@@ -114,7 +116,21 @@ impl Scheduler {
             worker,
             config,
             failpoints: Default::default(),
+            peers: Arc::new(std::sync::atomic::AtomicUsize::new(1)),
         }
+    }
+
+    /// Holds about `SHARDS / peers` shards (rounded up), `peers` kept current by the caller;
+    /// past its part it lets shards go, for schedulers that started later.
+    pub fn with_peers(mut self, peers: Arc<std::sync::atomic::AtomicUsize>) -> Self {
+        self.peers = peers;
+        self
+    }
+
+    /// The most shards this scheduler holds.
+    fn part(&self) -> usize {
+        let peers = self.peers.load(std::sync::atomic::Ordering::Relaxed).max(1) as u32;
+        SHARDS.div_ceil(peers) as usize
     }
 
     /// Hangs or pauses where tests say: `schedule-claimed` (a firing claimed, nothing of it
@@ -140,11 +156,15 @@ impl Scheduler {
     pub async fn run(self, mut stop: tokio::sync::watch::Receiver<bool>) {
         let mut held: HashMap<u32, Held> = HashMap::new();
         let mut claimed_at: Option<Instant> = None;
-        let mut tick = tokio::time::interval(self.config.tick);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // The earliest firing due in a held shard: woken for it, not only every tick.
+        let mut next_due = u64::MAX;
         loop {
+            // At least a moment: a firing that failed is due again at once, and is retried
+            // after this, not in a busy loop.
+            let wait = Duration::from_millis(next_due.saturating_sub(now_ms()).max(5))
+                .min(self.config.tick);
             tokio::select! {
-                _ = tick.tick() => {}
+                _ = tokio::time::sleep(wait) => {}
                 _ = async { let _ = stop.wait_for(|stop| *stop).await; } => {
                     for (_, h) in held.drain() {
                         let _ = self.bus.release(&h.lease).await;
@@ -156,6 +176,7 @@ impl Scheduler {
                 claimed_at = Some(Instant::now());
                 self.claim_free(&mut held).await;
             }
+            next_due = u64::MAX;
             let shards: Vec<u32> = held.keys().copied().collect();
             for shard in shards {
                 let Some(h) = held.get_mut(&shard) else {
@@ -183,14 +204,34 @@ impl Scheduler {
                 }
                 for t in h.tracked.values_mut() {
                     self.fire_due(t).await;
+                    if !t.schedule.paused && t.settled {
+                        next_due = next_due.min(due_at(t));
+                    }
                 }
             }
         }
     }
 
-    /// Takes the leases of shards nobody holds.
+    /// Takes the leases of shards nobody holds, up to its part; past its part, lets one go.
     async fn claim_free(&self, held: &mut HashMap<u32, Held>) {
-        for shard in 0..SHARDS {
+        let part = self.part();
+        if held.len() > part {
+            let mut shards: Vec<u32> = held.keys().copied().collect();
+            shards.sort_unstable();
+            for shard in shards.split_off(part) {
+                if let Some(h) = held.remove(&shard) {
+                    debug!(worker = %self.worker, shard, part, "letting a schedule shard go");
+                    let _ = self.bus.release(&h.lease).await;
+                }
+            }
+            return;
+        }
+        // Not always from shard 0: schedulers starting together spread over the shards.
+        let start = (self.worker.ulid().random() % u128::from(SHARDS)) as u32;
+        for shard in (0..SHARDS).map(|i| (start + i) % SHARDS) {
+            if held.len() >= part {
+                break;
+            }
             if held.contains_key(&shard) {
                 continue;
             }
@@ -291,12 +332,7 @@ impl Scheduler {
             return;
         }
         let now = now_ms();
-        let due_at = *t.due_at.get_or_insert_with(|| {
-            let s = &t.schedule;
-            s.next_after(t.cursor.max(s.created_ms))
-                .map_or(u64::MAX, |next| next + s.jitter_of(next))
-        });
-        if now < due_at {
+        if now < due_at(t) {
             return;
         }
         t.due_at = None;
@@ -547,6 +583,16 @@ impl Scheduler {
             Err(e) => Err(e.into()),
         }
     }
+}
+
+/// When the schedule's next firing is due, jitter included (`u64::MAX`: never), remembered
+/// until its cursor or definition changes.
+fn due_at(t: &mut Tracked) -> u64 {
+    *t.due_at.get_or_insert_with(|| {
+        let s = &t.schedule;
+        s.next_after(t.cursor.max(s.created_ms))
+            .map_or(u64::MAX, |next| next + s.jitter_of(next))
+    })
 }
 
 fn outcome_name(outcome: &Outcome) -> &'static str {

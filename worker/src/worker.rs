@@ -189,9 +189,11 @@ impl Worker {
         let sweeping = Arc::new(AtomicBool::new(false));
         // Aborted when this function returns or is dropped (a crash aborts the worker's task:
         // nothing it started may go on).
+        // How many workers share the bus (their heartbeats): the scheduler's fair part.
+        let peers = Arc::new(std::sync::atomic::AtomicUsize::new(1));
         let companions = AbortOnDrop(vec![
             tokio::spawn(self.clone().dispatch_loop()),
-            tokio::spawn(self.clone().count_workers()),
+            tokio::spawn(self.clone().count_workers(peers.clone())),
         ]);
         let (stop_scheduler, scheduler_stop) = tokio::sync::watch::channel(false);
         let mut scheduler_task = AbortOnDrop(Vec::new());
@@ -209,6 +211,7 @@ impl Worker {
                 config,
             )
             .with_ingress(ingress)
+            .with_peers(peers)
             .with_failpoints(self.inner.config.failpoints.clone());
             scheduler_task
                 .0
@@ -353,11 +356,12 @@ impl Worker {
 
     /// Keeps the intake's estimate of how many workers share the wakes current (their
     /// heartbeats; put-off wakes come back to any of them).
-    async fn count_workers(self) {
+    async fn count_workers(self, peers: Arc<std::sync::atomic::AtomicUsize>) {
         let window = self.inner.config.heartbeat_every + Duration::from_millis(500);
         loop {
             if let Ok(beats) = self.inner.bus.heartbeats(window).await {
                 self.inner.dispatch.set_workers(beats.len());
+                peers.store(beats.len().max(1), Ordering::Relaxed);
             }
             tokio::time::sleep(COUNT_WORKERS_EVERY).await;
         }
