@@ -134,6 +134,7 @@ fn assert_every_tick_once(all: &[Firing], after_ms: u64) {
 async fn firings_missed_while_the_workers_were_down_follow_each_policy() {
     let mut options = RigOptions::new(QUICK);
     options.lease_ttl = Duration::from_secs(1);
+    options.schedules = true;
     let mut rig = Rig::with(options).await;
     let schedules = Schedules::new(rig.conversations.store().clone());
     let grace = 1_500;
@@ -227,6 +228,7 @@ async fn firings_missed_while_the_workers_were_down_follow_each_policy() {
 async fn overlap_policies_hold_with_a_turn_that_outlasts_the_interval() {
     let mut options = RigOptions::new(SLOW);
     options.lease_ttl = Duration::from_secs(2);
+    options.schedules = true;
     let rig = Rig::with(options).await;
     let schedules = Schedules::new(rig.conversations.store().clone());
     let convs =
@@ -427,6 +429,8 @@ async fn the_api_and_cli_show_schedules_to_their_maker_only() {
         json!({"app": "demo", "agent": "echo", "text": "hi", "cron": "61 * * * *"}),
         json!({"app": "demo", "agent": "echo", "text": "hi", "cron": "0 9 * * *", "zone": "Mars/Base"}),
         json!({"app": "demo", "agent": "echo", "text": "hi", "every_seconds": 0}),
+        json!({"app": "demo", "agent": "echo", "text": "hi", "every_seconds": 18_446_744_073_709_551_615u64}),
+        json!({"app": "demo", "agent": "echo", "text": "hi", "every_seconds": 5, "jitter_seconds": 18_446_744_073_709_551_615u64}),
         json!({"app": "demo", "agent": "echo", "text": "hi", "every_seconds": 5, "cron": "* * * * *"}),
         json!({"app": "demo", "agent": "echo", "text": "", "every_seconds": 5}),
         json!({"app": "demo", "agent": "echo", "text": "hi", "every_seconds": 5, "missed": "latest", "catch_up": 3}),
@@ -581,6 +585,31 @@ async fn the_api_and_cli_show_schedules_to_their_maker_only() {
     assert_eq!(
         alice
             .get(&format!("/v1/schedules/{id}"))
+            .await
+            .unwrap()
+            .status,
+        404
+    );
+    // Erasing the user erases their schedules.
+    let kept = alice
+        .post(
+            "/v1/schedules",
+            &json!({"app": "demo", "agent": "echo", "text": "hourly", "cron": "@hourly", "zone": "Europe/Berlin"}),
+        )
+        .await
+        .unwrap()
+        .into_ok()
+        .unwrap();
+    assert_eq!(kept["zone"], "Europe/Berlin");
+    alice.delete("/v1/me").await.unwrap().into_ok().unwrap();
+    assert_eq!(
+        alice.get("/v1/schedules").await.unwrap().body["schedules"],
+        json!([])
+    );
+    let kept_id = kept["id"].as_str().unwrap();
+    assert_eq!(
+        alice
+            .get(&format!("/v1/schedules/{kept_id}"))
             .await
             .unwrap()
             .status,
@@ -839,6 +868,22 @@ async fn signed_deliveries_become_one_message_each_and_bad_ones_nothing() {
             .0,
         401
     );
+    let mut extreme = good.clone();
+    extreme[1].1 = i64::MIN.to_string();
+    assert_eq!(
+        deliver(&server.base, "/v1/hooks/ci/push", &extreme, body)
+            .await
+            .0,
+        401
+    );
+    // Signed, but no message can be made of it: refused before anything is claimed.
+    let blank = standard_headers(push_secret, "msg_blank", now, "   ");
+    assert_eq!(
+        deliver(&server.base, "/v1/hooks/ci/push", &blank, "   ")
+            .await
+            .0,
+        422
+    );
     let huge = format!("{{\"pad\":\"{}\"}}", "x".repeat(4096));
     let signed_huge = standard_headers(push_secret, "msg_big", now, &huge);
     let (status, error) = deliver(&server.base, "/v1/hooks/ci/push", &signed_huge, &huge).await;
@@ -871,6 +916,12 @@ async fn signed_deliveries_become_one_message_each_and_bad_ones_nothing() {
     assert_eq!(second["conversation"], first["conversation"]);
     assert_eq!(second["event_id"], first["event_id"]);
     assert_eq!(conversations_of_alice().await, 1);
+    // A sender's long delivery id is taken (the message's key is a hash of it).
+    let long_id = format!("msg_{}", "x".repeat(200));
+    let long = standard_headers(push_secret, &long_id, now, body);
+    let (status, reply) = deliver(&server.base, "/v1/hooks/ci/push", &long, body).await;
+    assert_eq!(status, 202, "{reply}");
+    assert_eq!(conversations_of_alice().await, 2);
     let rows = alice
         .get(&format!("/v1/conversations/{conversation}/messages"))
         .await
@@ -935,5 +986,5 @@ async fn signed_deliveries_become_one_message_each_and_bad_ones_nothing() {
         .filter(|r| r["kind"] == "user_message")
         .count();
     assert_eq!(messages, 2, "gh-1 and gh-2, gh-1 once: {rows}");
-    assert_eq!(conversations_of_alice().await, 3);
+    assert_eq!(conversations_of_alice().await, 4);
 }

@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use object_store::ObjectStore;
+use object_store::{ObjectStore, ObjectStoreExt as _};
 use turnpike_schemas::entry::ConversationOpened;
 use turnpike_schemas::{AgentId, AppId, ConversationId, EntryBody, Identity, TenantId};
 
@@ -151,13 +151,21 @@ impl Conversations {
     /// Creates the conversation `id` (chosen ahead, e.g. in a schedule's claim), or finds it
     /// created already as `new` says — by an earlier try that a crash cut short, or by another
     /// process at the same time — and finishes opening its record. The same id registered for
-    /// another tenant, owner, app or agent is `AlreadyExists`.
+    /// another tenant, owner, app or agent is `AlreadyExists`; a deleted one (tombstoned) is
+    /// `NotFound`.
     pub async fn ensure(
         &self,
         signer: &RecordSigner,
         id: ConversationId,
         new: NewConversation,
     ) -> Result<(DirectoryEntry, Record, Head)> {
+        // A deleted conversation stays deleted: its id is not made again.
+        let tombstone = crate::layout::tombstone(&new.tenant, id);
+        match self.store.head(&tombstone).await {
+            Ok(_) => return Err(Error::new(ErrorKind::NotFound, format!("{id} was deleted"))),
+            Err(object_store::Error::NotFound { .. }) => {}
+            Err(e) => return Err(Error::store("looking for a tombstone", e)),
+        }
         match self.create_as(signer, id, new.clone()).await {
             Err(e) if e.kind() == ErrorKind::AlreadyExists => {}
             other => return other,

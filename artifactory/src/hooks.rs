@@ -10,7 +10,8 @@
 //!   with a key picks the conversation, every later one with it gets the same.
 //! - Keys and delivery ids are stored hashed (they may hold anything a sender chose).
 //!
-//! Layout: `hooks/{tenant}/{app}/{hook}/deliveries/{sha256(id)}.json` and
+//! Layout: `hooks/{tenant}/{app}/{hook}/deliveries/{sha256(id)}.json` (the claim),
+//! `hooks/{tenant}/{app}/{hook}/done/{sha256(id)}.json` (its event published) and
 //! `hooks/{tenant}/{app}/{hook}/keys/{sha256(key)}.json`.
 
 use std::sync::Arc;
@@ -74,6 +75,47 @@ impl Hooks {
     ) -> Result<(Delivery, bool)> {
         let path = object(tenant, app, hook, "deliveries", id);
         self.create_or_read(&path, delivery).await
+    }
+
+    /// Notes that delivery `id`'s event was published (idempotent).
+    pub async fn mark_done(
+        &self,
+        tenant: &TenantId,
+        app: &AppId,
+        hook: &str,
+        id: &str,
+    ) -> Result<()> {
+        let path = object(tenant, app, hook, "done", id);
+        match self
+            .store
+            .put_opts(
+                &path,
+                PutPayload::from_static(b"{}"),
+                PutOptions::from(PutMode::Create),
+            )
+            .await
+        {
+            Ok(_)
+            | Err(object_store::Error::AlreadyExists { .. })
+            | Err(object_store::Error::Precondition { .. }) => Ok(()),
+            Err(e) => Err(Error::store("noting a hook delivery done", e)),
+        }
+    }
+
+    /// Whether delivery `id`'s event was published (see [`Self::mark_done`]).
+    pub async fn is_done(
+        &self,
+        tenant: &TenantId,
+        app: &AppId,
+        hook: &str,
+        id: &str,
+    ) -> Result<bool> {
+        let path = object(tenant, app, hook, "done", id);
+        match self.store.head(&path).await {
+            Ok(_) => Ok(true),
+            Err(object_store::Error::NotFound { .. }) => Ok(false),
+            Err(e) => Err(Error::store("reading a hook delivery's mark", e)),
+        }
     }
 
     /// The conversation of payload key `key`: `fresh` if this is the first delivery with it.

@@ -14,7 +14,8 @@
 //! - Everything of a schedule sits under one prefix: deleting it deletes its claims.
 //!
 //! Layout: `schedules/{shard:02}/{schedule}/schedule.json`,
-//! `schedules/{shard}/{schedule}/firings/{fire_ms:020}.json`, and an owner's index
+//! `schedules/{shard}/{schedule}/firings/{fire_ms:020}.json` (claims),
+//! `schedules/{shard}/{schedule}/done/{fire_ms:020}` (claims seen through), and an owner's index
 //! `directory/schedules/{tenant}/{sha256(identity)}/{schedule}` (empty markers).
 
 use std::sync::Arc;
@@ -36,6 +37,12 @@ pub const KEPT_FIRINGS: usize = 32;
 
 /// The shortest interval a schedule may fire at.
 pub const MIN_EVERY: Duration = Duration::from_secs(1);
+
+/// The longest interval (and the longest jitter and grace) a schedule may have: a year.
+pub const MAX_EVERY: Duration = Duration::from_secs(366 * 24 * 3600);
+
+/// The most schedules one identity may have.
+pub const MAX_PER_OWNER: usize = 1_000;
 
 /// The most firings a catch-up may fire at once (`missed = "all"`).
 pub const MAX_CATCH_UP: u32 = 1_000;
@@ -175,6 +182,12 @@ impl Schedule {
                     "a schedule fires at most once a second (every_ms ≥ 1000, not {every_ms})"
                 ));
             }
+            Timing::Every { every_ms } if *every_ms > MAX_EVERY.as_millis() as u64 => {
+                return invalid(format!(
+                    "a schedule fires at least once a year (every_ms ≤ {}, not {every_ms})",
+                    MAX_EVERY.as_millis()
+                ));
+            }
             Timing::Every { .. } => {}
             Timing::Cron { cron, zone } => {
                 parse_cron(cron)?;
@@ -197,6 +210,10 @@ impl Schedule {
                 ));
             }
         }
+        let year = MAX_EVERY.as_millis() as u64;
+        if self.jitter_ms > year || self.grace_ms > year {
+            return invalid("jitter and grace are at most a year".into());
+        }
         if self.next_after(self.created_ms).is_none() {
             return invalid("the cron expression never fires".into());
         }
@@ -212,7 +229,7 @@ impl Schedule {
                 let every = (*every_ms).max(1);
                 let start = self.created_ms;
                 let k = after_ms.saturating_sub(start) / every + 1;
-                Some(start + k * every)
+                k.checked_mul(every)?.checked_add(start)
             }
             Timing::Cron { cron, zone } => {
                 let cron = parse_cron(cron).ok()?;
@@ -292,6 +309,13 @@ fn firings_dir(id: ScheduleId) -> Path {
 fn firing_object(id: ScheduleId, fire_ms: u64) -> Path {
     Path::from(format!(
         "schedules/{:02}/{id}/firings/{fire_ms:020}.json",
+        shard_of(id)
+    ))
+}
+
+fn done_object(id: ScheduleId, fire_ms: u64) -> Path {
+    Path::from(format!(
+        "schedules/{:02}/{id}/done/{fire_ms:020}",
         shard_of(id)
     ))
 }
@@ -472,6 +496,34 @@ impl Schedules {
         }
     }
 
+    /// Notes that firing `fire_ms` was seen through (its message published, or refused for
+    /// good): whoever finds its claim later does nothing more with it (idempotent).
+    pub async fn mark_done(&self, id: ScheduleId, fire_ms: u64) -> Result<()> {
+        match self
+            .store
+            .put_opts(
+                &done_object(id, fire_ms),
+                PutPayload::from_static(b""),
+                PutOptions::from(PutMode::Create),
+            )
+            .await
+        {
+            Ok(_)
+            | Err(object_store::Error::AlreadyExists { .. })
+            | Err(object_store::Error::Precondition { .. }) => Ok(()),
+            Err(e) => Err(Error::store("noting a firing done", e)),
+        }
+    }
+
+    /// Whether firing `fire_ms` was seen through ([`Self::mark_done`]).
+    pub async fn is_done(&self, id: ScheduleId, fire_ms: u64) -> Result<bool> {
+        match self.store.head(&done_object(id, fire_ms)).await {
+            Ok(_) => Ok(true),
+            Err(object_store::Error::NotFound { .. }) => Ok(false),
+            Err(e) => Err(Error::store("reading a firing's mark", e)),
+        }
+    }
+
     /// One claimed firing.
     pub async fn firing(&self, id: ScheduleId, fire_ms: u64) -> Result<Firing> {
         let what = format!("firing {fire_ms} of {id}");
@@ -524,9 +576,12 @@ impl Schedules {
             return Ok(());
         }
         for fire_ms in &times[..times.len() - KEPT_FIRINGS] {
-            match self.store.delete(&firing_object(id, *fire_ms)).await {
-                Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
-                Err(e) => return Err(Error::store("pruning a schedule's firings", e)),
+            // The mark first: a claim without its mark is finished again, never the reverse.
+            for path in [done_object(id, *fire_ms), firing_object(id, *fire_ms)] {
+                match self.store.delete(&path).await {
+                    Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+                    Err(e) => return Err(Error::store("pruning a schedule's firings", e)),
+                }
             }
         }
         Ok(())

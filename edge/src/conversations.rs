@@ -299,6 +299,19 @@ pub async fn delete_me(
             .await
             .map_err(|e| ApiError::unavailable(e.to_string()))?;
     }
+    // Their schedules next: nothing fires into what is being deleted, nor starts new
+    // conversations of theirs afterwards.
+    let schedules = turnpike_artifactory::Schedules::new(edge.inner.conversations.store().clone());
+    for id in schedules.owned(&caller.tenant, &caller.identity).await? {
+        match schedules
+            .get_owned(id, &caller.tenant, &caller.identity)
+            .await
+        {
+            Ok(schedule) => schedules.delete(&schedule).await?,
+            Err(e) if e.kind() == turnpike_artifactory::ErrorKind::NotFound => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
     // One wait for owners finishing turns, shared by every conversation (not one each).
     let deadline = tokio::time::Instant::now() + ERASE_WAIT;
     let mut deleted = Vec::new();

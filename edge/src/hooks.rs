@@ -50,6 +50,13 @@ pub struct HookAccepted {
 
 type HmacSha256 = Hmac<Sha256>;
 
+/// The idempotency key of a delivery's message: short and printable whatever the sender's id.
+fn delivery_key(app: &AppId, hook: &str, delivery: &str) -> String {
+    use sha2::Digest as _;
+    let digest = Sha256::digest(format!("{app}\n{hook}\n{delivery}").as_bytes());
+    format!("hook:{}", hex::encode(&digest[..16]))
+}
+
 fn refused() -> ApiError {
     ApiError::unauthorized("the delivery's signature does not verify")
 }
@@ -70,7 +77,7 @@ fn verify(spec: &HookSpec, secret: &str, headers: &HeaderMap, body: &[u8]) -> Ap
             let signatures = header(headers, "webhook-signature").ok_or_else(refused)?;
             let sent: i64 = timestamp.parse().map_err(|_| refused())?;
             let now = (now_ms() / 1000) as i64;
-            if (now - sent).unsigned_abs() > spec.tolerance_secs {
+            if now.abs_diff(sent) > spec.tolerance_secs {
                 return Err(ApiError::unauthorized(
                     "the delivery's timestamp is too far from now (a replay, or a clock off)",
                 ));
@@ -185,6 +192,27 @@ pub async fn receive(
             Some(key)
         }
     };
+    // The event as it will be, checked before anything is written: what the lane would refuse
+    // is refused now, with nothing claimed.
+    let key_of_delivery = delivery_key(&app, &spec.name, &delivery);
+    let body = EventBody::Message { text };
+    {
+        let mut probe = turnpike_schemas::Event::new(
+            turnpike_schemas::Address {
+                tenant: spec.tenant.clone(),
+                app: app.clone(),
+                agent: spec.agent.clone(),
+                conversation: ConversationId::new(),
+                identity: spec.owner.clone(),
+            },
+            body.clone(),
+            now_ms(),
+        );
+        probe.idempotency_key = Some(key_of_delivery.clone());
+        probe
+            .validate()
+            .map_err(|e| ApiError::invalid(format!("the delivery cannot be a message: {e}")))?;
+    }
     let _slot = edge.inner.in_flight.enter().await?;
     let hooks = Hooks::new(edge.inner.conversations.store().clone());
     let conversation = match &key {
@@ -213,6 +241,19 @@ pub async fn receive(
             },
         )
         .await?;
+    if hooks
+        .is_done(&spec.tenant, &app, &spec.name, &delivery)
+        .await?
+    {
+        return Ok((
+            StatusCode::ACCEPTED,
+            Json(HookAccepted {
+                conversation: claim.conversation.to_string(),
+                event_id: claim.event.to_string(),
+                duplicate: true,
+            }),
+        ));
+    }
     edge.inner
         .conversations
         .ensure(
@@ -235,11 +276,16 @@ pub async fn receive(
             &spec.tenant,
             &spec.owner,
             claim.conversation,
-            EventBody::Message { text },
-            format!("hook:{app}:{}:{delivery}", spec.name),
+            body,
+            key_of_delivery,
             claim.event,
             claim.lane_after,
         )
+        .await?;
+    // Published: a redelivery after the lane let the event go (its age limit) answers from
+    // here and publishes nothing.
+    hooks
+        .mark_done(&spec.tenant, &app, &spec.name, &delivery)
         .await?;
     metrics::counter!("turnpike_hook_deliveries_total", "duplicate" => (!first || published.duplicate).to_string())
         .increment(1);

@@ -11,6 +11,7 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::Json;
 use serde::{Deserialize, Serialize};
+use turnpike_artifactory::schedules::MAX_PER_OWNER;
 use turnpike_artifactory::schedules::{Firing, Missed, Outcome, Overlap, Schedule, Target, Timing};
 use turnpike_artifactory::Schedules;
 use turnpike_router::bus::now_ms;
@@ -174,7 +175,14 @@ pub async fn create(
     Body(input): Body<ScheduleInput>,
 ) -> ApiResult<(StatusCode, Json<ScheduleView>)> {
     let schedule = edge.new_schedule(&caller, input).await?;
-    store(&edge).put(&schedule).await?;
+    let store = store(&edge);
+    let owned = store.owned(&caller.tenant, &caller.identity).await?.len();
+    if owned >= MAX_PER_OWNER {
+        return Err(ApiError::conflict(format!(
+            "you have {owned} schedules, the most one identity may have ({MAX_PER_OWNER}): delete some first"
+        )));
+    }
+    store.put(&schedule).await?;
     Ok((StatusCode::CREATED, Json(view(&schedule, &[]))))
 }
 

@@ -242,7 +242,7 @@ impl Ingress {
     }
 
     /// The sequence of event `id` on the lane after `after`, if it is there.
-    async fn find_on_lane(
+    pub async fn find_on_lane(
         &self,
         conversation: ConversationId,
         after: u64,

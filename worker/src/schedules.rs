@@ -97,6 +97,8 @@ struct Tracked {
     settled: bool,
     /// When its next firing is due, jitter included (`None`: to be worked out again).
     due_at: Option<u64>,
+    /// Claims made since its old ones were last pruned.
+    unpruned: usize,
 }
 
 impl Scheduler {
@@ -202,8 +204,20 @@ impl Scheduler {
                 if h.listed.is_none_or(|t| t.elapsed() >= self.config.refresh) {
                     self.list(shard, h).await;
                 }
+                // Claims stop where the lease might have run out (renewed next pass).
+                let fresh_until = h.renewed + self.config.lease_ttl * 2 / 3;
+                // Schedules fire side by side (each one's firings in order): a shard's many
+                // firings due at once do not wait for each other's store and bus round trips.
+                {
+                    use futures::StreamExt as _;
+                    let this = &self;
+                    futures::stream::iter(h.tracked.values_mut())
+                        .for_each_concurrent(FIRING_CONCURRENCY, |t| async move {
+                            this.fire_due(t, fresh_until).await;
+                        })
+                        .await;
+                }
                 for t in h.tracked.values_mut() {
-                    self.fire_due(t).await;
                     if !t.schedule.paused && t.settled {
                         next_due = next_due.min(due_at(t));
                     }
@@ -303,6 +317,8 @@ impl Scheduler {
                     previous,
                     settled: cursor == 0,
                     due_at: None,
+                    // Pruned after the first claim (a schedule taken over may have many).
+                    unpruned: usize::MAX / 2,
                 },
             );
         }
@@ -310,7 +326,7 @@ impl Scheduler {
     }
 
     /// Fires what is due of one schedule (and first sees its latest claim through).
-    async fn fire_due(&self, t: &mut Tracked) {
+    async fn fire_due(&self, t: &mut Tracked, fresh_until: Instant) {
         if !t.settled {
             match self.schedules.firing(t.schedule.id, t.cursor).await {
                 Ok(firing) => match self.finish(&t.schedule, &firing).await {
@@ -341,7 +357,11 @@ impl Scheduler {
             return;
         }
         let grace = t.schedule.grace_ms;
-        let late = due.iter().take_while(|f| now - **f > grace).count();
+        let s = &t.schedule;
+        let late = due
+            .iter()
+            .take_while(|f| now.saturating_sub(**f + s.jitter_of(**f)) > grace)
+            .count();
         let mut plan: Vec<(u64, u64)> = Vec::new(); // (fire time, missed before it)
         if late > 0 {
             let last_late = due[late - 1];
@@ -352,7 +372,7 @@ impl Scheduler {
                         claimed_ms: now,
                         outcome: Outcome::Missed { count: late as u64 },
                     };
-                    if !self.claim_and_finish(t, missed).await {
+                    if !self.claim_and_finish(t, missed, fresh_until).await {
                         return;
                     }
                 }
@@ -368,7 +388,7 @@ impl Scheduler {
                                 count: fired_from as u64,
                             },
                         };
-                        if !self.claim_and_finish(t, missed).await {
+                        if !self.claim_and_finish(t, missed, fresh_until).await {
                             return;
                         }
                     }
@@ -385,7 +405,7 @@ impl Scheduler {
                     return;
                 }
             };
-            if !self.claim_and_finish(t, firing).await {
+            if !self.claim_and_finish(t, firing, fresh_until).await {
                 return;
             }
         }
@@ -457,8 +477,17 @@ impl Scheduler {
 
     /// Claims `firing` and sees it (or the claim that won) through; moves the cursor. False:
     /// stop for now (retried on the next tick).
-    async fn claim_and_finish(&self, t: &mut Tracked, firing: Firing) -> bool {
+    async fn claim_and_finish(
+        &self,
+        t: &mut Tracked,
+        firing: Firing,
+        fresh_until: Instant,
+    ) -> bool {
         let id = t.schedule.id;
+        if Instant::now() >= fresh_until {
+            // The lease may have lapsed mid-pass: the next pass renews it first.
+            return false;
+        }
         let won = match self.schedules.claim(id, &firing).await {
             Ok(Claim::Won) => {
                 self.failpoints
@@ -489,9 +518,11 @@ impl Scheduler {
             let lag = now_ms().saturating_sub(won.fire_ms + t.schedule.jitter_of(won.fire_ms));
             metrics::histogram!("turnpike_schedule_firing_lag_seconds").record(lag as f64 / 1000.0);
         }
-        if won.fire_ms % 16 == 0 {
-            if let Err(e) = self.schedules.prune(id).await {
-                debug!(schedule = %id, error = %e, "cannot prune old firings");
+        t.unpruned = t.unpruned.saturating_add(1);
+        if t.unpruned >= 16 {
+            match self.schedules.prune(id).await {
+                Ok(()) => t.unpruned = 0,
+                Err(e) => debug!(schedule = %id, error = %e, "cannot prune old firings"),
             }
         }
         true
@@ -510,6 +541,21 @@ impl Scheduler {
         else {
             return Ok(());
         };
+        // Seen through before (by this holder or another): nothing more, however long ago —
+        // the lane may have let the event go since (its age limit).
+        if self.schedules.is_done(s.id, firing.fire_ms).await? {
+            return Ok(());
+        }
+        // The message is on the lane: so is the stop that went before it.
+        let published = self
+            .ingress
+            .find_on_lane(*conversation, *lane_after, *event)
+            .await?
+            .is_some();
+        if published {
+            self.schedules.mark_done(s.id, firing.fire_ms).await?;
+            return Ok(());
+        }
         if let Some(previous) = stop {
             let stopped = self
                 .ingress
@@ -550,7 +596,7 @@ impl Scheduler {
                 )
                 .await;
         }
-        let published = self
+        let sent = self
             .ingress
             .submit_once(
                 &s.tenant,
@@ -564,7 +610,7 @@ impl Scheduler {
                 *lane_after,
             )
             .await;
-        match published {
+        let outcome: crate::error::Result<()> = match sent {
             Ok(_) => Ok(()),
             Err(e)
                 if matches!(
@@ -581,7 +627,10 @@ impl Scheduler {
                 Ok(())
             }
             Err(e) => Err(e.into()),
-        }
+        };
+        outcome?;
+        self.schedules.mark_done(s.id, firing.fire_ms).await?;
+        Ok(())
     }
 }
 
@@ -602,6 +651,9 @@ fn outcome_name(outcome: &Outcome) -> &'static str {
         Outcome::Missed { .. } => "missed",
     }
 }
+
+/// How many schedules of a shard fire at once.
+const FIRING_CONCURRENCY: usize = 32;
 
 /// The most firings looked at in one go (a schedule down for long, firing each second).
 const MAX_DUE: usize = 100_000;

@@ -274,7 +274,14 @@ impl Worker {
         // The scheduler lets its shards go (another worker takes them at once), briefly.
         let _ = stop_scheduler.send(true);
         for task in scheduler_task.0.drain(..) {
-            let _ = tokio::time::timeout(Duration::from_secs(2), task).await;
+            let abort = task.abort_handle();
+            if tokio::time::timeout(Duration::from_secs(2), task)
+                .await
+                .is_err()
+            {
+                // Not done letting go: it stops here (its shards pass on with their leases).
+                abort.abort();
+            }
         }
         // What waited here for a slot goes back to the bus for another worker, at once.
         for wake in dispatch.drain() {

@@ -482,8 +482,8 @@ struct RawHook {
     tolerance_secs: Option<u64>,
 }
 
-/// The most a hook may take in one body.
-pub const MAX_HOOK_BYTES: usize = 1 << 20;
+/// The most a hook may take in one body: what a message may hold.
+pub const MAX_HOOK_BYTES: usize = turnpike_schemas::event::MAX_TEXT_BYTES;
 
 fn hook_spec(
     app: &AppId,
@@ -914,7 +914,7 @@ mod tests {
             ("app = \"x\"\n[agents.a]\nprovider = \"echo\"\n[hooks.h]\nagent = \"a\"\ntenant = \"t\"\nsignature = \"hmac\"\nsecret_env = \"S\"\n", "hooks.h.signature"),
             ("app = \"x\"\n[agents.a]\nprovider = \"echo\"\n[hooks.h]\nagent = \"a\"\ntenant = \"t\"\nsignature = \"github\"\nsecret_env = \"S\"\nconversation = \"issue\"\n", "hooks.h.conversation"),
             ("app = \"x\"\ntenants = [\"u\"]\n[agents.a]\nprovider = \"echo\"\n[hooks.h]\nagent = \"a\"\ntenant = \"t\"\nsignature = \"github\"\nsecret_env = \"S\"\n", "hooks.h.tenant: t is not one of the app's tenants"),
-            ("app = \"x\"\n[agents.a]\nprovider = \"echo\"\n[hooks.h]\nagent = \"a\"\ntenant = \"t\"\nsignature = \"github\"\nsecret_env = \"S\"\nmax_bytes = 9999999\n", "hooks.h.max_bytes"),
+            ("app = \"x\"\n[agents.a]\nprovider = \"echo\"\n[hooks.h]\nagent = \"a\"\ntenant = \"t\"\nsignature = \"github\"\nsecret_env = \"S\"\nmax_bytes = 999999\n", "hooks.h.max_bytes"),
         ];
         for (text, expected) in cases {
             match parse(text) {

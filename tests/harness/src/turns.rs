@@ -56,6 +56,9 @@ pub struct RigOptions {
     pub mcp_read_roots: Vec<PathBuf>,
     /// Internal addresses url MCP servers may be at (the tests' servers run on loopback).
     pub outbound_allow: Vec<String>,
+    /// The worker fires schedules (off by default: its shard listings would count in the
+    /// store counts other tests measure).
+    pub schedules: bool,
 }
 
 impl RigOptions {
@@ -79,6 +82,7 @@ impl RigOptions {
             busy_delay: Duration::from_millis(50),
             mcp_read_roots: vec!["/var/tmp".into()],
             outbound_allow: vec!["127.0.0.1".into()],
+            schedules: false,
         }
     }
 }
@@ -143,6 +147,7 @@ impl Rig {
         let bus: Arc<dyn Bus> = lane_reads.clone();
         let workspaces = dir.path().join("workspaces");
         let ttl = options.lease_ttl;
+        let schedules = options.schedules;
         let lane_poll = options.lane_poll;
         let busy_delay = options.busy_delay;
         let git_remote = options.git_remote.clone();
@@ -185,7 +190,7 @@ impl Rig {
                         git_remote: git_remote.clone(),
                         mcp_read_roots: mcp_read_roots.clone(),
                         outbound: outbound.clone(),
-                        schedules: Some(turnpike_worker::schedules::SchedulerConfig {
+                        schedules: schedules.then(|| turnpike_worker::schedules::SchedulerConfig {
                             lease_ttl: ttl,
                             ..Default::default()
                         }),
