@@ -124,7 +124,7 @@ fn verify(spec: &HookSpec, secret: &str, headers: &HeaderMap, body: &[u8]) -> Ap
 }
 
 /// Takes a signed delivery for an app's hook.
-#[utoipa::path(post, path = "/v1/hooks/{app}/{hook}", tag = "hooks",
+#[utoipa::path(operation_id = "receive_hook", post, path = "/v1/hooks/{app}/{hook}", tag = "hooks",
     params(("app" = String, Path), ("hook" = String, Path)),
     request_body(content = String, description = "the sender's payload (UTF-8; JSON when the hook routes by a field)"),
     responses((status = 202, body = HookAccepted), (status = 400, body = ErrorBody),

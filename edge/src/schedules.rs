@@ -165,7 +165,7 @@ fn schedule_id(text: &str) -> ApiResult<ScheduleId> {
 }
 
 /// Creates a schedule owned by the caller.
-#[utoipa::path(post, path = "/v1/schedules", tag = "schedules",
+#[utoipa::path(operation_id = "create_schedule", post, path = "/v1/schedules", tag = "schedules",
     request_body = ScheduleInput,
     responses((status = 201, body = ScheduleView), (status = 404, body = ErrorBody),
               (status = 422, body = ErrorBody)))]
@@ -187,7 +187,7 @@ pub async fn create(
 }
 
 /// The caller's schedules, oldest first, each with its next firing and latest firings.
-#[utoipa::path(get, path = "/v1/schedules", tag = "schedules",
+#[utoipa::path(operation_id = "list_schedules", get, path = "/v1/schedules", tag = "schedules",
     responses((status = 200, body = ScheduleList)))]
 pub async fn list(
     State(edge): State<Edge>,
@@ -209,7 +209,7 @@ pub async fn list(
 }
 
 /// One schedule of the caller's, with its next firing and latest firings.
-#[utoipa::path(get, path = "/v1/schedules/{id}", tag = "schedules",
+#[utoipa::path(operation_id = "get_schedule", get, path = "/v1/schedules/{id}", tag = "schedules",
     params(("id" = String, Path, description = "sched_<ulid>")),
     responses((status = 200, body = ScheduleView), (status = 404, body = ErrorBody)))]
 pub async fn get_one(
@@ -228,7 +228,7 @@ pub async fn get_one(
 
 /// Pauses a schedule: nothing fires until it is resumed (firings due meanwhile are then
 /// missed, and follow its missed policy).
-#[utoipa::path(post, path = "/v1/schedules/{id}/pause", tag = "schedules",
+#[utoipa::path(operation_id = "pause_schedule", post, path = "/v1/schedules/{id}/pause", tag = "schedules",
     params(("id" = String, Path, description = "sched_<ulid>")),
     responses((status = 200, body = ScheduleView), (status = 404, body = ErrorBody)))]
 pub async fn pause(
@@ -240,7 +240,7 @@ pub async fn pause(
 }
 
 /// Resumes a paused schedule.
-#[utoipa::path(post, path = "/v1/schedules/{id}/resume", tag = "schedules",
+#[utoipa::path(operation_id = "resume_schedule", post, path = "/v1/schedules/{id}/resume", tag = "schedules",
     params(("id" = String, Path, description = "sched_<ulid>")),
     responses((status = 200, body = ScheduleView), (status = 404, body = ErrorBody)))]
 pub async fn resume(
@@ -270,7 +270,7 @@ async fn set_paused(
 }
 
 /// Deletes a schedule and its history (a firing already decided still goes out).
-#[utoipa::path(delete, path = "/v1/schedules/{id}", tag = "schedules",
+#[utoipa::path(operation_id = "delete_schedule", delete, path = "/v1/schedules/{id}", tag = "schedules",
     params(("id" = String, Path, description = "sched_<ulid>")),
     responses((status = 204), (status = 404, body = ErrorBody)))]
 pub async fn delete(
