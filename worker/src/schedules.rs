@@ -226,7 +226,8 @@ impl Scheduler {
         }
     }
 
-    /// Takes the leases of shards nobody holds, up to its part; past its part, lets one go.
+    /// Takes the leases of shards nobody holds, up to its part; past its part, lets the extras
+    /// go (for schedulers that started later).
     async fn claim_free(&self, held: &mut HashMap<u32, Held>) {
         let part = self.part();
         if held.len() > part {
