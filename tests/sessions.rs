@@ -990,3 +990,46 @@ async fn signed_deliveries_become_one_message_each_and_bad_ones_nothing() {
     assert_eq!(messages, 2, "gh-1 and gh-2, gh-1 once: {rows}");
     assert_eq!(conversations_of_alice().await, 4);
 }
+
+/// An app-wide schedule declared in the app's manifest fires into a new conversation of the
+/// app's identity each time, on its interval's grid, each tick once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_app_wide_schedule_in_a_manifest_fires_as_the_apps_identity() {
+    let mut options = RigOptions::new(QUICK);
+    options.lease_ttl = Duration::from_secs(1);
+    options.schedules = true;
+    options.manifest_extra = format!(
+        "[schedules.digest]\nagent = \"helper\"\ntenant = \"{}\"\nevery_seconds = 1\ntext = \"the digest\"\n",
+        tenant()
+    );
+    let rig = Rig::with(options).await;
+    let schedules = Schedules::new(rig.conversations.store().clone());
+    let id =
+        turnpike_worker::schedules::manifest_schedule_id(&"support".parse().unwrap(), "digest");
+    let all = until_claims(&schedules, id, "three firings", |c| c.len() >= 3).await;
+    assert_every_tick_once(&all, all[0].fire_ms);
+    let app_identity: turnpike_schemas::Identity = "schedule:support:digest".parse().unwrap();
+    for f in &all {
+        assert_eq!(f.fire_ms % 1_000, 0, "on the interval's grid");
+        let Outcome::Fired {
+            conversation,
+            event,
+            ..
+        } = &f.outcome
+        else {
+            panic!("{f:?}")
+        };
+        let entry = rig
+            .conversations
+            .directory()
+            .lookup(*conversation, &tenant(), &app_identity)
+            .await
+            .unwrap();
+        assert_eq!(entry.owner, app_identity);
+        assert_eq!(entry.app.as_str(), "support");
+        let events = lane_events(rig.bus.as_ref(), *conversation).await;
+        assert_eq!(events.len(), 1);
+        assert_eq!(events[0].id, *event);
+        assert_eq!(events[0].address.identity, app_identity);
+    }
+}

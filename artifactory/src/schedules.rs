@@ -50,53 +50,7 @@ pub const MAX_CATCH_UP: u32 = 1_000;
 /// The longest message a schedule may send, in bytes.
 pub const MAX_TEXT_BYTES: usize = 16 * 1024;
 
-/// When a schedule fires.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case")]
-pub enum Timing {
-    /// A cron expression (5 fields, or 6 with seconds first; `@hourly` and friends) read in an
-    /// IANA time zone (e.g. `Europe/Berlin`; `UTC` by default).
-    Cron { cron: String, zone: String },
-    /// Every `every_ms` milliseconds from the schedule's creation (the first firing one
-    /// interval after it).
-    Every { every_ms: u64 },
-}
-
-/// Which conversation a firing goes into.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case")]
-pub enum Target {
-    /// A new conversation for every firing.
-    New,
-    /// Always the same conversation.
-    Same { conversation: ConversationId },
-}
-
-/// What to do with firings that came due while nothing could fire them (the fleet was down)
-/// and are later than the schedule's grace by the time one can.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case")]
-pub enum Missed {
-    /// Fire none of them (they are recorded as missed).
-    Skip,
-    /// Fire the latest of them only.
-    Latest,
-    /// Fire each, oldest first, up to `cap` (the newest `cap`; older ones are missed).
-    All { cap: u32 },
-}
-
-/// What to do when a firing comes due while the previous firing's turn still runs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Overlap {
-    /// Do not fire (recorded as skipped).
-    Skip,
-    /// Fire: the event waits on its lane behind the running turn (or, for a new conversation
-    /// per firing, runs beside it).
-    Queue,
-    /// Stop the running turn, then fire.
-    Cancel,
-}
+pub use turnpike_schemas::schedule::{Missed, Overlap, Target, Timing};
 
 /// A schedule.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -25,6 +25,7 @@ pub mod identity;
 pub mod ids;
 pub mod live;
 pub mod reference;
+pub mod schedule;
 pub mod timeline;
 pub mod turnlog;
 

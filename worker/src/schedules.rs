@@ -59,6 +59,15 @@ pub fn shard_key(shard: u32) -> ConversationId {
     ConversationId::from_ulid(ulid::Ulid::from_parts(0, TAG | u128::from(shard)))
 }
 
+/// The id of an app-wide schedule: the same in every process (a hash of its app and name).
+pub fn manifest_schedule_id(app: &turnpike_schemas::AppId, name: &str) -> ScheduleId {
+    use sha2::Digest as _;
+    let digest = sha2::Sha256::digest(format!("manifest-schedule:{app}:{name}").as_bytes());
+    let mut bytes = [0u8; 16];
+    bytes.copy_from_slice(&digest[..16]);
+    ScheduleId::from_ulid(ulid::Ulid::from_bytes(bytes))
+}
+
 /// The idempotency key of a firing's message.
 pub fn firing_key(id: ScheduleId, fire_ms: u64) -> String {
     format!("schedule:{id}:{fire_ms}")
@@ -74,6 +83,8 @@ pub struct Scheduler {
     worker: WorkerId,
     config: SchedulerConfig,
     failpoints: turnpike_lifecycle::failpoints::Failpoints,
+    /// The hosted apps, whose manifests may declare app-wide schedules.
+    apps: Option<Arc<turnpike_agent::apps::Apps>>,
     /// How many schedulers share the shards (the live workers): each holds its part.
     peers: Arc<std::sync::atomic::AtomicUsize>,
 }
@@ -118,6 +129,7 @@ impl Scheduler {
             worker,
             config,
             failpoints: Default::default(),
+            apps: None,
             peers: Arc::new(std::sync::atomic::AtomicUsize::new(1)),
         }
     }
@@ -126,6 +138,13 @@ impl Scheduler {
     /// past its part it lets shards go, for schedulers that started later.
     pub fn with_peers(mut self, peers: Arc<std::sync::atomic::AtomicUsize>) -> Self {
         self.peers = peers;
+        self
+    }
+
+    /// Fires the app-wide schedules `apps`' manifests declare too (read at each listing: a
+    /// reload shows within a refresh).
+    pub fn with_apps(mut self, apps: Arc<turnpike_agent::apps::Apps>) -> Self {
+        self.apps = Some(apps);
         self
     }
 
@@ -226,6 +245,57 @@ impl Scheduler {
         }
     }
 
+    /// The app-wide schedules of the hosted manifests that fall in `shard`, as schedules
+    /// starting now (an interval's firings on its own grid: multiples of it since the epoch, the
+    /// same in every process).
+    fn manifest_schedules(&self, shard: u32) -> Vec<Schedule> {
+        let Some(apps) = &self.apps else {
+            return Vec::new();
+        };
+        let now = now_ms();
+        apps.schedules()
+            .into_iter()
+            .filter_map(|(app, spec)| {
+                let id = manifest_schedule_id(&app, &spec.name);
+                if turnpike_artifactory::schedules::shard_of(id) != shard {
+                    return None;
+                }
+                let created_ms = match spec.timing {
+                    turnpike_artifactory::schedules::Timing::Every { every_ms } => {
+                        now / every_ms.max(1) * every_ms.max(1)
+                    }
+                    turnpike_artifactory::schedules::Timing::Cron { .. } => now,
+                };
+                Some(Schedule {
+                    id,
+                    tenant: spec.tenant,
+                    owner: spec.owner,
+                    app,
+                    agent: spec.agent,
+                    timing: spec.timing,
+                    target: Target::New,
+                    text: spec.text,
+                    missed: spec.missed,
+                    overlap: spec.overlap,
+                    jitter_ms: spec.jitter_ms,
+                    grace_ms: spec.grace_ms,
+                    paused: false,
+                    created_ms,
+                    updated_ms: created_ms,
+                })
+            })
+            .collect()
+    }
+
+    /// Whether `schedule` is one of the manifests' (its id is theirs).
+    fn manifest_ids_in(&self, schedule: &Schedule) -> bool {
+        self.apps.as_ref().is_some_and(|apps| {
+            apps.schedules()
+                .iter()
+                .any(|(app, spec)| manifest_schedule_id(app, &spec.name) == schedule.id)
+        })
+    }
+
     /// Takes the leases of shards nobody holds, up to its part; past its part, lets the extras
     /// go (for schedulers that started later).
     async fn claim_free(&self, held: &mut HashMap<u32, Held>) {
@@ -284,10 +354,17 @@ impl Scheduler {
             }
         };
         held.listed = Some(Instant::now());
+        let mut listed = listed;
+        listed.extend(self.manifest_schedules(shard));
         let mut seen = std::collections::HashSet::new();
-        for schedule in listed {
+        for mut schedule in listed {
             seen.insert(schedule.id);
             if let Some(t) = held.tracked.get_mut(&schedule.id) {
+                if self.manifest_ids_in(&schedule) {
+                    // An app-wide schedule's start is when this holder first saw it.
+                    schedule.created_ms = t.schedule.created_ms;
+                    schedule.updated_ms = t.schedule.updated_ms;
+                }
                 if t.schedule != schedule {
                     t.schedule = schedule;
                     t.due_at = None;

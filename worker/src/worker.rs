@@ -212,6 +212,7 @@ impl Worker {
             )
             .with_ingress(ingress)
             .with_peers(peers)
+            .with_apps(self.inner.shared.apps.clone())
             .with_failpoints(self.inner.config.failpoints.clone());
             scheduler_task
                 .0

@@ -93,6 +93,7 @@ impl App for AgentLoopApp {
 #[derive(Clone)]
 struct HostedApp {
     hooks: BTreeMap<String, turnpike_schemas::HookSpec>,
+    schedules: BTreeMap<String, turnpike_schemas::schedule::ScheduleSpec>,
     tenants: Vec<TenantId>,
     idle_timeout: IdleTimeout,
     agents: BTreeMap<AgentId, Arc<AgentSpec>>,
@@ -139,6 +140,7 @@ impl Apps {
             app,
             HostedApp {
                 hooks: BTreeMap::new(),
+                schedules: BTreeMap::new(),
                 tenants: Vec::new(),
                 idle_timeout: IdleTimeout::Default,
                 agents: BTreeMap::new(),
@@ -259,6 +261,22 @@ impl Apps {
             .unwrap_or_default()
     }
 
+    /// Every app-wide schedule the hosted manifests declare, with its app.
+    pub fn schedules(&self) -> Vec<(AppId, turnpike_schemas::schedule::ScheduleSpec)> {
+        let loaded = self.loaded.read().expect("apps lock");
+        let mut out = Vec::new();
+        // As `lookup`: a loaded manifest wins over a fixed app of the same id.
+        let fixed = self
+            .fixed
+            .iter()
+            .filter(|(app, _)| !loaded.contains_key(*app));
+        for (app, hosted) in loaded.iter().chain(fixed) {
+            out.extend(hosted.schedules.values().map(|s| (app.clone(), s.clone())));
+        }
+        out.sort_by(|a, b| (&a.0, &a.1.name).cmp(&(&b.0, &b.1.name)));
+        out
+    }
+
     /// The inbound hook `name` of `app`, if its manifest declares one.
     pub fn hook(&self, app: &AppId, name: &str) -> Option<turnpike_schemas::HookSpec> {
         self.lookup(app).and_then(|a| a.hooks.get(name).cloned())
@@ -354,6 +372,7 @@ impl Apps {
 fn hosted(manifest: Manifest, callbacks: Option<Arc<dyn App>>) -> HostedApp {
     HostedApp {
         hooks: manifest.hooks,
+        schedules: manifest.schedules,
         tenants: manifest.tenants,
         idle_timeout: manifest.idle_timeout,
         agents: manifest.agents,
@@ -441,6 +460,8 @@ pub struct Manifest {
     pub agents: BTreeMap<AgentId, Arc<AgentSpec>>,
     /// Inbound webhooks, by name.
     pub hooks: BTreeMap<String, turnpike_schemas::HookSpec>,
+    /// App-wide schedules, by name.
+    pub schedules: BTreeMap<String, turnpike_schemas::schedule::ScheduleSpec>,
 }
 
 #[derive(Deserialize)]
@@ -456,6 +477,165 @@ struct RawManifest {
     agents: BTreeMap<String, RawAgent>,
     #[serde(default)]
     hooks: BTreeMap<String, RawHook>,
+    #[serde(default)]
+    schedules: BTreeMap<String, RawSchedule>,
+}
+
+/// `[schedules.<name>]`: an app-wide job.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawSchedule {
+    agent: String,
+    #[serde(default)]
+    tenant: Option<String>,
+    /// The identity its messages come from (default `schedule:<app>:<name>`).
+    #[serde(default)]
+    owner: Option<String>,
+    #[serde(default)]
+    cron: Option<String>,
+    #[serde(default)]
+    zone: Option<String>,
+    #[serde(default)]
+    every_seconds: Option<u64>,
+    text: String,
+    /// `skip`, `latest` (default) or `all`.
+    #[serde(default)]
+    missed: Option<String>,
+    #[serde(default)]
+    catch_up: Option<u32>,
+    /// `queue` (default), `skip` or `cancel`.
+    #[serde(default)]
+    overlap: Option<String>,
+    #[serde(default)]
+    jitter_seconds: Option<u64>,
+    #[serde(default)]
+    grace_seconds: Option<u64>,
+}
+
+/// The longest interval, jitter or grace of a schedule, in seconds (a year).
+const MAX_SCHEDULE_SECONDS: u64 = 366 * 24 * 3600;
+
+fn schedule_spec(
+    app: &AppId,
+    tenants: &[TenantId],
+    agents: &BTreeMap<AgentId, Arc<AgentSpec>>,
+    name: &str,
+    raw: RawSchedule,
+) -> Result<turnpike_schemas::schedule::ScheduleSpec, String> {
+    use turnpike_schemas::schedule::{Missed, Overlap, ScheduleSpec, Timing};
+    let field = |f: &str| format!("schedules.{name}.{f}");
+    let agent: AgentId = raw
+        .agent
+        .parse()
+        .map_err(|e| format!("{}: {e}", field("agent")))?;
+    if !agents.contains_key(&agent) {
+        return Err(format!("{}: the app has no agent {agent}", field("agent")));
+    }
+    let tenant: TenantId = match (&raw.tenant, tenants) {
+        (Some(t), _) => t.parse().map_err(|e| format!("{}: {e}", field("tenant")))?,
+        (None, [only]) => only.clone(),
+        (None, _) => {
+            return Err(format!(
+                "{}: say which tenant its conversations belong to",
+                field("tenant")
+            ))
+        }
+    };
+    if !tenants.is_empty() && !tenants.contains(&tenant) {
+        return Err(format!(
+            "{}: {tenant} is not one of the app's tenants",
+            field("tenant")
+        ));
+    }
+    let owner: turnpike_schemas::Identity = raw
+        .owner
+        .clone()
+        .unwrap_or_else(|| format!("schedule:{app}:{name}"))
+        .parse()
+        .map_err(|e| format!("{}: {e}", field("owner")))?;
+    let timing = match (raw.cron, raw.every_seconds) {
+        (Some(cron), None) => {
+            let zone = raw.zone.unwrap_or_else(|| "UTC".into());
+            croner::parser::CronParser::builder()
+                .seconds(croner::parser::Seconds::Optional)
+                .build()
+                .parse(&cron)
+                .map_err(|e| format!("{}: {cron:?}: {e}", field("cron")))?;
+            jiff::tz::TimeZone::get(&zone)
+                .map_err(|e| format!("{}: {zone:?} is not known: {e}", field("zone")))?;
+            Timing::Cron { cron, zone }
+        }
+        (None, Some(seconds)) if (1..=MAX_SCHEDULE_SECONDS).contains(&seconds) => {
+            if raw.zone.is_some() {
+                return Err(format!("{}: goes with cron", field("zone")));
+            }
+            Timing::Every {
+                every_ms: seconds * 1_000,
+            }
+        }
+        (None, Some(seconds)) => {
+            return Err(format!(
+                "{}: 1–{MAX_SCHEDULE_SECONDS}, not {seconds}",
+                field("every_seconds")
+            ))
+        }
+        _ => {
+            return Err(format!(
+                "schedules.{name}: exactly one of cron and every_seconds"
+            ))
+        }
+    };
+    if raw.text.trim().is_empty() || raw.text.len() > 16 * 1024 {
+        return Err(format!("{}: 1 to 16384 bytes", field("text")));
+    }
+    let missed = match (raw.missed.as_deref(), raw.catch_up) {
+        (None | Some("latest"), None) => Missed::Latest,
+        (Some("skip"), None) => Missed::Skip,
+        (Some("all"), cap) => {
+            let cap = cap.unwrap_or(10);
+            if !(1..=1_000).contains(&cap) {
+                return Err(format!("{}: 1–1000, not {cap}", field("catch_up")));
+            }
+            Missed::All { cap }
+        }
+        (_, Some(_)) => return Err(format!("{}: goes with missed = \"all\"", field("catch_up"))),
+        (Some(other), None) => {
+            return Err(format!(
+                "{}: `skip`, `latest` or `all`, not {other:?}",
+                field("missed")
+            ))
+        }
+    };
+    let overlap = match raw.overlap.as_deref() {
+        None | Some("queue") => Overlap::Queue,
+        Some("skip") => Overlap::Skip,
+        Some("cancel") => Overlap::Cancel,
+        Some(other) => {
+            return Err(format!(
+                "{}: `queue`, `skip` or `cancel`, not {other:?}",
+                field("overlap")
+            ))
+        }
+    };
+    let seconds = |f: &str, v: Option<u64>, default: u64| {
+        let v = v.unwrap_or(default);
+        if v > MAX_SCHEDULE_SECONDS {
+            return Err(format!("{}: at most a year, not {v}", field(f)));
+        }
+        Ok(v * 1_000)
+    };
+    Ok(ScheduleSpec {
+        name: name.to_owned(),
+        agent,
+        tenant,
+        owner,
+        timing,
+        text: raw.text,
+        missed,
+        overlap,
+        jitter_ms: seconds("jitter_seconds", raw.jitter_seconds, 0)?,
+        grace_ms: seconds("grace_seconds", raw.grace_seconds, 60)?,
+    })
 }
 
 /// `[hooks.<name>]`: an inbound webhook.
@@ -837,12 +1017,18 @@ impl Manifest {
             let spec = hook_spec(&app, &tenants, &agents, &name, raw)?;
             hooks.insert(name, spec);
         }
+        let mut schedules = BTreeMap::new();
+        for (name, raw) in raw.schedules {
+            let spec = schedule_spec(&app, &tenants, &agents, &name, raw)?;
+            schedules.insert(name, spec);
+        }
         Ok(Manifest {
             app,
             tenants,
             idle_timeout,
             agents,
             hooks,
+            schedules,
         })
     }
 }
@@ -909,6 +1095,11 @@ mod tests {
             ("app = \"x\"\n[agents.a]\nprovider = \"echo\"\ntemperature = 3.5\n", "agents.a.temperature: must be 0–2"),
             ("app = \"x\"\n[agents.a]\nprovider = \"echo\"\nreply_reserve = 100\nmax_tokens = 200\n", "agents.a.max_tokens: must be 1–100"),
             ("app = \"x\"\n[agents.a]\nprovider = \"echo\"\nremote = { url = \"nope\" }\n", "agents.a.remote.url: \"nope\" is not a URL"),
+            ("app = \"x\"\n[agents.a]\nprovider = \"echo\"\n[schedules.s]\nagent = \"a\"\ntenant = \"t\"\ncron = \"61 * * * *\"\ntext = \"go\"\n", "schedules.s.cron"),
+            ("app = \"x\"\n[agents.a]\nprovider = \"echo\"\n[schedules.s]\nagent = \"a\"\ntenant = \"t\"\ncron = \"@daily\"\nzone = \"Mars/Base\"\ntext = \"go\"\n", "schedules.s.zone"),
+            ("app = \"x\"\n[agents.a]\nprovider = \"echo\"\n[schedules.s]\nagent = \"a\"\ntenant = \"t\"\nevery_seconds = 0\ntext = \"go\"\n", "schedules.s.every_seconds"),
+            ("app = \"x\"\n[agents.a]\nprovider = \"echo\"\n[schedules.s]\nagent = \"a\"\ntenant = \"t\"\ntext = \"go\"\n", "exactly one of cron and every_seconds"),
+            ("app = \"x\"\n[agents.a]\nprovider = \"echo\"\n[schedules.s]\nagent = \"a\"\ntenant = \"t\"\nevery_seconds = 60\ntext = \"go\"\nmissed = \"sometimes\"\n", "schedules.s.missed"),
             ("app = \"x\"\n[agents.a]\nprovider = \"echo\"\n[hooks.h]\nagent = \"b\"\ntenant = \"t\"\nsignature = \"standard\"\nsecret_env = \"S\"\n", "hooks.h.agent: the app has no agent b"),
             ("app = \"x\"\n[agents.a]\nprovider = \"echo\"\n[hooks.h]\nagent = \"a\"\nsignature = \"standard\"\nsecret_env = \"S\"\n", "hooks.h.tenant"),
             ("app = \"x\"\n[agents.a]\nprovider = \"echo\"\n[hooks.h]\nagent = \"a\"\ntenant = \"t\"\nsignature = \"hmac\"\nsecret_env = \"S\"\n", "hooks.h.signature"),
