@@ -15,7 +15,8 @@
 //!
 //! Layout: `schedules/{shard:02}/{schedule}/schedule.json`,
 //! `schedules/{shard}/{schedule}/firings/{fire_ms:020}.json` (claims),
-//! `schedules/{shard}/{schedule}/done/{fire_ms:020}` (claims seen through), and an owner's index
+//! `schedules/{shard}/{schedule}/done/{fire_ms:020}` (claims seen through),
+//! `schedules-deleted/{schedule}` (deleted ids, never written again), and an owner's index
 //! `directory/schedules/{tenant}/{sha256(identity)}/{schedule}` (empty markers).
 
 use std::sync::Arc;
@@ -274,6 +275,12 @@ fn done_object(id: ScheduleId, fire_ms: u64) -> Path {
     ))
 }
 
+/// The mark of a deleted schedule (beside the schedules, never under one: deleting a
+/// schedule's objects leaves it).
+fn deleted_marker(id: ScheduleId) -> Path {
+    Path::from(format!("schedules-deleted/{id}"))
+}
+
 fn owned_dir(tenant: &TenantId, owner: &Identity) -> Path {
     Path::from(format!(
         "directory/schedules/{tenant}/{}",
@@ -309,7 +316,28 @@ impl Schedules {
             )
             .await
             .map_err(|e| Error::store(&format!("listing {} under its owner", schedule.id), e))?;
-        Ok(())
+        // A write racing a deletion (a pause as the owner deletes it) must not bring it back:
+        // the deletion marks the id first, so either this sees the mark and takes its write
+        // back, or the deletion comes after the write and removes it.
+        match self.store.head(&deleted_marker(schedule.id)).await {
+            Ok(_) => {
+                for path in [
+                    schedule_object(schedule.id),
+                    owned_marker(&schedule.tenant, &schedule.owner, schedule.id),
+                ] {
+                    match self.store.delete(&path).await {
+                        Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+                        Err(e) => return Err(Error::store("taking back a write", e)),
+                    }
+                }
+                Err(Error::new(
+                    ErrorKind::NotFound,
+                    format!("schedule {} was deleted", schedule.id),
+                ))
+            }
+            Err(object_store::Error::NotFound { .. }) => Ok(()),
+            Err(e) => Err(Error::store("looking for a deletion mark", e)),
+        }
     }
 
     /// A schedule, whoever owns it (the scheduler's view).
@@ -394,7 +422,12 @@ impl Schedules {
     /// Deletes a schedule, its claims and its owner's marker. Firing stops at the next
     /// listing of its shard (a firing claimed before finishes).
     pub async fn delete(&self, schedule: &Schedule) -> Result<()> {
-        // The definition first: a scheduler that sees no schedule fires nothing more.
+        // The mark first: a write racing this deletion takes itself back (see `put`).
+        self.store
+            .put(&deleted_marker(schedule.id), PutPayload::from_static(b""))
+            .await
+            .map_err(|e| Error::store("marking a schedule deleted", e))?;
+        // Then the definition: a scheduler that sees no schedule fires nothing more.
         match self.store.delete(&schedule_object(schedule.id)).await {
             Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
             Err(e) => return Err(Error::store(&format!("deleting {}", schedule.id), e)),
@@ -700,5 +733,21 @@ mod tests {
             .is_empty());
         assert!(schedules.in_shard(s.shard()).await.unwrap().is_empty());
         assert!(schedules.fire_times(s.id).await.unwrap().is_empty());
+        // A pause that read it before the deletion and writes after it does not bring it back.
+        let mut paused = s.clone();
+        paused.paused = true;
+        assert_eq!(
+            schedules.put(&paused).await.unwrap_err().kind(),
+            ErrorKind::NotFound
+        );
+        assert_eq!(
+            schedules.get(s.id).await.unwrap_err().kind(),
+            ErrorKind::NotFound
+        );
+        assert!(schedules
+            .owned(&s.tenant, &s.owner)
+            .await
+            .unwrap()
+            .is_empty());
     }
 }
