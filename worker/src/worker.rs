@@ -187,10 +187,10 @@ impl Worker {
         let mut keep = tokio::time::interval(hand_back / 2);
         keep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let sweeping = Arc::new(AtomicBool::new(false));
-        // Aborted when this function returns or is dropped (a crash aborts the worker's task:
-        // nothing it started may go on).
         // How many workers share the bus (their heartbeats): the scheduler's fair part.
         let peers = Arc::new(std::sync::atomic::AtomicUsize::new(1));
+        // Aborted when this function returns or is dropped (a crash aborts the worker's task:
+        // nothing it started may go on).
         let companions = AbortOnDrop(vec![
             tokio::spawn(self.clone().dispatch_loop()),
             tokio::spawn(self.clone().count_workers(peers.clone())),
