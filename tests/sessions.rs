@@ -83,6 +83,20 @@ async fn until_claims(
     }
 }
 
+/// The schedule's claims once it is paused and settled: no new claim for two intervals and a
+/// little more (the pause is seen at the holder's next listing, within a second).
+async fn settled_claims(schedules: &Schedules, id: ScheduleId) -> Vec<Firing> {
+    let mut count = claims(schedules, id).await.len();
+    loop {
+        tokio::time::sleep(Duration::from_millis(2_100)).await;
+        let now = claims(schedules, id).await.len();
+        if now == count {
+            return claims(schedules, id).await;
+        }
+        count = now;
+    }
+}
+
 /// How many firings a claim stands for: a fired one itself and the missed ones it stands for,
 /// a missed one its count, a skipped one itself.
 fn stands_for(f: &Firing) -> u64 {
@@ -257,16 +271,7 @@ async fn overlap_policies_hold_with_a_turn_that_outlasts_the_interval() {
     }
     for (s, conversation) in made.iter().zip(&convs) {
         // Settled: the pause seen (no claim for two intervals) and every fired message taken.
-        let mut count = claims(&schedules, s.id).await.len();
-        loop {
-            tokio::time::sleep(Duration::from_millis(2_100)).await;
-            let now = claims(&schedules, s.id).await.len();
-            if now == count {
-                break;
-            }
-            count = now;
-        }
-        let all = claims(&schedules, s.id).await;
+        let all = settled_claims(&schedules, s.id).await;
         assert_every_tick_once(&all, all[0].fire_ms);
         let fired: Vec<&Firing> = all
             .iter()
@@ -371,16 +376,7 @@ async fn every_tick_fires_exactly_once_on_a_fleet_with_workers_killed() {
     schedules.put(&s).await.unwrap();
     let bus: &dyn Bus = fleet.bus.as_ref();
     // Settled: no new claim for two seconds, and the record has taken every message.
-    let mut count = claims(&schedules, s.id).await.len();
-    loop {
-        tokio::time::sleep(Duration::from_millis(2_000)).await;
-        let now = claims(&schedules, s.id).await.len();
-        if now == count {
-            break;
-        }
-        count = now;
-    }
-    let all = claims(&schedules, s.id).await;
+    let all = settled_claims(&schedules, s.id).await;
     assert!(all.len() < 32, "every claim kept for the check");
     assert_every_tick_once(&all, s.created_ms);
     assert!(all
@@ -670,16 +666,7 @@ async fn a_firing_cut_short_at_each_step_is_finished_once_by_the_next_holder() {
         .await;
         s.paused = true;
         schedules.put(&s).await.unwrap();
-        let mut count = claims(&schedules, s.id).await.len();
-        loop {
-            tokio::time::sleep(Duration::from_millis(2_000)).await;
-            let now = claims(&schedules, s.id).await.len();
-            if now == count {
-                break;
-            }
-            count = now;
-        }
-        let all = claims(&schedules, s.id).await;
+        let all = settled_claims(&schedules, s.id).await;
         assert_eq!(all[0], cut[0], "the cut-short claim stands");
         assert_every_tick_once(&all, s.created_ms);
         let mut keys = Vec::new();

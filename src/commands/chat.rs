@@ -49,12 +49,7 @@ struct View {
 }
 
 pub async fn run(global: &Global, args: ChatArgs) -> Result<ExitCode> {
-    let token = args
-        .token
-        .clone()
-        .or_else(|| crate::commands::edge::local_token(global))
-        .context("no token: pass --token (or TURNPIKE_TOKEN); `turnpike serve` writes one to <data-dir>/tokens.toml")?;
-    let client = Client::new(&args.url, &token);
+    let client = crate::commands::edge::api_client(global, &args.url, args.token.as_deref())?;
     let apps = client
         .get("/v1/apps")
         .await

@@ -114,6 +114,21 @@ fn write_default_tokens(path: &Path) -> Result<()> {
 }
 
 /// The first token of the local token file (what `turnpike chat` uses by default).
+/// A client of the API at `url` as `token`, or as the token `turnpike serve` generated when
+/// none is given (`turnpike chat`, `turnpike schedule`).
+pub fn api_client(
+    global: &Global,
+    url: &str,
+    token: Option<&str>,
+) -> anyhow::Result<turnpike_edge::client::Client> {
+    use anyhow::Context as _;
+    let token = token
+        .map(str::to_owned)
+        .or_else(|| local_token(global))
+        .context("no token: pass --token (or TURNPIKE_TOKEN); `turnpike serve` writes one to <data-dir>/tokens.toml")?;
+    Ok(turnpike_edge::client::Client::new(url, &token))
+}
+
 pub fn local_token(global: &Global) -> Option<String> {
     let text = std::fs::read_to_string(default_tokens_path(global)).ok()?;
     let value: toml::Value = toml::from_str(&text).ok()?;

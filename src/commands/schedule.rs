@@ -3,19 +3,13 @@
 
 use std::process::ExitCode;
 
-use anyhow::{Context as _, Result};
+use anyhow::Result;
 use serde_json::{json, Value};
-use turnpike_edge::client::Client;
 
 use crate::cli::{Global, ScheduleArgs, ScheduleCommand};
 
 pub async fn run(global: &Global, args: ScheduleArgs) -> Result<ExitCode> {
-    let token = args
-        .token
-        .clone()
-        .or_else(|| crate::commands::edge::local_token(global))
-        .context("no token: pass --token (or TURNPIKE_TOKEN); `turnpike serve` writes one to <data-dir>/tokens.toml")?;
-    let client = Client::new(&args.url, &token);
+    let client = crate::commands::edge::api_client(global, &args.url, args.token.as_deref())?;
     let reach = |e: String| anyhow::anyhow!("cannot reach {}: {e}", args.url);
     let reply = match &args.command {
         ScheduleCommand::List => client.get("/v1/schedules").await.map_err(reach)?,

@@ -287,15 +287,6 @@ impl Scheduler {
             .collect()
     }
 
-    /// Whether `schedule` is one of the manifests' (its id is theirs).
-    fn manifest_ids_in(&self, schedule: &Schedule) -> bool {
-        self.apps.as_ref().is_some_and(|apps| {
-            apps.schedules()
-                .iter()
-                .any(|(app, spec)| manifest_schedule_id(app, &spec.name) == schedule.id)
-        })
-    }
-
     /// Takes the leases of shards nobody holds, up to its part; past its part, lets the extras
     /// go (for schedulers that started later).
     async fn claim_free(&self, held: &mut HashMap<u32, Held>) {
@@ -354,13 +345,16 @@ impl Scheduler {
             }
         };
         held.listed = Some(Instant::now());
+        let declared = self.manifest_schedules(shard);
+        let from_manifests: std::collections::HashSet<ScheduleId> =
+            declared.iter().map(|s| s.id).collect();
         let mut listed = listed;
-        listed.extend(self.manifest_schedules(shard));
+        listed.extend(declared);
         let mut seen = std::collections::HashSet::new();
         for mut schedule in listed {
             seen.insert(schedule.id);
             if let Some(t) = held.tracked.get_mut(&schedule.id) {
-                if self.manifest_ids_in(&schedule) {
+                if from_manifests.contains(&schedule.id) {
                     // An app-wide schedule's start is when this holder first saw it.
                     schedule.created_ms = t.schedule.created_ms;
                     schedule.updated_ms = t.schedule.updated_ms;
@@ -674,18 +668,18 @@ impl Scheduler {
                 )
                 .await;
         }
+        // Not on the lane (looked for above): publish it, the same event under the same key.
         let sent = self
             .ingress
-            .submit_once(
+            .submit_as(
                 &s.tenant,
                 &s.owner,
                 *conversation,
                 EventBody::Message {
                     text: s.text.clone(),
                 },
-                firing_key(s.id, firing.fire_ms),
-                *event,
-                *lane_after,
+                Some(firing_key(s.id, firing.fire_ms)),
+                Some(*event),
             )
             .await;
         let outcome: crate::error::Result<()> = match sent {

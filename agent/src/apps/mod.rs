@@ -524,35 +524,15 @@ fn schedule_spec(
 ) -> Result<turnpike_schemas::schedule::ScheduleSpec, String> {
     use turnpike_schemas::schedule::{Missed, Overlap, ScheduleSpec, Timing};
     let field = |f: &str| format!("schedules.{name}.{f}");
-    let agent: AgentId = raw
-        .agent
-        .parse()
-        .map_err(|e| format!("{}: {e}", field("agent")))?;
-    if !agents.contains_key(&agent) {
-        return Err(format!("{}: the app has no agent {agent}", field("agent")));
-    }
-    let tenant: TenantId = match (&raw.tenant, tenants) {
-        (Some(t), _) => t.parse().map_err(|e| format!("{}: {e}", field("tenant")))?,
-        (None, [only]) => only.clone(),
-        (None, _) => {
-            return Err(format!(
-                "{}: say which tenant its conversations belong to",
-                field("tenant")
-            ))
-        }
-    };
-    if !tenants.is_empty() && !tenants.contains(&tenant) {
-        return Err(format!(
-            "{}: {tenant} is not one of the app's tenants",
-            field("tenant")
-        ));
-    }
-    let owner: turnpike_schemas::Identity = raw
-        .owner
-        .clone()
-        .unwrap_or_else(|| format!("schedule:{app}:{name}"))
-        .parse()
-        .map_err(|e| format!("{}: {e}", field("owner")))?;
+    let (agent, tenant, owner) = job_identity(
+        &field,
+        tenants,
+        agents,
+        &raw.agent,
+        raw.tenant.as_deref(),
+        raw.owner.as_deref(),
+        &format!("schedule:{app}:{name}"),
+    )?;
     let timing = match (raw.cron, raw.every_seconds) {
         (Some(cron), None) => {
             let zone = raw.zone.unwrap_or_else(|| "UTC".into());
@@ -662,6 +642,47 @@ struct RawHook {
     tolerance_secs: Option<u64>,
 }
 
+/// A manifest job's agent (one of the app's), tenant (given, or the app's only one; one of
+/// the app's when it names them) and owner identity (given, or `default_owner`), each checked
+/// with `field` naming where it is.
+fn job_identity(
+    field: &dyn Fn(&str) -> String,
+    tenants: &[TenantId],
+    agents: &BTreeMap<AgentId, Arc<AgentSpec>>,
+    agent: &str,
+    tenant: Option<&str>,
+    owner: Option<&str>,
+    default_owner: &str,
+) -> Result<(AgentId, TenantId, turnpike_schemas::Identity), String> {
+    let agent: AgentId = agent
+        .parse()
+        .map_err(|e| format!("{}: {e}", field("agent")))?;
+    if !agents.contains_key(&agent) {
+        return Err(format!("{}: the app has no agent {agent}", field("agent")));
+    }
+    let tenant: TenantId = match (tenant, tenants) {
+        (Some(t), _) => t.parse().map_err(|e| format!("{}: {e}", field("tenant")))?,
+        (None, [only]) => only.clone(),
+        (None, _) => {
+            return Err(format!(
+                "{}: say which tenant its conversations belong to",
+                field("tenant")
+            ))
+        }
+    };
+    if !tenants.is_empty() && !tenants.contains(&tenant) {
+        return Err(format!(
+            "{}: {tenant} is not one of the app's tenants",
+            field("tenant")
+        ));
+    }
+    let owner: turnpike_schemas::Identity = owner
+        .unwrap_or(default_owner)
+        .parse()
+        .map_err(|e| format!("{}: {e}", field("owner")))?;
+    Ok((agent, tenant, owner))
+}
+
 /// The most a hook may take in one body: what a message may hold.
 pub const MAX_HOOK_BYTES: usize = turnpike_schemas::event::MAX_TEXT_BYTES;
 
@@ -684,35 +705,15 @@ fn hook_spec(
             "hooks.{name}: a hook's name is 1–63 of a-z, 0-9, - and _"
         ));
     }
-    let agent: AgentId = raw
-        .agent
-        .parse()
-        .map_err(|e| format!("{}: {e}", field("agent")))?;
-    if !agents.contains_key(&agent) {
-        return Err(format!("{}: the app has no agent {agent}", field("agent")));
-    }
-    let tenant: TenantId = match (&raw.tenant, tenants) {
-        (Some(t), _) => t.parse().map_err(|e| format!("{}: {e}", field("tenant")))?,
-        (None, [only]) => only.clone(),
-        (None, _) => {
-            return Err(format!(
-                "{}: say which tenant its conversations belong to",
-                field("tenant")
-            ))
-        }
-    };
-    if !tenants.is_empty() && !tenants.contains(&tenant) {
-        return Err(format!(
-            "{}: {tenant} is not one of the app's tenants",
-            field("tenant")
-        ));
-    }
-    let owner: turnpike_schemas::Identity = raw
-        .owner
-        .clone()
-        .unwrap_or_else(|| format!("hook:{app}:{name}"))
-        .parse()
-        .map_err(|e| format!("{}: {e}", field("owner")))?;
+    let (agent, tenant, owner) = job_identity(
+        &field,
+        tenants,
+        agents,
+        &raw.agent,
+        raw.tenant.as_deref(),
+        raw.owner.as_deref(),
+        &format!("hook:{app}:{name}"),
+    )?;
     let signature = match raw.signature.as_str() {
         "standard" => HookSignature::Standard,
         "github" => HookSignature::Github,
