@@ -599,6 +599,22 @@ pub struct WorkerArgs {
         value_delimiter = ','
     )]
     pub outbound_allow: Vec<String>,
+    /// When outbound webhook deliveries are attempted, each after the one before failed: a
+    /// comma-separated list of durations (`0,5s,5m,30m,2h,5h,10h,10h` by default, about a
+    /// day and a half); past the last, a delivery is a dead letter.
+    #[arg(
+        long = "webhook-backoff",
+        env = "TURNPIKE_WEBHOOK_BACKOFF",
+        value_delimiter = ','
+    )]
+    pub webhook_backoff: Vec<String>,
+    /// The longest one webhook delivery attempt may take, in seconds.
+    #[arg(
+        long = "webhook-timeout-secs",
+        env = "TURNPIKE_WEBHOOK_TIMEOUT_SECS",
+        default_value_t = 15
+    )]
+    pub webhook_timeout_secs: u64,
     /// A tenant's share of the turn slots when work waits, as `TENANT=WEIGHT` (`*=WEIGHT`:
     /// every tenant not named; 1 by default): a tenant of weight 2 gets twice the slots of
     /// one of weight 1. Repeatable.

@@ -1020,3 +1020,592 @@ async fn an_app_wide_schedule_in_a_manifest_fires_as_the_apps_identity() {
         assert_eq!(events[0].address.identity, app_identity);
     }
 }
+
+/// A webhook receiver (Python's `http.server`) that logs every request it gets — path, headers,
+/// body — one JSON line each, and answers by path: `/flaky/…` fails each message's first three
+/// attempts (500), `/hang/…` answers nothing while the file `hang` exists beside the log,
+/// `/redirect/…` redirects to `/ok/redirected` (on 127.0.0.1), anything else answers 200.
+const RECEIVER: &str = r#"
+import http.server, json, os, sys, threading, time
+port_file, log_file = sys.argv[1:3]
+hang_file = os.path.join(os.path.dirname(log_file), "hang")
+lock = threading.Lock()
+seen = {}
+class Handler(http.server.BaseHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+    def do_POST(self):
+        body = self.rfile.read(int(self.headers.get("content-length", "0"))).decode()
+        headers = {k.lower(): v for k, v in self.headers.items()}
+        key = (self.path, headers.get("webhook-id"))
+        with lock:
+            seen[key] = seen.get(key, 0) + 1
+            attempt = seen[key]
+        status = 200
+        if self.path.startswith("/flaky/") and attempt <= 3:
+            status = 500
+        elif self.path.startswith("/hang/"):
+            while os.path.exists(hang_file):
+                time.sleep(0.05)
+            status = 200
+        elif self.path.startswith("/redirect/"):
+            status = 302
+        with lock:
+            with open(log_file, "a") as f:
+                f.write(json.dumps({"path": self.path, "headers": headers, "body": body, "status": status}) + "\n")
+        self.send_response(status)
+        if status == 302:
+            self.send_header("location", "http://127.0.0.1:%d/ok/redirected" % self.server.server_port)
+        self.send_header("content-length", "0")
+        self.end_headers()
+server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+server.daemon_threads = True
+with open(port_file + ".tmp", "w") as f:
+    f.write(str(server.server_port))
+os.rename(port_file + ".tmp", port_file)
+server.serve_forever()
+"#;
+
+/// A running [`RECEIVER`], killed when dropped.
+struct Receiver {
+    child: std::process::Child,
+    dir: tempfile::TempDir,
+    port: u16,
+}
+
+impl Receiver {
+    async fn start() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let script = dir.path().join("receiver.py");
+        std::fs::write(&script, RECEIVER).unwrap();
+        let port_file = dir.path().join("port");
+        let child = std::process::Command::new(python())
+            .arg(&script)
+            .arg(&port_file)
+            .arg(dir.path().join("log.jsonl"))
+            .spawn()
+            .expect("the services' python");
+        let port = turnpike_tests::wait::until(LONG, "the receiver's port", || async {
+            std::fs::read_to_string(&port_file)
+                .ok()
+                .and_then(|p| p.parse().ok())
+        })
+        .await;
+        Self { child, dir, port }
+    }
+
+    /// Every request so far, in order.
+    fn log(&self) -> Vec<serde_json::Value> {
+        std::fs::read_to_string(self.dir.path().join("log.jsonl"))
+            .unwrap_or_default()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    }
+
+    fn on(&self, path: &str) -> Vec<serde_json::Value> {
+        self.log()
+            .into_iter()
+            .filter(|r| r["path"] == path)
+            .collect()
+    }
+
+    fn hang(&self, on: bool) {
+        let flag = self.dir.path().join("hang");
+        if on {
+            std::fs::write(flag, "").unwrap();
+        } else {
+            let _ = std::fs::remove_file(flag);
+        }
+    }
+}
+
+impl Drop for Receiver {
+    fn drop(&mut self) {
+        self.hang(false);
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Whether the Standard Webhooks reference library (`standardwebhooks` from PyPI) verifies the
+/// logged request `request` with `secret` (its timestamp checked against now).
+fn verifies(secret: &str, request: &serde_json::Value) -> bool {
+    let script = "import sys, json\n\
+                  from standardwebhooks.webhooks import Webhook\n\
+                  secret, headers, body = sys.argv[1:4]\n\
+                  Webhook(secret).verify(body, json.loads(headers))\n";
+    std::process::Command::new(python())
+        .args([
+            "-c",
+            script,
+            secret,
+            &request["headers"].to_string(),
+            request["body"].as_str().unwrap(),
+        ])
+        .output()
+        .expect("the services' python")
+        .status
+        .success()
+}
+
+fn payload(request: &serde_json::Value) -> serde_json::Value {
+    serde_json::from_str(request["body"].as_str().unwrap()).unwrap()
+}
+
+const WEBHOOK_MANIFEST: &str = r#"
+app = "ops"
+
+[agents.helper]
+provider = "echo"
+
+[agents.guarded]
+provider = "script"
+script = "ops.script.toml"
+tools = ["write_file", "list_files"]
+approval = [{ tool = "write_file" }]
+
+[agents.strict]
+provider = "script"
+script = "ops.script.toml"
+tools = ["write_file", "list_files"]
+approval = [{ tool = "write_file" }]
+headless = "deny"
+
+[hooks.alert]
+agent = "guarded"
+tenant = "default"
+owner = "local:alice"
+signature = "standard"
+secret_env = "OPS_ALERT_SECRET"
+
+[hooks.strict]
+agent = "strict"
+tenant = "default"
+owner = "local:alice"
+signature = "standard"
+secret_env = "OPS_ALERT_SECRET"
+"#;
+
+const WEBHOOK_SCRIPT: &str = r#"
+[[turn]]
+when = "alert"
+[[turn.step]]
+text = "Writing the report. "
+tool_calls = [{ name = "write_file", arguments = { path = "report.md", content = "all clear\n" } }]
+[[turn.step]]
+text = "Report written: {last_tool}"
+
+[[turn]]
+[[turn.step]]
+text = "unused"
+[[turn.step]]
+text = "Approved and written."
+"#;
+
+async fn subscribe(
+    client: &turnpike_edge::client::Client,
+    body: serde_json::Value,
+) -> (String, String) {
+    let made = client.post("/v1/webhooks", &body).await.unwrap();
+    assert_eq!(made.status, 201, "{:?}", made.body);
+    (
+        made.body["id"].as_str().unwrap().to_owned(),
+        made.body["secret"].as_str().unwrap().to_owned(),
+    )
+}
+
+/// Outbound webhooks through `turnpike serve`: a receiver that fails its first three attempts
+/// gets the turn's event once more and accepts it, under one `webhook-id`, signed so the
+/// Standard Webhooks library verifies it (and not with another secret); another identity's
+/// and another tenant's subscribers hear nothing of it; a receiver that never answers ends as
+/// a dead letter its owner (only) lists and redelivers on command; a URL on 127.0.0.1, a
+/// private range or the metadata address is refused at delivery (and one that redirects
+/// there is not followed), while the host the operator allowed is reached.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn webhooks_are_delivered_once_retried_signed_refused_inside_and_dead_lettered() {
+    let receiver = Receiver::start().await;
+    let port = receiver.port;
+    let server = Server::start_with_env(
+        &binary(),
+        None,
+        &[
+            "--outbound-allow",
+            "localhost",
+            "--webhook-backoff",
+            "0,1s,1s,1s",
+            "--webhook-timeout-secs",
+            "1",
+        ],
+        false,
+        &[],
+    )
+    .unwrap();
+    let (alice, bob, beta) = (
+        server.client(ALICE),
+        server.client(BOB),
+        server.client(ALICE_OF_BETA),
+    );
+    let (flaky, secret) = subscribe(&alice, json!({"url": format!("http://localhost:{port}/flaky/alice"), "events": ["turn.completed"]})).await;
+    subscribe(
+        &bob,
+        json!({"url": format!("http://localhost:{port}/ok/bob")}),
+    )
+    .await;
+    subscribe(
+        &beta,
+        json!({"url": format!("http://localhost:{port}/ok/beta")}),
+    )
+    .await;
+    // Refused inside: an address (only the host name `localhost` is allowed), a private
+    // range, the metadata address; and a redirect, not followed.
+    for url in [
+        format!("http://127.0.0.1:{port}/ok/inside"),
+        "http://10.1.2.3/ok".to_owned(),
+        "http://169.254.169.254/latest/meta-data".to_owned(),
+        format!("http://localhost:{port}/redirect/alice"),
+    ] {
+        subscribe(&alice, json!({"url": url, "events": ["turn.completed"]})).await;
+    }
+    // Refused at once: not a URL one can deliver to.
+    for bad in [
+        json!({"url": "ftp://example.com/"}),
+        json!({"url": "http://localhost/", "events": ["turn.done"]}),
+    ] {
+        let refused = alice.post("/v1/webhooks", &bad).await.unwrap();
+        assert_eq!(refused.status, 422, "{bad}: {:?}", refused.body);
+    }
+    let listed = alice.get("/v1/webhooks").await.unwrap().into_ok().unwrap();
+    assert_eq!(listed["webhooks"].as_array().unwrap().len(), 5);
+    assert!(
+        !listed.to_string().contains(&secret),
+        "a secret is shown once"
+    );
+
+    let conversation = alice
+        .post(
+            "/v1/conversations",
+            &json!({"app": "demo", "agent": "echo"}),
+        )
+        .await
+        .unwrap()
+        .into_ok()
+        .unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let sent = alice
+        .post(
+            &format!("/v1/conversations/{conversation}/messages"),
+            &json!({"text": "hello hooks"}),
+        )
+        .await
+        .unwrap();
+    assert!(sent.status < 300, "{:?}", sent.body);
+
+    // Three failures, then accepted: four attempts of one message.
+    let attempts = turnpike_tests::wait::until(LONG, "the fourth attempt", || async {
+        let got = receiver.on("/flaky/alice");
+        (got.iter().any(|r| r["status"] == 200)).then_some(got)
+    })
+    .await;
+    assert_eq!(attempts.len(), 4, "{attempts:?}");
+    let ids: BTreeSet<_> = attempts
+        .iter()
+        .map(|r| r["headers"]["webhook-id"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(ids.len(), 1, "one webhook-id on every attempt");
+    let accepted = attempts.last().unwrap();
+    assert!(
+        verifies(&secret, accepted),
+        "the reference library verifies it"
+    );
+    assert!(
+        !verifies("whsec_c2VjcmV0LW5vdC10aGUtcmlnaHQtb25l", accepted),
+        "another secret does not"
+    );
+    let event = payload(accepted);
+    assert_eq!(event["type"], "turn.completed");
+    assert_eq!(event["data"]["conversation"], conversation.as_str());
+    assert_eq!(event["data"]["identity"], "local:alice");
+    assert_eq!(event["data"]["session"], false);
+    assert!(event["data"]["reply"]
+        .as_str()
+        .unwrap()
+        .contains("hello hooks"));
+
+    // Inside addresses: refused after resolution, never reached; the redirect not followed.
+    let dead = turnpike_tests::wait::until(LONG, "four dead letters", || async {
+        let dead = alice
+            .get("/v1/webhooks/dead-letters")
+            .await
+            .unwrap()
+            .into_ok()
+            .unwrap();
+        (dead["dead_letters"].as_array().unwrap().len() >= 4).then_some(dead)
+    })
+    .await;
+    let letters = dead["dead_letters"].as_array().unwrap();
+    assert_eq!(letters.len(), 4, "{dead}");
+    let refused = letters
+        .iter()
+        .filter(|d| d["last_error"].as_str().unwrap().starts_with("refused"))
+        .count();
+    assert_eq!(refused, 3, "{dead}");
+    assert!(letters.iter().all(|d| d["attempts"] == 4), "{dead}");
+    assert!(
+        letters.iter().any(|d| d["last_error"]
+            .as_str()
+            .unwrap()
+            .contains("redirects are not followed")),
+        "{dead}"
+    );
+    assert!(receiver.on("/ok/inside").is_empty());
+    assert!(
+        receiver.on("/ok/redirected").is_empty(),
+        "the redirect was not followed"
+    );
+    assert_eq!(receiver.on("/redirect/alice").len(), 4);
+    // Nobody else hears of alice's turn, nor sees her dead letters.
+    let bobs = bob
+        .get("/v1/webhooks/dead-letters")
+        .await
+        .unwrap()
+        .into_ok()
+        .unwrap();
+    assert!(
+        bobs["dead_letters"].as_array().unwrap().is_empty(),
+        "{bobs}"
+    );
+    let some = letters[0]["id"].as_str().unwrap();
+    let stolen = bob
+        .post(
+            &format!("/v1/webhooks/dead-letters/{some}/redeliver"),
+            &json!({}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(stolen.status, 404);
+    assert!(
+        bob.delete(&format!("/v1/webhooks/{flaky}"))
+            .await
+            .unwrap()
+            .status
+            == 404
+    );
+
+    // A receiver that never answers: a dead letter; redelivered on command once it answers.
+    receiver.hang(true);
+    let (_, hang_secret) = subscribe(
+        &alice,
+        json!({"url": format!("http://localhost:{port}/hang/alice"), "conversation": conversation}),
+    )
+    .await;
+    alice
+        .post(
+            &format!("/v1/conversations/{conversation}/messages"),
+            &json!({"text": "second"}),
+        )
+        .await
+        .unwrap();
+    let hung = turnpike_tests::wait::until(LONG, "the hanging receiver's dead letter", || async {
+        let dead = alice
+            .get("/v1/webhooks/dead-letters")
+            .await
+            .unwrap()
+            .into_ok()
+            .unwrap();
+        dead["dead_letters"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|d| d["last_error"].as_str().unwrap().contains("no answer"))
+            .cloned()
+    })
+    .await;
+    assert_eq!(hung["type"], "turn.completed");
+    receiver.hang(false);
+    let before = receiver.on("/hang/alice").len();
+    let id = hung["id"].as_str().unwrap();
+    let again = alice
+        .post(
+            &format!("/v1/webhooks/dead-letters/{id}/redeliver"),
+            &json!({}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(again.status, 202, "{:?}", again.body);
+    let delivered = turnpike_tests::wait::until(LONG, "the redelivery", || async {
+        let got = receiver.on("/hang/alice");
+        (got.len() > before && got.last().unwrap()["status"] == 200).then_some(got)
+    })
+    .await;
+    let last = delivered.last().unwrap();
+    assert!(verifies(&hang_secret, last));
+    assert_eq!(
+        last["headers"]["webhook-id"], hung["message_id"],
+        "redelivered under its own id"
+    );
+    // Both of alice's turns were told to her flaky receiver, each accepted once.
+    turnpike_tests::wait::until(LONG, "the second turn's event", || async {
+        let ok: Vec<_> = receiver
+            .on("/flaky/alice")
+            .into_iter()
+            .filter(|r| r["status"] == 200)
+            .collect();
+        (ok.len() == 2).then_some(())
+    })
+    .await;
+    let accepted: Vec<String> = receiver
+        .on("/flaky/alice")
+        .into_iter()
+        .filter(|r| r["status"] == 200)
+        .map(|r| r["headers"]["webhook-id"].as_str().unwrap().to_owned())
+        .collect();
+    assert_ne!(accepted[0], accepted[1]);
+    assert!(receiver.on("/ok/bob").is_empty(), "bob owns none of it");
+    assert!(
+        receiver.on("/ok/beta").is_empty(),
+        "another tenant hears nothing"
+    );
+}
+
+/// Headless turns: a hook's delivery starts a session turn that calls a gated tool. With
+/// `headless = "park"` it parks, a `turn.parked` webhook names the approval, and an approval
+/// through the API resumes it; with `headless = "deny"` the call is not run, its result
+/// records why, and the turn completes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_turn_at_a_gated_call_parks_and_notifies_or_is_denied_with_its_reason() {
+    let receiver = Receiver::start().await;
+    let port = receiver.port;
+    let apps = turnpike_tests::edge::apps_with(&[
+        ("ops.toml", WEBHOOK_MANIFEST),
+        ("ops.script.toml", WEBHOOK_SCRIPT),
+    ]);
+    let hook_secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+    let server = Server::start_with_env(
+        &binary(),
+        Some(apps.path()),
+        &["--outbound-allow", "localhost"],
+        false,
+        &[("OPS_ALERT_SECRET", hook_secret.into())],
+    )
+    .unwrap();
+    let alice = server.client(ALICE);
+    let (_, secret) = subscribe(
+        &alice,
+        json!({"url": format!("http://localhost:{port}/ok/alice")}),
+    )
+    .await;
+    let now = (now_ms() / 1000) as i64;
+    let body = r#"{"alert":"disk almost full"}"#;
+    let headers = standard_headers(hook_secret, "alert-1", now, body);
+    let (status, accepted) = deliver(&server.base, "/v1/hooks/ops/alert", &headers, body).await;
+    assert_eq!(status, 202, "{accepted}");
+    let parked_conversation = accepted["conversation"].as_str().unwrap().to_owned();
+
+    // Parked, and told: the card travels in the webhook.
+    let parked = turnpike_tests::wait::until(LONG, "a turn.parked webhook", || async {
+        receiver
+            .on("/ok/alice")
+            .into_iter()
+            .find(|r| payload(r)["type"] == "turn.parked")
+    })
+    .await;
+    assert!(verifies(&secret, &parked));
+    let data = payload(&parked)["data"].clone();
+    assert_eq!(data["conversation"], parked_conversation.as_str());
+    assert_eq!(data["session"], true);
+    assert_eq!(data["origin"]["kind"], "hook");
+    assert_eq!(data["parked"]["kind"], "approval");
+    assert_eq!(data["parked"]["tool"], "write_file");
+    let request = data["parked"]["request_id"].as_str().unwrap();
+    let approved = alice
+        .post(
+            &format!("/v1/conversations/{parked_conversation}/approvals/{request}/approve"),
+            &json!({}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(approved.status, 202, "{:?}", approved.body);
+    let completed =
+        turnpike_tests::wait::until(LONG, "the resumed turn's turn.completed", || async {
+            receiver.on("/ok/alice").into_iter().find(|r| {
+                let p = payload(r);
+                p["type"] == "turn.completed"
+                    && p["data"]["conversation"] == parked_conversation.as_str()
+            })
+        })
+        .await;
+    assert!(payload(&completed)["data"]["reply"]
+        .as_str()
+        .unwrap()
+        .contains("Approved and written."));
+
+    // Denied: the call is not run, the reason is recorded, the turn goes on to its reply.
+    let headers = standard_headers(hook_secret, "alert-2", now, body);
+    let (status, accepted) = deliver(&server.base, "/v1/hooks/ops/strict", &headers, body).await;
+    assert_eq!(status, 202, "{accepted}");
+    let denied_conversation = accepted["conversation"].as_str().unwrap().to_owned();
+    turnpike_tests::edge::wait_for_complete_turns(&alice, &denied_conversation, 1, LONG)
+        .await
+        .unwrap();
+    let rows = alice
+        .get(&format!("/v1/conversations/{denied_conversation}/messages"))
+        .await
+        .unwrap()
+        .into_ok()
+        .unwrap();
+    let results: Vec<_> = rows["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["kind"] == "tool_result")
+        .collect();
+    assert_eq!(results.len(), 1, "{rows}");
+    assert!(
+        results[0]
+            .to_string()
+            .contains("nobody is there to give it"),
+        "{rows}"
+    );
+    assert!(
+        !rows.to_string().contains("approval_request"),
+        "nothing parked: {rows}"
+    );
+    let files = alice
+        .get(&format!("/v1/conversations/{denied_conversation}/files"))
+        .await
+        .unwrap();
+    assert!(
+        !files.body.to_string().contains("report.md"),
+        "the write did not run"
+    );
+    // A person's turn of the same agent still parks on the call (only sessions deny).
+    let chat = alice
+        .post(
+            "/v1/conversations",
+            &json!({"app": "ops", "agent": "strict"}),
+        )
+        .await
+        .unwrap()
+        .into_ok()
+        .unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    alice
+        .post(
+            &format!("/v1/conversations/{chat}/messages"),
+            &json!({"text": "alert by hand"}),
+        )
+        .await
+        .unwrap();
+    turnpike_tests::wait::until(LONG, "the chat's turn.parked", || async {
+        receiver.on("/ok/alice").into_iter().find(|r| {
+            let p = payload(r);
+            p["type"] == "turn.parked" && p["data"]["conversation"] == chat.as_str()
+        })
+    })
+    .await;
+}

@@ -45,6 +45,21 @@ struct LiveTools<'t> {
     tools: Toolset,
 }
 
+impl LiveTools<'_> {
+    /// Whether `call` needs an approval nobody is there to give, and the agent says to deny
+    /// it then: a session's turn (its first input came from a schedule or a hook, not a
+    /// person) of an agent whose `headless` is `deny`.
+    fn denied_headless(&self, call: &ToolCallRequest) -> bool {
+        self.spec.headless == crate::spec::Headless::Deny
+            && self
+                .turn
+                .inputs()
+                .first()
+                .is_some_and(|e| e.origin.is_some())
+            && self.spec.policy.gated(&call.name, &call.arguments)
+    }
+}
+
 #[async_trait]
 impl ToolRunner for LiveTools<'_> {
     fn specs(&self) -> Vec<ToolSpec> {
@@ -52,6 +67,13 @@ impl ToolRunner for LiveTools<'_> {
     }
 
     async fn run(&self, call: &ToolCallRequest) -> (bool, ToolOutput) {
+        if self.denied_headless(call) {
+            crate::metrics::tool_call("headless", "denied");
+            return (
+                false,
+                json!({ "error": crate::spec::HEADLESS_DENIED }).into(),
+            );
+        }
         // A name the model made up is not a label: labels stay as few as the agent's tools.
         // An MCP server's tools are labelled by their server: a server chooses its own names.
         let mcp_server = self
@@ -94,6 +116,10 @@ impl ToolRunner for LiveTools<'_> {
     }
 
     fn gate(&self, call: &ToolCallRequest) -> Option<Block> {
+        if self.denied_headless(call) {
+            // Not parked: `run` answers it with the reason, and the turn goes on.
+            return None;
+        }
         if !self.spec.policy.gated(&call.name, &call.arguments) {
             // A server the sender has not connected: the call waits for them to (a gated
             // call is approved first; run without a connection, it says what is missing).

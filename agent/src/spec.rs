@@ -30,6 +30,8 @@ pub struct AgentSpec {
     pub compaction_prompt: String,
     /// What a message arriving on the lane does to a running turn of this agent.
     pub on_new_message: OnNewMessage,
+    /// What a gated call does in a session's turn, where nobody is there to approve it.
+    pub headless: Headless,
     /// Whether the first round of a turn must call a tool.
     pub tool_choice: ToolChoice,
     /// Sampling temperature for every call; `None`: the endpoint's default.
@@ -57,6 +59,24 @@ pub enum OnNewMessage {
     /// It cancels the running turn (recorded as superseded), then starts its own.
     Interrupt,
 }
+
+/// What a gated call does in a headless turn (a session's: a schedule or an inbound webhook
+/// sent its input, not a person) — the agent's `headless`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Headless {
+    /// The turn parks on the approval as in a chat; subscribers hear `turn.parked` and an
+    /// approval through the API resumes it.
+    #[default]
+    Park,
+    /// The call is not run: its result is an error that says why, recorded, and the turn goes
+    /// on without it.
+    Deny,
+}
+
+/// The reason a denied headless call's result gives (recorded with it).
+pub const HEADLESS_DENIED: &str =
+    "denied: this call needs a person's approval and nobody is there to give it (a session's turn; the agent's headless policy is \"deny\")";
 
 /// The compaction prompt unless an agent sets its own.
 pub const DEFAULT_COMPACTION_PROMPT: &str = "Summarise the conversation so far for your own later use: the user's goals, decisions made, facts learned, files made (with their references) and open questions. Be brief and concrete.";

@@ -82,6 +82,44 @@ impl ConnectionKey {
     }
 }
 
+impl ConnectionKey {
+    /// `plain` sealed under this key with `aad` bound to it: (nonce, sealed), both base64.
+    pub(crate) fn seal(&self, aad: Vec<u8>, plain: &[u8]) -> Result<(String, String)> {
+        let mut nonce = [0u8; NONCE_LEN];
+        getrandom::getrandom(&mut nonce)
+            .map_err(|e| Error::new(ErrorKind::Key, format!("no randomness for a nonce: {e}")))?;
+        let mut sealed = plain.to_vec();
+        self.0
+            .seal_in_place_append_tag(
+                Nonce::assume_unique_for_key(nonce),
+                Aad::from(aad),
+                &mut sealed,
+            )
+            .map_err(|_| Error::new(ErrorKind::Key, "a secret could not be sealed"))?;
+        use base64::Engine as _;
+        let b64 = base64::engine::general_purpose::STANDARD;
+        Ok((b64.encode(nonce), b64.encode(&sealed)))
+    }
+
+    /// What [`Self::seal`] sealed with the same `aad`; `None` when it does not open (another
+    /// key, another scope, damaged).
+    pub(crate) fn open(&self, aad: Vec<u8>, nonce: &str, sealed: &str) -> Option<Vec<u8>> {
+        use base64::Engine as _;
+        let b64 = base64::engine::general_purpose::STANDARD;
+        let nonce: [u8; NONCE_LEN] = b64.decode(nonce).ok()?.try_into().ok()?;
+        let mut data = b64.decode(sealed).ok()?;
+        let plain = self
+            .0
+            .open_in_place(
+                Nonce::assume_unique_for_key(nonce),
+                Aad::from(aad),
+                &mut data,
+            )
+            .ok()?;
+        Some(plain.to_vec())
+    }
+}
+
 /// A credential in the clear, on its way to one call. Its `Debug` shows nothing of it.
 #[derive(Clone, PartialEq, Eq)]
 pub struct Secret(String);
@@ -208,6 +246,11 @@ impl Connections {
         Self { store, key }
     }
 
+    /// The key everything here is sealed with.
+    pub(crate) fn key(&self) -> &ConnectionKey {
+        &self.key
+    }
+
     fn path(scope: &Scope<'_>) -> Path {
         Path::from(format!(
             "{}/{}/{}",
@@ -229,26 +272,13 @@ impl Connections {
     /// Stores (or replaces) the credential of `scope`.
     pub async fn put(&self, scope: &Scope<'_>, secret: &Secret) -> Result<Connection> {
         scope.check()?;
-        let mut nonce = [0u8; NONCE_LEN];
-        getrandom::getrandom(&mut nonce)
-            .map_err(|e| Error::new(ErrorKind::Key, format!("no randomness for a nonce: {e}")))?;
-        let mut sealed = secret.expose().as_bytes().to_vec();
-        self.key
-            .0
-            .seal_in_place_append_tag(
-                Nonce::assume_unique_for_key(nonce),
-                Aad::from(scope.aad()),
-                &mut sealed,
-            )
-            .map_err(|_| Error::new(ErrorKind::Key, "the credential could not be sealed"))?;
-        use base64::Engine as _;
-        let b64 = base64::engine::general_purpose::STANDARD;
+        let (nonce, sealed) = self.key.seal(scope.aad(), secret.expose().as_bytes())?;
         let connected_ms = now_ms();
         let body = serde_json::to_vec(&Sealed {
             v: 1,
             connected_ms,
-            nonce: b64.encode(nonce),
-            sealed: b64.encode(&sealed),
+            nonce,
+            sealed,
         })
         .expect("sealed connections serialise");
         self.store
@@ -287,24 +317,11 @@ impl Connections {
             .ok()
             .filter(|s: &Sealed| s.v == 1)
             .ok_or_else(corrupt)?;
-        use base64::Engine as _;
-        let b64 = base64::engine::general_purpose::STANDARD;
-        let nonce: [u8; NONCE_LEN] = b64
-            .decode(&sealed.nonce)
-            .ok()
-            .and_then(|n| n.try_into().ok())
-            .ok_or_else(corrupt)?;
-        let mut data = b64.decode(&sealed.sealed).map_err(|_| corrupt())?;
         let plain = self
             .key
-            .0
-            .open_in_place(
-                Nonce::assume_unique_for_key(nonce),
-                Aad::from(scope.aad()),
-                &mut data,
-            )
-            .map_err(|_| corrupt())?;
-        let text = String::from_utf8(plain.to_vec()).map_err(|_| corrupt())?;
+            .open(scope.aad(), &sealed.nonce, &sealed.sealed)
+            .ok_or_else(corrupt)?;
+        let text = String::from_utf8(plain).map_err(|_| corrupt())?;
         Secret::new(text).map(Some).map_err(|_| corrupt())
     }
 

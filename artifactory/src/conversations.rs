@@ -63,6 +63,15 @@ impl Conversations {
         self.connections.as_ref()
     }
 
+    /// Outbound webhooks: users' subscriptions (sealed with the connection key, when there is
+    /// one), waiting deliveries and dead letters.
+    pub fn webhooks(&self) -> crate::Webhooks {
+        crate::Webhooks::new(
+            self.store.clone(),
+            self.connections.as_ref().map(|c| c.key().clone()),
+        )
+    }
+
     /// The keys heads are checked against, once set.
     pub fn trusted_keys(&self) -> Option<&TrustedKeys> {
         self.keys.as_deref()

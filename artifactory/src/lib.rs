@@ -47,6 +47,7 @@ pub mod synced;
 pub mod tombstones;
 pub mod turnlogs;
 mod verified;
+pub mod webhooks;
 
 pub use connections::{Connection, ConnectionKey, Connections, Secret};
 pub use conversations::{Conversations, NewConversation};
@@ -58,8 +59,9 @@ pub use forgotten::{ForgetList, Forgotten};
 pub use keys::{RecordSigner, TrustedKeys};
 pub use layout::ConversationPrefix;
 pub use open_turns::OpenTurns;
-pub use record::{Checkpoint, Head, Record, RecordEntry, Transcript, Verdict};
+pub use record::{Checkpoint, Head, Record, RecordEntry, Transcript, TurnEnd, Verdict};
 pub use schedules::Schedules;
 pub use store::{open_local, open_store, open_store_with, LocalLayout};
 pub use tombstones::{Tombstone, Tombstones};
 pub use turnlogs::TurnLogs;
+pub use webhooks::Webhooks;

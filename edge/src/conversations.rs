@@ -280,7 +280,8 @@ pub async fn me(Caller(caller): Caller) -> Json<crate::model::MeView> {
 const ERASE_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Erases everything of the caller's (a data-protection request): every conversation they own,
-/// as `DELETE /v1/conversations/{id}` does, their connections, and everything the index
+/// as `DELETE /v1/conversations/{id}` does, their connections, schedules and webhook
+/// subscriptions, and everything the index
 /// remembers of them. A conversation with a turn still running after a few seconds makes it
 /// `409` once the others are deleted: retry.
 #[utoipa::path(delete, path = "/v1/me", tag = "conversations",
@@ -298,6 +299,14 @@ pub async fn delete_me(
             .erase(&caller.tenant, &caller.identity)
             .await
             .map_err(|e| ApiError::unavailable(e.to_string()))?;
+    }
+    // Their webhook subscriptions: nothing more of theirs is told to anyone (deliveries
+    // waiting for them are dropped when they come due: their subscriber is gone).
+    let webhooks = edge.inner.conversations.webhooks();
+    for sub in webhooks.list(&caller.tenant, &caller.identity).await? {
+        webhooks
+            .remove(&caller.tenant, &caller.identity, &sub.id)
+            .await?;
     }
     // Their schedules next: nothing fires into what is being deleted, nor starts new
     // conversations of theirs afterwards.

@@ -277,8 +277,14 @@ pub async fn receive(
             &spec.owner,
             claim.conversation,
             body,
-            key_of_delivery,
-            claim.event,
+            turnpike_router::Trigger {
+                id: claim.event,
+                key: key_of_delivery,
+                origin: turnpike_schemas::Origin::Hook {
+                    app: app.clone(),
+                    hook: spec.name.clone(),
+                },
+            },
             claim.lane_after,
         )
         .await?;

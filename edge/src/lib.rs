@@ -27,6 +27,7 @@
 //! - [`versions`]: a conversation's project versions: files and diffs
 //! - [`hooks`]: inbound webhooks (signed deliveries become messages, each once)
 //! - [`schedules`]: the caller's schedules (the workers fire them)
+//! - [`webhooks`]: the caller's outbound webhooks and their dead letters (workers deliver)
 //! - [`usage`]: what model calls used (a conversation's, from its record; a tenant's per day)
 //! - [`tickets`]: short-lived stream tickets, so browsers keep bearer tokens out of URLs
 //! - [`console`]: the web console at `/` (embedded assets)
@@ -58,6 +59,7 @@ pub mod stream;
 pub mod tickets;
 pub mod usage;
 pub mod versions;
+pub mod webhooks;
 
 use axum::extract::{Request, State};
 use axum::middleware::Next;
@@ -194,6 +196,13 @@ impl Edge {
             )
             .route("/v1/schedules/{id}/pause", post(schedules::pause))
             .route("/v1/schedules/{id}/resume", post(schedules::resume))
+            .route("/v1/webhooks", get(webhooks::list).post(webhooks::create))
+            .route("/v1/webhooks/{id}", axum::routing::delete(webhooks::delete))
+            .route("/v1/webhooks/dead-letters", get(webhooks::dead_letters))
+            .route(
+                "/v1/webhooks/dead-letters/{id}/redeliver",
+                post(webhooks::redeliver),
+            )
             .route("/v1/admin/conversations", get(services::phases))
             .route(
                 "/v1/memory",

@@ -10,7 +10,7 @@ use utoipa::{Modify, OpenApi};
 use super::model;
 use super::{
     connections, conversations, error, events, files, hooks, memory, schedules, services, stream,
-    tickets, usage, versions,
+    tickets, usage, versions, webhooks,
 };
 
 #[derive(OpenApi)]
@@ -68,6 +68,11 @@ use super::{
         schedules::pause,
         schedules::resume,
         schedules::delete,
+        webhooks::create,
+        webhooks::list,
+        webhooks::delete,
+        webhooks::dead_letters,
+        webhooks::redeliver,
         hooks::receive,
     ),
     components(schemas(error::ErrorBody, model::Frame)),

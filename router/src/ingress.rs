@@ -19,7 +19,9 @@ use std::time::{Duration, Instant};
 
 use turnpike_artifactory::{Conversations, DirectoryEntry};
 use turnpike_schemas::entry::IngressDirective;
-use turnpike_schemas::{Address, ConversationId, Event, EventBody, EventId, Identity, TenantId};
+use turnpike_schemas::{
+    Address, ConversationId, Event, EventBody, EventId, Identity, Origin, TenantId,
+};
 
 use crate::bus::{now_ms, Bus, Published};
 use crate::error::{Error, ErrorKind, Result};
@@ -55,6 +57,17 @@ fn remember<K: std::hash::Hash + Eq, V>(map: &Mutex<HashMap<K, V>>, key: K, valu
         map.clear();
     }
     map.insert(key, value);
+}
+
+/// An event a trigger (a schedule's firing, a webhook delivery) decided durably before
+/// publishing it: published under this id and key, whoever retries.
+#[derive(Debug, Clone)]
+pub struct Trigger {
+    pub id: EventId,
+    /// The idempotency key (deduplicated on the bus within its window).
+    pub key: String,
+    /// What sent it: its turn is a session's.
+    pub origin: Origin,
 }
 
 impl Ingress {
@@ -210,7 +223,7 @@ impl Ingress {
         body: EventBody,
         idempotency_key: Option<String>,
     ) -> Result<(Event, Published)> {
-        self.submit_as(tenant, caller, conversation, body, idempotency_key, None)
+        self.publish(tenant, caller, conversation, body, idempotency_key, None)
             .await
     }
 
@@ -219,24 +232,25 @@ impl Ingress {
     /// claimed its event durably (a schedule's firing, a webhook delivery) publishes it once
     /// however often it retries, within the bus's duplicate window (same id and key) and past
     /// it (the lane is looked at first). Found there: `duplicate`, with its sequence.
-    #[allow(clippy::too_many_arguments)]
     pub async fn submit_once(
         &self,
         tenant: &TenantId,
         caller: &Identity,
         conversation: ConversationId,
         body: EventBody,
-        key: String,
-        id: EventId,
+        trigger: Trigger,
         lane_after: u64,
     ) -> Result<Published> {
-        if let Some(seq) = self.find_on_lane(conversation, lane_after, id).await? {
+        if let Some(seq) = self
+            .find_on_lane(conversation, lane_after, trigger.id)
+            .await?
+        {
             return Ok(Published {
                 seq,
                 duplicate: true,
             });
         }
-        self.submit_as(tenant, caller, conversation, body, Some(key), Some(id))
+        self.submit_as(tenant, caller, conversation, body, trigger)
             .await
             .map(|(_, published)| published)
     }
@@ -267,17 +281,37 @@ impl Ingress {
         }
     }
 
-    /// Submits like [`Self::submit`], with the event id chosen ahead (`Some`): a trigger that
-    /// decided its event before publishing it (a schedule's claim) publishes the same event
-    /// however often it retries.
+    /// Submits like [`Self::submit`] the event a trigger decided ahead (its id, key and
+    /// origin): a trigger that decided its event before publishing it (a schedule's claim)
+    /// publishes the same event however often it retries.
     pub async fn submit_as(
         &self,
         tenant: &TenantId,
         caller: &Identity,
         conversation: ConversationId,
         body: EventBody,
+        trigger: Trigger,
+    ) -> Result<(Event, Published)> {
+        let Trigger { id, key, origin } = trigger;
+        self.publish(
+            tenant,
+            caller,
+            conversation,
+            body,
+            Some(key),
+            Some((id, origin)),
+        )
+        .await
+    }
+
+    async fn publish(
+        &self,
+        tenant: &TenantId,
+        caller: &Identity,
+        conversation: ConversationId,
+        body: EventBody,
         idempotency_key: Option<String>,
-        id: Option<EventId>,
+        decided: Option<(EventId, Origin)>,
     ) -> Result<(Event, Published)> {
         let entry = self.entry_for(conversation, tenant, caller).await?;
         if self.closed(conversation).await? {
@@ -317,8 +351,9 @@ impl Ingress {
             body,
             now_ms(),
         );
-        if let Some(id) = id {
+        if let Some((id, origin)) = decided {
             event.id = id;
+            event.origin = Some(origin);
         }
         event.idempotency_key = idempotency_key;
         event.directive = self.directive.clone();

@@ -38,6 +38,6 @@ pub use bus::{Bus, LaneMessage, Lease, Published, Wake};
 pub use embedded::EmbeddedBus;
 pub use error::{Error, ErrorKind, Result};
 pub use heartbeat::Heartbeat;
-pub use ingress::Ingress;
+pub use ingress::{Ingress, Trigger};
 pub use jetstream::{JetStreamBus, JetStreamConfig};
 pub use subject::Shards;

@@ -55,10 +55,27 @@ pub struct Event {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub directive: Option<IngressDirective>,
     pub body: EventBody,
+    /// What sent it when no person did (a schedule's firing, an inbound webhook): its turn is
+    /// a session's, run headless (set by the edge or the scheduler, never by a client).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub origin: Option<Origin>,
     /// The W3C `traceparent` of the span that accepted it, carried beside the event (a lane
     /// message header), never in it: not part of the record, advisory, absent without tracing.
     #[serde(skip)]
     pub traceparent: Option<String>,
+}
+
+/// What sent an event when no person did.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Origin {
+    /// A schedule's firing at `fire_ms`.
+    Schedule {
+        schedule: crate::ScheduleId,
+        fire_ms: u64,
+    },
+    /// A delivery to an app's inbound hook.
+    Hook { app: AppId, hook: String },
 }
 
 /// What the event asks for.
@@ -138,6 +155,7 @@ impl Event {
             accepted_at_ms,
             directive: None,
             body,
+            origin: None,
             traceparent: None,
         }
     }

@@ -10,6 +10,7 @@
 //! - [`mod@reference`]: the reference grammar v1
 //! - [`turnlog`]: the one-object-per-turn log format
 //! - [`live`]: advisory frames on `tp.live.{conv}`
+//! - [`schedule`], [`hook`], [`webhook`]: sessions' schedules, inbound hooks, outbound webhooks
 //! - [`timeline`]: the rows an agent is fed, each with a stable reference
 //! - [`error`]: the crate's error type
 //! - [`failure`]: the one error shape of the crates that do I/O (`error_type!`)
@@ -28,10 +29,11 @@ pub mod reference;
 pub mod schedule;
 pub mod timeline;
 pub mod turnlog;
+pub mod webhook;
 
 pub use entry::{EntryBody, EntryKind};
 pub use error::{SchemaError, SchemaErrorKind};
-pub use event::{Address, Event, EventBody};
+pub use event::{Address, Event, EventBody, Origin};
 pub use hook::{HookConversation, HookSignature, HookSpec};
 pub use identity::Identity;
 pub use ids::{

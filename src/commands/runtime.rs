@@ -119,6 +119,31 @@ pub async fn open_bus_for(
     }
 }
 
+/// How outbound webhooks are delivered: the backoff given (or the default), the attempt's
+/// timeout, delivery shards passing on as fast as conversations do.
+fn webhook_config(
+    args: &WorkerArgs,
+    ttl: Duration,
+) -> Result<turnpike_worker::webhooks::WebhookConfig> {
+    let mut config = turnpike_worker::webhooks::WebhookConfig {
+        lease_ttl: ttl,
+        timeout: Duration::from_secs(args.webhook_timeout_secs.clamp(1, 300)),
+        ..Default::default()
+    };
+    if !args.webhook_backoff.is_empty() {
+        config.backoff = args
+            .webhook_backoff
+            .iter()
+            .map(|d| match d.trim() {
+                "0" => Ok(Duration::ZERO),
+                d => turnpike_agent::duration::parse_duration(d),
+            })
+            .collect::<std::result::Result<_, _>>()
+            .map_err(|why| anyhow::anyhow!("--webhook-backoff {why}"))?;
+    }
+    Ok(config)
+}
+
 /// The workers' settings, and what was refused (said at start and in `/readyz`).
 fn worker_config(global: &Global, args: &WorkerArgs) -> Result<(WorkerConfig, Vec<String>)> {
     let ttl = Duration::from_millis(args.lease_ttl_ms.max(300));
@@ -161,6 +186,7 @@ fn worker_config(global: &Global, args: &WorkerArgs) -> Result<(WorkerConfig, Ve
             lease_ttl: ttl,
             ..Default::default()
         }),
+        webhooks: Some(webhook_config(args, ttl)?),
         ..Default::default()
     };
     // A budget in dollars counts costs, which only a price table gives.

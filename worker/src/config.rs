@@ -57,6 +57,9 @@ pub struct WorkerConfig {
     /// Whether (and how) this worker fires schedules: it holds free schedule shards beside its
     /// turns (`None`: it leaves them to other workers).
     pub schedules: Option<crate::schedules::SchedulerConfig>,
+    /// Whether (and how) this worker delivers outbound webhooks: it holds free delivery shards
+    /// beside its turns (`None`: it leaves them to other workers).
+    pub webhooks: Option<crate::webhooks::WebhookConfig>,
 }
 
 impl Default for WorkerConfig {
@@ -83,6 +86,7 @@ impl Default for WorkerConfig {
             outbound: Default::default(),
             fair: Default::default(),
             schedules: Some(Default::default()),
+            webhooks: Some(Default::default()),
         }
     }
 }

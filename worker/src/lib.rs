@@ -44,10 +44,12 @@ pub mod reach;
 pub mod recall;
 pub mod schedules;
 pub mod search;
+pub mod shards;
 pub mod timeline;
 pub mod tools;
 pub mod turn;
 pub mod usage;
+pub mod webhooks;
 pub mod worker;
 pub mod workspace;
 

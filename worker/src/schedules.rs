@@ -23,12 +23,14 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tracing::{debug, info, warn};
+use tracing::{debug, warn};
 use turnpike_artifactory::schedules::{
     Claim, Firing, Missed, Outcome, Overlap, Schedule, Target, SHARDS,
 };
 use turnpike_artifactory::{Conversations, NewConversation, RecordSigner, Schedules};
-use turnpike_router::bus::{now_ms, Bus, Lease};
+use turnpike_router::bus::{now_ms, Bus};
+
+use crate::shards::ShardLeases;
 use turnpike_router::Ingress;
 use turnpike_schemas::{ConversationId, EventBody, EventId, ScheduleId, WorkerId};
 
@@ -53,11 +55,8 @@ impl Default for SchedulerConfig {
     }
 }
 
-/// The lease key of a shard: a conversation id no conversation has (timestamp 0, a fixed tag).
-pub fn shard_key(shard: u32) -> ConversationId {
-    const TAG: u128 = 0x5343_4845_4455_4c45 << 16;
-    ConversationId::from_ulid(ulid::Ulid::from_parts(0, TAG | u128::from(shard)))
-}
+/// The lease tag of schedule shards (see [`crate::shards::shard_key`]).
+pub const SHARD_TAG: u64 = 0x5343_4845_4455_4c45;
 
 /// The id of an app-wide schedule: the same in every process (a hash of its app and name).
 pub fn manifest_schedule_id(app: &turnpike_schemas::AppId, name: &str) -> ScheduleId {
@@ -87,12 +86,13 @@ pub struct Scheduler {
     apps: Option<Arc<turnpike_agent::apps::Apps>>,
     /// How many schedulers share the shards (the live workers): each holds its part.
     peers: Arc<std::sync::atomic::AtomicUsize>,
+    /// Tells subscribers of each firing's outcome.
+    notifier: Option<Arc<crate::webhooks::Notifier>>,
 }
 
-/// A held shard.
+/// What the holder of a shard keeps of it.
+#[derive(Default)]
 struct Held {
-    lease: Lease,
-    renewed: Instant,
     listed: Option<Instant>,
     tracked: HashMap<ScheduleId, Tracked>,
 }
@@ -131,7 +131,14 @@ impl Scheduler {
             failpoints: Default::default(),
             apps: None,
             peers: Arc::new(std::sync::atomic::AtomicUsize::new(1)),
+            notifier: None,
         }
+    }
+
+    /// Tells the owner's subscribers (`schedule.firing`) how each firing went.
+    pub fn with_notifier(mut self, notifier: Arc<crate::webhooks::Notifier>) -> Self {
+        self.notifier = Some(notifier);
+        self
     }
 
     /// Holds about `SHARDS / peers` shards (rounded up), `peers` kept current by the caller;
@@ -146,12 +153,6 @@ impl Scheduler {
     pub fn with_apps(mut self, apps: Arc<turnpike_agent::apps::Apps>) -> Self {
         self.apps = Some(apps);
         self
-    }
-
-    /// The most shards this scheduler holds.
-    fn part(&self) -> usize {
-        let peers = self.peers.load(std::sync::atomic::Ordering::Relaxed).max(1) as u32;
-        SHARDS.div_ceil(peers) as usize
     }
 
     /// Hangs or pauses where tests say: `schedule-claimed` (a firing claimed, nothing of it
@@ -175,8 +176,15 @@ impl Scheduler {
     /// shards go, so another scheduler takes them at once) or its task is aborted (a crash:
     /// its shards pass on when their leases run out).
     pub async fn run(self, mut stop: tokio::sync::watch::Receiver<bool>) {
-        let mut held: HashMap<u32, Held> = HashMap::new();
-        let mut claimed_at: Option<Instant> = None;
+        let mut leases: ShardLeases<Held> = ShardLeases::new(
+            self.bus.clone(),
+            self.worker,
+            "schedules",
+            SHARD_TAG,
+            SHARDS,
+            self.config.lease_ttl,
+            self.peers.clone(),
+        );
         // The earliest firing due in a held shard: woken for it, not only every tick.
         let mut next_due = u64::MAX;
         loop {
@@ -187,44 +195,16 @@ impl Scheduler {
             tokio::select! {
                 _ = tokio::time::sleep(wait) => {}
                 _ = async { let _ = stop.wait_for(|stop| *stop).await; } => {
-                    for (_, h) in held.drain() {
-                        let _ = self.bus.release(&h.lease).await;
-                    }
+                    leases.release_all().await;
                     return;
                 }
             }
-            if claimed_at.is_none_or(|t| t.elapsed() >= self.config.lease_ttl / 3) {
-                claimed_at = Some(Instant::now());
-                self.claim_free(&mut held).await;
-            }
+            leases.maintain().await;
             next_due = u64::MAX;
-            let shards: Vec<u32> = held.keys().copied().collect();
-            for shard in shards {
-                let Some(h) = held.get_mut(&shard) else {
-                    continue;
-                };
-                if h.renewed.elapsed() >= self.config.lease_ttl / 3 {
-                    match self.bus.renew(&h.lease, self.config.lease_ttl).await {
-                        Ok(lease) => {
-                            h.lease = lease;
-                            h.renewed = Instant::now();
-                        }
-                        Err(e) => {
-                            warn!(worker = %self.worker, shard, error = %e, "lost a schedule shard's lease");
-                            held.remove(&shard);
-                            continue;
-                        }
-                    }
-                }
-                // Never fire on a lease that may have run out (another holder may fire).
-                if h.renewed.elapsed() >= self.config.lease_ttl * 2 / 3 {
-                    continue;
-                }
+            for (shard, fresh_until, h) in leases.fresh() {
                 if h.listed.is_none_or(|t| t.elapsed() >= self.config.refresh) {
                     self.list(shard, h).await;
                 }
-                // Claims stop where the lease might have run out (renewed next pass).
-                let fresh_until = h.renewed + self.config.lease_ttl * 2 / 3;
                 // Schedules fire side by side (each one's firings in order): a shard's many
                 // firings due at once do not wait for each other's store and bus round trips.
                 {
@@ -285,53 +265,6 @@ impl Scheduler {
                 })
             })
             .collect()
-    }
-
-    /// Takes the leases of shards nobody holds, up to its part; past its part, lets the extras
-    /// go (for schedulers that started later).
-    async fn claim_free(&self, held: &mut HashMap<u32, Held>) {
-        let part = self.part();
-        if held.len() > part {
-            let mut shards: Vec<u32> = held.keys().copied().collect();
-            shards.sort_unstable();
-            for shard in shards.split_off(part) {
-                if let Some(h) = held.remove(&shard) {
-                    debug!(worker = %self.worker, shard, part, "letting a schedule shard go");
-                    let _ = self.bus.release(&h.lease).await;
-                }
-            }
-            return;
-        }
-        // Not always from shard 0: schedulers starting together spread over the shards.
-        let start = (self.worker.ulid().random() % u128::from(SHARDS)) as u32;
-        for shard in (0..SHARDS).map(|i| (start + i) % SHARDS) {
-            if held.len() >= part {
-                break;
-            }
-            if held.contains_key(&shard) {
-                continue;
-            }
-            match self
-                .bus
-                .claim(shard_key(shard), self.worker, self.config.lease_ttl)
-                .await
-            {
-                Ok(Some(lease)) => {
-                    info!(worker = %self.worker, shard, "holding a schedule shard");
-                    held.insert(
-                        shard,
-                        Held {
-                            lease,
-                            renewed: Instant::now(),
-                            listed: None,
-                            tracked: HashMap::new(),
-                        },
-                    );
-                }
-                Ok(None) => {}
-                Err(e) => debug!(shard, error = %e, "cannot claim a schedule shard"),
-            }
-        }
     }
 
     /// Lists a shard's schedules: new ones are tracked from their cursor, changed ones take
@@ -586,6 +519,16 @@ impl Scheduler {
             }
         }
         metrics::counter!("turnpike_schedule_firings_total", "outcome" => outcome_name(&won.outcome)).increment(1);
+        if let Some(notifier) = &self.notifier {
+            // Best effort: a holder that dies between the firing and this tells nobody.
+            let message = firing_message(&t.schedule, &won);
+            if let Err(e) = notifier
+                .firing(&t.schedule.tenant, &t.schedule.owner, message)
+                .await
+            {
+                warn!(schedule = %id, fire_ms = won.fire_ms, error = %e, "cannot tell subscribers of a firing");
+            }
+        }
         if matches!(won.outcome, Outcome::Fired { .. }) {
             let lag = now_ms().saturating_sub(won.fire_ms + t.schedule.jitter_of(won.fire_ms));
             metrics::histogram!("turnpike_schedule_firing_lag_seconds").record(lag as f64 / 1000.0);
@@ -678,8 +621,14 @@ impl Scheduler {
                 EventBody::Message {
                     text: s.text.clone(),
                 },
-                Some(firing_key(s.id, firing.fire_ms)),
-                Some(*event),
+                turnpike_router::Trigger {
+                    id: *event,
+                    key: firing_key(s.id, firing.fire_ms),
+                    origin: turnpike_schemas::Origin::Schedule {
+                        schedule: s.id,
+                        fire_ms: firing.fire_ms,
+                    },
+                },
             )
             .await;
         let outcome: crate::error::Result<()> = match sent {
@@ -703,6 +652,45 @@ impl Scheduler {
         outcome?;
         self.schedules.mark_done(s.id, firing.fire_ms).await?;
         Ok(())
+    }
+}
+
+/// The `schedule.firing` message of a decided firing (its id fixed by schedule and fire time).
+fn firing_message(s: &Schedule, f: &Firing) -> turnpike_artifactory::webhooks::Message {
+    use sha2::Digest as _;
+    let key = format!("firing\0{}\0{}", s.id, f.fire_ms);
+    let mut data = serde_json::json!({
+        "tenant": s.tenant.to_string(),
+        "app": s.app.to_string(),
+        "agent": s.agent.to_string(),
+        "schedule": s.id.to_string(),
+        "fire_ms": f.fire_ms,
+        "outcome": outcome_name(&f.outcome),
+    });
+    let fields = data.as_object_mut().expect("an object");
+    match &f.outcome {
+        Outcome::Fired {
+            conversation,
+            event,
+            missed,
+            ..
+        } => {
+            fields.insert("conversation".into(), conversation.to_string().into());
+            fields.insert("event".into(), event.to_string().into());
+            fields.insert("missed".into(), (*missed).into());
+        }
+        Outcome::Skipped { reason } => {
+            fields.insert("reason".into(), reason.clone().into());
+        }
+        Outcome::Missed { count } => {
+            fields.insert("missed".into(), (*count).into());
+        }
+    }
+    turnpike_artifactory::webhooks::Message {
+        id: format!("msg_{}", &hex::encode(sha2::Sha256::digest(key))[..32]),
+        kind: turnpike_schemas::webhook::EventKind::ScheduleFiring,
+        at_ms: f.claimed_ms,
+        data,
     }
 }
 
@@ -784,7 +772,9 @@ mod tests {
 
     #[test]
     fn shard_keys_are_distinct_and_no_conversation_minted_now_has_one() {
-        let keys: std::collections::HashSet<_> = (0..SHARDS).map(shard_key).collect();
+        let keys: std::collections::HashSet<_> = (0..SHARDS)
+            .map(|s| crate::shards::shard_key(SHARD_TAG, s))
+            .collect();
         assert_eq!(keys.len(), SHARDS as usize);
         assert!(keys.iter().all(|k| k.ulid().timestamp_ms() == 0));
         assert!(ConversationId::new().ulid().timestamp_ms() > 0);

@@ -73,6 +73,7 @@ impl Worker {
                 signer.verifying_key()
             ]))
         };
+        let apps_for_webhooks = apps.clone();
         let shared = Shared {
             worker: WorkerId::new(),
             bus,
@@ -88,6 +89,11 @@ impl Worker {
             open_turns: conversations.open_turns(),
             dead_letters: conversations.dead_letters(),
             connections: conversations.connections().cloned(),
+            notifier: Arc::new(crate::webhooks::Notifier::new(
+                conversations.webhooks(),
+                conversations.directory().clone(),
+                apps_for_webhooks,
+            )),
             config,
         };
         Worker {
@@ -211,12 +217,28 @@ impl Worker {
                 config,
             )
             .with_ingress(ingress)
-            .with_peers(peers)
+            .with_peers(peers.clone())
             .with_apps(self.inner.shared.apps.clone())
+            .with_notifier(self.inner.shared.notifier.clone())
             .with_failpoints(self.inner.config.failpoints.clone());
             scheduler_task
                 .0
-                .push(tokio::spawn(scheduler.run(scheduler_stop)));
+                .push(tokio::spawn(scheduler.run(scheduler_stop.clone())));
+        }
+        if let Some(config) = self.inner.config.webhooks.clone() {
+            let dispatcher = crate::webhooks::Dispatcher::new(
+                self.inner.bus.clone(),
+                self.inner.conversations.webhooks(),
+                self.inner.shared.apps.clone(),
+                self.inner.config.outbound.clone(),
+                self.inner.worker,
+                config,
+                peers,
+                self.inner.shared.notifier.kick.clone(),
+            );
+            scheduler_task
+                .0
+                .push(tokio::spawn(dispatcher.run(scheduler_stop)));
         }
         let dispatch = &self.inner.dispatch;
         loop {
@@ -272,7 +294,8 @@ impl Worker {
         }
         self.inner.stopping.store(true, Ordering::Relaxed);
         drop(companions);
-        // The scheduler lets its shards go (another worker takes them at once), briefly.
+        // The scheduler and the webhook dispatcher let their shards go (another worker takes
+        // them at once), briefly.
         let _ = stop_scheduler.send(true);
         for task in scheduler_task.0.drain(..) {
             let abort = task.abort_handle();

@@ -43,11 +43,22 @@
 //! on_new_message = "queue"      # a message arriving while a turn runs: "queue" (default; it
 //!                               # starts its own turn after this one) or "interrupt" (the
 //!                               # running turn is cancelled, "superseded by a new message")
+//! headless = "park"             # a gated call in a session's turn (a schedule or a hook sent
+//!                               # its input): "park" (default; subscribers hear turn.parked)
+//!                               # or "deny" (not run; its result says why)
+//!
+//! [webhooks.ops]                # app-wide: this tenant's turn events of the app, signed
+//! url = "https://ops.example.com/turnpike"
+//! tenant = "acme"               # default: the app's only tenant
+//! agent = "helper"              # optional: only this agent's turns
+//! events = ["turn.failed", "turn.parked"]  # default: every kind
+//! secret_env = "OPS_WEBHOOK_SECRET"        # holds a whsec_… secret
 //! ```
 //!
 //! A manifest that does not fit is refused at start with the file, the field and the reason.
 
 pub mod echo;
+mod webhooks;
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -64,7 +75,7 @@ use crate::error::Result;
 use crate::model::openai::{OpenAi, OpenAiConfig};
 use crate::model::script::{Script, ScriptModel};
 use crate::model::{ModelProvider, ToolChoice};
-pub use crate::spec::{AgentSpec, OnNewMessage, DEFAULT_COMPACTION_PROMPT};
+pub use crate::spec::{AgentSpec, Headless, OnNewMessage, DEFAULT_COMPACTION_PROMPT};
 use crate::tokens::TokenCounter;
 use crate::tools::{ToolCatalog, Toolset};
 use crate::turn::Turn;
@@ -93,6 +104,7 @@ impl App for AgentLoopApp {
 #[derive(Clone)]
 struct HostedApp {
     hooks: BTreeMap<String, turnpike_schemas::HookSpec>,
+    webhooks: BTreeMap<String, turnpike_schemas::webhook::WebhookSpec>,
     schedules: BTreeMap<String, turnpike_schemas::schedule::ScheduleSpec>,
     tenants: Vec<TenantId>,
     idle_timeout: IdleTimeout,
@@ -140,6 +152,7 @@ impl Apps {
             app,
             HostedApp {
                 hooks: BTreeMap::new(),
+                webhooks: BTreeMap::new(),
                 schedules: BTreeMap::new(),
                 tenants: Vec::new(),
                 idle_timeout: IdleTimeout::Default,
@@ -282,6 +295,13 @@ impl Apps {
         self.lookup(app).and_then(|a| a.hooks.get(name).cloned())
     }
 
+    /// The app-wide outbound webhooks `app`'s manifest declares, in name order.
+    pub fn webhooks(&self, app: &AppId) -> Vec<turnpike_schemas::webhook::WebhookSpec> {
+        self.lookup(app)
+            .map(|a| a.webhooks.values().cloned().collect())
+            .unwrap_or_default()
+    }
+
     /// Whether `app` is hosted here (by a manifest, natively, or by the fallback).
     pub fn hosts(&self, app: &AppId) -> bool {
         self.fallback.is_some() || self.lookup(app).is_some()
@@ -372,6 +392,7 @@ impl Apps {
 fn hosted(manifest: Manifest, callbacks: Option<Arc<dyn App>>) -> HostedApp {
     HostedApp {
         hooks: manifest.hooks,
+        webhooks: manifest.webhooks,
         schedules: manifest.schedules,
         tenants: manifest.tenants,
         idle_timeout: manifest.idle_timeout,
@@ -460,6 +481,8 @@ pub struct Manifest {
     pub agents: BTreeMap<AgentId, Arc<AgentSpec>>,
     /// Inbound webhooks, by name.
     pub hooks: BTreeMap<String, turnpike_schemas::HookSpec>,
+    /// App-wide outbound webhooks, by name.
+    pub webhooks: BTreeMap<String, turnpike_schemas::webhook::WebhookSpec>,
     /// App-wide schedules, by name.
     pub schedules: BTreeMap<String, turnpike_schemas::schedule::ScheduleSpec>,
 }
@@ -477,6 +500,8 @@ struct RawManifest {
     agents: BTreeMap<String, RawAgent>,
     #[serde(default)]
     hooks: BTreeMap<String, RawHook>,
+    #[serde(default)]
+    webhooks: BTreeMap<String, webhooks::RawWebhook>,
     #[serde(default)]
     schedules: BTreeMap<String, RawSchedule>,
 }
@@ -645,21 +670,12 @@ struct RawHook {
 /// A manifest job's agent (one of the app's), tenant (given, or the app's only one; one of
 /// the app's when it names them) and owner identity (given, or `default_owner`), each checked
 /// with `field` naming where it is.
-fn job_identity(
+/// A manifest job's tenant: given (one of the app's, when it names them), or the app's only one.
+pub(crate) fn job_tenant(
     field: &dyn Fn(&str) -> String,
     tenants: &[TenantId],
-    agents: &BTreeMap<AgentId, Arc<AgentSpec>>,
-    agent: &str,
     tenant: Option<&str>,
-    owner: Option<&str>,
-    default_owner: &str,
-) -> Result<(AgentId, TenantId, turnpike_schemas::Identity), String> {
-    let agent: AgentId = agent
-        .parse()
-        .map_err(|e| format!("{}: {e}", field("agent")))?;
-    if !agents.contains_key(&agent) {
-        return Err(format!("{}: the app has no agent {agent}", field("agent")));
-    }
+) -> Result<TenantId, String> {
     let tenant: TenantId = match (tenant, tenants) {
         (Some(t), _) => t.parse().map_err(|e| format!("{}: {e}", field("tenant")))?,
         (None, [only]) => only.clone(),
@@ -676,6 +692,25 @@ fn job_identity(
             field("tenant")
         ));
     }
+    Ok(tenant)
+}
+
+pub(crate) fn job_identity(
+    field: &dyn Fn(&str) -> String,
+    tenants: &[TenantId],
+    agents: &BTreeMap<AgentId, Arc<AgentSpec>>,
+    agent: &str,
+    tenant: Option<&str>,
+    owner: Option<&str>,
+    default_owner: &str,
+) -> Result<(AgentId, TenantId, turnpike_schemas::Identity), String> {
+    let agent: AgentId = agent
+        .parse()
+        .map_err(|e| format!("{}: {e}", field("agent")))?;
+    if !agents.contains_key(&agent) {
+        return Err(format!("{}: the app has no agent {agent}", field("agent")));
+    }
+    let tenant = job_tenant(field, tenants, tenant)?;
     let owner: turnpike_schemas::Identity = owner
         .unwrap_or(default_owner)
         .parse()
@@ -794,6 +829,8 @@ struct RawAgent {
     compaction_prompt: Option<String>,
     #[serde(default)]
     on_new_message: OnNewMessage,
+    #[serde(default)]
+    headless: crate::spec::Headless,
     #[serde(default)]
     tool_choice: Option<String>,
     #[serde(default)]
@@ -994,6 +1031,7 @@ impl Manifest {
                         .compaction_prompt
                         .unwrap_or_else(|| DEFAULT_COMPACTION_PROMPT.into()),
                     on_new_message: agent.on_new_message,
+                    headless: agent.headless,
                     tool_choice,
                     temperature: agent.temperature,
                     max_tokens: agent.max_tokens,
@@ -1018,6 +1056,11 @@ impl Manifest {
             let spec = hook_spec(&app, &tenants, &agents, &name, raw)?;
             hooks.insert(name, spec);
         }
+        let mut webhooks = BTreeMap::new();
+        for (name, raw) in raw.webhooks {
+            let spec = webhooks::webhook_spec(&tenants, &agents, &name, raw)?;
+            webhooks.insert(name, spec);
+        }
         let mut schedules = BTreeMap::new();
         for (name, raw) in raw.schedules {
             let spec = schedule_spec(&app, &tenants, &agents, &name, raw)?;
@@ -1029,6 +1072,7 @@ impl Manifest {
             idle_timeout,
             agents,
             hooks,
+            webhooks,
             schedules,
         })
     }

@@ -632,10 +632,61 @@ impl Record {
         Ok(None)
     }
 
+    /// How `turn` ended, as its `turn_complete`, its first input and its `error` entry's text
+    /// (if it failed): read backwards from the head to the batch that dispatched it. `None`
+    /// if the turn is not complete.
+    pub async fn turn_end(&self, head: &Head, turn: TurnId) -> Result<Option<TurnEnd>> {
+        let mut complete = None;
+        let mut error = None;
+        let mut first_input = None;
+        for seq in (0..head.batches).rev() {
+            let batch = self.read_stored(seq).await?;
+            let mut dispatched = false;
+            for entry in batch.entries.iter().rev() {
+                let body = entry.decode()?;
+                if let Some(input) = body.as_input() {
+                    if complete.is_some() {
+                        first_input = Some(input.event.clone());
+                    }
+                    continue;
+                }
+                match body {
+                    EntryBody::TurnComplete(c) if c.turn == turn => complete = Some(c),
+                    EntryBody::Error(e) if complete.is_some() && e.turn == Some(turn) => {
+                        error = Some(e.message)
+                    }
+                    EntryBody::TurnDispatched(d) if d.turn == turn => dispatched = true,
+                    EntryBody::TurnDispatched(d) if d.turn < turn => return Ok(None),
+                    _ => {}
+                }
+            }
+            // A turn's inputs are committed in the batch that dispatches it (and folded in
+            // while it runs, after): nothing before that batch is its own.
+            if dispatched {
+                break;
+            }
+        }
+        Ok(complete.map(|complete| TurnEnd {
+            complete,
+            first_input,
+            error,
+        }))
+    }
+
     /// Reads and decodes every entry.
     pub async fn entries(&self) -> Result<Vec<RecordEntry>> {
         self.entries_from(0).await
     }
+}
+
+/// How a turn ended (see [`Record::turn_end`]).
+#[derive(Debug, Clone)]
+pub struct TurnEnd {
+    pub complete: turnpike_schemas::entry::TurnComplete,
+    /// The earliest of its inputs.
+    pub first_input: Option<turnpike_schemas::Event>,
+    /// Its `error` entry's text, when it failed.
+    pub error: Option<String>,
 }
 
 #[cfg(test)]

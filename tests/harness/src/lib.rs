@@ -15,6 +15,7 @@
 //! - [`fixtures`]: small builders for conversations and records
 //! - [`turns`]: a conversation with a scripted agent on one worker, for turn tests
 //! - [`lanes`]: publishing many events and checking they were committed in order, once
+//! - [`wait`]: waiting on a condition with a timeout
 //! - [`shape`]: import circles between the modules of a crate, read from its source
 
 pub mod counting;
@@ -34,3 +35,4 @@ pub mod services;
 pub mod shape;
 pub mod stores;
 pub mod turns;
+pub mod wait;

@@ -252,6 +252,8 @@ struct Ended {
     app: turnpike_schemas::AppId,
     agent: AgentId,
     identity: turnpike_schemas::Identity,
+    /// What sent the turn's first input when no person did (a session's turn).
+    origin: Option<turnpike_schemas::Origin>,
     spec: Option<std::sync::Arc<turnpike_agent::AgentSpec>>,
     input_count: usize,
     blocks: Vec<Block>,
@@ -292,8 +294,10 @@ impl Ended {
             usage,
             calls,
             exchange,
+            inputs,
             ..
         } = ctx;
+        let origin = inputs.first().and_then(|e| e.origin.clone());
         let stop_cause = watch.cause();
         env.lane.lock().expect("lane lock").quiet_through = watch.seen().quiet_through;
         drop(watch);
@@ -310,6 +314,7 @@ impl Ended {
             app,
             agent,
             identity,
+            origin,
             spec,
             input_count,
             blocks: blocks.into_inner().expect("blocks lock"),
@@ -337,6 +342,7 @@ async fn commit(
     let conversation = env.record.prefix().conversation();
     let (turn, attempt) = (ended.turn, ended.attempt);
     let mut bodies = done_entries(&ended);
+    let failure_text = failure.clone();
     let log = TurnLog {
         version: TURN_LOG_VERSION,
         conversation,
@@ -374,6 +380,8 @@ async fn commit(
         })),
         _ => {}
     }
+    // The completion's time: also its webhook message's (the same when a promotion is redone).
+    let completed_ms = now_ms();
     bodies.push(EntryBody::TurnComplete(TurnComplete {
         turn,
         outcome,
@@ -386,7 +394,7 @@ async fn commit(
         log_sha256: Some(digest),
         version,
         attempt: Some(attempt),
-        at_ms: now_ms(),
+        at_ms: completed_ms,
     }));
     // Marked before the commit: a sender who connects the moment the card is committed finds
     // the mark (a mark whose card never commits resumes nothing: its answer is refused).
@@ -402,7 +410,23 @@ async fn commit(
     // Committed: this attempt's objects become the turn's. Should this fail (or the worker
     // die first), the mark stays and whoever next owns the conversation finishes it.
     let hosted = ended.hosted;
-    let promoted = promote(env, turn, attempt, version, &log, snapshot.as_ref(), hosted);
+    let promoted = async {
+        promote(env, turn, attempt, version, &log, snapshot.as_ref(), hosted).await?;
+        // Part of the promotion: its subscribers are told (again, by whoever finishes it).
+        let facts = crate::webhooks::TurnFacts {
+            tenant: env.record.prefix().tenant(),
+            app: &ended.app,
+            agent: &ended.agent,
+            conversation,
+            sender: &ended.identity,
+            origin: ended.origin.as_ref(),
+            log: &log,
+            failure: failure_text.as_deref(),
+            at_ms: completed_ms,
+        };
+        env.notifier.turn_ended(&facts).await?;
+        Ok::<(), Error>(())
+    };
     if let Err(e) = promoted.await {
         // Committed but not promoted: stop here, mark kept, so that whoever owns the
         // conversation next finishes this promotion before any other turn runs.
@@ -597,6 +621,37 @@ pub async fn finish_promotion(env: &TurnEnv, head: &Head) -> Result<()> {
         return Ok(());
     }
     turnpike_artifactory::attempts::finish_latest(env.files.store(), &env.record, head).await?;
+    notify_latest(env, head).await?;
     env.clear_open_mark().await;
+    Ok(())
+}
+
+/// Tells the latest committed turn's subscribers, as its promotion would have: the same
+/// message (its id and time from the record), enqueued create-only. What only the dead owner
+/// had in hand — the failure's text, the input's origin — is read back from the record.
+async fn notify_latest(env: &TurnEnv, head: &Head) -> Result<()> {
+    let Some(turn) = TurnId::new(head.state().last_turn) else {
+        return Ok(());
+    };
+    let Some(end) = env.record.turn_end(head, turn).await? else {
+        return Ok(());
+    };
+    let Some(first) = end.first_input else {
+        return Ok(());
+    };
+    let prefix = env.record.prefix();
+    let log = env.turn_logs.read(prefix, turn).await?;
+    let facts = crate::webhooks::TurnFacts {
+        tenant: prefix.tenant(),
+        app: &first.address.app,
+        agent: &log.agent,
+        conversation: prefix.conversation(),
+        sender: &first.address.identity,
+        origin: first.origin.as_ref(),
+        log: &log,
+        failure: end.error.as_deref(),
+        at_ms: end.complete.at_ms,
+    };
+    env.notifier.turn_ended(&facts).await?;
     Ok(())
 }

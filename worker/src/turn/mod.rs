@@ -57,6 +57,8 @@ pub struct Shared {
     pub dead_letters: turnpike_artifactory::DeadLetters,
     /// Users' connections to MCP servers (none without a deployment connection key).
     pub connections: Option<turnpike_artifactory::Connections>,
+    /// The outbox of outbound webhooks: a turn's end, told to its subscribers.
+    pub notifier: Arc<crate::webhooks::Notifier>,
     pub config: WorkerConfig,
 }
 
