@@ -1609,3 +1609,76 @@ async fn a_session_turn_at_a_gated_call_parks_and_notifies_or_is_denied_with_its
     })
     .await;
 }
+
+/// Every waiting delivery in the store, with its message, across the shards.
+async fn waiting(
+    webhooks: &turnpike_artifactory::Webhooks,
+) -> Vec<turnpike_artifactory::webhooks::Delivery> {
+    let mut all = Vec::new();
+    for shard in 0..turnpike_artifactory::webhooks::SHARDS {
+        let (due, _) = webhooks.due(shard, u64::MAX, usize::MAX).await.unwrap();
+        for p in due {
+            if let Some(d) = webhooks.read(&p).await.unwrap() {
+                all.push(d);
+            }
+        }
+    }
+    all
+}
+
+/// The outbox survives its owner: a worker killed after batch two and before the promotion
+/// (nothing else is ever sent to the conversation) has told nobody; the next worker's sweep
+/// finishes the promotion and enqueues the turn's event, once, with the failure's text read
+/// back from the record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_turns_event_is_enqueued_once_by_whoever_finishes_its_promotion() {
+    let mut options = RigOptions::new(QUICK);
+    options.paused = true;
+    options.lease_ttl = Duration::from_millis(600);
+    options.manifest_extra = format!(
+        "[webhooks.ops]\nurl = \"http://localhost:9/hook\"\ntenant = \"{}\"\nsecret_env = \"TURNPIKE_TEST_NO_SUCH_SECRET\"\n",
+        tenant()
+    );
+    let mut rig = Rig::with(options).await;
+    let webhooks = rig.conversations.webhooks();
+    rig.run_hanging_at("before-promotion");
+    rig.say("status").await;
+    rig.wait_turns(1).await;
+    rig.crash().await;
+    assert!(waiting(&webhooks).await.is_empty(), "nobody told yet");
+    // The dead owner's lease lapses; a new worker's sweep finishes what it left.
+    turnpike_tests::wait::until(LONG, "the dead owner's lease to lapse", || async {
+        let lease = rig
+            .bus
+            .claim(rig.conv, turnpike_schemas::WorkerId::new(), LONG)
+            .await
+            .unwrap()?;
+        rig.bus.release(&lease).await.unwrap();
+        Some(())
+    })
+    .await;
+    rig.run();
+    let marks = rig.conversations.open_turns();
+    turnpike_tests::wait::until(LONG, "the sweep to finish the promotion", || async {
+        marks.list().await.unwrap().is_empty().then_some(())
+    })
+    .await;
+    let enqueued = waiting(&webhooks).await;
+    assert_eq!(enqueued.len(), 1, "{enqueued:#?}");
+    let d = &enqueued[0];
+    assert_eq!(
+        d.message.kind,
+        turnpike_schemas::webhook::EventKind::TurnCompleted
+    );
+    assert_eq!(d.message.data["conversation"], rig.conv.to_string());
+    assert_eq!(d.message.data["turn"], "turn_1");
+    assert_eq!(d.message.data["reply"], "done");
+    // Its secret is not set: every attempt fails and says so, nothing panics.
+    turnpike_tests::wait::until(LONG, "a failed attempt", || async {
+        let d = waiting(&webhooks).await.pop()?;
+        d.last_error
+            .filter(|e| e.contains("TURNPIKE_TEST_NO_SUCH_SECRET"))
+    })
+    .await;
+    rig.stop().await;
+}

@@ -511,9 +511,7 @@ impl Worker {
                     // Closed: finish a promotion its owner may have left undone, then the mark
                     // is stale.
                     let record = inner.conversations.record(prefix.clone());
-                    let store = inner.conversations.store();
-                    match turnpike_artifactory::attempts::finish_latest(store, &record, &head).await
-                    {
+                    match crate::turn::finish_committed(&inner.shared, &record, &head).await {
                         Ok(()) => {
                             if let Err(e) = marks.clear(&prefix).await {
                                 debug!(%conversation, error = %e, "sweep: cannot clear a stale mark");

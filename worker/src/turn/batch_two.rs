@@ -5,7 +5,7 @@ use std::sync::Mutex;
 
 use tokio::sync::mpsc;
 use tracing::{info, warn};
-use turnpike_artifactory::Head;
+use turnpike_artifactory::{Head, Record};
 use turnpike_router::bus::now_ms;
 use turnpike_schemas::entry::{Cancelled, ErrorEntry, IngressDirective, TurnComplete, TurnOutcome};
 use turnpike_schemas::live::LiveFrame;
@@ -620,27 +620,29 @@ pub async fn finish_promotion(env: &TurnEnv, head: &Head) -> Result<()> {
         // Recovered first; the mark stays until this drain ends.
         return Ok(());
     }
-    turnpike_artifactory::attempts::finish_latest(env.files.store(), &env.record, head).await?;
-    notify_latest(env, head).await?;
+    finish_committed(env, &env.record, head).await?;
     env.clear_open_mark().await;
     Ok(())
 }
 
-/// Tells the latest committed turn's subscribers, as its promotion would have: the same
-/// message (its id and time from the record), enqueued create-only. What only the dead owner
-/// had in hand — the failure's text, the input's origin — is read back from the record.
-async fn notify_latest(env: &TurnEnv, head: &Head) -> Result<()> {
+/// Finishes the promotion of the latest turn of `record`, committed (its owner died between
+/// the commit and the end of the promotion): its objects, its version's ref, and its
+/// subscribers told, as the promotion would have — the same message (its id and time from
+/// the record), enqueued create-only. What only the dead owner had in hand (the failure's
+/// text, the input's origin) is read back from the record.
+pub async fn finish_committed(shared: &super::Shared, record: &Record, head: &Head) -> Result<()> {
+    turnpike_artifactory::attempts::finish_latest(shared.files.store(), record, head).await?;
     let Some(turn) = TurnId::new(head.state().last_turn) else {
         return Ok(());
     };
-    let Some(end) = env.record.turn_end(head, turn).await? else {
+    let Some(end) = record.turn_end(head, turn).await? else {
         return Ok(());
     };
     let Some(first) = end.first_input else {
         return Ok(());
     };
-    let prefix = env.record.prefix();
-    let log = env.turn_logs.read(prefix, turn).await?;
+    let prefix = record.prefix();
+    let log = shared.turn_logs.read(prefix, turn).await?;
     let facts = crate::webhooks::TurnFacts {
         tenant: prefix.tenant(),
         app: &first.address.app,
@@ -652,6 +654,6 @@ async fn notify_latest(env: &TurnEnv, head: &Head) -> Result<()> {
         failure: end.error.as_deref(),
         at_ms: end.complete.at_ms,
     };
-    env.notifier.turn_ended(&facts).await?;
+    shared.notifier.turn_ended(&facts).await?;
     Ok(())
 }

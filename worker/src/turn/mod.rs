@@ -17,7 +17,7 @@ mod context;
 mod lane_watch;
 
 pub use batch_one::{recover_turn, run_new_turn};
-pub use batch_two::finish_promotion;
+pub use batch_two::{finish_committed, finish_promotion};
 pub use context::TurnContext;
 pub use lane_watch::{folds_into, StopCause};
 
