@@ -340,6 +340,9 @@ pub enum Command {
     /// Your schedules, through the API: messages fired into conversations by a cron expression
     /// or an interval, each firing once across the fleet.
     Schedule(ScheduleArgs),
+    /// Your outbound webhooks, through the API: turn events of your conversations, signed
+    /// (Standard Webhooks), retried, then dead letters.
+    Webhook(WebhookArgs),
     /// The hybrid index.
     #[command(subcommand)]
     Index(IndexCommand),
@@ -382,8 +385,9 @@ pub struct ChatArgs {
     pub agent: Option<String>,
 }
 
+/// How a command reaches the API (`turnpike schedule`, `turnpike webhook`).
 #[derive(Debug, Args)]
-pub struct ScheduleArgs {
+pub struct ApiArgs {
     /// The API's address.
     #[arg(
         long,
@@ -398,8 +402,48 @@ pub struct ScheduleArgs {
     /// Print the API's JSON instead of a table.
     #[arg(long, global = true)]
     pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct ScheduleArgs {
+    #[command(flatten)]
+    pub api: ApiArgs,
     #[command(subcommand)]
     pub command: ScheduleCommand,
+}
+
+#[derive(Debug, Args)]
+pub struct WebhookArgs {
+    #[command(flatten)]
+    pub api: ApiArgs,
+    #[command(subcommand)]
+    pub command: WebhookCommand,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum WebhookCommand {
+    /// Lists your subscriptions: ID, URL, EVENTS, CONVERSATION.
+    List,
+    /// Subscribes to turn events of your conversations and prints the id and the signing
+    /// secret (shown this once).
+    Create {
+        /// Where deliveries go (http or https).
+        #[arg(value_name = "URL")]
+        endpoint: String,
+        /// The kinds wanted (turn.completed, turn.failed, turn.cancelled, turn.parked,
+        /// schedule.firing); default: all. Repeatable.
+        #[arg(long = "event", value_delimiter = ',')]
+        events: Vec<String>,
+        /// Only this conversation of yours (default: every one you own).
+        #[arg(long)]
+        conversation: Option<String>,
+    },
+    /// Deletes a subscription.
+    Delete { id: String },
+    /// Lists deliveries that ran out of attempts (yours; a tenant's admin sees every one).
+    DeadLetters,
+    /// Puts a dead letter back in line, its attempts from zero.
+    Redeliver { id: String },
 }
 
 #[derive(Debug, Subcommand)]
@@ -1021,6 +1065,19 @@ pub enum BenchCommand {
         /// Worker counts to measure, comma-separated.
         #[arg(long, value_delimiter = ',', default_value = "1,3")]
         workers: Vec<usize>,
+    },
+    /// Outbound webhook deliveries per second against a local receiver, by 1 and W
+    /// dispatchers in this process, beside a bare HTTP client's POSTs (the floor).
+    Webhooks {
+        /// Deliveries enqueued, then delivered.
+        #[arg(long, default_value_t = 5_000)]
+        deliveries: usize,
+        /// Dispatcher counts to measure, comma-separated.
+        #[arg(long, value_delimiter = ',', default_value = "1,3")]
+        dispatchers: Vec<usize>,
+        /// Deliveries in flight per shard (and the floor's concurrency).
+        #[arg(long, default_value_t = 32)]
+        concurrency: usize,
     },
     /// Resident memory over a long run: N turns of an echo agent through the API on the embedded
     /// stack and on a fleet (nats-server, router, worker), each process's anonymous and

@@ -75,5 +75,6 @@ pub mod schedules;
 pub mod search;
 pub mod series;
 pub mod soak;
+pub mod webhooks;
 
 pub use series::Series;

@@ -251,6 +251,18 @@ pub async fn run(global: &Global, command: BenchCommand) -> Result<ExitCode> {
             })
             .await
         }
+        BenchCommand::Webhooks {
+            deliveries,
+            dispatchers,
+            concurrency,
+        } => {
+            turnpike_bench::webhooks::run(turnpike_bench::webhooks::Plan {
+                deliveries: deliveries.max(1),
+                dispatchers,
+                concurrency: concurrency.max(1),
+            })
+            .await
+        }
         BenchCommand::Soak {
             turns,
             conversations,

@@ -14,6 +14,7 @@ pub(crate) mod reference;
 mod runtime;
 mod schedule;
 mod search;
+mod webhook;
 
 use std::process::ExitCode;
 
@@ -59,6 +60,7 @@ pub async fn run(cli: Cli) -> Result<ExitCode> {
         Command::Search(args) => search::search(&cli.global, args).await,
         Command::Chat(args) => chat::run(&cli.global, args).await,
         Command::Schedule(args) => schedule::run(&cli.global, args).await,
+        Command::Webhook(args) => webhook::run(&cli.global, args).await,
         Command::Reference { page } => {
             print!("{}", reference::render(page));
             Ok(ExitCode::SUCCESS)

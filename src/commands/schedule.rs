@@ -9,8 +9,9 @@ use serde_json::{json, Value};
 use crate::cli::{Global, ScheduleArgs, ScheduleCommand};
 
 pub async fn run(global: &Global, args: ScheduleArgs) -> Result<ExitCode> {
-    let client = crate::commands::edge::api_client(global, &args.url, args.token.as_deref())?;
-    let reach = |e: String| anyhow::anyhow!("cannot reach {}: {e}", args.url);
+    let api = &args.api;
+    let client = crate::commands::edge::api_client(global, &api.url, api.token.as_deref())?;
+    let reach = |e: String| anyhow::anyhow!("cannot reach {}: {e}", api.url);
     let reply = match &args.command {
         ScheduleCommand::List => client.get("/v1/schedules").await.map_err(reach)?,
         ScheduleCommand::Show { id } => client
@@ -52,7 +53,7 @@ pub async fn run(global: &Global, args: ScheduleArgs) -> Result<ExitCode> {
         }
     };
     let body = reply.into_ok().map_err(anyhow::Error::msg)?;
-    if args.json {
+    if api.json {
         println!("{}", serde_json::to_string_pretty(&body)?);
         return Ok(ExitCode::SUCCESS);
     }
@@ -101,7 +102,7 @@ fn last(s: &Value) -> String {
     }
 }
 
-fn time(ms: u64) -> String {
+pub(crate) fn time(ms: u64) -> String {
     jiff::Timestamp::from_millisecond(ms as i64)
         .map(|t| t.strftime("%Y-%m-%dT%H:%M:%SZ").to_string())
         .unwrap_or_else(|_| ms.to_string())
