@@ -29,13 +29,39 @@ pub struct WebhookInput {
     /// Where deliveries go: `http` or `https`. Internal addresses (loopback, private ranges,
     /// link-local and metadata) are refused at delivery unless the operator allows them.
     pub url: String,
-    /// The kinds wanted: `turn.completed`, `turn.failed`, `turn.cancelled`, `turn.parked`,
-    /// `schedule.firing` (default: all).
+    /// The kinds wanted (default: all).
     #[serde(default)]
-    pub events: Vec<String>,
+    pub events: Vec<Kind>,
     /// Only this conversation of the caller's (default: every one they own).
     #[serde(default)]
     pub conversation: Option<String>,
+}
+
+/// A kind of event a subscription may want.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, ToSchema)]
+pub enum Kind {
+    #[serde(rename = "turn.completed")]
+    TurnCompleted,
+    #[serde(rename = "turn.failed")]
+    TurnFailed,
+    #[serde(rename = "turn.cancelled")]
+    TurnCancelled,
+    #[serde(rename = "turn.parked")]
+    TurnParked,
+    #[serde(rename = "schedule.firing")]
+    ScheduleFiring,
+}
+
+impl From<Kind> for EventKind {
+    fn from(kind: Kind) -> Self {
+        match kind {
+            Kind::TurnCompleted => EventKind::TurnCompleted,
+            Kind::TurnFailed => EventKind::TurnFailed,
+            Kind::TurnCancelled => EventKind::TurnCancelled,
+            Kind::TurnParked => EventKind::TurnParked,
+            Kind::ScheduleFiring => EventKind::ScheduleFiring,
+        }
+    }
 }
 
 /// A subscription as the API shows it.
@@ -122,10 +148,8 @@ pub async fn create(
     Caller(caller): Caller,
     Body(input): Body<WebhookInput>,
 ) -> ApiResult<(StatusCode, Json<WebhookCreated>)> {
-    let mut events = Vec::new();
-    for name in &input.events {
-        let kind = EventKind::parse(name)
-            .ok_or_else(|| ApiError::invalid(format!("events: {name:?} is not an event kind")))?;
+    let mut events: Vec<EventKind> = Vec::new();
+    for kind in input.events.iter().map(|k| EventKind::from(*k)) {
         if !events.contains(&kind) {
             events.push(kind);
         }
