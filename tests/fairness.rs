@@ -49,6 +49,7 @@ async fn conversations_of(
                     agent: "slow".parse().unwrap(),
                     at_ms: 1,
                     instructions: None,
+                    started_by: None,
                 },
             )
             .await

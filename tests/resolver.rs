@@ -32,6 +32,7 @@ async fn setup(store: Arc<dyn ObjectStore>) -> (Resolver, ConversationId) {
                 agent: "helper".parse().unwrap(),
                 at_ms: 1,
                 instructions: None,
+                started_by: None,
             },
         )
         .await

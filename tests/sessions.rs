@@ -345,6 +345,7 @@ async fn every_tick_fires_exactly_once_on_a_fleet_with_workers_killed() {
                 agent: "echo".parse().unwrap(),
                 at_ms: now_ms(),
                 instructions: None,
+                started_by: None,
             },
         )
         .await
@@ -635,6 +636,7 @@ async fn a_firing_cut_short_at_each_step_is_finished_once_by_the_next_holder() {
                 agent: "echo".parse().unwrap(),
                 at_ms: now_ms(),
                 instructions: None,
+                started_by: None,
             },
         )
         .await

@@ -1085,6 +1085,7 @@ async fn a_conversation_created_without_its_opening_batch_is_opened_from_its_dir
         agent: "helper".parse().unwrap(),
         created_ms: 5,
         instructions: None,
+        started_by: None,
     };
     rig.conversations.directory().create(&entry).await.unwrap();
     rig.ingress

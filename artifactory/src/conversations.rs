@@ -22,6 +22,8 @@ pub struct NewConversation {
     pub at_ms: u64,
     /// Instructions for every turn (see [`DirectoryEntry::instructions`]).
     pub instructions: Option<String>,
+    /// What started it when no person did (see [`DirectoryEntry::started_by`]).
+    pub started_by: Option<turnpike_schemas::Origin>,
 }
 
 /// The conversations in one object store.
@@ -229,6 +231,7 @@ impl Conversations {
             agent: new.agent.clone(),
             created_ms: new.at_ms,
             instructions: new.instructions.clone(),
+            started_by: new.started_by.clone(),
         };
         self.directory.create(&entry).await?;
         let record = self.record(entry.prefix());

@@ -27,6 +27,10 @@ pub struct DirectoryEntry {
     /// Instructions for every turn, given at creation (added to the agent's system prompt).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub instructions: Option<String>,
+    /// What started it when no person did (a schedule's firing, a hook's delivery): a
+    /// session's conversation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_by: Option<turnpike_schemas::Origin>,
 }
 
 impl DirectoryEntry {

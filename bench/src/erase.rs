@@ -50,6 +50,7 @@ async fn conversations(
             agent: "bench".parse()?,
             created_ms: 0,
             instructions: None,
+            started_by: None,
         };
         directory.create(&entry).await?;
         directory.close(entry.conversation, 0).await?;

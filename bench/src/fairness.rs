@@ -159,6 +159,7 @@ async fn measure(plan: &Plan, n: usize, jetstream: bool) -> Result<(Vec<Duration
                             agent: "timed".parse()?,
                             at_ms: 0,
                             instructions: None,
+                            started_by: None,
                         },
                     )
                     .await?;

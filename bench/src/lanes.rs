@@ -212,6 +212,7 @@ async fn turnpike(
                             agent: "noop".parse()?,
                             at_ms: 0,
                             instructions: None,
+                            started_by: None,
                         },
                     )
                     .await?;

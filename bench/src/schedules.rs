@@ -119,6 +119,7 @@ async fn measure(plan: &Plan, workers: usize) -> Result<Measured> {
                         agent: "echo".parse()?,
                         at_ms: now_ms(),
                         instructions: None,
+                        started_by: None,
                     },
                 )
                 .await?;

@@ -238,6 +238,7 @@ function conversationItem(c) {
       el("span", { class: "pill", dataset: { status: c.status }, text: c.status.replace("_", " ") }),
       " ",
       el("strong", { text: `${c.app} · ${c.agent}` }),
+      c.started_by ? el("span", { class: "session", text: ` session (${c.started_by.kind})` }) : "",
       el("span", { class: "meta", text: `last active ${when(c.active_ms)}` }),
     ),
   );
@@ -300,6 +301,41 @@ $("new-form").addEventListener("submit", async (e) => {
   }
 });
 
+// ---------- schedules ----------
+
+// The caller's schedules: when each fires, its next firing, its latest firings with their
+// outcomes (a fired one links to the session it started or fed).
+async function loadSchedules() {
+  say("schedules-status", "Loading…");
+  const list = await api("GET", "/v1/schedules");
+  const rows = list.schedules.map((s) => {
+    const timing = s.cron ? `${s.cron} (${s.zone})` : `every ${s.every_seconds} s`;
+    const firings = el("ul", { class: "firings" });
+    for (const f of s.firings.slice(0, 5)) {
+      const label = `${when(f.fire_ms)} ${f.outcome}`;
+      firings.append(
+        el(
+          "li",
+          {},
+          f.conversation ? el("a", { href: `#/c/${f.conversation}`, text: label }) : label,
+          f.reason ? el("span", { class: "meta", text: ` ${f.reason}` }) : "",
+        ),
+      );
+    }
+    return el(
+      "tr",
+      { dataset: { id: s.id } },
+      el("td", {}, el("strong", { text: `${s.app} · ${s.agent}` }), el("span", { class: "meta", text: ` ${s.text}` })),
+      el("td", { text: timing }),
+      el("td", { text: s.next_ms ? when(s.next_ms) : "–" }),
+      el("td", {}, firings),
+      el("td", { text: s.paused ? "paused" : "active" }),
+    );
+  });
+  $("schedules").querySelector("tbody").replaceChildren(...rows);
+  say("schedules-status", rows.length ? "" : "No schedules yet: create one with turnpike schedule create or POST /v1/schedules.");
+}
+
 // ---------- routing ----------
 
 function route() {
@@ -308,7 +344,7 @@ function route() {
   const [path, query] = hash.split("?");
   const params = new URLSearchParams(query || "");
   const parts = path.split("/").filter(Boolean);
-  for (const v of ["home", "search-view", "chat", "versions-view"]) show(v, false);
+  for (const v of ["home", "search-view", "chat", "versions-view", "schedules-view"]) show(v, false);
   $("app").classList.remove("in-chat");
   if (parts[0] === "c" && parts[1]) {
     $("app").classList.add("in-chat");
@@ -323,6 +359,10 @@ function route() {
         flash(e.message);
       });
     }
+  } else if (parts[0] === "schedules") {
+    leaveConversation();
+    show("schedules-view");
+    loadSchedules().catch((e) => say("schedules-status", e.message));
   } else if (parts[0] === "search") {
     show("search-view");
     runSearch(params).catch((e) => say("search-status", e.message));

@@ -66,6 +66,7 @@ pub async fn create(
                 agent,
                 at_ms: now_ms(),
                 instructions: input.instructions.filter(|t| !t.trim().is_empty()),
+                started_by: None,
             },
         )
         .await?;
@@ -557,6 +558,7 @@ fn view_of(entry: DirectoryEntry, head: &Head, closed_ms: Option<u64>) -> Conver
         active_ms: state.active_ms.max(entry.created_ms),
         closed_ms,
         instructions: entry.instructions,
+        started_by: entry.started_by.map(|o| serde_json::json!(o)),
     }
 }
 

@@ -266,6 +266,10 @@ pub async fn receive(
                 agent: spec.agent.clone(),
                 at_ms: claim.received_ms,
                 instructions: None,
+                started_by: Some(turnpike_schemas::Origin::Hook {
+                    app: app.clone(),
+                    hook: spec.name.clone(),
+                }),
             },
         )
         .await?;

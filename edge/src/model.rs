@@ -98,6 +98,11 @@ pub struct ConversationView {
     pub closed_ms: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub instructions: Option<String>,
+    /// What started it when no person did — `{"kind": "schedule", "schedule", "fire_ms"}` or
+    /// `{"kind": "hook", "app", "hook"}`: a session's conversation.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub started_by: Option<serde_json::Value>,
 }
 
 /// A page of conversations, newest first.

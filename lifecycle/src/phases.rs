@@ -229,6 +229,7 @@ mod tests {
             agent: "agent".parse().unwrap(),
             created_ms: 1,
             instructions: None,
+            started_by: None,
         };
         let record = conversations.record(entry.prefix());
         let signer = RecordSigner::from_seed([7; 32]);

@@ -65,6 +65,7 @@ pub async fn run(
                 agent,
                 at_ms: now_ms(),
                 instructions: None,
+                started_by: None,
             };
             let (entry, _, _) = env.conversations.create(&env.signer, new).await?;
             println!("{}", entry.conversation);

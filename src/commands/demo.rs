@@ -55,6 +55,7 @@ pub async fn run(global: &Global, args: DemoArgs) -> Result<ExitCode> {
                 agent: agent.parse()?,
                 at_ms: now_ms(),
                 instructions: None,
+                started_by: None,
             },
         )
         .await?;

@@ -101,6 +101,7 @@ pub async fn send(global: &Global, args: SendArgs) -> Result<ExitCode> {
                     agent: "echo".parse()?,
                     at_ms: now_ms(),
                     instructions: None,
+                    started_by: None,
                 },
             )
             .await?;

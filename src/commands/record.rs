@@ -69,6 +69,7 @@ pub async fn create(
         agent: "echo".parse()?,
         at_ms: now_ms(),
         instructions: None,
+        started_by: None,
     };
     Ok(env.conversations.create(&env.signer, new).await?)
 }

@@ -502,6 +502,35 @@ def admin(b):
     b.assert_clean("non-admin")
 
 
+def schedules(b):
+    """The caller's schedules, with their firings; a fired one opens its session, which reads
+    like a chat, and the session is marked in the list."""
+    made = ok("POST", "/v1/schedules", ALICE, {"app": "console", "agent": "other",
+                                                "every_seconds": 1, "text": "the digest"})
+    sid = made["id"]
+    fired = eventually("a fired firing", lambda: next(
+        (f for f in ok("GET", f"/v1/schedules/{sid}", ALICE)["firings"] if f["outcome"] == "fired"), None))
+    ok("POST", f"/v1/schedules/{sid}/pause", ALICE)
+    b.open("/#/schedules")
+    row = b.wait_css(f'#schedules tr[data-id="{sid}"]')
+    assert "every 1 s" in row.text and "console · other" in row.text, row.text
+    link = b.wait("a firing's link", lambda: next(
+        (a for a in b.qs(f'#schedules tr[data-id="{sid}"] .firings a')
+         if a.get_attribute("href").endswith(fired["conversation"])), None))
+    assert "fired" in link.text, link.text
+    link.click()
+    b.wait("the session to open", lambda: f"#/c/{fired['conversation']}" in b.d.current_url)
+    b.wait_row("user_message", "the digest")
+    b.wait_row("assistant_message", "the other agent here: the digest")
+    eventually("the session's turn", lambda: completed_turns(fired["conversation"], ALICE, 1))
+    same_rows(b, fired["conversation"], ALICE)
+    # The list as a fresh page load shows it (the session began while this page was open).
+    b.d.refresh()
+    entry = b.wait_css(f'#conversations li[data-id="{fired["conversation"]}"]')
+    assert "session (schedule)" in entry.text, entry.text
+    b.assert_clean("schedules")
+
+
 def narrow(b):
     b.sign_in(ALICE)
     b.wait_css("#new-chat")
@@ -604,7 +633,7 @@ SCENARIOS = {
     "measure": [measure],
     "chat": [chat_streams_and_equals_the_record, reconnects_after_a_restart, approvals,
              controls, questions, attachments, versions, search],
-    "admin": [admin],
+    "admin": [admin, schedules],
     "narrow": [narrow, paging],
     "fleet": [fleet],
 }

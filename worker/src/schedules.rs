@@ -601,6 +601,10 @@ impl Scheduler {
                         agent: s.agent.clone(),
                         at_ms: firing.claimed_ms,
                         instructions: None,
+                        started_by: Some(turnpike_schemas::Origin::Schedule {
+                            schedule: s.id,
+                            fire_ms: firing.fire_ms,
+                        }),
                     },
                 )
                 .await?;

@@ -432,6 +432,7 @@ async fn an_openai_agent_holds_a_multi_turn_conversation_through_a_worker() {
                 agent: "scribe".parse().unwrap(),
                 at_ms: 1,
                 instructions: None,
+                started_by: None,
             },
         )
         .await

@@ -132,6 +132,7 @@ pub async fn support_conversation(
                 agent: "helper".parse().unwrap(),
                 at_ms: 1,
                 instructions: None,
+                started_by: None,
             },
         )
         .await

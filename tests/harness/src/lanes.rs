@@ -31,6 +31,7 @@ pub async fn create_conversations(
                     agent: "helper".parse().unwrap(),
                     at_ms: 1,
                     instructions: None,
+                    started_by: None,
                 },
             )
             .await
