@@ -407,6 +407,43 @@ impl Webhooks {
         Ok(true)
     }
 
+    /// Erases everything of `owner`'s in `tenant`: their subscriptions, and the deliveries to
+    /// them — waiting or dead — which hold what their turns said. Returns how many objects went.
+    pub async fn erase_owner(&self, tenant: &TenantId, owner: &Identity) -> Result<usize> {
+        let theirs = |d: &Delivery| {
+            d.tenant == *tenant
+                && matches!(&d.subscriber, Subscriber::User { owner: o, .. } if o == owner)
+        };
+        let mut erased = 0;
+        let prefix = Path::from(owner_dir(tenant, owner));
+        let metas: Vec<_> = self
+            .store
+            .list(Some(&prefix))
+            .try_collect()
+            .await
+            .map_err(|e| Error::store("listing webhook subscriptions", e))?;
+        for meta in metas {
+            self.delete(&meta.location).await?;
+            erased += 1;
+        }
+        for dead in self.dead_letters(tenant).await? {
+            if theirs(&dead) {
+                self.delete(&dead_path(tenant, &dead.id)).await?;
+                erased += 1;
+            }
+        }
+        for shard in 0..SHARDS {
+            let (waiting, _) = self.due(shard, u64::MAX, usize::MAX).await?;
+            for pending in waiting {
+                if self.read(&pending).await?.is_some_and(|d| theirs(&d)) {
+                    self.delete(&pending.path).await?;
+                    erased += 1;
+                }
+            }
+        }
+        Ok(erased)
+    }
+
     fn pending_path(delivery: &Delivery, due_ms: u64) -> Path {
         Path::from(format!(
             "webhooks/pending/{:02}/{due_ms:013}-{}.json",
@@ -570,6 +607,59 @@ mod tests {
         assert!(hooks.list(&t, &bob).await.unwrap().is_empty());
         assert!(!hooks.remove(&t, &bob, &sub.id).await.unwrap());
         assert!(hooks.remove(&t, &alice, &sub.id).await.unwrap());
+        // Erasing alice takes her subscriptions and her deliveries, waiting or dead, and
+        // nothing of bob's.
+        let (kept, _) = hooks
+            .create(&t, &bob, "https://example.com/b", vec![], None)
+            .await
+            .unwrap();
+        hooks
+            .create(&t, &alice, "https://example.com/a", vec![], None)
+            .await
+            .unwrap();
+        let to = |owner: &Identity, id: &str, n: u32| {
+            Delivery::new(
+                t.clone(),
+                Subscriber::User {
+                    owner: owner.clone(),
+                    id: id.into(),
+                },
+                Message {
+                    id: format!("msg_{n}"),
+                    kind: EventKind::TurnCompleted,
+                    at_ms: 1,
+                    data: serde_json::json!({"reply": "private"}),
+                },
+            )
+        };
+        hooks.enqueue(&to(&alice, "wh_a", 1), 1).await.unwrap();
+        hooks.enqueue(&to(&bob, &kept.id, 2), 1).await.unwrap();
+        let dead = to(&alice, "wh_a", 3);
+        hooks.enqueue(&dead, 1).await.unwrap();
+        let (due, _) = hooks.due(dead.shard(), u64::MAX, 10).await.unwrap();
+        let p = due
+            .iter()
+            .find(|p| p.path.as_ref().contains(&dead.id))
+            .unwrap();
+        hooks.bury(p, &dead).await.unwrap();
+        assert_eq!(hooks.erase_owner(&t, &alice).await.unwrap(), 3);
+        assert!(hooks.list(&t, &alice).await.unwrap().is_empty());
+        assert!(hooks.dead_letters(&t).await.unwrap().is_empty());
+        let mut left = Vec::new();
+        for shard in 0..SHARDS {
+            for p in hooks.due(shard, u64::MAX, 10).await.unwrap().0 {
+                left.push(hooks.read(&p).await.unwrap().unwrap());
+            }
+        }
+        assert_eq!(left.len(), 1);
+        assert_eq!(
+            left[0].subscriber,
+            Subscriber::User {
+                owner: bob.clone(),
+                id: kept.id.clone()
+            }
+        );
+        assert_eq!(hooks.list(&t, &bob).await.unwrap().len(), 1);
         for bad in ["ftp://x/", "http://u:p@example.com/", "not a url"] {
             let err = hooks
                 .create(&t, &alice, bad, vec![], None)

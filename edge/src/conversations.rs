@@ -301,14 +301,13 @@ pub async fn delete_me(
             .await
             .map_err(|e| ApiError::unavailable(e.to_string()))?;
     }
-    // Their webhook subscriptions: nothing more of theirs is told to anyone (deliveries
-    // waiting for them are dropped when they come due: their subscriber is gone).
-    let webhooks = edge.inner.conversations.webhooks();
-    for sub in webhooks.list(&caller.tenant, &caller.identity).await? {
-        webhooks
-            .remove(&caller.tenant, &caller.identity, &sub.id)
-            .await?;
-    }
+    // Their webhook subscriptions, and the deliveries to them (waiting or dead): nothing more
+    // of theirs is told to anyone, and nothing they were told stays behind.
+    edge.inner
+        .conversations
+        .webhooks()
+        .erase_owner(&caller.tenant, &caller.identity)
+        .await?;
     // Their schedules next: nothing fires into what is being deleted, nor starts new
     // conversations of theirs afterwards.
     let schedules = turnpike_artifactory::Schedules::new(edge.inner.conversations.store().clone());
