@@ -1470,6 +1470,22 @@ async fn webhooks_are_delivered_once_retried_signed_refused_inside_and_dead_lett
         receiver.on("/ok/beta").is_empty(),
         "another tenant hears nothing"
     );
+    // Erasure takes alice's subscriptions and what was kept of her deliveries.
+    assert_eq!(alice.delete("/v1/me").await.unwrap().status, 200);
+    let left = alice.get("/v1/webhooks").await.unwrap().into_ok().unwrap();
+    assert!(left["webhooks"].as_array().unwrap().is_empty(), "{left}");
+    let dead = alice
+        .get("/v1/webhooks/dead-letters")
+        .await
+        .unwrap()
+        .into_ok()
+        .unwrap();
+    assert!(
+        dead["dead_letters"].as_array().unwrap().is_empty(),
+        "{dead}"
+    );
+    let bobs = bob.get("/v1/webhooks").await.unwrap().into_ok().unwrap();
+    assert_eq!(bobs["webhooks"].as_array().unwrap().len(), 1, "bob's stays");
 }
 
 /// Headless turns: a hook's delivery starts a session turn that calls a gated tool. With
