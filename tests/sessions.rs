@@ -1599,6 +1599,39 @@ async fn a_session_turn_at_a_gated_call_parks_and_notifies_or_is_denied_with_its
         !files.body.to_string().contains("report.md"),
         "the write did not run"
     );
+    // A schedule's firing is told (schedule.firing), and so is its session's turn.
+    let schedule = alice
+        .post(
+            "/v1/schedules",
+            &json!({"app": "ops", "agent": "helper", "every_seconds": 1, "text": "tick"}),
+        )
+        .await
+        .unwrap()
+        .into_ok()
+        .unwrap();
+    let firing = turnpike_tests::wait::until(LONG, "a schedule.firing webhook", || async {
+        receiver.on("/ok/alice").into_iter().find(|r| {
+            let p = payload(r);
+            p["type"] == "schedule.firing" && p["data"]["schedule"] == schedule["id"]
+        })
+    })
+    .await;
+    let fired = payload(&firing)["data"].clone();
+    assert_eq!(fired["outcome"], "fired", "{fired}");
+    let session = fired["conversation"].as_str().unwrap().to_owned();
+    let told = turnpike_tests::wait::until(LONG, "the firing's turn.completed", || async {
+        receiver.on("/ok/alice").into_iter().find(|r| {
+            let p = payload(r);
+            p["type"] == "turn.completed" && p["data"]["conversation"] == session.as_str()
+        })
+    })
+    .await;
+    let data = payload(&told)["data"].clone();
+    assert_eq!(data["session"], true);
+    assert_eq!(data["origin"]["kind"], "schedule");
+    assert_eq!(data["origin"]["schedule"], schedule["id"]);
+    let id = schedule["id"].as_str().unwrap();
+    alice.delete(&format!("/v1/schedules/{id}")).await.unwrap();
     // A person's turn of the same agent still parks on the call (only sessions deny).
     let chat = alice
         .post(
