@@ -1240,7 +1240,12 @@ async fn webhooks_are_delivered_once_retried_signed_refused_inside_and_dead_lett
             "1",
         ],
         false,
-        &[],
+        // A proxy would resolve the name again, past the addresses checked: none is used.
+        &[
+            ("HTTP_PROXY", "http://127.0.0.1:9".into()),
+            ("http_proxy", "http://127.0.0.1:9".into()),
+            ("ALL_PROXY", "http://127.0.0.1:9".into()),
+        ],
     )
     .unwrap();
     let (alice, bob, beta) = (

@@ -9,11 +9,14 @@
 //! - A delivery is one message to one subscriber. [`Webhooks::enqueue`] is create-only under a
 //!   key made of its first due time and its id, both fixed by the caller from what it
 //!   delivers: a caller that enqueues the same delivery again (a promotion finished twice)
-//!   adds nothing while the first is still waiting.
-//! - A delivery waits under its due time; a failed attempt moves it to its next due time
-//!   (written before the old key goes: a crash in between leaves it twice, delivered twice
-//!   under the same `webhook-id` — at least once, never lost); one out of attempts moves to the
-//!   dead letters, which [`Webhooks::redeliver`] puts back.
+//!   adds nothing while the first waits for its first attempt. Once that has failed, the
+//!   delivery waits under another key, and the same enqueue makes a second copy: delivered
+//!   twice under the same `webhook-id` (at least once, never lost).
+//! - A delivery waits under its due time; a failed attempt moves it to its next due time,
+//!   fixed by the delivery ([`Delivery::next_due`]: two holders that both tried it write one
+//!   key), written before the old key goes (a crash in between leaves it twice — delivered
+//!   twice, never lost); one out of attempts moves to the dead letters, which
+//!   [`Webhooks::redeliver`] puts back.
 //!
 //! Layout: `tenants/{tenant}/webhooks/{sha256(identity)}/{id}.json` (subscriptions, under the
 //! tenant: erasing the identity erases them), `webhooks/pending/{shard}/{due_ms}-{id}.json`
@@ -43,8 +46,15 @@ pub const MAX_URL_BYTES: usize = 2048;
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum Subscriber {
-    /// The webhook `name` an app's manifest declares.
-    App { app: AppId, name: String },
+    /// The webhook `name` an app's manifest declares, with where it goes and the variable
+    /// that holds its secret, as the manifest said when the delivery was made (any worker
+    /// delivers it, whatever apps it hosts).
+    App {
+        app: AppId,
+        name: String,
+        url: String,
+        secret_env: String,
+    },
     /// A user's subscription.
     User { owner: Identity, id: String },
 }
@@ -98,6 +108,9 @@ pub struct Delivery {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_error: Option<String>,
     pub created_ms: u64,
+    /// When its attempts began (made, or redelivered): the backoff counts from here.
+    #[serde(default)]
+    pub since_ms: u64,
 }
 
 impl Delivery {
@@ -110,10 +123,20 @@ impl Delivery {
             tenant,
             subscriber,
             created_ms: message.at_ms,
+            since_ms: message.at_ms,
             message,
             attempts: 0,
             last_error: None,
         }
+    }
+
+    /// When its next attempt is due after `attempts` attempts, by `backoff` (each step after
+    /// the one before): fixed by the delivery, so two holders that both tried it put it in
+    /// line under the same key. `None`: out of attempts.
+    pub fn next_due(&self, backoff: &[std::time::Duration]) -> Option<u64> {
+        let steps = backoff.get(..=self.attempts as usize)?;
+        let wait: u64 = steps.iter().map(|d| d.as_millis() as u64).sum();
+        Some(self.since_ms.saturating_add(wait))
     }
 
     /// The shard it waits in.
@@ -340,8 +363,15 @@ impl Webhooks {
             .map_err(|e| Error::store("listing webhook subscriptions", e))?;
         let mut out = Vec::new();
         for meta in metas {
-            if let Some(stored) = self.get_json::<Stored>(&meta.location).await? {
-                out.push(stored.subscription);
+            match self.get_json::<Stored>(&meta.location).await {
+                Ok(Some(stored)) => out.push(stored.subscription),
+                Ok(None) => {}
+                // One damaged object does not stop the owner's other subscriptions (nor, in
+                // the outbox, their turns): it is skipped and said.
+                Err(e) if e.kind() == ErrorKind::Corrupt => {
+                    tracing::warn!(path = %meta.location, error = %e, "a webhook subscription does not parse; skipped")
+                }
+                Err(e) => return Err(e),
             }
         }
         out.sort_by(|a, b| a.id.cmp(&b.id));
@@ -535,17 +565,23 @@ impl Webhooks {
         Ok(out)
     }
 
+    /// Dead letter `id` of `tenant`, if there is one.
+    pub async fn dead_letter(&self, tenant: &TenantId, id: &str) -> Result<Option<Delivery>> {
+        if id.len() > 64 || !id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') {
+            return Ok(None);
+        }
+        self.get_json(&dead_path(tenant, id)).await
+    }
+
     /// Puts dead letter `id` of `tenant` back in line, its attempts from zero; whether there
     /// was one.
     pub async fn redeliver(&self, tenant: &TenantId, id: &str) -> Result<bool> {
-        if id.len() > 64 || !id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') {
-            return Ok(false);
-        }
-        let path = dead_path(tenant, id);
-        let Some(mut delivery) = self.get_json::<Delivery>(&path).await? else {
+        let Some(mut delivery) = self.dead_letter(tenant, id).await? else {
             return Ok(false);
         };
+        let path = dead_path(tenant, id);
         delivery.attempts = 0;
+        delivery.since_ms = now_ms();
         self.put_json(&Self::pending_path(&delivery, now_ms()), &delivery, false)
             .await?;
         self.delete(&path).await?;
@@ -682,6 +718,8 @@ mod tests {
         let subscriber = Subscriber::App {
             app: "a".parse().unwrap(),
             name: "ops".into(),
+            url: "https://example.com/".into(),
+            secret_env: "S".into(),
         };
         let delivery = Delivery::new(t.clone(), subscriber, message);
         hooks.enqueue(&delivery, 1_000).await.unwrap();
@@ -711,6 +749,35 @@ mod tests {
         assert!(hooks.dead_letters(&t).await.unwrap().is_empty());
         let (due, _) = hooks.due(shard, u64::MAX, 10).await.unwrap();
         assert_eq!(hooks.read(&due[0]).await.unwrap().unwrap().attempts, 0);
+    }
+
+    #[test]
+    fn the_next_attempt_is_fixed_by_the_delivery_and_counts_from_its_start() {
+        use std::time::Duration;
+        let backoff = [0, 5, 300].map(Duration::from_secs);
+        let mut d = Delivery::new(
+            "t".parse().unwrap(),
+            Subscriber::User {
+                owner: "local:t:a".parse().unwrap(),
+                id: "wh_1".into(),
+            },
+            Message {
+                id: "msg_1".into(),
+                kind: EventKind::TurnFailed,
+                at_ms: 1_000,
+                data: serde_json::json!({}),
+            },
+        );
+        d.attempts = 1;
+        assert_eq!(d.next_due(&backoff), Some(6_000), "whoever computes it");
+        d.attempts = 2;
+        assert_eq!(d.next_due(&backoff), Some(306_000));
+        d.attempts = 3;
+        assert_eq!(d.next_due(&backoff), None, "out of attempts");
+        // Redelivered later: the steps count from then.
+        d.attempts = 1;
+        d.since_ms = 50_000;
+        assert_eq!(d.next_due(&backoff), Some(55_000));
     }
 
     #[test]

@@ -1,5 +1,5 @@
 //! `turnpike bench webhooks`: outbound webhook deliveries per second against a local
-//! receiver. N deliveries of an app's webhook are enqueued (the outbox, as turns' ends write
+//! receiver. N deliveries of an app-wide webhook are enqueued (the outbox, as turns' ends write
 //! it), then dispatchers in this process — 1 and W of them, sharing the delivery shards under
 //! the embedded bus's leases — deliver them: each read from the store, its address checked,
 //! signed, POSTed, and noted delivered. The floor, in the same run: the same signed POST sent N
@@ -18,7 +18,6 @@ use turnpike_router::embedded::{EmbeddedBus, EmbeddedConfig};
 use turnpike_router::Bus;
 use turnpike_schemas::webhook::EventKind;
 use turnpike_worker::webhooks::{Dispatcher, WebhookConfig};
-use turnpike_worker::Apps;
 
 /// What to run.
 pub struct Plan {
@@ -137,15 +136,6 @@ async fn measure(
         dir.path().join("store.db").display()
     ))?;
     let webhooks = Webhooks::new(store, None);
-    let manifest = turnpike_agent::apps::Manifest::parse(
-        &format!(
-            "app = \"bench\"\ntenants = [\"bench\"]\n[agents.echo]\nprovider = \"echo\"\n[webhooks.out]\nurl = \"{url}\"\nsecret_env = \"{SECRET_ENV}\"\n"
-        ),
-        dir.path(),
-        &turnpike_worker::Registry::builtin(),
-    )
-    .map_err(anyhow::Error::msg)?;
-    let apps = Arc::new(Apps::new().with_manifest(manifest, None));
     // Enqueued first, as turns' ends would have: the measure is the delivery alone.
     let at = now_ms();
     {
@@ -159,6 +149,8 @@ async fn measure(
                         Subscriber::App {
                             app: "bench".parse()?,
                             name: "out".into(),
+                            url: url.to_owned(),
+                            secret_env: SECRET_ENV.into(),
                         },
                         Message {
                             id: format!("msg_{i:08}"),
@@ -185,7 +177,6 @@ async fn measure(
             let dispatcher = Dispatcher::new(
                 bus.clone(),
                 webhooks.clone(),
-                apps.clone(),
                 turnpike_agent::outbound::Outbound::parse(&["127.0.0.1".into()])
                     .expect("an address"),
                 turnpike_schemas::WorkerId::new(),

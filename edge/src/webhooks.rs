@@ -76,13 +76,22 @@ pub struct WebhookView {
     pub created_ms: u64,
 }
 
-/// A subscription just made, with its signing secret (shown this once).
-#[derive(Debug, Serialize, ToSchema)]
+/// A subscription just made, with its signing secret (shown this once; not in its `Debug`).
+#[derive(Serialize, ToSchema)]
 pub struct WebhookCreated {
     #[serde(flatten)]
     pub webhook: WebhookView,
     /// `whsec_…`: verify each delivery's `webhook-signature` with it (Standard Webhooks).
     pub secret: String,
+}
+
+impl std::fmt::Debug for WebhookCreated {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WebhookCreated")
+            .field("webhook", &self.webhook)
+            .field("secret", &"(redacted)")
+            .finish()
+    }
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -128,7 +137,7 @@ fn dead_view(d: &Delivery) -> DeadLetterView {
         message_id: d.message.id.clone(),
         kind: d.message.kind.name().to_owned(),
         subscriber: match &d.subscriber {
-            Subscriber::App { app, name } => format!("app:{app}/{name}"),
+            Subscriber::App { app, name, .. } => format!("app:{app}/{name}"),
             Subscriber::User { id, .. } => id.clone(),
         },
         attempts: d.attempts,
@@ -277,11 +286,11 @@ pub async fn redeliver(
     Path(id): Path<String>,
 ) -> ApiResult<StatusCode> {
     let webhooks = edge.inner.conversations.webhooks();
-    let dead = webhooks.dead_letters(&caller.tenant).await?;
     let not_found = || ApiError::not_found(format!("dead letter {id:?} not found"));
-    let found = dead
-        .iter()
-        .find(|d| d.id == id && visible(&caller, d))
+    let found = webhooks
+        .dead_letter(&caller.tenant, &id)
+        .await?
+        .filter(|d| visible(&caller, d))
         .ok_or_else(not_found)?;
     if webhooks.redeliver(&caller.tenant, &found.id).await? {
         Ok(StatusCode::ACCEPTED)

@@ -511,24 +511,24 @@ impl Scheduler {
         if let Outcome::Fired { conversation, .. } = &won.outcome {
             t.previous = Some(*conversation);
         }
-        match self.finish(&t.schedule, &won).await {
-            Ok(()) => t.settled = true,
-            Err(e) => {
-                warn!(schedule = %id, fire_ms = won.fire_ms, error = %e, "cannot finish a firing; retrying");
-                return false;
-            }
+        if let Err(e) = self.finish(&t.schedule, &won).await {
+            warn!(schedule = %id, fire_ms = won.fire_ms, error = %e, "cannot finish a firing; retrying");
+            return false;
         }
-        metrics::counter!("turnpike_schedule_firings_total", "outcome" => outcome_name(&won.outcome)).increment(1);
+        // Told before the firing counts as settled: a holder that dies first leaves it
+        // unsettled, and whoever finishes it tells (create-only: once while it waits).
         if let Some(notifier) = &self.notifier {
-            // Best effort: a holder that dies between the firing and this tells nobody.
             let message = firing_message(&t.schedule, &won);
             if let Err(e) = notifier
                 .firing(&t.schedule.tenant, &t.schedule.owner, message)
                 .await
             {
-                warn!(schedule = %id, fire_ms = won.fire_ms, error = %e, "cannot tell subscribers of a firing");
+                warn!(schedule = %id, fire_ms = won.fire_ms, error = %e, "cannot tell subscribers of a firing; retrying");
+                return false;
             }
         }
+        t.settled = true;
+        metrics::counter!("turnpike_schedule_firings_total", "outcome" => outcome_name(&won.outcome)).increment(1);
         if matches!(won.outcome, Outcome::Fired { .. }) {
             let lag = now_ms().saturating_sub(won.fire_ms + t.schedule.jitter_of(won.fire_ms));
             metrics::histogram!("turnpike_schedule_firing_lag_seconds").record(lag as f64 / 1000.0);

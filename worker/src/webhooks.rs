@@ -7,7 +7,8 @@
 //!   turn), enqueued as one delivery per matching subscriber during the promotion: after batch
 //!   two, before the open-turn mark is cleared. An owner that dies first leaves the mark, and
 //!   whoever finishes the promotion enqueues the same deliveries (create-only, same keys): no
-//!   outcome is lost, none is enqueued twice while its first delivery waits.
+//!   outcome is lost, none is enqueued twice while its first attempt waits (after that, a
+//!   redone promotion may send it twice, under the same `webhook-id`).
 //! - **Subscribers.** An app's manifest webhooks hear of that app's turns in their tenant;
 //!   a user's subscriptions hear of the conversations they own (or one of them). Nothing of a
 //!   tenant reaches another's subscriber. A subscription made moments ago is seen by turns that
@@ -17,7 +18,8 @@
 //!   rules (invariant 12: internal addresses refused unless allowed), connects only to those,
 //!   follows no redirect, signs per Standard Webhooks (`webhook-id` the message's id on every
 //!   attempt) and counts as delivered on a 2xx only. A failure waits for the next step of the
-//!   backoff; past the last, the delivery is a dead letter. At least once: a holder that dies
+//!   backoff; past the last, the delivery is a dead letter. An attempt never outlasts its
+//!   shard's lease (cut off, not counted, when it might). At least once: a holder that dies
 //!   after the POST and before it notes the delivery sends it again, under the same id.
 
 use std::collections::{HashMap, HashSet};
@@ -29,7 +31,7 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 use tracing::{debug, warn};
 use turnpike_artifactory::webhooks::{
-    Delivery, Message, Pending, SigningSecret, Subscriber, Subscription, SHARDS,
+    owner_hash, Delivery, Message, Pending, SigningSecret, Subscriber, Subscription, SHARDS,
 };
 use turnpike_artifactory::{Directory, Webhooks};
 use turnpike_router::bus::{now_ms, Bus};
@@ -230,10 +232,14 @@ impl Notifier {
             .map(|w| Subscriber::App {
                 app: t.app.clone(),
                 name: w.name,
+                url: w.url,
+                secret_env: w.secret_env,
             })
             .collect();
-        if self.tenant_has_owners(t.tenant).await? {
-            if let Some(owner) = self.owner_of(t.tenant, t.conversation).await? {
+        let owners = self.owners_with_subscriptions(t.tenant).await?;
+        if !owners.is_empty() {
+            let owner = self.owner_of(t.tenant, t.conversation).await?;
+            if let Some(owner) = owner.filter(|o| owners.contains(&owner_hash(o))) {
                 subscribers.extend(
                     self.subscriptions_of(t.tenant, &owner)
                         .await?
@@ -258,7 +264,11 @@ impl Notifier {
         owner: &Identity,
         message: Message,
     ) -> turnpike_artifactory::Result<usize> {
-        if !self.tenant_has_owners(tenant).await? {
+        if !self
+            .owners_with_subscriptions(tenant)
+            .await?
+            .contains(&owner_hash(owner))
+        {
             return Ok(0);
         }
         let subscribers = self
@@ -280,12 +290,22 @@ impl Notifier {
         subscribers: Vec<Subscriber>,
         message: Message,
     ) -> turnpike_artifactory::Result<usize> {
+        use futures::StreamExt as _;
         let count = subscribers.len();
-        for subscriber in subscribers {
-            let delivery = Delivery::new(tenant.clone(), subscriber, message.clone());
-            // Due when it happened: the same delivery enqueued again has the same key.
-            self.webhooks.enqueue(&delivery, message.at_ms).await?;
-        }
+        let enqueued: Vec<turnpike_artifactory::Result<()>> = futures::stream::iter(subscribers)
+            .map(|subscriber| {
+                let delivery = Delivery::new(tenant.clone(), subscriber, message.clone());
+                async move {
+                    // Due when it happened: the same delivery enqueued again has the same key.
+                    self.webhooks.enqueue(&delivery, message.at_ms).await
+                }
+            })
+            .buffer_unordered(16)
+            .collect()
+            .await;
+        enqueued
+            .into_iter()
+            .collect::<turnpike_artifactory::Result<Vec<()>>>()?;
         if count > 0 {
             metrics::counter!("turnpike_webhook_enqueued_total").increment(count as u64);
             self.kick.notify_waiters();
@@ -293,19 +313,23 @@ impl Notifier {
         Ok(count)
     }
 
-    async fn tenant_has_owners(&self, tenant: &TenantId) -> turnpike_artifactory::Result<bool> {
+    /// The owners (hashed) with subscriptions in `tenant`: one listing per tenant per
+    /// [`SUBSCRIBERS_FRESH`], so a turn of an owner with none reads nothing more.
+    async fn owners_with_subscriptions(
+        &self,
+        tenant: &TenantId,
+    ) -> turnpike_artifactory::Result<Arc<HashSet<String>>> {
         if let Some((at, owners)) = self.owners.lock().expect("lock").get(tenant) {
             if at.elapsed() < SUBSCRIBERS_FRESH {
-                return Ok(!owners.is_empty());
+                return Ok(owners.clone());
             }
         }
         let owners = Arc::new(self.webhooks.owners(tenant).await?);
-        let any = !owners.is_empty();
         self.owners
             .lock()
             .expect("lock")
-            .insert(tenant.clone(), (Instant::now(), owners));
-        Ok(any)
+            .insert(tenant.clone(), (Instant::now(), owners.clone()));
+        Ok(owners)
     }
 
     async fn owner_of(
@@ -357,7 +381,6 @@ impl Notifier {
 pub struct Dispatcher {
     bus: Arc<dyn Bus>,
     webhooks: Webhooks,
-    apps: Arc<turnpike_agent::Apps>,
     outbound: turnpike_agent::outbound::Outbound,
     worker: turnpike_schemas::WorkerId,
     config: WebhookConfig,
@@ -370,7 +393,7 @@ pub struct Dispatcher {
 /// How one attempt went.
 enum Attempt {
     Delivered,
-    /// Its subscriber is gone (deleted, or no longer declared): dropped.
+    /// Its subscriber is gone (the subscription deleted): dropped.
     Gone,
     Failed(String),
 }
@@ -380,7 +403,6 @@ impl Dispatcher {
     pub fn new(
         bus: Arc<dyn Bus>,
         webhooks: Webhooks,
-        apps: Arc<turnpike_agent::Apps>,
         outbound: turnpike_agent::outbound::Outbound,
         worker: turnpike_schemas::WorkerId,
         config: WebhookConfig,
@@ -390,7 +412,6 @@ impl Dispatcher {
         Self {
             bus,
             webhooks,
-            apps,
             outbound,
             worker,
             config,
@@ -450,8 +471,16 @@ impl Dispatcher {
             let full = due.len() == 256;
             futures::stream::iter(due)
                 .for_each_concurrent(self.config.concurrency, |p| async move {
-                    if Instant::now() < fresh_until {
-                        self.attempt(&p).await;
+                    // Never past the lease: an attempt still going when it may have run out
+                    // (a slow name server, a receiver that answers slowly) is abandoned, not
+                    // counted, and the delivery stays where it was for whoever holds it next.
+                    let left = fresh_until.saturating_duration_since(Instant::now());
+                    if left.is_zero() || tokio::time::timeout(left, self.attempt(&p)).await.is_err()
+                    {
+                        debug!(
+                            shard,
+                            "a webhook attempt ran out of lease; it is tried again"
+                        );
                     }
                 })
                 .await;
@@ -487,11 +516,8 @@ impl Dispatcher {
                     .increment(1);
                 delivery.attempts += 1;
                 delivery.last_error = Some(why);
-                match self.config.backoff.get(delivery.attempts as usize) {
-                    Some(wait) => {
-                        let due = now_ms() + wait.as_millis() as u64;
-                        self.webhooks.retry(pending, &delivery, due).await
-                    }
+                match delivery.next_due(&self.config.backoff) {
+                    Some(due) => self.webhooks.retry(pending, &delivery, due).await,
                     None => {
                         warn!(delivery = %delivery.id, tenant = %delivery.tenant, attempts = delivery.attempts,
                             error = delivery.last_error.as_deref().unwrap_or(""), "a webhook delivery is a dead letter");
@@ -509,24 +535,18 @@ impl Dispatcher {
     /// Where `delivery` goes and its secret (`None`: its subscriber is gone).
     async fn target(&self, d: &Delivery) -> Result<Option<(String, SigningSecret)>, String> {
         match &d.subscriber {
-            Subscriber::App { app, name } => {
-                let Some(spec) = self
-                    .apps
-                    .webhooks(app)
-                    .into_iter()
-                    .find(|w| &w.name == name && w.tenant == d.tenant)
-                else {
-                    return Ok(None);
-                };
-                let secret = std::env::var(&spec.secret_env)
+            Subscriber::App {
+                url, secret_env, ..
+            } => {
+                let secret = std::env::var(secret_env)
                     .ok()
-                    .ok_or_else(|| format!("the secret variable {} is not set", spec.secret_env))
+                    .ok_or_else(|| format!("the secret variable {secret_env} is not set"))
                     .and_then(|s| {
                         SigningSecret::parse(&s).map_err(|_| {
-                            format!("the secret in {} is not whsec_<base64>", spec.secret_env)
+                            format!("the secret in {secret_env} is not whsec_<base64>")
                         })
                     })?;
-                Ok(Some((spec.url, secret)))
+                Ok(Some((url.clone(), secret)))
             }
             Subscriber::User { owner, id } => {
                 match self.webhooks.with_secret(&d.tenant, owner, id).await {
@@ -551,7 +571,14 @@ impl Dispatcher {
         // request goes to those addresses only.
         let pinned = match self.outbound.resolve(&parsed).await {
             Ok(pinned) => pinned,
-            Err(why) => return Attempt::Failed(format!("refused: {why}")),
+            Err(why) => {
+                // The subscriber is told that, not where its name led (no probing of the
+                // deployment's own names through dead letters); operators read it here.
+                debug!(delivery = %d.id, %why, "a webhook's address was refused");
+                return Attempt::Failed(
+                    "refused: the URL does not resolve, or leads to an internal address the operator has not allowed".into(),
+                );
+            }
         };
         let client = match self.client(&parsed, pinned) {
             Ok(c) => c,
@@ -586,7 +613,7 @@ impl Dispatcher {
                 "no answer within {} s",
                 self.config.timeout.as_secs_f32()
             )),
-            Err(e) => Attempt::Failed(format!("could not be reached: {e}")),
+            Err(e) => Attempt::Failed(format!("could not be reached: {}", e.without_url())),
         }
     }
 
@@ -597,6 +624,8 @@ impl Dispatcher {
             return Ok(c.clone());
         }
         let client = reqwest::Client::builder()
+            // No proxy: it would resolve the name again, past the addresses checked.
+            .no_proxy()
             .redirect(reqwest::redirect::Policy::none())
             .timeout(self.config.timeout)
             .resolve_to_addrs(&host, &pinned)

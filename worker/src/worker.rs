@@ -229,7 +229,6 @@ impl Worker {
             let dispatcher = crate::webhooks::Dispatcher::new(
                 self.inner.bus.clone(),
                 self.inner.conversations.webhooks(),
-                self.inner.shared.apps.clone(),
                 self.inner.config.outbound.clone(),
                 self.inner.worker,
                 config,
