@@ -58,6 +58,7 @@
 //! A manifest that does not fit is refused at start with the file, the field and the reason.
 
 pub mod echo;
+mod jobs;
 mod webhooks;
 
 use std::collections::{BTreeMap, HashMap};
@@ -670,32 +671,7 @@ struct RawHook {
 /// A manifest job's agent (one of the app's), tenant (given, or the app's only one; one of
 /// the app's when it names them) and owner identity (given, or `default_owner`), each checked
 /// with `field` naming where it is.
-/// A manifest job's tenant: given (one of the app's, when it names them), or the app's only one.
-pub(crate) fn job_tenant(
-    field: &dyn Fn(&str) -> String,
-    tenants: &[TenantId],
-    tenant: Option<&str>,
-) -> Result<TenantId, String> {
-    let tenant: TenantId = match (tenant, tenants) {
-        (Some(t), _) => t.parse().map_err(|e| format!("{}: {e}", field("tenant")))?,
-        (None, [only]) => only.clone(),
-        (None, _) => {
-            return Err(format!(
-                "{}: say which tenant its conversations belong to",
-                field("tenant")
-            ))
-        }
-    };
-    if !tenants.is_empty() && !tenants.contains(&tenant) {
-        return Err(format!(
-            "{}: {tenant} is not one of the app's tenants",
-            field("tenant")
-        ));
-    }
-    Ok(tenant)
-}
-
-pub(crate) fn job_identity(
+fn job_identity(
     field: &dyn Fn(&str) -> String,
     tenants: &[TenantId],
     agents: &BTreeMap<AgentId, Arc<AgentSpec>>,
@@ -710,7 +686,7 @@ pub(crate) fn job_identity(
     if !agents.contains_key(&agent) {
         return Err(format!("{}: the app has no agent {agent}", field("agent")));
     }
-    let tenant = job_tenant(field, tenants, tenant)?;
+    let tenant = jobs::job_tenant(field, tenants, tenant)?;
     let owner: turnpike_schemas::Identity = owner
         .unwrap_or(default_owner)
         .parse()

@@ -46,7 +46,7 @@ pub(super) fn webhook_spec(
             field("url")
         ));
     }
-    let tenant = super::job_tenant(&field, tenants, raw.tenant.as_deref())?;
+    let tenant = super::jobs::job_tenant(&field, tenants, raw.tenant.as_deref())?;
     let agent = match raw.agent {
         None => None,
         Some(a) => {
