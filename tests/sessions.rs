@@ -797,6 +797,15 @@ owner = "local:alice"
 signature = "github"
 secret_env = "CI_ISSUES_SECRET"
 conversation = "/issue/number"
+
+[hooks.bulk]
+agent = "triage"
+tenant = "default"
+owner = "local:alice"
+signature = "standard"
+secret_env = "CI_PUSH_SECRET"
+payload = "attachment"
+max_bytes = 1048576
 "#;
 
 /// Inbound webhooks through `turnpike serve`: a delivery signed by the Standard Webhooks
@@ -978,6 +987,50 @@ async fn signed_deliveries_become_one_message_each_and_bad_ones_nothing() {
         .count();
     assert_eq!(messages, 2, "gh-1 and gh-2, gh-1 once: {rows}");
     assert_eq!(conversations_of_alice().await, 4);
+
+    // A payload larger than a message can be, as an attachment: stored whole, the turn's
+    // input, once; larger than the hook takes: refused, nothing enqueued.
+    let big = format!("{{\"commits\":\"{}\"}}", "c".repeat(200 << 10));
+    let headers = standard_headers(push_secret, "bulk-1", now, &big);
+    let (status, first) = deliver(&server.base, "/v1/hooks/ci/bulk", &headers, &big).await;
+    assert_eq!(status, 202, "{first}");
+    let bulk = first["conversation"].as_str().unwrap().to_owned();
+    turnpike_tests::edge::wait_for_complete_turns(&alice, &bulk, 1, LONG)
+        .await
+        .unwrap();
+    let (status, again) = deliver(&server.base, "/v1/hooks/ci/bulk", &headers, &big).await;
+    assert_eq!((status, &again["duplicate"]), (202, &json!(true)));
+    let rows = alice
+        .get(&format!("/v1/conversations/{bulk}/messages"))
+        .await
+        .unwrap()
+        .into_ok()
+        .unwrap();
+    let attached: Vec<_> = rows["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["kind"] == "attachment")
+        .collect();
+    assert_eq!(attached.len(), 1, "{rows}");
+    let reference = attached[0]["data"]["event"]["body"]["reference"]
+        .as_str()
+        .unwrap();
+    let (status, stored) = alice
+        .bytes(&format!("/v1/files?reference={reference}"), true)
+        .await
+        .unwrap();
+    assert_eq!(status, 200);
+    assert_eq!(stored, big.as_bytes(), "the payload, whole");
+    let huge = "x".repeat((1 << 20) + 1);
+    let headers = standard_headers(push_secret, "bulk-2", now, &huge);
+    assert_eq!(
+        deliver(&server.base, "/v1/hooks/ci/bulk", &headers, &huge)
+            .await
+            .0,
+        413
+    );
+    assert_eq!(conversations_of_alice().await, 5);
 }
 
 /// An app-wide schedule declared in the app's manifest fires into a new conversation of the

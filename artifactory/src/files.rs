@@ -61,13 +61,26 @@ impl Files {
         name: &str,
         bytes: Bytes,
     ) -> Result<Reference> {
-        let path =
-            RefPath::from_segments([EventId::new().to_string(), name.to_owned()]).map_err(|e| {
-                Error::new(
-                    crate::ErrorKind::InvalidInput,
-                    format!("attachment name {name:?}: {e}"),
-                )
-            })?;
+        self.attach_as(prefix, turn, EventId::new(), name, bytes)
+            .await
+    }
+
+    /// [`Self::attach`] under the id of the event that carries it: the same event stored
+    /// again (a sender's retry) lands on the same object.
+    pub async fn attach_as(
+        &self,
+        prefix: &ConversationPrefix,
+        turn: TurnId,
+        event: EventId,
+        name: &str,
+        bytes: Bytes,
+    ) -> Result<Reference> {
+        let path = RefPath::from_segments([event.to_string(), name.to_owned()]).map_err(|e| {
+            Error::new(
+                crate::ErrorKind::InvalidInput,
+                format!("attachment name {name:?}: {e}"),
+            )
+        })?;
         self.store
             .put(&prefix.attachment(turn, &path), PutPayload::from(bytes))
             .await

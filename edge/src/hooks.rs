@@ -1,6 +1,7 @@
 //! Inbound webhooks: `POST /v1/hooks/{app}/{hook}`, a signed delivery from another system,
 //! becomes a message in a conversation of the hook's owner (a new one per delivery, or the one
-//! a field of the payload names).
+//! a field of the payload names) — the payload its text, or (`payload = "attachment"`) an
+//! attachment that opens the turn on its own.
 //!
 //! # Contract
 //! - No bearer token: the signature is the authentication — Standard Webhooks (`webhook-id`,
@@ -26,15 +27,13 @@ use turnpike_artifactory::hooks::{Delivery, Hooks};
 use turnpike_artifactory::NewConversation;
 use turnpike_router::bus::now_ms;
 use turnpike_schemas::{
-    AppId, ConversationId, EventBody, EventId, HookConversation, HookSignature, HookSpec,
+    AppId, ConversationId, EventBody, EventId, HookConversation, HookPayload, HookSignature,
+    HookSpec,
 };
 use utoipa::ToSchema;
 
 use crate::error::{ApiError, ApiResult, ErrorBody};
 use crate::state::Edge;
-
-/// The most any hook takes in one body (a hook's own `max_bytes` is at most this).
-pub const MAX_HOOK_BODY: usize = 1 << 20;
 
 /// The longest delivery id taken.
 const MAX_DELIVERY_ID: usize = 256;
@@ -135,7 +134,7 @@ pub async fn receive(
     State(edge): State<Edge>,
     Path((app, hook)): Path<(String, String)>,
     headers: HeaderMap,
-    body: Bytes,
+    body: axum::body::Body,
 ) -> ApiResult<(StatusCode, Json<HookAccepted>)> {
     let spec = edge
         .inner
@@ -145,16 +144,18 @@ pub async fn receive(
     let app: AppId = app
         .parse()
         .map_err(|_| ApiError::not_found("no such hook"))?;
-    if body.len() > spec.max_bytes {
-        return Err(ApiError::too_large(
-            format!(
-                "the delivery is {} bytes, more than this hook takes ({})",
-                body.len(),
-                spec.max_bytes
-            ),
-            spec.max_bytes as u64,
-        ));
-    }
+    // Read up to this hook's own limit, no further (the signature is checked after).
+    let raw: Bytes = axum::body::to_bytes(body, spec.max_bytes)
+        .await
+        .map_err(|_| {
+            ApiError::too_large(
+                format!(
+                    "the delivery is more than this hook takes ({} bytes)",
+                    spec.max_bytes
+                ),
+                spec.max_bytes as u64,
+            )
+        })?;
     let secret = std::env::var(&spec.secret_env)
         .ok()
         .filter(|s| !s.is_empty());
@@ -162,7 +163,7 @@ pub async fn receive(
         tracing::warn!(app = %app, hook = %spec.name, env = %spec.secret_env, "a hook's secret is not set: its deliveries are refused");
         return Err(ApiError::unavailable("this hook is not set up"));
     };
-    let delivery = verify(&spec, &secret, &headers, &body)?;
+    let delivery = verify(&spec, &secret, &headers, &raw)?;
     if delivery.is_empty()
         || delivery.len() > MAX_DELIVERY_ID
         || !delivery.bytes().all(|b| b.is_ascii_graphic())
@@ -172,7 +173,7 @@ pub async fn receive(
         ));
     }
     edge.inner.rates.check(&spec.owner.to_string())?;
-    let text = std::str::from_utf8(&body)
+    let text = std::str::from_utf8(&raw)
         .map_err(|_| ApiError::invalid("the delivery is not UTF-8 text"))?
         .to_owned();
     let key = match &spec.conversation {
@@ -195,7 +196,29 @@ pub async fn receive(
     // The event as it will be, checked before anything is written: what the lane would refuse
     // is refused now, with nothing claimed.
     let key_of_delivery = delivery_key(&app, &spec.name, &delivery);
-    let body = EventBody::Message { text };
+    // As an attachment: its name says which hook and delivery; its reference is made once the
+    // conversation and the event's id are known (a placeholder is checked here).
+    let attachment_name = format!(
+        "{}-{}.txt",
+        spec.name,
+        &hex::encode(<Sha256 as sha2::Digest>::digest(delivery.as_bytes()))[..12]
+    );
+    let mut body = match spec.payload {
+        HookPayload::Text => EventBody::Message { text },
+        HookPayload::Attachment => EventBody::Attachment {
+            name: attachment_name.clone(),
+            media_type: "text/plain".into(),
+            size: raw.len() as u64,
+            reference: turnpike_schemas::Reference::new(
+                turnpike_schemas::Family::attachment(),
+                ConversationId::new(),
+                turnpike_schemas::TurnId::FIRST,
+                turnpike_schemas::RefPath::parse(&attachment_name)
+                    .map_err(|e| ApiError::invalid(format!("the delivery's name: {e}")))?,
+            ),
+            preview: Some(crate::files::preview("text/plain", &raw)),
+        },
+    };
     {
         let mut probe = turnpike_schemas::Event::new(
             turnpike_schemas::Address {
@@ -273,6 +296,24 @@ pub async fn receive(
             },
         )
         .await?;
+    if let EventBody::Attachment { reference, .. } = &mut body {
+        // Stored under the turn its event opens (the next one), under the event's own id.
+        let prefix =
+            turnpike_artifactory::ConversationPrefix::new(spec.tenant.clone(), claim.conversation);
+        let head = edge
+            .inner
+            .conversations
+            .record(prefix.clone())
+            .head()
+            .await?;
+        let turn = turnpike_schemas::TurnId::new(head.state().last_turn + 1)
+            .unwrap_or(turnpike_schemas::TurnId::FIRST);
+        *reference = edge
+            .inner
+            .files
+            .attach_as(&prefix, turn, claim.event, &attachment_name, raw.clone())
+            .await?;
+    }
     let published = edge
         .inner
         .ingress

@@ -227,11 +227,8 @@ impl Edge {
         Router::new()
             .route("/v1/openapi.json", get(openapi::document))
             .route("/v1/links/{token}", get(files::follow_link))
-            .route(
-                "/v1/hooks/{app}/{hook}",
-                post(hooks::receive)
-                    .layer(axum::extract::DefaultBodyLimit::max(hooks::MAX_HOOK_BODY)),
-            )
+            // Each hook reads its body up to its own `max_bytes`.
+            .route("/v1/hooks/{app}/{hook}", post(hooks::receive))
             .route("/healthz", get(|| async { "ok" }))
             .route("/", get(console::page))
             .route("/console/{name}", get(console::asset))

@@ -28,6 +28,18 @@ pub enum HookConversation {
     Field(String),
 }
 
+/// What a delivery becomes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HookPayload {
+    /// A message whose text is the payload (at most a message's size).
+    #[default]
+    Text,
+    /// An attachment holding the payload (`text/plain`, up to an attachment's size), which
+    /// opens the turn on its own; the agent reads it as it reads any attachment.
+    Attachment,
+}
+
 /// An inbound hook, validated.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct HookSpec {
@@ -46,4 +58,6 @@ pub struct HookSpec {
     pub max_bytes: usize,
     /// How far a Standard Webhooks timestamp may be from now, in seconds.
     pub tolerance_secs: u64,
+    #[serde(default)]
+    pub payload: HookPayload,
 }

@@ -34,7 +34,7 @@ pub mod webhook;
 pub use entry::{EntryBody, EntryKind};
 pub use error::{SchemaError, SchemaErrorKind};
 pub use event::{Address, Event, EventBody, Origin};
-pub use hook::{HookConversation, HookSignature, HookSpec};
+pub use hook::{HookConversation, HookPayload, HookSignature, HookSpec};
 pub use identity::Identity;
 pub use ids::{
     AgentId, AppId, ConversationId, Epoch, EventId, ProjectVersion, RequestId, ScheduleId,

@@ -666,6 +666,9 @@ struct RawHook {
     max_bytes: Option<usize>,
     #[serde(default)]
     tolerance_secs: Option<u64>,
+    /// `text` (default: the message's text) or `attachment`.
+    #[serde(default)]
+    payload: Option<String>,
 }
 
 /// A manifest job's agent (one of the app's), tenant (given, or the app's only one; one of
@@ -696,6 +699,8 @@ fn job_identity(
 
 /// The most a hook may take in one body: what a message may hold.
 pub const MAX_HOOK_BYTES: usize = turnpike_schemas::event::MAX_TEXT_BYTES;
+/// The most a hook whose payload is an attachment may take: what an attachment may hold.
+pub const MAX_HOOK_ATTACHMENT_BYTES: usize = turnpike_schemas::event::MAX_ATTACHMENT_BYTES as usize;
 
 fn hook_spec(
     app: &AppId,
@@ -751,12 +756,22 @@ fn hook_spec(
             ))
         }
     };
+    let (payload, most) = match raw.payload.as_deref() {
+        None | Some("text") => (turnpike_schemas::HookPayload::Text, MAX_HOOK_BYTES),
+        Some("attachment") => (
+            turnpike_schemas::HookPayload::Attachment,
+            MAX_HOOK_ATTACHMENT_BYTES,
+        ),
+        Some(other) => {
+            return Err(format!(
+                "{}: `text` or `attachment`, not {other:?}",
+                field("payload")
+            ))
+        }
+    };
     let max_bytes = raw.max_bytes.unwrap_or(64 << 10);
-    if max_bytes == 0 || max_bytes > MAX_HOOK_BYTES {
-        return Err(format!(
-            "{}: 1–{MAX_HOOK_BYTES}, not {max_bytes}",
-            field("max_bytes")
-        ));
+    if max_bytes == 0 || max_bytes > most {
+        return Err(format!("{}: 1–{most}, not {max_bytes}", field("max_bytes")));
     }
     Ok(turnpike_schemas::HookSpec {
         name: name.to_owned(),
@@ -768,6 +783,7 @@ fn hook_spec(
         conversation,
         max_bytes,
         tolerance_secs: raw.tolerance_secs.unwrap_or(300),
+        payload,
     })
 }
 
@@ -1127,6 +1143,11 @@ mod tests {
             ("app = \"x\"\n[agents.a]\nprovider = \"echo\"\n[hooks.h]\nagent = \"a\"\ntenant = \"t\"\nsignature = \"github\"\nsecret_env = \"S\"\nconversation = \"issue\"\n", "hooks.h.conversation"),
             ("app = \"x\"\ntenants = [\"u\"]\n[agents.a]\nprovider = \"echo\"\n[hooks.h]\nagent = \"a\"\ntenant = \"t\"\nsignature = \"github\"\nsecret_env = \"S\"\n", "hooks.h.tenant: t is not one of the app's tenants"),
             ("app = \"x\"\n[agents.a]\nprovider = \"echo\"\n[hooks.h]\nagent = \"a\"\ntenant = \"t\"\nsignature = \"github\"\nsecret_env = \"S\"\nmax_bytes = 999999\n", "hooks.h.max_bytes"),
+            ("app = \"x\"\n[agents.a]\nprovider = \"echo\"\n[hooks.h]\nagent = \"a\"\ntenant = \"t\"\nsignature = \"github\"\nsecret_env = \"S\"\npayload = \"file\"\n", "hooks.h.payload"),
+            ("app = \"x\"\n[agents.a]\nprovider = \"echo\"\n[hooks.h]\nagent = \"a\"\ntenant = \"t\"\nsignature = \"github\"\nsecret_env = \"S\"\npayload = \"attachment\"\nmax_bytes = 9999999\n", "hooks.h.max_bytes"),
+            ("app = \"x\"\n[agents.a]\nprovider = \"echo\"\n[webhooks.w]\nurl = \"ftp://x/\"\ntenant = \"t\"\nsecret_env = \"S\"\n", "webhooks.w.url"),
+            ("app = \"x\"\n[agents.a]\nprovider = \"echo\"\n[webhooks.w]\nurl = \"https://x/\"\ntenant = \"t\"\nevents = [\"turn.done\"]\nsecret_env = \"S\"\n", "webhooks.w.events"),
+            ("app = \"x\"\n[agents.a]\nprovider = \"echo\"\n[webhooks.w]\nurl = \"https://x/\"\ntenant = \"t\"\nagent = \"b\"\nsecret_env = \"S\"\n", "webhooks.w.agent"),
         ];
         for (text, expected) in cases {
             match parse(text) {
