@@ -718,15 +718,26 @@ fn python() -> PathBuf {
 /// The Standard Webhooks headers of `body` for delivery `id` at `timestamp` (seconds), signed
 /// by the reference library (`standardwebhooks` from PyPI) with `secret`.
 fn standard_headers(secret: &str, id: &str, timestamp: i64, body: &str) -> Vec<(String, String)> {
+    // The body on stdin: it may be larger than an argument may be.
     let script = "import sys, datetime\n\
                   from standardwebhooks.webhooks import Webhook\n\
-                  secret, msg_id, ts, body = sys.argv[1:5]\n\
+                  secret, msg_id, ts = sys.argv[1:4]\n\
+                  body = sys.stdin.read()\n\
                   at = datetime.datetime.fromtimestamp(int(ts), tz=datetime.timezone.utc)\n\
                   print(Webhook(secret).sign(msg_id, at, body))\n";
-    let out = std::process::Command::new(python())
-        .args(["-c", script, secret, id, &timestamp.to_string(), body])
-        .output()
+    let mut child = std::process::Command::new(python())
+        .args(["-c", script, secret, id, &timestamp.to_string()])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
         .expect("the services' python");
+    {
+        use std::io::Write as _;
+        let mut stdin = child.stdin.take().unwrap();
+        stdin.write_all(body.as_bytes()).unwrap();
+    }
+    let out = child.wait_with_output().unwrap();
     assert!(
         out.status.success(),
         "{}",

@@ -203,6 +203,8 @@ pub async fn receive(
         spec.name,
         &hex::encode(<Sha256 as sha2::Digest>::digest(delivery.as_bytes()))[..12]
     );
+    // The conversation the probe below is addressed to (the real one is decided after).
+    let probed = ConversationId::new();
     let mut body = match spec.payload {
         HookPayload::Text => EventBody::Message { text },
         HookPayload::Attachment => EventBody::Attachment {
@@ -211,7 +213,7 @@ pub async fn receive(
             size: raw.len() as u64,
             reference: turnpike_schemas::Reference::new(
                 turnpike_schemas::Family::attachment(),
-                ConversationId::new(),
+                probed,
                 turnpike_schemas::TurnId::FIRST,
                 turnpike_schemas::RefPath::parse(&attachment_name)
                     .map_err(|e| ApiError::invalid(format!("the delivery's name: {e}")))?,
@@ -225,7 +227,7 @@ pub async fn receive(
                 tenant: spec.tenant.clone(),
                 app: app.clone(),
                 agent: spec.agent.clone(),
-                conversation: ConversationId::new(),
+                conversation: probed,
                 identity: spec.owner.clone(),
             },
             body.clone(),
