@@ -644,8 +644,8 @@ pub struct WorkerArgs {
     )]
     pub outbound_allow: Vec<String>,
     /// When outbound webhook deliveries are attempted, each after the one before failed: a
-    /// comma-separated list of durations (`0,5s,5m,30m,2h,5h,10h,10h` by default, about a
-    /// day and a half); past the last, a delivery is a dead letter.
+    /// comma-separated list of durations (`0,5s,5m,30m,2h,5h,10h,10h` by default: eight
+    /// attempts over about 28 hours); past the last, a delivery is a dead letter.
     #[arg(
         long = "webhook-backoff",
         env = "TURNPIKE_WEBHOOK_BACKOFF",

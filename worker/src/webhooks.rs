@@ -69,7 +69,7 @@ impl Default for WebhookConfig {
         Self {
             lease_ttl: s(6),
             tick: Duration::from_millis(500),
-            // About a day and a half in all, as Standard Webhooks' senders retry.
+            // Eight attempts over about 28 hours, as Standard Webhooks' senders retry.
             backoff: vec![
                 s(0),
                 s(5),
