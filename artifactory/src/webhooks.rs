@@ -304,6 +304,15 @@ impl Webhooks {
         }
     }
 
+    /// Every object under `prefix` (`what` names them in an error).
+    async fn listed(&self, prefix: &str, what: &str) -> Result<Vec<object_store::ObjectMeta>> {
+        self.store
+            .list(Some(&Path::from(prefix)))
+            .try_collect()
+            .await
+            .map_err(|e| Error::store(&format!("listing {what}"), e))
+    }
+
     async fn delete(&self, path: &Path) -> Result<()> {
         match self.store.delete(path).await {
             Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
@@ -354,13 +363,9 @@ impl Webhooks {
 
     /// `owner`'s subscriptions in `tenant`, oldest first.
     pub async fn list(&self, tenant: &TenantId, owner: &Identity) -> Result<Vec<Subscription>> {
-        let prefix = Path::from(owner_dir(tenant, owner));
-        let metas: Vec<_> = self
-            .store
-            .list(Some(&prefix))
-            .try_collect()
-            .await
-            .map_err(|e| Error::store("listing webhook subscriptions", e))?;
+        let metas = self
+            .listed(&owner_dir(tenant, owner), "webhook subscriptions")
+            .await?;
         let mut out = Vec::new();
         for meta in metas {
             match self.get_json::<Stored>(&meta.location).await {
@@ -445,13 +450,9 @@ impl Webhooks {
                 && matches!(&d.subscriber, Subscriber::User { owner: o, .. } if o == owner)
         };
         let mut erased = 0;
-        let prefix = Path::from(owner_dir(tenant, owner));
-        let metas: Vec<_> = self
-            .store
-            .list(Some(&prefix))
-            .try_collect()
-            .await
-            .map_err(|e| Error::store("listing webhook subscriptions", e))?;
+        let metas = self
+            .listed(&owner_dir(tenant, owner), "webhook subscriptions")
+            .await?;
         for meta in metas {
             self.delete(&meta.location).await?;
             erased += 1;
@@ -497,13 +498,12 @@ impl Webhooks {
         now: u64,
         limit: usize,
     ) -> Result<(Vec<Pending>, Option<u64>)> {
-        let prefix = Path::from(format!("webhooks/pending/{shard:02}"));
-        let metas: Vec<_> = self
-            .store
-            .list(Some(&prefix))
-            .try_collect()
-            .await
-            .map_err(|e| Error::store("listing waiting webhook deliveries", e))?;
+        let metas = self
+            .listed(
+                &format!("webhooks/pending/{shard:02}"),
+                "waiting webhook deliveries",
+            )
+            .await?;
         let mut due: Vec<Pending> = metas
             .into_iter()
             .filter_map(|m| {
@@ -548,13 +548,9 @@ impl Webhooks {
 
     /// The dead letters of `tenant`, oldest first.
     pub async fn dead_letters(&self, tenant: &TenantId) -> Result<Vec<Delivery>> {
-        let prefix = Path::from(format!("webhooks/dead/{tenant}"));
-        let metas: Vec<_> = self
-            .store
-            .list(Some(&prefix))
-            .try_collect()
-            .await
-            .map_err(|e| Error::store("listing webhook dead letters", e))?;
+        let metas = self
+            .listed(&format!("webhooks/dead/{tenant}"), "webhook dead letters")
+            .await?;
         let mut out = Vec::new();
         for meta in metas {
             if let Some(d) = self.get_json::<Delivery>(&meta.location).await? {

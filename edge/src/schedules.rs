@@ -288,6 +288,27 @@ pub async fn delete(
 }
 
 impl Edge {
+    /// The directory entry of conversation `text` when the caller owns it; `404` otherwise
+    /// (one shared with them, another's, or none at all, alike).
+    pub(crate) async fn owned_conversation(
+        &self,
+        caller: &Principal,
+        text: &str,
+    ) -> ApiResult<turnpike_artifactory::DirectoryEntry> {
+        let not_found = || ApiError::not_found(format!("conversation {text:?} not found"));
+        let conversation: ConversationId = text.parse().map_err(|_| not_found())?;
+        let entry = self
+            .inner
+            .conversations
+            .directory()
+            .lookup(conversation, &caller.tenant, &caller.identity)
+            .await?;
+        if entry.owner != caller.identity {
+            return Err(not_found());
+        }
+        Ok(entry)
+    }
+
     /// A schedule from the caller's input: its agent hosted here, its conversation theirs.
     async fn new_schedule(&self, caller: &Principal, input: ScheduleInput) -> ApiResult<Schedule> {
         let timing = match (&input.cron, input.every_seconds) {
@@ -326,21 +347,9 @@ impl Edge {
                 (Target::New, app, agent)
             }
             Some(text) => {
-                let conversation: ConversationId = text
-                    .parse()
-                    .map_err(|_| ApiError::not_found(format!("conversation {text:?} not found")))?;
                 // Only the owner's: a schedule fires as its maker, into what they own.
-                let entry = self
-                    .inner
-                    .conversations
-                    .directory()
-                    .lookup(conversation, &caller.tenant, &caller.identity)
-                    .await?;
-                if entry.owner != caller.identity {
-                    return Err(ApiError::not_found(format!(
-                        "conversation {conversation} not found"
-                    )));
-                }
+                let entry = self.owned_conversation(caller, text).await?;
+                let conversation = entry.conversation;
                 let mismatch = |what: &str, given: &Option<String>, is: &str| {
                     given.as_deref().is_some_and(|g| g != is).then(|| {
                         ApiError::invalid(format!(

@@ -14,7 +14,6 @@ use axum::Json;
 use serde::{Deserialize, Serialize};
 use turnpike_artifactory::webhooks::{Delivery, Subscriber, Subscription};
 use turnpike_schemas::webhook::EventKind;
-use turnpike_schemas::ConversationId;
 use utoipa::ToSchema;
 
 use crate::auth::Principal;
@@ -165,24 +164,8 @@ pub async fn create(
     }
     let conversation = match input.conversation.as_deref() {
         None => None,
-        Some(text) => {
-            let conversation: ConversationId = text
-                .parse()
-                .map_err(|_| ApiError::not_found(format!("conversation {text:?} not found")))?;
-            // Only the owner's: a subscription hears of what its maker owns.
-            let entry = edge
-                .inner
-                .conversations
-                .directory()
-                .lookup(conversation, &caller.tenant, &caller.identity)
-                .await?;
-            if entry.owner != caller.identity {
-                return Err(ApiError::not_found(format!(
-                    "conversation {conversation} not found"
-                )));
-            }
-            Some(conversation)
-        }
+        // Only the owner's: a subscription hears of what its maker owns.
+        Some(text) => Some(edge.owned_conversation(&caller, text).await?.conversation),
     };
     let webhooks = edge.inner.conversations.webhooks();
     let (subscription, secret) = webhooks

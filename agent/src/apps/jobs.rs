@@ -26,3 +26,20 @@ pub(super) fn job_tenant(
     }
     Ok(tenant)
 }
+
+/// A manifest job's name (`[<section>.<name>]`): 1–63 of a-z, 0-9, `-` and `_`, as it appears
+/// in URLs and store keys.
+pub(super) fn job_name(section: &str, what: &str, name: &str) -> Result<(), String> {
+    let fits = !name.is_empty()
+        && name.len() <= 63
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_');
+    if fits {
+        Ok(())
+    } else {
+        Err(format!(
+            "{section}.{name}: {what} name is 1–63 of a-z, 0-9, - and _"
+        ))
+    }
+}

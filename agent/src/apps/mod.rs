@@ -711,16 +711,7 @@ fn hook_spec(
 ) -> Result<turnpike_schemas::HookSpec, String> {
     use turnpike_schemas::{HookConversation, HookSignature};
     let field = |f: &str| format!("hooks.{name}.{f}");
-    if name.is_empty()
-        || name.len() > 63
-        || !name
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_')
-    {
-        return Err(format!(
-            "hooks.{name}: a hook's name is 1–63 of a-z, 0-9, - and _"
-        ));
-    }
+    jobs::job_name("hooks", "a hook's", name)?;
     let (agent, tenant, owner) = job_identity(
         &field,
         tenants,

@@ -29,16 +29,7 @@ pub(super) fn webhook_spec(
     raw: RawWebhook,
 ) -> Result<WebhookSpec, String> {
     let field = |f: &str| format!("webhooks.{name}.{f}");
-    if name.is_empty()
-        || name.len() > 63
-        || !name
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_')
-    {
-        return Err(format!(
-            "webhooks.{name}: a webhook's name is 1–63 of a-z, 0-9, - and _"
-        ));
-    }
+    super::jobs::job_name("webhooks", "a webhook's", name)?;
     let url = url::Url::parse(&raw.url).map_err(|e| format!("{}: {e}", field("url")))?;
     if !matches!(url.scheme(), "http" | "https") || url.host_str().is_none() {
         return Err(format!(
