@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use turnpike_agent::Apps;
-use turnpike_edge::model::{AgentView, AppView};
+use turnpike_edge::model::{AgentView, AppView, SkillView};
 use turnpike_edge::{Catalog, Replayed, Replayer};
 use turnpike_schemas::TurnLog;
 
@@ -34,8 +34,21 @@ impl Catalog for AppsCatalog {
                             .filter(|s| s.connection)
                             .map(|s| s.name.clone())
                             .collect(),
+                        description: spec.description.clone(),
+                        skills: spec
+                            .skills
+                            .iter()
+                            .map(|s| SkillView {
+                                id: s.id.clone(),
+                                name: s.name.clone(),
+                                description: s.description.clone(),
+                                tags: s.tags.clone(),
+                                examples: s.examples.clone(),
+                            })
+                            .collect(),
                     })
                     .collect(),
+                tenants: self.0.tenants(&app).iter().map(|t| t.to_string()).collect(),
             })
             .collect()
     }

@@ -247,12 +247,12 @@ async fn catching_up_one_turn_reads_the_records_tail_not_the_whole_record() {
         "{reads} reads to index one turn of a {batches}-batch record"
     );
     // The window's listing, and the conversation's forget markers before and after writing
-    // (so that a row forgotten meanwhile is not written back).
-    assert!(
-        rig.counting.lists() <= 3,
-        "{} listings",
-        rig.counting.lists()
-    );
+    // (so that a row forgotten meanwhile is not written back). The worker's background loops
+    // (webhook and schedule dispatch) list their own shards meanwhile: not counted.
+    let listed = rig.counting.listed();
+    let conv = rig.conv.to_string();
+    let ours = listed.iter().filter(|p| p.contains(&conv)).count();
+    assert!(ours <= 3, "{ours} listings of the conversation: {listed:?}");
     rig.counting.reset();
     assert_eq!(indexer.catch_up(rig.conv).await.unwrap(), 0);
     let idle = rig.counting.gets();

@@ -32,6 +32,7 @@
 //! - [`recall`]: what an agent asks recall for; the host runs the query
 //! - [`error`]: the crate's error type
 
+pub mod a2a;
 pub mod agent_loop;
 pub mod approvals;
 pub mod apps;

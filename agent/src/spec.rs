@@ -45,8 +45,29 @@ pub struct AgentSpec {
     pub remote: Option<Arc<crate::remote::spec::RemoteSpec>>,
     /// The MCP servers whose tools the agent may use, besides `tools`.
     pub mcp: Vec<crate::mcp::ServerSpec>,
+    /// The remote agents it may call over A2A, each one of `tools`.
+    pub a2a: Vec<crate::a2a::RemoteAgent>,
     /// Whether the agent's turns are indexed (remembered across the user's conversations).
     pub index: bool,
+    /// What the agent is for, in a sentence or two: its A2A card's description.
+    pub description: String,
+    /// What it can do, as its A2A card lists it.
+    pub skills: Vec<Skill>,
+}
+
+/// One thing an agent can do (`[[agents.X.skills]]`), as its A2A card lists it.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Skill {
+    /// A short id, unique within the agent.
+    pub id: String,
+    pub name: String,
+    pub description: String,
+    #[serde(default)]
+    pub tags: Vec<String>,
+    /// Prompts that show the skill in use.
+    #[serde(default)]
+    pub examples: Vec<String>,
 }
 
 /// What a new message does to a running turn (an agent's `on_new_message`).

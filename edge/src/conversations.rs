@@ -54,24 +54,45 @@ pub async fn create(
             .with_details(serde_json::json!({ "limit_bytes": MAX_INSTRUCTIONS_BYTES })));
         }
     }
-    let (entry, _, head) = edge
-        .inner
-        .conversations
-        .create(
-            &edge.inner.signer,
-            NewConversation {
-                tenant: caller.tenant.clone(),
-                owner: caller.identity.clone(),
-                app,
-                agent,
-                at_ms: now_ms(),
-                instructions: input.instructions.filter(|t| !t.trim().is_empty()),
-                started_by: None,
-            },
+    let (entry, head) = edge
+        .open_conversation(
+            &caller,
+            app,
+            agent,
+            input.instructions.filter(|t| !t.trim().is_empty()),
         )
         .await?;
     // Just created: the head is the one the creation wrote, and it is not closed.
     Ok((StatusCode::CREATED, Json(view_of(entry, &head, None))))
+}
+
+impl Edge {
+    /// Creates a conversation owned by `caller` with an agent the caller has checked.
+    pub(crate) async fn open_conversation(
+        &self,
+        caller: &crate::auth::Principal,
+        app: AppId,
+        agent: AgentId,
+        instructions: Option<String>,
+    ) -> ApiResult<(DirectoryEntry, Head)> {
+        let (entry, _, head) = self
+            .inner
+            .conversations
+            .create(
+                &self.inner.signer,
+                NewConversation {
+                    tenant: caller.tenant.clone(),
+                    owner: caller.identity.clone(),
+                    app,
+                    agent,
+                    at_ms: now_ms(),
+                    instructions,
+                    started_by: None,
+                },
+            )
+            .await?;
+        Ok((entry, head))
+    }
 }
 
 /// The caller's conversations, newest first.

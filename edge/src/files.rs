@@ -76,54 +76,81 @@ pub async fn upload(
     let Some((name, declared, bytes)) = file else {
         return Err(ApiError::invalid("the form has no `file` field"));
     };
-    if name.is_empty()
-        || name.len() > 255
-        || name.contains(['/', '\\'])
-        || name == "."
-        || name == ".."
-    {
-        return Err(ApiError::invalid(
-            "the file name must be 1–255 bytes without slashes",
-        ));
-    }
-    if bytes.is_empty() {
-        return Err(ApiError::invalid("the file is empty"));
-    }
-    let media_type = media_type_of(&bytes, declared.as_deref())?;
-    let preview = preview(media_type, &bytes);
-    // The attachment belongs to the next turn: the one its event will open or join.
-    let head = edge.record(&entry).head().await?;
-    let turn = TurnId::new(head.state().last_turn + 1).unwrap_or(TurnId::FIRST);
-    let reference = edge
-        .inner
-        .files
-        .attach(&entry.prefix(), turn, &name, bytes.clone().into())
+    let view = edge
+        .attach(&caller, &entry, &headers, name, declared.as_deref(), bytes)
         .await?;
-    let (_, Json(accepted)) = edge
-        .submit(
-            &caller,
-            &id,
-            &headers,
-            EventBody::Attachment {
-                name: name.clone(),
-                media_type: media_type.to_owned(),
-                size: bytes.len() as u64,
-                reference: reference.clone(),
-                preview: Some(preview.clone()),
-            },
-        )
-        .await?;
-    Ok((
-        StatusCode::ACCEPTED,
-        Json(AttachmentView {
+    Ok((StatusCode::ACCEPTED, Json(view)))
+}
+
+impl Edge {
+    /// Attaches one file to conversation `entry` as `caller`: the name and the type (checked
+    /// against the bytes) are checked, the bytes stored, and an `attachment` event with its
+    /// reference and a preview goes on the lane. The upload endpoint and A2A file parts.
+    pub(crate) async fn attach(
+        &self,
+        caller: &crate::auth::Principal,
+        entry: &turnpike_artifactory::DirectoryEntry,
+        headers: &HeaderMap,
+        name: String,
+        declared: Option<&str>,
+        bytes: Vec<u8>,
+    ) -> ApiResult<AttachmentView> {
+        if name.is_empty()
+            || name.len() > 255
+            || name.contains(['/', '\\'])
+            || name == "."
+            || name == ".."
+        {
+            return Err(ApiError::invalid(
+                "the file name must be 1–255 bytes without slashes",
+            ));
+        }
+        if bytes.is_empty() {
+            return Err(ApiError::invalid("the file is empty"));
+        }
+        if bytes.len() as u64 > MAX_ATTACHMENT_BYTES {
+            return Err(ApiError::too_large(
+                format!(
+                    "the attachment is larger than the limit of {} MiB ({MAX_ATTACHMENT_BYTES} bytes)",
+                    MAX_ATTACHMENT_BYTES >> 20
+                ),
+                MAX_ATTACHMENT_BYTES,
+            ));
+        }
+        let media_type = media_type_of(&bytes, declared)?;
+        let preview = preview(media_type, &bytes);
+        // The attachment belongs to the next turn: the one its event will open or join.
+        let head = self.record(entry).head().await?;
+        let turn = TurnId::new(head.state().last_turn + 1).unwrap_or(TurnId::FIRST);
+        let size = bytes.len() as u64;
+        let reference = self
+            .inner
+            .files
+            .attach(&entry.prefix(), turn, &name, bytes.into())
+            .await?;
+        let (_, Json(accepted)) = self
+            .submit(
+                caller,
+                &entry.conversation.to_string(),
+                headers,
+                EventBody::Attachment {
+                    name: name.clone(),
+                    media_type: media_type.to_owned(),
+                    size,
+                    reference: reference.clone(),
+                    preview: Some(preview.clone()),
+                },
+            )
+            .await?;
+        Ok(AttachmentView {
             reference: reference.to_string(),
             name,
             media_type: media_type.to_owned(),
-            size: bytes.len() as u64,
+            size,
             preview,
             accepted,
-        }),
-    ))
+        })
+    }
 }
 
 fn multipart_error(e: axum::extract::multipart::MultipartError) -> ApiError {
@@ -356,27 +383,41 @@ pub async fn link(
             "ttl_seconds must be 1–{MAX_LINK_TTL_S}"
         )));
     }
-    let expires_ms = now_ms() + ttl * 1000;
-    let claims = LinkClaims {
-        r: input.reference,
-        i: caller.identity.to_string(),
-        t: caller.tenant.to_string(),
-        e: expires_ms,
-    };
-    let payload = serde_json::to_vec(&claims).expect("claims serialise");
-    let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD;
-    let token = format!(
-        "{}.{}",
-        b64.encode(&payload),
-        b64.encode(sign(&edge.inner.link_key, &payload))
-    );
     Ok((
         StatusCode::CREATED,
-        Json(LinkView {
+        Json(edge.signed_link(&caller, input.reference, ttl)),
+    ))
+}
+
+impl Edge {
+    /// A link to `reference` that works without a token for `ttl_s` seconds, as `caller` (who
+    /// must be able to read it now: the caller checks; the link is checked again when followed).
+    /// The URL is the path (`/v1/links/…`).
+    pub(crate) fn signed_link(
+        &self,
+        caller: &crate::auth::Principal,
+        reference: String,
+        ttl_s: u64,
+    ) -> LinkView {
+        let expires_ms = now_ms() + ttl_s * 1000;
+        let claims = LinkClaims {
+            r: reference,
+            i: caller.identity.to_string(),
+            t: caller.tenant.to_string(),
+            e: expires_ms,
+        };
+        let payload = serde_json::to_vec(&claims).expect("claims serialise");
+        let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD;
+        let token = format!(
+            "{}.{}",
+            b64.encode(&payload),
+            b64.encode(sign(&self.inner.link_key, &payload))
+        );
+        LinkView {
             url: format!("/v1/links/{token}"),
             expires_ms,
-        }),
-    ))
+        }
+    }
 }
 
 /// Follows a signed link (no bearer token needed). An expired, altered or foreign link is

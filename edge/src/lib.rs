@@ -25,6 +25,8 @@
 //! - [`conversations`], [`events`], [`files`], [`stream`], [`services`]: the handlers
 //! - [`memory`]: what the index remembers of the caller, and forgetting it
 //! - [`versions`]: a conversation's project versions: files and diffs
+//! - [`a2a`]: every hosted agent as an A2A agent (cards, JSON-RPC, tasks from the record)
+//! - [`mcp`]: the deployment as an MCP server (`/mcp`): agents and search as tools
 //! - [`hooks`]: inbound webhooks (signed deliveries become messages, each once)
 //! - [`schedules`]: the caller's schedules (the workers fire them)
 //! - [`webhooks`]: the caller's outbound webhooks and their dead letters (workers deliver)
@@ -37,6 +39,7 @@
 //! - [`extract`]: the caller, bodies, parameters and ids handlers take from a request
 //! - `hosted`: what the edge needs of the harness (the apps catalogue, replay), as traits
 
+pub mod a2a;
 pub mod auth;
 pub mod client;
 pub mod connections;
@@ -49,6 +52,7 @@ pub mod files;
 pub mod hooks;
 mod hosted;
 pub mod limits;
+pub mod mcp;
 pub mod memory;
 pub mod model;
 pub mod openapi;
@@ -203,6 +207,18 @@ impl Edge {
                 "/v1/webhooks/dead-letters/{id}/redeliver",
                 post(webhooks::redeliver),
             )
+            .route("/v1/agent-cards", get(a2a::agent_cards))
+            .route(
+                "/a2a/{app}/{agent}/.well-known/agent-card.json",
+                get(a2a::agent_card),
+            )
+            .route(
+                "/a2a/{app}/{agent}",
+                post(a2a::rpc).layer(axum::extract::DefaultBodyLimit::max(a2a::MAX_RPC_BODY)),
+            )
+            // POST only: no session is issued, so clients open no stream (GET) and end none
+            // (DELETE); both are 405 with `Allow: POST`.
+            .route("/mcp", post(mcp::endpoint))
             .route("/v1/admin/conversations", get(services::phases))
             .route(
                 "/v1/memory",

@@ -20,6 +20,29 @@ pub struct AppView {
     /// The app's id.
     pub id: String,
     pub agents: Vec<AgentView>,
+    /// The tenants the app is offered to (empty: every tenant). Not shown: what one tenant
+    /// may use says nothing to another.
+    #[serde(skip)]
+    pub tenants: Vec<String>,
+}
+
+impl AppView {
+    /// Whether `tenant` may use the app.
+    pub fn offered_to(&self, tenant: &str) -> bool {
+        self.tenants.is_empty() || self.tenants.iter().any(|t| t == tenant)
+    }
+}
+
+/// One thing an agent can do, from its manifest.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct SkillView {
+    pub id: String,
+    pub name: String,
+    pub description: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tags: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub examples: Vec<String>,
 }
 
 /// One agent of an app.
@@ -35,6 +58,12 @@ pub struct AgentView {
     /// Its MCP servers that need each user's own connection (`PUT /v1/connections/{app}/{server}`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub connections: Vec<String>,
+    /// What the agent is for (its manifest's `description`).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub description: String,
+    /// What it can do (its manifest's `skills`), as its A2A card lists them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub skills: Vec<SkillView>,
 }
 
 #[derive(Debug, Clone, Serialize, ToSchema)]

@@ -9,8 +9,8 @@ use utoipa::{Modify, OpenApi};
 
 use super::model;
 use super::{
-    connections, conversations, error, events, files, hooks, memory, schedules, services, stream,
-    tickets, usage, versions, webhooks,
+    a2a, connections, conversations, error, events, files, hooks, mcp, memory, schedules, services,
+    stream, tickets, usage, versions, webhooks,
 };
 
 #[derive(OpenApi)]
@@ -74,6 +74,10 @@ use super::{
         webhooks::dead_letters,
         webhooks::redeliver,
         hooks::receive,
+        a2a::agent_cards,
+        a2a::agent_card,
+        a2a::rpc,
+        mcp::endpoint,
     ),
     components(schemas(error::ErrorBody, model::Frame)),
     modifiers(&Common),

@@ -28,6 +28,7 @@
 //! - [`config`]: worker settings
 //! - [`error`]: the crate's error type
 
+pub mod a2a;
 pub mod cell;
 pub mod config;
 mod dispatch;

@@ -43,6 +43,12 @@
 //! on_new_message = "queue"      # a message arriving while a turn runs: "queue" (default; it
 //!                               # starts its own turn after this one) or "interrupt" (the
 //!                               # running turn is cancelled, "superseded by a new message")
+//! description = "Answers questions about the demo."   # what the agent is for (its A2A card)
+//! skills = [{ id = "answer", name = "Answers", description = "Answers a question",
+//!             tags = ["qa"], examples = ["What is Turnpike?"] }]   # what its A2A card lists
+//! a2a = [{ name = "researcher", url = "https://other.example/a2a/research/researcher",
+//!          token_env = "RESEARCHER_TOKEN" }]   # remote agents the model may call, each a
+//!                               # side-effecting tool (see `crate::a2a`)
 //! headless = "park"             # a gated call in a session's turn (a schedule or a hook sent
 //!                               # its input): "park" (default; subscribers hear turn.parked)
 //!                               # or "deny" (not run; its result says why)
@@ -348,6 +354,13 @@ impl Apps {
             .collect();
         ids.sort();
         ids
+    }
+
+    /// The tenants `app` is offered to (empty: every tenant, or no such app).
+    pub fn tenants(&self, app: &AppId) -> Vec<TenantId> {
+        self.lookup(app)
+            .map(|h| h.tenants.clone())
+            .unwrap_or_default()
     }
 
     /// The callbacks and agent for a turn of (tenant, app, agent), or why there are none.
@@ -828,12 +841,56 @@ struct RawAgent {
     remote: Option<crate::remote::RawRemote>,
     #[serde(default)]
     mcp: Vec<crate::mcp::spec::RawServer>,
+    #[serde(default)]
+    a2a: Vec<crate::a2a::RawRemoteAgent>,
     #[serde(default = "yes")]
     index: bool,
+    #[serde(default)]
+    description: Option<String>,
+    #[serde(default)]
+    skills: Vec<crate::spec::Skill>,
 }
 
 fn yes() -> bool {
     true
+}
+
+/// An agent's remote agents (`[[agents.X.a2a]]`), each a tool whose name no other tool of the
+/// agent has.
+fn remote_agents(
+    raw: Vec<crate::a2a::RawRemoteAgent>,
+    tools: &dyn ToolCatalog,
+    allowed: &[String],
+) -> Result<Vec<crate::a2a::RemoteAgent>, String> {
+    let mut agents: Vec<crate::a2a::RemoteAgent> = Vec::new();
+    for (i, raw) in raw.into_iter().enumerate() {
+        let agent = raw.validate().map_err(|e| format!("[{i}]{e}"))?;
+        if agents.iter().any(|a| a.name == agent.name) {
+            return Err(format!("[{i}].name: {:?} is named twice", agent.name));
+        }
+        if tools.describe(&agent.name).is_some() || allowed.contains(&agent.name) {
+            return Err(format!(
+                "[{i}].name: {:?} is a built-in tool's name",
+                agent.name
+            ));
+        }
+        agents.push(agent);
+    }
+    Ok(agents)
+}
+
+/// An agent's skills, each with an id unique within the agent and a name.
+fn checked_skills(skills: Vec<crate::spec::Skill>) -> Result<Vec<crate::spec::Skill>, String> {
+    let mut seen = std::collections::HashSet::new();
+    for (i, skill) in skills.iter().enumerate() {
+        if skill.id.trim().is_empty() || skill.name.trim().is_empty() {
+            return Err(format!("[{i}]: a skill needs an id and a name"));
+        }
+        if !seen.insert(skill.id.as_str()) {
+            return Err(format!("[{i}].id: {:?} is used twice", skill.id));
+        }
+    }
+    Ok(skills)
 }
 
 impl Manifest {
@@ -866,9 +923,13 @@ impl Manifest {
             let toolset = Toolset::allow(tools, &agent.tools)
                 .map_err(|e| format!("{}: {e}", field("tools")))?;
             let mcp = mcp_servers(agent.mcp).map_err(|e| format!("{}{e}", field("mcp")))?;
+            let remote_agents = remote_agents(agent.a2a, tools, &agent.tools)
+                .map_err(|e| format!("{}{e}", field("a2a")))?;
+            let toolset = toolset.with(remote_agents.iter().map(|a| a.tool()));
             let is_mcp_tool = |tool: &str| {
                 mcp.iter()
                     .any(|s| s.own_name(tool).is_some_and(|own| s.allows(own)))
+                    || remote_agents.iter().any(|a| a.name == tool)
             };
             let max_rounds = agent.max_rounds.unwrap_or(DEFAULT_MAX_ROUNDS);
             if max_rounds == 0 || max_rounds > DEFAULT_MAX_ROUNDS {
@@ -950,7 +1011,9 @@ impl Manifest {
             };
             let tool_choice = ToolChoice::parse(agent.tool_choice.as_deref().unwrap_or("auto"));
             match &tool_choice {
-                ToolChoice::Required if agent.tools.is_empty() && mcp.is_empty() => {
+                ToolChoice::Required
+                    if agent.tools.is_empty() && mcp.is_empty() && remote_agents.is_empty() =>
+                {
                     return Err(format!(
                         "{}: \"required\" needs the agent to have tools",
                         field("tool_choice")
@@ -990,6 +1053,8 @@ impl Manifest {
                 )),
                 None => None,
             };
+            let skills =
+                checked_skills(agent.skills).map_err(|e| format!("{}{e}", field("skills")))?;
             let policy = Policy::new(agent.approval).map_err(|e| format!("agents.{name}.{e}"))?;
             for gate in policy_tools(&policy) {
                 if tools.describe(&gate).is_none() && !is_mcp_tool(&gate) {
@@ -1021,7 +1086,10 @@ impl Manifest {
                     recall: agent.recall,
                     remote,
                     mcp,
+                    a2a: remote_agents,
                     index: agent.index,
+                    description: agent.description.unwrap_or_default(),
+                    skills,
                 }),
             );
         }

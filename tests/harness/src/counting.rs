@@ -3,7 +3,7 @@
 
 use std::ops::Range;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -14,12 +14,13 @@ use object_store::{
     PutMultipartOptions, PutOptions, PutPayload, PutResult, RenameOptions, Result,
 };
 
-/// Counts object reads (gets and range gets) and listings.
+/// Counts object reads (gets and range gets) and listings, and keeps each listing's prefix.
 #[derive(Debug)]
 pub struct CountingStore {
     inner: Arc<dyn ObjectStore>,
     gets: AtomicUsize,
     lists: AtomicUsize,
+    listed: Mutex<Vec<String>>,
 }
 
 impl CountingStore {
@@ -28,6 +29,7 @@ impl CountingStore {
             inner,
             gets: AtomicUsize::new(0),
             lists: AtomicUsize::new(0),
+            listed: Mutex::new(Vec::new()),
         })
     }
 
@@ -41,9 +43,25 @@ impl CountingStore {
         self.lists.load(Ordering::SeqCst)
     }
 
+    /// The prefixes listed since the last reset, in order (`""` for the whole store). A
+    /// process's background loops (webhook and schedule dispatch) list on their own clock; a
+    /// test of one operation's cost counts the listings under that operation's prefixes.
+    pub fn listed(&self) -> Vec<String> {
+        self.listed.lock().expect("listing log").clone()
+    }
+
     pub fn reset(&self) {
         self.gets.store(0, Ordering::SeqCst);
         self.lists.store(0, Ordering::SeqCst);
+        self.listed.lock().expect("listing log").clear();
+    }
+
+    fn listing(&self, prefix: Option<&Path>) {
+        self.lists.fetch_add(1, Ordering::SeqCst);
+        self.listed
+            .lock()
+            .expect("listing log")
+            .push(prefix.map(ToString::to_string).unwrap_or_default());
     }
 }
 
@@ -90,7 +108,7 @@ impl ObjectStore for CountingStore {
     }
 
     fn list(&self, prefix: Option<&Path>) -> BoxStream<'static, Result<ObjectMeta>> {
-        self.lists.fetch_add(1, Ordering::SeqCst);
+        self.listing(prefix);
         self.inner.list(prefix)
     }
 
@@ -99,12 +117,12 @@ impl ObjectStore for CountingStore {
         prefix: Option<&Path>,
         offset: &Path,
     ) -> BoxStream<'static, Result<ObjectMeta>> {
-        self.lists.fetch_add(1, Ordering::SeqCst);
+        self.listing(prefix);
         self.inner.list_with_offset(prefix, offset)
     }
 
     async fn list_with_delimiter(&self, prefix: Option<&Path>) -> Result<ListResult> {
-        self.lists.fetch_add(1, Ordering::SeqCst);
+        self.listing(prefix);
         self.inner.list_with_delimiter(prefix).await
     }
 

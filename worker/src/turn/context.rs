@@ -380,6 +380,19 @@ impl Turn for TurnContext<'_> {
                 .await?;
         }
         let cx = self.tool_context(&call.id);
+        if let Some(spec) = &self.spec {
+            if let Some(done) = crate::a2a::call(
+                &cx,
+                &spec.a2a,
+                &self.env.config.outbound,
+                &call.name,
+                &call.arguments,
+            )
+            .await
+            {
+                return Ok(done);
+            }
+        }
         if let Some(done) = self
             .mcp
             .call(&cx, tools, &call.name, call.arguments.clone())
