@@ -6,6 +6,8 @@
 use std::path::PathBuf;
 use std::process::Command;
 
+use std::time::Duration;
+
 use serde_json::Value;
 use turnpike_tests::edge::{apps_with, Server, ALICE, ALICE_OF_BETA, BOB};
 
@@ -62,6 +64,12 @@ when = "colour"
 tool_calls = [{ name = "ask_user", arguments = { question = "Which colour?" } }]
 
 [[turn]]
+when = "hold for push"
+[[turn.step]]
+text = "held until told"
+wait_for_input = true
+
+[[turn]]
 when = "attach"
 [[turn.step]]
 text = "You attached {attachment}"
@@ -92,6 +100,8 @@ const QUIET: &str = r#"
 text = "quiet here"
 "#;
 
+const LONG: Duration = Duration::from_secs(120);
+
 fn binary() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_turnpike"))
 }
@@ -111,11 +121,17 @@ fn python() -> PathBuf {
 
 /// Runs the client script in `mode` against `server`; its report (the last line).
 fn drive(server: &Server, mode: &str) -> Value {
+    drive_with(server, mode, &[])
+}
+
+/// [`drive`] with more environment for the script.
+fn drive_with(server: &Server, mode: &str, envs: &[(&str, String)]) -> Value {
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/a2a/a2a_client.py");
     let out = Command::new(python())
         .arg(&script)
         .args([mode, &server.base, ALICE, BOB, ALICE_OF_BETA])
         .env("PYTHONWARNINGS", "ignore")
+        .envs(envs.iter().map(|(k, v)| (*k, v.as_str())))
         .output()
         .expect("the client script runs");
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -259,9 +275,8 @@ async fn conversations_of(client: &turnpike_edge::client::Client) -> Vec<(String
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_agent_calls_another_deployments_agent_over_a2a_a_crash_mid_call_quarantines_and_replay_needs_no_remote(
 ) {
-    use std::time::Duration;
     use turnpike_tests::edge::{create, say, wait_for_complete_turns, ADMIN};
-    let long = Duration::from_secs(120);
+    let long = LONG;
     // B: the relay app, as in the tests above.
     let b_apps = apps_with(&[
         ("relay.toml", RELAY),
@@ -367,4 +382,88 @@ async fn an_agent_calls_another_deployments_agent_over_a2a_a_crash_mid_call_quar
         .unwrap();
     assert_eq!(replayed["reproduced"], true, "{replayed}");
     assert_eq!(replayed["turns"].as_array().unwrap().len(), 1, "{replayed}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn push_notifications_reach_a_receiver_that_fails_its_first_attempts_once_signed_with_the_token(
+) {
+    use turnpike_tests::receiver::{verifies, Receiver};
+    let receiver = Receiver::start().await;
+    let apps = apps_with(&[
+        ("relay.toml", RELAY),
+        ("secret.toml", SECRET),
+        ("helper.script.toml", HELPER),
+        ("publisher.script.toml", PUBLISHER),
+        ("quiet.script.toml", QUIET),
+    ]);
+    let server = Server::start_with_env(
+        &binary(),
+        Some(apps.path()),
+        &[
+            "--outbound-allow",
+            "127.0.0.1",
+            "--webhook-backoff",
+            "0,1s,1s,1s,1s",
+        ],
+        false,
+        &[],
+    )
+    .unwrap();
+    let report = drive_with(
+        &server,
+        "push",
+        &[(
+            "A2A_RECEIVER",
+            format!("http://127.0.0.1:{}", receiver.port),
+        )],
+    );
+    let task = report["push"]["task"].as_str().unwrap();
+    let context = report["push"]["context"].as_str().unwrap();
+    let delivered = turnpike_tests::wait::until(LONG, "the push delivered", || async {
+        let got = receiver.on("/flaky/push");
+        got.iter().any(|r| r["status"] == 200).then_some(got)
+    })
+    .await;
+    // Three refusals, then taken: four attempts of one message, and nothing else.
+    assert_eq!(
+        delivered
+            .iter()
+            .map(|r| r["status"].as_u64().unwrap())
+            .collect::<Vec<_>>(),
+        [500, 500, 500, 200]
+    );
+    let ids: std::collections::BTreeSet<&str> = delivered
+        .iter()
+        .map(|r| r["headers"]["webhook-id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids.len(), 1, "one message: {ids:?}");
+    let last = delivered.last().unwrap();
+    let body: Value = serde_json::from_str(last["body"].as_str().unwrap()).unwrap();
+    assert_eq!(body["statusUpdate"]["taskId"], task);
+    assert_eq!(body["statusUpdate"]["contextId"], context);
+    assert_eq!(
+        body["statusUpdate"]["status"]["state"],
+        "TASK_STATE_COMPLETED"
+    );
+    assert_eq!(last["headers"]["x-a2a-notification-token"], "tok-push-123");
+    assert_eq!(last["headers"]["authorization"], "Bearer push-secret");
+    // Signed (Standard Webhooks) with the client's token as the key: the reference library
+    // verifies it with that, and not with another.
+    use base64::Engine as _;
+    let key = |token: &str| {
+        format!(
+            "whsec_{}",
+            base64::engine::general_purpose::STANDARD.encode(token)
+        )
+    };
+    assert!(verifies(&key("tok-push-123"), last));
+    assert!(!verifies(&key("tok-push-124"), last));
+    // The deleted config heard nothing; the task's ended with it: no subscription is left.
+    assert!(receiver.on("/ok/second").is_empty());
+    let alice = server.client(ALICE);
+    turnpike_tests::wait::until(LONG, "the ended subscription removed", || async {
+        let listed = alice.get("/v1/webhooks").await.ok()?.into_ok().ok()?;
+        listed["webhooks"].as_array()?.is_empty().then_some(())
+    })
+    .await;
 }

@@ -74,6 +74,45 @@ pub struct Subscription {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub conversation: Option<ConversationId>,
     pub created_ms: u64,
+    /// An A2A client's push notifications for one task: deliveries speak A2A, and the
+    /// subscription ends with the task.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub a2a: Option<A2aPush>,
+}
+
+/// What an A2A client registered for a task's push notifications (`TaskPushNotificationConfig`).
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct A2aPush {
+    /// The task (`<conversation>-<lane seq>`).
+    pub task: String,
+    /// The config's id (the client's, or the subscription's).
+    pub config: String,
+    /// Whether the client gave a token: it is the subscription's signing key (sealed like
+    /// every secret), and sent back as `X-A2A-Notification-Token`.
+    #[serde(default)]
+    pub token: bool,
+    /// Sent as `Authorization`: `<scheme> <credentials>`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub authorization: Option<String>,
+    /// The task's end is on its way: nothing more is sent, and the subscription goes once that
+    /// is delivered.
+    #[serde(default)]
+    pub ended: bool,
+}
+
+impl std::fmt::Debug for A2aPush {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("A2aPush")
+            .field("task", &self.task)
+            .field("config", &self.config)
+            .field("token", &self.token)
+            .field(
+                "authorization",
+                &self.authorization.as_ref().map(|_| "(redacted)"),
+            )
+            .field("ended", &self.ended)
+            .finish()
+    }
 }
 
 #[derive(Serialize, Deserialize)]
@@ -168,6 +207,28 @@ impl SigningSecret {
             "whsec_{}",
             base64::engine::general_purpose::STANDARD.encode(bytes)
         )))
+    }
+
+    /// The secret whose key is `key`'s bytes (an A2A client's token: it can check the
+    /// signatures with what it chose).
+    pub fn of_key(key: &[u8]) -> Result<Self> {
+        use base64::Engine as _;
+        if key.is_empty() {
+            return Err(Error::new(ErrorKind::InvalidInput, "an empty signing key"));
+        }
+        Ok(Self(format!(
+            "whsec_{}",
+            base64::engine::general_purpose::STANDARD.encode(key)
+        )))
+    }
+
+    /// The key's bytes as text, when they are (the A2A token a secret was made of).
+    pub fn key_text(&self) -> Option<String> {
+        use base64::Engine as _;
+        let key = base64::engine::general_purpose::STANDARD
+            .decode(self.0.trim_start_matches("whsec_"))
+            .ok()?;
+        String::from_utf8(key).ok()
     }
 
     /// A secret as an operator gave it (`whsec_<base64>`, or bare base64).
@@ -331,6 +392,24 @@ impl Webhooks {
         events: Vec<EventKind>,
         conversation: Option<ConversationId>,
     ) -> Result<(Subscription, SigningSecret)> {
+        let secret = SigningSecret::fresh()?;
+        self.create_with(tenant, owner, url, events, conversation, None, secret)
+            .await
+    }
+
+    /// [`Self::create`] with the secret given, and an A2A client's push settings (the
+    /// subscription is then one task's, of one conversation).
+    #[allow(clippy::too_many_arguments)]
+    pub async fn create_with(
+        &self,
+        tenant: &TenantId,
+        owner: &Identity,
+        url: &str,
+        events: Vec<EventKind>,
+        conversation: Option<ConversationId>,
+        a2a: Option<A2aPush>,
+        secret: SigningSecret,
+    ) -> Result<(Subscription, SigningSecret)> {
         let key = self.key()?;
         check_url(url)?;
         if self.list(tenant, owner).await?.len() >= MAX_PER_OWNER {
@@ -340,7 +419,6 @@ impl Webhooks {
             ));
         }
         let id = format!("wh_{}", ulid::Ulid::new());
-        let secret = SigningSecret::fresh()?;
         let (nonce, sealed) = key.seal(aad(tenant, owner, &id), secret.expose().as_bytes())?;
         let subscription = Subscription {
             id: id.clone(),
@@ -350,6 +428,7 @@ impl Webhooks {
             events,
             conversation,
             created_ms: now_ms(),
+            a2a,
         };
         let path = Path::from(format!("{}/{id}.json", owner_dir(tenant, owner)));
         let stored = Stored {
@@ -424,6 +503,23 @@ impl Webhooks {
             .ok_or_else(corrupt)?;
         let secret = String::from_utf8(plain).map_err(|_| corrupt())?;
         Ok(Some((stored.subscription, SigningSecret::parse(&secret)?)))
+    }
+
+    /// Marks `owner`'s A2A push subscription `id` as ended (its task's end is enqueued);
+    /// whether it was there.
+    pub async fn end_push(&self, tenant: &TenantId, owner: &Identity, id: &str) -> Result<bool> {
+        if !valid_id(id) {
+            return Ok(false);
+        }
+        let path = Path::from(format!("{}/{id}.json", owner_dir(tenant, owner)));
+        let Some(mut stored) = self.get_json::<Stored>(&path).await? else {
+            return Ok(false);
+        };
+        if let Some(push) = &mut stored.subscription.a2a {
+            push.ended = true;
+            self.put_json(&path, &stored, false).await?;
+        }
+        Ok(true)
     }
 
     /// Deletes `owner`'s subscription `id`; whether there was one. Its waiting deliveries are

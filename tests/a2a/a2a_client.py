@@ -1,7 +1,7 @@
 """Turnpike's A2A and MCP endpoints, driven by the ecosystem's own clients: the official A2A
 client (`a2a-sdk`, protocol 1.0) and the `mcp` client over streamable HTTP.
 
-Usage: a2a_client.py a2a|mcp <base-url> <token> <bob-token> <beta-token>
+Usage: a2a_client.py a2a|push|mcp <base-url> <token> <bob-token> <beta-token>
 
 Each check prints `ok <name>`; any failure raises (a non-zero exit). The last line is a JSON
 object of what the Rust side checks again in the record (task and conversation ids).
@@ -330,6 +330,56 @@ async def a2a():
     await anonymous.aclose()
 
 
+async def push():
+    """Push notifications: one given with the message, one made, read, listed and deleted."""
+    from a2a.types import (
+        DeleteTaskPushNotificationConfigRequest,
+        GetTaskPushNotificationConfigRequest,
+        ListTaskPushNotificationConfigsRequest,
+        TaskPushNotificationConfig,
+    )
+    import os
+
+    receiver = os.environ["A2A_RECEIVER"]
+    http, streaming, blocking = await clients(TOKEN)
+    config = TaskPushNotificationConfig(url=f"{receiver}/flaky/push", token="tok-push-123")
+    config.authentication.scheme = "Bearer"
+    config.authentication.credentials = "push-secret"
+    held = await send(blocking, message("hold for push"), SendMessageConfiguration(
+        return_immediately=True, task_push_notification_config=config))
+    assert state(held) in ("TASK_STATE_SUBMITTED", "TASK_STATE_WORKING"), held
+    second = await streaming.create_task_push_notification_config(TaskPushNotificationConfig(
+        task_id=held.id, url=f"{receiver}/ok/second", id="second"))
+    assert second.id == "second" and second.task_id == held.id, second
+    listed = await streaming.list_task_push_notification_configs(
+        ListTaskPushNotificationConfigsRequest(task_id=held.id))
+    assert sorted(c.url.rsplit("/", 1)[-1] for c in listed.configs) == ["push", "second"], listed
+    got = await streaming.get_task_push_notification_config(
+        GetTaskPushNotificationConfigRequest(task_id=held.id, id="second"))
+    assert got.url.endswith("/ok/second"), got
+    await streaming.delete_task_push_notification_config(
+        DeleteTaskPushNotificationConfigRequest(task_id=held.id, id="second"))
+    listed = await streaming.list_task_push_notification_configs(
+        ListTaskPushNotificationConfigsRequest(task_id=held.id))
+    assert [c.url.rsplit("/", 1)[-1] for c in listed.configs] == ["push"], listed
+    # Another identity: no configs of this task, and none made for it.
+    o_http, o_streaming, _ = await clients(BOB)
+    try:
+        await o_streaming.list_task_push_notification_configs(
+            ListTaskPushNotificationConfigsRequest(task_id=held.id))
+        raise AssertionError("another identity listed a task's configs")
+    except TaskNotFoundError:
+        pass
+    await o_http.aclose()
+    ok("push configs")
+    # Let the task end: a follow-up reaches the lane, the held step goes on.
+    done = await send(blocking, message("go on", task_id=held.id, context_id=held.context_id))
+    assert state(done) == "TASK_STATE_COMPLETED", done
+    REPORT["push"] = {"task": held.id, "context": held.context_id}
+    ok("push task")
+    await http.aclose()
+
+
 # ---------------------------------------------------------------------------------------------
 # MCP
 # ---------------------------------------------------------------------------------------------
@@ -426,5 +476,5 @@ async def mcp():
         ok("mcp protocol")
 
 
-asyncio.run(a2a() if MODE == "a2a" else mcp())
+asyncio.run({"a2a": a2a, "mcp": mcp, "push": push}[MODE]())
 print(json.dumps(REPORT), flush=True)

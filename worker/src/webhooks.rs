@@ -31,7 +31,8 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 use tracing::{debug, warn};
 use turnpike_artifactory::webhooks::{
-    owner_hash, Delivery, Message, Pending, SigningSecret, Subscriber, Subscription, SHARDS,
+    owner_hash, A2aPush, Delivery, Message, Pending, SigningSecret, Subscriber, Subscription,
+    SHARDS,
 };
 use turnpike_artifactory::{Directory, Webhooks};
 use turnpike_router::bus::{now_ms, Bus};
@@ -237,23 +238,39 @@ impl Notifier {
             })
             .collect();
         let owners = self.owners_with_subscriptions(t.tenant).await?;
+        // A2A push subscriptions follow one task: the task's end is their last message.
+        let mut ended: Vec<(Identity, String)> = Vec::new();
         if !owners.is_empty() {
             let owner = self.owner_of(t.tenant, t.conversation).await?;
             if let Some(owner) = owner.filter(|o| owners.contains(&owner_hash(o))) {
-                subscribers.extend(
-                    self.subscriptions_of(t.tenant, &owner)
-                        .await?
-                        .iter()
-                        .filter(|s| s.conversation.is_none_or(|c| c == t.conversation))
-                        .filter(|s| wants(&s.events, message.kind))
-                        .map(|s| Subscriber::User {
-                            owner: owner.clone(),
-                            id: s.id.clone(),
-                        }),
-                );
+                let theirs = self.subscriptions_of(t.tenant, &owner).await?;
+                for s in theirs
+                    .iter()
+                    .filter(|s| s.conversation.is_none_or(|c| c == t.conversation))
+                    .filter(|s| wants(&s.events, message.kind))
+                    .filter(|s| !s.a2a.as_ref().is_some_and(|push| push.ended))
+                {
+                    subscribers.push(Subscriber::User {
+                        owner: owner.clone(),
+                        id: s.id.clone(),
+                    });
+                    if s.a2a.is_some() && message.kind != EventKind::TurnParked {
+                        ended.push((owner.clone(), s.id.clone()));
+                    }
+                }
             }
         }
-        self.enqueue(t.tenant, subscribers, message).await
+        let count = self.enqueue(t.tenant, subscribers, message).await?;
+        for (owner, id) in ended {
+            // Enqueued first: a crash between the two leaves the subscription open, and the
+            // next turn of the conversation is told too (at least once, never never).
+            self.webhooks.end_push(t.tenant, &owner, &id).await?;
+            self.subscriptions
+                .lock()
+                .expect("lock")
+                .pop(&(t.tenant.clone(), owner));
+        }
+        Ok(count)
     }
 
     /// Enqueues a schedule firing's outcome for its owner's subscribers (those of every
@@ -392,7 +409,8 @@ pub struct Dispatcher {
 
 /// How one attempt went.
 enum Attempt {
-    Delivered,
+    /// Taken; true when it was an A2A task's last message (its subscription goes).
+    Delivered(bool),
     /// Its subscriber is gone (the subscription deleted): dropped.
     Gone,
     Failed(String),
@@ -502,9 +520,14 @@ impl Dispatcher {
         };
         let outcome = self.post(&delivery).await;
         let noted = match outcome {
-            Attempt::Delivered => {
+            Attempt::Delivered(last) => {
                 metrics::counter!("turnpike_webhook_deliveries_total", "outcome" => "delivered")
                     .increment(1);
+                if let (true, Subscriber::User { owner, id }) = (last, &delivery.subscriber) {
+                    if let Err(e) = self.webhooks.remove(&delivery.tenant, owner, id).await {
+                        warn!(delivery = %delivery.id, error = %e, "cannot remove an ended A2A push subscription");
+                    }
+                }
                 self.webhooks.finished(pending).await
             }
             Attempt::Gone => {
@@ -533,7 +556,7 @@ impl Dispatcher {
     }
 
     /// Where `delivery` goes and its secret (`None`: its subscriber is gone).
-    async fn target(&self, d: &Delivery) -> Result<Option<(String, SigningSecret)>, String> {
+    async fn target(&self, d: &Delivery) -> Result<Option<Target>, String> {
         match &d.subscriber {
             Subscriber::App {
                 url, secret_env, ..
@@ -546,11 +569,11 @@ impl Dispatcher {
                             format!("the secret in {secret_env} is not whsec_<base64>")
                         })
                     })?;
-                Ok(Some((url.clone(), secret)))
+                Ok(Some((url.clone(), secret, None)))
             }
             Subscriber::User { owner, id } => {
                 match self.webhooks.with_secret(&d.tenant, owner, id).await {
-                    Ok(Some((sub, secret))) => Ok(Some((sub.url, secret))),
+                    Ok(Some((sub, secret))) => Ok(Some((sub.url, secret, sub.a2a))),
                     Ok(None) => Ok(None),
                     Err(e) => Err(format!("the subscription cannot be read: {e}")),
                 }
@@ -559,7 +582,7 @@ impl Dispatcher {
     }
 
     async fn post(&self, d: &Delivery) -> Attempt {
-        let (url, secret) = match self.target(d).await {
+        let (url, secret, a2a) = match self.target(d).await {
             Ok(Some(found)) => found,
             Ok(None) => return Attempt::Gone,
             Err(why) => return Attempt::Failed(why),
@@ -585,25 +608,36 @@ impl Dispatcher {
             Err(why) => return Attempt::Failed(why),
         };
         let timestamp = now_ms() / 1000;
-        let body = serde_json::to_vec(&json!({
-            "type": d.message.kind.name(),
-            "timestamp": rfc3339(d.message.at_ms),
-            "data": d.message.data,
-        }))
-        .expect("messages serialise");
+        let body = match &a2a {
+            Some(push) => a2a_status_update(push, &d.message),
+            None => json!({
+                "type": d.message.kind.name(),
+                "timestamp": rfc3339(d.message.at_ms),
+                "data": d.message.data,
+            }),
+        };
+        let body = serde_json::to_vec(&body).expect("messages serialise");
         let signature = secret.sign(&d.message.id, timestamp, &body);
-        let sent = client
+        let mut request = client
             .post(parsed)
             .header("content-type", "application/json")
             .header("user-agent", "turnpike-webhooks")
             .header("webhook-id", &d.message.id)
             .header("webhook-timestamp", timestamp.to_string())
-            .header("webhook-signature", signature)
-            .body(body)
-            .send()
-            .await;
+            .header("webhook-signature", signature);
+        if let Some(push) = &a2a {
+            if let (true, Some(token)) = (push.token, secret.key_text()) {
+                request = request.header("x-a2a-notification-token", token);
+            }
+            if let Some(authorization) = &push.authorization {
+                request = request.header("authorization", authorization);
+            }
+        }
+        let sent = request.body(body).send().await;
         match sent {
-            Ok(r) if r.status().is_success() => Attempt::Delivered,
+            Ok(r) if r.status().is_success() => {
+                Attempt::Delivered(a2a.is_some() && d.message.kind != EventKind::TurnParked)
+            }
             Ok(r) if r.status().is_redirection() => Attempt::Failed(format!(
                 "answered {} (redirects are not followed)",
                 r.status()
@@ -634,6 +668,46 @@ impl Dispatcher {
         self.clients.lock().expect("lock").put(key, client.clone());
         Ok(client)
     }
+}
+
+/// Where a delivery goes, what it is signed with, and whether it speaks A2A.
+type Target = (String, SigningSecret, Option<A2aPush>);
+
+/// An A2A client's push notification of a turn's end: a `statusUpdate` of its task, as the
+/// protocol's `StreamResponse` (the task's state from the turn's outcome, and what it said).
+fn a2a_status_update(push: &A2aPush, message: &Message) -> serde_json::Value {
+    let data = &message.data;
+    let parked_kind = data["parked"]["kind"].as_str();
+    let state = match message.kind {
+        EventKind::TurnCompleted => "TASK_STATE_COMPLETED",
+        EventKind::TurnFailed => "TASK_STATE_FAILED",
+        EventKind::TurnCancelled => "TASK_STATE_CANCELED",
+        EventKind::TurnParked if parked_kind == Some("connection") => "TASK_STATE_AUTH_REQUIRED",
+        EventKind::TurnParked => "TASK_STATE_INPUT_REQUIRED",
+        EventKind::ScheduleFiring => "TASK_STATE_WORKING",
+    };
+    let text = data["reply"]
+        .as_str()
+        .or(data["parked"]["question"].as_str())
+        .or(data["error"].as_str())
+        .map(str::to_owned)
+        .or_else(|| {
+            data["parked"]["tool"]
+                .as_str()
+                .map(|tool| format!("the call {tool} waits for your approval"))
+        });
+    let context = data["conversation"].as_str().unwrap_or_default();
+    let mut status = json!({"state": state, "timestamp": rfc3339(message.at_ms)});
+    if let Some(text) = text {
+        status["message"] = json!({
+            "messageId": format!("{}-{}", push.task, message.id),
+            "contextId": context,
+            "taskId": push.task,
+            "role": "ROLE_AGENT",
+            "parts": [{"text": text}],
+        });
+    }
+    json!({"statusUpdate": {"taskId": push.task, "contextId": context, "status": status}})
 }
 
 fn rfc3339(ms: u64) -> String {

@@ -25,6 +25,7 @@
 //! - Errors are JSON-RPC errors with A2A's codes ([`wire::Code`]), never a 500.
 
 pub mod follow;
+mod push;
 pub mod task;
 pub mod wire;
 
@@ -149,7 +150,7 @@ fn card(base: &str, target: &Target) -> Value {
         }],
         "provider": {"organization": "Turnpike", "url": base},
         "version": env!("CARGO_PKG_VERSION"),
-        "capabilities": {"streaming": true, "pushNotifications": false},
+        "capabilities": {"streaming": true, "pushNotifications": true},
         "securitySchemes": {"bearer": {"httpAuthSecurityScheme": {
             "scheme": "Bearer",
             "bearerFormat": "the deployment's API token or JWT",
@@ -325,16 +326,16 @@ pub async fn rpc(
                 Err(e) => rpc_json(&id, Err(e)),
             })
         }
-        "CreateTaskPushNotificationConfig"
-        | "GetTaskPushNotificationConfig"
-        | "ListTaskPushNotificationConfigs"
-        | "DeleteTaskPushNotificationConfig" => Err(RpcError::new(
-            Code::PushNotSupported,
-            "push notifications are not offered by this agent (its card says so): subscribe to the task, or use a webhook (POST /v1/webhooks)",
-        )),
+        "CreateTaskPushNotificationConfig" => a2a.create_push(&call.params).await,
+        "GetTaskPushNotificationConfig" => a2a.get_push(&call.params).await,
+        "ListTaskPushNotificationConfigs" => a2a.list_push(&call.params).await,
+        "DeleteTaskPushNotificationConfig" => a2a.delete_push(&call.params).await,
         "ListTasks" | "GetExtendedAgentCard" => Err(RpcError::new(
             Code::Unsupported,
-            format!("{} is not served: list conversations with GET /v1/conversations", call.method),
+            format!(
+                "{} is not served: list conversations with GET /v1/conversations",
+                call.method
+            ),
         )),
         other => Err(RpcError::new(
             Code::MethodNotFound,
@@ -804,9 +805,60 @@ impl A2a<'_> {
         Ok(answered)
     }
 
+    /// Registers push notifications given with a message for its task.
+    async fn push_for(
+        &self,
+        task: &TaskRef,
+        entry: &DirectoryEntry,
+        config: &Value,
+    ) -> Result<(), RpcError> {
+        if config.is_null() {
+            return Ok(());
+        }
+        push::create(self.edge, self.caller, *task, entry, config)
+            .await
+            .map(|_| ())
+    }
+
+    async fn create_push(&self, params: &Value) -> Result<Value, RpcError> {
+        let id = string_field(params, "taskId")?
+            .ok_or_else(|| RpcError::params("taskId is required"))?;
+        let (task, entry) = self.task_entry(&id).await?;
+        push::create(self.edge, self.caller, task, &entry, params).await
+    }
+
+    async fn get_push(&self, params: &Value) -> Result<Value, RpcError> {
+        let (task, id) = self.push_ids(params).await?;
+        push::get(self.edge, self.caller, task, &id).await
+    }
+
+    async fn list_push(&self, params: &Value) -> Result<Value, RpcError> {
+        let id = string_field(params, "taskId")?
+            .ok_or_else(|| RpcError::params("taskId is required"))?;
+        let (task, _) = self.task_entry(&id).await?;
+        push::list(self.edge, self.caller, task).await
+    }
+
+    async fn delete_push(&self, params: &Value) -> Result<Value, RpcError> {
+        let (task, id) = self.push_ids(params).await?;
+        push::delete(self.edge, self.caller, task, &id).await
+    }
+
+    /// A push config's task (visible to the caller here) and id.
+    async fn push_ids(&self, params: &Value) -> Result<(TaskRef, String), RpcError> {
+        let task = string_field(params, "taskId")?
+            .ok_or_else(|| RpcError::params("taskId is required"))?;
+        let id = string_field(params, "id")?.ok_or_else(|| RpcError::params("id is required"))?;
+        let (task, _) = self.task_entry(&task).await?;
+        Ok((task, id))
+    }
+
     async fn send_message(&self, params: &Value) -> Result<Value, RpcError> {
         let (task, entry, after) = self.accept(params).await?;
         let configuration = params.get("configuration");
+        if let Some(push) = configuration.and_then(|c| c.get("taskPushNotificationConfig")) {
+            self.push_for(&task, &entry, push).await?;
+        }
         let immediately = configuration
             .and_then(|c| c.get("returnImmediately"))
             .and_then(Value::as_bool)
@@ -870,6 +922,12 @@ impl A2a<'_> {
     /// whose stream starts with the task; a continued one's with a status update).
     async fn send_streaming(&self, params: &Value) -> Result<(TaskView, u64), RpcError> {
         let (task, entry, after) = self.accept(params).await?;
+        if let Some(push) = params
+            .get("configuration")
+            .and_then(|c| c.get("taskPushNotificationConfig"))
+        {
+            self.push_for(&task, &entry, push).await?;
+        }
         let view = task::read(&self.edge.record(&entry), task).await?;
         Ok((view, after))
     }

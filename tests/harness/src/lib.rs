@@ -6,6 +6,7 @@
 //! - [`postgres`]: PostgreSQL with pgvector, per test or shared by a test binary
 //! - [`process`]: turnpike processes, killable on demand
 //! - [`stores`]: object store backends for the shared suites (memory, local filesystem, S3)
+//! - [`receiver`]: a webhook receiver that logs what it gets (and fails on purpose)
 //! - [`counting`]: an object store that counts reads, for bounded-cost tests
 //! - [`counting_bus`]: a bus that counts lane reads, for tests of how often workers ask it
 //! - [`faulty`]: an object store that stops writing after a budget, as a killed process would
@@ -31,6 +32,7 @@ pub mod llm;
 pub mod nats;
 pub mod postgres;
 pub mod process;
+pub mod receiver;
 pub mod services;
 pub mod shape;
 pub mod stores;

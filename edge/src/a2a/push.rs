@@ -1,0 +1,226 @@
+//! A2A push notifications: a task's `TaskPushNotificationConfig` is a webhook subscription of
+//! the task's conversation that speaks A2A — the workers deliver it like every webhook (at
+//! least once, retried with backoff, dead-lettered, to addresses the outbound rules allow), as
+//! `statusUpdate` events of the task, with the client's token in `X-A2A-Notification-Token`
+//! and its `authentication` in `Authorization`, signed (Standard Webhooks headers) with the
+//! token as the key. It ends with the task. Only the conversation's owner registers one (a
+//! subscription hears of what its maker owns).
+
+use serde_json::{json, Value};
+use turnpike_artifactory::webhooks::{A2aPush, SigningSecret, Subscription};
+use turnpike_artifactory::DirectoryEntry;
+use turnpike_schemas::webhook::EventKind;
+
+use super::task::TaskRef;
+use super::wire::{Code, RpcError};
+use crate::auth::Principal;
+use crate::state::Edge;
+
+/// The longest token or credentials taken, in bytes.
+const MAX_SECRET_BYTES: usize = 1024;
+/// The longest config id.
+const MAX_ID_BYTES: usize = 128;
+
+fn text<'a>(v: &'a Value, name: &str) -> Result<Option<&'a str>, RpcError> {
+    match v.get(name) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) if s.is_empty() => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s)),
+        Some(_) => Err(RpcError::params(format!("{name} is a string"))),
+    }
+}
+
+/// The config as A2A shows it (never the token or the credentials).
+fn config_of(s: &Subscription) -> Option<Value> {
+    let push = s.a2a.as_ref()?;
+    let mut config = json!({"id": push.config, "taskId": push.task, "url": s.url});
+    if let Some(scheme) = push
+        .authorization
+        .as_deref()
+        .and_then(|a| a.split_once(' '))
+        .map(|(scheme, _)| scheme)
+    {
+        config["authentication"] = json!({ "scheme": scheme });
+    }
+    Some(config)
+}
+
+fn unavailable(e: turnpike_artifactory::Error) -> RpcError {
+    match e.kind() {
+        turnpike_artifactory::ErrorKind::Key => RpcError::new(
+            Code::PushNotSupported,
+            "push notifications need the deployment's connection key, which is not set",
+        ),
+        turnpike_artifactory::ErrorKind::InvalidInput => RpcError::params(e.to_string()),
+        _ => RpcError::new(Code::Internal, e.to_string()),
+    }
+}
+
+/// Registers `config` (`{url, token?, authentication?: {scheme, credentials}, id?}`) for
+/// `task` of `entry`, as `caller`.
+pub(super) async fn create(
+    edge: &Edge,
+    caller: &Principal,
+    task: TaskRef,
+    entry: &DirectoryEntry,
+    config: &Value,
+) -> Result<Value, RpcError> {
+    if !config.is_object() {
+        return Err(RpcError::params("a push notification config is an object"));
+    }
+    if entry.owner != caller.identity {
+        return Err(RpcError::params(
+            "push notifications are for the conversation's owner",
+        ));
+    }
+    let url = text(config, "url")?.ok_or_else(|| RpcError::params("url is required"))?;
+    let token = text(config, "token")?;
+    let id = text(config, "id")?;
+    if token.is_some_and(|t| t.len() > MAX_SECRET_BYTES)
+        || id.is_some_and(|i| i.len() > MAX_ID_BYTES)
+    {
+        return Err(RpcError::params("the token or the id is too long"));
+    }
+    let authorization = match config.get("authentication") {
+        None | Some(Value::Null) => None,
+        Some(auth) => {
+            let scheme = text(auth, "scheme")?
+                .ok_or_else(|| RpcError::params("authentication.scheme is required"))?;
+            let credentials = text(auth, "credentials")?.unwrap_or_default();
+            let ok = |s: &str| {
+                s.len() <= MAX_SECRET_BYTES && s.bytes().all(|b| (0x21..0x7f).contains(&b))
+            };
+            if !ok(scheme) || !ok(credentials) {
+                return Err(RpcError::params(
+                    "authentication is printable ASCII without spaces",
+                ));
+            }
+            Some(format!("{scheme} {credentials}").trim_end().to_owned())
+        }
+    };
+    let secret = match token {
+        Some(token) => SigningSecret::of_key(token.as_bytes()).map_err(unavailable)?,
+        None => SigningSecret::fresh().map_err(unavailable)?,
+    };
+    let push = A2aPush {
+        task: task.to_string(),
+        config: id.unwrap_or_default().to_owned(),
+        token: token.is_some(),
+        authorization,
+        ended: false,
+    };
+    let (mut subscription, _) = edge
+        .inner
+        .conversations
+        .webhooks()
+        .create_with(
+            &caller.tenant,
+            &caller.identity,
+            url,
+            vec![
+                EventKind::TurnCompleted,
+                EventKind::TurnFailed,
+                EventKind::TurnCancelled,
+                EventKind::TurnParked,
+            ],
+            Some(task.conversation),
+            Some(push),
+            secret,
+        )
+        .await
+        .map_err(unavailable)?;
+    // No id from the client: the subscription's names the config.
+    if let Some(push) = subscription.a2a.as_mut().filter(|p| p.config.is_empty()) {
+        push.config = subscription.id.clone();
+    }
+    config_of(&subscription).ok_or_else(|| RpcError::new(Code::Internal, "no config"))
+}
+
+/// The caller's configs of `task`.
+async fn of_task(
+    edge: &Edge,
+    caller: &Principal,
+    task: TaskRef,
+) -> Result<Vec<Subscription>, RpcError> {
+    let all = edge
+        .inner
+        .conversations
+        .webhooks()
+        .list(&caller.tenant, &caller.identity)
+        .await
+        .map_err(unavailable)?;
+    let task = task.to_string();
+    Ok(all
+        .into_iter()
+        .filter_map(|mut s| {
+            let push = s.a2a.as_mut()?;
+            if push.task != task {
+                return None;
+            }
+            if push.config.is_empty() {
+                push.config = s.id.clone();
+            }
+            Some(s)
+        })
+        .collect())
+}
+
+/// Config `id` of `task`.
+pub(super) async fn get(
+    edge: &Edge,
+    caller: &Principal,
+    task: TaskRef,
+    id: &str,
+) -> Result<Value, RpcError> {
+    of_task(edge, caller, task)
+        .await?
+        .iter()
+        .find(|s| s.a2a.as_ref().is_some_and(|p| p.config == id))
+        .and_then(config_of)
+        .ok_or_else(|| {
+            RpcError::new(
+                Code::TaskNotFound,
+                format!("no push notification config {id:?} for task {task}"),
+            )
+        })
+}
+
+/// Every config of `task`.
+pub(super) async fn list(
+    edge: &Edge,
+    caller: &Principal,
+    task: TaskRef,
+) -> Result<Value, RpcError> {
+    let configs: Vec<Value> = of_task(edge, caller, task)
+        .await?
+        .iter()
+        .filter_map(config_of)
+        .collect();
+    Ok(json!({"configs": configs, "nextPageToken": ""}))
+}
+
+/// Deletes config `id` of `task`.
+pub(super) async fn delete(
+    edge: &Edge,
+    caller: &Principal,
+    task: TaskRef,
+    id: &str,
+) -> Result<Value, RpcError> {
+    let found = of_task(edge, caller, task).await?;
+    let Some(s) = found
+        .iter()
+        .find(|s| s.a2a.as_ref().is_some_and(|p| p.config == id))
+    else {
+        return Err(RpcError::new(
+            Code::TaskNotFound,
+            format!("no push notification config {id:?} for task {task}"),
+        ));
+    };
+    edge.inner
+        .conversations
+        .webhooks()
+        .remove(&caller.tenant, &caller.identity, &s.id)
+        .await
+        .map_err(unavailable)?;
+    Ok(Value::Null)
+}
