@@ -1164,6 +1164,23 @@ pub enum BenchCommand {
         #[arg(long)]
         dir: Option<PathBuf>,
     },
+    /// The A2A edge beside the REST API over `turnpike serve`'s stack (the demo's scripted
+    /// model): time to first token and to the whole reply, and submissions per second at many
+    /// clients.
+    A2a {
+        /// Sequential samples of each latency.
+        #[arg(long, default_value_t = 30)]
+        rounds: usize,
+        /// Submissions in each throughput run.
+        #[arg(long, default_value_t = 2000)]
+        messages: usize,
+        /// Clients submitting at once in the throughput runs.
+        #[arg(long, default_value_t = 64)]
+        clients: usize,
+        /// Where to keep the data (a temporary directory under it); default: the system's temp dir.
+        #[arg(long)]
+        dir: Option<PathBuf>,
+    },
     /// Context rebuild time at turn 10, 100 and 1,000 of one conversation, with compaction off
     /// and with a summary at turn 900, on the local filesystem.
     Context {

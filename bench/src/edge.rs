@@ -230,7 +230,7 @@ pub async fn run(stack: EdgeStack, plan: Plan) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-async fn create(client: &Client) -> Result<String> {
+pub(crate) async fn create(client: &Client) -> Result<String> {
     let reply = client
         .post(
             "/v1/conversations",
@@ -244,7 +244,7 @@ async fn create(client: &Client) -> Result<String> {
 }
 
 /// Waits until the conversation has no turn running and nothing waiting on its lane.
-async fn wait_idle(client: &Client, conv: &str) -> Result<()> {
+pub(crate) async fn wait_idle(client: &Client, conv: &str) -> Result<()> {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let view = client

@@ -60,6 +60,7 @@ pub fn bench_store(
     };
     Ok((tmp, store, place))
 }
+pub mod a2a;
 pub mod context;
 mod cpu;
 pub mod edge;

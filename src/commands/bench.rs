@@ -142,6 +142,29 @@ pub async fn run(global: &Global, command: BenchCommand) -> Result<ExitCode> {
             };
             turnpike_bench::edge::run(stack, plan).await
         }
+        BenchCommand::A2a {
+            rounds,
+            messages,
+            clients,
+            dir,
+        } => {
+            let tmp = match &dir {
+                Some(d) => tempfile::tempdir_in(d)?,
+                None => tempfile::tempdir()?,
+            };
+            let stack = edge_stack(global, tmp.path().to_path_buf()).await?;
+            println!(
+                "edge on {}, one worker, the demo app's scripted model; data in {}",
+                stack.url,
+                tmp.path().display()
+            );
+            let plan = turnpike_bench::a2a::Plan {
+                rounds: rounds.max(1),
+                messages: messages.max(1),
+                clients: clients.max(1),
+            };
+            turnpike_bench::a2a::run(stack, plan).await
+        }
         BenchCommand::Model {
             url,
             model,
