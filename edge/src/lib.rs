@@ -281,6 +281,14 @@ impl Edge {
         let app = self
             .router()
             .into_make_service_with_connect_info::<std::net::SocketAddr>();
+        // Streams write small events one after another: without TCP_NODELAY, Nagle's algorithm
+        // holds each behind the client's delayed ACK of the one before (~40 ms a piece).
+        use axum::serve::ListenerExt as _;
+        let listener = listener.tap_io(|tcp| {
+            if let Err(e) = tcp.set_nodelay(true) {
+                tracing::debug!(error = %e, "cannot set TCP_NODELAY on a connection");
+            }
+        });
         let result = axum::serve(listener, app)
             .with_graceful_shutdown(shutdown)
             .await;
