@@ -276,9 +276,27 @@ function fillApps() {
 function fillAgents() {
   const app = state.apps.find((a) => a.id === $("new-app").value);
   $("new-agent").replaceChildren(...(app ? app.agents : []).map((a) => el("option", { value: a.id, text: a.id })));
+  aboutAgent();
+}
+
+/// What the chosen agent is for, and where other agents reach it (its A2A card).
+function aboutAgent() {
+  const app = state.apps.find((a) => a.id === $("new-app").value);
+  const agent = app && app.agents.find((a) => a.id === $("new-agent").value);
+  if (!agent) {
+    $("new-agent-about").replaceChildren();
+    return;
+  }
+  const card = `${location.origin}/a2a/${app.id}/${agent.id}/.well-known/agent-card.json`;
+  $("new-agent-about").replaceChildren(
+    ...(agent.description ? [el("span", { text: agent.description }), el("br")] : []),
+    el("span", { text: "A2A: " }),
+    el("code", { class: "a2a-card", text: card }),
+  );
 }
 
 $("new-app").addEventListener("change", fillAgents);
+$("new-agent").addEventListener("change", aboutAgent);
 $("new-chat").addEventListener("click", () => {
   say("new-error", "");
   $("new-dialog").showModal();

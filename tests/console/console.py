@@ -209,6 +209,9 @@ class Browser:
         self.wait_css("#new-dialog[open]")
         Select(self.q("#new-app")).select_by_value(app)
         Select(self.q("#new-agent")).select_by_value(agent)
+        # Where other agents reach the chosen one: its A2A card, which the server serves.
+        card = self.wait("the agent's A2A card", lambda: self.q("#new-agent-about .a2a-card").text)
+        assert card.endswith(f"/a2a/{app}/{agent}/.well-known/agent-card.json"), card
         self.q("#new-create").click()
         self.wait("the chat to open", lambda: "#/c/conv_" in self.d.current_url)
         self.wait("the stream to be live", lambda: self.badge() == "live")
