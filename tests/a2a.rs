@@ -466,4 +466,11 @@ async fn push_notifications_reach_a_receiver_that_fails_its_first_attempts_once_
         listed["webhooks"].as_array()?.is_empty().then_some(())
     })
     .await;
+    // The conversation's next task (its turn ended meanwhile) was not pushed as this one.
+    let ids: std::collections::BTreeSet<String> = receiver
+        .log()
+        .iter()
+        .filter_map(|r| r["headers"]["webhook-id"].as_str().map(str::to_owned))
+        .collect();
+    assert_eq!(ids.len(), 1, "{ids:?}");
 }

@@ -35,6 +35,8 @@ const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
 const MAX_TIMEOUT_SECS: u64 = 3600;
 /// The most reply text a result carries.
 const MAX_REPLY_BYTES: usize = 32 * 1024;
+/// The largest answer read from a remote agent.
+const MAX_ANSWER_BYTES: usize = 4 * 1024 * 1024;
 
 /// `[[agents.X.a2a]]` as written.
 #[derive(Debug, Clone, Deserialize)]
@@ -189,9 +191,27 @@ impl RemoteAgent {
         if !status.is_success() {
             return Err(format!("the agent answered HTTP {status}"));
         }
-        let answer: Value = response
-            .json()
-            .await
+        if response
+            .content_length()
+            .is_some_and(|n| n > MAX_ANSWER_BYTES as u64)
+        {
+            return Err(format!(
+                "the agent's answer is larger than {MAX_ANSWER_BYTES} bytes"
+            ));
+        }
+        // Read up to the limit, whatever the headers said.
+        let mut body = Vec::new();
+        let mut chunks = response.bytes_stream();
+        while let Some(chunk) = futures::StreamExt::next(&mut chunks).await {
+            let chunk = chunk.map_err(|e| e.to_string())?;
+            if body.len() + chunk.len() > MAX_ANSWER_BYTES {
+                return Err(format!(
+                    "the agent's answer is larger than {MAX_ANSWER_BYTES} bytes"
+                ));
+            }
+            body.extend_from_slice(&chunk);
+        }
+        let answer: Value = serde_json::from_slice(&body)
             .map_err(|e| format!("the agent's answer is not JSON: {e}"))?;
         result_of(&answer)
     }
@@ -200,11 +220,11 @@ impl RemoteAgent {
 /// The tool's result from a `SendMessage` answer.
 fn result_of(answer: &Value) -> Result<Value, String> {
     if let Some(error) = answer.get("error") {
-        return Err(format!(
+        return Err(bounded(format!(
             "the agent refused the message ({}): {}",
             error["code"],
             error["message"].as_str().unwrap_or("no reason given")
-        ));
+        )));
     }
     let result = answer.get("result").ok_or("the answer has no result")?;
     let texts = |parts: &Value| -> Vec<String> {

@@ -44,6 +44,7 @@ pub mod schedules;
 pub mod sqlite_store;
 pub mod store;
 pub mod synced;
+pub mod tasks;
 pub mod tombstones;
 pub mod turnlogs;
 mod verified;

@@ -192,6 +192,17 @@ pub struct Pending {
     pub due_ms: u64,
 }
 
+/// The id of the message about turn `turn`'s end: the same whoever makes it (the worker that
+/// ends the turn, the one that finishes its promotion, an edge catching up on a push config).
+pub fn turn_message_id(
+    tenant: &TenantId,
+    conversation: ConversationId,
+    turn: turnpike_schemas::TurnId,
+) -> String {
+    let key = format!("turn\0{tenant}\0{conversation}\0{turn}");
+    format!("msg_{}", &hashed(&key)[..32])
+}
+
 /// A `whsec_…` signing secret in the clear. Its `Debug` shows nothing of it.
 #[derive(Clone, PartialEq, Eq)]
 pub struct SigningSecret(String);

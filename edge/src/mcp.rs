@@ -25,12 +25,13 @@ use axum::Json;
 use serde_json::{json, Value};
 use turnpike_schemas::EventBody;
 
-use crate::a2a::{follow, task::TaskRef};
+use crate::a2a::follow;
 use crate::auth::Principal;
 use crate::error::ApiError;
 use crate::extract::{Caller, Params};
 use crate::model::{ListConversations, ListRows, SearchQuery};
 use crate::state::Edge;
+use turnpike_artifactory::tasks::TaskRef;
 
 /// The versions served, oldest first.
 const VERSIONS: &[&str] = &["2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25"];
@@ -444,7 +445,7 @@ async fn send(
     };
     let record = edge.record(&entry);
     let view = if wait.is_zero() {
-        crate::a2a::task::read(&record, task).await?
+        follow::read(edge, &record, task).await?
     } else {
         follow::settle(edge, record, task, 0, wait).await?
     };
@@ -459,14 +460,14 @@ async fn send(
         .waiting
         .iter()
         .map(|w| match w {
-            crate::a2a::task::Waiting::Approval {
+            turnpike_artifactory::tasks::Waiting::Approval {
                 request,
                 tool,
                 arguments,
                 connection,
             } => json!({"kind": "approval", "request_id": request.to_string(), "tool": tool,
                         "arguments": arguments, "connection": connection}),
-            crate::a2a::task::Waiting::Question { request, question } => {
+            turnpike_artifactory::tasks::Waiting::Question { request, question } => {
                 json!({"kind": "question", "request_id": request.to_string(), "question": question})
             }
         })

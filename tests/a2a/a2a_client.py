@@ -217,6 +217,13 @@ async def a2a():
     assert "Which colour?" in get_message_text(asked.status.message)
     data = [MessageToDict(p)["data"] for p in asked.status.message.parts if p.HasField("data")]
     assert data and data[0]["kind"] == "question", data
+    # Waiting for input, it is not cancelled by a stop (a pending answer stays pending): the
+    # answer ends it.
+    try:
+        await streaming.cancel_task(CancelTaskRequest(id=asked.id))
+        raise AssertionError("a task waiting for input was cancelled")
+    except TaskNotCancelableError:
+        pass
     answered = await send(blocking, message("blue", task_id=asked.id, context_id=asked.context_id))
     assert answered.id == asked.id and state(answered) == "TASK_STATE_COMPLETED", answered
     assert reply_of(answered).startswith("answer to:") and "blue" in reply_of(answered), reply_of(answered)
@@ -297,6 +304,10 @@ async def a2a():
     assert (await rpc(http, "NoSuchMethod", {}))["error"]["code"] == -32601
     assert (await rpc(http, "GetTask", {"id": 7}))["error"]["code"] == -32602
     assert (await rpc(http, "GetTask", {"id": "conv_nope-1"}))["error"]["code"] == -32001
+    # A made-up sequence past the lane's end is no task to come; a stop's is no task at all.
+    assert (await rpc(http, "GetTask", {"id": f"{task.context_id}-99999"}))["error"]["code"] == -32001
+    assert (await rpc(http, "CancelTask", {"id": f"{task.context_id}-99999"}))["error"]["code"] == -32001
+    assert (await rpc(http, "GetTask", {"id": f"{cancelled.context_id}-2"}))["error"]["code"] == -32001
     assert (await rpc(http, "", None, raw='{"jsonrpc":"2.0","id":1,"method":"GetTask","params":[1]}'))["error"]["code"] == -32602
     big = {"message": {"messageId": "big", "role": "ROLE_USER", "parts": [{"text": "x" * 70000}]}}
     assert (await rpc(http, "SendMessage", big))["error"]["code"] == -32602
@@ -375,6 +386,9 @@ async def push():
     # Let the task end: a follow-up reaches the lane, the held step goes on.
     done = await send(blocking, message("go on", task_id=held.id, context_id=held.context_id))
     assert state(done) == "TASK_STATE_COMPLETED", done
+    # Another task in the same conversation: not the config's, nothing of it is pushed.
+    other = await send(blocking, message("another task", context_id=held.context_id))
+    assert state(other) == "TASK_STATE_COMPLETED" and other.id != held.id
     REPORT["push"] = {"task": held.id, "context": held.context_id}
     ok("push task")
     await http.aclose()

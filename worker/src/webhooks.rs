@@ -89,6 +89,8 @@ impl Default for WebhookConfig {
 
 /// The turn a message is about.
 pub struct TurnFacts<'a> {
+    /// The conversation's record (an A2A push subscription follows its task in it).
+    pub record: &'a turnpike_artifactory::Record,
     pub tenant: &'a TenantId,
     pub app: &'a AppId,
     pub agent: &'a AgentId,
@@ -103,15 +105,13 @@ pub struct TurnFacts<'a> {
 
 /// The message about a turn's end.
 pub fn turn_message(t: &TurnFacts<'_>) -> Message {
-    use sha2::Digest as _;
     let kind = match t.log.outcome {
         TurnOutcome::Replied => EventKind::TurnCompleted,
         TurnOutcome::Failed => EventKind::TurnFailed,
         TurnOutcome::Cancelled => EventKind::TurnCancelled,
         TurnOutcome::Parked => EventKind::TurnParked,
     };
-    let key = format!("turn\0{}\0{}\0{}", t.tenant, t.conversation, t.log.turn);
-    let id = format!("msg_{}", &hex::encode(sha2::Sha256::digest(key))[..32]);
+    let id = turnpike_artifactory::webhooks::turn_message_id(t.tenant, t.conversation, t.log.turn);
     let reply = t.log.blocks.iter().rev().find_map(|b| match b {
         Block::AssistantMessage { text } => Some(truncated(text, MAX_REPLY_BYTES)),
         _ => None,
@@ -248,15 +248,21 @@ impl Notifier {
                     .iter()
                     .filter(|s| s.conversation.is_none_or(|c| c == t.conversation))
                     .filter(|s| wants(&s.events, message.kind))
-                    .filter(|s| !s.a2a.as_ref().is_some_and(|push| push.ended))
                 {
+                    if let Some(push) = &s.a2a {
+                        // Only the turns of its task, from the record (a parked task goes on
+                        // in the turn that answers it; another message's turn is not its).
+                        if push.ended || !in_task(t, push).await? {
+                            continue;
+                        }
+                        if message.kind != EventKind::TurnParked {
+                            ended.push((owner.clone(), s.id.clone()));
+                        }
+                    }
                     subscribers.push(Subscriber::User {
                         owner: owner.clone(),
                         id: s.id.clone(),
                     });
-                    if s.a2a.is_some() && message.kind != EventKind::TurnParked {
-                        ended.push((owner.clone(), s.id.clone()));
-                    }
                 }
             }
         }
@@ -670,6 +676,19 @@ impl Dispatcher {
     }
 }
 
+/// Whether the turn `t` ended is one of `push`'s task's, as the record shows the task.
+async fn in_task(t: &TurnFacts<'_>, push: &A2aPush) -> turnpike_artifactory::Result<bool> {
+    let Ok(task) = push.task.parse::<turnpike_artifactory::tasks::TaskRef>() else {
+        return Ok(false);
+    };
+    if task.conversation != t.conversation {
+        return Ok(false);
+    }
+    Ok(turnpike_artifactory::tasks::read(t.record, task)
+        .await?
+        .is_some_and(|view| view.turns.contains(&t.log.turn)))
+}
+
 /// Where a delivery goes, what it is signed with, and whether it speaks A2A.
 type Target = (String, SigningSecret, Option<A2aPush>);
 
@@ -736,7 +755,7 @@ mod tests {
 
     #[test]
     fn a_turns_message_has_one_id_and_says_what_ended() {
-        let (tenant, app, agent) = (
+        let (tenant, app, agent): (TenantId, AppId, AgentId) = (
             "t".parse().unwrap(),
             "app".parse().unwrap(),
             "a".parse().unwrap(),
@@ -748,7 +767,12 @@ mod tests {
             TurnOutcome::Replied,
             vec![Block::AssistantMessage { text: long }],
         );
+        let record = turnpike_artifactory::Record::new(
+            std::sync::Arc::new(object_store::memory::InMemory::new()),
+            turnpike_artifactory::ConversationPrefix::new(tenant.clone(), conversation),
+        );
         let facts = |log| TurnFacts {
+            record: &record,
             tenant: &tenant,
             app: &app,
             agent: &agent,

@@ -7,9 +7,9 @@ use futures::StreamExt as _;
 use turnpike_artifactory::Record;
 use turnpike_schemas::live::LiveFrame;
 
-use super::task::{self, TaskRef, TaskState, TaskView};
 use crate::error::ApiResult;
 use crate::state::Edge;
+use turnpike_artifactory::tasks::{self, TaskRef, TaskState, TaskView};
 
 /// How often the record is read when no live message says it grew.
 const POLL: Duration = Duration::from_secs(1);
@@ -21,6 +21,25 @@ pub enum Update {
     Task(TaskView),
     /// Text the task's running turn streamed (advisory: the record's reply is the truth).
     Text(String),
+}
+
+/// Task `task` as `record` shows it; a task that is not there is `404` (a lane sequence past
+/// the lane's end too: a made-up id is not a task still to come).
+pub async fn read(edge: &Edge, record: &Record, task: TaskRef) -> ApiResult<TaskView> {
+    let not_found = || crate::error::ApiError::not_found(format!("task {task} not found"));
+    let view = tasks::read(record, task).await?.ok_or_else(not_found)?;
+    if view.state == TaskState::Submitted
+        && edge
+            .inner
+            .bus
+            .lane_last(task.conversation)
+            .await
+            .map_err(crate::error::ApiError::from)?
+            < task.seq
+    {
+        return Err(not_found());
+    }
+    Ok(view)
 }
 
 /// Whether a task in `state` waits for nothing more from the runtime: a stream of it ends.
@@ -45,7 +64,7 @@ pub async fn follow(
         .subscribe_live(task.conversation)
         .await
         .map_err(crate::error::ApiError::from)?;
-    let view = task::read(&record, task).await?;
+    let view = read(edge, &record, task).await?;
     struct State {
         live: BoxStream<'static, bytes::Bytes>,
         record: Record,
@@ -96,14 +115,16 @@ pub async fn follow(
             if !reread {
                 continue;
             }
-            match task::read(&s.record, s.view.task).await {
-                Ok(now) if now.lane_through < s.after => s.view = now,
-                Ok(now) if now != s.view || std::mem::take(&mut s.after) > 0 => {
+            match tasks::read(&s.record, s.view.task).await {
+                Ok(Some(now)) if now.lane_through < s.after => s.view = now,
+                Ok(Some(now)) if now.differs(&s.view) || std::mem::take(&mut s.after) > 0 => {
                     s.done = settled(now.state);
                     s.view = now.clone();
                     return Some((Update::Task(now), s));
                 }
-                Ok(now) => s.view = now,
+                Ok(Some(now)) => s.view = now,
+                // Gone (the conversation erased): nothing more will come.
+                Ok(None) => s.done = true,
                 // A store that cannot answer now: try again on the next tick.
                 Err(_) => {}
             }
@@ -140,6 +161,6 @@ pub async fn settle(
     }
     match last {
         Some(view) => Ok(view),
-        None => task::read(&record, task).await,
+        None => read(edge, &record, task).await,
     }
 }

@@ -26,7 +26,6 @@
 
 pub mod follow;
 mod push;
-pub mod task;
 pub mod wire;
 
 use std::collections::HashMap;
@@ -51,7 +50,7 @@ use crate::extract::Caller;
 use crate::model::AgentView;
 use crate::state::Edge;
 use follow::Update;
-use task::{TaskRef, TaskState, TaskView, Waiting};
+use turnpike_artifactory::tasks::{self, TaskRef, TaskState, TaskView, Waiting};
 use wire::{Code, RpcError};
 
 /// The largest JSON-RPC body: a message with file parts up to the attachment limit, in base64.
@@ -68,6 +67,8 @@ const BLOCKING_LIMIT: Duration = Duration::from_secs(300);
 const CANCEL_LIMIT: Duration = Duration::from_secs(30);
 /// How long links to files out work.
 const LINK_TTL_S: u64 = 3600;
+/// The most files a task shows (in and out).
+const MAX_LINKS: usize = 32;
 
 /// The agent an endpoint serves.
 #[derive(Debug, Clone)]
@@ -492,7 +493,7 @@ fn at(i: usize, e: RpcError) -> RpcError {
 
 /// The idempotency key of what a message sends (`what` tells its events apart): the same
 /// prefix for everything one message id sends, so the task finds the files sent with its
-/// message ([`task::MESSAGE_KEY_SUFFIX`]).
+/// message ([`tasks::MESSAGE_KEY_SUFFIX`]).
 fn key_of(message_id: &str, what: &str) -> HeaderMap {
     use sha2::Digest as _;
     let digest = sha2::Sha256::digest(message_id.as_bytes());
@@ -527,18 +528,24 @@ impl Viewer<'_> {
         let mut references: Vec<String> = Vec::new();
         for said in &view.history {
             match said {
-                task::Said::Agent { text, .. } => references.extend(wire::references(text)),
-                task::Said::File { reference, .. } => references.push(reference.clone()),
-                task::Said::User { .. } => {}
+                tasks::Said::Agent { text, .. } => references.extend(wire::references(text)),
+                tasks::Said::File { reference, .. } => references.push(reference.clone()),
+                tasks::Said::User { .. } => {}
             }
         }
         references.sort();
         references.dedup();
+        references.truncate(MAX_LINKS);
         let resolver = self.edge.inner.resolver.in_tenant(&self.caller.tenant);
         let mut links = HashMap::new();
         for reference in references {
+            // Only whether the caller may read it (the conversation's access), not the bytes:
+            // the link is checked again, and the file read, when it is followed.
+            let Ok(parsed) = reference.parse::<turnpike_schemas::Reference>() else {
+                continue;
+            };
             if resolver
-                .resolve_str(&self.caller.identity, &reference)
+                .authorize(&self.caller.identity, &parsed)
                 .await
                 .is_ok()
             {
@@ -585,7 +592,7 @@ impl A2a<'_> {
     }
 
     async fn read(&self, entry: &DirectoryEntry, task: TaskRef) -> Result<TaskView, RpcError> {
-        task::read(&self.edge.record(entry), task)
+        follow::read(self.edge, &self.edge.record(entry), task)
             .await
             .map_err(|e| match e.body.code.as_str() {
                 "not_found" => RpcError::task_not_found(&task.to_string()),
@@ -634,18 +641,19 @@ impl A2a<'_> {
             }
         };
         let id = entry.conversation.to_string();
-        // Files go first: an attachment sent ahead of its message joins the message's turn.
-        for (i, (name, media_type, bytes)) in incoming.files.iter().enumerate() {
-            self.edge
-                .attach(
-                    self.caller,
-                    &entry,
-                    &key_of(&incoming.message_id, &format!("file{i}")),
-                    name.clone(),
-                    media_type.as_deref(),
-                    bytes.clone(),
-                )
-                .await?;
+        // Files go ahead of the message (an attachment sent ahead of its message joins its
+        // turn) unless a turn runs now: it would take them; behind the message, they join the
+        // message's turn instead.
+        let running = self
+            .edge
+            .record(&entry)
+            .head()
+            .await
+            .map_err(ApiError::from)?
+            .state()
+            .turn_open;
+        if !running {
+            self.attach_all(&entry, &incoming).await?;
         }
         let text = if incoming.text.trim().is_empty() {
             "(see the data)".to_owned()
@@ -657,10 +665,13 @@ impl A2a<'_> {
             .submit(
                 self.caller,
                 &id,
-                &key_of(&incoming.message_id, task::MESSAGE_KEY_SUFFIX),
+                &key_of(&incoming.message_id, tasks::MESSAGE_KEY_SUFFIX),
                 EventBody::Message { text },
             )
             .await?;
+        if running {
+            self.attach_all(&entry, &incoming).await?;
+        }
         Ok((
             TaskRef {
                 conversation: entry.conversation,
@@ -669,6 +680,27 @@ impl A2a<'_> {
             entry,
             0,
         ))
+    }
+
+    /// Attaches the message's files, each under its own idempotency key.
+    async fn attach_all(
+        &self,
+        entry: &DirectoryEntry,
+        incoming: &Incoming,
+    ) -> Result<(), RpcError> {
+        for (i, (name, media_type, bytes)) in incoming.files.iter().enumerate() {
+            self.edge
+                .attach(
+                    self.caller,
+                    entry,
+                    &key_of(&incoming.message_id, &format!("file{i}")),
+                    name.clone(),
+                    media_type.as_deref(),
+                    bytes.clone(),
+                )
+                .await?;
+        }
+        Ok(())
     }
 
     async fn continue_task(
@@ -691,8 +723,8 @@ impl A2a<'_> {
         }
         let view = self.read(&entry, task).await?;
         let id = entry.conversation.to_string();
-        let submit = |what: &'static str, body: EventBody| {
-            let headers = key_of(&incoming.message_id, what);
+        let submit = |what: String, body: EventBody| {
+            let headers = key_of(&incoming.message_id, &what);
             let id = id.clone();
             async move {
                 self.edge
@@ -715,7 +747,7 @@ impl A2a<'_> {
                     return Err(RpcError::params("the message has no text"));
                 }
                 let seq = submit(
-                    "follow-up",
+                    "follow-up".to_owned(),
                     EventBody::FollowUp {
                         text: incoming.text.clone(),
                     },
@@ -741,7 +773,7 @@ impl A2a<'_> {
         submit: F,
     ) -> Result<Option<u64>, RpcError>
     where
-        F: Fn(&'static str, EventBody) -> Fut,
+        F: Fn(String, EventBody) -> Fut,
         Fut: std::future::Future<Output = ApiResult<u64>>,
     {
         let text = incoming.text.trim();
@@ -761,12 +793,7 @@ impl A2a<'_> {
         });
         let mut answered: Option<u64> = None;
         for (i, waiting) in view.waiting.iter().enumerate() {
-            let what: &'static str = match i {
-                0 => "answer0",
-                1 => "answer1",
-                2 => "answer2",
-                _ => "answern",
-            };
+            let what = format!("answer{i}");
             match waiting {
                 Waiting::Question { request, .. } if !text.is_empty() && answered.is_none() => {
                     let seq = submit(
@@ -805,26 +832,24 @@ impl A2a<'_> {
         Ok(answered)
     }
 
-    /// Registers push notifications given with a message for its task.
-    async fn push_for(
-        &self,
-        task: &TaskRef,
-        entry: &DirectoryEntry,
-        config: &Value,
-    ) -> Result<(), RpcError> {
-        if config.is_null() {
-            return Ok(());
+    /// The push config given with a message (`configuration.taskPushNotificationConfig`),
+    /// checked before the message is sent.
+    fn push_given(params: &Value) -> Result<Option<push::Parsed>, RpcError> {
+        match params
+            .get("configuration")
+            .and_then(|c| c.get("taskPushNotificationConfig"))
+        {
+            None | Some(Value::Null) => Ok(None),
+            Some(config) => push::parse(config).map(Some),
         }
-        push::create(self.edge, self.caller, *task, entry, config)
-            .await
-            .map(|_| ())
     }
 
     async fn create_push(&self, params: &Value) -> Result<Value, RpcError> {
         let id = string_field(params, "taskId")?
             .ok_or_else(|| RpcError::params("taskId is required"))?;
+        let config = push::parse(params)?;
         let (task, entry) = self.task_entry(&id).await?;
-        push::create(self.edge, self.caller, task, &entry, params).await
+        push::create(self.edge, self.caller, task, &entry, config).await
     }
 
     async fn get_push(&self, params: &Value) -> Result<Value, RpcError> {
@@ -854,11 +879,12 @@ impl A2a<'_> {
     }
 
     async fn send_message(&self, params: &Value) -> Result<Value, RpcError> {
+        let push = Self::push_given(params)?;
         let (task, entry, after) = self.accept(params).await?;
-        let configuration = params.get("configuration");
-        if let Some(push) = configuration.and_then(|c| c.get("taskPushNotificationConfig")) {
-            self.push_for(&task, &entry, push).await?;
+        if let Some(config) = push {
+            push::create(self.edge, self.caller, task, &entry, config).await?;
         }
+        let configuration = params.get("configuration");
         let immediately = configuration
             .and_then(|c| c.get("returnImmediately"))
             .and_then(Value::as_bool)
@@ -866,7 +892,7 @@ impl A2a<'_> {
         let history = history_length(configuration)?;
         let record = self.edge.record(&entry);
         let view = if immediately {
-            task::read(&record, task).await?
+            follow::read(self.edge, &record, task).await?
         } else {
             follow::settle(self.edge, record, task, after, BLOCKING_LIMIT).await?
         };
@@ -889,6 +915,16 @@ impl A2a<'_> {
             return Err(RpcError::new(
                 Code::TaskNotCancelable,
                 format!("task {id} is {} already", view.state.wire()),
+            ));
+        }
+        if view.state.interrupted() {
+            // A stop does not take back a pending approval (a person could still grant it):
+            // the task ends by its answer.
+            return Err(RpcError::new(
+                Code::TaskNotCancelable,
+                format!(
+                    "task {id} waits for input: answer it (\"reject\" for a gated call) to end it"
+                ),
             ));
         }
         let (_, Json(stopped)) = self
@@ -921,14 +957,12 @@ impl A2a<'_> {
     /// Takes the message; the task, and the lane sequence of what continued it (0: a new task,
     /// whose stream starts with the task; a continued one's with a status update).
     async fn send_streaming(&self, params: &Value) -> Result<(TaskView, u64), RpcError> {
+        let push = Self::push_given(params)?;
         let (task, entry, after) = self.accept(params).await?;
-        if let Some(push) = params
-            .get("configuration")
-            .and_then(|c| c.get("taskPushNotificationConfig"))
-        {
-            self.push_for(&task, &entry, push).await?;
+        if let Some(config) = push {
+            push::create(self.edge, self.caller, task, &entry, config).await?;
         }
-        let view = task::read(&self.edge.record(&entry), task).await?;
+        let view = follow::read(self.edge, &self.edge.record(&entry), task).await?;
         Ok((view, after))
     }
 

@@ -3,7 +3,7 @@
 
 use serde_json::{json, Value};
 
-use super::task::{Said, TaskView, Waiting};
+use turnpike_artifactory::tasks::{Said, TaskView, Waiting};
 
 /// The protocol version served.
 pub const PROTOCOL_VERSION: &str = "1.0";

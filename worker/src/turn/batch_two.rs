@@ -414,6 +414,7 @@ async fn commit(
         promote(env, turn, attempt, version, &log, snapshot.as_ref(), hosted).await?;
         // Part of the promotion: its subscribers are told (again, by whoever finishes it).
         let facts = crate::webhooks::TurnFacts {
+            record: &env.record,
             tenant: env.record.prefix().tenant(),
             app: &ended.app,
             agent: &ended.agent,
@@ -644,6 +645,7 @@ pub async fn finish_committed(shared: &super::Shared, record: &Record, head: &He
     let prefix = record.prefix();
     let log = shared.turn_logs.read(prefix, turn).await?;
     let facts = crate::webhooks::TurnFacts {
+        record,
         tenant: prefix.tenant(),
         app: &first.address.app,
         agent: &log.agent,

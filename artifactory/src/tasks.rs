@@ -1,6 +1,7 @@
-//! An A2A task, derived from the record: a task is the turn its message opened, followed through
-//! the turns that answer what it parked on. Nothing about a task is stored apart from the record,
-//! so whichever router answers, and after any crash, a task reads the same.
+//! A task, derived from the record: the turn a message opened, followed through the turns that
+//! answer what it parked on — what an A2A client calls a task (the edge serves it; the workers'
+//! push notifications follow it). Nothing about a task is stored apart from the record, so
+//! whichever process reads it, and after any crash, a task reads the same.
 //!
 //! # Contract
 //! - A task id is `<conversation>-<lane seq>`: the conversation and the lane sequence of the
@@ -8,7 +9,8 @@
 //!   input (inputs are committed in lane order, so the scan stops at the first older one) and the
 //!   entries of its turns.
 //! - States follow the turn: not yet committed — `submitted`; dispatched — `working`; replied —
-//!   `completed`; cancelled (a stop, or a stop while parked) — `canceled`; failed or quarantined
+//!   `completed`; cancelled by a stop — `canceled` (a stop while it is parked changes nothing:
+//!   the runtime keeps what is pending); failed or quarantined
 //!   (`turn_ambiguous`) — `failed`; a message the runtime refused (parked on the lane) —
 //!   `rejected`; parked on an approval or a question — `input-required`, or `auth-required`
 //!   when what it waits for is the caller's own connection to an MCP server.
@@ -19,11 +21,10 @@
 use std::fmt;
 use std::str::FromStr;
 
-use turnpike_artifactory::{Record, RecordEntry};
+use crate::error::Result;
+use crate::record::{Record, RecordEntry};
 use turnpike_schemas::entry::TurnOutcome;
 use turnpike_schemas::{ConversationId, EntryBody, EventBody, RequestId, TurnId};
-
-use crate::error::ApiResult;
 
 /// How far back the input of a task is looked for (entries).
 const MAX_BACK: usize = 8192;
@@ -182,6 +183,16 @@ impl TaskView {
         }
     }
 
+    /// Whether `other` shows the task otherwise: its state, what it said or waits for (not
+    /// merely a longer record).
+    pub fn differs(&self, other: &TaskView) -> bool {
+        self.state != other.state
+            || self.turns != other.turns
+            || self.history != other.history
+            || self.waiting != other.waiting
+            || self.reason != other.reason
+    }
+
     /// The turn running now (or last), if any.
     pub fn turn(&self) -> Option<TurnId> {
         self.turns.last().copied()
@@ -196,13 +207,15 @@ impl TaskView {
     }
 }
 
-/// Reads task `task` from `record`. A message still on the lane is `submitted`.
-pub async fn read(record: &Record, task: TaskRef) -> ApiResult<TaskView> {
+/// Reads task `task` from `record`. A message still on the lane is `submitted`; `None`: the
+/// record has no message at that lane sequence (it is past it), or it is older than a task is
+/// looked for.
+pub async fn read(record: &Record, task: TaskRef) -> Result<Option<TaskView>> {
     let head = record.head().await?;
     let through = head.leaves();
     let lane_through = head.state().lane_through;
     if lane_through < task.seq {
-        return Ok(TaskView::submitted(task, through, lane_through));
+        return Ok(Some(TaskView::submitted(task, through, lane_through)));
     }
     // Back from the end to the task's input (inputs are in lane order).
     let mut before = through;
@@ -223,10 +236,14 @@ pub async fn read(record: &Record, task: TaskRef) -> ApiResult<TaskView> {
                     let mut view = TaskView::submitted(task, through, lane_through);
                     view.state = TaskState::Rejected;
                     view.reason = Some(p.reason.clone());
-                    return Ok(view);
+                    return Ok(Some(view));
+                }
+                // Only a message starts a task (a stop, an answer or a file is part of one).
+                EntryBody::UserMessage(input) if input.lane_seq == Some(task.seq) => {
+                    break 'find Some(e.position)
                 }
                 body => match body.as_input().and_then(|i| i.lane_seq) {
-                    Some(seq) if seq == task.seq => break 'find Some(e.position),
+                    Some(seq) if seq == task.seq => break 'find None,
                     Some(seq) if seq < task.seq => break 'find None,
                     _ => {}
                 },
@@ -234,11 +251,8 @@ pub async fn read(record: &Record, task: TaskRef) -> ApiResult<TaskView> {
         }
     };
     let Some(start) = start else {
-        // Not in the record although the lane is past it: not a message of this conversation's
-        // (a stop, an answer), or older than anything a task is kept for.
-        return Err(crate::error::ApiError::not_found(format!(
-            "task {task} not found"
-        )));
+        // Not in the record although the lane is past it, or older than a task is looked for.
+        return Ok(None);
     };
     // The files sent with the message went on the lane just ahead of it: they are the task's,
     // whether they joined its turn or a worker took them first.
@@ -297,7 +311,7 @@ pub async fn read(record: &Record, task: TaskRef) -> ApiResult<TaskView> {
             break;
         }
     }
-    Ok(derive.view)
+    Ok(Some(derive.view))
 }
 
 /// The task's state machine over its entries, in record order from its input.
@@ -339,13 +353,6 @@ impl Derive {
                     }
                     _ => false,
                 };
-                if matches!(input.event.body, EventBody::Stop { .. }) && !self.answered {
-                    // A stop while parked: the client cancelled the task.
-                    view.state = TaskState::Canceled;
-                    view.waiting.clear();
-                    view.reason = Some("cancelled while waiting for input".into());
-                    return true;
-                }
                 if !answers {
                     return false;
                 }
