@@ -51,7 +51,7 @@ pub fn settled(state: TaskState) -> bool {
 /// Snapshots start once the record has taken lane sequence `after` (an answer or follow-up
 /// just sent: the task as it was before it is not news; 0 for none). Subscribes to the
 /// conversation's live messages before reading, so nothing committed in between goes unseen; a
-/// lost live message delays an update by at most [`POLL`].
+/// lost live message delays an update by at most a second.
 pub async fn follow(
     edge: &Edge,
     record: Record,

@@ -7,7 +7,7 @@
 //! - An A2A **context is a conversation** (`contextId` = `conv_…`); a message without one opens a
 //!   new conversation with the endpoint's agent, owned by the caller.
 //! - A **task is a turn** — the turn the message opened, followed through the turns that answer
-//!   what it parked on ([`task`]). Task ids are `<conversation>-<lane seq>`; nothing about a
+//!   what it parked on (`turnpike_artifactory::tasks`). Task ids are `<conversation>-<lane seq>`; nothing about a
 //!   task is kept beside the record.
 //! - A message on a task that is working is a follow-up; on one that waits (`input-required`),
 //!   it is the answer: the text of a question's answer, or `approve` / `reject: <reason>` (or a

@@ -58,7 +58,7 @@ os.rename(port_file + ".tmp", port_file)
 server.serve_forever()
 "#;
 
-/// A running [`RECEIVER`], killed when dropped.
+/// A running receiver (the script above), killed when dropped.
 pub struct Receiver {
     child: std::process::Child,
     dir: tempfile::TempDir,
