@@ -763,6 +763,45 @@ impl EdgeArgs {
     }
 }
 
+/// The book's page for each command (`--help` ends with it); the rest point at the command
+/// reference, which lists every flag.
+const BOOK_PAGES: &[(&str, &str)] = &[
+    ("demo", "getting-started/quickstart.md"),
+    ("serve", "getting-started/first-agent.md"),
+    ("chat", "getting-started/first-agent.md"),
+    ("router", "operating/fleet.md"),
+    ("worker", "operating/fleet.md"),
+    ("workers", "operating/fleet.md"),
+    ("conversation", "operating/runbook.md"),
+    ("bench", "operating/benchmarks.md"),
+    ("search", "guides/search.md"),
+    ("schedule", "guides/sessions.md"),
+    ("webhook", "guides/sessions.md"),
+    ("config", "reference/config.md"),
+];
+
+/// The command line with each command's `--help` ending in its page of the book.
+pub fn with_book_pages(command: clap::Command) -> clap::Command {
+    command
+        .after_help(
+            "The book: book/src/SUMMARY.md (every command and flag: book/src/reference/cli.md)",
+        )
+        .mut_subcommands(|sub| {
+            let page = BOOK_PAGES
+                .iter()
+                .find(|(name, _)| *name == sub.get_name())
+                .map_or("reference/cli.md", |(_, page)| page);
+            with_page(sub, &format!("The book: book/src/{page}"))
+        })
+}
+
+/// `command` and every command under it, ending their help with `line`.
+fn with_page(command: clap::Command, line: &str) -> clap::Command {
+    command
+        .after_help(line.to_owned())
+        .mut_subcommands(|sub| with_page(sub, line))
+}
+
 impl Command {
     /// Whether the command serves or talks over the network for long (a server, a benchmark,
     /// an interactive client) rather than printing a result and ending.

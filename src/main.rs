@@ -10,8 +10,6 @@ mod telemetry;
 
 use std::process::ExitCode;
 
-use clap::Parser as _;
-
 /// mimalloc, built without transparent huge pages (`no_thp`). Against glibc's allocator on this
 /// workload it embeds 25–45% more documents per second and rebuilds a cold context ~20% faster
 /// (`turnpike bench embed`, `bench context`). With huge pages, the kernel's `defrag=madvise`
@@ -34,7 +32,14 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let cli = cli::Cli::parse_from(argv);
+    let cli = {
+        use clap::{CommandFactory as _, FromArgMatches as _};
+        let matches = cli::with_book_pages(cli::Cli::command()).get_matches_from(argv);
+        match cli::Cli::from_arg_matches(&matches) {
+            Ok(cli) => cli,
+            Err(e) => e.exit(),
+        }
+    };
     // A closed pipe (`turnpike conversation list | head`) ends a command that prints quietly,
     // as it does for other tools. Never for the long-running processes: there SIGPIPE would
     // also come from a socket whose peer went away mid-write (an HTTP client's vectored write

@@ -956,3 +956,47 @@ fn failpoints_exist_only_in_test_builds_and_the_binary_has_no_fault_flag() {
     let refused = cli.run(&["worker", "--fault", "hang-after-claim"]);
     assert_eq!(refused.status.code(), Some(2), "{}", text(&refused));
 }
+
+/// Every command's `--help` (and every subcommand's) ends with its page of the book, and the
+/// page is there.
+#[test]
+fn every_commands_help_ends_with_a_page_of_the_book_that_exists() {
+    let help = |args: &[&str]| -> String {
+        let out = Command::new(env!("CARGO_BIN_EXE_turnpike"))
+            .args(args)
+            .arg("--help")
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{args:?}");
+        String::from_utf8(out.stdout).unwrap()
+    };
+    // The commands a help lists, under its "Commands:" heading (not `help` itself).
+    let commands = |text: &str| -> Vec<String> {
+        text.lines()
+            .skip_while(|l| !l.starts_with("Commands:"))
+            .skip(1)
+            .take_while(|l| l.starts_with("  "))
+            .filter_map(|l| l.split_whitespace().next().map(str::to_owned))
+            .filter(|c| c != "help")
+            .collect()
+    };
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let check = |args: &[&str]| {
+        let text = help(args);
+        let last = text.lines().rev().find(|l| !l.trim().is_empty()).unwrap();
+        let page = last
+            .strip_prefix("The book: ")
+            .unwrap_or_else(|| panic!("{args:?} ends with {last:?}"));
+        let page = page.split_whitespace().next().unwrap();
+        assert!(root.join(page).is_file(), "{args:?}: {page} is not a page");
+        text
+    };
+    let top = commands(&check(&[]));
+    assert!(top.len() > 10, "{top:?}");
+    for command in &top {
+        let text = check(&[command]);
+        for sub in commands(&text) {
+            check(&[command, &sub]);
+        }
+    }
+}
