@@ -258,3 +258,42 @@ fn a_snippet_with_a_renamed_flag_fails() {
     let skipped = "```sh no-run\nfalse\n```\n```toml\n[x]\n```\n";
     assert!(shell_blocks(skipped).is_empty());
 }
+
+/// Every crate of the workspace says, in its crate-level docs, which pages of the book it
+/// implements; each page named is there.
+#[test]
+fn every_crates_docs_name_pages_of_the_book_that_exist() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let manifest = std::fs::read_to_string(root.join("Cargo.toml")).unwrap();
+    let members = manifest
+        .lines()
+        .find(|l| l.starts_with("members"))
+        .expect("the workspace's members");
+    let crates: Vec<&str> = members.split('"').skip(1).step_by(2).collect();
+    assert!(crates.len() >= 10, "{crates:?}");
+    for krate in crates {
+        let lib = std::fs::read_to_string(root.join(krate).join("src/lib.rs")).unwrap();
+        let docs: String = lib
+            .lines()
+            .take_while(|l| l.starts_with("//!"))
+            .collect::<Vec<_>>()
+            .join("\n");
+        let line = docs
+            .lines()
+            .find(|l| l.starts_with("//! The book: "))
+            .unwrap_or_else(|| panic!("{krate}'s docs name no page of the book"));
+        let named: Vec<&str> = line
+            .split('`')
+            .skip(1)
+            .step_by(2)
+            .filter(|p| p.starts_with("book/"))
+            .collect();
+        assert!(!named.is_empty(), "{krate}: {line}");
+        for page in named {
+            assert!(
+                root.join(page).is_file(),
+                "{krate} names {page}, which is not there"
+            );
+        }
+    }
+}

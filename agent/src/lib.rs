@@ -31,6 +31,8 @@
 //! - [`duration`]: durations as manifests write them
 //! - [`recall`]: what an agent asks recall for; the host runs the query
 //! - [`error`]: the crate's error type
+//!
+//! The book: `book/src/guides/manifests.md` (and `book/src/SUMMARY.md` for the rest).
 
 pub mod a2a;
 pub mod agent_loop;

@@ -22,6 +22,8 @@
 //! - [`dead_letters`]: lane messages set aside (unreadable or refused) for an operator
 //! - [`hooks`]: inbound webhook deliveries, each claimed once, and the conversations keys name
 //! - [`schedules`]: schedules and the create-only claims that make each firing happen once
+//!
+//! The book: `book/src/concepts/turn.md` (and `book/src/SUMMARY.md` for the rest).
 
 pub mod archive;
 pub mod attempts;

@@ -20,6 +20,8 @@
 //! - [`soak`]: resident memory over a long run, embedded and on a fleet
 //!
 //! The binary does the wiring (configuration, the stack under test) and calls these.
+//!
+//! The book: `book/src/operating/benchmarks.md` (and `book/src/SUMMARY.md` for the rest).
 
 pub mod cell;
 pub mod mcp;

@@ -6,6 +6,8 @@
 //! Two ways to get it: the `turnpike-cell-init` binary of this crate (small, so a cell starts
 //! fast), or the `turnpike` binary itself when it is started under the init's name (so a build
 //! of `turnpike` alone — `cargo run` — still has the full sandbox).
+//!
+//! The book: `book/src/operating/security.md` (and `book/src/SUMMARY.md` for the rest).
 
 pub mod landlock;
 

@@ -18,12 +18,18 @@ use turnpike_router::bus::now_ms;
 /// The longest instructions a conversation may be created with, in bytes.
 pub const MAX_INSTRUCTIONS_BYTES: usize = 16 * 1024;
 
-/// The apps and agents this deployment hosts.
+/// The apps and agents this deployment hosts for the caller's tenant.
 #[utoipa::path(get, path = "/v1/apps", tag = "apps",
     responses((status = 200, body = AppList)))]
-pub async fn list_apps(State(edge): State<Edge>, _caller: Caller) -> Json<AppList> {
+pub async fn list_apps(State(edge): State<Edge>, Caller(caller): Caller) -> Json<AppList> {
     Json(AppList {
-        apps: edge.inner.apps.apps(),
+        apps: edge
+            .inner
+            .apps
+            .apps()
+            .into_iter()
+            .filter(|a| a.offered_to(caller.tenant.as_str()))
+            .collect(),
     })
 }
 
@@ -44,7 +50,7 @@ pub async fn create(
         .agent
         .parse()
         .map_err(|e| ApiError::invalid(format!("agent: {e}")))?;
-    edge.check_agent(&app, &agent)?;
+    edge.check_agent(&caller.tenant, &app, &agent)?;
     if let Some(text) = &input.instructions {
         if text.len() > MAX_INSTRUCTIONS_BYTES {
             return Err(ApiError::invalid(format!(
@@ -583,9 +589,21 @@ fn view_of(entry: DirectoryEntry, head: &Head, closed_ms: Option<u64>) -> Conver
 }
 
 impl Edge {
-    /// Refuses an app or agent this deployment does not host (`422`).
-    pub(crate) fn check_agent(&self, app: &AppId, agent: &AgentId) -> ApiResult<()> {
-        let catalog = self.inner.apps.apps();
+    /// Refuses an app or agent this deployment does not host for `tenant` (`404`); what it
+    /// names are only the apps offered to that tenant.
+    pub(crate) fn check_agent(
+        &self,
+        tenant: &turnpike_schemas::TenantId,
+        app: &AppId,
+        agent: &AgentId,
+    ) -> ApiResult<()> {
+        let catalog: Vec<_> = self
+            .inner
+            .apps
+            .apps()
+            .into_iter()
+            .filter(|a| a.offered_to(tenant.as_str()))
+            .collect();
         let Some(found) = catalog.iter().find(|a| a.id == app.as_str()) else {
             return Err(ApiError::not_found(format!(
                 "app {app:?} is not hosted here (hosted: {})",

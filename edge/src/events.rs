@@ -296,7 +296,7 @@ pub async fn switch_agent(
         .agent
         .parse()
         .map_err(|e| ApiError::invalid(format!("agent: {e}")))?;
-    edge.check_agent(&entry.app, &agent)?;
+    edge.check_agent(&caller.tenant, &entry.app, &agent)?;
     edge.submit(&caller, &id, &headers, EventBody::SwitchAgent { agent })
         .await
 }

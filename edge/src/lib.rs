@@ -38,6 +38,8 @@
 //! - `state`: what the edge is built from, and the state every handler reaches
 //! - [`extract`]: the caller, bodies, parameters and ids handlers take from a request
 //! - `hosted`: what the edge needs of the harness (the apps catalogue, replay), as traits
+//!
+//! The book: `book/src/reference/api.md`, `book/src/guides/a2a-and-mcp.md` (and `book/src/SUMMARY.md` for the rest).
 
 pub mod a2a;
 pub mod auth;

@@ -427,7 +427,7 @@ async fn send(
             let agent = agent
                 .parse()
                 .map_err(|e| ApiError::invalid(format!("agent: {e}")))?;
-            edge.check_agent(&app, &agent)?;
+            edge.check_agent(&caller.tenant, &app, &agent)?;
             edge.open_conversation(caller, app, agent, None).await?.0
         }
     };

@@ -343,7 +343,7 @@ impl Edge {
                 let agent: AgentId = agent
                     .parse()
                     .map_err(|e| ApiError::invalid(format!("agent: {e}")))?;
-                self.check_agent(&app, &agent)?;
+                self.check_agent(&caller.tenant, &app, &agent)?;
                 (Target::New, app, agent)
             }
             Some(text) => {

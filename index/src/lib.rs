@@ -15,6 +15,8 @@
 //! - [`indexer`]: turning finished turns into rows, idempotently, with retries
 //! - [`hydrate`]: snippets for hits, read through the resolver as the caller
 //! - [`eval`]: SMART-format test collections and nDCG/MAP, for `turnpike bench search`
+//!
+//! The book: `book/src/guides/search.md` (and `book/src/SUMMARY.md` for the rest).
 
 pub mod analysis;
 pub mod backend;

@@ -12,6 +12,8 @@
 //! - [`phases`]: conversation phases and conditions for operators (`conversation list`)
 //! - [`fence`]: a lease holder's deadline; fenced writes stop before it lapses
 //! - [`failpoints`]: where tests crash a process at a step boundary (a test-only feature)
+//!
+//! The book: `book/src/guides/lifecycle.md` (and `book/src/SUMMARY.md` for the rest).
 
 pub mod erasure;
 pub mod failpoints;

@@ -10,6 +10,8 @@
 //! - [`Resolver`]: authorisation and dispatch by family
 //! - [`family`](FamilyResolver): what a family's resolver is given and gives back
 //! - [`families`]: the built-in families — `fi` (files a turn hosted), `tl` (turn logs)
+//!
+//! The book: `book/src/operating/security.md` (and `book/src/SUMMARY.md` for the rest).
 
 pub mod families;
 mod family;

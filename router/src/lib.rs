@@ -18,6 +18,8 @@
 //! - [`trace`]: the accepting span's trace context, carried beside an event to its turn
 //! - [`usage`]: the usage ledger (per tenant and app, per UTC day) and budgets
 //! - [`error`]: the crate's error type
+//!
+//! The book: `book/src/concepts/turn.md`, `book/src/operating/fleet.md` (and `book/src/SUMMARY.md` for the rest).
 
 pub mod bus;
 pub mod clock;

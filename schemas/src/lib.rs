@@ -14,6 +14,8 @@
 //! - [`timeline`]: the rows an agent is fed, each with a stable reference
 //! - [`error`]: the crate's error type
 //! - [`failure`]: the one error shape of the crates that do I/O (`error_type!`)
+//!
+//! The book: `book/src/reference/entries.md` (and `book/src/SUMMARY.md` for the rest).
 
 mod block_de;
 mod block_kinds;

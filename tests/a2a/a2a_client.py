@@ -293,7 +293,14 @@ async def a2a():
     assert (await beta.get(f"{BASE}/a2a/secret/keeper/.well-known/agent-card.json")).status_code == 200
     theirs = [c["name"] for c in (await beta.get(f"{BASE}/v1/agent-cards")).json()["cards"]]
     assert [n for n in theirs if not n.startswith("demo/")] == ["relay/helper", "relay/publisher", "relay/quiet", "secret/keeper"], theirs
+    # The apps list and a refused conversation name no app of another tenant's either.
+    assert "secret" in [a["id"] for a in (await beta.get(f"{BASE}/v1/apps")).json()["apps"]]
     await beta.aclose()
+    assert "secret" not in [a["id"] for a in (await http.get(f"{BASE}/v1/apps")).json()["apps"]]
+    refused = await http.post(f"{BASE}/v1/conversations", json={"app": "nope", "agent": "x"})
+    assert refused.status_code == 404 and "secret" not in refused.text, refused.text
+    refused = await http.post(f"{BASE}/v1/conversations", json={"app": "secret", "agent": "keeper"})
+    assert refused.status_code == 404, refused.text
     assert (await httpx.AsyncClient().get(f"{AGENT}/.well-known/agent-card.json")).status_code == 401
     ok("isolation")
 

@@ -27,6 +27,8 @@
 //! - [`schedules`]: the scheduler: schedule shards held under leases, each firing once
 //! - [`config`]: worker settings
 //! - [`error`]: the crate's error type
+//!
+//! The book: `book/src/concepts/turn.md`, `book/src/operating/fleet.md` (and `book/src/SUMMARY.md` for the rest).
 
 pub mod a2a;
 pub mod cell;

@@ -1026,6 +1026,16 @@ impl A2a<'_> {
                 }
             },
         );
+        // A router shutting down ends its streams after the drain grace, as it does WebSockets:
+        // the client subscribes again (to another router) and misses nothing.
+        let mut draining = self.edge.inner.draining.subscribe();
+        let grace = self.edge.inner.limits.drain_grace;
+        let events = events.take_until(async move {
+            if draining.wait_for(|d| *d).await.is_err() {
+                std::future::pending::<()>().await;
+            }
+            tokio::time::sleep(grace).await;
+        });
         // The official client gives up after 5 s without a byte: a comment every 2 s.
         Sse::new(events)
             .keep_alive(KeepAlive::new().interval(Duration::from_secs(2)))

@@ -18,6 +18,8 @@
 //! - [`lanes`]: publishing many events and checking they were committed in order, once
 //! - [`wait`]: waiting on a condition with a timeout
 //! - [`shape`]: import circles between the modules of a crate, read from its source
+//!
+//! The book: `book/src/reference/features.md` (and `book/src/SUMMARY.md` for the rest).
 
 pub mod counting;
 pub mod counting_bus;
