@@ -268,8 +268,8 @@ impl Notifier {
         }
         let count = self.enqueue(t.tenant, subscribers, message).await?;
         for (owner, id) in ended {
-            // Enqueued first: a crash between the two leaves the subscription open, and the
-            // next turn of the conversation is told too (at least once, never never).
+            // Enqueued first: a crash between the two leaves the subscription open (it hears of
+            // its own task's turns only, and none come after the end); the end is delivered.
             self.webhooks.end_push(t.tenant, &owner, &id).await?;
             self.subscriptions
                 .lock()
