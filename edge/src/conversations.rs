@@ -23,13 +23,7 @@ pub const MAX_INSTRUCTIONS_BYTES: usize = 16 * 1024;
     responses((status = 200, body = AppList)))]
 pub async fn list_apps(State(edge): State<Edge>, Caller(caller): Caller) -> Json<AppList> {
     Json(AppList {
-        apps: edge
-            .inner
-            .apps
-            .apps()
-            .into_iter()
-            .filter(|a| a.offered_to(caller.tenant.as_str()))
-            .collect(),
+        apps: edge.apps_for(&caller.tenant),
     })
 }
 
@@ -589,6 +583,20 @@ fn view_of(entry: DirectoryEntry, head: &Head, closed_ms: Option<u64>) -> Conver
 }
 
 impl Edge {
+    /// The apps hosted now that `tenant` may use (what one tenant may use says nothing to
+    /// another: every listing and refusal goes through this).
+    pub(crate) fn apps_for(
+        &self,
+        tenant: &turnpike_schemas::TenantId,
+    ) -> Vec<crate::model::AppView> {
+        self.inner
+            .apps
+            .apps()
+            .into_iter()
+            .filter(|a| a.offered_to(tenant.as_str()))
+            .collect()
+    }
+
     /// Refuses an app or agent this deployment does not host for `tenant` (`404`); what it
     /// names are only the apps offered to that tenant.
     pub(crate) fn check_agent(
@@ -597,13 +605,7 @@ impl Edge {
         app: &AppId,
         agent: &AgentId,
     ) -> ApiResult<()> {
-        let catalog: Vec<_> = self
-            .inner
-            .apps
-            .apps()
-            .into_iter()
-            .filter(|a| a.offered_to(tenant.as_str()))
-            .collect();
+        let catalog = self.apps_for(tenant);
         let Some(found) = catalog.iter().find(|a| a.id == app.as_str()) else {
             return Err(ApiError::not_found(format!(
                 "app {app:?} is not hosted here (hosted: {})",

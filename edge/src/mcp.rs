@@ -256,11 +256,8 @@ async fn call(
         "list_agents" => {
             only(args, &[])?;
             let agents: Vec<Value> = edge
-                .inner
-                .apps
-                .apps()
+                .apps_for(&caller.tenant)
                 .into_iter()
-                .filter(|a| a.offered_to(caller.tenant.as_str()))
                 .flat_map(|app| {
                     let id = app.id.clone();
                     app.agents.into_iter().map(move |a| {

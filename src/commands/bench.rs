@@ -123,16 +123,7 @@ pub async fn run(global: &Global, command: BenchCommand) -> Result<ExitCode> {
             accept_only,
             dir,
         } => {
-            let tmp = match &dir {
-                Some(d) => tempfile::tempdir_in(d)?,
-                None => tempfile::tempdir()?,
-            };
-            let stack = edge_stack(global, tmp.path().to_path_buf()).await?;
-            println!(
-                "edge on {}, one worker, the demo app's scripted model; data in {}",
-                stack.url,
-                tmp.path().display()
-            );
+            let (_tmp, stack) = demo_edge_stack(global, dir.as_deref()).await?;
             let plan = Plan {
                 conversations,
                 rounds,
@@ -148,16 +139,7 @@ pub async fn run(global: &Global, command: BenchCommand) -> Result<ExitCode> {
             clients,
             dir,
         } => {
-            let tmp = match &dir {
-                Some(d) => tempfile::tempdir_in(d)?,
-                None => tempfile::tempdir()?,
-            };
-            let stack = edge_stack(global, tmp.path().to_path_buf()).await?;
-            println!(
-                "edge on {}, one worker, the demo app's scripted model; data in {}",
-                stack.url,
-                tmp.path().display()
-            );
+            let (_tmp, stack) = demo_edge_stack(global, dir.as_deref()).await?;
             let plan = turnpike_bench::a2a::Plan {
                 rounds: rounds.max(1),
                 messages: messages.max(1),
@@ -337,6 +319,25 @@ pub async fn run(global: &Global, command: BenchCommand) -> Result<ExitCode> {
             .await
         }
     }
+}
+
+/// [`edge_stack`] over the demo app with its data in a temporary directory (under `dir`, if
+/// given), said on stdout; the directory lives as long as the first value.
+async fn demo_edge_stack(
+    global: &Global,
+    dir: Option<&std::path::Path>,
+) -> Result<(tempfile::TempDir, EdgeStack)> {
+    let tmp = match dir {
+        Some(d) => tempfile::tempdir_in(d)?,
+        None => tempfile::tempdir()?,
+    };
+    let stack = edge_stack(global, tmp.path().to_path_buf()).await?;
+    println!(
+        "edge on {}, one worker, the demo app's scripted model; data in {}",
+        stack.url,
+        tmp.path().display()
+    );
+    Ok((tmp, stack))
 }
 
 /// `turnpike serve`'s stack in this process, on loopback, with its data in `data_dir`: the

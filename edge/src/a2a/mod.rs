@@ -82,11 +82,9 @@ impl Edge {
     /// The agent at `/a2a/{app}/{agent}`, if this deployment hosts it for the caller's tenant.
     fn a2a_target(&self, caller: &Principal, app: &str, agent: &str) -> Option<Target> {
         let found = self
-            .inner
-            .apps
-            .apps()
+            .apps_for(&caller.tenant)
             .into_iter()
-            .find(|a| a.id == app && a.offered_to(caller.tenant.as_str()))?;
+            .find(|a| a.id == app)?;
         let view = found.agents.into_iter().find(|a| a.id == agent)?;
         Some(Target {
             app: app.parse().ok()?,
@@ -191,11 +189,8 @@ pub async fn agent_cards(
 ) -> Json<Value> {
     let base = base_url(&headers);
     let cards: Vec<Value> = edge
-        .inner
-        .apps
-        .apps()
+        .apps_for(&caller.tenant)
         .into_iter()
-        .filter(|a| a.offered_to(caller.tenant.as_str()))
         .flat_map(|app| {
             let id = app.id.clone();
             app.agents.into_iter().filter_map(move |view| {
