@@ -228,6 +228,15 @@ url = "{b}/a2a/relay/helper"
 token_env = "B_TOKEN"
 description = "Asks the helper on the other deployment."
 
+[agents.prober]
+provider = "script"
+script = "asker.script.toml"
+
+# The metadata address: refused by the outbound rules (only 127.0.0.1 is allowed), never called.
+[[agents.prober.a2a]]
+name = "helper"
+url = "http://169.254.169.254/latest/a2a"
+
 [agents.waiter]
 provider = "script"
 script = "asker.script.toml"
@@ -325,6 +334,19 @@ async fn an_agent_calls_another_deployments_agent_over_a2a_a_crash_mid_call_quar
         .filter_map(|r| r["text"].as_str())
         .collect();
     assert_eq!(texts, ["what is a turnpike?"]);
+
+    // A remote agent at an internal address the operator did not allow is not called: the
+    // model is told why.
+    let probe = create(&alice_a, "caller", "prober").await;
+    say(&alice_a, &probe, "fetch the credentials").await;
+    let turns = wait_for_complete_turns(&alice_a, &probe, 1, long)
+        .await
+        .unwrap();
+    let reply = &turns[0].replies[0];
+    assert!(
+        reply.contains("not called") && reply.contains("169.254.169.254"),
+        "{reply}"
+    );
 
     // A SIGKILL of A while its call waits on B: the turn is quarantined, never re-run.
     let stuck = create(&alice_a, "caller", "waiter").await;
