@@ -120,6 +120,27 @@ async fn lane_events(bus: &dyn Bus, conversation: ConversationId) -> Vec<turnpik
     out
 }
 
+/// The lane's events once `event` is among them (a claim is made before its message is
+/// published: the latest claim's message may still be on its way).
+async fn lane_events_with(
+    bus: &dyn Bus,
+    conversation: ConversationId,
+    event: turnpike_schemas::EventId,
+) -> Vec<turnpike_schemas::Event> {
+    let deadline = Instant::now() + LONG;
+    loop {
+        let events = lane_events(bus, conversation).await;
+        if events.iter().any(|e| e.id == event) {
+            return events;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "event {event} not on the lane of {conversation} within {LONG:?}: {events:#?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// Asserts that the claims after `after_ms` account for every tick once: consecutive claims
 /// are as far apart as the firings between them that the later one stands for.
 fn assert_every_tick_once(all: &[Firing], after_ms: u64) {
@@ -224,7 +245,7 @@ async fn firings_missed_while_the_workers_were_down_follow_each_policy() {
                 ..
             } = &f.outcome
             {
-                let events = lane_events(rig.bus.as_ref(), *conversation).await;
+                let events = lane_events_with(rig.bus.as_ref(), *conversation, *event).await;
                 assert_eq!(
                     events.iter().filter(|e| e.id == *event).count(),
                     1,
@@ -1075,7 +1096,7 @@ async fn an_app_wide_schedule_in_a_manifest_fires_as_the_apps_identity() {
             .unwrap();
         assert_eq!(entry.owner, app_identity);
         assert_eq!(entry.app.as_str(), "support");
-        let events = lane_events(rig.bus.as_ref(), *conversation).await;
+        let events = lane_events_with(rig.bus.as_ref(), *conversation, *event).await;
         assert_eq!(events.len(), 1);
         assert_eq!(events[0].id, *event);
         assert_eq!(events[0].address.identity, app_identity);
