@@ -747,6 +747,10 @@ pub struct EdgeArgs {
     /// away), in milliseconds; new streams are refused at once.
     #[arg(long, default_value_t = 5_000)]
     pub ws_grace_ms: u64,
+    /// A built book to serve at `/book/`, the console's help (`mdbook build book`, then
+    /// `--book book/book`); without it `/book/` says where the book is.
+    #[arg(long, env = "TURNPIKE_BOOK")]
+    pub book: Option<PathBuf>,
     /// The deployment's round limit: no turn runs more model rounds than this, whatever its
     /// agent allows (recorded with each turn's inputs).
     #[arg(long, env = "TURNPIKE_MAX_ROUNDS")]

@@ -136,8 +136,8 @@ fn a_broken_manifest_in_a_page_is_found() {
     assert!(refused.contains("provider"), "{refused}");
 }
 
-#[test]
-fn the_book_builds() {
+/// Builds the book with mdBook into a fresh directory.
+fn build_book() -> tempfile::TempDir {
     let mdbook = std::env::var("TURNPIKE_MDBOOK").unwrap_or_else(|_| "mdbook".into());
     let out_dir = tempfile::tempdir().unwrap();
     let built = Command::new(&mdbook)
@@ -155,6 +155,91 @@ fn the_book_builds() {
         String::from_utf8_lossy(&built.stderr)
     );
     assert!(out_dir.path().join("reference/cli.html").is_file());
+    out_dir
+}
+
+/// A raw `GET path` (sent as written: an HTTP client would normalise `..` and `%2e%2e` away).
+async fn raw_get(base: &str, path: &str) -> (u16, String) {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let host = base.trim_start_matches("http://");
+    let mut tcp = tokio::net::TcpStream::connect(host).await.unwrap();
+    let request = format!("GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n");
+    tcp.write_all(request.as_bytes()).await.unwrap();
+    let mut response = Vec::new();
+    tcp.read_to_end(&mut response).await.unwrap();
+    let text = String::from_utf8_lossy(&response).into_owned();
+    let status = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    (status, text)
+}
+
+/// The book builds, and `turnpike serve --book` serves it at `/book/`, where the console's help
+/// link points: its pages sandboxed (their scripts cannot reach the console's token), nothing
+/// outside the built directory. Without `--book`, `/book/` says where the book is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_book_builds_and_serve_shows_it_as_the_consoles_help() {
+    let built = build_book();
+    let outside = tempfile::tempdir().unwrap();
+    std::fs::write(outside.path().join("secret.txt"), "not the book's").unwrap();
+    std::os::unix::fs::symlink(
+        outside.path().join("secret.txt"),
+        built.path().join("linked.txt"),
+    )
+    .unwrap();
+    let book_dir = built.path().display().to_string();
+    let server =
+        turnpike_tests::edge::Server::start(&binary(), None, &["--book", &book_dir], false)
+            .unwrap();
+    let http = reqwest::Client::new();
+    let console = http
+        .get(format!("{}/", server.base))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(console.contains("href=\"/book/\""), "the console links its help to the book");
+    let page = http
+        .get(format!("{}/book/concepts/record.html", server.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(page.status(), 200);
+    let policy = page.headers()["content-security-policy"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    assert!(policy.starts_with("sandbox allow-scripts"), "{policy}");
+    assert!(!policy.contains("allow-same-origin"), "{policy}");
+    assert!(page.text().await.unwrap().contains("batch one"));
+    let (status, first) = raw_get(&server.base, "/book/").await;
+    assert_eq!(status, 200);
+    assert!(first.contains("Turnpike"), "{first}");
+    for bad in [
+        "/book/../Cargo.toml",
+        "/book/%2e%2e/%2e%2e/etc/passwd",
+        "/book/reference/..%2f..%2fsecret.txt",
+        "/book/linked.txt",
+        "/book/%2Fetc%2Fpasswd",
+        "/book/missing.html",
+    ] {
+        let (status, text) = raw_get(&server.base, bad).await;
+        assert!(
+            status == 404 || status == 400,
+            "{bad}: {status}\n{text}"
+        );
+        assert!(!text.contains("not the book's") && !text.contains("root:"), "{bad}");
+    }
+    drop(server);
+    let bare = turnpike_tests::edge::Server::start(&binary(), None, &[], false).unwrap();
+    let (status, text) = raw_get(&bare.base, "/book/").await;
+    assert_eq!(status, 200);
+    assert!(text.contains("does not serve the book"), "{text}");
+    assert!(text.contains("book/src/SUMMARY.md"), "{text}");
 }
 
 /// The shell snippets of a page that run (```` ```sh ````, not marked `no-run`), in order.

@@ -34,6 +34,8 @@ pub struct EdgeParts {
     pub directive: Option<IngressDirective>,
     /// Daily spending limits: messages under a spent one are refused (429 `budget_exceeded`).
     pub budgets: Vec<turnpike_router::usage::Budget>,
+    /// A built book (mdBook's output) to serve at `/book/` (none: `/book/` says where it is).
+    pub book: Option<std::path::PathBuf>,
 }
 
 /// The edge's shared state.
@@ -58,6 +60,7 @@ pub(crate) struct Inner {
     pub(crate) rates: limits::RateLimits,
     pub(crate) in_flight: limits::InFlight,
     pub(crate) link_key: [u8; 32],
+    pub(crate) book: Option<std::path::PathBuf>,
     /// True once the router is shutting down: no new streams, open ones close after a grace.
     pub(crate) draining: tokio::sync::watch::Sender<bool>,
     /// WebSocket streams open now.
@@ -93,6 +96,7 @@ impl Edge {
             search: parts.search,
             limits: parts.limits,
             link_key: parts.link_key,
+            book: parts.book,
         };
         Self {
             inner: Arc::new(inner),

@@ -372,6 +372,7 @@ async fn edge_stack(global: &Global, data_dir: PathBuf) -> Result<EdgeStack> {
         max_rounds: None,
         required_approver: None,
         ws_grace_ms: 0,
+        book: None,
     };
     let edge = super::edge::build(&g, &env, bus.clone(), &apps, None, &args, true).await?;
     let listener = tokio::net::TcpListener::bind(args.listen).await?;

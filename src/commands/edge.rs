@@ -175,5 +175,6 @@ pub async fn build(
             }
         }),
         budgets: global.budgets.clone(),
+        book: args.book.clone(),
     }))
 }
