@@ -365,6 +365,8 @@ pub enum ReferencePage {
     Entries,
     /// The API's error codes.
     Errors,
+    /// The HTTP API's endpoints, from its OpenAPI document.
+    Api,
 }
 
 #[derive(Debug, Args)]

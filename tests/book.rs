@@ -26,6 +26,7 @@ fn the_reference_pages_are_what_the_binary_prints() {
         ("config", "config.md"),
         ("entries", "entries.md"),
         ("errors", "errors.md"),
+        ("api", "api.md"),
     ] {
         let out = Command::new(binary())
             .args(["reference", page])

@@ -1,6 +1,7 @@
-//! `turnpike reference cli|config|entries|errors`: the book's reference pages, generated from
-//! the definitions — every command with its options and the keys a configuration file may set
-//! (clap), the record's entry kinds and the API's error codes (their declaration tables).
+//! `turnpike reference cli|config|entries|errors|api`: the book's reference pages, generated
+//! from the definitions — every command with its options and the keys a configuration file may
+//! set (clap), the record's entry kinds and the API's error codes (their declaration tables),
+//! and the HTTP API's endpoints (the OpenAPI document the routers serve).
 //! The book holds their output (`book/src/reference/`); `tests/book.rs` fails CI when the
 //! committed pages differ from what this prints, so the reference cannot drift from the binary.
 
@@ -16,6 +17,7 @@ pub fn render(page: Page) -> String {
         Page::Config => config(&root),
         Page::Entries => entries(),
         Page::Errors => errors(),
+        Page::Api => api(),
     }
 }
 
@@ -56,6 +58,63 @@ fn errors() -> String {
             code.status().as_u16(),
             cell(&code.meaning())
         ));
+    }
+    out
+}
+
+fn api() -> String {
+    let doc = turnpike_edge::openapi::document_value();
+    let mut out = format!("# HTTP API\n\n{GENERATED}");
+    out.push_str(
+        "Every running router (and `turnpike serve`) serves this API's OpenAPI document at \
+         `/v1/openapi.json`, generated from the handlers themselves: point any OpenAPI viewer \
+         or client generator at it for the request and response schemas. Requests carry \
+         `Authorization: Bearer <token or JWT>` unless the endpoint says otherwise. Errors \
+         share one shape, `{\"code\", \"message\", \"details\"}`; the codes, with their \
+         statuses and meanings, are in [API error codes](errors.md).\n",
+    );
+    let methods = ["get", "put", "post", "delete", "patch", "head"];
+    // Endpoints grouped by their tag, in the document's order within each.
+    let mut groups: Vec<(String, Vec<String>)> = Vec::new();
+    let paths = doc["paths"].as_object().cloned().unwrap_or_default();
+    for (path, item) in &paths {
+        for method in methods {
+            let Some(op) = item.get(method) else { continue };
+            let tag = op["tags"][0].as_str().unwrap_or("other").to_owned();
+            let summary = op["summary"]
+                .as_str()
+                .or(op["description"].as_str())
+                .unwrap_or("");
+            let ok: Vec<&str> = op["responses"]
+                .as_object()
+                .into_iter()
+                .flat_map(|r| r.keys())
+                .map(String::as_str)
+                .filter(|status| status.starts_with('2') || status.starts_with('3'))
+                .collect();
+            let open = op.get("security").and_then(|s| s.as_array()).is_some_and(|s| {
+                s.is_empty() || s.iter().any(|r| r.as_object().is_some_and(|o| o.is_empty()))
+            });
+            let row = format!(
+                "| `{} {path}` | {}{} | {} |\n",
+                method.to_uppercase(),
+                cell(summary),
+                if open { " (no token)" } else { "" },
+                ok.join(", ")
+            );
+            match groups.iter_mut().find(|(t, _)| *t == tag) {
+                Some((_, rows)) => rows.push(row),
+                None => groups.push((tag, vec![row])),
+            }
+        }
+    }
+    for (tag, rows) in groups {
+        out.push_str(&format!(
+            "\n## {tag}\n\n| Endpoint | What it does | Success |\n|---|---|---|\n"
+        ));
+        for row in rows {
+            out.push_str(&row);
+        }
     }
     out
 }
