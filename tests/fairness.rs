@@ -355,3 +355,107 @@ async fn completed_once(conversations: &Conversations, conv: ConversationId, nam
     );
     dispatched[0].at_ms
 }
+
+/// A message that comes while its conversation's owner holds the lease between turns has its
+/// wake refused (here or at another worker) and put off for `busy_delay` — ten minutes here.
+/// When that owner then lets go of its slot for another tenant's waiting wake, it leaves a
+/// reminder of its lane in its worker's intake: the message's turn starts after the other
+/// tenant's, not when its wake comes back. Two workers of one slot each, owners pausing before
+/// they let go of the lease; sixteen rounds, so the wakes land on either worker.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_left_when_an_owner_yields_its_slot_starts_without_waiting_for_its_put_off_wake()
+{
+    use turnpike_lifecycle::failpoints::Action;
+    const ROUNDS: usize = 16;
+    let e = embedded();
+    let a = conversations_of(&e.conversations, "alpha", ROUNDS).await;
+    let b = conversations_of(&e.conversations, "beta", ROUNDS).await;
+    let agent = Arc::new(Timed {
+        delay: Duration::from_millis(50),
+        ran: Mutex::new(Vec::new()),
+    });
+    let pool = WorkerPool::start((0..2).map(|_| {
+        Worker::new(
+            e.bus.clone(),
+            e.conversations.clone(),
+            signer(),
+            Arc::new(Apps::new().with_fallback(agent.clone())),
+            WorkerConfig {
+                slots: 1,
+                busy_delay: Duration::from_secs(600),
+                failpoints: turnpike_worker::Failpoints::default()
+                    .with("before-release", Action::Pause(Duration::from_millis(500))),
+                workspace_root: e.dir.path().join("workspaces"),
+                ..WorkerConfig::default()
+            },
+        )
+    }));
+    let ingress = Ingress::new(e.bus.clone(), e.conversations.clone());
+    let send = |name: &'static str, conv: ConversationId, text: &'static str| {
+        let ingress = ingress.clone();
+        async move {
+            ingress
+                .submit(
+                    &tenant(name),
+                    &user(name),
+                    conv,
+                    EventBody::Message { text: text.into() },
+                    Some(format!("{text}-{conv}")),
+                )
+                .await
+                .unwrap();
+        }
+    };
+    let open_turns = e.conversations.open_turns();
+    for round in 0..ROUNDS {
+        send("alpha", a[round], "one").await;
+        // The owner's drain is over (its open-turn mark is cleared when it finds the lane
+        // quiet): it pauses before letting go of the lease.
+        until_turns(&e.conversations, "alpha", a[round], 1, LONG).await;
+        let prefix = ConversationPrefix::new(tenant("alpha"), a[round]);
+        let deadline = Instant::now() + LONG;
+        while open_turns.is_marked(&prefix).await.unwrap() {
+            assert!(Instant::now() < deadline, "round {round}: never settled");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        send("beta", b[round], "go").await;
+        send("alpha", a[round], "two").await;
+        // Far less than the put-off wake's ten minutes.
+        until_turns(&e.conversations, "beta", b[round], 1, LONG).await;
+        until_turns(
+            &e.conversations,
+            "alpha",
+            a[round],
+            2,
+            Duration::from_secs(60),
+        )
+        .await;
+    }
+    pool.stop().await;
+    let runs = agent.ran.lock().unwrap().len();
+    assert_eq!(runs, 3 * ROUNDS, "each message's turn ran once");
+}
+
+/// Waits until the conversation has `n` complete turns and none open.
+async fn until_turns(
+    conversations: &Conversations,
+    name: &str,
+    conv: ConversationId,
+    n: u64,
+    within: Duration,
+) {
+    let record = record(conversations, name, conv);
+    let deadline = Instant::now() + within;
+    loop {
+        let head = record.head().await.unwrap();
+        if head.state().last_turn >= n && !head.state().turn_open {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{conv}: {n} complete turns not within {within:?} (has {})",
+            head.state().last_turn
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}

@@ -97,7 +97,11 @@ pub fn locate(dir: &Path, path: &str) -> Option<PathBuf> {
             }
             at.push(part);
             // No symbolic link on the way: what is served is what the directory holds.
-            if std::fs::symlink_metadata(&at).ok()?.file_type().is_symlink() {
+            if std::fs::symlink_metadata(&at)
+                .ok()?
+                .file_type()
+                .is_symlink()
+            {
                 return None;
             }
         }
@@ -112,7 +116,10 @@ pub fn locate(dir: &Path, path: &str) -> Option<PathBuf> {
     }
     // A second wall: the file resolves under the directory.
     let root = std::fs::canonicalize(dir).ok()?;
-    std::fs::canonicalize(&at).ok()?.starts_with(root).then_some(at)
+    std::fs::canonicalize(&at)
+        .ok()?
+        .starts_with(root)
+        .then_some(at)
 }
 
 fn media_type(path: &Path) -> &'static str {
@@ -175,7 +182,10 @@ mod tests {
         assert_eq!(locate(dir, ""), Some(dir.join("index.html")));
         assert_eq!(locate(dir, "guides/"), Some(dir.join("guides/index.html")));
         assert_eq!(locate(dir, "guides"), Some(dir.join("guides/index.html")));
-        assert_eq!(locate(dir, "guides/a.html"), Some(dir.join("guides/a.html")));
+        assert_eq!(
+            locate(dir, "guides/a.html"),
+            Some(dir.join("guides/a.html"))
+        );
         for bad in [
             "../secret.txt",
             "guides/../../secret.txt",

@@ -44,9 +44,9 @@
 
 pub mod a2a;
 pub mod auth;
+pub mod book;
 pub mod client;
 pub mod connections;
-pub mod book;
 pub mod console;
 pub mod conversations;
 pub mod error;

@@ -92,9 +92,14 @@ fn api() -> String {
                 .map(String::as_str)
                 .filter(|status| status.starts_with('2') || status.starts_with('3'))
                 .collect();
-            let open = op.get("security").and_then(|s| s.as_array()).is_some_and(|s| {
-                s.is_empty() || s.iter().any(|r| r.as_object().is_some_and(|o| o.is_empty()))
-            });
+            let open = op
+                .get("security")
+                .and_then(|s| s.as_array())
+                .is_some_and(|s| {
+                    s.is_empty()
+                        || s.iter()
+                            .any(|r| r.as_object().is_some_and(|o| o.is_empty()))
+                });
             let row = format!(
                 "| `{} {path}` | {}{} | {} |\n",
                 method.to_uppercase(),
