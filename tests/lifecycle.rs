@@ -271,10 +271,16 @@ async fn a_deletion_cut_short_by_a_crash_is_finished_by_the_next_sweep() {
     // The next start sweeps: the deletion is finished, everywhere.
     server.restart().unwrap();
     let alice = server.client(ALICE);
+    // The finished tombstone is written before the pending marker is removed: wait for both.
     wait_until("the sweep to finish the deletion", || {
         let store = store.clone();
         let id = id.clone();
-        async move { tombstone(&store, &id).get("finished_ms").is_some() }
+        async move {
+            tombstone(&store, &id).get("finished_ms").is_some()
+                && !store
+                    .join(format!("tombstones-pending/default/{id}"))
+                    .exists()
+        }
     })
     .await;
     assert_eq!(objects_of(&store, &id), Vec::<String>::new());

@@ -362,12 +362,20 @@ async fn usage_the_server_reports_lands_in_the_turn_log_the_record_the_api_and_t
     assert_eq!(api["last_input_tokens"].as_u64(), Some(two.prompt_tokens));
     assert_eq!(api["by_model"][0]["model"], llm::MODEL);
     let admin = server.client(turnpike_tests::edge::ADMIN);
-    let ledger = admin
-        .get("/v1/usage?app=local")
-        .await
-        .unwrap()
-        .into_ok()
-        .unwrap();
+    // The ledger counts a turn just after its commit (the tenant's day, then the app's).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let ledger = loop {
+        let ledger = admin
+            .get("/v1/usage?app=local")
+            .await
+            .unwrap()
+            .into_ok()
+            .unwrap();
+        if ledger["total"]["turns"] == 2 || std::time::Instant::now() > deadline {
+            break ledger;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    };
     assert_eq!(ledger["total"]["turns"], 2, "{ledger:#}");
     assert_eq!(
         ledger["total"]["input_tokens"].as_u64().unwrap()

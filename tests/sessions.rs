@@ -91,7 +91,23 @@ async fn settled_claims(schedules: &Schedules, id: ScheduleId) -> Vec<Firing> {
         tokio::time::sleep(Duration::from_millis(2_100)).await;
         let now = claims(schedules, id).await.len();
         if now == count {
-            return claims(schedules, id).await;
+            let all = claims(schedules, id).await;
+            // The latest claim seen through too (a claim is made before its message is
+            // published; each earlier one was finished before the next was claimed).
+            if let Some(last) = all.last() {
+                if matches!(last.outcome, Outcome::Fired { .. }) {
+                    let deadline = Instant::now() + LONG;
+                    while !schedules.is_done(id, last.fire_ms).await.unwrap() {
+                        assert!(
+                            Instant::now() < deadline,
+                            "{id}: {} never done",
+                            last.fire_ms
+                        );
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                }
+            }
+            return all;
         }
         count = now;
     }
@@ -514,6 +530,18 @@ async fn the_api_and_cli_show_schedules_to_their_maker_only() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
     let conversation = fired["conversation"].as_str().unwrap();
+    // A firing is claimed before its conversation is created: wait until it is there.
+    let deadline = Instant::now() + LONG;
+    while alice
+        .get(&format!("/v1/conversations/{conversation}"))
+        .await
+        .unwrap()
+        .status
+        != 200
+    {
+        assert!(Instant::now() < deadline, "{conversation} never created");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     turnpike_tests::edge::wait_for_complete_turns(&alice, conversation, 1, LONG)
         .await
         .unwrap();
@@ -1088,6 +1116,9 @@ async fn an_app_wide_schedule_in_a_manifest_fires_as_the_apps_identity() {
         else {
             panic!("{f:?}")
         };
+        // Its message on the lane first: a claim is made before its conversation is created
+        // and its message published.
+        let events = lane_events_with(rig.bus.as_ref(), *conversation, *event).await;
         let entry = rig
             .conversations
             .directory()
@@ -1096,7 +1127,6 @@ async fn an_app_wide_schedule_in_a_manifest_fires_as_the_apps_identity() {
             .unwrap();
         assert_eq!(entry.owner, app_identity);
         assert_eq!(entry.app.as_str(), "support");
-        let events = lane_events_with(rig.bus.as_ref(), *conversation, *event).await;
         assert_eq!(events.len(), 1);
         assert_eq!(events[0].id, *event);
         assert_eq!(events[0].address.identity, app_identity);
@@ -1384,7 +1414,9 @@ async fn webhooks_are_delivered_once_retried_signed_refused_inside_and_dead_lett
     .await;
     assert_eq!(hung["type"], "turn.completed");
     receiver.hang(false);
-    let before = receiver.on("/hang/alice").len();
+    // The hung attempts are answered now too, late: the redelivery is the one signed after
+    // the request for it (each attempt timed out a second or more before its dead letter).
+    let asked_secs = now_ms() / 1_000;
     let id = hung["id"].as_str().unwrap();
     let again = alice
         .post(
@@ -1394,12 +1426,17 @@ async fn webhooks_are_delivered_once_retried_signed_refused_inside_and_dead_lett
         .await
         .unwrap();
     assert_eq!(again.status, 202, "{:?}", again.body);
-    let delivered = turnpike_tests::wait::until(LONG, "the redelivery", || async {
-        let got = receiver.on("/hang/alice");
-        (got.len() > before && got.last().unwrap()["status"] == 200).then_some(got)
+    let last = turnpike_tests::wait::until(LONG, "the redelivery", || async {
+        receiver.on("/hang/alice").into_iter().find(|got| {
+            got["status"] == 200
+                && got["headers"]["webhook-timestamp"]
+                    .as_str()
+                    .and_then(|t| t.parse::<u64>().ok())
+                    .is_some_and(|t| t >= asked_secs)
+        })
     })
     .await;
-    let last = delivered.last().unwrap();
+    let last = &last;
     assert!(verifies(&hang_secret, last));
     assert_eq!(
         last["headers"]["webhook-id"], hung["message_id"],

@@ -154,7 +154,16 @@ async fn a_spent_budget_refuses_the_next_turn_at_dispatch_and_at_ingress_for_its
     assert_eq!(by_app["total"], default["total"]);
     let (_, other_app) = get(&admin, "/v1/usage?app=life").await;
     assert_eq!(other_app["total"]["turns"], 0);
-    let (_, beta_view) = get(&server.client(BETA_ADMIN), "/v1/usage").await;
+    // The ledger counts a turn just after its commit: beta's may be a moment behind.
+    let beta_admin = server.client(BETA_ADMIN);
+    let deadline = std::time::Instant::now() + LONG;
+    let beta_view = loop {
+        let (_, view) = get(&beta_admin, "/v1/usage").await;
+        if view["total"]["turns"] != 0 || std::time::Instant::now() > deadline {
+            break view;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    };
     assert_eq!(beta_view["tenant"], "beta");
     assert_eq!(
         beta_view["total"]["turns"], 1,

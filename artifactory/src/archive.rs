@@ -164,11 +164,15 @@ enum Item {
     End(Option<std::path::PathBuf>, Vec<u8>),
 }
 
+/// How long an export waits for the last turn's promotion before it says to come back.
+const PROMOTION_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// Writes the archive of `entry`'s conversation to `out`: every object of it up to its
 /// current head, the project bundle (made with the `git` command), and the manifest signed by
 /// `signer`. `keys` must hold every key that signed the record (the deployment's trusted keys);
 /// `lane_last` is the last sequence on the conversation's lane, when the caller can read it
-/// (events the record has not taken make the export wait: `HeadMoved`).
+/// (events the record has not taken, or a turn not yet promoted, make the export wait:
+/// `HeadMoved`).
 pub async fn export(
     conversations: &Conversations,
     entry: &DirectoryEntry,
@@ -189,6 +193,24 @@ pub async fn export(
                 entry.conversation
             ),
         ));
+    }
+    // A turn's objects (its version's ref among them) are promoted just after its commit,
+    // under the open-turn mark its drain set before batch one and clears once every turn of it
+    // is promoted: an export before that would miss the newest version. Read after the head,
+    // an unset mark says every turn of that head is promoted.
+    let marks = conversations.open_turns();
+    let waited_from = std::time::Instant::now();
+    while marks.is_marked(&prefix).await? {
+        if waited_from.elapsed() > PROMOTION_WAIT {
+            return Err(Error::new(
+                ErrorKind::HeadMoved,
+                format!(
+                    "{} has a turn being finished (or left open by a worker that stopped): export it once it is done",
+                    entry.conversation
+                ),
+            ));
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
     if conversations
         .tombstones()
