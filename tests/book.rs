@@ -219,7 +219,16 @@ async fn the_book_builds_and_serve_shows_it_as_the_consoles_help() {
         .to_owned();
     assert!(policy.starts_with("sandbox allow-scripts"), "{policy}");
     assert!(!policy.contains("allow-same-origin"), "{policy}");
+    assert_eq!(page.headers()["access-control-allow-origin"], "*");
+    let etag = page.headers()["etag"].to_str().unwrap().to_owned();
     assert!(page.text().await.unwrap().contains("batch one"));
+    let again = http
+        .get(format!("{}/book/concepts/record.html", server.base))
+        .header("if-none-match", &etag)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(again.status(), 304, "revalidated by its ETag");
     let (status, first) = raw_get(&server.base, "/book/").await;
     assert_eq!(status, 200);
     assert!(first.contains("Turnpike"), "{first}");

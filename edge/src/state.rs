@@ -34,8 +34,9 @@ pub struct EdgeParts {
     pub directive: Option<IngressDirective>,
     /// Daily spending limits: messages under a spent one are refused (429 `budget_exceeded`).
     pub budgets: Vec<turnpike_router::usage::Budget>,
-    /// A built book (mdBook's output) to serve at `/book/` (none: `/book/` says where it is).
-    pub book: Option<std::path::PathBuf>,
+    /// A built book (mdBook's output, read by [`crate::book::Book::load`]) to serve at
+    /// `/book/` (none: `/book/` says where it is).
+    pub book: Option<crate::book::Book>,
 }
 
 /// The edge's shared state.
@@ -60,7 +61,7 @@ pub(crate) struct Inner {
     pub(crate) rates: limits::RateLimits,
     pub(crate) in_flight: limits::InFlight,
     pub(crate) link_key: [u8; 32],
-    pub(crate) book: Option<std::path::PathBuf>,
+    pub(crate) book: Option<crate::book::Book>,
     /// True once the router is shutting down: no new streams, open ones close after a grace.
     pub(crate) draining: tokio::sync::watch::Sender<bool>,
     /// WebSocket streams open now.

@@ -175,6 +175,11 @@ pub async fn build(
             }
         }),
         budgets: global.budgets.clone(),
-        book: args.book.clone(),
+        book: args
+            .book
+            .as_deref()
+            .map(turnpike_edge::book::Book::load)
+            .transpose()
+            .map_err(anyhow::Error::msg)?,
     }))
 }
