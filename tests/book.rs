@@ -229,6 +229,28 @@ async fn the_book_builds_and_serve_shows_it_as_the_consoles_help() {
         .await
         .unwrap();
     assert_eq!(again.status(), 304, "revalidated by its ETag");
+    // An API error's `type` is its code's place in the reference this server serves.
+    let missing = server
+        .client(turnpike_tests::edge::ALICE)
+        .get("/v1/conversations/conv_01M92G275KHV6Q5A82PFW70EBR")
+        .await
+        .unwrap();
+    assert_eq!(missing.status, 404);
+    let explained = missing.body["type"].as_str().unwrap().to_owned();
+    assert_eq!(explained, "/book/reference/errors.html#not_found");
+    let (path, anchor) = explained.split_once('#').unwrap();
+    let reference = http
+        .get(format!("{}{path}", server.base))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        reference.contains(&format!("id=\"{anchor}\"")),
+        "{anchor} has no anchor"
+    );
     let (status, first) = raw_get(&server.base, "/book/").await;
     assert_eq!(status, 200);
     assert!(first.contains("Turnpike"), "{first}");

@@ -90,6 +90,10 @@ pub struct ErrorBody {
     /// `payload_too_large`, `unsupported_media_type`, `invalid`, `rate_limited`,
     /// `budget_exceeded`, `unavailable`, `internal`.
     pub code: String,
+    /// Where the code is explained: the book's reference, as a deployment serving the book
+    /// serves it (`/book/reference/errors.html#<code>`). As stable as `code`.
+    #[serde(rename = "type")]
+    pub explained_at: String,
     /// What was wrong, for a person.
     pub message: String,
     /// More, when there is more (the limit that was exceeded, the field that was wrong).
@@ -112,6 +116,7 @@ impl ApiError {
             status: code.status(),
             body: ErrorBody {
                 code: code.as_str().to_owned(),
+                explained_at: format!("/book/reference/errors.html#{}", code.as_str()),
                 message: message.into(),
                 details: serde_json::Value::Object(Default::default()),
             },

@@ -46,14 +46,16 @@ fn entries() -> String {
 fn errors() -> String {
     let mut out = format!("# API error codes\n\n{GENERATED}");
     out.push_str(
-        "Every error of the HTTP API is `{\"code\", \"message\", \"details\"}` with the status \
-         below. `code` is stable: branch on it, never on `message` (which is for people). \
+        "Every error of the HTTP API is `{\"code\", \"type\", \"message\", \"details\"}` with \
+         the status below. `code` is stable: branch on it, never on `message` (which is for \
+         people). `type` is where the code is explained: this page, at the code's anchor, as a \
+         deployment that serves the book serves it (`/book/reference/errors.html#not_found`). \
          `429` and `503` carry `Retry-After`.\n\n\
          | Code | Status | Meaning |\n|---|---|---|\n",
     );
     for code in turnpike_edge::ErrorCode::ALL {
         out.push_str(&format!(
-            "| `{}` | {} | {} |\n",
+            "| <a id=\"{0}\"></a>`{0}` | {1} | {2} |\n",
             code.as_str(),
             code.status().as_u16(),
             cell(&code.meaning())
@@ -70,7 +72,7 @@ fn api() -> String {
          `/v1/openapi.json`, generated from the handlers themselves: point any OpenAPI viewer \
          or client generator at it for the request and response schemas. Requests carry \
          `Authorization: Bearer <token or JWT>` unless the endpoint says otherwise. Errors \
-         share one shape, `{\"code\", \"message\", \"details\"}`; the codes, with their \
+         share one shape, `{\"code\", \"type\", \"message\", \"details\"}`; the codes, with their \
          statuses and meanings, are in [API error codes](errors.md).\n",
     );
     let methods = ["get", "put", "post", "delete", "patch", "head"];
