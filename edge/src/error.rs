@@ -27,6 +27,14 @@ macro_rules! error_codes {
                 }
             }
 
+            /// Where the code is explained: the errors reference of the book at the code's
+            /// anchor, as a deployment serving the book serves it (an error's `type`).
+            pub const fn explained_at(self) -> &'static str {
+                match self {
+                    $(ErrorCode::$variant => concat!("/book/reference/errors.html#", $name),)*
+                }
+            }
+
             /// The HTTP status an error of this code comes with.
             pub fn status(self) -> StatusCode {
                 match self {
@@ -93,7 +101,7 @@ pub struct ErrorBody {
     /// Where the code is explained: the book's reference, as a deployment serving the book
     /// serves it (`/book/reference/errors.html#<code>`). As stable as `code`.
     #[serde(rename = "type")]
-    pub explained_at: String,
+    pub explained_at: &'static str,
     /// What was wrong, for a person.
     pub message: String,
     /// More, when there is more (the limit that was exceeded, the field that was wrong).
@@ -116,7 +124,7 @@ impl ApiError {
             status: code.status(),
             body: ErrorBody {
                 code: code.as_str().to_owned(),
-                explained_at: format!("/book/reference/errors.html#{}", code.as_str()),
+                explained_at: code.explained_at(),
                 message: message.into(),
                 details: serde_json::Value::Object(Default::default()),
             },
