@@ -14,6 +14,8 @@ use std::process::ExitCode;
 /// workload it embeds 25–45% more documents per second and rebuilds a cold context ~20% faster
 /// (`turnpike bench embed`, `bench context`). With huge pages, the kernel's `defrag=madvise`
 /// default made some page faults compact memory in place: 5 ms stalls at p99 of a rebuild.
+/// (`--features system-allocator` keeps the system's, for heap profilers.)
+#[cfg(not(feature = "system-allocator"))]
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
