@@ -1146,6 +1146,13 @@ pub enum BenchCommand {
         /// The nats-server binary for the fleet; `none`: the embedded stack only.
         #[arg(long, default_value = "nats-server")]
         nats_server: PathBuf,
+        /// Turns a conversation takes before its client leaves it for a new one (0: never), so
+        /// conversations keep a steady length while their number grows with the run.
+        #[arg(long, default_value_t = 100)]
+        turns_per_conversation: usize,
+        /// Skip the embedded stack (soak the fleet only).
+        #[arg(long)]
+        fleet_only: bool,
     },
     /// What Turnpike adds to a real model: time to first token straight from the server and
     /// through the API, and a tool-using turn's time beside its model calls' time.

@@ -34,6 +34,12 @@ pub struct Plan {
     pub samples: usize,
     /// The share of the run before the first sample that counts (warm-up), in percent.
     pub warm_up_percent: usize,
+    /// Turns a conversation takes before its client moves on to a new one (0: never): the
+    /// conversations keep a steady length (a context that grows for the whole run makes every
+    /// turn's working copies of it grow too), and their number grows with the run.
+    pub per_conversation: usize,
+    /// Soaks the fleet only.
+    pub fleet_only: bool,
 }
 
 /// One process's resident memory, in bytes.
@@ -64,12 +70,21 @@ pub async fn run(plan: Plan) -> Result<ExitCode> {
     if plan.turns == 0 || plan.conversations == 0 || plan.clients == 0 || plan.samples < 2 {
         bail!("turns, conversations and clients must be positive, samples at least 2");
     }
+    let rotation = match plan.per_conversation {
+        0 => "each for the whole run".to_owned(),
+        n => format!("each for {n} turns, then a new one in its place"),
+    };
     println!(
-        "soak: {} turns of an echo agent over {} conversations by {} clients, through the API; resident memory sampled {} times, growth measured after the first {}% of the turns",
+        "soak: {} turns of an echo agent over {} conversations at a time ({rotation}) by {} clients, through the API; resident memory sampled {} times, growth measured after the first {}% of the turns",
         plan.turns, plan.conversations, plan.clients, plan.samples, plan.warm_up_percent
     );
     let mut flat = true;
-    flat &= soak(&plan, Stack::Embedded).await?;
+    if plan.fleet_only && plan.nats_server.is_none() {
+        bail!("--fleet-only needs a nats-server");
+    }
+    if !plan.fleet_only {
+        flat &= soak(&plan, Stack::Embedded).await?;
+    }
     if let Some(nats) = &plan.nats_server {
         flat &= soak(&plan, Stack::Fleet(nats.clone())).await?;
     }
@@ -194,16 +209,7 @@ async fn soak(plan: &Plan, stack: Stack) -> Result<bool> {
     let client = Client::new(&running.url, "bench");
     let mut ids = Vec::new();
     for _ in 0..plan.conversations {
-        let made = client
-            .post(
-                "/v1/conversations",
-                &json!({"app": "soak", "agent": "echo"}),
-            )
-            .await
-            .map_err(anyhow::Error::msg)?
-            .into_ok()
-            .map_err(anyhow::Error::msg)?;
-        ids.push(made["id"].as_str().unwrap_or_default().to_owned());
+        ids.push(new_conversation(&client).await?);
     }
     let done = Arc::new(AtomicUsize::new(0));
     let started = Instant::now();
@@ -211,7 +217,8 @@ async fn soak(plan: &Plan, stack: Stack) -> Result<bool> {
         .map(|c| {
             let mine: Vec<String> = ids.iter().skip(c).step_by(plan.clients).cloned().collect();
             let (client, done, total) = (client.clone(), done.clone(), plan.turns);
-            tokio::spawn(async move { drive(client, mine, done, total).await })
+            let per_conversation = plan.per_conversation;
+            tokio::spawn(async move { drive(client, mine, done, total, per_conversation).await })
         })
         .collect();
     println!(
@@ -280,13 +287,29 @@ async fn soak(plan: &Plan, stack: Stack) -> Result<bool> {
     Ok(flat)
 }
 
+/// A new conversation with the soak's echo agent.
+async fn new_conversation(client: &Client) -> Result<String> {
+    let made = client
+        .post(
+            "/v1/conversations",
+            &json!({"app": "soak", "agent": "echo"}),
+        )
+        .await
+        .map_err(anyhow::Error::msg)?
+        .into_ok()
+        .map_err(anyhow::Error::msg)?;
+    Ok(made["id"].as_str().unwrap_or_default().to_owned())
+}
+
 /// Runs turns over `ids` in turn (each message once the previous turn of its conversation
-/// completed) until `done` reaches `total`.
+/// completed) until `done` reaches `total`; a conversation that took `per_conversation` turns
+/// (0: no limit) is left for a new one.
 async fn drive(
     client: Client,
-    ids: Vec<String>,
+    mut ids: Vec<String>,
     done: Arc<AtomicUsize>,
     total: usize,
+    per_conversation: usize,
 ) -> Result<()> {
     if ids.is_empty() {
         return Ok(());
@@ -297,6 +320,11 @@ async fn drive(
     while done.fetch_add(1, Ordering::Relaxed) < total {
         let i = k % ids.len();
         k += 1;
+        if per_conversation > 0 && sent[i] >= per_conversation {
+            ids[i] = new_conversation(&client).await?;
+            cursors[i] = (Cursor::new(&ids[i]), 0);
+            sent[i] = 0;
+        }
         let id = &ids[i];
         sent[i] += 1;
         let n = sent[i];

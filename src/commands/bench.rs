@@ -275,6 +275,8 @@ pub async fn run(global: &Global, command: BenchCommand) -> Result<ExitCode> {
             samples,
             warm_up_percent,
             nats_server,
+            turns_per_conversation,
+            fleet_only,
         } => {
             let nats_server = match nats_server.to_str() {
                 Some("none") => None,
@@ -291,6 +293,8 @@ pub async fn run(global: &Global, command: BenchCommand) -> Result<ExitCode> {
                 clients,
                 samples,
                 warm_up_percent: warm_up_percent.min(99),
+                per_conversation: turns_per_conversation,
+                fleet_only,
             })
             .await
         }
