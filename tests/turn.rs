@@ -890,6 +890,67 @@ tool_calls = [{ name = "publish", arguments = { path = "out.md" } }]
 text = "Published {file:out.md}"
 "##;
 
+/// An export asked for between a turn's commit and its promotion waits for the promotion: the
+/// archive's project holds the turn's version, not the one before it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_export_between_a_commit_and_its_promotion_waits_for_the_turns_version() {
+    use turnpike_artifactory::git::Lineage;
+    use turnpike_lifecycle::failpoints::Action;
+    let mut options = RigOptions::new(PUBLISHER);
+    options.paused = true;
+    let mut rig = Rig::with(options).await;
+    rig.run_with(turnpike_worker::Failpoints::default().with(
+        "before-promotion",
+        Action::Pause(Duration::from_millis(1500)),
+    ));
+    rig.say("the launch").await;
+    rig.wait_turns(1).await;
+    let lineage = Lineage::new(rig.conversations.store().clone(), rig.prefix());
+    assert_eq!(
+        lineage.ref_of(TurnId::FIRST).await.unwrap(),
+        None,
+        "committed, not promoted yet"
+    );
+    let entry = rig
+        .conversations
+        .directory()
+        .lookup(rig.conv, &tenant(), &owner())
+        .await
+        .unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let archive = work.path().join("conversation.tar");
+    turnpike_artifactory::archive::export(
+        &rig.conversations,
+        &entry,
+        &turnpike_artifactory::TrustedKeys::new([signer().verifying_key()]),
+        &signer(),
+        None,
+        "a test",
+        std::fs::File::create(&archive).unwrap(),
+    )
+    .await
+    .unwrap();
+    assert!(lineage.ref_of(TurnId::FIRST).await.unwrap().is_some());
+    let unpacked = work.path().join("unpacked");
+    std::fs::create_dir(&unpacked).unwrap();
+    let ok = |c: &mut std::process::Command| c.status().unwrap().success();
+    assert!(ok(std::process::Command::new("tar")
+        .arg("-xf")
+        .arg(&archive)
+        .arg("-C")
+        .arg(&unpacked)));
+    let clone = work.path().join("clone");
+    assert!(ok(std::process::Command::new("git")
+        .args(["clone", "--quiet"])
+        .arg(unpacked.join("project.bundle"))
+        .arg(&clone)));
+    assert_eq!(
+        std::fs::read_to_string(clone.join("out.md")).unwrap(),
+        "# Out for the launch\n"
+    );
+    rig.stop().await;
+}
+
 #[tokio::test]
 async fn a_worker_killed_between_the_commit_and_the_promotion_leaves_nothing_unreadable_or_unfinished(
 ) {
