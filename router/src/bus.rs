@@ -53,22 +53,6 @@ pub trait WakeAck: Send + Sync {
     }
 }
 
-/// The acknowledgement handle of [`Wake::reminder`]: nothing to tell a bus.
-struct Reminder;
-
-#[async_trait]
-impl WakeAck for Reminder {
-    async fn ack(&self) -> Result<()> {
-        Ok(())
-    }
-    async fn nak(&self, _delay: Duration) -> Result<()> {
-        Ok(())
-    }
-    async fn progress(&self) -> Result<()> {
-        Ok(())
-    }
-}
-
 /// "See that lane `conversation` is processed through `seq`."
 pub struct Wake {
     pub conversation: ConversationId,
@@ -109,16 +93,6 @@ impl Wake {
             published_ms: 0,
             acker: acker.into(),
         }
-    }
-
-    /// A reminder, not a bus message: "lane `conversation` holds events through `seq` that no
-    /// one here is taking" — what a worker queues for itself when an owner lets go of a lane
-    /// with events left (for another tenant's wake), since the wakes of those events may have
-    /// been refused elsewhere while it held the lease and come back only after a delay.
-    /// Settling it does nothing: the lane's own wakes stay on the bus, responsible for those
-    /// events until the record holds them.
-    pub fn reminder(conversation: ConversationId, tenant: TenantId, seq: u64) -> Self {
-        Self::new(conversation, tenant, seq, 1, Box::new(Reminder)).published_at(now_ms())
     }
 
     /// The same wake, knowing when its event was put on the lane.

@@ -75,7 +75,12 @@ impl Dispatch {
             0 => turnpike_router::bus::now_ms(),
             ms => ms,
         };
-        let lane = lane_of(&wake);
+        let lane = {
+            use std::hash::{Hash as _, Hasher as _};
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            wake.conversation.hash(&mut h);
+            h.finish()
+        };
         let admitted = self.queue().admit_in(
             &tenant,
             Some(lane),
@@ -95,17 +100,6 @@ impl Dispatch {
                 self.ready.notify_one();
                 Some((wake, delay))
             }
-        }
-    }
-
-    /// Queues `reminder` (a [`Wake::reminder`]) for a free slot like any wake, past the
-    /// intake's limits, unless a wake of its lane waits here already.
-    pub(crate) fn remind(&self, reminder: Wake) {
-        let tenant = reminder.tenant.clone();
-        let lane = lane_of(&reminder);
-        let arrived = reminder.published_ms;
-        if self.queue().remind(&tenant, lane, reminder, arrived) {
-            self.ready.notify_one();
         }
     }
 
@@ -252,12 +246,4 @@ impl Drop for Running {
         }
         self.dispatch.ready.notify_one();
     }
-}
-
-/// The intake's key for a wake's lane (its conversation, hashed).
-fn lane_of(wake: &Wake) -> u64 {
-    use std::hash::{Hash as _, Hasher as _};
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    wake.conversation.hash(&mut h);
-    h.finish()
 }

@@ -219,31 +219,6 @@ impl<T> FairQueue<T> {
         self.len < self.total
     }
 
-    /// Queues `item` of `tenant` and `lane`, arrived at `arrived`, past the per-tenant and total
-    /// limits — unless an item of the same lane waits here already (false). For a reminder: the
-    /// wakes of its lane's events may be away on the bus for a while, and it stands for them;
-    /// an owner leaves at most one as it lets go of its slot, so the limits are overrun by at
-    /// most the number of slots.
-    pub fn remind(&mut self, tenant: &TenantId, lane: u64, item: T, arrived: u64) -> bool {
-        let entry = self
-            .tenants
-            .entry(tenant.clone())
-            .or_insert_with(|| Tenant {
-                waiting: VecDeque::new(),
-                due: None,
-                lanes: HashMap::new(),
-            });
-        if entry.waiting.iter().any(|(_, _, l, _)| *l == Some(lane)) {
-            return false;
-        }
-        let at = entry.waiting.partition_point(|(_, a, _, _)| *a <= arrived);
-        entry
-            .waiting
-            .insert(at, (Instant::now(), arrived, Some(lane), item));
-        self.len += 1;
-        true
-    }
-
     /// Offers `item` of `tenant`, which arrived on the bus at `arrived` (ms; its place in the
     /// tenant's order, kept however often it was put off). A tenant's queue holds its
     /// `per_tenant` earliest arrivals seen: a later one is put off, or, when an earlier one

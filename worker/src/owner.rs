@@ -228,21 +228,11 @@ pub(crate) async fn own(
             return;
         }
         // Others wait for a slot here: whatever the lane holds now waits its turn among them
-        // (its wakes are on the bus or in the intake; none was acked undone). A wake of it
-        // refused while this owner held the lease — here, or at another worker — comes back
-        // only after `busy_delay`: a reminder in the intake stands for it meanwhile.
+        // (its wakes are on the bus or in the intake; none was acked undone).
         if worker
             .dispatch
             .owes_slot(env.record.prefix().tenant(), owned_since.elapsed())
         {
-            if let Some(last) = lane_past(&worker, conversation, lane_through, state.as_ref()).await
-            {
-                worker.dispatch.remind(turnpike_router::bus::Wake::reminder(
-                    conversation,
-                    tenant.clone(),
-                    last,
-                ));
-            }
             return;
         }
         let Some(last) = lane_past(&worker, conversation, lane_through, state.as_ref()).await

@@ -13,11 +13,6 @@
 //! `busy_delay` while the owner is between turns, after a delay that grows with its deliveries
 //! while a turn runs ([`turnpike_router::settle`]).
 //!
-//! An owner that lets go of its slot for a waiting tenant while its lane still holds events
-//! leaves a reminder of the lane in the intake ([`turnpike_router::bus::Wake::reminder`]): the
-//! wakes of those events may have been refused while it held the lease and be away on the bus
-//! for `busy_delay`; the reminder takes its turn among the waiting wakes meanwhile.
-//!
 //! A wake for an event this worker's last drain of the conversation already took is acked
 //! once the record, read again, holds it in a complete turn — without a claim.
 //!
