@@ -1,5 +1,5 @@
-//! The book at `/book/`: the console's "Help" link. A deployment given a built book (`mdbook
-//! build book`, then `--book book/book`) serves its pages; one without says where the book is.
+//! A built book (mdBook's output), held in memory for the edge to serve at `/book/` (its `help` module
+//! serves it).
 //!
 //! # Contract
 //! - The book is read once, when the edge is built ([`Book::load`]): its regular files, at
@@ -11,42 +11,18 @@
 //!   component, a backslash or a NUL (after percent-decoding) is `404`, as is any path the
 //!   book has no file for. A directory redirects to its trailing-slash form and serves its
 //!   `index.html`.
-//! - Pages are served sandboxed (`Content-Security-Policy: sandbox allow-scripts …`): the
-//!   book's scripts run, but in an opaque origin, so nothing on the book's pages can read the
-//!   console's token or call the API as the signed-in user. Since an opaque origin makes even
-//!   the book's own fonts cross-origin, responses carry `Access-Control-Allow-Origin: *` (the
-//!   book is public and no request to it carries a credential).
-//! - No authentication: the book is the same for everybody, and holds nothing of anyone's.
 
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
 
-use axum::extract::State;
-use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
-use axum::response::{IntoResponse, Redirect, Response};
 use bytes::Bytes;
 use sha2::{Digest as _, Sha256};
-
-use crate::error::ApiError;
-use crate::Edge;
-
-/// The policy of every response under `/book/`.
-const BOOK_POLICY: &str = "sandbox allow-scripts allow-popups allow-popups-to-escape-sandbox \
-     allow-modals; default-src 'self' 'unsafe-inline' data:; frame-ancestors 'none'";
 
 /// The most files a book may hold.
 pub const MAX_FILES: usize = 20_000;
 
 /// The most bytes a book's files may hold in all.
 pub const MAX_BYTES: u64 = 256 << 20;
-
-/// The page `/book/` shows when the deployment serves no book.
-const NO_BOOK: &str = "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>Turnpike: the book</title></head><body>\
-<h1>The book</h1>\
-<p>This deployment does not serve the book. It is in Turnpike's sources, in <code>book/</code> \
-(start at <code>book/src/SUMMARY.md</code>). Build it with <code>mdbook build book</code> and pass \
-<code>--book book/book</code> to <code>turnpike serve</code> or <code>turnpike router</code> to serve it here.</p>\
-<p><a href=\"/\">Back to the console</a></p></body></html>";
 
 /// A built book, held in memory.
 #[derive(Debug, Default)]
@@ -57,15 +33,16 @@ pub struct Book {
     directories: HashSet<String>,
 }
 
+/// One file of the book.
 #[derive(Debug)]
-struct Page {
-    bytes: Bytes,
-    media_type: &'static str,
-    etag: String,
+pub(crate) struct Page {
+    pub(crate) bytes: Bytes,
+    pub(crate) media_type: &'static str,
+    pub(crate) etag: String,
 }
 
 /// What a request's path names.
-enum Found<'a> {
+pub(crate) enum Found<'a> {
     Page(&'a Page),
     /// A directory named without its trailing slash.
     Directory,
@@ -153,7 +130,8 @@ impl Book {
         self.files.is_empty()
     }
 
-    fn find(&self, path: &str) -> Found<'_> {
+    /// The file `path` names (a directory: its `index.html`), if the book holds it.
+    pub(crate) fn find(&self, path: &str) -> Found<'_> {
         let (dir, slash) = match path.strip_suffix('/') {
             Some(dir) => (dir, true),
             None => (path, false),
@@ -184,68 +162,6 @@ fn clean(part: &str) -> bool {
     !(part.is_empty() || part == "." || part == ".." || part.contains('\\') || part.contains('\0'))
 }
 
-/// `GET /book`: to `/book/`, so the book's relative links resolve.
-pub async fn root() -> Redirect {
-    Redirect::permanent("/book/")
-}
-
-/// `GET /book/`: the book's first page.
-pub async fn index(State(edge): State<Edge>, headers: HeaderMap) -> Response {
-    serve(&edge, "", &headers)
-}
-
-/// `GET /book/{*path}`: a file of the book.
-pub async fn page(
-    State(edge): State<Edge>,
-    axum::extract::Path(path): axum::extract::Path<String>,
-    headers: HeaderMap,
-) -> Response {
-    serve(&edge, &path, &headers)
-}
-
-fn serve(edge: &Edge, path: &str, headers: &HeaderMap) -> Response {
-    let Some(book) = &edge.inner.book else {
-        return sandboxed(
-            (
-                [(
-                    header::CONTENT_TYPE,
-                    HeaderValue::from_static("text/html; charset=utf-8"),
-                )],
-                NO_BOOK,
-            )
-                .into_response(),
-        );
-    };
-    let page = match book.find(path) {
-        Found::Page(page) => page,
-        Found::Directory => return Redirect::permanent(&format!("/book/{path}/")).into_response(),
-        Found::Missing => return ApiError::not_found("no such page of the book").into_response(),
-    };
-    let fresh = headers
-        .get(header::IF_NONE_MATCH)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.split(',').any(|t| t.trim() == page.etag));
-    let mut response = if fresh {
-        StatusCode::NOT_MODIFIED.into_response()
-    } else {
-        (
-            [(
-                header::CONTENT_TYPE,
-                HeaderValue::from_static(page.media_type),
-            )],
-            page.bytes.clone(),
-        )
-            .into_response()
-    };
-    if let Ok(etag) = HeaderValue::from_str(&page.etag) {
-        response.headers_mut().insert(header::ETAG, etag);
-    }
-    response
-        .headers_mut()
-        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-    sandboxed(response)
-}
-
 fn media_type(name: &str) -> &'static str {
     match name.rsplit_once('.').map_or("", |(_, ext)| ext) {
         "html" => "text/html; charset=utf-8",
@@ -267,28 +183,6 @@ fn media_type(name: &str) -> &'static str {
         "txt" | "md" => "text/plain; charset=utf-8",
         _ => "application/octet-stream",
     }
-}
-
-fn sandboxed(mut response: Response) -> Response {
-    let h = response.headers_mut();
-    h.insert(
-        header::CONTENT_SECURITY_POLICY,
-        HeaderValue::from_static(BOOK_POLICY),
-    );
-    h.insert(
-        header::ACCESS_CONTROL_ALLOW_ORIGIN,
-        HeaderValue::from_static("*"),
-    );
-    h.insert(
-        header::X_CONTENT_TYPE_OPTIONS,
-        HeaderValue::from_static("nosniff"),
-    );
-    h.insert(
-        header::REFERRER_POLICY,
-        HeaderValue::from_static("no-referrer"),
-    );
-    h.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
-    response
 }
 
 #[cfg(test)]

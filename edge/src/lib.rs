@@ -33,7 +33,7 @@
 //! - [`usage`]: what model calls used (a conversation's, from its record; a tenant's per day)
 //! - [`tickets`]: short-lived stream tickets, so browsers keep bearer tokens out of URLs
 //! - [`console`]: the web console at `/` (embedded assets)
-//! - [`book`]: the book at `/book/`, the console's help (a built book the deployment serves)
+//! - [`book`]: a built book, held in memory; `help` serves it at `/book/`, the console's help
 //! - [`openapi`]: the document at `/v1/openapi.json`
 //! - [`client`]: a client of the API (for `turnpike chat` and the tests)
 //! - `state`: what the edge is built from, and the state every handler reaches
@@ -53,6 +53,7 @@ pub mod error;
 pub mod events;
 pub mod extract;
 pub mod files;
+mod help;
 pub mod hooks;
 mod hosted;
 pub mod limits;
@@ -252,9 +253,9 @@ impl Edge {
             .route("/healthz", get(|| async { "ok" }))
             .route("/", get(console::page))
             .route("/console/{name}", get(console::asset))
-            .route("/book", get(book::root))
-            .route("/book/", get(book::index))
-            .route("/book/{*path}", get(book::page))
+            .route("/book", get(help::root))
+            .route("/book/", get(help::index))
+            .route("/book/{*path}", get(help::page))
             .merge(authed)
             .route_layer(axum::middleware::from_fn(metered))
             .fallback(|| async { ApiError::not_found("no such endpoint") })
