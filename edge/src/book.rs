@@ -1,5 +1,5 @@
-//! A built book (mdBook's output), held in memory for the edge to serve at `/book/` (its `help` module
-//! serves it).
+//! A built book (mdBook's output), held in memory for the edge to serve at `/book/` (its
+//! `help` module serves it).
 //!
 //! # Contract
 //! - The book is read once, when the edge is built ([`Book::load`]): its regular files, at
