@@ -81,7 +81,25 @@ fn etag(asset: &Asset) -> &'static str {
 }
 
 fn serve(asset: &Asset, request: &HeaderMap) -> Response {
-    let etag = etag(asset);
+    static_file(
+        asset.media_type,
+        asset.bytes.into(),
+        etag(asset),
+        request,
+        CONTENT_SECURITY_POLICY,
+    )
+}
+
+/// A file the edge serves as it is (the console's assets, the book's pages): `304` when the
+/// request's `If-None-Match` names `etag`, revalidated on every load (`no-cache` with the ETag),
+/// under `policy`, never sniffed, framed or sent a referrer.
+pub(crate) fn static_file(
+    media_type: &'static str,
+    bytes: bytes::Bytes,
+    etag: &str,
+    request: &HeaderMap,
+    policy: &'static str,
+) -> Response {
     let fresh = request
         .get(header::IF_NONE_MATCH)
         .and_then(|v| v.to_str().ok())
@@ -90,18 +108,27 @@ fn serve(asset: &Asset, request: &HeaderMap) -> Response {
         StatusCode::NOT_MODIFIED.into_response()
     } else {
         (
-            [(
-                header::CONTENT_TYPE,
-                HeaderValue::from_static(asset.media_type),
-            )],
-            asset.bytes,
+            [(header::CONTENT_TYPE, HeaderValue::from_static(media_type))],
+            bytes,
         )
             .into_response()
     };
+    hardened(&mut response, policy);
+    let h = response.headers_mut();
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    if let Ok(v) = HeaderValue::from_str(etag) {
+        h.insert(header::ETAG, v);
+    }
+    response
+}
+
+/// Sets `policy` and the headers every page the edge serves carries: not sniffed, not framed,
+/// no referrer.
+pub(crate) fn hardened(response: &mut Response, policy: &'static str) {
     let h = response.headers_mut();
     h.insert(
         header::CONTENT_SECURITY_POLICY,
-        HeaderValue::from_static(CONTENT_SECURITY_POLICY),
+        HeaderValue::from_static(policy),
     );
     h.insert(
         header::X_CONTENT_TYPE_OPTIONS,
@@ -112,11 +139,6 @@ fn serve(asset: &Asset, request: &HeaderMap) -> Response {
         HeaderValue::from_static("no-referrer"),
     );
     h.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
-    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-    if let Ok(v) = HeaderValue::from_str(etag) {
-        h.insert(header::ETAG, v);
-    }
-    response
 }
 
 #[cfg(test)]

@@ -13,7 +13,7 @@
 //! - No authentication: the book is the same for everybody, and holds nothing of anyone's.
 
 use axum::extract::State;
-use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::http::{header, HeaderMap, HeaderValue};
 use axum::response::{IntoResponse, Redirect, Response};
 
 use crate::book::Found;
@@ -69,49 +69,26 @@ fn serve(edge: &Edge, path: &str, headers: &HeaderMap) -> Response {
         Found::Directory => return Redirect::permanent(&format!("/book/{path}/")).into_response(),
         Found::Missing => return ApiError::not_found("no such page of the book").into_response(),
     };
-    let fresh = headers
-        .get(header::IF_NONE_MATCH)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.split(',').any(|t| t.trim() == page.etag));
-    let mut response = if fresh {
-        StatusCode::NOT_MODIFIED.into_response()
-    } else {
-        (
-            [(
-                header::CONTENT_TYPE,
-                HeaderValue::from_static(page.media_type),
-            )],
-            page.bytes.clone(),
-        )
-            .into_response()
-    };
-    if let Ok(etag) = HeaderValue::from_str(&page.etag) {
-        response.headers_mut().insert(header::ETAG, etag);
-    }
-    response
-        .headers_mut()
-        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-    sandboxed(response)
+    any_origin(crate::console::static_file(
+        page.media_type,
+        page.bytes.clone(),
+        &page.etag,
+        headers,
+        BOOK_POLICY,
+    ))
 }
 
+/// The book's policy and headers, and `Access-Control-Allow-Origin: *` (see the contract).
 fn sandboxed(mut response: Response) -> Response {
-    let h = response.headers_mut();
-    h.insert(
-        header::CONTENT_SECURITY_POLICY,
-        HeaderValue::from_static(BOOK_POLICY),
-    );
-    h.insert(
+    crate::console::hardened(&mut response, BOOK_POLICY);
+    any_origin(response)
+}
+
+/// `Access-Control-Allow-Origin: *`: the book's own fonts are cross-origin to its sandboxed pages.
+fn any_origin(mut response: Response) -> Response {
+    response.headers_mut().insert(
         header::ACCESS_CONTROL_ALLOW_ORIGIN,
         HeaderValue::from_static("*"),
     );
-    h.insert(
-        header::X_CONTENT_TYPE_OPTIONS,
-        HeaderValue::from_static("nosniff"),
-    );
-    h.insert(
-        header::REFERRER_POLICY,
-        HeaderValue::from_static("no-referrer"),
-    );
-    h.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
     response
 }
