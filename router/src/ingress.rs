@@ -2,7 +2,9 @@
 //! conversation exists and belongs to the caller, binds the caller's identity, and publishes.
 //! A refused event never reaches a lane.
 //!
-//! What it reads per event is remembered per process (shared by clones):
+//! What it reads per event is remembered per process (shared by clones), for the
+//! [`MEMO_LIMIT`] conversations used most recently (memory that follows the conversations in
+//! use, not every conversation ever seen):
 //! - directory entries, which never change once written (but a conversation may be deleted);
 //! - that a conversation is closed, which never changes back;
 //! - that it is open (closed nor deleted), for [`OPEN_FOR`]: a close or a deletion through this
@@ -13,10 +15,11 @@
 //! Grants are not remembered: a caller who is not the owner is checked against the store every
 //! time, so a revoked grant refuses the next event.
 
-use std::collections::{HashMap, HashSet};
+use std::num::NonZeroUsize;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use lru::LruCache;
 use turnpike_artifactory::{Conversations, DirectoryEntry};
 use turnpike_schemas::entry::IngressDirective;
 use turnpike_schemas::{
@@ -29,8 +32,9 @@ use crate::error::{Error, ErrorKind, Result};
 /// How long a conversation seen open is taken to be open without looking again.
 pub const OPEN_FOR: Duration = Duration::from_secs(1);
 
-/// The most conversations remembered; past it the memory starts over.
-const MEMO_LIMIT: usize = 100_000;
+/// The most conversations each part of the memo remembers; past it, the least recently used
+/// goes first. (A directory entry is about 400 bytes: the memo stays under 2 MiB.)
+pub const MEMO_LIMIT: usize = 4096;
 
 /// Publishes events on behalf of authenticated callers.
 #[derive(Clone)]
@@ -43,20 +47,26 @@ pub struct Ingress {
 }
 
 /// What ingress remembers (see the module's contract).
-#[derive(Default)]
 struct Memo {
-    entries: Mutex<HashMap<ConversationId, DirectoryEntry>>,
-    open: Mutex<HashMap<ConversationId, Instant>>,
-    closed: Mutex<HashSet<ConversationId>>,
+    entries: Mutex<LruCache<ConversationId, DirectoryEntry>>,
+    open: Mutex<LruCache<ConversationId, Instant>>,
+    closed: Mutex<LruCache<ConversationId, ()>>,
 }
 
-/// Inserts into a bounded map, starting over when it is full.
-fn remember<K: std::hash::Hash + Eq, V>(map: &Mutex<HashMap<K, V>>, key: K, value: V) {
-    let mut map = map.lock().expect("ingress memo lock");
-    if map.len() >= MEMO_LIMIT {
-        map.clear();
+impl Default for Memo {
+    fn default() -> Self {
+        let limit = NonZeroUsize::new(MEMO_LIMIT).expect("a non-zero limit");
+        Self {
+            entries: Mutex::new(LruCache::new(limit)),
+            open: Mutex::new(LruCache::new(limit)),
+            closed: Mutex::new(LruCache::new(limit)),
+        }
     }
-    map.insert(key, value);
+}
+
+/// Remembers `value` for `key` (the least recently used goes when the memo is full).
+fn remember<V>(map: &Mutex<LruCache<ConversationId, V>>, key: ConversationId, value: V) {
+    map.lock().expect("ingress memo lock").put(key, value);
 }
 
 /// An event a trigger (a schedule's firing, a webhook delivery) decided durably before
@@ -87,7 +97,7 @@ impl Ingress {
             .open
             .lock()
             .expect("ingress memo lock")
-            .remove(&conversation);
+            .pop(&conversation);
     }
 
     /// This process deleted `conversation`: nothing of it is remembered.
@@ -97,7 +107,7 @@ impl Ingress {
             .entries
             .lock()
             .expect("ingress memo lock")
-            .remove(&conversation);
+            .pop(&conversation);
     }
 
     /// The directory entry, if `caller` may send to it (its owner, or a grantee — checked in
@@ -149,7 +159,8 @@ impl Ingress {
             .closed
             .lock()
             .expect("ingress memo lock")
-            .contains(&conversation)
+            .get(&conversation)
+            .is_some()
         {
             return Ok(true);
         }
@@ -186,11 +197,7 @@ impl Ingress {
             }
         }
         if closed {
-            let mut set = self.memo.closed.lock().expect("ingress memo lock");
-            if set.len() >= MEMO_LIMIT {
-                set.clear();
-            }
-            set.insert(conversation);
+            remember(&self.memo.closed, conversation, ());
         } else {
             remember(&self.memo.open, conversation, seen);
         }

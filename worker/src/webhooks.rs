@@ -207,7 +207,8 @@ pub struct Notifier {
 
 impl Notifier {
     pub fn new(webhooks: Webhooks, directory: Directory, apps: Arc<turnpike_agent::Apps>) -> Self {
-        let size = std::num::NonZeroUsize::new(10_000).expect("not zero");
+        // About the conversations in use (a conversation's owner is one small entry).
+        let size = std::num::NonZeroUsize::new(4096).expect("not zero");
         Self {
             webhooks,
             directory,

@@ -51,6 +51,12 @@ const LIST_PAGE: usize = 1000;
 
 /// Read connections kept open for reuse.
 const MAX_IDLE_READERS: usize = 8;
+/// What SQLite may keep in memory, all its connections together (a process-wide soft limit:
+/// past it, SQLite reuses its page caches' least recently used pages rather than growing
+/// them). Each connection's own cache (2 MiB by default) fills page by page as the database
+/// grows, so ten of them kept memory rising long after a server warmed up; pages past this
+/// are read from the file (the kernel's page cache, which it can reclaim).
+pub const HEAP_LIMIT_BYTES: i64 = 8 << 20;
 /// Whole objects up to this size are read on the calling thread when a reader is free (see
 /// [`SqliteStore::read_inline`]). Sized for a context snapshot of about a hundred turns (80 KiB):
 /// from the page cache such a read takes tens of microseconds, less than the hand-off to a
@@ -120,6 +126,8 @@ fn open_connection(file: &FsPath, fsync: bool) -> rusqlite::Result<Connection> {
     }
     // A log grown by a burst is cut back to this once checkpointed.
     conn.pragma_update(None, "journal_size_limit", 64i64 << 20)?;
+    // Process-wide: the same value from every connection.
+    conn.pragma_update(None, "soft_heap_limit", HEAP_LIMIT_BYTES)?;
     Ok(conn)
 }
 
