@@ -1096,8 +1096,9 @@ async fn an_app_wide_schedule_in_a_manifest_fires_as_the_apps_identity() {
     options.lease_ttl = Duration::from_secs(1);
     options.schedules = true;
     options.manifest_extra = format!(
-        "[schedules.digest]\nagent = \"helper\"\ntenant = \"{}\"\nevery_seconds = 1\ntext = \"the digest\"\n",
-        tenant()
+        "[schedules.digest]\nagent = \"helper\"\ntenant = \"{t}\"\nevery_seconds = 1\ntext = \"the digest\"\n\n\
+         [schedules.standing]\nagent = \"helper\"\ntenant = \"{t}\"\nevery_seconds = 1\ntext = \"the round\"\nconversation = \"same\"\n",
+        t = tenant()
     );
     let rig = Rig::with(options).await;
     let schedules = Schedules::new(rig.conversations.store().clone());
@@ -1131,6 +1132,55 @@ async fn an_app_wide_schedule_in_a_manifest_fires_as_the_apps_identity() {
         assert_eq!(events[0].id, *event);
         assert_eq!(events[0].address.identity, app_identity);
     }
+    // `conversation = "same"`: every firing into one standing conversation, made by the first
+    // and owned by the schedule's app identity.
+    let support: turnpike_schemas::AppId = "support".parse().unwrap();
+    let standing_id = turnpike_worker::schedules::manifest_schedule_id(&support, "standing");
+    let standing =
+        turnpike_worker::schedules::manifest_schedule_conversation(&tenant(), &support, "standing");
+    let all = until_claims(&schedules, standing_id, "three standing firings", |c| {
+        c.len() >= 3
+    })
+    .await;
+    assert_every_tick_once(&all, all[0].fire_ms);
+    let standing_identity: turnpike_schemas::Identity =
+        "schedule:support:standing".parse().unwrap();
+    for f in &all {
+        let Outcome::Fired {
+            conversation,
+            event,
+            ..
+        } = &f.outcome
+        else {
+            panic!("{f:?}")
+        };
+        assert_eq!(*conversation, standing, "{f:?}");
+        lane_events_with(rig.bus.as_ref(), standing, *event).await;
+    }
+    let events = lane_events(rig.bus.as_ref(), standing).await;
+    let fired: Vec<_> = all
+        .iter()
+        .map(|f| match &f.outcome {
+            Outcome::Fired { event, .. } => *event,
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    assert!(
+        fired
+            .iter()
+            .all(|e| events.iter().filter(|x| x.id == *e).count() == 1),
+        "each firing once on the one lane"
+    );
+    assert!(events
+        .iter()
+        .all(|e| e.address.identity == standing_identity));
+    let entry = rig
+        .conversations
+        .directory()
+        .lookup(standing, &tenant(), &standing_identity)
+        .await
+        .unwrap();
+    assert_eq!(entry.owner, standing_identity);
 }
 
 fn payload(request: &serde_json::Value) -> serde_json::Value {

@@ -54,8 +54,9 @@ pub enum Overlap {
     Cancel,
 }
 
-/// A schedule an app's manifest declares (`[schedules.<name>]`): an app-wide job, firing into a
-/// new conversation of `owner` (an identity of the app) each time.
+/// A schedule an app's manifest declares (`[schedules.<name>]`): an app-wide job, firing as
+/// `owner` (an identity of the app) into a new conversation each time, or with `same` into
+/// one standing conversation of the schedule's own (made by its first firing).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ScheduleSpec {
     pub name: String,
@@ -68,4 +69,7 @@ pub struct ScheduleSpec {
     pub overlap: Overlap,
     pub jitter_ms: u64,
     pub grace_ms: u64,
+    /// Every firing into the schedule's one standing conversation (`conversation = "same"`).
+    #[serde(default)]
+    pub same: bool,
 }

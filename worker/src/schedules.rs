@@ -67,6 +67,23 @@ pub fn manifest_schedule_id(app: &turnpike_schemas::AppId, name: &str) -> Schedu
     ScheduleId::from_ulid(ulid::Ulid::from_bytes(bytes))
 }
 
+/// The standing conversation of an app-wide schedule with `conversation = "same"`: fixed by
+/// tenant, app and name, so every process fires into the same one, and made by whichever
+/// firing finds it missing.
+pub fn manifest_schedule_conversation(
+    tenant: &turnpike_schemas::TenantId,
+    app: &turnpike_schemas::AppId,
+    name: &str,
+) -> ConversationId {
+    use sha2::Digest as _;
+    let digest = sha2::Sha256::digest(
+        format!("manifest-schedule-conversation:{tenant}:{app}:{name}").as_bytes(),
+    );
+    let mut bytes = [0u8; 16];
+    bytes.copy_from_slice(&digest[..16]);
+    ConversationId::from_ulid(ulid::Ulid::from_bytes(bytes))
+}
+
 /// The idempotency key of a firing's message.
 pub fn firing_key(id: ScheduleId, fire_ms: u64) -> String {
     format!("schedule:{id}:{fire_ms}")
@@ -246,6 +263,17 @@ impl Scheduler {
                     }
                     turnpike_artifactory::schedules::Timing::Cron { .. } => now,
                 };
+                let target = if spec.same {
+                    Target::Same {
+                        conversation: manifest_schedule_conversation(
+                            &spec.tenant,
+                            &app,
+                            &spec.name,
+                        ),
+                    }
+                } else {
+                    Target::New
+                };
                 Some(Schedule {
                     id,
                     tenant: spec.tenant,
@@ -253,7 +281,7 @@ impl Scheduler {
                     app,
                     agent: spec.agent,
                     timing: spec.timing,
-                    target: Target::New,
+                    target,
                     text: spec.text,
                     missed: spec.missed,
                     overlap: spec.overlap,
@@ -589,8 +617,26 @@ impl Scheduler {
                 debug!(schedule = %s.id, error = %e, "the previous firing's turn was not stopped");
             }
         }
-        if matches!(s.target, Target::New) {
-            self.conversations
+        // A standing conversation is made by the first firing that finds it missing (an
+        // app-wide schedule's; a user's schedule names one of theirs, made already).
+        let make = match s.target {
+            Target::New => true,
+            Target::Same { conversation } => {
+                match self
+                    .conversations
+                    .directory()
+                    .lookup_unchecked(conversation)
+                    .await
+                {
+                    Ok(_) => false,
+                    Err(e) if e.kind() == turnpike_artifactory::ErrorKind::NotFound => true,
+                    Err(e) => return Err(e.into()),
+                }
+            }
+        };
+        if make {
+            let made = self
+                .conversations
                 .ensure(
                     &self.signer,
                     *conversation,
@@ -607,7 +653,25 @@ impl Scheduler {
                         }),
                     },
                 )
-                .await?;
+                .await;
+            match made {
+                Ok(_) => {}
+                // A standing conversation deleted (or its id taken): refused for good, the
+                // firing is over.
+                Err(e)
+                    if matches!(s.target, Target::Same { .. })
+                        && matches!(
+                            e.kind(),
+                            turnpike_artifactory::ErrorKind::NotFound
+                                | turnpike_artifactory::ErrorKind::AlreadyExists
+                        ) =>
+                {
+                    warn!(schedule = %s.id, fire_ms = firing.fire_ms, error = %e, "a firing's conversation cannot be made");
+                    self.schedules.mark_done(s.id, firing.fire_ms).await?;
+                    return Ok(());
+                }
+                Err(e) => return Err(e.into()),
+            }
             self.failpoints
                 .hit(
                     "schedule-conversation",

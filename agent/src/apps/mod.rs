@@ -549,6 +549,9 @@ struct RawSchedule {
     jitter_seconds: Option<u64>,
     #[serde(default)]
     grace_seconds: Option<u64>,
+    /// `new` (default: a new conversation per firing) or `same` (one standing conversation).
+    #[serde(default)]
+    conversation: Option<String>,
 }
 
 /// The longest interval, jitter or grace of a schedule, in seconds (a year).
@@ -643,6 +646,16 @@ fn schedule_spec(
         }
         Ok(v * 1_000)
     };
+    let same = match raw.conversation.as_deref() {
+        None | Some("new") => false,
+        Some("same") => true,
+        Some(other) => {
+            return Err(format!(
+                "{}: `new` or `same`, not {other:?}",
+                field("conversation")
+            ))
+        }
+    };
     Ok(ScheduleSpec {
         name: name.to_owned(),
         agent,
@@ -654,6 +667,7 @@ fn schedule_spec(
         overlap,
         jitter_ms: seconds("jitter_seconds", raw.jitter_seconds, 0)?,
         grace_ms: seconds("grace_seconds", raw.grace_seconds, 60)?,
+        same,
     })
 }
 
