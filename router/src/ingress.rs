@@ -2,9 +2,9 @@
 //! conversation exists and belongs to the caller, binds the caller's identity, and publishes.
 //! A refused event never reaches a lane.
 //!
-//! What it reads per event is remembered per process (shared by clones), for the
-//! [`MEMO_LIMIT`] conversations used most recently (memory that follows the conversations in
-//! use, not every conversation ever seen):
+//! What it reads per event is remembered per process (shared by clones), for conversations in
+//! use — at most [`MEMO_LIMIT`], none unused for [`MEMO_IDLE`] ([`crate::recent`]): memory that
+//! follows the conversations in use, not every conversation ever seen:
 //! - directory entries, which never change once written (but a conversation may be deleted);
 //! - that a conversation is closed, which never changes back;
 //! - that it is open (closed nor deleted), for [`OPEN_FOR`]: a close or a deletion through this
@@ -15,11 +15,9 @@
 //! Grants are not remembered: a caller who is not the owner is checked against the store every
 //! time, so a revoked grant refuses the next event.
 
-use std::num::NonZeroUsize;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use lru::LruCache;
 use turnpike_artifactory::{Conversations, DirectoryEntry};
 use turnpike_schemas::entry::IngressDirective;
 use turnpike_schemas::{
@@ -28,6 +26,7 @@ use turnpike_schemas::{
 
 use crate::bus::{now_ms, Bus, Published};
 use crate::error::{Error, ErrorKind, Result};
+use crate::recent::Recent;
 
 /// How long a conversation seen open is taken to be open without looking again.
 pub const OPEN_FOR: Duration = Duration::from_secs(1);
@@ -35,6 +34,8 @@ pub const OPEN_FOR: Duration = Duration::from_secs(1);
 /// The most conversations each part of the memo remembers; past it, the least recently used
 /// goes first. (A directory entry is about 400 bytes: the memo stays under 2 MiB.)
 pub const MEMO_LIMIT: usize = 4096;
+/// How long a conversation nobody sends to stays remembered.
+pub const MEMO_IDLE: Duration = Duration::from_secs(60);
 
 /// Publishes events on behalf of authenticated callers.
 #[derive(Clone)]
@@ -48,24 +49,23 @@ pub struct Ingress {
 
 /// What ingress remembers (see the module's contract).
 struct Memo {
-    entries: Mutex<LruCache<ConversationId, DirectoryEntry>>,
-    open: Mutex<LruCache<ConversationId, Instant>>,
-    closed: Mutex<LruCache<ConversationId, ()>>,
+    entries: Mutex<Recent<ConversationId, DirectoryEntry>>,
+    open: Mutex<Recent<ConversationId, Instant>>,
+    closed: Mutex<Recent<ConversationId, ()>>,
 }
 
 impl Default for Memo {
     fn default() -> Self {
-        let limit = NonZeroUsize::new(MEMO_LIMIT).expect("a non-zero limit");
         Self {
-            entries: Mutex::new(LruCache::new(limit)),
-            open: Mutex::new(LruCache::new(limit)),
-            closed: Mutex::new(LruCache::new(limit)),
+            entries: Mutex::new(Recent::new(MEMO_LIMIT, MEMO_IDLE)),
+            open: Mutex::new(Recent::new(MEMO_LIMIT, OPEN_FOR)),
+            closed: Mutex::new(Recent::new(MEMO_LIMIT, MEMO_IDLE)),
         }
     }
 }
 
-/// Remembers `value` for `key` (the least recently used goes when the memo is full).
-fn remember<V>(map: &Mutex<LruCache<ConversationId, V>>, key: ConversationId, value: V) {
+/// Remembers `value` for `key`.
+fn remember<V>(map: &Mutex<Recent<ConversationId, V>>, key: ConversationId, value: V) {
     map.lock().expect("ingress memo lock").put(key, value);
 }
 

@@ -31,6 +31,7 @@ pub mod jetstream;
 pub mod lane;
 pub mod layout;
 pub mod lease;
+pub mod recent;
 pub mod settle;
 pub mod subject;
 pub mod trace;

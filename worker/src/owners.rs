@@ -7,11 +7,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use lru::LruCache;
 use tokio::sync::{Notify, Semaphore};
 use tracing::warn;
 use turnpike_artifactory::Conversations;
 use turnpike_router::bus::{Wake, WakeKeeper};
+use turnpike_router::recent::Recent;
 use turnpike_router::settle::{outcome, Outcome, Settlement};
 use turnpike_schemas::entry::RecordState;
 use turnpike_schemas::ConversationId;
@@ -36,12 +36,12 @@ pub(crate) struct Inner {
     pub(crate) owner_gone: Notify,
     /// How far this worker's latest drains took the lanes of the `RECENT` conversations it
     /// drained most recently (see [`Inner::drained`]).
-    pub(crate) drained: Mutex<LruCache<ConversationId, u64>>,
+    pub(crate) drained: Mutex<Recent<ConversationId, u64>>,
     /// The record heads this worker's latest drains left, of the `RECENT` conversations it
     /// drained most recently: the next claim of one checks the head is still that one (two
     /// metadata probes, see `Record::head_from_known`) instead of reading it again. Only a hint:
     /// anything appended or rewritten since is read afresh.
-    pub(crate) heads: Mutex<LruCache<ConversationId, turnpike_artifactory::Head>>,
+    pub(crate) heads: Mutex<Recent<ConversationId, turnpike_artifactory::Head>>,
     pub(crate) stopping: AtomicBool,
 }
 

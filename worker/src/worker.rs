@@ -25,16 +25,15 @@
 
 use std::collections::HashMap;
 use std::future::Future;
-use std::num::NonZeroUsize;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use lru::LruCache;
 use tokio::sync::{Notify, Semaphore};
 use tracing::{debug, info, warn};
 use turnpike_artifactory::{ConversationPrefix, Conversations, RecordSigner};
 use turnpike_router::bus::{now_ms, Bus, Wake};
+use turnpike_router::recent::Recent;
 use turnpike_router::settle::Settlement;
 use turnpike_router::Heartbeat;
 use turnpike_schemas::WorkerId;
@@ -111,12 +110,8 @@ impl Worker {
                 resolver,
                 owners: Mutex::new(HashMap::new()),
                 owner_gone: Notify::new(),
-                drained: Mutex::new(LruCache::new(
-                    NonZeroUsize::new(RECENT).expect("a non-zero capacity"),
-                )),
-                heads: Mutex::new(LruCache::new(
-                    NonZeroUsize::new(RECENT).expect("a non-zero capacity"),
-                )),
+                drained: Mutex::new(Recent::new(RECENT, RECENT_IDLE)),
+                heads: Mutex::new(Recent::new(RECENT, RECENT_IDLE)),
                 stopping: AtomicBool::new(false),
             }),
         }
@@ -750,6 +745,9 @@ const COUNT_WORKERS_EVERY: Duration = Duration::from_secs(30);
 /// How many drained conversations a worker remembers (the least recently drained or asked
 /// about goes first).
 const RECENT: usize = 4096;
+/// How long a worker remembers a drained conversation nothing happened to (memory that follows
+/// the conversations in use).
+const RECENT_IDLE: Duration = Duration::from_secs(120);
 
 /// The most conversations one sweep deletes for retention.
 const RETENTION_PER_SWEEP: usize = 100;
