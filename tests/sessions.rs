@@ -1136,15 +1136,20 @@ async fn an_app_wide_schedule_in_a_manifest_fires_as_the_apps_identity() {
     // and owned by the schedule's app identity.
     let support: turnpike_schemas::AppId = "support".parse().unwrap();
     let standing_id = turnpike_worker::schedules::manifest_schedule_id(&support, "standing");
-    let standing =
-        turnpike_worker::schedules::manifest_schedule_conversation(&tenant(), &support, "standing");
+    let standing_identity: turnpike_schemas::Identity =
+        "schedule:support:standing".parse().unwrap();
+    let standing = turnpike_worker::schedules::manifest_schedule_conversation(
+        &tenant(),
+        &support,
+        "standing",
+        &standing_identity,
+        &"helper".parse().unwrap(),
+    );
     let all = until_claims(&schedules, standing_id, "three standing firings", |c| {
         c.len() >= 3
     })
     .await;
     assert_every_tick_once(&all, all[0].fire_ms);
-    let standing_identity: turnpike_schemas::Identity =
-        "schedule:support:standing".parse().unwrap();
     for f in &all {
         let Outcome::Fired {
             conversation,

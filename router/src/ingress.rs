@@ -3,8 +3,9 @@
 //! A refused event never reaches a lane.
 //!
 //! What it reads per event is remembered per process (shared by clones), for conversations in
-//! use — at most [`MEMO_LIMIT`], none unused for [`MEMO_IDLE`] ([`crate::recent`]): memory that
-//! follows the conversations in use, not every conversation ever seen:
+//! use — at most [`MEMO_LIMIT`] of each kind, none unused for [`MEMO_IDLE`] (open marks: for
+//! [`OPEN_FOR`]; see [`crate::recent`]): memory that follows the conversations in use, not
+//! every conversation ever seen:
 //! - directory entries, which never change once written (but a conversation may be deleted);
 //! - that a conversation is closed, which never changes back;
 //! - that it is open (closed nor deleted), for [`OPEN_FOR`]: a close or a deletion through this
@@ -32,7 +33,8 @@ use crate::recent::Recent;
 pub const OPEN_FOR: Duration = Duration::from_secs(1);
 
 /// The most conversations each part of the memo remembers; past it, the least recently used
-/// goes first. (A directory entry is about 400 bytes: the memo stays under 2 MiB.)
+/// goes first. (An entry is kept without its instructions, about 400 bytes: the memo stays
+/// under 2 MiB.)
 pub const MEMO_LIMIT: usize = 4096;
 /// How long a conversation nobody sends to stays remembered.
 pub const MEMO_IDLE: Duration = Duration::from_secs(60);
@@ -111,7 +113,7 @@ impl Ingress {
     }
 
     /// The directory entry, if `caller` may send to it (its owner, or a grantee — checked in
-    /// the store every time).
+    /// the store every time); from the memo without its instructions and origin.
     async fn entry_for(
         &self,
         conversation: ConversationId,
@@ -148,7 +150,13 @@ impl Ingress {
             .lookup(conversation, tenant, caller)
             .await
             .map_err(as_error)?;
-        remember(&self.memo.entries, conversation, entry.clone());
+        // Kept without what ingress does not read (instructions may be 16 KiB).
+        let kept = DirectoryEntry {
+            instructions: None,
+            started_by: None,
+            ..entry.clone()
+        };
+        remember(&self.memo.entries, conversation, kept);
         Ok(entry)
     }
 

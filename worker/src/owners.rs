@@ -35,10 +35,10 @@ pub(crate) struct Inner {
     pub(crate) owners: Mutex<HashMap<ConversationId, Arc<OwnerSlot>>>,
     pub(crate) owner_gone: Notify,
     /// How far this worker's latest drains took the lanes of the `RECENT` conversations it
-    /// drained most recently (see [`Inner::drained`]).
+    /// drained most recently, none idle for `RECENT_IDLE` (see [`Inner::drained`]).
     pub(crate) drained: Mutex<Recent<ConversationId, u64>>,
     /// The record heads this worker's latest drains left, of the `RECENT` conversations it
-    /// drained most recently: the next claim of one checks the head is still that one (two
+    /// drained most recently (none idle for `RECENT_IDLE`): the next claim of one checks the head is still that one (two
     /// metadata probes, see `Record::head_from_known`) instead of reading it again. Only a hint:
     /// anything appended or rewritten since is read afresh.
     pub(crate) heads: Mutex<Recent<ConversationId, turnpike_artifactory::Head>>,

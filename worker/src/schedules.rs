@@ -60,28 +60,32 @@ pub const SHARD_TAG: u64 = 0x5343_4845_4455_4c45;
 
 /// The id of an app-wide schedule: the same in every process (a hash of its app and name).
 pub fn manifest_schedule_id(app: &turnpike_schemas::AppId, name: &str) -> ScheduleId {
-    use sha2::Digest as _;
-    let digest = sha2::Sha256::digest(format!("manifest-schedule:{app}:{name}").as_bytes());
-    let mut bytes = [0u8; 16];
-    bytes.copy_from_slice(&digest[..16]);
-    ScheduleId::from_ulid(ulid::Ulid::from_bytes(bytes))
+    ScheduleId::from_ulid(hashed_ulid(&format!("manifest-schedule:{app}:{name}")))
 }
 
 /// The standing conversation of an app-wide schedule with `conversation = "same"`: fixed by
-/// tenant, app and name, so every process fires into the same one, and made by whichever
-/// firing finds it missing.
+/// tenant, app, name, owner and agent, so every process fires into the same one (made by
+/// whichever firing finds it missing), and a manifest that gives the schedule another owner or
+/// agent starts another conversation rather than sending as a stranger to the old one.
 pub fn manifest_schedule_conversation(
     tenant: &turnpike_schemas::TenantId,
     app: &turnpike_schemas::AppId,
     name: &str,
+    owner: &turnpike_schemas::Identity,
+    agent: &turnpike_schemas::AgentId,
 ) -> ConversationId {
+    ConversationId::from_ulid(hashed_ulid(&format!(
+        "manifest-schedule-conversation:{tenant}:{app}:{name}:{owner}:{agent}"
+    )))
+}
+
+/// A ULID of the first 16 bytes of `text`'s SHA-256.
+fn hashed_ulid(text: &str) -> ulid::Ulid {
     use sha2::Digest as _;
-    let digest = sha2::Sha256::digest(
-        format!("manifest-schedule-conversation:{tenant}:{app}:{name}").as_bytes(),
-    );
+    let digest = sha2::Sha256::digest(text.as_bytes());
     let mut bytes = [0u8; 16];
     bytes.copy_from_slice(&digest[..16]);
-    ConversationId::from_ulid(ulid::Ulid::from_bytes(bytes))
+    ulid::Ulid::from_bytes(bytes)
 }
 
 /// The idempotency key of a firing's message.
@@ -269,6 +273,8 @@ impl Scheduler {
                             &spec.tenant,
                             &app,
                             &spec.name,
+                            &spec.owner,
+                            &spec.agent,
                         ),
                     }
                 } else {
@@ -572,7 +578,8 @@ impl Scheduler {
     }
 
     /// Sees a claimed firing through: for a fired one, the stop (if any), the conversation (a
-    /// new one is created as the claim names it) and the message, each only if not there yet.
+    /// new one, or an app-wide schedule's standing one, is made as the claim names it) and the
+    /// message, each only if not there yet.
     async fn finish(&self, s: &Schedule, firing: &Firing) -> crate::error::Result<()> {
         let Outcome::Fired {
             conversation,
@@ -617,8 +624,9 @@ impl Scheduler {
                 debug!(schedule = %s.id, error = %e, "the previous firing's turn was not stopped");
             }
         }
-        // A standing conversation is made by the first firing that finds it missing (an
-        // app-wide schedule's; a user's schedule names one of theirs, made already).
+        // A standing conversation is made by the first firing that finds it missing: an
+        // app-wide schedule's. (A user's schedule names one of theirs, made already; deleted,
+        // its tombstone keeps it from being made again, and the firing is refused below.)
         let make = match s.target {
             Target::New => true,
             Target::Same { conversation } => {

@@ -207,7 +207,8 @@ pub struct Notifier {
 
 impl Notifier {
     pub fn new(webhooks: Webhooks, directory: Directory, apps: Arc<turnpike_agent::Apps>) -> Self {
-        // About the conversations in use (a conversation's owner is one small entry).
+        // Both caches (owners' subscriptions, conversations' owners): about the owners and
+        // conversations in use, small entries.
         let size = std::num::NonZeroUsize::new(4096).expect("not zero");
         Self {
             webhooks,

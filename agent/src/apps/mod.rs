@@ -1210,6 +1210,7 @@ mod tests {
             ("app = \"x\"\n[agents.a]\nprovider = \"echo\"\n[schedules.s]\nagent = \"a\"\ntenant = \"t\"\nevery_seconds = 0\ntext = \"go\"\n", "schedules.s.every_seconds"),
             ("app = \"x\"\n[agents.a]\nprovider = \"echo\"\n[schedules.s]\nagent = \"a\"\ntenant = \"t\"\ntext = \"go\"\n", "exactly one of cron and every_seconds"),
             ("app = \"x\"\n[agents.a]\nprovider = \"echo\"\n[schedules.s]\nagent = \"a\"\ntenant = \"t\"\nevery_seconds = 60\ntext = \"go\"\nmissed = \"sometimes\"\n", "schedules.s.missed"),
+            ("app = \"x\"\n[agents.a]\nprovider = \"echo\"\n[schedules.s]\nagent = \"a\"\ntenant = \"t\"\nevery_seconds = 60\ntext = \"go\"\nconversation = \"mine\"\n", "schedules.s.conversation"),
             ("app = \"x\"\n[agents.a]\nprovider = \"echo\"\n[hooks.h]\nagent = \"b\"\ntenant = \"t\"\nsignature = \"standard\"\nsecret_env = \"S\"\n", "hooks.h.agent: the app has no agent b"),
             ("app = \"x\"\n[agents.a]\nprovider = \"echo\"\n[hooks.h]\nagent = \"a\"\nsignature = \"standard\"\nsecret_env = \"S\"\n", "hooks.h.tenant"),
             ("app = \"x\"\n[agents.a]\nprovider = \"echo\"\n[hooks.h]\nagent = \"a\"\ntenant = \"t\"\nsignature = \"hmac\"\nsecret_env = \"S\"\n", "hooks.h.signature"),

@@ -564,16 +564,13 @@ async fn on_a_full_disk_a_write_is_reported_written_exactly_when_it_is() {
     assert_eq!(store.head(&Path::from("after")).await.unwrap().size, 100);
 }
 
-/// SQLite's memory is bounded for the whole process, not per connection: every reader's page
-/// cache filling as the database grows kept a server's memory rising long after warm-up.
+/// SQLite's memory has one limit for the whole process, not one cache per connection: every
+/// reader's page cache filling as the database grew kept a server's memory rising long after
+/// warm-up. (That the limit holds is SQLite's; `bench soak` measures the whole server.)
 #[tokio::test]
-async fn sqlites_memory_is_bounded_for_the_whole_process() {
+async fn sqlites_memory_has_one_limit_for_the_whole_process() {
     let dir = tempfile::tempdir().unwrap();
-    let store = SqliteStore::open(dir.path(), false).unwrap();
-    store
-        .put(&Path::from("k"), PutPayload::from_static(b"v"))
-        .await
-        .unwrap();
+    let _store = SqliteStore::open(dir.path(), false).unwrap();
     // Any connection of the process sees the limit the store set.
     let limit: i64 = Connection::open_in_memory()
         .unwrap()
