@@ -123,6 +123,18 @@ fn stands_for(f: &Firing) -> u64 {
     }
 }
 
+/// The conversation and event of a fired firing.
+fn fired(f: &Firing) -> (ConversationId, turnpike_schemas::EventId) {
+    match &f.outcome {
+        Outcome::Fired {
+            conversation,
+            event,
+            ..
+        } => (*conversation, *event),
+        other => panic!("not fired: {other:?} ({f:?})"),
+    }
+}
+
 /// The events on a lane, in order.
 async fn lane_events(bus: &dyn Bus, conversation: ConversationId) -> Vec<turnpike_schemas::Event> {
     let mut out = Vec::new();
@@ -723,22 +735,15 @@ async fn a_firing_cut_short_at_each_step_is_finished_once_by_the_next_holder() {
         let mut keys = Vec::new();
         let mut read = std::collections::HashSet::new();
         for f in &all {
-            let Outcome::Fired {
-                conversation,
-                event,
-                ..
-            } = &f.outcome
-            else {
-                panic!("{f:?}")
-            };
-            let events = lane_events(bus, *conversation).await;
+            let (conversation, event) = fired(f);
+            let events = lane_events(bus, conversation).await;
             assert_eq!(
-                events.iter().filter(|e| e.id == *event).count(),
+                events.iter().filter(|e| e.id == event).count(),
                 1,
                 "{failpoint}: firing {} on its lane once",
                 f.fire_ms
             );
-            if read.insert(*conversation) {
+            if read.insert(conversation) {
                 keys.extend(
                     events
                         .iter()
@@ -1109,27 +1114,20 @@ async fn an_app_wide_schedule_in_a_manifest_fires_as_the_apps_identity() {
     let app_identity: turnpike_schemas::Identity = "schedule:support:digest".parse().unwrap();
     for f in &all {
         assert_eq!(f.fire_ms % 1_000, 0, "on the interval's grid");
-        let Outcome::Fired {
-            conversation,
-            event,
-            ..
-        } = &f.outcome
-        else {
-            panic!("{f:?}")
-        };
+        let (conversation, event) = fired(f);
         // Its message on the lane first: a claim is made before its conversation is created
         // and its message published.
-        let events = lane_events_with(rig.bus.as_ref(), *conversation, *event).await;
+        let events = lane_events_with(rig.bus.as_ref(), conversation, event).await;
         let entry = rig
             .conversations
             .directory()
-            .lookup(*conversation, &tenant(), &app_identity)
+            .lookup(conversation, &tenant(), &app_identity)
             .await
             .unwrap();
         assert_eq!(entry.owner, app_identity);
         assert_eq!(entry.app.as_str(), "support");
         assert_eq!(events.len(), 1);
-        assert_eq!(events[0].id, *event);
+        assert_eq!(events[0].id, event);
         assert_eq!(events[0].address.identity, app_identity);
     }
     // `conversation = "same"`: every firing into one standing conversation, made by the first
@@ -1150,28 +1148,16 @@ async fn an_app_wide_schedule_in_a_manifest_fires_as_the_apps_identity() {
     })
     .await;
     assert_every_tick_once(&all, all[0].fire_ms);
+    let mut events_fired = Vec::new();
     for f in &all {
-        let Outcome::Fired {
-            conversation,
-            event,
-            ..
-        } = &f.outcome
-        else {
-            panic!("{f:?}")
-        };
-        assert_eq!(*conversation, standing, "{f:?}");
-        lane_events_with(rig.bus.as_ref(), standing, *event).await;
+        let (conversation, event) = fired(f);
+        assert_eq!(conversation, standing, "{f:?}");
+        lane_events_with(rig.bus.as_ref(), standing, event).await;
+        events_fired.push(event);
     }
     let events = lane_events(rig.bus.as_ref(), standing).await;
-    let fired: Vec<_> = all
-        .iter()
-        .map(|f| match &f.outcome {
-            Outcome::Fired { event, .. } => *event,
-            other => panic!("{other:?}"),
-        })
-        .collect();
     assert!(
-        fired
+        events_fired
             .iter()
             .all(|e| events.iter().filter(|x| x.id == *e).count() == 1),
         "each firing once on the one lane"

@@ -38,9 +38,9 @@ pub(crate) struct Inner {
     /// drained most recently, none idle for `RECENT_IDLE` (see [`Inner::drained`]).
     pub(crate) drained: Mutex<Recent<ConversationId, u64>>,
     /// The record heads this worker's latest drains left, of the `RECENT` conversations it
-    /// drained most recently (none idle for `RECENT_IDLE`): the next claim of one checks the head is still that one (two
-    /// metadata probes, see `Record::head_from_known`) instead of reading it again. Only a hint:
-    /// anything appended or rewritten since is read afresh.
+    /// drained most recently (none idle for `RECENT_IDLE`): the next claim of one checks the
+    /// head is still that one (two metadata probes, see `Record::head_from_known`) instead of
+    /// reading it again. Only a hint: anything appended or rewritten since is read afresh.
     pub(crate) heads: Mutex<Recent<ConversationId, turnpike_artifactory::Head>>,
     pub(crate) stopping: AtomicBool,
 }

@@ -36,6 +36,7 @@ use turnpike_artifactory::webhooks::{
 };
 use turnpike_artifactory::{Directory, Webhooks};
 use turnpike_router::bus::{now_ms, Bus};
+use turnpike_router::recent::Recent;
 use turnpike_schemas::entry::TurnOutcome;
 use turnpike_schemas::webhook::{wants, EventKind};
 use turnpike_schemas::{AgentId, AppId, Block, ConversationId, Identity, TenantId, TurnLog};
@@ -46,6 +47,10 @@ use crate::shards::ShardLeases;
 pub const SUBSCRIBERS_FRESH: Duration = Duration::from_secs(1);
 /// The lease tag of delivery shards (see [`crate::shards::shard_key`]).
 pub const SHARD_TAG: u64 = 0x5745_4248_4f4f_4b53;
+/// The most conversations whose owner the outbox remembers, and for how long one nobody's turn
+/// ended in stays remembered (memory that follows the conversations in use).
+const OWNERS_KEPT: usize = 4096;
+const OWNERS_IDLE: Duration = Duration::from_secs(120);
 /// The most of a reply a message carries, in bytes.
 pub const MAX_REPLY_BYTES: usize = 4096;
 
@@ -200,15 +205,14 @@ pub struct Notifier {
     /// Per (tenant, owner): when listed, and the subscriptions.
     subscriptions: Mutex<lru::LruCache<OwnerKey, Fresh<Vec<Subscription>>>>,
     /// Per conversation: its owner (never changes).
-    conversation_owners: Mutex<lru::LruCache<ConversationId, Identity>>,
+    conversation_owners: Mutex<Recent<ConversationId, Identity>>,
     /// Woken when deliveries are enqueued (a dispatcher in this process looks at once).
     pub kick: Arc<tokio::sync::Notify>,
 }
 
 impl Notifier {
     pub fn new(webhooks: Webhooks, directory: Directory, apps: Arc<turnpike_agent::Apps>) -> Self {
-        // Both caches (owners' subscriptions, conversations' owners): about the owners and
-        // conversations in use, small entries.
+        // About the owners in use, small entries.
         let size = std::num::NonZeroUsize::new(4096).expect("not zero");
         Self {
             webhooks,
@@ -216,7 +220,7 @@ impl Notifier {
             apps,
             owners: Mutex::new(HashMap::new()),
             subscriptions: Mutex::new(lru::LruCache::new(size)),
-            conversation_owners: Mutex::new(lru::LruCache::new(size)),
+            conversation_owners: Mutex::new(Recent::new(OWNERS_KEPT, OWNERS_IDLE)),
             kick: Arc::new(tokio::sync::Notify::new()),
         }
     }
