@@ -154,19 +154,49 @@ pub struct EmbeddedBus {
     heartbeats: tokio::sync::broadcast::Sender<Heartbeat>,
 }
 
-/// Per-conversation broadcast channels, made when someone subscribes and dropped when a send
-/// finds nobody listening.
+/// Per-conversation broadcast channels, made when someone subscribes and dropped when its last
+/// subscriber goes (or a send finds nobody listening): the channels follow the conversations
+/// watched now, not every conversation ever watched.
 struct Fanout<T> {
-    channels: Mutex<HashMap<ConversationId, tokio::sync::broadcast::Sender<T>>>,
+    channels: Arc<Channels<T>>,
     capacity: usize,
+}
+
+type Channels<T> = Mutex<HashMap<ConversationId, tokio::sync::broadcast::Sender<T>>>;
+
+/// One subscriber's receiver: dropping it drops the conversation's channel when no other
+/// subscriber holds it.
+struct Watch<T> {
+    rx: Option<tokio::sync::broadcast::Receiver<T>>,
+    channels: Arc<Channels<T>>,
+    conversation: ConversationId,
+}
+
+impl<T> Drop for Watch<T> {
+    fn drop(&mut self) {
+        drop(self.rx.take());
+        let mut channels = self.channels.lock().expect("fanout lock");
+        if channels
+            .get(&self.conversation)
+            .is_some_and(|tx| tx.receiver_count() == 0)
+        {
+            channels.remove(&self.conversation);
+        }
+    }
 }
 
 impl<T: Clone + Send + 'static> Fanout<T> {
     fn new(capacity: usize) -> Self {
         Self {
-            channels: Mutex::new(HashMap::new()),
+            channels: Arc::new(Mutex::new(HashMap::new())),
             capacity,
         }
+    }
+
+    /// How many conversations have a channel now.
+    #[cfg(test)]
+    fn watched(&self) -> usize {
+        self.channels.lock().expect("fanout lock").len()
     }
 
     fn send(&self, conversation: ConversationId, item: T) {
@@ -194,13 +224,19 @@ impl<T: Clone + Send + 'static> Fanout<T> {
             .entry(conversation)
             .or_insert_with(|| tokio::sync::broadcast::channel(self.capacity).0)
             .subscribe();
-        futures::stream::unfold((rx, lagged), |(mut rx, lagged)| async move {
+        let watch = Watch {
+            rx: Some(rx),
+            channels: self.channels.clone(),
+            conversation,
+        };
+        futures::stream::unfold((watch, lagged), |(mut watch, lagged)| async move {
+            let rx = watch.rx.as_mut()?;
             loop {
                 match rx.recv().await {
-                    Ok(item) => return Some((item, (rx, lagged))),
+                    Ok(item) => return Some((item, (watch, lagged))),
                     Err(RecvError::Lagged(_)) => {
                         if let Some(item) = lagged.clone() {
-                            return Some((item, (rx, lagged)));
+                            return Some((item, (watch, lagged)));
                         }
                     }
                     Err(RecvError::Closed) => return None,
@@ -930,5 +966,35 @@ mod tests {
         let bus = EmbeddedBus::open(&path, config).unwrap();
         assert!(bus.publish(&keyed(conv, "fresh")).await.unwrap().duplicate);
         assert_eq!(remembered(&bus).0, 2);
+    }
+
+    /// Item 7 of the third adversarial look, in a soak: a conversation's channel stayed after
+    /// its last watcher left (a broadcast buffer per conversation ever watched). A channel
+    /// lives while someone watches; the last one out drops it, another watcher keeps it, and
+    /// what is sent still reaches who is left.
+    #[tokio::test]
+    async fn a_conversations_channel_goes_with_its_last_watcher() {
+        use futures::StreamExt as _;
+        let dir = tempfile::tempdir().unwrap();
+        let bus = EmbeddedBus::open(&dir.path().join("bus.redb"), Default::default()).unwrap();
+        for _ in 0..100 {
+            let conv = ConversationId::new();
+            let signals = bus.lane_signals(conv).await.unwrap();
+            let live = bus.subscribe_live(conv).await.unwrap();
+            bus.publish(&keyed(conv, "k")).await.unwrap();
+            bus.live(conv, bytes::Bytes::from_static(b"delta")).await;
+            drop((signals, live));
+        }
+        assert_eq!((bus.lane_signals.watched(), bus.live.watched()), (0, 0));
+
+        let conv = ConversationId::new();
+        let first = bus.subscribe_live(conv).await.unwrap();
+        let mut second = bus.subscribe_live(conv).await.unwrap();
+        drop(first);
+        assert_eq!(bus.live.watched(), 1, "a watcher is left");
+        bus.live(conv, bytes::Bytes::from_static(b"still")).await;
+        assert_eq!(second.next().await.unwrap(), "still");
+        drop(second);
+        assert_eq!(bus.live.watched(), 0);
     }
 }

@@ -4,7 +4,6 @@
 //! Everything is created idempotently at connect with explicit settings. Lanes are read in order
 //! by direct get (`next_by_subj`), so no consumer is created per conversation.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -26,6 +25,7 @@ use crate::bus::{
 };
 use crate::error::{Error, ErrorKind, Result};
 use crate::heartbeat::Heartbeat;
+use crate::recent::Recent;
 use crate::subject::{
     heartbeat_subject, lease_subject, usage_subject, Shards, DISPATCH_CONSUMER, LEASE_STREAM,
     LEASE_SUBJECTS, USAGE_STREAM, USAGE_SUBJECTS,
@@ -34,6 +34,10 @@ use crate::usage::{Day, UsageScope, UsageTotals};
 
 /// How many days of usage counters the bus keeps (the admin API reads back at most 92).
 const USAGE_KEPT_DAYS: u64 = 100;
+/// Lease hints kept: those of the conversations this process used in the last minutes, at most
+/// this many (owners renew theirs every few seconds).
+const LEASES_CACHED: usize = 4_096;
+const LEASE_CACHE_IDLE: Duration = Duration::from_secs(120);
 
 /// How a process proves itself to NATS, and how its connection is protected (the bus carries
 /// every user's messages). Any combination the server asks for: a credentials file, an nkey
@@ -199,8 +203,9 @@ pub struct JetStreamBus {
     leases: stream::Stream,
     usage: stream::Stream,
     wakes: OnceCell<Mutex<mpsc::Receiver<Wake>>>,
-    /// The last lease revision and value this process wrote or read, per conversation.
-    lease_cache: std::sync::Mutex<HashMap<ConversationId, (u64, LeaseValue)>>,
+    /// The last lease revision and value this process wrote or read, per conversation in use
+    /// lately (a hint: without it, the lease is read first).
+    lease_cache: std::sync::Mutex<Recent<ConversationId, (u64, LeaseValue)>>,
     feeders: std::sync::Mutex<Vec<JoinHandle<()>>>,
 }
 
@@ -368,7 +373,7 @@ impl JetStreamBus {
             leases,
             usage,
             wakes: OnceCell::new(),
-            lease_cache: std::sync::Mutex::new(HashMap::new()),
+            lease_cache: std::sync::Mutex::new(Recent::new(LEASES_CACHED, LEASE_CACHE_IDLE)),
             feeders: std::sync::Mutex::new(Vec::new()),
         }))
     }
@@ -443,13 +448,10 @@ impl JetStreamBus {
     }
 
     fn remember_lease(&self, conversation: ConversationId, revision: u64, value: LeaseValue) {
-        /// A bound on the cache: past it, start over (it is only an optimisation).
-        const MAX_CACHED: usize = 100_000;
-        let mut cache = self.lease_cache.lock().expect("lease cache lock");
-        if cache.len() >= MAX_CACHED {
-            cache.clear();
-        }
-        cache.insert(conversation, (revision, value));
+        self.lease_cache
+            .lock()
+            .expect("lease cache lock")
+            .put(conversation, (revision, value));
     }
 
     /// Builds a held lease and remembers it.
