@@ -1,10 +1,11 @@
 //! `turnpike bench soak`: memory over a long run. N turns of an echo agent through the API, on
 //! the embedded stack (`turnpike serve`) and on a fleet (a nats-server, a router and a worker
 //! process sharing a file store), by closed-loop clients over many conversations; each
-//! process's resident memory (anonymous and file-backed, from `/proc/<pid>/status`) is sampled
-//! as the turns go by. Memory that grows with work — something kept per event, message or turn,
-//! or a cache without a bound — shows as anonymous memory that keeps rising after warm-up; the
-//! report gives each process's growth from the first sample after warm-up to the last.
+//! process's resident memory (anonymous and file-backed, from `/proc/<pid>/status`) and thread
+//! count are sampled as the turns go by. Memory that grows with work — something kept per
+//! event, message or turn, a cache without a bound, or a thread pool that keeps growing — shows
+//! as anonymous memory that keeps rising after warm-up; the report gives each process's growth
+//! from the first sample after warm-up to the last.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -42,14 +43,16 @@ pub struct Plan {
     pub fleet_only: bool,
 }
 
-/// One process's resident memory, in bytes.
+/// One process's resident memory, in bytes, and its threads (each holds a stack and an
+/// allocator heap, so a thread pool that grows shows as memory that grows).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Resident {
     pub anonymous: u64,
     pub file: u64,
+    pub threads: u64,
 }
 
-/// Reads `RssAnon` and `RssFile` of process `pid`.
+/// Reads `RssAnon`, `RssFile` and `Threads` of process `pid`.
 pub fn resident(pid: u32) -> Result<Resident> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
     let field = |name: &str| -> u64 {
@@ -57,11 +60,12 @@ pub fn resident(pid: u32) -> Result<Resident> {
             .lines()
             .find_map(|l| l.strip_prefix(name))
             .and_then(|rest| rest.split_whitespace().next()?.parse::<u64>().ok())
-            .map_or(0, |kb| kb * 1024)
+            .unwrap_or(0)
     };
     Ok(Resident {
-        anonymous: field("RssAnon:"),
-        file: field("RssFile:"),
+        anonymous: field("RssAnon:") * 1024,
+        file: field("RssFile:") * 1024,
+        threads: field("Threads:"),
     })
 }
 
@@ -222,8 +226,8 @@ async fn soak(plan: &Plan, stack: Stack) -> Result<bool> {
         })
         .collect();
     println!(
-        "  {:>9}  {:>8}  {:<8} {:>10} {:>10}",
-        "turns", "turns/s", "process", "anon MiB", "file MiB"
+        "  {:>9}  {:>8}  {:<8} {:>10} {:>10} {:>8}",
+        "turns", "turns/s", "process", "anon MiB", "file MiB", "threads"
     );
     let mut samples: Vec<(usize, Vec<Resident>)> = Vec::new();
     let mut next = 1;
@@ -241,9 +245,10 @@ async fn soak(plan: &Plan, stack: Stack) -> Result<bool> {
         for (process, pid) in &running.watched {
             let r = resident(*pid)?;
             println!(
-                "  {turns:>9}  {rate:>8.0}  {process:<8} {:>10.1} {:>10.1}",
+                "  {turns:>9}  {rate:>8.0}  {process:<8} {:>10.1} {:>10.1} {:>8}",
                 r.anonymous as f64 / 1048576.0,
-                r.file as f64 / 1048576.0
+                r.file as f64 / 1048576.0,
+                r.threads
             );
             row.push(r);
         }
