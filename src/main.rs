@@ -20,10 +20,10 @@ use std::process::ExitCode;
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 /// The most threads the runtime starts for blocking work (file-store operations, git, archives,
-/// workspace walks). Tokio's default, 512, is reached by a worker on a local file store whose
-/// disk is slow to sync: every store operation waits on its own thread, each thread keeps its
-/// stack and an allocator heap, and a soak saw a worker at 468 threads with its memory growing
-/// with them. Past this bound blocking work queues: the disk, not the thread count, bounds it.
+/// workspace walks). Tokio's default is 512: on a local file store whose disk is slow to sync,
+/// every store operation waits on a thread of its own, each thread keeps its stack and an
+/// allocator heap, and a soak saw a worker at 468 threads with its memory growing with them.
+/// Past this bound blocking work queues: the disk, not the thread count, bounds it.
 const BLOCKING_THREADS: usize = 64;
 
 fn main() -> ExitCode {
