@@ -5,7 +5,8 @@
 //! count are sampled as the turns go by. Memory that grows with work — something kept per
 //! event, message or turn, a cache without a bound, or a thread pool that keeps growing — shows
 //! as anonymous memory that keeps rising after warm-up; the report gives each process's growth
-//! from the first sample after warm-up to the last.
+//! from the first sample after warm-up to the last. A sample is the median of a few seconds'
+//! readings, not one reading: memory moves with the turns in flight.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -242,8 +243,12 @@ async fn soak(plan: &Plan, stack: Stack) -> Result<bool> {
         let rate = (turns - last_turns.0) as f64 / last_turns.1.elapsed().as_secs_f64();
         last_turns = (turns, Instant::now());
         let mut row = Vec::new();
-        for (process, pid) in &running.watched {
-            let r = resident(*pid)?;
+        for (process, r) in running
+            .watched
+            .iter()
+            .map(|(p, _)| p)
+            .zip(steady(&running).await?)
+        {
             println!(
                 "  {turns:>9}  {rate:>8.0}  {process:<8} {:>10.1} {:>10.1} {:>8}",
                 r.anonymous as f64 / 1048576.0,
@@ -290,6 +295,37 @@ async fn soak(plan: &Plan, stack: Stack) -> Result<bool> {
         flat &= growth <= 0.10;
     }
     Ok(flat)
+}
+
+/// Readings taken per sample, [`READING_GAP`] apart: a process's resident memory moves with the
+/// turns in flight by several MiB within a second, so one reading can land on a peak or a
+/// trough; the median of a few seconds' readings is what it holds.
+const READINGS: usize = 9;
+const READING_GAP: Duration = Duration::from_millis(250);
+
+/// Each watched process's memory now: the median of [`READINGS`] readings of its anonymous
+/// memory, with its file-backed memory and threads at the last.
+async fn steady(running: &Running) -> Result<Vec<Resident>> {
+    let mut readings: Vec<Vec<Resident>> = vec![Vec::new(); running.watched.len()];
+    for i in 0..READINGS {
+        if i > 0 {
+            tokio::time::sleep(READING_GAP).await;
+        }
+        for (k, (_, pid)) in running.watched.iter().enumerate() {
+            readings[k].push(resident(*pid)?);
+        }
+    }
+    Ok(readings.into_iter().map(median_of).collect())
+}
+
+/// The reading of median anonymous memory, with the last reading's file memory and threads.
+fn median_of(mut readings: Vec<Resident>) -> Resident {
+    let last = readings.last().copied().unwrap_or_default();
+    readings.sort_by_key(|r| r.anonymous);
+    Resident {
+        anonymous: readings.get(readings.len() / 2).map_or(0, |r| r.anonymous),
+        ..last
+    }
 }
 
 /// A new conversation with the soak's echo agent.
@@ -364,4 +400,21 @@ async fn drive(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_sample_is_the_median_reading_not_a_peak() {
+        let at = |anonymous, threads| Resident {
+            anonymous,
+            file: 7,
+            threads,
+        };
+        let m = median_of(vec![at(50, 1), at(90, 2), at(48, 3), at(52, 4), at(49, 5)]);
+        assert_eq!((m.anonymous, m.file, m.threads), (50, 7, 5));
+        assert_eq!(median_of(Vec::new()).anonymous, 0);
+    }
 }
