@@ -5,8 +5,9 @@
 //! count are sampled as the turns go by. Memory that grows with work — something kept per
 //! event, message or turn, a cache without a bound, or a thread pool that keeps growing — shows
 //! as anonymous memory that keeps rising after warm-up; the report gives each process's growth
-//! from the first sample after warm-up to the last. A sample is the median of a few seconds'
-//! readings, not one reading: memory moves with the turns in flight.
+//! from the first sample after warm-up to the last. A sample is the median of every reading
+//! (twice a second) over its window of turns, not one reading: memory moves with the turns in
+//! flight.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -34,7 +35,7 @@ pub struct Plan {
     pub clients: usize,
     /// Memory samples over the run.
     pub samples: usize,
-    /// The share of the run before the first sample that counts (warm-up), in percent.
+    /// The share of the run before the first window of turns that counts (warm-up), in percent.
     pub warm_up_percent: usize,
     /// Turns a conversation takes before its client moves on to a new one (0: never): the
     /// conversations keep a steady length (a context that grows for the whole run makes every
@@ -227,13 +228,23 @@ async fn soak(plan: &Plan, stack: Stack) -> Result<bool> {
         })
         .collect();
     println!(
-        "  {:>9}  {:>8}  {:<8} {:>10} {:>10} {:>8}",
-        "turns", "turns/s", "process", "anon MiB", "file MiB", "threads"
+        "  {:>9}  {:>8}  {:<8} {:>10} {:>10} {:>10} {:>8}",
+        "turns", "turns/s", "process", "anon MiB", "(max)", "file MiB", "threads"
     );
-    let mut samples: Vec<(usize, Vec<Resident>)> = Vec::new();
+    // One window of readings per sample: each process's memory read every READING_GAP while
+    // the window's turns run.
+    let mut samples: Vec<Sample> = Vec::new();
+    let mut window: Vec<Vec<Resident>> = vec![Vec::new(); running.watched.len()];
+    let mut read_at = Instant::now();
     let mut next = 1;
     let mut last_turns = (0usize, Instant::now());
     while next <= plan.samples {
+        if read_at.elapsed() >= READING_GAP {
+            read_at = Instant::now();
+            for (k, (_, pid)) in running.watched.iter().enumerate() {
+                window[k].push(resident(*pid)?);
+            }
+        }
         let at = plan.turns * next / plan.samples;
         let turns = done.load(Ordering::Relaxed);
         if turns < at && !tasks.iter().all(|t| t.is_finished()) {
@@ -241,23 +252,27 @@ async fn soak(plan: &Plan, stack: Stack) -> Result<bool> {
             continue;
         }
         let rate = (turns - last_turns.0) as f64 / last_turns.1.elapsed().as_secs_f64();
+        let from = last_turns.0;
         last_turns = (turns, Instant::now());
         let mut row = Vec::new();
-        for (process, r) in running
-            .watched
-            .iter()
-            .map(|(p, _)| p)
-            .zip(steady(&running).await?)
-        {
+        for (k, (process, pid)) in running.watched.iter().enumerate() {
+            let mut readings = std::mem::take(&mut window[k]);
+            readings.push(resident(*pid)?);
+            let level = Level::of(readings);
             println!(
-                "  {turns:>9}  {rate:>8.0}  {process:<8} {:>10.1} {:>10.1} {:>8}",
-                r.anonymous as f64 / 1048576.0,
-                r.file as f64 / 1048576.0,
-                r.threads
+                "  {turns:>9}  {rate:>8.0}  {process:<8} {:>10.1} {:>10.1} {:>10.1} {:>8}",
+                level.median.anonymous as f64 / 1048576.0,
+                level.max_anonymous as f64 / 1048576.0,
+                level.median.file as f64 / 1048576.0,
+                level.median.threads
             );
-            row.push(r);
+            row.push(level.median);
         }
-        samples.push((turns, row));
+        samples.push(Sample {
+            from,
+            to: turns,
+            row,
+        });
         next += 1;
         if tasks.iter().all(|t| t.is_finished()) {
             break;
@@ -274,48 +289,59 @@ async fn soak(plan: &Plan, stack: Stack) -> Result<bool> {
         turns as f64 / took.as_secs_f64()
     );
     let warm = plan.turns * plan.warm_up_percent / 100;
-    let Some(first) = samples.iter().position(|(turns, _)| *turns >= warm) else {
+    // The first window that starts after warm-up, against the last.
+    let Some(first) = samples.iter().position(|s| s.from >= warm) else {
         bail!("no sample after warm-up");
     };
+    let last = samples.last().expect("samples");
     let mut flat = true;
     for (k, (process, _)) in running.watched.iter().enumerate() {
-        let from = samples[first].1[k].anonymous as f64;
-        let to = samples.last().expect("samples").1[k].anonymous as f64;
+        let from = samples[first].row[k].anonymous as f64;
+        let to = last.row[k].anonymous as f64;
         let growth = (to - from) / from.max(1.0);
-        let turns_between = samples.last().expect("samples").0 - samples[first].0;
         println!(
-            "  {process}: anonymous memory {:.1} → {:.1} MiB from turn {} to turn {} ({:+.1}%; {:.0} bytes per turn)",
+            "  {process}: anonymous memory {:.1} → {:.1} MiB, from turns {}–{} to turns {}–{} (medians; {:+.1}%; {:.0} bytes per turn)",
             from / 1048576.0,
             to / 1048576.0,
-            samples[first].0,
-            samples.last().expect("samples").0,
+            samples[first].from,
+            samples[first].to,
+            last.from,
+            last.to,
             100.0 * growth,
-            (to - from) / turns_between.max(1) as f64
+            (to - from) / (last.to - samples[first].to).max(1) as f64
         );
         flat &= growth <= 0.10;
     }
     Ok(flat)
 }
 
-/// Readings taken per sample, [`READING_GAP`] apart: a process's resident memory moves with the
-/// turns in flight by several MiB within a second, so one reading can land on a peak or a
-/// trough; the median of a few seconds' readings is what it holds.
-const READINGS: usize = 9;
-const READING_GAP: Duration = Duration::from_millis(250);
+/// The memory of every watched process over one window of turns (`from` to `to`).
+struct Sample {
+    from: usize,
+    to: usize,
+    row: Vec<Resident>,
+}
 
-/// Each watched process's memory now: the median of [`READINGS`] readings of its anonymous
-/// memory, with its file-backed memory and threads at the last.
-async fn steady(running: &Running) -> Result<Vec<Resident>> {
-    let mut readings: Vec<Vec<Resident>> = vec![Vec::new(); running.watched.len()];
-    for i in 0..READINGS {
-        if i > 0 {
-            tokio::time::sleep(READING_GAP).await;
-        }
-        for (k, (_, pid)) in running.watched.iter().enumerate() {
-            readings[k].push(resident(*pid)?);
+/// How often a process's memory is read while the turns run. Resident memory moves with the
+/// turns in flight, by several MiB within a second and in swings of a minute or more, so a
+/// reading at one moment can land on a peak or a trough: a sample is the median of every reading
+/// of its window of turns (with the window's peak beside it), and growth compares those medians.
+const READING_GAP: Duration = Duration::from_millis(500);
+
+/// A process's memory over a window: its median reading (by anonymous memory, with the last
+/// reading's file memory and threads) and its highest anonymous memory.
+struct Level {
+    median: Resident,
+    max_anonymous: u64,
+}
+
+impl Level {
+    fn of(readings: Vec<Resident>) -> Level {
+        Level {
+            max_anonymous: readings.iter().map(|r| r.anonymous).max().unwrap_or(0),
+            median: median_of(readings),
         }
     }
-    Ok(readings.into_iter().map(median_of).collect())
 }
 
 /// The reading of median anonymous memory, with the last reading's file memory and threads.
@@ -416,5 +442,7 @@ mod tests {
         let m = median_of(vec![at(50, 1), at(90, 2), at(48, 3), at(52, 4), at(49, 5)]);
         assert_eq!((m.anonymous, m.file, m.threads), (50, 7, 5));
         assert_eq!(median_of(Vec::new()).anonymous, 0);
+        let level = Level::of(vec![at(50, 1), at(90, 2), at(48, 3)]);
+        assert_eq!((level.median.anonymous, level.max_anonymous), (50, 90));
     }
 }
