@@ -5,12 +5,9 @@
 //!   (DESIGN step 2): its event is in a complete turn, or was set aside (`lane_parked`).
 //! - A wake nobody could take now comes back after a delay that grows with its deliveries
 //!   (capped), so a busy fleet is not hammered — except one refused only for want of a free turn
-//!   slot here, which comes back after one fixed delay, and one whose owner is between turns:
-//!   that owner takes the event itself or lets go within moments, so the wake comes back after
-//!   a tenth of the delay, growing by a tenth with each delivery up to the full delay (a full
-//!   delay here was most of a closed-loop client's wait for its next turn in a fleet: its next
-//!   message lands while the last turn's owner is finishing). One its owner handed over after a
-//!   clean drain comes back at once; one whose owner failed comes back later.
+//!   slot here, or one whose owner is between turns (it takes the event itself or lets go
+//!   soon), which come back after one fixed delay; one its owner handed over after a clean drain
+//!   comes back at once; one whose owner failed comes back later.
 //! - A wake nothing could ever mend (its lane belongs to no conversation, or its owner stopped
 //!   on a rule violation it could not set aside) is terminated: never redelivered (a backend
 //!   without the distinction acks it).
@@ -62,8 +59,8 @@ pub fn outcome(seq: u64, deliveries: u64, settlement: Settlement, busy: Duration
         // Its owner is between turns: it takes this event itself or lets go very soon.
         Settlement::Record {
             turn_open: false, ..
-        } => Outcome::Nak(between_turns(deliveries, busy)),
-        Settlement::Full => Outcome::Nak(busy),
+        }
+        | Settlement::Full => Outcome::Nak(busy),
         Settlement::Record { .. } | Settlement::Busy => Outcome::Nak(later),
         Settlement::Handover => Outcome::Nak(Duration::ZERO),
         Settlement::Failed => Outcome::Nak(busy * FAILED_STEPS),
@@ -72,15 +69,6 @@ pub fn outcome(seq: u64, deliveries: u64, settlement: Settlement, busy: Duration
     }
 }
 
-/// The delay of a wake whose owner is between turns: a tenth of `busy` per delivery, at most
-/// `busy`.
-fn between_turns(deliveries: u64, busy: Duration) -> Duration {
-    let steps = deliveries.clamp(1, BETWEEN_TURNS_STEPS) as u32;
-    (busy / BETWEEN_TURNS_STEPS as u32 * steps).min(busy)
-}
-
-/// In how many steps a wake whose owner is between turns comes back to the full `busy` delay.
-const BETWEEN_TURNS_STEPS: u64 = 10;
 /// The most a busy wake's delay grows (in multiples of the base delay).
 const MAX_BACKOFF_STEPS: u64 = 8;
 /// How much later a wake whose owner failed comes back (in multiples of the base delay).
@@ -122,12 +110,7 @@ mod tests {
             }
             if let Settlement::Record { lane_through, turn_open: false } = s {
                 if seq > lane_through {
-                    let Outcome::Nak(delay) = out else { panic!("{out:?}") };
-                    prop_assert!(delay <= busy, "an owner between turns: {delay:?}");
-                    if deliveries <= 1 {
-                        prop_assert!(delay * 5 < busy.max(Duration::from_millis(5)),
-                            "the first retry of a wake whose owner is between turns is soon");
-                    }
+                    prop_assert_eq!(out, Outcome::Nak(busy), "an owner between turns");
                 }
             }
             match (s, out) {
@@ -148,21 +131,6 @@ mod tests {
             };
             prop_assert!(delay(d) <= delay(d + 1));
             prop_assert!(delay(d) >= busy);
-        }
-
-        #[test]
-        fn a_wake_whose_owner_is_between_turns_comes_back_sooner_then_at_the_busy_delay(
-            seq in 1u64..100, d in 1u64..40, busy_ms in 10u64..1000,
-        ) {
-            let busy = Duration::from_millis(busy_ms);
-            let between = Settlement::Record { lane_through: seq - 1, turn_open: false };
-            let delay = |d| match outcome(seq, d, between, busy) {
-                Outcome::Nak(delay) => delay,
-                other => panic!("{other:?}"),
-            };
-            prop_assert!(delay(d) <= delay(d + 1));
-            prop_assert!(delay(1) <= busy / 10);
-            prop_assert_eq!(delay(d.max(BETWEEN_TURNS_STEPS)), busy);
         }
     }
 }

@@ -12,9 +12,8 @@ pub struct WorkerConfig {
     /// How often an owner renews its lease and reports progress on its wakes.
     pub renew_every: Duration,
     /// The delay of a nak for a wake this worker cannot take now: once this long when its slots
-    /// are full; a tenth of it, growing to it with deliveries, when the owner is between turns;
-    /// growing with deliveries (up to eight times this) while another worker runs a turn of the
-    /// conversation.
+    /// are full or the owner is between turns; growing with deliveries (up to eight times this)
+    /// while another worker runs a turn of the conversation.
     pub busy_delay: Duration,
     /// Model and tool rounds per turn.
     pub max_rounds: u32,

@@ -9,9 +9,9 @@
 //! queued in front of another tenant's next message (DESIGN step 2, invariant 13). A wake
 //! taken for a slot tries the lease: if it gets it, the worker becomes the owner; if another
 //! worker holds it, the wake is acked only when the record is already past it **and no turn
-//! is open** (the owner may still die before batch two), and nak'd otherwise: soon while the
-//! owner is between turns (a tenth of `busy_delay`, growing to it with deliveries), after a
-//! delay that grows with its deliveries while a turn runs ([`turnpike_router::settle`]).
+//! is open** (the owner may still die before batch two), and nak'd otherwise: after one
+//! `busy_delay` while the owner is between turns, after a delay that grows with its deliveries
+//! while a turn runs ([`turnpike_router::settle`]).
 //!
 //! A wake for an event this worker's last drain of the conversation already took is acked
 //! once the record, read again, holds it in a complete turn — without a claim.
