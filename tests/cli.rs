@@ -585,6 +585,74 @@ fn send_reaches_a_running_server_through_its_api() {
     serve.kill();
 }
 
+/// A bench stopped by SIGTERM stops the servers it started (a soak is often stopped by hand:
+/// its `serve` must not be left running behind it).
+#[test]
+fn a_bench_stopped_by_a_signal_stops_the_servers_it_started() {
+    use std::io::BufRead as _;
+    let cli = Cli::new();
+    let mut bench = cli
+        .command(&[
+            "bench",
+            "soak",
+            "--turns",
+            "1000000",
+            "--conversations",
+            "2",
+            "--clients",
+            "1",
+            "--nats-server",
+            "none",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // The table's header is printed once its server is up and the conversations are made.
+    let mut lines = std::io::BufReader::new(bench.stdout.take().unwrap()).lines();
+    assert!(
+        lines.any(|l| l.unwrap().contains("turns/s")),
+        "the soak did not start"
+    );
+    let children = children_of(bench.id());
+    assert!(!children.is_empty(), "the soak runs a server of its own");
+    // SAFETY: a signal to the child this test started.
+    assert_eq!(unsafe { libc::kill(bench.id() as i32, libc::SIGTERM) }, 0);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let status = loop {
+        if let Some(status) = bench.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the bench did not stop"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    assert_eq!(status.code(), Some(130));
+    for child in children {
+        assert!(
+            !Path::new(&format!("/proc/{child}")).exists(),
+            "server {child} was left running"
+        );
+    }
+}
+
+/// The processes `pid` started (from `/proc/<pid>/task/*/children`).
+fn children_of(pid: u32) -> Vec<u32> {
+    let mut out = Vec::new();
+    for task in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap() {
+        let children = std::fs::read_to_string(task.unwrap().path().join("children"));
+        out.extend(
+            children
+                .unwrap_or_default()
+                .split_whitespace()
+                .filter_map(|c| c.parse::<u32>().ok()),
+        );
+    }
+    out
+}
+
 /// The benchmarks run (their numbers are for the closing notes, not for tests).
 #[test]
 fn the_benchmarks_run() {

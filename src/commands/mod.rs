@@ -48,7 +48,15 @@ pub async fn run(cli: Cli) -> Result<ExitCode> {
             conversation::run(&cli.global, &Env::open(&cli.global)?, command).await
         }
         Command::Record(command) => record::run(&cli.global, command).await,
-        Command::Bench(command) => bench::run(&cli.global, command).await,
+        // A bench starts servers of its own: stopped by a signal, it ends them (and removes
+        // their directories) on the way out instead of leaving them running.
+        Command::Bench(command) => tokio::select! {
+            done = bench::run(&cli.global, command) => done,
+            _ = runtime::shutdown_signal() => {
+                eprintln!("bench stopped by a signal; its servers are stopped");
+                Ok(ExitCode::from(130))
+            }
+        },
         Command::Cell(command) => cell::run(command).await,
         Command::Git(command) => git::run(&Env::open(&cli.global)?, command).await,
         Command::Serve(args) => runtime::serve(&cli.global, *args).await,
