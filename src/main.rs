@@ -19,25 +19,6 @@ use std::process::ExitCode;
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-/// mimalloc's `purge_delay` option (its index in `mi_option_t`; `libmimalloc-sys` names only the
-/// stable options).
-#[cfg(not(feature = "system-allocator"))]
-const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
-
-/// Return freed allocator pages to the kernel at once rather than a second later (mimalloc 3's
-/// default), unless `MIMALLOC_PURGE_DELAY` says otherwise. A delayed purge runs only when the
-/// thread that freed the pages allocates again, and a long-running process has dozens of threads
-/// that go quiet (blocking threads between store operations): a fleet worker's soak held
-/// 42.5 MiB resident with the default and 30.3 MiB with this, at the same turn (heap profiles
-/// showed about 2 MB live), and kept growing with the default.
-#[cfg(not(feature = "system-allocator"))]
-fn purge_freed_pages_at_once() {
-    if std::env::var_os("MIMALLOC_PURGE_DELAY").is_none() {
-        // SAFETY: sets one option's value; mimalloc reads it on its next purge decision.
-        unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, 0) };
-    }
-}
-
 /// The most threads the runtime starts for blocking work (file-store operations, git, archives,
 /// workspace walks). Tokio's default is 512: on a local file store whose disk is slow to sync,
 /// every store operation waits on a thread of its own, each thread keeps its stack and an
@@ -46,8 +27,6 @@ fn purge_freed_pages_at_once() {
 const BLOCKING_THREADS: usize = 64;
 
 fn main() -> ExitCode {
-    #[cfg(not(feature = "system-allocator"))]
-    purge_freed_pages_at_once();
     // Started inside a cell as its init: nothing else of the binary runs.
     #[cfg(unix)]
     if let Some(code) = turnpike_cell_init::run_if_invoked() {
@@ -107,29 +86,5 @@ fn main() -> ExitCode {
             eprintln!("error: {e:#}");
             ExitCode::from(2)
         }
-    }
-}
-
-#[cfg(all(test, not(feature = "system-allocator")))]
-mod tests {
-    use super::*;
-
-    /// The hard-coded index must name `purge_delay`: mimalloc 3 starts it at 1000 ms, and the
-    /// setter must bring it to 0. (A reordered option list in a newer mimalloc fails here.)
-    #[test]
-    fn the_purge_delay_option_is_the_one_set() {
-        if std::env::var_os("MIMALLOC_PURGE_DELAY").is_some() {
-            return;
-        }
-        // SAFETY: reads one option.
-        let before = unsafe { libmimalloc_sys::mi_option_get(MI_OPTION_PURGE_DELAY) };
-        assert_eq!(
-            before, 1000,
-            "option {MI_OPTION_PURGE_DELAY} is not purge_delay"
-        );
-        purge_freed_pages_at_once();
-        // SAFETY: reads one option.
-        let after = unsafe { libmimalloc_sys::mi_option_get(MI_OPTION_PURGE_DELAY) };
-        assert_eq!(after, 0);
     }
 }
