@@ -591,8 +591,8 @@ fn send_reaches_a_running_server_through_its_api() {
 fn a_bench_stopped_by_a_signal_stops_the_servers_it_started() {
     use std::io::BufRead as _;
     let cli = Cli::new();
-    let mut bench = cli
-        .command(&[
+    let mut bench = KilledOnDrop(
+        cli.command(&[
             "bench",
             "soak",
             "--turns",
@@ -607,7 +607,9 @@ fn a_bench_stopped_by_a_signal_stops_the_servers_it_started() {
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::null())
         .spawn()
-        .unwrap();
+        .unwrap(),
+    );
+    let bench = &mut bench.0;
     // The table's header is printed once its server is up and the conversations are made.
     let mut lines = std::io::BufReader::new(bench.stdout.take().unwrap()).lines();
     assert!(
@@ -635,6 +637,17 @@ fn a_bench_stopped_by_a_signal_stops_the_servers_it_started() {
             !Path::new(&format!("/proc/{child}")).exists(),
             "server {child} was left running"
         );
+    }
+}
+
+/// A child process killed (and reaped) when the test lets go of it, a failed assertion included:
+/// a soak left behind would run its million turns after the test.
+struct KilledOnDrop(std::process::Child);
+
+impl Drop for KilledOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
     }
 }
 
