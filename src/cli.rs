@@ -67,6 +67,15 @@ pub struct Global {
     #[arg(long, global = true, env = "TURNPIKE_LOCAL_STORE", value_enum)]
     pub local_store: Option<LocalStore>,
 
+    /// The most threads the process starts for blocking work (file-store operations, git,
+    /// archives, workspace walks); past it, such work queues, bounded by the disk anyway. Each
+    /// thread keeps its stack and its own allocator pages (the async runtime's default of 512
+    /// let a worker on a slow disk reach 468 threads), so a process that does little blocking
+    /// work (a router on S3) needs few.
+    #[arg(long, global = true, env = "TURNPIKE_BLOCKING_THREADS", default_value_t = 64,
+          value_parser = clap::value_parser!(u16).range(1..=1024))]
+    pub blocking_threads: u16,
+
     /// Skip fsync on a local store (faster; a power cut may then lose writes the caller saw
     /// succeed, a killed process loses none). By default a write is on disk when it returns.
     #[arg(long, global = true, env = "TURNPIKE_NO_FSYNC")]

@@ -19,13 +19,6 @@ use std::process::ExitCode;
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-/// The most threads the runtime starts for blocking work (file-store operations, git, archives,
-/// workspace walks). Tokio's default is 512: on a local file store whose disk is slow to sync,
-/// every store operation waits on a thread of its own, each thread keeps its stack and an
-/// allocator heap, and a soak saw a worker at 468 threads with its memory growing with them.
-/// Past this bound blocking work queues: the disk, not the thread count, bounds it.
-const BLOCKING_THREADS: usize = 64;
-
 fn main() -> ExitCode {
     // Started inside a cell as its init: nothing else of the binary runs.
     #[cfg(unix)]
@@ -64,7 +57,7 @@ fn main() -> ExitCode {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
-        .max_blocking_threads(BLOCKING_THREADS)
+        .max_blocking_threads(usize::from(cli.global.blocking_threads))
         .build()
     {
         Ok(rt) => rt,

@@ -285,6 +285,128 @@ async fn a_burst_on_a_fleet_with_a_worker_killed_does_not_hold_back_another_tena
     );
 }
 
+/// One worker of one slot, where every promotion hangs (a failpoint right after batch two):
+/// each owner that owes its slot gives it up when its batch two commits, so the three
+/// conversations' turns all complete (the last owner, owing nothing, keeps its slot). An owner
+/// that kept its slot through the promotion would complete one turn, then hold the slot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_turn_slot_goes_to_the_next_wake_when_batch_two_commits_not_after_the_promotion() {
+    use turnpike_lifecycle::failpoints::Action;
+    let e = embedded();
+    let a = conversations_of(&e.conversations, "alpha", 2).await;
+    let b = conversations_of(&e.conversations, "beta", 1).await;
+    let (agent, pool) = one_slot_stalled_promotions(
+        &e,
+        Action::Hang,
+        WorkerConfig {
+            grace: Duration::from_millis(200),
+            ..WorkerConfig::default()
+        },
+    );
+    burst(&e.bus, &e.conversations, "alpha", &a).await;
+    burst(&e.bus, &e.conversations, "beta", &b).await;
+    for (name, conv) in [("alpha", a[0]), ("alpha", a[1]), ("beta", b[0])] {
+        let record = record(&e.conversations, name, conv);
+        let deadline = Instant::now() + LONG;
+        loop {
+            let state = record.head().await.unwrap().state().clone();
+            if state.last_turn >= 1 && !state.turn_open {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{conv}: its turn never completed ({} turns ran): a slot is held through a promotion",
+                agent.ran.lock().unwrap().len()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    assert_eq!(agent.ran.lock().unwrap().len(), 3, "each turn ran once");
+    pool.stop().await;
+}
+
+/// A worker stopped while an owner that gave up its slot is still promoting its turn waits
+/// for that owner: its lease is released (free for any worker at once), not left to lapse.
+/// The slot it gave up went to another tenant's stop, recorded at once, so no slot is held
+/// when the worker stops.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopping_worker_waits_for_an_owner_that_gave_up_its_slot_to_release_its_lease() {
+    use turnpike_lifecycle::failpoints::Action;
+    let e = embedded();
+    let a = conversations_of(&e.conversations, "alpha", 1).await;
+    let b = conversations_of(&e.conversations, "beta", 1).await;
+    let (_agent, pool) = one_slot_stalled_promotions(
+        &e,
+        Action::Pause(Duration::from_secs(3)),
+        WorkerConfig {
+            lease_ttl: Duration::from_secs(120),
+            ..WorkerConfig::default()
+        },
+    );
+    burst(&e.bus, &e.conversations, "alpha", &a).await;
+    until_dispatched_of(&e.conversations, "alpha", &a, 1).await;
+    // While A's turn runs, B stops a conversation with nothing running: it waits for the slot.
+    Ingress::new(e.bus.clone(), e.conversations.clone())
+        .submit(
+            &tenant("beta"),
+            &user("beta"),
+            b[0],
+            EventBody::Stop { reason: None },
+            Some("stop".into()),
+        )
+        .await
+        .unwrap();
+    // B's stop recorded: A's owner gave the slot up after its batch two, and promotes (3 s).
+    let b_record = record(&e.conversations, "beta", b[0]);
+    let deadline = Instant::now() + LONG;
+    while b_record.head().await.unwrap().state().lane_through < 1 {
+        assert!(Instant::now() < deadline, "B's stop never recorded");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let a_head = record(&e.conversations, "alpha", a[0])
+        .head()
+        .await
+        .unwrap();
+    assert!(a_head.state().last_turn >= 1 && !a_head.state().turn_open);
+    pool.stop().await;
+    let lease = e
+        .bus
+        .claim(
+            a[0],
+            turnpike_schemas::WorkerId::new(),
+            Duration::from_secs(10),
+        )
+        .await
+        .unwrap();
+    assert!(lease.is_some(), "the stopped worker left A's lease held");
+}
+
+/// One worker of one slot (otherwise `config`), whose agent takes 300 ms a turn and whose
+/// promotions stall at the `before-promotion` failpoint with `stall`.
+fn one_slot_stalled_promotions(
+    e: &Embedded,
+    stall: turnpike_lifecycle::failpoints::Action,
+    config: WorkerConfig,
+) -> (Arc<Timed>, WorkerPool) {
+    let agent = Arc::new(Timed {
+        delay: Duration::from_millis(300),
+        ran: Mutex::new(Vec::new()),
+    });
+    let worker = Worker::new(
+        e.bus.clone(),
+        e.conversations.clone(),
+        signer(),
+        Arc::new(Apps::new().with_fallback(agent.clone())),
+        WorkerConfig {
+            slots: 1,
+            failpoints: turnpike_worker::Failpoints::default().with("before-promotion", stall),
+            workspace_root: e.dir.path().join("workspaces"),
+            ..config
+        },
+    );
+    (agent, WorkerPool::start([worker]))
+}
+
 fn tenant_of(a: &[ConversationId], conv: &ConversationId) -> String {
     if a.contains(conv) { "alpha" } else { "beta" }.to_owned()
 }
@@ -293,13 +415,23 @@ fn record(conversations: &Conversations, name: &str, conv: ConversationId) -> Re
     conversations.record(ConversationPrefix::new(tenant(name), conv))
 }
 
-/// Waits until `n` of the conversations have a turn dispatched.
+/// Waits until `n` of the conversations (of tenant alpha) have a turn dispatched.
 async fn until_dispatched(conversations: &Conversations, convs: &[ConversationId], n: usize) {
+    until_dispatched_of(conversations, "alpha", convs, n).await
+}
+
+/// Waits until `n` of the conversations of tenant `name` have a turn dispatched.
+async fn until_dispatched_of(
+    conversations: &Conversations,
+    name: &str,
+    convs: &[ConversationId],
+    n: usize,
+) {
     let deadline = Instant::now() + LONG;
     loop {
         let mut dispatched = 0;
         for conv in convs {
-            let head = record(conversations, "alpha", *conv).head().await.unwrap();
+            let head = record(conversations, name, *conv).head().await.unwrap();
             if head.state().last_turn > 0 || head.state().turn_open {
                 dispatched += 1;
             }

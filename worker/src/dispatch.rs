@@ -213,6 +213,75 @@ impl Dispatch {
     }
 }
 
+/// A turn slot taken for a wake, counted as one of its tenant's running owners.
+pub(crate) type Slot = (tokio::sync::OwnedSemaphorePermit, Running);
+
+/// An owner's turn slot, from its claim until the owner ends or gives it up: after a turn's
+/// batch two commits, an owner that owes its slot ([`Dispatch::owes_slot`]) gives it up at
+/// once, so the next wake starts while this owner counts usage, promotes the turn and releases
+/// its lease. An owner that gave its slot up starts no more turns (the turn it ran is over:
+/// its tenant's running turns, counted from the record, never exceed the slot count).
+pub(crate) struct TurnSlot {
+    held: Mutex<Option<Slot>>,
+    given_up: std::sync::atomic::AtomicBool,
+}
+
+impl TurnSlot {
+    /// Holds `slot` (counted in the worker's slots-used gauge while held).
+    pub(crate) fn new(slot: Slot) -> Self {
+        metrics::gauge!("turnpike_worker_slots_used").increment(1.0);
+        Self {
+            held: Mutex::new(Some(slot)),
+            given_up: Default::default(),
+        }
+    }
+
+    /// No slot (work that runs no turn, such as an idle close).
+    pub(crate) fn none() -> Self {
+        Self {
+            held: Mutex::new(None),
+            given_up: Default::default(),
+        }
+    }
+
+    /// Gives the slot up when its owner owes it (other wakes may start and it had its
+    /// share); whether the slot is given up, now or before.
+    pub(crate) fn give_up_if_owed(&self) -> bool {
+        let mut held = self.held.lock().expect("turn slot lock");
+        let owed = held.as_ref().is_some_and(|(_, running)| {
+            running
+                .dispatch
+                .owes_slot(&running.tenant, running.since.elapsed())
+        });
+        if owed {
+            self.given_up.store(true, Ordering::Relaxed);
+            // Outside the lock: dropping the count takes the dispatch's locks.
+            let slot = held.take();
+            drop(held);
+            Self::release(slot);
+        }
+        self.given_up()
+    }
+
+    /// Whether the owner gave its slot up (it starts no more turns).
+    pub(crate) fn given_up(&self) -> bool {
+        self.given_up.load(Ordering::Relaxed)
+    }
+
+    fn release(slot: Option<Slot>) {
+        if slot.is_some() {
+            metrics::gauge!("turnpike_worker_slots_used").decrement(1.0);
+        }
+    }
+}
+
+impl Drop for TurnSlot {
+    fn drop(&mut self) {
+        let slot = self.held.get_mut().map(Option::take).unwrap_or_default();
+        Self::release(slot);
+    }
+}
+
 /// One of a tenant's running owners; see the module docs.
 pub(crate) struct Running {
     dispatch: Arc<Dispatch>,

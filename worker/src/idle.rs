@@ -151,6 +151,7 @@ async fn close_if_due(
         dispatched_ms: Default::default(),
         lane: Default::default(),
         fence: Fence::new(lease.expires_ms, inner.config.renew_every),
+        turn_slot: crate::dispatch::TurnSlot::none(),
     };
     env.record.finish_repair().await?;
     let head = env.record.head().await?;

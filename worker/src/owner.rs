@@ -5,7 +5,6 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use tokio::sync::OwnedSemaphorePermit;
 use tracing::warn;
 use turnpike_artifactory::{ConversationPrefix, Head};
 use turnpike_router::bus::{now_ms, Lease, Wake};
@@ -79,7 +78,9 @@ async fn drain(
             return Ok(head);
         }
         let tenant = env.record.prefix().tenant();
-        if !first && worker.dispatch.owes_slot(tenant, owned_since.elapsed()) {
+        if env.turn_slot.given_up()
+            || (!first && worker.dispatch.owes_slot(tenant, owned_since.elapsed()))
+        {
             // Other wakes wait here for a slot and this owner had its share: this
             // conversation's next turn waits its turn among them (its wakes go back to the bus
             // as the owner lets go), instead of keeping the slot for as long as its sender keeps
@@ -153,8 +154,11 @@ pub(crate) async fn own(
     tenant: TenantId,
     mut lease: Lease,
     slot: Arc<OwnerSlot>,
-    // Held until the owner ends: its turn slot, and its count among its tenant's owners.
-    _turn_slot: (OwnedSemaphorePermit, crate::dispatch::Running),
+    // Its turn slot, and its count among its tenant's owners: held until the owner ends, or
+    // given up after a turn's commit when the owner owes it (see `TurnSlot`).
+    turn_slot: crate::dispatch::Slot,
+    // Counted as live until the task ends (after its lease is released).
+    _live: crate::owners::LiveOwner,
 ) {
     let conversation = lease.conversation;
     let env = TurnEnv {
@@ -168,6 +172,7 @@ pub(crate) async fn own(
         dispatched_ms: Default::default(),
         lane: Default::default(),
         fence: Fence::new(lease.expires_ms, worker.config.renew_every),
+        turn_slot: crate::dispatch::TurnSlot::new(turn_slot),
     };
     // However the owner ends — a panic included — its slot is forgotten, so later wakes for
     // the conversation are not handed to an owner that is gone.
@@ -176,7 +181,6 @@ pub(crate) async fn own(
         conversation,
         slot,
     };
-    metrics::gauge!("turnpike_worker_slots_used").increment(1.0);
     worker
         .config
         .failpoints
@@ -227,11 +231,13 @@ pub(crate) async fn own(
         if outcome.is_err() {
             return;
         }
-        // Others wait for a slot here: whatever the lane holds now waits its turn among them
-        // (its wakes are on the bus or in the intake; none was acked undone).
-        if worker
-            .dispatch
-            .owes_slot(env.record.prefix().tenant(), owned_since.elapsed())
+        // Others wait for a slot here (or one took the slot this owner gave up): whatever
+        // the lane holds now waits its turn among them (its wakes are on the bus or in the
+        // intake; none was acked undone).
+        if env.turn_slot.given_up()
+            || worker
+                .dispatch
+                .owes_slot(env.record.prefix().tenant(), owned_since.elapsed())
         {
             return;
         }
@@ -269,7 +275,6 @@ struct ForgetOnDrop {
 
 impl Drop for ForgetOnDrop {
     fn drop(&mut self) {
-        metrics::gauge!("turnpike_worker_slots_used").decrement(1.0);
         self.worker.forget_owner(self.conversation, &self.slot);
     }
 }

@@ -27,6 +27,10 @@ pub(crate) struct Inner {
     pub(crate) owner_tasks: std::sync::Mutex<Vec<tokio::task::AbortHandle>>,
     pub(crate) resolver: turnpike_resolver::Resolver,
     pub(crate) slots: Arc<Semaphore>,
+    /// How many owners' tasks are alive: from the spawn (a won claim) until the task ends, its
+    /// lease released. An owner can give its slot up before that (see
+    /// [`crate::dispatch::TurnSlot`]), so a stopping worker waits for this count, not its slots.
+    pub(crate) live_owners: tokio::sync::watch::Sender<usize>,
     /// The fair intake: wakes waiting for a slot, running owners per tenant.
     pub(crate) dispatch: Arc<crate::dispatch::Dispatch>,
     /// Bounds how many wakes are being handled (claim and head reads) at once.
@@ -50,6 +54,22 @@ impl std::ops::Deref for Inner {
 
     fn deref(&self) -> &Shared {
         &self.shared
+    }
+}
+
+/// One live owner's task in [`Inner::live_owners`], from its spawn until it is dropped.
+pub(crate) struct LiveOwner(tokio::sync::watch::Sender<usize>);
+
+impl LiveOwner {
+    pub(crate) fn new(inner: &Inner) -> Self {
+        inner.live_owners.send_modify(|n| *n += 1);
+        Self(inner.live_owners.clone())
+    }
+}
+
+impl Drop for LiveOwner {
+    fn drop(&mut self) {
+        self.0.send_modify(|n| *n = n.saturating_sub(1));
     }
 }
 

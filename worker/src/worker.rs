@@ -39,6 +39,7 @@ use turnpike_router::Heartbeat;
 use turnpike_schemas::WorkerId;
 
 use crate::config::WorkerConfig;
+use crate::dispatch::Slot;
 use crate::owner::own;
 use crate::owners::{Inner, OwnerSlot};
 use crate::turn::Shared;
@@ -98,6 +99,7 @@ impl Worker {
         Worker {
             inner: Arc::new(Inner {
                 slots: Arc::new(Semaphore::new(slot_permits(&shared.config) as usize)),
+                live_owners: tokio::sync::watch::Sender::new(0),
                 intake: Arc::new(Semaphore::new(intake_permits(&shared.config) as usize)),
                 dispatch: Arc::new(crate::dispatch::Dispatch::new(
                     shared.config.slots.max(1),
@@ -309,11 +311,13 @@ impl Worker {
             // Not the owner map: an owner leaves it before it settles its wakes and releases
             // its lease, and a wake being handled may have a claim in flight whose owner is not
             // in it yet. Exiting at either point would leave a lease held until its TTL. So:
-            // first every wake being handled (a won claim becomes an owner), then every slot,
-            // which an owner holds from its claim until its lease is released.
+            // first every wake being handled (a won claim becomes a live owner before its
+            // handling ends), then every live owner, counted until its lease is released (not
+            // the slots: an owner may give its slot up before it releases).
             let config = &self.inner.config;
             let _handling = self.inner.intake.acquire_many(intake_permits(config)).await;
-            let _owning = self.inner.slots.acquire_many(slot_permits(config)).await;
+            let mut live = self.inner.live_owners.subscribe();
+            let _ = live.wait_for(|n| *n == 0).await;
         })
         .await
         .is_ok();
@@ -412,12 +416,14 @@ impl Worker {
         running: crate::dispatch::Running,
     ) {
         let inner = &self.inner;
+        let live = crate::owners::LiveOwner::new(inner);
         let task = tokio::spawn(own(
             inner.clone(),
             tenant,
             lease,
             slot,
             (permit, running.owning()),
+            live,
         ));
         let mut tasks = inner.owner_tasks.lock().expect("owner tasks lock");
         tasks.retain(|t| !t.is_finished());
@@ -731,9 +737,6 @@ impl Worker {
         }
     }
 }
-
-/// A turn slot taken for a wake, counted as one of its tenant's running owners.
-type Slot = (tokio::sync::OwnedSemaphorePermit, crate::dispatch::Running);
 
 /// The longest a wake waits in the fair intake for a slot before it goes back to the bus:
 /// well within any ack wait, so a waiting wake is never redelivered under it.

@@ -78,6 +78,8 @@ pub struct TurnEnv {
     /// What the owner knows of the lane past the record, handed between its drain and the
     /// running turn's lane watch so neither reads a message the other already read.
     pub lane: std::sync::Mutex<LaneAhead>,
+    /// The owner's turn slot, given up after a turn's commit when the owner owes it.
+    pub(crate) turn_slot: crate::dispatch::TurnSlot,
 }
 
 /// The most lane messages one read asks for, and an owner holds read ahead of its record.
