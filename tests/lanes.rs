@@ -754,15 +754,20 @@ async fn a_turn_left_open(fleet: &Fleet, apps: &Arc<Apps>, config: &WorkerConfig
     }
 }
 
+/// Leases that lapse 1.5 s after their owner dies.
+fn short_leases() -> WorkerConfig {
+    WorkerConfig {
+        lease_ttl: Duration::from_millis(1500),
+        renew_every: Duration::from_millis(500),
+        ..WorkerConfig::default()
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_open_turn_is_never_acked_by_a_bystander_and_a_sweep_recovers_it_with_no_event_left() {
     let fleet = Fleet::start(&binary()).await;
     let apps = Arc::new(Apps::new().with_fallback(Arc::new(EchoAgent)));
-    let config = WorkerConfig {
-        lease_ttl: Duration::from_millis(1500),
-        renew_every: Duration::from_millis(500),
-        ..WorkerConfig::default()
-    };
+    let config = short_leases();
     let LeftOpen {
         conversation,
         seq,
@@ -828,6 +833,69 @@ async fn an_open_turn_is_never_acked_by_a_bystander_and_a_sweep_recovers_it_with
         .await
         .unwrap()
         .is_empty());
+}
+
+/// A worker stopped while its sweep is claiming the lease of a turn left open waits for the
+/// sweep to be done with that lease: once the stop returns, the lease is free for any worker
+/// (not held until its time to live runs out by a sweep that outlived its worker's stop).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopping_worker_waits_for_its_sweep_to_let_go_of_the_lease_it_claims() {
+    let fleet = Fleet::start(&binary()).await;
+    let apps = Arc::new(Apps::new().with_fallback(Arc::new(EchoAgent)));
+    let config = short_leases();
+    let left = a_turn_left_open(&fleet, &apps, &config).await;
+    left.doomed.crash();
+    let bus = turnpike_tests::counting_bus::CountingBus::new(fleet.bus.clone());
+    bus.hold_claims(left.conversation);
+    // The sweep's owner will re-run the turn left open: it runs until released here.
+    let hold = HoldOne::new(left.conversation);
+    let sweeper = Worker::new(
+        bus.clone(),
+        fleet.conversations.clone(),
+        signer(),
+        Arc::new(Apps::new().with_fallback(hold.clone())),
+        WorkerConfig {
+            lease_ttl: Duration::from_secs(120),
+            ..config
+        },
+    );
+    let pool = WorkerPool::start([sweeper]);
+    // The first sweep runs at once and reaches the claim, held back here.
+    until(LONG, "the sweep claims", || async { bus.claims_held() > 0 }).await;
+    // The doomed owner's lease lapses (a probe claim wins, and lets go at once).
+    let free = || async {
+        let probe = turnpike_schemas::WorkerId::new();
+        match fleet
+            .bus
+            .claim(left.conversation, probe, Duration::from_secs(10))
+            .await
+        {
+            Ok(Some(lease)) => fleet.bus.release(&lease).await.is_ok(),
+            _ => false,
+        }
+    };
+    until(LONG, "the lease lapses", free).await;
+    let mut stop = tokio::spawn(pool.stop());
+    // Stopping waits for the sweep's claim; a stop that does not wait returns at once.
+    let returned = tokio::time::timeout(Duration::from_secs(2), &mut stop)
+        .await
+        .is_ok();
+    bus.let_claims_go();
+    // The sweep won the lease and its owner runs the turn again (holding the lease).
+    until(LONG, "the recovered turn runs", || async {
+        hold.running.load(std::sync::atomic::Ordering::SeqCst)
+    })
+    .await;
+    if !returned {
+        hold.release.add_permits(1);
+        stop.await.unwrap();
+    }
+    let lease_free = free().await;
+    hold.release.add_permits(1);
+    assert!(
+        lease_free,
+        "the stop returned while its sweep went on to hold the lease (before the claim: {returned})"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -85,7 +85,7 @@ pub(crate) async fn sweep(inner: &Arc<Inner>) -> usize {
             continue;
         }
         // Held: its owner is at work (or a lease has not lapsed), so it is not idle now.
-        let Some(lease) = inner.claim_free(conversation).await else {
+        let Some((lease, _holder)) = inner.claim_free(conversation).await else {
             continue;
         };
         claims += 1;

@@ -157,8 +157,8 @@ pub(crate) async fn own(
     // Its turn slot, and its count among its tenant's owners: held until the owner ends, or
     // given up after a turn's commit when the owner owes it (see `TurnSlot`).
     turn_slot: crate::dispatch::Slot,
-    // Counted as live until the task ends (after its lease is released).
-    _live: crate::owners::LiveOwner,
+    // Counted among the lease holders until the task ends (after its lease is released).
+    _holder: crate::owners::LeaseHolder,
 ) {
     let conversation = lease.conversation;
     let env = TurnEnv {

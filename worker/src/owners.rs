@@ -27,10 +27,12 @@ pub(crate) struct Inner {
     pub(crate) owner_tasks: std::sync::Mutex<Vec<tokio::task::AbortHandle>>,
     pub(crate) resolver: turnpike_resolver::Resolver,
     pub(crate) slots: Arc<Semaphore>,
-    /// How many owners' tasks are alive: from the spawn (a won claim) until the task ends, its
-    /// lease released. An owner can give its slot up before that (see
-    /// [`crate::dispatch::TurnSlot`]), so a stopping worker waits for this count, not its slots.
-    pub(crate) live_owners: tokio::sync::watch::Sender<usize>,
+    /// How many tasks hold a conversation's lease, or are claiming one: an owner from its spawn
+    /// until its task ends (its lease released), a sweep from before its claim until it
+    /// releases the lease or hands it to an owner. An owner can give its slot up before it
+    /// releases (see [`crate::dispatch::TurnSlot`]), so a stopping worker waits for this count,
+    /// not its slots.
+    pub(crate) lease_holders: tokio::sync::watch::Sender<usize>,
     /// The fair intake: wakes waiting for a slot, running owners per tenant.
     pub(crate) dispatch: Arc<crate::dispatch::Dispatch>,
     /// Bounds how many wakes are being handled (claim and head reads) at once.
@@ -57,17 +59,17 @@ impl std::ops::Deref for Inner {
     }
 }
 
-/// One live owner's task in [`Inner::live_owners`], from its spawn until it is dropped.
-pub(crate) struct LiveOwner(tokio::sync::watch::Sender<usize>);
+/// One task counted in [`Inner::lease_holders`], until it is dropped.
+pub(crate) struct LeaseHolder(tokio::sync::watch::Sender<usize>);
 
-impl LiveOwner {
+impl LeaseHolder {
     pub(crate) fn new(inner: &Inner) -> Self {
-        inner.live_owners.send_modify(|n| *n += 1);
-        Self(inner.live_owners.clone())
+        inner.lease_holders.send_modify(|n| *n += 1);
+        Self(inner.lease_holders.clone())
     }
 }
 
-impl Drop for LiveOwner {
+impl Drop for LeaseHolder {
     fn drop(&mut self) {
         self.0.send_modify(|n| *n = n.saturating_sub(1));
     }
@@ -101,17 +103,25 @@ impl Inner {
     }
 
     /// The lease of `conversation` for a sweep, when nobody holds it (its owner is gone, or
-    /// there is none); `None` when someone does, or the claim failed (logged).
+    /// there is none), counted among the lease holders (keep the holder until the lease is
+    /// released or handed to an owner); `None` when someone holds it, the claim failed
+    /// (logged), or the worker is stopping.
     pub(crate) async fn claim_free(
         &self,
         conversation: ConversationId,
-    ) -> Option<turnpike_router::bus::Lease> {
+    ) -> Option<(turnpike_router::bus::Lease, LeaseHolder)> {
+        // Counted before the stopping check: a stopping worker either waits for this claim,
+        // or this claim sees it stopping (the count's lock orders the two).
+        let holder = LeaseHolder::new(self);
+        if self.is_stopping() {
+            return None;
+        }
         match self
             .bus
             .claim(conversation, self.worker, self.config.lease_ttl)
             .await
         {
-            Ok(lease) => lease,
+            Ok(lease) => lease.map(|lease| (lease, holder)),
             Err(e) => {
                 warn!(%conversation, error = %e, "sweep: cannot claim");
                 None

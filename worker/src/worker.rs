@@ -41,7 +41,7 @@ use turnpike_schemas::WorkerId;
 use crate::config::WorkerConfig;
 use crate::dispatch::Slot;
 use crate::owner::own;
-use crate::owners::{Inner, OwnerSlot};
+use crate::owners::{Inner, LeaseHolder, OwnerSlot};
 use crate::turn::Shared;
 use turnpike_agent::apps::Apps;
 
@@ -99,7 +99,7 @@ impl Worker {
         Worker {
             inner: Arc::new(Inner {
                 slots: Arc::new(Semaphore::new(slot_permits(&shared.config) as usize)),
-                live_owners: tokio::sync::watch::Sender::new(0),
+                lease_holders: tokio::sync::watch::Sender::new(0),
                 intake: Arc::new(Semaphore::new(intake_permits(&shared.config) as usize)),
                 dispatch: Arc::new(crate::dispatch::Dispatch::new(
                     shared.config.slots.max(1),
@@ -311,13 +311,14 @@ impl Worker {
             // Not the owner map: an owner leaves it before it settles its wakes and releases
             // its lease, and a wake being handled may have a claim in flight whose owner is not
             // in it yet. Exiting at either point would leave a lease held until its TTL. So:
-            // first every wake being handled (a won claim becomes a live owner before its
-            // handling ends), then every live owner, counted until its lease is released (not
-            // the slots: an owner may give its slot up before it releases).
+            // first every wake being handled (a won claim becomes an owner, counted as a lease
+            // holder, before its handling ends), then every lease holder: owners until their
+            // lease is released, sweeps until theirs is (not the slots: an owner may give its
+            // slot up before it releases).
             let config = &self.inner.config;
             let _handling = self.inner.intake.acquire_many(intake_permits(config)).await;
-            let mut live = self.inner.live_owners.subscribe();
-            let _ = live.wait_for(|n| *n == 0).await;
+            let mut holders = self.inner.lease_holders.subscribe();
+            let _ = holders.wait_for(|n| *n == 0).await;
         })
         .await
         .is_ok();
@@ -414,16 +415,18 @@ impl Worker {
         slot: Arc<OwnerSlot>,
         permit: tokio::sync::OwnedSemaphorePermit,
         running: crate::dispatch::Running,
+        // The lease's holder count, when the lease was claimed with one (a sweep's).
+        holder: Option<LeaseHolder>,
     ) {
         let inner = &self.inner;
-        let live = crate::owners::LiveOwner::new(inner);
+        let holder = holder.unwrap_or_else(|| LeaseHolder::new(inner));
         let task = tokio::spawn(own(
             inner.clone(),
             tenant,
             lease,
             slot,
             (permit, running.owning()),
-            live,
+            holder,
         ));
         let mut tasks = inner.owner_tasks.lock().expect("owner tasks lock");
         tasks.retain(|t| !t.is_finished());
@@ -492,7 +495,7 @@ impl Worker {
             let Ok(permit) = inner.slots.clone().try_acquire_owned() else {
                 break;
             };
-            let Some(lease) = inner.claim_free(conversation).await else {
+            let Some((lease, holder)) = inner.claim_free(conversation).await else {
                 continue;
             };
             match self.sweep_marked(&prefix).await {
@@ -505,7 +508,14 @@ impl Worker {
                     }
                     warn!(%conversation, worker = %inner.worker, "sweep: taking over a turn left open");
                     let running = inner.dispatch.running(prefix.tenant().clone());
-                    self.spawn_owner(prefix.tenant().clone(), lease, slot, permit, running);
+                    self.spawn_owner(
+                        prefix.tenant().clone(),
+                        lease,
+                        slot,
+                        permit,
+                        running,
+                        Some(holder),
+                    );
                 }
                 Some(head) => {
                     // Closed: finish a promotion its owner may have left undone, then the mark
@@ -723,7 +733,7 @@ impl Worker {
                 let tenant = wake.tenant.clone();
                 debug!(conversation = %wake.conversation, worker = %inner.worker, epoch = lease.revision, "lease taken");
                 let _ = slot.offer(wake).await;
-                self.spawn_owner(tenant, lease, slot, permit, running);
+                self.spawn_owner(tenant, lease, slot, permit, running, None);
             }
             Ok(None) => {
                 drop((permit, running));

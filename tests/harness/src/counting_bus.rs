@@ -1,6 +1,7 @@
 //! A bus that counts lane reads and wakes, for tests of how often a worker asks the bus. It forwards
 //! everything to a real bus — but lease renewals a test asks to fail (a bus that is briefly
-//! unreachable), which fail with [`ErrorKind::Unavailable`](turnpike_router::ErrorKind).
+//! unreachable), which fail with [`ErrorKind::Unavailable`](turnpike_router::ErrorKind), and
+//! claims of a conversation a test holds back until it lets them go.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -23,6 +24,9 @@ pub struct CountingBus {
     heads: AtomicUsize,
     wakes: AtomicUsize,
     failing_renewals: AtomicUsize,
+    held_claims: std::sync::Mutex<Option<(ConversationId, Arc<tokio::sync::Semaphore>)>>,
+    claims_held: AtomicUsize,
+    held_claims_done: AtomicUsize,
 }
 
 /// What a [`CountingBus`] counted.
@@ -45,6 +49,9 @@ impl CountingBus {
             heads: AtomicUsize::new(0),
             wakes: AtomicUsize::new(0),
             failing_renewals: AtomicUsize::new(0),
+            held_claims: std::sync::Mutex::new(None),
+            claims_held: AtomicUsize::new(0),
+            held_claims_done: AtomicUsize::new(0),
         })
     }
 
@@ -52,6 +59,29 @@ impl CountingBus {
     /// them, until this is called again).
     pub fn fail_renewals(&self, n: usize) {
         self.failing_renewals.store(n, Ordering::SeqCst);
+    }
+
+    /// Claims of `conversation`'s lease through this bus wait until [`Self::let_claims_go`].
+    pub fn hold_claims(&self, conversation: ConversationId) {
+        *self.held_claims.lock().expect("held claims lock") =
+            Some((conversation, Arc::new(tokio::sync::Semaphore::new(0))));
+    }
+
+    /// Lets every held claim go on (and claims from now on).
+    pub fn let_claims_go(&self) {
+        if let Some((_, gate)) = self.held_claims.lock().expect("held claims lock").take() {
+            gate.add_permits(tokio::sync::Semaphore::MAX_PERMITS / 2);
+        }
+    }
+
+    /// How many claims were held back so far.
+    pub fn claims_held(&self) -> usize {
+        self.claims_held.load(Ordering::SeqCst)
+    }
+
+    /// How many held-back claims went on and returned so far.
+    pub fn held_claims_done(&self) -> usize {
+        self.held_claims_done.load(Ordering::SeqCst)
     }
 
     /// Wakes delivered through this bus ([`Bus::next_wake`]) so far.
@@ -133,7 +163,18 @@ impl Bus for CountingBus {
         worker: WorkerId,
         ttl: Duration,
     ) -> Result<Option<Lease>> {
-        self.inner.claim(conversation, worker, ttl).await
+        let gate = match &*self.held_claims.lock().expect("held claims lock") {
+            Some((held, gate)) if *held == conversation => Some(gate.clone()),
+            _ => None,
+        };
+        let Some(gate) = gate else {
+            return self.inner.claim(conversation, worker, ttl).await;
+        };
+        self.claims_held.fetch_add(1, Ordering::SeqCst);
+        let _ = gate.acquire().await;
+        let claimed = self.inner.claim(conversation, worker, ttl).await;
+        self.held_claims_done.fetch_add(1, Ordering::SeqCst);
+        claimed
     }
 
     async fn renew(&self, lease: &Lease, ttl: Duration) -> Result<Lease> {
