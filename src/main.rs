@@ -57,7 +57,11 @@ fn main() -> ExitCode {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
-        .max_blocking_threads(usize::from(cli.global.blocking_threads))
+        .max_blocking_threads(usize::from(
+            cli.global
+                .blocking_threads
+                .unwrap_or_else(|| cli.command.default_blocking_threads()),
+        ))
         .build()
     {
         Ok(rt) => rt,
