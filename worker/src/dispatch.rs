@@ -221,64 +221,75 @@ pub(crate) type Slot = (tokio::sync::OwnedSemaphorePermit, Running);
 /// once, so the next wake starts while this owner counts usage, promotes the turn and releases
 /// its lease. An owner that gave its slot up starts no more turns (the turn it ran is over:
 /// its tenant's running turns, counted from the record, never exceed the slot count).
-pub(crate) struct TurnSlot {
-    held: Mutex<Option<Slot>>,
-    given_up: std::sync::atomic::AtomicBool,
+pub(crate) struct TurnSlot(Mutex<Held>);
+
+/// What a [`TurnSlot`] holds.
+enum Held {
+    /// A turn slot and its tenant's running count.
+    Slot(Slot),
+    /// Nothing: work that runs no turn.
+    Nothing,
+    /// Nothing any more: the owner gave its slot up and starts no more turns.
+    GivenUp,
 }
 
 impl TurnSlot {
     /// Holds `slot` (counted in the worker's slots-used gauge while held).
     pub(crate) fn new(slot: Slot) -> Self {
         metrics::gauge!("turnpike_worker_slots_used").increment(1.0);
-        Self {
-            held: Mutex::new(Some(slot)),
-            given_up: Default::default(),
-        }
+        Self(Mutex::new(Held::Slot(slot)))
     }
 
     /// No slot (work that runs no turn, such as an idle close).
     pub(crate) fn none() -> Self {
-        Self {
-            held: Mutex::new(None),
-            given_up: Default::default(),
-        }
+        Self(Mutex::new(Held::Nothing))
+    }
+
+    fn held(&self) -> std::sync::MutexGuard<'_, Held> {
+        self.0.lock().expect("turn slot lock")
     }
 
     /// Gives the slot up when its owner owes it (other wakes may start and it had its
     /// share); whether the slot is given up, now or before.
     pub(crate) fn give_up_if_owed(&self) -> bool {
-        let mut held = self.held.lock().expect("turn slot lock");
-        let owed = held.as_ref().is_some_and(|(_, running)| {
-            running
+        let mut held = self.held();
+        let owed = match &*held {
+            Held::Slot((_, running)) => running
                 .dispatch
-                .owes_slot(&running.tenant, running.since.elapsed())
-        });
+                .owes_slot(&running.tenant, running.since.elapsed()),
+            Held::Nothing => false,
+            Held::GivenUp => return true,
+        };
         if owed {
-            self.given_up.store(true, Ordering::Relaxed);
+            let slot = std::mem::replace(&mut *held, Held::GivenUp);
             // Outside the lock: dropping the count takes the dispatch's locks.
-            let slot = held.take();
             drop(held);
             Self::release(slot);
         }
-        self.given_up()
+        owed
     }
 
     /// Whether the owner gave its slot up (it starts no more turns).
     pub(crate) fn given_up(&self) -> bool {
-        self.given_up.load(Ordering::Relaxed)
+        matches!(*self.held(), Held::GivenUp)
     }
 
-    fn release(slot: Option<Slot>) {
-        if slot.is_some() {
+    fn release(held: Held) {
+        if let Held::Slot(slot) = held {
             metrics::gauge!("turnpike_worker_slots_used").decrement(1.0);
+            drop(slot);
         }
     }
 }
 
 impl Drop for TurnSlot {
     fn drop(&mut self) {
-        let slot = self.held.get_mut().map(Option::take).unwrap_or_default();
-        Self::release(slot);
+        let held = self
+            .0
+            .get_mut()
+            .map(|h| std::mem::replace(h, Held::Nothing))
+            .unwrap_or(Held::Nothing);
+        Self::release(held);
     }
 }
 
