@@ -95,6 +95,7 @@ impl Dispatch {
                 self.ready.notify_one();
                 None
             }
+            Admit::Follows => None,
             Admit::Defer(wake, delay) => {
                 // The one handed back may be another: the offered one took its place.
                 self.ready.notify_one();
@@ -135,8 +136,9 @@ impl Dispatch {
             && self.startable_besides((held < YIELD_WITHIN_TENANT).then_some(tenant))
     }
 
-    /// The wake to start in a free slot, counted as running for its tenant.
-    pub(crate) fn next(self: &Arc<Self>) -> Option<(Wake, Running)> {
+    /// The wake to start in a free slot, counted as running for its tenant, and the later
+    /// wakes of its lane that rode with it (for its owner, once it has one).
+    pub(crate) fn next(self: &Arc<Self>) -> Option<(Wake, Vec<Wake>, Running)> {
         let mut running = self.running.lock().expect("running lock");
         let next = {
             let counts = &*running;
@@ -147,12 +149,13 @@ impl Dispatch {
             }
             next
         };
-        let (tenant, wake) = next?;
+        let (tenant, wake, followers) = next?;
         *running.entry(tenant.clone()).or_default() += 1;
         drop(running);
         self.room.notify_one();
         Some((
             wake,
+            followers,
             Running {
                 dispatch: self.clone(),
                 tenant,
@@ -202,9 +205,10 @@ impl Dispatch {
         wakes
     }
 
-    /// Wakes waiting here.
+    /// Wakes waiting here (those riding with another included).
     pub(crate) fn len(&self) -> usize {
-        self.queue().len()
+        let queue = self.queue();
+        queue.len() + queue.followers()
     }
 
     /// How many workers share the wakes.

@@ -15,8 +15,11 @@
 //!   its place again before any later arrival), capped at [`MAX_DEFER`]. A wake of a lane
 //!   (conversation) whose earlier wake waits here or was put off takes no place in that
 //!   spacing: it comes back a hold time after that one is due to start, since the start that
-//!   drains a lane most often takes its later events too. Nothing is dropped: a wake is
-//!   queued or given back to the bus with a delay.
+//!   drains a lane most often takes its later events too. A wake of a lane whose earlier
+//!   wake waits *here* is not put off at all: it rides with that one (up to
+//!   `FOLLOWERS_PER_ITEM`), takes no place, and leaves with it — to its start, or back to the
+//!   bus — so a lane's burst of events costs the bus no deferrals. Nothing is dropped: a wake
+//!   is queued, rides with a queued one, or is given back to the bus with a delay.
 //! - [`FairQueue::next`] never returns a wake of a tenant whose running turns have reached its
 //!   cap, and otherwise returns a wake of the tenant with the least `(running + 1) / weight`
 //!   (ties: the one whose first wake arrived first).
@@ -131,13 +134,38 @@ fn pairs(items: &[String], flag: &str) -> Result<Vec<(Option<TenantId>, usize)>,
 pub enum Admit<T> {
     /// It waits here for a slot.
     Queued,
+    /// Another item of its lane waits here: it rides with that one, taking no place of its
+    /// own, and leaves with it ([`FairQueue::next`], [`FairQueue::take_older`],
+    /// [`FairQueue::drain`]).
+    Follows,
     /// Its tenant's queue is full: give it back to the bus for this long.
     Defer(T, Duration),
 }
 
+/// An item waiting here for a slot, with the later items of its lane that ride with it.
+struct Waiting<T> {
+    /// When it was taken here.
+    since: Instant,
+    /// When it arrived on the bus (its place in its tenant's order).
+    arrived: u64,
+    lane: Option<u64>,
+    item: T,
+    /// Later items of its lane that came while it waited: the start that drains the lane
+    /// takes their events too, so they take no place and are not put off (see
+    /// [`Admit::Follows`]); they leave with it.
+    followers: Vec<T>,
+}
+
+impl<T> Waiting<T> {
+    /// The item and its followers.
+    fn all(self) -> impl Iterator<Item = T> {
+        std::iter::once(self.item).chain(self.followers)
+    }
+}
+
 struct Tenant<T> {
-    /// In order of arrival: (taken here, arrived on the bus, its lane, item).
-    waiting: VecDeque<(Instant, u64, Option<u64>, T)>,
+    /// In order of arrival.
+    waiting: VecDeque<Waiting<T>>,
     /// When the last item put off for this tenant is due back.
     due: Option<Instant>,
     /// Lanes with an item waiting here or put off: when that item is due to start, and when it
@@ -168,13 +196,19 @@ fn note_lane(
     }
 }
 
+/// How many later items of its lane ride with a waiting item at most.
+const FOLLOWERS_PER_ITEM: usize = 64;
+
 /// Per-tenant queues of wakes waiting for a slot. See the module docs.
 pub struct FairQueue<T> {
     tenants: HashMap<TenantId, Tenant<T>>,
     per_tenant: usize,
-    /// Past this many waiting in all, everything is put off.
+    /// Past this many waiting in all, everything is put off (and past this many followers,
+    /// no more ride along).
     total: usize,
     len: usize,
+    /// Items riding with a waiting item (not counted in `len`).
+    followers: usize,
     /// How long a slot is held per start, on average (an estimate updated by `finished`).
     hold: Duration,
     slots: usize,
@@ -198,6 +232,7 @@ impl<T> FairQueue<T> {
             per_tenant,
             total: per_tenant * TENANTS_AT_ONCE,
             len: 0,
+            followers: 0,
             hold: hold.max(Duration::from_millis(1)),
             slots: slots.max(1),
             gap: None,
@@ -205,9 +240,14 @@ impl<T> FairQueue<T> {
         }
     }
 
-    /// Items waiting.
+    /// Items waiting, besides those riding with them ([`FairQueue::followers`]).
     pub fn len(&self) -> usize {
         self.len
+    }
+
+    /// Items riding with a waiting item of their lane.
+    pub fn followers(&self) -> usize {
+        self.followers
     }
 
     pub fn is_empty(&self) -> bool {
@@ -273,29 +313,55 @@ impl<T> FairQueue<T> {
         if entry.lanes.len() >= LANES_KEPT {
             entry.lanes.retain(|_, (due, _)| *due + hold > now);
         }
-        let at = entry.waiting.partition_point(|(_, a, _, _)| *a <= arrived);
+        // An item of its lane waits here: it rides with that one.
+        if let Some(l) = lane.filter(|_| self.followers < self.total) {
+            if let Some(leader) = entry
+                .waiting
+                .iter_mut()
+                .find(|w| w.lane == Some(l) && w.followers.len() < FOLLOWERS_PER_ITEM)
+            {
+                leader.followers.push(item);
+                self.followers += 1;
+                return Admit::Follows;
+            }
+        }
+        let at = entry.waiting.partition_point(|w| w.arrived <= arrived);
+        let waiting = |item| Waiting {
+            since: now,
+            arrived,
+            lane,
+            item,
+            followers: Vec::new(),
+        };
+        // The latest waiting gives its place to an earlier arrival unless others ride with it.
+        let displace = at < entry.waiting.len()
+            && entry.waiting.back().is_some_and(|w| w.followers.is_empty());
         let (lane, arrived, item) = if entry.waiting.len() < per_tenant && !full {
-            entry.waiting.insert(at, (now, arrived, lane, item));
+            entry.waiting.insert(at, waiting(item));
             if let Some(lane) = lane {
                 note_lane(&mut entry.lanes, lane, now, arrived, hold);
             }
             self.len += 1;
             return Admit::Queued;
-        } else if at < entry.waiting.len() {
+        } else if displace {
             // Earlier than the latest waiting: that one is put off instead.
-            entry.waiting.insert(at, (now, arrived, lane, item));
+            entry.waiting.insert(at, waiting(item));
             if let Some(lane) = lane {
                 note_lane(&mut entry.lanes, lane, now, arrived, hold);
             }
-            let (_, latest_arrived, latest_lane, latest) =
-                entry.waiting.pop_back().expect("not empty");
+            let Waiting {
+                arrived: latest_arrived,
+                lane: latest_lane,
+                item: latest,
+                ..
+            } = entry.waiting.pop_back().expect("not empty");
             // It no longer waits here: the place it held for its lane goes with it.
             if let Some(l) = latest_lane {
                 let held = entry
                     .lanes
                     .get(&l)
                     .is_some_and(|(_, first)| *first == latest_arrived);
-                if held && !entry.waiting.iter().any(|(_, _, w, _)| *w == Some(l)) {
+                if held && !entry.waiting.iter().any(|w| w.lane == Some(l)) {
                     entry.lanes.remove(&l);
                 }
             }
@@ -346,15 +412,16 @@ impl<T> FairQueue<T> {
         })
     }
 
-    /// The next item to start: see the module docs.
+    /// The next item to start, with the later items of its lane that ride with it: see the
+    /// module docs.
     pub fn next(
         &mut self,
         running: impl Fn(&TenantId) -> usize,
         share: &FairShare,
-    ) -> Option<(TenantId, T)> {
+    ) -> Option<(TenantId, T, Vec<T>)> {
         let mut best: Option<(&TenantId, f64, u64)> = None;
         for (tenant, t) in &self.tenants {
-            let Some((_, since, _, _)) = t.waiting.front() else {
+            let Some(Waiting { arrived: since, .. }) = t.waiting.front() else {
                 continue;
             };
             let n = running(tenant);
@@ -372,9 +439,12 @@ impl<T> FairQueue<T> {
         }
         let tenant = best?.0.clone();
         let t = self.tenants.get_mut(&tenant)?;
-        let (_, _, _, item) = t.waiting.pop_front()?;
+        let Waiting {
+            item, followers, ..
+        } = t.waiting.pop_front()?;
         self.len -= 1;
-        Some((tenant, item))
+        self.followers -= followers.len();
+        Some((tenant, item, followers))
     }
 
     /// An item taken by [`FairQueue::next`] started at `now`: while items keep waiting, the
@@ -409,31 +479,36 @@ impl<T> FairQueue<T> {
         });
     }
 
-    /// Takes every item that has waited longer than `older`: a worker gives them back to the
-    /// bus rather than keep them from a worker with room.
+    /// Takes every item that has waited longer than `older`, with the items riding with it:
+    /// a worker gives them back to the bus rather than keep them from a worker with room.
     pub fn take_older(&mut self, now: Instant, older: Duration) -> Vec<T> {
         let mut out = Vec::new();
         for t in self.tenants.values_mut() {
             let (old, young): (VecDeque<_>, VecDeque<_>) = std::mem::take(&mut t.waiting)
                 .into_iter()
-                .partition(|(since, _, _, _)| now.saturating_duration_since(*since) > older);
+                .partition(|w| now.saturating_duration_since(w.since) > older);
             t.waiting = young;
-            out.extend(old.into_iter().map(|(_, _, _, item)| item));
+            for w in old {
+                self.len -= 1;
+                self.followers -= w.followers.len();
+                out.extend(w.all());
+            }
         }
-        self.len -= out.len();
         if self.len == 0 {
             self.busy_since = None;
         }
         out
     }
 
-    /// Takes every waiting item (a stopping worker gives them back).
+    /// Takes every waiting item and every item riding with one (a stopping worker gives
+    /// them back).
     pub fn drain(&mut self) -> Vec<T> {
         self.len = 0;
+        self.followers = 0;
         self.busy_since = None;
         self.tenants
             .drain()
-            .flat_map(|(_, t)| t.waiting.into_iter().map(|(_, _, _, item)| item))
+            .flat_map(|(_, t)| t.waiting.into_iter().flat_map(Waiting::all))
             .collect()
     }
 }
@@ -460,8 +535,8 @@ mod tests {
             q.admit_in(&a, Some(lane), item, arrived, now, 1, None)
         };
         assert_eq!(offer(1, 10, 10), Admit::Queued);
-        // Lane 1's second event: after the first one's start, no place of its own.
-        assert_eq!(offer(1, 11, 11), Admit::Defer(11, hold));
+        // Lane 1's second event: it rides with the first, which waits here.
+        assert_eq!(offer(1, 11, 11), Admit::Follows);
         // Lane 2 takes the next place: after what waits (one), plus one.
         let Admit::Defer(20, two) = offer(2, 20, 20) else {
             panic!("a full queue puts off");
@@ -469,12 +544,55 @@ mod tests {
         assert_eq!(two, 2 * hold);
         // Lane 2's second event follows lane 2's first; lane 1's third, lane 1's first.
         assert_eq!(offer(2, 21, 21), Admit::Defer(21, 3 * hold));
-        assert_eq!(offer(1, 12, 12), Admit::Defer(12, hold));
+        assert_eq!(offer(1, 12, 12), Admit::Follows);
         // Lane 3 comes right after lane 2, as if the followers had not been there.
         assert_eq!(offer(3, 30, 30), Admit::Defer(30, 3 * hold));
         // Lane 2's first wake, back and still without room, is put off as the lane's first
         // (after lane 3), not as a follower of itself.
         assert_eq!(offer(2, 20, 20), Admit::Defer(20, 4 * hold));
+        // Lane 1's first starts with the two that rode with it.
+        assert_eq!(
+            q.next(|_| 0, &FairShare::default()),
+            Some((a.clone(), 10, vec![11, 12]))
+        );
+        assert_eq!((q.len(), q.followers()), (0, 0));
+    }
+
+    #[test]
+    fn a_lanes_burst_rides_with_its_first_wake_and_leaves_with_it() {
+        let a = tenant("a");
+        let now = Instant::now();
+        let hold = Duration::from_millis(100);
+        let mut q = FairQueue::new(1, 1, hold);
+        assert_eq!(q.admit_in(&a, Some(7), 0, 10, now, 1, None), Admit::Queued);
+        for i in 1..=FOLLOWERS_PER_ITEM as u32 {
+            assert_eq!(
+                q.admit_in(&a, Some(7), i, 10 + u64::from(i), now, 1, None),
+                Admit::Follows
+            );
+        }
+        assert_eq!((q.len(), q.followers()), (1, FOLLOWERS_PER_ITEM));
+        // Past the most that ride with one: put off after it, as a lane's later wake.
+        let past = FOLLOWERS_PER_ITEM as u32 + 1;
+        assert_eq!(
+            q.admit_in(&a, Some(7), past, 10 + u64::from(past), now, 1, None),
+            Admit::Defer(past, hold)
+        );
+        // Another lane's earlier wake neither rides with the lane's first nor displaces it (its
+        // followers would have to go back with it).
+        assert!(matches!(
+            q.admit_in(&a, Some(8), 1000, 5, now, 1, None),
+            Admit::Defer(1000, _)
+        ));
+        // Handed back when it waited too long: every one of them.
+        let back = q.take_older(now + Duration::from_secs(2), Duration::from_secs(1));
+        assert_eq!(back, (0..past).collect::<Vec<_>>());
+        assert_eq!((q.len(), q.followers()), (0, 0));
+        // And at a stop.
+        assert_eq!(q.admit_in(&a, Some(7), 0, 0, now, 1, None), Admit::Queued);
+        assert_eq!(q.admit_in(&a, Some(7), 1, 1, now, 1, None), Admit::Follows);
+        assert_eq!(q.drain(), vec![0, 1]);
+        assert_eq!((q.len(), q.followers()), (0, 0));
     }
 
     #[test]
@@ -526,6 +644,7 @@ mod tests {
         for i in 0..600 {
             match q.admit(&a, i, i as u64, now, 1, None) {
                 Admit::Queued => {}
+                Admit::Follows => panic!("no lane given, nothing rides"),
                 Admit::Defer(i, delay) => deferred.push((i, delay)),
             }
         }
@@ -541,11 +660,11 @@ mod tests {
         let share = FairShare::default();
         assert!(q.has_eligible_besides(Some(&a), running, &share));
         assert!(q.has_eligible_besides(Some(&b), running, &share));
-        assert_eq!(q.next(running, &share), Some((b.clone(), 1000)));
+        assert_eq!(q.next(running, &share), Some((b.clone(), 1000, vec![])));
         // Only A's own wait now: an owner of A's keeps its slot until the longer quantum.
         assert!(!q.has_eligible_besides(Some(&a), running, &share));
         assert!(q.has_eligible_besides(Some(&b), running, &share));
-        assert_eq!(q.next(running, &share), Some((a, 0)));
+        assert_eq!(q.next(running, &share), Some((a, 0, vec![])));
     }
 
     #[test]
@@ -561,7 +680,7 @@ mod tests {
         }
         let mut running: HashMap<TenantId, usize> = HashMap::new();
         let mut order = Vec::new();
-        while let Some((t, _)) = q.next(|t| running.get(t).copied().unwrap_or(0), &share) {
+        while let Some((t, _, _)) = q.next(|t| running.get(t).copied().unwrap_or(0), &share) {
             *running.entry(t.clone()).or_default() += 1;
             order.push(t);
             if order.len() == 10 {
@@ -595,7 +714,7 @@ mod tests {
             Admit::Defer("twenty", _)
         ));
         let order: Vec<_> = std::iter::from_fn(|| q.next(|_| 0, &FairShare::default()))
-            .map(|(_, item)| item)
+            .map(|(_, item, _)| item)
             .collect();
         assert_eq!(order, ["five", "ten"]);
     }
@@ -621,35 +740,49 @@ mod tests {
     proptest! {
         #[test]
         fn nothing_is_lost_and_a_tenant_is_served_in_arrival_order(
-            arrivals in proptest::collection::vec((0u8..4, any::<bool>()), 1..300),
+            arrivals in proptest::collection::vec((0u8..4, 0u64..6), 1..300),
             per_tenant in 1usize..6,
         ) {
             let now = Instant::now();
             let mut q = FairQueue::new(4, per_tenant, Duration::from_millis(100));
+            let mut kept = std::collections::BTreeSet::new();
             let mut given_back = 0;
-            let mut queued = 0;
-            for (i, (t, _)) in arrivals.iter().enumerate() {
-                match q.admit(&tenant(&format!("t{t}")), i, i as u64, now, 1, None) {
-                    Admit::Queued => queued += 1,
+            for (i, (t, lane)) in arrivals.iter().enumerate() {
+                match q.admit_in(&tenant(&format!("t{t}")), Some(*lane), i, i as u64, now, 1, None) {
+                    Admit::Queued | Admit::Follows => {
+                        kept.insert(i);
+                    }
                     Admit::Defer(j, delay) => {
-                        prop_assert_eq!(j, i);
                         prop_assert!(delay > Duration::ZERO && delay <= MAX_DEFER);
+                        if j != i {
+                            // It displaced a later one, which was kept until now.
+                            prop_assert!(kept.remove(&j) && j > i);
+                            kept.insert(i);
+                        }
                         given_back += 1;
                     }
                 }
             }
-            prop_assert_eq!(queued + given_back, arrivals.len());
-            prop_assert_eq!(q.len(), queued);
+            prop_assert_eq!(kept.len() + given_back, arrivals.len());
+            prop_assert_eq!(q.len() + q.followers(), kept.len());
             let mut last: HashMap<TenantId, usize> = HashMap::new();
-            let mut out = 0;
-            while let Some((t, i)) = q.next(|_| 0, &FairShare::default()) {
-                if let Some(prev) = last.insert(t, i) {
+            let mut out = std::collections::BTreeSet::new();
+            while let Some((t, i, followers)) = q.next(|_| 0, &FairShare::default()) {
+                if let Some(prev) = last.insert(t.clone(), i) {
                     prop_assert!(prev < i);
                 }
-                out += 1;
+                for f in &followers {
+                    // A follower is of its first's tenant and lane.
+                    prop_assert_eq!(arrivals[*f], arrivals[i]);
+                }
+                prop_assert!(out.insert(i));
+                for f in followers {
+                    prop_assert!(out.insert(f));
+                }
             }
-            prop_assert_eq!(out, queued);
+            prop_assert_eq!(out, kept);
             prop_assert!(q.is_empty());
+            prop_assert_eq!(q.followers(), 0);
         }
     }
 }

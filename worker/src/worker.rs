@@ -317,6 +317,11 @@ impl Worker {
             // slot up before it releases).
             let config = &self.inner.config;
             let _handling = self.inner.intake.acquire_many(intake_permits(config)).await;
+            // What wakes being handled queued meanwhile (a wake whose owner here was closing,
+            // the later wakes of a lane that rode with its first) goes back too.
+            for wake in dispatch.drain() {
+                wake.settle(Settlement::Handover, Duration::ZERO).await;
+            }
             let mut holders = self.inner.lease_holders.subscribe();
             let _ = holders.wait_for(|n| *n == 0).await;
         })
@@ -341,6 +346,16 @@ impl Worker {
             return;
         }
         self.put_off_unless_queued(wake);
+    }
+
+    /// [`Worker::take`] for a wake already counted as handled: on this task.
+    async fn take_handled(&self, wake: Wake) {
+        let inner = &self.inner;
+        if inner.owns(wake.conversation) || inner.drained_past(wake.conversation, wake.seq) {
+            self.handle_with(wake, None).await;
+        } else {
+            self.put_off_unless_queued(wake);
+        }
     }
 
     /// Queues `wake` in the fair intake, or gives it back to the bus for the time its tenant's
@@ -373,12 +388,18 @@ impl Worker {
                 return;
             };
             // Taken by the time a slot freed (by another tenant's wake, or a sweep).
-            let Some((wake, running)) = inner.dispatch.next() else {
+            let Some((wake, followers, running)) = inner.dispatch.next() else {
                 continue;
             };
             let worker = self.clone();
             tokio::spawn(async move {
                 worker.handle_with(wake, Some((slot, running))).await;
+                // The later wakes of its lane: to the owner it now has (or to the record, or
+                // back into the intake, like any wake taken off the bus), still counted as
+                // handled (a stopping worker waits for them, and hands back what they queued).
+                for wake in followers {
+                    worker.take_handled(wake).await;
+                }
                 drop(handling);
             });
         }
