@@ -487,3 +487,112 @@ async fn completed_once(conversations: &Conversations, conv: ConversationId, nam
     );
     dispatched[0].at_ms
 }
+
+/// An agent that holds its first conversation's turn until let go; any other turn is at once.
+struct Gated {
+    first: ConversationId,
+    gate: tokio::sync::Semaphore,
+    ran: Mutex<Vec<ConversationId>>,
+}
+
+#[async_trait]
+impl turnpike_worker::App for Gated {
+    async fn on_reactive_event(
+        &self,
+        turn: &dyn turnpike_agent::Turn,
+    ) -> turnpike_agent::Result<turnpike_schemas::entry::TurnOutcome> {
+        if turn.conversation() == self.first {
+            let _ = self.gate.acquire().await.map(|p| p.forget());
+        }
+        self.ran.lock().unwrap().push(turn.conversation());
+        Ok(turnpike_schemas::entry::TurnOutcome::Replied)
+    }
+}
+
+/// Ten events reach a lane while its first wake waits for the one slot: the nine later wakes
+/// ride with the first and go to its owner. None is put off and delivered again — each of the
+/// eleven wakes is taken off the bus once — and every event is answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lanes_later_wakes_ride_with_its_first_and_are_taken_off_the_bus_once() {
+    let e = embedded();
+    let counting = turnpike_tests::counting_bus::CountingBus::new(e.bus.clone());
+    let bus: Arc<dyn Bus> = counting.clone();
+    let convs = conversations_of(&e.conversations, "alpha", 2).await;
+    let (busy, lane) = (convs[0], convs[1]);
+    let agent = Arc::new(Gated {
+        first: busy,
+        gate: tokio::sync::Semaphore::new(0),
+        ran: Mutex::new(Vec::new()),
+    });
+    let pool = WorkerPool::start([Worker::new(
+        bus.clone(),
+        e.conversations.clone(),
+        signer(),
+        Arc::new(Apps::new().with_fallback(agent.clone())),
+        WorkerConfig {
+            slots: 1,
+            // A wake waits for the slot up to a second before it is handed back: the test
+            // lets the slot go well within it.
+            busy_delay: Duration::from_secs(1),
+            workspace_root: e.dir.path().join("workspaces"),
+            ..WorkerConfig::default()
+        },
+    )]);
+    burst(&bus, &e.conversations, "alpha", &[busy]).await;
+    until_dispatched(&e.conversations, &[busy], 1).await;
+    let ingress = Ingress::new(bus.clone(), e.conversations.clone());
+    let sends = (0..10).map(|i| {
+        let ingress = ingress.clone();
+        async move {
+            ingress
+                .submit(
+                    &tenant("alpha"),
+                    &user("alpha"),
+                    lane,
+                    EventBody::Message {
+                        text: format!("m{i}"),
+                    },
+                    Some(format!("m{i}")),
+                )
+                .await
+                .unwrap()
+                .1
+                .seq
+        }
+    });
+    // In lane order, one after another (each accepted before the next is sent).
+    let mut last = 0;
+    for send in sends {
+        last = send.await;
+    }
+    until("the lane's wakes taken off the bus", || {
+        counting.wakes() >= 11
+    })
+    .await;
+    agent.gate.add_permits(1);
+    let record = record(&e.conversations, "alpha", lane);
+    let deadline = Instant::now() + LONG;
+    loop {
+        let state = record.head().await.unwrap().state().clone();
+        if state.lane_through >= last && !state.turn_open {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the lane's events never answered"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Every wake settled (one put off would be delivered again, and counted, first).
+    while bus.unsettled().await.unwrap() != Some(0) {
+        assert!(Instant::now() < deadline, "wakes left unsettled");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        counting.wakes(),
+        11,
+        "a wake was put off and delivered again (ran: {:?})",
+        agent.ran.lock().unwrap()
+    );
+    pool.stop().await;
+}
