@@ -531,8 +531,7 @@ async fn a_lanes_later_wakes_ride_with_its_first_and_are_taken_off_the_bus_once(
         Arc::new(Apps::new().with_fallback(agent.clone())),
         WorkerConfig {
             slots: 1,
-            // A wake waits for the slot up to a second before it is handed back: the test
-            // lets the slot go well within it.
+            // A wake waits for the slot up to a second before it is handed back.
             busy_delay: Duration::from_secs(1),
             workspace_root: e.dir.path().join("workspaces"),
             ..WorkerConfig::default()
@@ -560,11 +559,13 @@ async fn a_lanes_later_wakes_ride_with_its_first_and_are_taken_off_the_bus_once(
                 .seq
         }
     });
-    // In lane order, one after another (each accepted before the next is sent).
-    let mut last = 0;
-    for send in sends {
-        last = send.await;
-    }
+    // All at once: the first wake is queued a moment before the slot is let go, well within
+    // the second a waiting wake may wait here.
+    let last = futures::future::join_all(sends)
+        .await
+        .into_iter()
+        .max()
+        .unwrap();
     until("the lane's wakes taken off the bus", || {
         counting.wakes() >= 11
     })

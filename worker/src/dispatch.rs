@@ -3,8 +3,10 @@
 //! the deployment's [`FairShare`] says is owed it (DESIGN step 2, invariant 13).
 //!
 //! # Contract
-//! - Every wake offered is either queued here or handed back with the delay after which the
-//!   bus should deliver it again; a stopping worker hands every queued wake back at once.
+//! - Every wake offered is either queued here, rides with a queued wake of its lane (and
+//!   leaves with it: [`Dispatch::next`] returns both), or is handed back with the delay after
+//!   which the bus should deliver it again; a stopping worker hands every queued wake back at
+//!   once, riders included.
 //! - A [`Running`] counts one of its tenant's owners from the moment its wake is taken for a
 //!   slot until it is dropped (the owner ended, or the wake needed no owner): a tenant's cap is
 //!   checked against that count, so two wakes taken at once cannot both pass a cap of one.

@@ -10,16 +10,18 @@
 //!
 //! # Contract
 //! - A tenant's wakes wait here in the order they arrived on the bus; at most `per_tenant` of
-//!   them, the earliest seen. The rest are put off, each one an estimated start interval after
+//!   them, the earliest seen (but a waiting wake that others ride with keeps its place: an
+//!   earlier arrival of another lane is put off instead). The rest are put off, each one an estimated start interval after
 //!   the one before it (a put-off wake comes back about when its turn would come, and takes
 //!   its place again before any later arrival), capped at [`MAX_DEFER`]. A wake of a lane
 //!   (conversation) whose earlier wake waits here or was put off takes no place in that
 //!   spacing: it comes back a hold time after that one is due to start, since the start that
 //!   drains a lane most often takes its later events too. A wake of a lane whose earlier
 //!   wake waits *here* is not put off at all: it rides with that one (up to
-//!   `FOLLOWERS_PER_ITEM`), takes no place, and leaves with it — to its start, or back to the
-//!   bus — so a lane's burst of events costs the bus no deferrals. Nothing is dropped: a wake
-//!   is queued, rides with a queued one, or is given back to the bus with a delay.
+//!   `FOLLOWERS_PER_ITEM` per wake, and no more riders in all than the queue's bound on
+//!   waiting wakes), takes no place, and leaves with it — to its start, or back to the bus —
+//!   so a lane's burst of events costs the bus no deferrals. Nothing is dropped: a wake is
+//!   queued, rides with a queued one, or is given back to the bus with a delay.
 //! - [`FairQueue::next`] never returns a wake of a tenant whose running turns have reached its
 //!   cap, and otherwise returns a wake of the tenant with the least `(running + 1) / weight`
 //!   (ties: the one whose first wake arrived first).
@@ -134,7 +136,7 @@ fn pairs(items: &[String], flag: &str) -> Result<Vec<(Option<TenantId>, usize)>,
 pub enum Admit<T> {
     /// It waits here for a slot.
     Queued,
-    /// Another item of its lane waits here: it rides with that one, taking no place of its
+    /// An earlier item of its lane waits here: it rides with that one, taking no place of its
     /// own, and leaves with it ([`FairQueue::next`], [`FairQueue::take_older`],
     /// [`FairQueue::drain`]).
     Follows,
@@ -313,13 +315,11 @@ impl<T> FairQueue<T> {
         if entry.lanes.len() >= LANES_KEPT {
             entry.lanes.retain(|_, (due, _)| *due + hold > now);
         }
-        // An item of its lane waits here: it rides with that one.
+        // An earlier item of its lane waits here: it rides with that one.
         if let Some(l) = lane.filter(|_| self.followers < self.total) {
-            if let Some(leader) = entry
-                .waiting
-                .iter_mut()
-                .find(|w| w.lane == Some(l) && w.followers.len() < FOLLOWERS_PER_ITEM)
-            {
+            if let Some(leader) = entry.waiting.iter_mut().find(|w| {
+                w.lane == Some(l) && w.arrived <= arrived && w.followers.len() < FOLLOWERS_PER_ITEM
+            }) {
                 leader.followers.push(item);
                 self.followers += 1;
                 return Admit::Follows;
@@ -740,23 +740,24 @@ mod tests {
     proptest! {
         #[test]
         fn nothing_is_lost_and_a_tenant_is_served_in_arrival_order(
-            arrivals in proptest::collection::vec((0u8..4, 0u64..6), 1..300),
+            arrivals in proptest::collection::vec((0u8..4, 0u64..6, 0u64..400), 1..300),
             per_tenant in 1usize..6,
         ) {
             let now = Instant::now();
             let mut q = FairQueue::new(4, per_tenant, Duration::from_millis(100));
             let mut kept = std::collections::BTreeSet::new();
             let mut given_back = 0;
-            for (i, (t, lane)) in arrivals.iter().enumerate() {
-                match q.admit_in(&tenant(&format!("t{t}")), Some(*lane), i, i as u64, now, 1, None) {
+            for (i, (t, lane, at)) in arrivals.iter().enumerate() {
+                match q.admit_in(&tenant(&format!("t{t}")), Some(*lane), i, *at, now, 1, None) {
                     Admit::Queued | Admit::Follows => {
                         kept.insert(i);
                     }
                     Admit::Defer(j, delay) => {
                         prop_assert!(delay > Duration::ZERO && delay <= MAX_DEFER);
                         if j != i {
-                            // It displaced a later one, which was kept until now.
-                            prop_assert!(kept.remove(&j) && j > i);
+                            // It displaced a later arrival, which was kept until now.
+                            prop_assert!(kept.remove(&j));
+                            prop_assert!(arrivals[j].2 > arrivals[i].2);
                             kept.insert(i);
                         }
                         given_back += 1;
@@ -768,12 +769,15 @@ mod tests {
             let mut last: HashMap<TenantId, usize> = HashMap::new();
             let mut out = std::collections::BTreeSet::new();
             while let Some((t, i, followers)) = q.next(|_| 0, &FairShare::default()) {
+                // A tenant's starts in the order their wakes arrived.
                 if let Some(prev) = last.insert(t.clone(), i) {
-                    prop_assert!(prev < i);
+                    prop_assert!(arrivals[prev].2 <= arrivals[i].2);
                 }
                 for f in &followers {
-                    // A follower is of its first's tenant and lane.
-                    prop_assert_eq!(arrivals[*f], arrivals[i]);
+                    // A rider is of its first's tenant and lane, and arrived no sooner.
+                    prop_assert_eq!(&arrivals[*f].0, &arrivals[i].0);
+                    prop_assert_eq!(&arrivals[*f].1, &arrivals[i].1);
+                    prop_assert!(arrivals[*f].2 >= arrivals[i].2);
                 }
                 prop_assert!(out.insert(i));
                 for f in followers {

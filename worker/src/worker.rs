@@ -317,8 +317,8 @@ impl Worker {
             // slot up before it releases).
             let config = &self.inner.config;
             let _handling = self.inner.intake.acquire_many(intake_permits(config)).await;
-            // What wakes being handled queued meanwhile (a wake whose owner here was closing,
-            // the later wakes of a lane that rode with its first) goes back too.
+            // What a wake being handled queued meanwhile (one whose owner here was closing)
+            // goes back too.
             for wake in dispatch.drain() {
                 wake.settle(Settlement::Handover, Duration::ZERO).await;
             }
@@ -327,6 +327,10 @@ impl Worker {
         })
         .await
         .is_ok();
+        // And what was queued after that, or while the grace ran out.
+        for wake in dispatch.drain() {
+            wake.settle(Settlement::Handover, Duration::ZERO).await;
+        }
         info!(worker = %self.inner.worker, drained, "worker stopped");
     }
 
@@ -348,14 +352,29 @@ impl Worker {
         self.put_off_unless_queued(wake);
     }
 
-    /// [`Worker::take`] for a wake already counted as handled: on this task.
-    async fn take_handled(&self, wake: Wake) {
+    /// A later wake of a lane that rode with its first one, once that one was handled: to the
+    /// owner here, if the first one made or found one; otherwise the lane is another worker's
+    /// (the claim was lost) or its turn is over, and the wake is settled by the record, as the
+    /// first one was — acked if its event is in a complete turn, else back to the bus after a
+    /// `busy_delay`. Never queued here again: a wake rides once, so it is held here at most one
+    /// wait for a slot.
+    async fn follow(&self, wake: Wake) {
         let inner = &self.inner;
-        if inner.owns(wake.conversation) || inner.drained_past(wake.conversation, wake.seq) {
-            self.handle_with(wake, None).await;
-        } else {
-            self.put_off_unless_queued(wake);
-        }
+        let existing = inner
+            .owners
+            .lock()
+            .expect("owner map lock")
+            .get(&wake.conversation)
+            .cloned();
+        let wake = match existing {
+            Some(owner) => match owner.offer(wake).await {
+                None => return,
+                Some(wake) => wake,
+            },
+            None => wake,
+        };
+        let settlement = self.settlement_by_record(&wake).await;
+        wake.settle(settlement, inner.config.busy_delay).await;
     }
 
     /// Queues `wake` in the fair intake, or gives it back to the bus for the time its tenant's
@@ -394,12 +413,9 @@ impl Worker {
             let worker = self.clone();
             tokio::spawn(async move {
                 worker.handle_with(wake, Some((slot, running))).await;
-                // The later wakes of its lane: to the owner it now has (or to the record, or
-                // back into the intake, like any wake taken off the bus), still counted as
-                // handled (a stopping worker waits for them, and hands back what they queued).
-                for wake in followers {
-                    worker.take_handled(wake).await;
-                }
+                // The later wakes of its lane: to the owner it now has, or settled by the record
+                // like the first one, still counted as handled (a stopping worker waits).
+                futures::future::join_all(followers.into_iter().map(|w| worker.follow(w))).await;
                 drop(handling);
             });
         }
