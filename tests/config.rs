@@ -71,6 +71,7 @@ fn sample(key: &str) -> toml::Value {
         "admin" | "required-approver" => s("local:ops"),
         "trusted-key" => s(&"ab".repeat(32)),
         "max-rounds" => toml::Value::Integer(3),
+        "blocking-threads" => toml::Value::Integer(16),
         "git-remote" => s("/tmp/mirror.git"),
         "otlp-endpoint" => s("http://127.0.0.1:4318"),
         "budget" => toml::Value::Array(vec![

@@ -11,16 +11,16 @@
 //! # Contract
 //! - A tenant's wakes wait here in the order they arrived on the bus; at most `per_tenant` of
 //!   them, the earliest seen (but a waiting wake that others ride with keeps its place: an
-//!   earlier arrival of another lane is put off instead). The rest are put off, each one an estimated start interval after
-//!   the one before it (a put-off wake comes back about when its turn would come, and takes
-//!   its place again before any later arrival), capped at [`MAX_DEFER`]. A wake of a lane
-//!   (conversation) whose earlier wake waits here or was put off takes no place in that
-//!   spacing: it comes back a hold time after that one is due to start, since the start that
-//!   drains a lane most often takes its later events too. A wake of a lane whose earlier
-//!   wake waits *here* is not put off at all: it rides with that one (up to
-//!   `FOLLOWERS_PER_ITEM` per wake, and no more riders in all than the queue's bound on
-//!   waiting wakes), takes no place, and leaves with it — to its start, or back to the bus —
-//!   so a lane's burst of events costs the bus no deferrals. Nothing is dropped: a wake is
+//!   earlier arrival of another lane is put off instead). The rest are put off, each one an
+//!   estimated start interval after the one before it (a put-off wake comes back about when
+//!   its turn would come, and takes its place again before any later arrival), capped at
+//!   [`MAX_DEFER`]. A wake of a lane (conversation) whose earlier wake waits here or was put
+//!   off takes no place in that spacing: it comes back a hold time after that one is due to
+//!   start, since the start that drains a lane most often takes its later events too. A wake
+//!   of a lane whose earlier wake waits *here* is not put off at all: it rides with that one
+//!   (up to `FOLLOWERS_PER_ITEM` per wake, and no more riders in all than the queue's bound
+//!   on waiting wakes), takes no place, and leaves with it — to its start, or back to the
+//!   bus — so a lane's burst of events costs the bus no deferrals. Nothing is dropped: a wake is
 //!   queued, rides with a queued one, or is given back to the bus with a delay.
 //! - [`FairQueue::next`] never returns a wake of a tenant whose running turns have reached its
 //!   cap, and otherwise returns a wake of the tenant with the least `(running + 1) / weight`
