@@ -360,21 +360,27 @@ impl Worker {
     /// wait for a slot.
     async fn follow(&self, wake: Wake) {
         let inner = &self.inner;
-        let existing = inner
+        let Some(wake) = self.offer_to_owner(wake).await else {
+            return;
+        };
+        let settlement = self.settlement_by_record(&wake).await;
+        wake.settle(settlement, inner.config.busy_delay).await;
+    }
+
+    /// Gives `wake` to the conversation's owner here, if there is one that takes it; otherwise
+    /// returns it (no owner, or one that is closing).
+    async fn offer_to_owner(&self, wake: Wake) -> Option<Wake> {
+        let existing = self
+            .inner
             .owners
             .lock()
             .expect("owner map lock")
             .get(&wake.conversation)
             .cloned();
-        let wake = match existing {
-            Some(owner) => match owner.offer(wake).await {
-                None => return,
-                Some(wake) => wake,
-            },
-            None => wake,
-        };
-        let settlement = self.settlement_by_record(&wake).await;
-        wake.settle(settlement, inner.config.busy_delay).await;
+        match existing {
+            Some(owner) => owner.offer(wake).await,
+            None => Some(wake),
+        }
     }
 
     /// Queues `wake` in the fair intake, or gives it back to the bus for the time its tenant's
@@ -714,18 +720,8 @@ impl Worker {
     /// when the wake needs it).
     async fn handle_with(&self, wake: Wake, slot: Option<Slot>) {
         let inner = &self.inner;
-        let existing = inner
-            .owners
-            .lock()
-            .expect("owner map lock")
-            .get(&wake.conversation)
-            .cloned();
-        let wake = match existing {
-            Some(owner) => match owner.offer(wake).await {
-                None => return,
-                Some(wake) => wake,
-            },
-            None => wake,
+        let Some(wake) = self.offer_to_owner(wake).await else {
+            return;
         };
         let busy = inner.config.busy_delay;
         // A wake this worker's last drain of the conversation went past (a message that came
