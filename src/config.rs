@@ -14,7 +14,7 @@ use std::ffi::OsString;
 use std::path::PathBuf;
 
 use clap::parser::ValueSource;
-use clap::{ArgMatches, CommandFactory as _};
+use clap::{ArgMatches, CommandFactory as _, FromArgMatches as _};
 
 use crate::cli::Cli;
 
@@ -244,7 +244,7 @@ pub fn show(argv: &[OsString], command: &str) -> Result<Vec<Shown>, String> {
                 .collect()
             })
             .unwrap_or_default();
-        let source = match deepest.value_source(id) {
+        let mut source = match deepest.value_source(id) {
             Some(ValueSource::CommandLine) if from_file.contains(long) => "file",
             Some(ValueSource::CommandLine) => "flag",
             Some(ValueSource::EnvVariable) => "env",
@@ -252,6 +252,13 @@ pub fn show(argv: &[OsString], command: &str) -> Result<Vec<Shown>, String> {
             Some(_) => "flag",
             None => "unset",
         };
+        let mut values = values;
+        // A default that depends on the command, which clap cannot know.
+        if source == "unset" && long == "blocking-threads" {
+            let cli = Cli::from_arg_matches(&matches).map_err(|e| e.to_string())?;
+            values = vec![cli.command.default_blocking_threads().to_string()];
+            source = "default";
+        }
         out.insert(
             long.to_owned(),
             Shown {

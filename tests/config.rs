@@ -164,6 +164,24 @@ fn flags_beat_the_environment_which_beats_the_file_which_beats_the_defaults() {
 }
 
 #[test]
+fn a_default_that_depends_on_the_command_is_shown_as_the_command_would_run() {
+    let blocking = |before: &[&str], command: &str| {
+        let shown = show(None, before, command, &[]);
+        let s = setting(&shown, "blocking-threads");
+        (
+            s["values"][0].as_str().unwrap().to_owned(),
+            s["source"].as_str().unwrap().to_owned(),
+        )
+    };
+    assert_eq!(blocking(&[], "router"), ("8".into(), "default".into()));
+    assert_eq!(blocking(&[], "worker"), ("64".into(), "default".into()));
+    assert_eq!(
+        blocking(&["--blocking-threads", "12"], "router"),
+        ("12".into(), "flag".into())
+    );
+}
+
+#[test]
 fn a_bad_file_is_refused_at_start_with_the_file_the_key_and_the_reason() {
     let dir = tempfile::tempdir().unwrap();
     for (text, key, reason) in [
