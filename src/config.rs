@@ -234,7 +234,7 @@ pub fn show(argv: &[OsString], command: &str) -> Result<Vec<Shown>, String> {
         }
         let id = arg.get_id().as_str();
         let secret = SECRETS.contains(&long);
-        let values: Vec<String> = deepest
+        let mut values: Vec<String> = deepest
             .get_raw(id)
             .map(|vs| {
                 vs.map(|v| match secret {
@@ -252,7 +252,6 @@ pub fn show(argv: &[OsString], command: &str) -> Result<Vec<Shown>, String> {
             Some(_) => "flag",
             None => "unset",
         };
-        let mut values = values;
         // A default that depends on the command, which clap cannot know.
         if source == "unset" && long == "blocking-threads" {
             let cli = Cli::from_arg_matches(&matches).map_err(|e| e.to_string())?;
