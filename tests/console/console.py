@@ -420,7 +420,10 @@ def attachments(b):
                        raw=(body, f"multipart/form-data; boundary={boundary}"))
     assert status == 413, (status, out)
     assert "8 MiB" in out["message"], out
-    attached = [r for r in all_rows(conv, ALICE) if r["kind"] == "attachment"]
+    # The reply paints from the live stream before its turn's rows are committed: read them
+    # once the turn is.
+    rows = eventually("the turn", lambda: completed_turns(conv, ALICE, 1))
+    attached = [r for r in rows if r["kind"] == "attachment"]
     assert len(attached) == 1, attached
     same_rows(b, conv, ALICE)
     b.assert_clean("attachments")
