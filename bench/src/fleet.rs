@@ -129,6 +129,8 @@ struct Measured {
     /// for the same arrivals and turn times.
     fcfs_p50_ms: f64,
     fcfs_p99_ms: f64,
+    /// Schedule-to-start by how each turn found its slot (see [`Found`]).
+    paths: Vec<(Found, Vec<Duration>)>,
 }
 
 /// `turnpike bench fleet`.
@@ -170,6 +172,20 @@ pub async fn run(plan: Plan) -> Result<ExitCode> {
                 _ => String::new(),
             }
         );
+        for (path, waits) in &m.paths {
+            let mut waits = waits.clone();
+            let over = waits
+                .iter()
+                .filter(|w| w.as_secs_f64() * 1e3 > m.fcfs_p99_ms)
+                .count();
+            println!(
+                "  {:<44} {:>5} turns; p50 {:>6.1} ms, p99 {:>6.1} ms; {over} over first come, first served's p99",
+                path.describe(),
+                waits.len(),
+                crate::series::percentile_ms(&mut waits, 0.5),
+                crate::series::percentile_ms(&mut waits, 0.99),
+            );
+        }
         results.push(m);
     }
     Ok(ExitCode::SUCCESS)
@@ -273,6 +289,7 @@ async fn measure(plan: &Plan, workers: usize) -> Result<Measured> {
         .map(|t| Duration::from_millis(t.started_ms.saturating_sub(t.accepted_ms)))
         .collect();
     let mut fcfs = first_come_first_served(&timed, workers * plan.slots);
+    let paths = by_path(&timed);
     Ok(Measured {
         workers,
         turns,
@@ -281,16 +298,72 @@ async fn measure(plan: &Plan, workers: usize) -> Result<Measured> {
         s2s_p99_ms: crate::series::percentile_ms(&mut s2s, 0.99),
         fcfs_p50_ms: crate::series::percentile_ms(&mut fcfs, 0.5),
         fcfs_p99_ms: crate::series::percentile_ms(&mut fcfs, 0.99),
+        paths,
     })
 }
 
+/// How a turn found its slot, against its conversation's turn before it (read from the two
+/// turns' dispatches).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Found {
+    /// The conversation's first turn of the measurement.
+    First,
+    /// The owner of the turn before ran it, under the same lease (no new claim).
+    Kept,
+    /// A new claim on the worker that ran the turn before.
+    SameWorker,
+    /// A new claim on another worker.
+    Moved,
+}
+
+impl Found {
+    fn describe(self) -> &'static str {
+        match self {
+            Found::First => "a conversation's first turn",
+            Found::Kept => "run by the owner of the turn before",
+            Found::SameWorker => "a new owner, on the worker of the turn before",
+            Found::Moved => "a new owner, on another worker",
+        }
+    }
+}
+
+/// Each turn's schedule-to-start, grouped by its [`Found`] (turns are in conversation order,
+/// one conversation after another).
+fn by_path(turns: &[Timed]) -> Vec<(Found, Vec<Duration>)> {
+    let mut paths: std::collections::BTreeMap<Found, Vec<Duration>> = Default::default();
+    let mut before: Option<&Timed> = None;
+    for t in turns {
+        let path = match before {
+            Some(b) if b.conversation == t.conversation => {
+                if b.worker == t.worker && b.epoch == t.epoch {
+                    Found::Kept
+                } else if b.worker == t.worker {
+                    Found::SameWorker
+                } else {
+                    Found::Moved
+                }
+            }
+            _ => Found::First,
+        };
+        paths
+            .entry(path)
+            .or_default()
+            .push(Duration::from_millis(t.started_ms.saturating_sub(t.accepted_ms)));
+        before = Some(t);
+    }
+    paths.into_iter().collect()
+}
+
 /// One turn's times (milliseconds since the epoch): its message accepted, its dispatch, and
-/// when its client saw it complete.
-#[derive(Debug, Clone, Copy, PartialEq)]
+/// when its client saw it complete; and where it ran (its dispatch's worker and lease epoch).
+#[derive(Debug, Clone, Default, PartialEq)]
 struct Timed {
+    conversation: String,
     accepted_ms: u64,
     started_ms: u64,
     ended_ms: u64,
+    worker: String,
+    epoch: u64,
 }
 
 /// The schedule-to-start of each turn had one queue in front of all `slots` slots taken them
@@ -354,16 +427,28 @@ async fn drive(client: Client, id: String, turns: usize) -> Result<Vec<Timed>> {
     Ok(pairs
         .into_iter()
         .zip(ended)
-        .map(|((accepted_ms, started_ms), ended_ms)| Timed {
-            accepted_ms,
-            started_ms,
+        .map(|(d, ended_ms)| Timed {
+            conversation: id.clone(),
+            accepted_ms: d.accepted_ms,
+            started_ms: d.at_ms,
             ended_ms,
+            worker: d.worker,
+            epoch: d.epoch,
         })
         .collect())
 }
 
-/// Each turn's accept and dispatch: the message's `accepted_at_ms` and its `turn_dispatched`.
-fn schedule_to_start(rows: &[Value]) -> Option<Vec<(u64, u64)>> {
+/// A turn's accept (its first message's `accepted_at_ms`) and its `turn_dispatched`.
+#[derive(Debug, Clone, PartialEq)]
+struct Dispatched {
+    accepted_ms: u64,
+    at_ms: u64,
+    worker: String,
+    epoch: u64,
+}
+
+/// Each turn's accept and dispatch.
+fn schedule_to_start(rows: &[Value]) -> Option<Vec<Dispatched>> {
     let mut accepted = None;
     let mut out = Vec::new();
     for row in rows {
@@ -372,8 +457,13 @@ fn schedule_to_start(rows: &[Value]) -> Option<Vec<(u64, u64)>> {
                 accepted = accepted.or(row["data"]["event"]["accepted_at_ms"].as_u64());
             }
             "turn_dispatched" => {
-                let at = row["data"]["at_ms"].as_u64()?;
-                out.push((accepted.take()?, at));
+                let data = &row["data"];
+                out.push(Dispatched {
+                    accepted_ms: accepted.take()?,
+                    at_ms: data["at_ms"].as_u64()?,
+                    worker: data["worker"].as_str()?.to_owned(),
+                    epoch: data["epoch"].as_u64().unwrap_or(0),
+                });
             }
             _ => {}
         }
@@ -415,28 +505,63 @@ mod tests {
         let rows = vec![
             json!({"kind": "conversation_opened", "data": {}}),
             json!({"kind": "user_message", "data": {"event": {"accepted_at_ms": 1000}}}),
-            json!({"kind": "turn_dispatched", "data": {"at_ms": 1040}}),
+            json!({"kind": "turn_dispatched", "data": {"at_ms": 1040, "worker": "w1", "epoch": 3}}),
             json!({"kind": "turn_complete", "data": {}}),
             json!({"kind": "user_message", "data": {"event": {"accepted_at_ms": 2000}}}),
             json!({"kind": "user_message", "data": {"event": {"accepted_at_ms": 2005}}}),
-            json!({"kind": "turn_dispatched", "data": {"at_ms": 2300}}),
+            json!({"kind": "turn_dispatched", "data": {"at_ms": 2300, "worker": "w2", "epoch": 4}}),
         ];
-        assert_eq!(
-            schedule_to_start(&rows).unwrap(),
-            [(1000, 1040), (2000, 2300)]
-        );
+        let pairs: Vec<(u64, u64)> = schedule_to_start(&rows)
+            .unwrap()
+            .iter()
+            .map(|d| (d.accepted_ms, d.at_ms))
+            .collect();
+        assert_eq!(pairs, [(1000, 1040), (2000, 2300)]);
     }
 
     #[test]
     fn first_come_first_served_queues_arrivals_in_order_over_the_slots() {
         let t = |accepted_ms, ran| Timed {
             accepted_ms,
-            started_ms: 0,
             ended_ms: ran,
+            ..Timed::default()
         };
         // Two slots; three turns of 100 ms at once, then one long after.
         let waits = first_come_first_served(&[t(0, 100), t(0, 100), t(0, 100), t(500, 100)], 2);
         let ms: Vec<u64> = waits.iter().map(|d| d.as_millis() as u64).collect();
         assert_eq!(ms, [0, 0, 100, 0]);
+    }
+
+    #[test]
+    fn each_turn_is_grouped_by_how_it_found_its_slot_against_the_turn_before() {
+        let t = |conversation: &str, worker: &str, epoch, wait: u64| Timed {
+            conversation: conversation.into(),
+            accepted_ms: 1000,
+            started_ms: 1000 + wait,
+            worker: worker.into(),
+            epoch,
+            ..Timed::default()
+        };
+        let turns = [
+            t("a", "w1", 1, 5),
+            t("a", "w1", 1, 6),
+            t("a", "w1", 2, 300),
+            t("a", "w2", 3, 500),
+            t("b", "w2", 3, 7),
+            t("b", "w1", 3, 600),
+        ];
+        let found: Vec<(Found, Vec<u64>)> = by_path(&turns)
+            .into_iter()
+            .map(|(f, w)| (f, w.iter().map(|d| d.as_millis() as u64).collect()))
+            .collect();
+        assert_eq!(
+            found,
+            [
+                (Found::First, vec![5, 7]),
+                (Found::Kept, vec![6]),
+                (Found::SameWorker, vec![300]),
+                (Found::Moved, vec![500, 600]),
+            ]
+        );
     }
 }
