@@ -11,6 +11,14 @@
 //! message once its previous turn completed (seen through the conversation's WebSocket and its
 //! rows), so the workers are never idle and queues stay bounded. Schedule-to-start therefore
 //! includes the wait for a free slot: at twice the capacity, about one model call.
+//!
+//! Beside the percentiles, each turn is grouped by how it found its slot against its
+//! conversation's turn before (kept by that owner, a new owner on the same worker, or on
+//! another), with how many of each waited longer than first come, first served's p99. To see
+//! where a slow start's time went: `TURNPIKE_BENCH_LOGS=DIR` keeps every process's log and each
+//! measurement's turns (`turns-W.tsv`) in DIR, `TURNPIKE_BENCH_RUST_LOG` sets the processes'
+//! `RUST_LOG` (`warn,turnpike_wakes=debug` traces each wake through the workers), and
+//! `scripts/fleet-waits DIR W` groups the turns by what happened to their wakes.
 
 use std::io::BufRead as _;
 use std::path::{Path, PathBuf};
@@ -57,7 +65,10 @@ impl Drop for Proc {
 pub(crate) fn start(name: &str, program: &Path, args: &[String], ready: &str) -> Result<Proc> {
     let mut child = Command::new(program)
         .args(args)
-        .env("RUST_LOG", "warn")
+        .env(
+            "RUST_LOG",
+            std::env::var("TURNPIKE_BENCH_RUST_LOG").unwrap_or_else(|_| "warn".into()),
+        )
         .env("TURNPIKE_EMBEDDING_MODEL", "/nonexistent")
         .stdin(Stdio::null())
         .stdout(Stdio::null())
@@ -67,11 +78,24 @@ pub(crate) fn start(name: &str, program: &Path, args: &[String], ready: &str) ->
     let stderr = child.stderr.take().expect("piped");
     let (tx, rx) = std::sync::mpsc::channel();
     let needle = ready.to_owned();
+    let mut log = std::env::var_os("TURNPIKE_BENCH_LOGS").and_then(|dir| {
+        std::fs::create_dir_all(&dir).ok()?;
+        let file = Path::new(&dir).join(format!("{}.log", name.replace(' ', "-")));
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(file)
+            .ok()
+    });
     std::thread::spawn(move || {
         let mut said = Vec::new();
         let mut sent = false;
         for line in std::io::BufReader::new(stderr).lines() {
             let Ok(line) = line else { break };
+            if let Some(log) = log.as_mut() {
+                use std::io::Write as _;
+                let _ = writeln!(log, "{line}");
+            }
             if !sent {
                 if line.contains(&needle) {
                     let _ = tx.send(Ok(()));
@@ -290,6 +314,19 @@ async fn measure(plan: &Plan, workers: usize) -> Result<Measured> {
         .collect();
     let mut fcfs = first_come_first_served(&timed, workers * plan.slots);
     let paths = by_path(&timed);
+    if let Some(dir) = std::env::var_os("TURNPIKE_BENCH_LOGS") {
+        let rows: String = timed
+            .iter()
+            .map(|t| {
+                format!(
+                    "{}\t{}\t{}\t{}\t{}\t{}\n",
+                    t.conversation, t.accepted_ms, t.started_ms, t.ended_ms, t.worker, t.epoch
+                )
+            })
+            .collect();
+        std::fs::create_dir_all(&dir)?;
+        std::fs::write(Path::new(&dir).join(format!("turns-{workers}.tsv")), rows)?;
+    }
     Ok(Measured {
         workers,
         turns,
@@ -345,10 +382,9 @@ fn by_path(turns: &[Timed]) -> Vec<(Found, Vec<Duration>)> {
             }
             _ => Found::First,
         };
-        paths
-            .entry(path)
-            .or_default()
-            .push(Duration::from_millis(t.started_ms.saturating_sub(t.accepted_ms)));
+        paths.entry(path).or_default().push(Duration::from_millis(
+            t.started_ms.saturating_sub(t.accepted_ms),
+        ));
         before = Some(t);
     }
     paths.into_iter().collect()

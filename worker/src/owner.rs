@@ -228,6 +228,7 @@ pub(crate) async fn own(
             .hit("before-release", conversation)
             .await;
         let _ = worker.bus.release(&lease).await;
+        tracing::debug!(target: crate::worker::WAKES, %conversation, given_up = env.turn_slot.given_up(), "lease released");
         if outcome.is_err() {
             return;
         }

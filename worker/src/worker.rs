@@ -265,6 +265,9 @@ impl Worker {
                 }
                 _ = keep.tick() => {
                     let older = dispatch.older(hand_back, MAX_WAITING);
+                    for w in &older {
+                        debug!(target: WAKES, conversation = %w.conversation, seq = w.seq, "handed back");
+                    }
                     if !older.is_empty() {
                         metrics::counter!("turnpike_wakes_handed_back_total").increment(older.len() as u64);
                         tokio::spawn(async move {
@@ -339,7 +342,9 @@ impl Worker {
     /// time its tenant's queue needs.
     fn take(&self, wake: Wake) {
         let inner = &self.inner;
-        if inner.owns(wake.conversation) || inner.drained_past(wake.conversation, wake.seq) {
+        let owned = inner.owns(wake.conversation);
+        debug!(target: WAKES, conversation = %wake.conversation, seq = wake.seq, deliveries = wake.deliveries, owned, "taken");
+        if owned || inner.drained_past(wake.conversation, wake.seq) {
             let worker = self.clone();
             tokio::spawn(async move {
                 let Ok(_permit) = worker.inner.intake.clone().acquire_owned().await else {
@@ -386,7 +391,16 @@ impl Worker {
     /// Queues `wake` in the fair intake, or gives it back to the bus for the time its tenant's
     /// queue here needs.
     fn put_off_unless_queued(&self, wake: Wake) {
-        if let Some((wake, delay)) = self.inner.dispatch.admit(wake) {
+        let (conversation, seq) = (wake.conversation, wake.seq);
+        let put_off = self.inner.dispatch.admit(wake);
+        match &put_off {
+            None => debug!(target: WAKES, %conversation, seq, "queued"),
+            // The one put off may be another of its tenant's, which this one displaced.
+            Some((w, delay)) => {
+                debug!(target: WAKES, %conversation, seq, put_off = w.seq, put_off_conversation = %w.conversation, delay_ms = delay.as_millis() as u64, "put off")
+            }
+        }
+        if let Some((wake, delay)) = put_off {
             metrics::counter!("turnpike_wakes_deferred_total").increment(1);
             tokio::spawn(async move {
                 wake.settle(Settlement::Deferred(delay), Duration::ZERO)
@@ -416,6 +430,7 @@ impl Worker {
             let Some((wake, followers, running)) = inner.dispatch.next() else {
                 continue;
             };
+            debug!(target: WAKES, conversation = %wake.conversation, seq = wake.seq, riders = followers.len(), "started");
             let worker = self.clone();
             tokio::spawn(async move {
                 worker.handle_with(wake, Some((slot, running))).await;
@@ -752,6 +767,7 @@ impl Worker {
         metrics::counter!("turnpike_lease_claims_total", "result" => result).increment(1);
         match claimed {
             Ok(Some(lease)) => {
+                debug!(target: WAKES, conversation = %wake.conversation, seq = wake.seq, epoch = lease.revision, "claim won");
                 inner
                     .config
                     .failpoints
@@ -771,6 +787,7 @@ impl Worker {
             Ok(None) => {
                 drop((permit, running));
                 let settlement = self.settlement_by_record(&wake).await;
+                debug!(target: WAKES, conversation = %wake.conversation, seq = wake.seq, ?settlement, "claim found the lease held");
                 wake.settle(settlement, busy).await;
             }
             Err(e) => {
@@ -780,6 +797,12 @@ impl Worker {
         }
     }
 }
+
+/// The tracing target of a wake's path through a worker (`RUST_LOG=turnpike_wakes=debug`):
+/// taken off the bus, queued or put off (and which wake was), started in a slot, its claim won
+/// or found held, handed back; an owner's slot given up after a turn, its lease released.
+/// `bench fleet` reads it to say where a slow start's time went.
+pub const WAKES: &str = "turnpike_wakes";
 
 /// The longest a wake waits in the fair intake for a slot before it goes back to the bus:
 /// well within any ack wait, so a waiting wake is never redelivered under it.
