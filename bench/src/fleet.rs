@@ -69,6 +69,10 @@ pub(crate) fn start(name: &str, program: &Path, args: &[String], ready: &str) ->
             "RUST_LOG",
             std::env::var("TURNPIKE_BENCH_RUST_LOG").unwrap_or_else(|_| "warn".into()),
         )
+        // Read before RUST_LOG, and a format the logs kept for `scripts/fleet-waits` must not
+        // take from the caller's environment.
+        .env_remove("TURNPIKE_LOG")
+        .env("TURNPIKE_LOG_FORMAT", "text")
         .env("TURNPIKE_EMBEDDING_MODEL", "/nonexistent")
         .stdin(Stdio::null())
         .stdout(Stdio::null())
@@ -94,7 +98,8 @@ pub(crate) fn start(name: &str, program: &Path, args: &[String], ready: &str) ->
             let Ok(line) = line else { break };
             if let Some(log) = log.as_mut() {
                 use std::io::Write as _;
-                let _ = writeln!(log, "{line}");
+                // One write per line: processes of the same name append to one file.
+                let _ = log.write_all(format!("{line}\n").as_bytes());
             }
             if !sent {
                 if line.contains(&needle) {
@@ -203,7 +208,7 @@ pub async fn run(plan: Plan) -> Result<ExitCode> {
                 .filter(|w| w.as_secs_f64() * 1e3 > m.fcfs_p99_ms)
                 .count();
             println!(
-                "  {:<44} {:>5} turns; p50 {:>6.1} ms, p99 {:>6.1} ms; {over} over first come, first served's p99",
+                "  {:<45} {:>5} turns; p50 {:>6.1} ms, p99 {:>6.1} ms; {over} over first come, first served's p99",
                 path.describe(),
                 waits.len(),
                 crate::series::percentile_ms(&mut waits, 0.5),
@@ -324,8 +329,10 @@ async fn measure(plan: &Plan, workers: usize) -> Result<Measured> {
                 )
             })
             .collect();
-        std::fs::create_dir_all(&dir)?;
-        std::fs::write(Path::new(&dir).join(format!("turns-{workers}.tsv")), rows)?;
+        let tsv = Path::new(&dir).join(format!("turns-{workers}.tsv"));
+        if let Err(e) = std::fs::create_dir_all(&dir).and_then(|()| std::fs::write(&tsv, rows)) {
+            eprintln!("cannot keep the turns in {}: {e}", tsv.display());
+        }
     }
     Ok(Measured {
         workers,
@@ -347,7 +354,8 @@ enum Found {
     First,
     /// The owner of the turn before ran it, under the same lease (no new claim).
     Kept,
-    /// A new claim on the worker that ran the turn before.
+    /// A new claim on the worker that ran the turn before: by a wake queued there, or by that
+    /// owner again for what came while it let go (the trace's `claimed again`).
     SameWorker,
     /// A new claim on another worker.
     Moved,
@@ -358,8 +366,8 @@ impl Found {
         match self {
             Found::First => "a conversation's first turn",
             Found::Kept => "run by the owner of the turn before",
-            Found::SameWorker => "a new owner, on the worker of the turn before",
-            Found::Moved => "a new owner, on another worker",
+            Found::SameWorker => "a new claim, on the worker of the turn before",
+            Found::Moved => "a new claim, on another worker",
         }
     }
 }
@@ -498,7 +506,7 @@ fn schedule_to_start(rows: &[Value]) -> Option<Vec<Dispatched>> {
                     accepted_ms: accepted.take()?,
                     at_ms: data["at_ms"].as_u64()?,
                     worker: data["worker"].as_str()?.to_owned(),
-                    epoch: data["epoch"].as_u64().unwrap_or(0),
+                    epoch: data["epoch"].as_u64()?,
                 });
             }
             _ => {}

@@ -24,6 +24,13 @@ use turnpike_schemas::TenantId;
 
 use crate::fair::{Admit, FairQueue, FairShare};
 
+/// The tracing target of a wake's main steps through a worker (`RUST_LOG=turnpike_wakes=debug`):
+/// taken off the bus, queued (or riding with its lane's queued wake) or put off (and which wake
+/// was), started in a slot, its claim won or found held, handed back; an owner's slot given up
+/// after a turn, its lease released, claimed again for what came meanwhile.
+/// `scripts/fleet-waits` reads it to say where a `bench fleet` turn's wait went.
+pub const WAKES: &str = "turnpike_wakes";
+
 /// How long an owner keeps its slot, at least, while another tenant's wakes wait for one:
 /// what a tenant's waiting wake may wait beyond a turn for a busy pool (a few model tokens),
 /// and long enough for cheap turns to run back to back.

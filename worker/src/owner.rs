@@ -228,7 +228,7 @@ pub(crate) async fn own(
             .hit("before-release", conversation)
             .await;
         let _ = worker.bus.release(&lease).await;
-        tracing::debug!(target: crate::worker::WAKES, %conversation, given_up = env.turn_slot.given_up(), "lease released");
+        tracing::debug!(target: crate::dispatch::WAKES, %conversation, given_up = env.turn_slot.given_up(), "lease released");
         if outcome.is_err() {
             return;
         }
@@ -254,6 +254,7 @@ pub(crate) async fn own(
         {
             Ok(Some(again)) => {
                 lease = again;
+                tracing::debug!(target: crate::dispatch::WAKES, %conversation, epoch = lease.revision, "claimed again");
                 env.fence.renewed(lease.expires_ms);
                 guard.slot = Arc::new(OwnerSlot::default());
                 if !worker.register_owner(conversation, guard.slot.clone()) {

@@ -39,7 +39,7 @@ use turnpike_router::Heartbeat;
 use turnpike_schemas::WorkerId;
 
 use crate::config::WorkerConfig;
-use crate::dispatch::Slot;
+use crate::dispatch::{Slot, WAKES};
 use crate::owner::own;
 use crate::owners::{Inner, LeaseHolder, OwnerSlot};
 use crate::turn::Shared;
@@ -394,6 +394,7 @@ impl Worker {
         let (conversation, seq) = (wake.conversation, wake.seq);
         let put_off = self.inner.dispatch.admit(wake);
         match &put_off {
+            // Queued, or riding with a queued wake of its lane.
             None => debug!(target: WAKES, %conversation, seq, "queued"),
             // The one put off may be another of its tenant's, which this one displaced.
             Some((w, delay)) => {
@@ -775,6 +776,7 @@ impl Worker {
                     .await;
                 let slot = Arc::new(OwnerSlot::default());
                 if !inner.register_owner(wake.conversation, slot.clone()) {
+                    debug!(target: WAKES, conversation = %wake.conversation, seq = wake.seq, "claim won while an owner here was closing: released");
                     let _ = inner.bus.release(&lease).await;
                     wake.settle(Settlement::Busy, busy).await;
                     return;
@@ -797,12 +799,6 @@ impl Worker {
         }
     }
 }
-
-/// The tracing target of a wake's path through a worker (`RUST_LOG=turnpike_wakes=debug`):
-/// taken off the bus, queued or put off (and which wake was), started in a slot, its claim won
-/// or found held, handed back; an owner's slot given up after a turn, its lease released.
-/// `bench fleet` reads it to say where a slow start's time went.
-pub const WAKES: &str = "turnpike_wakes";
 
 /// The longest a wake waits in the fair intake for a slot before it goes back to the bus:
 /// well within any ack wait, so a waiting wake is never redelivered under it.

@@ -408,7 +408,7 @@ async fn commit(
     // The turn is over: a slot this owner owes goes to the next wake now, not after the
     // promotion and the release below (this owner then starts no more turns).
     let gave_up = env.turn_slot.give_up_if_owed();
-    tracing::debug!(target: crate::worker::WAKES, %conversation, gave_up, "turn committed");
+    tracing::debug!(target: crate::dispatch::WAKES, %conversation, gave_up, "turn committed");
     count_usage(env, &ended.app, &usage).await;
     env.config.failpoints.hit("before-promotion", &place).await;
     // Committed: this attempt's objects become the turn's. Should this fail (or the worker
