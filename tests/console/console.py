@@ -420,10 +420,14 @@ def attachments(b):
                        raw=(body, f"multipart/form-data; boundary={boundary}"))
     assert status == 413, (status, out)
     assert "8 MiB" in out["message"], out
-    # The reply paints from the live stream before its turn's rows are committed: read them
-    # once the turn is.
-    rows = eventually("the turn", lambda: completed_turns(conv, ALICE, 1))
-    attached = [r for r in rows if r["kind"] == "attachment"]
+    # The reply paints from the live stream before its turn's rows are committed, and the
+    # upload's event may be taken by a turn after the message's: wait for its row, then there
+    # is exactly one.
+    def attachment_rows():
+        rows = all_rows(conv, ALICE)
+        return [r for r in rows if r["kind"] == "attachment"] or None
+
+    attached = eventually("the attachment's row", attachment_rows)
     assert len(attached) == 1, attached
     same_rows(b, conv, ALICE)
     b.assert_clean("attachments")
