@@ -13,7 +13,7 @@
 //! includes the wait for a free slot: at twice the capacity, about one model call.
 //!
 //! Beside the percentiles, each turn is grouped by how it found its slot against its
-//! conversation's turn before (kept by that owner, a new owner on the same worker, or on
+//! conversation's turn before (kept by that owner, a new claim on the same worker, or on
 //! another), with how many of each waited longer than first come, first served's p99. To see
 //! where a slow start's time went: `TURNPIKE_BENCH_LOGS=DIR` keeps every process's log and each
 //! measurement's turns (`turns-W.tsv`) in DIR, `TURNPIKE_BENCH_RUST_LOG` sets the processes'
@@ -313,10 +313,7 @@ async fn measure(plan: &Plan, workers: usize) -> Result<Measured> {
     let took = started.elapsed();
     drop(procs);
     let turns = timed.len();
-    let mut s2s: Vec<Duration> = timed
-        .iter()
-        .map(|t| Duration::from_millis(t.started_ms.saturating_sub(t.accepted_ms)))
-        .collect();
+    let mut s2s: Vec<Duration> = timed.iter().map(Timed::waited).collect();
     let mut fcfs = first_come_first_served(&timed, workers * plan.slots);
     let paths = by_path(&timed);
     if let Some(dir) = std::env::var_os("TURNPIKE_BENCH_LOGS") {
@@ -390,9 +387,7 @@ fn by_path(turns: &[Timed]) -> Vec<(Found, Vec<Duration>)> {
             }
             _ => Found::First,
         };
-        paths.entry(path).or_default().push(Duration::from_millis(
-            t.started_ms.saturating_sub(t.accepted_ms),
-        ));
+        paths.entry(path).or_default().push(t.waited());
         before = Some(t);
     }
     paths.into_iter().collect()
@@ -408,6 +403,13 @@ struct Timed {
     ended_ms: u64,
     worker: String,
     epoch: u64,
+}
+
+impl Timed {
+    /// Its schedule-to-start: accepted → dispatched.
+    fn waited(&self) -> Duration {
+        Duration::from_millis(self.started_ms.saturating_sub(self.accepted_ms))
+    }
 }
 
 /// The schedule-to-start of each turn had one queue in front of all `slots` slots taken them
