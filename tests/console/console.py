@@ -105,6 +105,15 @@ def completed_turns(conv, token, n):
     return rows if len(done) >= n else None
 
 
+def settled(b):
+    """Waits until the page itself has taken in that its conversation is idle with nothing
+    pending: the page chooses between a message and a follow-up, and whether to warn of a
+    pending approval, from its own copy, which it refreshes a request after the rows."""
+    b.wait("the page to take in the turn's end", lambda: (
+        b.q("#status").get_attribute("data-status") == "idle"
+        and not b.q("#agent-note").get_attribute("textContent")))
+
+
 # ---------- the browser ----------
 
 
@@ -207,15 +216,32 @@ class Browser:
     def new_chat(self, app, agent):
         self.q("#new-chat").click()
         self.wait_css("#new-dialog[open]")
+        # Signing in shows who you are before the apps are listed.
+        self.wait(f"the app {app} listed", lambda: self.qs(f'#new-app option[value="{app}"]'))
         Select(self.q("#new-app")).select_by_value(app)
         Select(self.q("#new-agent")).select_by_value(agent)
         # Where other agents reach the chosen one: its A2A card, which the server serves.
         card = self.wait("the agent's A2A card", lambda: self.q("#new-agent-about .a2a-card").text)
         assert card.endswith(f"/a2a/{app}/{agent}/.well-known/agent-card.json"), card
+        # The page may already show a chat: wait for the one just created, not that one (a busy
+        # server answers the create after the first look at the address).
+        before = self.shown_conversation()
         self.q("#new-create").click()
-        self.wait("the chat to open", lambda: "#/c/conv_" in self.d.current_url)
+        conv = self.wait("the new chat to open", lambda: (
+            c if (c := self.shown_conversation()) and c != before else None))
+        # The address changes before the page opens the chat, and the badge may still be the
+        # last chat's: wait for the list to mark this one as the open one.
+        self.wait("the new chat loaded", lambda: self.qs(
+            f'#conversations li[data-id="{conv}"] a[aria-current="page"]'))
         self.wait("the stream to be live", lambda: self.badge() == "live")
-        return self.d.current_url.split("#/c/")[1].split("?")[0].split("/")[0]
+        return conv
+
+    def shown_conversation(self):
+        """The id of the conversation the page's address shows, or None."""
+        url = self.d.current_url
+        if "#/c/conv_" not in url:
+            return None
+        return url.split("#/c/")[1].split("?")[0].split("/")[0]
 
     def send(self, text):
         box = self.usable("#input")
@@ -292,7 +318,9 @@ def chat_streams_and_equals_the_record(b):
     eventually("the turn", lambda: completed_turns(conv, ALICE, 1))
     same_rows(b, conv, ALICE)
     # The list shows it, newest first, with its status.
-    b.wait("the list entry", lambda: b.qs(f'#conversations li[data-id="{conv}"] .pill'))
+    b.wait("the entry first and idle", lambda: (
+        (first := b.q("#conversations li")).get_attribute("data-id") == conv
+        and first.find_element(By.CSS_SELECTOR, ".pill").get_attribute("data-status") == "idle"))
     b.assert_clean("chat")
     return conv
 
@@ -328,6 +356,7 @@ def approvals(b):
     reply = b.wait_row("assistant_message", "last tool")
     assert reply.find_elements(By.CSS_SELECTOR, "a.file-link"), "the published file's link"
     rows = eventually("the approved turn", lambda: completed_turns(conv, ALICE, 2))
+    settled(b)
     publishes = [r for r in rows if r["kind"] == "tool_call" and r["data"]["tool"] == "publish"]
     results = [r for r in rows if r["kind"] == "tool_result" and r["data"]["call_id"] in
                {p["data"]["call_id"] for p in publishes}]
@@ -337,6 +366,9 @@ def approvals(b):
     b.wait("a second card", lambda: len(b.qs(".approval-card .approve:enabled")) == 1)
     # The parked turn has committed all it will (its turn_complete): nothing else is coming.
     eventually("the parked turn", lambda: completed_turns(conv, ALICE, 3))
+    # The warning needs the page to know of the pending approval (a request after the card).
+    b.wait("the page to know it is pending",
+           lambda: "reject" in b.q("#agent-note").get_attribute("textContent"))
     before = len(all_rows(conv, ALICE))
     b.send("something else")
     b.wait_css("#warning")
@@ -437,9 +469,10 @@ def versions(b):
     conv = b.new_chat("console", "writer")
     b.send("first words")
     eventually("turn 1", lambda: completed_turns(conv, ALICE, 1))
+    settled(b)
     b.send("second words")
     eventually("turn 2", lambda: completed_turns(conv, ALICE, 2))
-    b.wait_row("assistant_message", "saved")
+    b.wait("turn 2's reply", lambda: len(b.qs('#transcript li[data-kind="assistant_message"]')) >= 2)
     b.usable("#open-versions").click()
     b.wait_css("#versions-view")
     link = b.wait("the file list", lambda: next(
@@ -473,7 +506,7 @@ def search(b):
     eventually("the index", lambda: ok("GET", "/v1/search?q=zebra&kinds=prompt", ALICE)["hits"])
     eventually("bob's index", lambda: ok("GET", "/v1/search?q=zebra&kinds=prompt", BOB)["hits"])
     b.open("/#/")
-    b.wait_css("#app")
+    b.wait_css("#home")  # only the fragment changes: the page routes to its home a task later
     b.usable("#search-q").send_keys("zebra")
     Select(b.q("#search-kind")).select_by_value("prompt")
     b.usable("#search-form button[type=submit]").click()
@@ -536,8 +569,9 @@ def schedules(b):
     same_rows(b, fired["conversation"], ALICE)
     # The list as a fresh page load shows it (the session began while this page was open).
     b.d.refresh()
-    entry = b.wait_css(f'#conversations li[data-id="{fired["conversation"]}"]')
-    assert "session (schedule)" in entry.text, entry.text
+    # The entry is drawn, then redrawn once the conversation opens: read it inside the wait.
+    b.wait("the session's entry", lambda: any("session (schedule)" in e.text for e in b.qs(
+        f'#conversations li[data-id="{fired["conversation"]}"]')))
     b.assert_clean("schedules")
 
 
@@ -570,8 +604,10 @@ def paging(b):
     record = all_rows(conv, ALICE)
     assert len(record) > 100, len(record)
     b.open(f"/#/c/{conv}")
-    b.wait("the stream to be live", lambda: b.badge() == "live")
+    # Only the address's fragment changes (no reload): the badge is the last chat's until the
+    # new one's first page is drawn, and the button comes with that page.
     earlier = b.wait_css("#load-earlier")
+    b.wait("the stream to be live", lambda: b.badge() == "live")
     tail = [[r["seq"], r["kind"]] for r in record]
     b.wait("the end of the record", lambda: b.shown_rows() and b.shown_rows() == tail[-len(b.shown_rows()):])
     shown = b.shown_rows()
