@@ -63,8 +63,20 @@ impl Drop for Proc {
 /// Starts `program` and waits until a line of its stderr contains `ready` (the rest of its
 /// output is drained in the background).
 pub(crate) fn start(name: &str, program: &Path, args: &[String], ready: &str) -> Result<Proc> {
+    start_with(name, program, args, ready, &[])
+}
+
+/// [`start`] with more environment variables for the process.
+pub(crate) fn start_with(
+    name: &str,
+    program: &Path,
+    args: &[String],
+    ready: &str,
+    envs: &[(&str, String)],
+) -> Result<Proc> {
     let mut child = Command::new(program)
         .args(args)
+        .envs(envs.iter().map(|(k, v)| (k, v)))
         .env(
             "RUST_LOG",
             std::env::var("TURNPIKE_BENCH_RUST_LOG").unwrap_or_else(|_| "warn".into()),
