@@ -605,6 +605,7 @@ fn a_bench_stopped_by_a_signal_stops_the_servers_it_started() {
             "--nats-server",
             "none",
         ])
+        .env_remove("MIMALLOC_PURGE_DELAY")
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::null())
         .spawn()
@@ -619,6 +620,16 @@ fn a_bench_stopped_by_a_signal_stops_the_servers_it_started() {
     );
     let children = children_of(bench.id());
     assert!(!children.is_empty(), "the soak runs a server of its own");
+    // Its server gives freed memory back at once, so its resident memory follows live data.
+    for child in &children {
+        let environ = std::fs::read(format!("/proc/{child}/environ")).unwrap();
+        assert!(
+            environ
+                .split(|b| *b == 0)
+                .any(|v| v == b"MIMALLOC_PURGE_DELAY=0"),
+            "server {child} keeps the allocator's default purge delay"
+        );
+    }
     // SAFETY: a signal to the child this test started.
     assert_eq!(unsafe { libc::kill(bench.id() as i32, libc::SIGTERM) }, 0);
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);

@@ -7,7 +7,7 @@
 //! as anonymous memory that keeps rising after warm-up; the report gives each process's growth
 //! from the first sample after warm-up to the last. A sample is the median of every reading
 //! (twice a second) over its window of turns, not one reading: memory moves with the turns in
-//! flight. The processes give freed memory back to the kernel at once (see [`allocator_env`]),
+//! flight. The processes give freed memory back to the kernel at once (see `allocator_env`),
 //! so that what they keep is what they hold, not what the allocator holds for later.
 
 use std::path::PathBuf;
