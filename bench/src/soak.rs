@@ -426,10 +426,13 @@ fn allocator_env() -> Vec<(&'static str, String)> {
 
 /// How the soak's processes purge freed memory, for the report.
 fn allocator_said() -> String {
-    match std::env::var(PURGE_DELAY) {
-        Ok(ms) => format!("freed memory given back after {ms} ms ({PURGE_DELAY} from the environment)"),
-        Err(_) => format!(
-            "freed memory given back at once ({PURGE_DELAY}=0; set it to soak with another delay), so resident memory follows live data"
+    match std::env::var_os(PURGE_DELAY) {
+        Some(ms) => format!(
+            "freed memory given back after {} ms ({PURGE_DELAY} from the environment)",
+            ms.to_string_lossy()
+        ),
+        None => format!(
+            "freed memory given back at once ({PURGE_DELAY}=0, for the default mimalloc build; set it to soak with another delay), so resident memory follows live data"
         ),
     }
 }

@@ -407,6 +407,7 @@ const chat = {
   completed: new Set(), // turns with a turn_complete row
   streaming: new Map(), // turn → element
   pending: { approvals: [], questions: [] },
+  pendingReads: 0, // reads of what is pending asked so far (only the latest one's answer counts)
   confirmSend: false,
   ws: null,
   retry: 500,
@@ -455,17 +456,24 @@ async function openConversation(id, params) {
 }
 
 function setConversation(view) {
+  // Reads of the open conversation may answer out of order: an older view (through fewer rows)
+  // than the one shown is stale.
+  if (state.conv && state.conv.id === view.id && view.through < state.conv.through) return;
   state.conv = view;
   say("chat-title", `${view.app} · ${view.agent}`);
-  const pill = $("status");
-  pill.textContent = view.status.replace("_", " ");
-  pill.dataset.status = view.status;
+  showStatus(view.status);
   const app = state.apps.find((a) => a.id === view.app);
   $("agent-select").replaceChildren(
     ...(app ? app.agents : []).map((a) => el("option", { value: a.id, text: a.id, selected: a.id === view.agent })),
   );
   for (const id of ["verify", "replay"]) show(id, !!(state.me && state.me.admin));
   refreshListItem(view);
+}
+
+function showStatus(status) {
+  const pill = $("status");
+  pill.textContent = status.replace("_", " ");
+  pill.dataset.status = status;
 }
 
 async function refreshConversation() {
@@ -828,9 +836,11 @@ function questionCard(row) {
 
 async function refreshPending() {
   const gen = state.gen;
+  // Only the latest read counts: an earlier one answering last would show what was pending then.
+  const asked = ++chat.pendingReads;
   try {
     const pending = await api("GET", conversationPath(chat.id, "/pending"));
-    if (gen !== state.gen) return;
+    if (gen !== state.gen || asked !== chat.pendingReads) return;
     chat.pending = pending;
   } catch (e) {
     return;
@@ -1001,6 +1011,7 @@ async function submit(kind) {
     show("warning", false);
     if (path === "/messages" && state.conv) {
       state.conv.status = "running";
+      showStatus("running");
     }
   } catch (e) {
     say("send-error", e.message);
