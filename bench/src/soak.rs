@@ -176,6 +176,7 @@ fn start_stack(plan: &Plan, stack: &Stack) -> Result<Running> {
             "0".into(),
         ])
     };
+    let allocator = allocator_env();
     let mut procs = Vec::new();
     let mut watched = Vec::new();
     match stack {
@@ -195,7 +196,7 @@ fn start_stack(plan: &Plan, stack: &Stack) -> Result<Running> {
                 &plan.binary,
                 &args,
                 "API listening on",
-                &allocator_env(),
+                &allocator,
             )?;
             watched.push(("serve".to_owned(), serve.child.id()));
             procs.push(serve);
@@ -233,13 +234,13 @@ fn start_stack(plan: &Plan, stack: &Stack) -> Result<Running> {
                 &plan.binary,
                 &args,
                 "API listening on",
-                &allocator_env(),
+                &allocator,
             )?;
             watched.push(("router".to_owned(), router.child.id()));
             procs.push(router);
             let mut args = common("worker");
             args.push("worker".into());
-            let worker = start_with("worker", &plan.binary, &args, "ready", &allocator_env())?;
+            let worker = start_with("worker", &plan.binary, &args, "ready", &allocator)?;
             watched.push(("worker".to_owned(), worker.child.id()));
             procs.push(worker);
         }

@@ -472,7 +472,8 @@ def versions(b):
     settled(b)
     b.send("second words")
     eventually("turn 2", lambda: completed_turns(conv, ALICE, 2))
-    b.wait("turn 2's reply", lambda: len(b.qs('#transcript li[data-kind="assistant_message"]')) >= 2)
+    b.wait("turn 2's reply", lambda: len([n for n in b.qs('#transcript li[data-kind="assistant_message"]')
+                                          if "saved" in n.get_attribute("textContent")]) >= 2)
     b.usable("#open-versions").click()
     b.wait_css("#versions-view")
     link = b.wait("the file list", lambda: next(
