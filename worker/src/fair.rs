@@ -5,8 +5,11 @@
 //! running turns for its weight (weighted max-min: a tenant with nothing running comes first),
 //! never to a tenant at its cap; within a tenant, first come, first served. So the worker sees
 //! past a burst: the wakes of a tenant whose queue here is full are put off (nak'd) at once,
-//! each for about the time its tenant's queue needs to come to it, which lets the wakes of
-//! every other tenant behind the burst reach the worker within a moment of being published.
+//! spaced by the pool's start interval, which lets the wakes of every other tenant behind the
+//! burst reach the worker within a moment of being published. The spacing starts from the
+//! tenant's last put-off wake, not from this worker's queue: a put-off wake comes back to any
+//! worker, and one held back behind this worker's own queue waited whole turns while other
+//! workers freed slots (`bench fleet`'s tail over first come, first served).
 //!
 //! # Contract
 //! - A tenant's wakes wait here in the order they arrived on the bus; at most `per_tenant` of
@@ -377,12 +380,12 @@ impl<T> FairQueue<T> {
             let delay = (due.saturating_duration_since(now) + hold).min(MAX_DEFER);
             return Admit::Defer(item, delay);
         }
-        // After what waits here, and after the items put off before this one.
-        let ahead = interval * entry.waiting.len() as u32;
+        // One start of the pool after the item put off before this one: it may come back to
+        // any worker, so what waits at this one is no measure of when a slot is free for it.
         let after_last = entry
             .due
             .map_or(Duration::ZERO, |d| d.saturating_duration_since(now));
-        let delay = (ahead.max(after_last) + interval).min(MAX_DEFER);
+        let delay = (after_last + interval).min(MAX_DEFER);
         if delay < MAX_DEFER {
             entry.due = Some(now + delay);
         }
@@ -537,19 +540,20 @@ mod tests {
         assert_eq!(offer(1, 10, 10), Admit::Queued);
         // Lane 1's second event: it rides with the first, which waits here.
         assert_eq!(offer(1, 11, 11), Admit::Follows);
-        // Lane 2 takes the next place: after what waits (one), plus one.
+        // Lane 2 is the first put off: one start interval from now (not behind the one that
+        // waits here: it may come back to a worker with a free slot).
         let Admit::Defer(20, two) = offer(2, 20, 20) else {
             panic!("a full queue puts off");
         };
-        assert_eq!(two, 2 * hold);
+        assert_eq!(two, hold);
         // Lane 2's second event follows lane 2's first; lane 1's third, lane 1's first.
-        assert_eq!(offer(2, 21, 21), Admit::Defer(21, 3 * hold));
+        assert_eq!(offer(2, 21, 21), Admit::Defer(21, 2 * hold));
         assert_eq!(offer(1, 12, 12), Admit::Follows);
         // Lane 3 comes right after lane 2, as if the followers had not been there.
-        assert_eq!(offer(3, 30, 30), Admit::Defer(30, 3 * hold));
+        assert_eq!(offer(3, 30, 30), Admit::Defer(30, 2 * hold));
         // Lane 2's first wake, back and still without room, is put off as the lane's first
         // (after lane 3), not as a follower of itself.
-        assert_eq!(offer(2, 20, 20), Admit::Defer(20, 4 * hold));
+        assert_eq!(offer(2, 20, 20), Admit::Defer(20, 3 * hold));
         // Lane 1's first starts with the two that rode with it.
         assert_eq!(
             q.next(|_| 0, &FairShare::default()),
