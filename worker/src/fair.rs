@@ -6,10 +6,11 @@
 //! never to a tenant at its cap; within a tenant, first come, first served. So the worker sees
 //! past a burst: the wakes of a tenant whose queue here is full are put off (nak'd) at once,
 //! spaced by the pool's start interval, which lets the wakes of every other tenant behind the
-//! burst reach the worker within a moment of being published. The spacing starts from the
-//! tenant's last put-off wake, not from this worker's queue: a put-off wake comes back to any
-//! worker, and one held back behind this worker's own queue waited whole turns while other
-//! workers freed slots (`bench fleet`'s tail over first come, first served).
+//! burst reach the worker within a moment of being published. A lone worker puts a wake off
+//! for at least what its own queue needs; in a fleet the spacing starts from the tenant's last
+//! put-off wake only, since a put-off wake comes back to any worker, and one held back behind
+//! this worker's own queue waited whole turns while other workers freed slots (`bench
+//! fleet`'s tail over first come, first served).
 //!
 //! # Contract
 //! - A tenant's wakes wait here in the order they arrived on the bus; at most `per_tenant` of
@@ -380,12 +381,21 @@ impl<T> FairQueue<T> {
             let delay = (due.saturating_duration_since(now) + hold).min(MAX_DEFER);
             return Admit::Defer(item, delay);
         }
-        // One start of the pool after the item put off before this one: it may come back to
-        // any worker, so what waits at this one is no measure of when a slot is free for it.
+        // One start of the pool after the item put off before this one. A lone worker gets
+        // it back itself, so it also waits for what waits here (back sooner, it finds the same
+        // queue, cannot displace an earlier arrival, and goes to the end of the line). In a
+        // fleet it may come back to any worker, and what waits at this one is no measure of
+        // when a slot is free for it: counting it held wakes whole turns behind the other
+        // workers' free slots.
+        let ahead = if workers == 1 {
+            interval * entry.waiting.len() as u32
+        } else {
+            Duration::ZERO
+        };
         let after_last = entry
             .due
             .map_or(Duration::ZERO, |d| d.saturating_duration_since(now));
-        let delay = (after_last + interval).min(MAX_DEFER);
+        let delay = (ahead.max(after_last) + interval).min(MAX_DEFER);
         if delay < MAX_DEFER {
             entry.due = Some(now + delay);
         }
@@ -540,26 +550,59 @@ mod tests {
         assert_eq!(offer(1, 10, 10), Admit::Queued);
         // Lane 1's second event: it rides with the first, which waits here.
         assert_eq!(offer(1, 11, 11), Admit::Follows);
-        // Lane 2 is the first put off: one start interval from now (not behind the one that
-        // waits here: it may come back to a worker with a free slot).
+        // Lane 2 takes the next place: after what waits (one), plus one (a lone worker gets
+        // it back itself).
         let Admit::Defer(20, two) = offer(2, 20, 20) else {
             panic!("a full queue puts off");
         };
-        assert_eq!(two, hold);
+        assert_eq!(two, 2 * hold);
         // Lane 2's second event follows lane 2's first; lane 1's third, lane 1's first.
-        assert_eq!(offer(2, 21, 21), Admit::Defer(21, 2 * hold));
+        assert_eq!(offer(2, 21, 21), Admit::Defer(21, 3 * hold));
         assert_eq!(offer(1, 12, 12), Admit::Follows);
         // Lane 3 comes right after lane 2, as if the followers had not been there.
-        assert_eq!(offer(3, 30, 30), Admit::Defer(30, 2 * hold));
+        assert_eq!(offer(3, 30, 30), Admit::Defer(30, 3 * hold));
         // Lane 2's first wake, back and still without room, is put off as the lane's first
         // (after lane 3), not as a follower of itself.
-        assert_eq!(offer(2, 20, 20), Admit::Defer(20, 3 * hold));
+        assert_eq!(offer(2, 20, 20), Admit::Defer(20, 4 * hold));
         // Lane 1's first starts with the two that rode with it.
         assert_eq!(
             q.next(|_| 0, &FairShare::default()),
             Some((a.clone(), 10, vec![11, 12]))
         );
         assert_eq!((q.len(), q.followers()), (0, 0));
+    }
+
+    #[test]
+    fn a_lone_worker_puts_off_behind_its_queue_and_a_fleet_from_the_last_put_off() {
+        // 2 slots held 100 ms; the tenant's queue here holds 2. A lone worker gets its put-off
+        // items back itself: the first waits for the two queued here (50 ms apart), then one
+        // more. In a fleet of two, a put-off item may come back to the other worker, whose
+        // slots may be free: it is spaced from the last put-off only, one start of the whole
+        // pool (25 ms) apart — counting this worker's queue held it whole turns too long.
+        let a = tenant("a");
+        let now = Instant::now();
+        let hold = Duration::from_millis(100);
+        for (workers, first, second) in [
+            (1, Duration::from_millis(150), Duration::from_millis(200)),
+            (2, Duration::from_millis(25), Duration::from_millis(50)),
+        ] {
+            let mut q = FairQueue::new(2, 2, hold);
+            let mut offer = |item: u32| {
+                q.admit_in(
+                    &a,
+                    Some(u64::from(item)),
+                    item,
+                    u64::from(item),
+                    now,
+                    workers,
+                    None,
+                )
+            };
+            assert_eq!(offer(1), Admit::Queued);
+            assert_eq!(offer(2), Admit::Queued);
+            assert_eq!(offer(3), Admit::Defer(3, first), "{workers} worker(s)");
+            assert_eq!(offer(4), Admit::Defer(4, second), "{workers} worker(s)");
+        }
     }
 
     #[test]

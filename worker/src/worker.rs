@@ -338,8 +338,8 @@ impl Worker {
     }
 
     /// A wake off the bus: to its owner when the conversation is owned here (or to the record
-    /// when a drain here went past it), else into the fair intake, or back to the bus for the
-    /// time its tenant's queue needs.
+    /// when a drain here went past it), else into the fair intake, or back to the bus until
+    /// about when a slot should be free for it (see [`crate::fair`]).
     fn take(&self, wake: Wake) {
         let inner = &self.inner;
         let owned = inner.owns(wake.conversation);
@@ -683,16 +683,16 @@ impl Worker {
         }
     }
 
-    /// How the record settles a wake nobody here owns: done only when the turn that consumed
-    /// it is complete (an open turn's owner may still die before batch two, and then this wake
-    /// must come back), and never from a record under repair (it may be half old, half new).
     /// Claims `wake`'s conversation for this worker. A lease held by an owner between turns
-    /// (the record has no turn open and has not reached the wake's event) is let go within
-    /// tens of milliseconds — the owner finishes its turn's last steps, or takes the event
-    /// itself — so the claim is tried again a few times, [`BETWEEN_TURNS_RETRY`] apart, before
-    /// the wake goes back to the bus for a whole `busy_delay` (about a turn, when every
-    /// conversation's next message follows its reply). Held still: the lease, and the
-    /// settlement the record gave (read once), for the caller to settle the wake by.
+    /// (the record has no turn open and has not reached the wake's event) is most often let go
+    /// within tens of milliseconds, when that owner finishes its turn's last steps (usage,
+    /// promotion, the release) outside the slot it gave up; so the claim is tried again a few
+    /// times, [`BETWEEN_TURNS_RETRY`] apart, before the wake goes back to the bus for a whole
+    /// `busy_delay` (about a turn, when each message follows the reply to the one before).
+    /// When the owner takes the event itself instead, or is gone until its lease runs out, the
+    /// retries are lost: at most [`BETWEEN_TURNS_RETRIES`] claims and their waits, with the slot
+    /// and the tenant's running count held. Returns the claim, and the settlement the record
+    /// gave (read once, before the retries) when the lease stayed held.
     async fn claim_for(
         &self,
         wake: &Wake,
@@ -724,6 +724,9 @@ impl Worker {
         (Ok(None), Some(settlement))
     }
 
+    /// How the record settles a wake nobody here owns: done only when the turn that consumed
+    /// it is complete (an open turn's owner may still die before batch two, and then this wake
+    /// must come back), and never from a record under repair (it may be half old, half new).
     async fn settlement_by_record(&self, wake: &Wake) -> Settlement {
         let inner = &self.inner;
         let busy = inner.config.busy_delay;
@@ -840,7 +843,7 @@ impl Worker {
 
 /// How many more times a claim is tried when the lease's owner is between turns, and how far
 /// apart: an owner releases within a few tens of milliseconds of its turn's commit (measured in
-/// `bench fleet`: 5–51 ms), so 3 × 15 ms covers most hand-overs for at most 45 ms of a slot.
+/// `bench fleet`: 5–51 ms), so 3 × 15 ms covers most hand-overs.
 const BETWEEN_TURNS_RETRIES: usize = 3;
 const BETWEEN_TURNS_RETRY: Duration = Duration::from_millis(15);
 
