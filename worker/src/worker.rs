@@ -691,21 +691,17 @@ impl Worker {
     /// `busy_delay` (about a turn, when each message follows the reply to the one before).
     /// When the owner takes the event itself instead, or is gone until its lease runs out, the
     /// retries are lost: at most [`BETWEEN_TURNS_RETRIES`] claims and their waits, with the slot
-    /// and the tenant's running count held. Returns the claim, and the settlement the record
-    /// gave (read once, before the retries) when the lease stayed held.
-    async fn claim_for(
-        &self,
-        wake: &Wake,
-    ) -> (turnpike_router::Result<Option<Lease>>, Option<Settlement>) {
+    /// and the tenant's running count held. Returns the lease, or, when it stayed held, the
+    /// settlement the record gave (read once, before the retries) to settle the wake by.
+    async fn claim_for(&self, wake: &Wake) -> turnpike_router::Result<Result<Lease, Settlement>> {
         let inner = &self.inner;
         let claim = || {
             inner
                 .bus
                 .claim(wake.conversation, inner.worker, inner.config.lease_ttl)
         };
-        let claimed = claim().await;
-        if !matches!(claimed, Ok(None)) {
-            return (claimed, None);
+        if let Some(lease) = claim().await? {
+            return Ok(Ok(lease));
         }
         let settlement = self.settlement_by_record(wake).await;
         let between_turns = matches!(
@@ -715,13 +711,12 @@ impl Worker {
         if between_turns {
             for _ in 0..BETWEEN_TURNS_RETRIES {
                 tokio::time::sleep(BETWEEN_TURNS_RETRY).await;
-                let again = claim().await;
-                if !matches!(again, Ok(None)) {
-                    return (again, None);
+                if let Some(lease) = claim().await? {
+                    return Ok(Ok(lease));
                 }
             }
         }
-        (Ok(None), Some(settlement))
+        Ok(Err(settlement))
     }
 
     /// How the record settles a wake nobody here owns: done only when the turn that consumed
@@ -797,15 +792,15 @@ impl Worker {
             self.put_off_unless_queued(wake);
             return;
         };
-        let (claimed, claimed_settlement) = self.claim_for(&wake).await;
+        let claimed = self.claim_for(&wake).await;
         let result = match &claimed {
-            Ok(Some(_)) => "won",
-            Ok(None) => "held",
+            Ok(Ok(_)) => "won",
+            Ok(Err(_)) => "held",
             Err(_) => "failed",
         };
         metrics::counter!("turnpike_lease_claims_total", "result" => result).increment(1);
         match claimed {
-            Ok(Some(lease)) => {
+            Ok(Ok(lease)) => {
                 debug!(target: WAKES, conversation = %wake.conversation, seq = wake.seq, epoch = lease.revision, "claim won");
                 inner
                     .config
@@ -824,12 +819,8 @@ impl Worker {
                 let _ = slot.offer(wake).await;
                 self.spawn_owner(tenant, lease, slot, permit, running, None);
             }
-            Ok(None) => {
+            Ok(Err(settlement)) => {
                 drop((permit, running));
-                let settlement = match claimed_settlement {
-                    Some(settlement) => settlement,
-                    None => self.settlement_by_record(&wake).await,
-                };
                 debug!(target: WAKES, conversation = %wake.conversation, seq = wake.seq, ?settlement, "claim found the lease held");
                 wake.settle(settlement, busy).await;
             }
