@@ -106,6 +106,90 @@ async fn turnpike_workers_lists_the_live_workers_of_a_fleet_and_not_a_killed_one
     assert!(String::from_utf8_lossy(&embedded.stderr).contains("needs --nats-url"));
 }
 
+/// Waits until each of `workers` has sent a heartbeat on `beats` (from now on).
+async fn beats_from(
+    beats: &mut futures::stream::BoxStream<'static, turnpike_router::Heartbeat>,
+    workers: &[&str],
+) {
+    use futures::StreamExt as _;
+    let mut waiting: std::collections::BTreeSet<&str> = workers.iter().copied().collect();
+    tokio::time::timeout(LONG, async {
+        while !waiting.is_empty() {
+            let beat = beats.next().await.expect("the heartbeat watch ended");
+            waiting.remove(beat.worker.to_string().as_str());
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("no heartbeat from {waiting:?}"));
+}
+
+/// Waits until the worker whose admin listener is `admin` counts `n` workers in its fleet.
+async fn fleet_size_reaches(admin: &turnpike_edge::client::Client, n: usize) {
+    let series = "turnpike_worker_fleet_size ";
+    let deadline = std::time::Instant::now() + LONG;
+    loop {
+        let (status, body) = admin.bytes("/metrics", false).await.unwrap();
+        assert_eq!(status, 200);
+        let text = String::from_utf8(body).unwrap();
+        let size = text
+            .lines()
+            .find_map(|l| l.strip_prefix(series)?.trim().parse::<f64>().ok());
+        if size == Some(n as f64) {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the fleet size stayed {size:?}, not {n}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A starting worker learns its fleet's size within a round trip, not after a heartbeat
+/// period: it sends its first beat once it watches heartbeats, and a running worker answers a
+/// worker it has not heard before with a beat at once. With beats an hour apart, nothing else
+/// could make these beats or these counts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_starting_worker_is_answered_at_once_and_every_worker_counts_it() {
+    let fleet = Fleet::start(&binary()).await;
+    let mut beats = fleet.bus.watch_heartbeats().await.unwrap();
+    let hour = ["--heartbeat-ms", "3600000"];
+    let listen = || {
+        format!(
+            "127.0.0.1:{}",
+            turnpike_tests::services::free_port().unwrap()
+        )
+    };
+    let (a_listen, b_listen) = (listen(), listen());
+    let (_a, a) = fleet.worker(&[&hour[..], &["--admin-listen", &a_listen]].concat());
+    // Its first beat, sent once it watches.
+    beats_from(&mut beats, &[&a]).await;
+    let a_admin = turnpike_edge::client::Client::new(&format!("http://{a_listen}"), "");
+    fleet_size_reaches(&a_admin, 1).await;
+
+    // A second worker beats once it watches; the first answers it, and both count two.
+    let (_b, b) = fleet.worker(&[&hour[..], &["--admin-listen", &b_listen]].concat());
+    beats_from(&mut beats, &[&b, &a]).await;
+    let b_admin = turnpike_edge::client::Client::new(&format!("http://{b_listen}"), "");
+    fleet_size_reaches(&a_admin, 2).await;
+    fleet_size_reaches(&b_admin, 2).await;
+
+    // A third, as this test: both answer it and count it.
+    let stranger = turnpike_schemas::WorkerId::new();
+    fleet
+        .bus
+        .heartbeat(&turnpike_router::Heartbeat {
+            worker: stranger,
+            owned: 0,
+            slots: 1,
+            at_ms: turnpike_router::bus::now_ms(),
+        })
+        .await;
+    beats_from(&mut beats, &[&stranger.to_string(), &a, &b]).await;
+    fleet_size_reaches(&a_admin, 3).await;
+    fleet_size_reaches(&b_admin, 3).await;
+}
+
 /// A wake delivered by hand, acknowledged nowhere.
 struct HandAck;
 

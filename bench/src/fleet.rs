@@ -14,7 +14,9 @@
 //!
 //! Beside the percentiles, each turn is grouped by how it found its slot against its
 //! conversation's turn before (kept by that owner, a new claim on the same worker, or on
-//! another), with how many of each waited longer than first come, first served's p99. To see
+//! another), with how many of each waited longer than first come, first served's p99, and each
+//! worker's own count of the fleet (its `turnpike_worker_fleet_size`, which spaces its put-off
+//! wakes) when the clients start and when they are done. To see
 //! where a slow start's time went: `TURNPIKE_BENCH_LOGS=DIR` keeps every process's log and each
 //! measurement's turns (`turns-W.tsv`) in DIR, `TURNPIKE_BENCH_RUST_LOG` sets the processes'
 //! `RUST_LOG` (`warn,turnpike_wakes=debug` traces each wake through the workers), and
@@ -172,6 +174,9 @@ struct Measured {
     fcfs_p99_ms: f64,
     /// Schedule-to-start by how each turn found its slot (see [`Found`]).
     paths: Vec<(Found, Vec<Duration>)>,
+    /// Each worker's own count of the fleet (`turnpike_worker_fleet_size`) when the clients
+    /// start, and when they are done: what the intake believed.
+    counted: [Vec<Option<f64>>; 2],
 }
 
 /// `turnpike bench fleet`.
@@ -212,6 +217,18 @@ pub async fn run(plan: Plan) -> Result<ExitCode> {
                 ),
                 _ => String::new(),
             }
+        );
+        let show = |sizes: &[Option<f64>]| {
+            sizes
+                .iter()
+                .map(|s| s.map_or("?".to_owned(), |s| s.to_string()))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        println!(
+            "  the workers' own count of the fleet: [{}] at the start, [{}] at the end",
+            show(&m.counted[0]),
+            show(&m.counted[1])
         );
         for (path, waits) in &m.paths {
             let mut waits = waits.clone();
@@ -287,10 +304,17 @@ async fn measure(plan: &Plan, workers: usize) -> Result<Measured> {
         )?);
         urls.push(format!("http://127.0.0.1:{port}"));
     }
+    let mut admins = Vec::new();
     for k in 0..workers {
         let mut args = common(&format!("worker-{k}"));
+        // Each worker's own count of the fleet is read from its scrape.
+        let admin = format!("127.0.0.1:{}", free_port()?);
+        if let Some(at) = args.iter().position(|a| a == "--admin-listen") {
+            args[at + 1] = admin.clone();
+        }
         args.extend(["worker".into(), "--slots".into(), plan.slots.to_string()]);
         procs.push(start(&format!("worker {k}"), &plan.binary, &args, "ready")?);
+        admins.push(Client::new(&format!("http://{admin}"), ""));
     }
     let clients: Vec<Client> = urls.iter().map(|u| Client::new(u, "bench")).collect();
     let conversations = 2 * workers * plan.slots;
@@ -308,6 +332,7 @@ async fn measure(plan: &Plan, workers: usize) -> Result<Measured> {
             .map_err(anyhow::Error::msg)?;
         ids.push(made["id"].as_str().unwrap_or_default().to_owned());
     }
+    let counted_first = fleet_sizes(&admins).await;
     let started = Instant::now();
     let tasks: Vec<_> = ids
         .iter()
@@ -323,6 +348,7 @@ async fn measure(plan: &Plan, workers: usize) -> Result<Measured> {
         timed.extend(t.await??);
     }
     let took = started.elapsed();
+    let counted = [counted_first, fleet_sizes(&admins).await];
     drop(procs);
     let turns = timed.len();
     let mut s2s: Vec<Duration> = timed.iter().map(Timed::waited).collect();
@@ -352,7 +378,26 @@ async fn measure(plan: &Plan, workers: usize) -> Result<Measured> {
         fcfs_p50_ms: crate::series::percentile_ms(&mut fcfs, 0.5),
         fcfs_p99_ms: crate::series::percentile_ms(&mut fcfs, 0.99),
         paths,
+        counted,
     })
+}
+
+/// Each worker's own count of its fleet, from its scrape (`None`: not read).
+async fn fleet_sizes(admins: &[Client]) -> Vec<Option<f64>> {
+    let mut sizes = Vec::new();
+    for admin in admins {
+        let size = match admin.bytes("/metrics", false).await {
+            Ok((200, body)) => String::from_utf8_lossy(&body).lines().find_map(|l| {
+                l.strip_prefix("turnpike_worker_fleet_size ")?
+                    .trim()
+                    .parse()
+                    .ok()
+            }),
+            _ => None,
+        };
+        sizes.push(size);
+    }
+    sizes
 }
 
 /// How a turn found its slot, against its conversation's turn before it (read from the two

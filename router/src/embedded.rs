@@ -620,6 +620,23 @@ impl Bus for EmbeddedBus {
         Ok(crate::heartbeat::latest(beats))
     }
 
+    async fn watch_heartbeats(&self) -> Result<futures::stream::BoxStream<'static, Heartbeat>> {
+        use futures::StreamExt as _;
+        use tokio::sync::broadcast::error::RecvError;
+        let rx = self.heartbeats.subscribe();
+        // Missed beats (a slow reader) are skipped: the next ones say the same.
+        Ok(futures::stream::unfold(rx, |mut rx| async move {
+            loop {
+                match rx.recv().await {
+                    Ok(beat) => return Some((beat, rx)),
+                    Err(RecvError::Lagged(_)) => {}
+                    Err(RecvError::Closed) => return None,
+                }
+            }
+        })
+        .boxed())
+    }
+
     async fn live(&self, conversation: ConversationId, payload: bytes::Bytes) {
         self.live.send(conversation, payload);
     }

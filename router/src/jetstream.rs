@@ -956,6 +956,19 @@ impl Bus for JetStreamBus {
         Ok(crate::heartbeat::latest(beats))
     }
 
+    async fn watch_heartbeats(&self) -> Result<futures::stream::BoxStream<'static, Heartbeat>> {
+        // Flushed before it returns: the server has the watch before any later beat.
+        let subscriber = self
+            .subscribed(crate::subject::HEARTBEATS.into(), "watching heartbeats")
+            .await?;
+        // Anything else on the subject (an older or foreign sender) is skipped.
+        Ok(subscriber
+            .filter_map(|message| {
+                futures::future::ready(serde_json::from_slice::<Heartbeat>(&message.payload).ok())
+            })
+            .boxed())
+    }
+
     async fn release(&self, lease: &Lease) -> Result<()> {
         let value = LeaseValue {
             owner: None,

@@ -78,6 +78,10 @@ fn describe() {
     );
     describe_gauge!("turnpike_worker_slots_used", "Conversations owned now");
     describe_gauge!(
+        "turnpike_worker_fleet_size",
+        "Workers sharing the wakes, this one included, as its heartbeats count them"
+    );
+    describe_gauge!(
         "turnpike_lane_pending",
         "Wakes waiting for a worker, per lane shard (JetStream's dispatch consumers)"
     );

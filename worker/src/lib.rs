@@ -45,6 +45,7 @@ pub mod parking;
 pub mod pool;
 pub mod reach;
 pub mod recall;
+mod roster;
 pub mod schedules;
 pub mod search;
 pub mod shards;

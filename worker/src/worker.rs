@@ -179,8 +179,11 @@ impl Worker {
         tokio::pin!(shutdown);
         let mut backoff = Duration::from_millis(50);
         let every = self.inner.config.heartbeat_every;
-        // The first heartbeat at once: a listing sees a worker as soon as it runs.
-        let mut heartbeat = tokio::time::interval(every);
+        // The first heartbeat is sent by `count_workers` as soon as its watch is in place (so
+        // that it hears every answer to it); then one every `every`, and one more at once for
+        // each worker first heard (`beat_now`).
+        let mut heartbeat = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+        let beat_now = Arc::new(Notify::new());
         // The first tick is at once: a worker starting up recovers what was left open.
         let mut sweep = tokio::time::interval(self.inner.config.sweep_every);
         sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -196,7 +199,7 @@ impl Worker {
         // nothing it started may go on).
         let companions = AbortOnDrop(vec![
             tokio::spawn(self.clone().dispatch_loop()),
-            tokio::spawn(self.clone().count_workers(peers.clone())),
+            tokio::spawn(self.clone().count_workers(peers.clone(), beat_now.clone())),
         ]);
         let (stop_scheduler, scheduler_stop) = tokio::sync::watch::channel(false);
         let mut scheduler_task = AbortOnDrop(Vec::new());
@@ -241,17 +244,8 @@ impl Worker {
             let room = dispatch.has_room();
             tokio::select! {
                 _ = &mut shutdown => break,
-                _ = heartbeat.tick() => {
-                    let owned = self.inner.owners.lock().expect("owner map lock").len();
-                    debug!(worker = %self.inner.worker, owned, waiting = dispatch.len(), "heartbeat");
-                    let beat = Heartbeat {
-                        worker: self.inner.worker,
-                        owned,
-                        slots: self.inner.config.slots,
-                        at_ms: now_ms(),
-                    };
-                    self.inner.bus.heartbeat(&beat).await;
-                }
+                _ = heartbeat.tick() => self.beat().await,
+                _ = beat_now.notified() => self.beat().await,
                 _ = sweep.tick() => {
                     // One sweep at a time; a slow one is not stacked upon.
                     if !sweeping.swap(true, Ordering::AcqRel) {
@@ -443,16 +437,65 @@ impl Worker {
         }
     }
 
-    /// Keeps the intake's estimate of how many workers share the wakes current (their
-    /// heartbeats; put-off wakes come back to any of them).
-    async fn count_workers(self, peers: Arc<std::sync::atomic::AtomicUsize>) {
-        let window = self.inner.config.heartbeat_every + Duration::from_millis(500);
+    /// Sends this worker's heartbeat: alive, and how much it owns.
+    async fn beat(&self) {
+        let owned = self.inner.owners.lock().expect("owner map lock").len();
+        debug!(worker = %self.inner.worker, owned, waiting = self.inner.dispatch.len(), "heartbeat");
+        let beat = Heartbeat {
+            worker: self.inner.worker,
+            owned,
+            slots: self.inner.config.slots,
+            at_ms: now_ms(),
+        };
+        self.inner.bus.heartbeat(&beat).await;
+    }
+
+    /// Keeps the count of workers that share the wakes current, for the intake (put-off wakes
+    /// come back to any of them) and the scheduler's shards: watches heartbeats for this
+    /// worker's life (see [`crate::roster`]), asks for a beat through `beat_now` once the
+    /// watch is in place and for each worker first heard, and counts again at each beat and
+    /// every `heartbeat_every`.
+    async fn count_workers(
+        self,
+        peers: Arc<std::sync::atomic::AtomicUsize>,
+        beat_now: Arc<Notify>,
+    ) {
+        let every = self.inner.config.heartbeat_every;
+        // Two beats missed, and a margin for a busy sender: gone.
+        let mut roster =
+            crate::roster::Roster::new(self.inner.worker, every * 2 + Duration::from_millis(500));
+        let mut recount = tokio::time::interval(every);
+        recount.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
-            if let Ok(beats) = self.inner.bus.heartbeats(window).await {
-                self.inner.dispatch.set_workers(beats.len());
-                peers.store(beats.len().max(1), Ordering::Relaxed);
+            let mut beats = match self.inner.bus.watch_heartbeats().await {
+                Ok(beats) => beats,
+                Err(e) => {
+                    warn!(worker = %self.inner.worker, error = %e, "cannot watch heartbeats; retrying");
+                    // Still beating, so that a listing sees it.
+                    beat_now.notify_one();
+                    tokio::time::sleep(every).await;
+                    continue;
+                }
+            };
+            beat_now.notify_one();
+            loop {
+                tokio::select! {
+                    beat = futures::StreamExt::next(&mut beats) => match beat {
+                        Some(beat) => {
+                            if roster.heard(beat.worker, std::time::Instant::now()) {
+                                beat_now.notify_one();
+                            }
+                        }
+                        // The bus let the watch go: watch again.
+                        None => break,
+                    },
+                    _ = recount.tick() => {}
+                }
+                let n = roster.count(std::time::Instant::now());
+                self.inner.dispatch.set_workers(n);
+                peers.store(n, Ordering::Relaxed);
+                metrics::gauge!("turnpike_worker_fleet_size").set(n as f64);
             }
-            tokio::time::sleep(COUNT_WORKERS_EVERY).await;
         }
     }
 
@@ -841,9 +884,6 @@ const BETWEEN_TURNS_RETRY: Duration = Duration::from_millis(15);
 /// The longest a wake waits in the fair intake for a slot before it goes back to the bus:
 /// well within any ack wait, so a waiting wake is never redelivered under it.
 const MAX_WAITING: Duration = Duration::from_secs(1);
-
-/// How often a worker counts the workers that share the wakes.
-const COUNT_WORKERS_EVERY: Duration = Duration::from_secs(30);
 
 /// How many drained conversations a worker remembers (the least recently drained or asked
 /// about goes first).

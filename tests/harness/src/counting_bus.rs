@@ -207,6 +207,10 @@ impl Bus for CountingBus {
         self.inner.heartbeats(window).await
     }
 
+    async fn watch_heartbeats(&self) -> Result<BoxStream<'static, Heartbeat>> {
+        self.inner.watch_heartbeats().await
+    }
+
     async fn lane_signals(&self, conversation: ConversationId) -> Result<BoxStream<'static, ()>> {
         self.inner.lane_signals(conversation).await
     }
