@@ -501,7 +501,7 @@ macro_rules! bus_suite {
                 while !listening.is_finished() {
                     n += 1;
                     for (worker, owned) in [(w1, n as usize), (w2, 7)] {
-                        let beat = Heartbeat { worker, owned, slots: 64, at_ms: n };
+                        let beat = Heartbeat { worker, owned, slots: 64, at_ms: n, every_ms: 50 };
                         b.bus.heartbeat(&beat).await;
                     }
                     tokio::time::sleep(Duration::from_millis(50)).await;
@@ -517,6 +517,28 @@ macro_rules! bus_suite {
                 // After the window, nothing more is listed: a listing is of who spoke in it.
                 let later = b.bus.heartbeats(Duration::from_millis(200)).await.unwrap();
                 assert!(later.is_empty(), "{later:?}");
+            }
+
+            #[tokio::test]
+            async fn a_heartbeat_watch_sees_every_beat_sent_after_it_returns() {
+                use futures::StreamExt as _;
+                let b = super::$backend().await;
+                let mut watch = b.bus.watch_heartbeats().await.unwrap();
+                let (w1, w2) = (WorkerId::new(), WorkerId::new());
+                // Sent at once after the watch returned: none may be missed (no retries here).
+                for (worker, at_ms) in [(w1, 1), (w2, 2), (w1, 3)] {
+                    let beat = Heartbeat { worker, owned: 0, slots: 4, at_ms, every_ms: 1000 };
+                    b.bus.heartbeat(&beat).await;
+                }
+                let mut seen = Vec::new();
+                while seen.len() < 3 {
+                    let beat = tokio::time::timeout(Duration::from_secs(10), watch.next())
+                        .await
+                        .expect("a beat sent after the watch returned was not seen")
+                        .expect("the watch ended");
+                    seen.push((beat.worker, beat.at_ms, beat.every_ms));
+                }
+                assert_eq!(seen, [(w1, 1, 1000), (w2, 2, 1000), (w1, 3, 1000)]);
             }
         }
     };

@@ -183,6 +183,7 @@ async fn a_starting_worker_is_answered_at_once_and_every_worker_counts_it() {
             owned: 0,
             slots: 1,
             at_ms: turnpike_router::bus::now_ms(),
+            every_ms: 3_600_000,
         })
         .await;
     beats_from(&mut beats, &[&stranger.to_string(), &a, &b]).await;

@@ -18,6 +18,9 @@ pub struct Heartbeat {
     pub slots: usize,
     /// When it was sent, in milliseconds since the epoch (the sender's clock).
     pub at_ms: u64,
+    /// How often it beats, in milliseconds (absent from older workers' beats: 0, unknown).
+    #[serde(default)]
+    pub every_ms: u64,
 }
 
 /// The newest heartbeat of each worker among `beats`, ordered by worker id.
@@ -46,6 +49,7 @@ mod tests {
             owned,
             slots: 8,
             at_ms,
+            every_ms: 5000,
         };
         let listed = latest([
             beat(a, 1, 10),

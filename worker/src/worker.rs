@@ -446,6 +446,8 @@ impl Worker {
             owned,
             slots: self.inner.config.slots,
             at_ms: now_ms(),
+            every_ms: u64::try_from(self.inner.config.heartbeat_every.as_millis())
+                .unwrap_or(u64::MAX),
         };
         self.inner.bus.heartbeat(&beat).await;
     }
@@ -461,9 +463,7 @@ impl Worker {
         beat_now: Arc<Notify>,
     ) {
         let every = self.inner.config.heartbeat_every;
-        // Two beats missed, and a margin for a busy sender: gone.
-        let mut roster =
-            crate::roster::Roster::new(self.inner.worker, every * 2 + Duration::from_millis(500));
+        let mut roster = crate::roster::Roster::new(self.inner.worker, every);
         let mut recount = tokio::time::interval(every);
         recount.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -482,7 +482,8 @@ impl Worker {
                 tokio::select! {
                     beat = futures::StreamExt::next(&mut beats) => match beat {
                         Some(beat) => {
-                            if roster.heard(beat.worker, std::time::Instant::now()) {
+                            let beats_every = Duration::from_millis(beat.every_ms);
+                            if roster.heard(beat.worker, beats_every, std::time::Instant::now()) {
                                 beat_now.notify_one();
                             }
                         }
