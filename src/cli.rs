@@ -613,7 +613,8 @@ pub struct WorkerArgs {
     /// Grace period for running turns at shutdown, in milliseconds.
     #[arg(long, default_value_t = 20_000)]
     pub grace_ms: u64,
-    /// How often the worker announces itself (`turnpike workers` lists it), in milliseconds.
+    /// How often the worker announces itself (`turnpike workers` lists it, and other workers
+    /// count it until two of these pass without a beat), in milliseconds.
     #[arg(long, default_value_t = 5_000)]
     pub heartbeat_ms: u64,
     /// How often to look for changed manifests in the apps folders, in milliseconds (0: never;

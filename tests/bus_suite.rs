@@ -13,6 +13,9 @@ use turnpike_tests::nats::NatsServer;
 /// A backend under test and what keeps it alive.
 struct Backend {
     bus: Arc<dyn Bus>,
+    /// The same bus as another process sees it (JetStream: a second connection; embedded: the
+    /// one bus, which only one process opens).
+    peer: Arc<dyn Bus>,
     _nats: Option<NatsServer>,
     _dir: Option<tempfile::TempDir>,
 }
@@ -28,8 +31,16 @@ async fn jetstream() -> Backend {
     })
     .await
     .expect("connecting to nats");
+    let peer = JetStreamBus::connect(JetStreamConfig {
+        url: nats.url(),
+        ack_wait: ACK_WAIT,
+        ..Default::default()
+    })
+    .await
+    .expect("connecting to nats again");
     Backend {
         bus,
+        peer,
         _nats: Some(nats),
         _dir: None,
     }
@@ -46,6 +57,7 @@ async fn embedded() -> Backend {
     )
     .unwrap();
     Backend {
+        peer: bus.clone(),
         bus,
         _nats: None,
         _dir: Some(dir),
@@ -525,10 +537,11 @@ macro_rules! bus_suite {
                 let b = super::$backend().await;
                 let mut watch = b.bus.watch_heartbeats().await.unwrap();
                 let (w1, w2) = (WorkerId::new(), WorkerId::new());
-                // Sent at once after the watch returned: none may be missed (no retries here).
+                // Sent at once after the watch returned, by another process: none may be
+                // missed (no retries here).
                 for (worker, at_ms) in [(w1, 1), (w2, 2), (w1, 3)] {
                     let beat = Heartbeat { worker, owned: 0, slots: 4, at_ms, every_ms: 1000 };
-                    b.bus.heartbeat(&beat).await;
+                    b.peer.heartbeat(&beat).await;
                 }
                 let mut seen = Vec::new();
                 while seen.len() < 3 {

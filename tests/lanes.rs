@@ -167,9 +167,12 @@ async fn a_starting_worker_is_answered_at_once_and_every_worker_counts_it() {
     let a_admin = turnpike_edge::client::Client::new(&format!("http://{a_listen}"), "");
     fleet_size_reaches(&a_admin, 1).await;
 
-    // A second worker beats once it watches; the first answers it, and both count two.
+    // A second worker beats once it watches; the first answers it, the second answers the
+    // first (new to it), and both count two.
     let (_b, b) = fleet.worker(&[&hour[..], &["--admin-listen", &b_listen]].concat());
-    beats_from(&mut beats, &[&b, &a]).await;
+    beats_from(&mut beats, &[&b]).await;
+    beats_from(&mut beats, &[&a]).await;
+    beats_from(&mut beats, &[&b]).await;
     let b_admin = turnpike_edge::client::Client::new(&format!("http://{b_listen}"), "");
     fleet_size_reaches(&a_admin, 2).await;
     fleet_size_reaches(&b_admin, 2).await;

@@ -1,6 +1,7 @@
 //! Heartbeats: every worker says, every few seconds, that it is alive and how many of its turn
-//! slots are taken; `turnpike workers` lists who spoke within a window. Advisory only: nothing
-//! is decided by them (leases and their epochs decide who owns a conversation).
+//! slots are taken; `turnpike workers` lists who spoke within a window, and every worker
+//! watches them to count its fleet (the worker crate's roster). Advisory only: nothing is
+//! decided by them (leases and their epochs decide who owns a conversation).
 
 use std::collections::BTreeMap;
 

@@ -182,7 +182,8 @@ impl Worker {
         // The first heartbeat is sent by `count_workers` as soon as its watch is in place (so
         // that it hears every answer to it); then one every `every`, and one more at once for
         // each worker first heard (`beat_now`).
-        let mut heartbeat = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+        let mut heartbeat = tokio::time::interval(every);
+        heartbeat.reset();
         let beat_now = Arc::new(Notify::new());
         // The first tick is at once: a worker starting up recovers what was left open.
         let mut sweep = tokio::time::interval(self.inner.config.sweep_every);
@@ -456,28 +457,33 @@ impl Worker {
     /// come back to any of them) and the scheduler's shards: watches heartbeats for this
     /// worker's life (see [`crate::roster`]), asks for a beat through `beat_now` once the
     /// watch is in place and for each worker first heard, and counts again at each beat and
-    /// every `heartbeat_every`.
+    /// every second (a silent worker is counted out within a second of its time). A watch
+    /// that cannot be had within a second, or ends, is asked for again after a pause; this
+    /// worker beats meanwhile, so that a listing sees it.
     async fn count_workers(
         self,
         peers: Arc<std::sync::atomic::AtomicUsize>,
         beat_now: Arc<Notify>,
     ) {
         let every = self.inner.config.heartbeat_every;
+        let pause = every.min(Duration::from_secs(1));
         let mut roster = crate::roster::Roster::new(self.inner.worker, every);
-        let mut recount = tokio::time::interval(every);
+        let mut recount = tokio::time::interval(pause);
         recount.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
-            let mut beats = match self.inner.bus.watch_heartbeats().await {
-                Ok(beats) => beats,
-                Err(e) => {
+            let watched = tokio::time::timeout(pause, self.inner.bus.watch_heartbeats()).await;
+            // Beats: once the watch is in place, so that every answer is heard; else (no
+            // watch yet) at least as often as the pauses between tries.
+            beat_now.notify_one();
+            let mut beats = match watched {
+                Ok(Ok(beats)) => beats,
+                Ok(Err(e)) => {
                     warn!(worker = %self.inner.worker, error = %e, "cannot watch heartbeats; retrying");
-                    // Still beating, so that a listing sees it.
-                    beat_now.notify_one();
-                    tokio::time::sleep(every).await;
+                    tokio::time::sleep(pause).await;
                     continue;
                 }
+                Err(_) => continue,
             };
-            beat_now.notify_one();
             loop {
                 tokio::select! {
                     beat = futures::StreamExt::next(&mut beats) => match beat {
@@ -487,7 +493,7 @@ impl Worker {
                                 beat_now.notify_one();
                             }
                         }
-                        // The bus let the watch go: watch again.
+                        // The bus let the watch go: watch again, after a pause.
                         None => break,
                     },
                     _ = recount.tick() => {}
@@ -497,6 +503,7 @@ impl Worker {
                 peers.store(n, Ordering::Relaxed);
                 metrics::gauge!("turnpike_worker_fleet_size").set(n as f64);
             }
+            tokio::time::sleep(pause).await;
         }
     }
 
