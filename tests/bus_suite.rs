@@ -24,20 +24,15 @@ const ACK_WAIT: Duration = Duration::from_secs(1);
 
 async fn jetstream() -> Backend {
     let nats = NatsServer::start().expect("nats-server");
-    let bus = JetStreamBus::connect(JetStreamConfig {
-        url: nats.url(),
-        ack_wait: ACK_WAIT,
-        ..Default::default()
-    })
-    .await
-    .expect("connecting to nats");
-    let peer = JetStreamBus::connect(JetStreamConfig {
-        url: nats.url(),
-        ack_wait: ACK_WAIT,
-        ..Default::default()
-    })
-    .await
-    .expect("connecting to nats again");
+    let connect = || {
+        JetStreamBus::connect(JetStreamConfig {
+            url: nats.url(),
+            ack_wait: ACK_WAIT,
+            ..Default::default()
+        })
+    };
+    let bus = connect().await.expect("connecting to nats");
+    let peer = connect().await.expect("connecting to nats again");
     Backend {
         bus,
         peer,

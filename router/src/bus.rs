@@ -227,14 +227,25 @@ pub trait Bus: Send + Sync + 'static {
     /// Announces that a worker is alive and how much it owns (advisory, best effort).
     async fn heartbeat(&self, beat: &Heartbeat);
 
-    /// The heartbeats sent during the next `window` (the newest of each worker): who is alive.
-    async fn heartbeats(&self, window: Duration) -> Result<Vec<Heartbeat>>;
-
     /// Every heartbeat sent from now on, as it comes (a slow reader may miss some: they are
     /// advisory). The watch is in place for every heartbeat sent after the call returns, by
     /// this process or another on the same server (a worker counting its peers sends its own
     /// first beat after it, so that every answer to that beat is heard).
     async fn watch_heartbeats(&self) -> Result<BoxStream<'static, Heartbeat>>;
+
+    /// The heartbeats sent during the next `window` (the newest of each worker): who is alive.
+    async fn heartbeats(&self, window: Duration) -> Result<Vec<Heartbeat>> {
+        use futures::StreamExt as _;
+        let mut watch = self.watch_heartbeats().await?;
+        let mut beats = Vec::new();
+        let _ = tokio::time::timeout(window, async {
+            while let Some(beat) = watch.next().await {
+                beats.push(beat);
+            }
+        })
+        .await;
+        Ok(crate::heartbeat::latest(beats))
+    }
 
     /// A signal each time something is put on `conversation`'s lane from now on (advisory: a
     /// signal may be missed or spurious; the lane is the truth). A turn watching its lane reads

@@ -604,22 +604,6 @@ impl Bus for EmbeddedBus {
         let _ = self.heartbeats.send(beat.clone());
     }
 
-    async fn heartbeats(&self, window: Duration) -> Result<Vec<Heartbeat>> {
-        let mut rx = self.heartbeats.subscribe();
-        let mut beats = Vec::new();
-        let _ = tokio::time::timeout(window, async {
-            loop {
-                match rx.recv().await {
-                    Ok(beat) => beats.push(beat),
-                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
-                    Err(tokio::sync::broadcast::error::RecvError::Closed) => break,
-                }
-            }
-        })
-        .await;
-        Ok(crate::heartbeat::latest(beats))
-    }
-
     async fn watch_heartbeats(&self) -> Result<futures::stream::BoxStream<'static, Heartbeat>> {
         use futures::StreamExt as _;
         use tokio::sync::broadcast::error::RecvError;

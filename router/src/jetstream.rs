@@ -936,26 +936,6 @@ impl Bus for JetStreamBus {
             .await;
     }
 
-    async fn heartbeats(&self, window: Duration) -> Result<Vec<Heartbeat>> {
-        let mut subscriber = self
-            .subscribed(
-                crate::subject::HEARTBEATS.into(),
-                "listening for heartbeats",
-            )
-            .await?;
-        let mut beats = Vec::new();
-        let _ = tokio::time::timeout(window, async {
-            while let Some(message) = subscriber.next().await {
-                // Anything else on the subject (an older or foreign sender) is skipped.
-                if let Ok(beat) = serde_json::from_slice::<Heartbeat>(&message.payload) {
-                    beats.push(beat);
-                }
-            }
-        })
-        .await;
-        Ok(crate::heartbeat::latest(beats))
-    }
-
     async fn watch_heartbeats(&self) -> Result<futures::stream::BoxStream<'static, Heartbeat>> {
         // Flushed before it returns: the server has the watch before any later beat.
         let subscriber = self

@@ -51,8 +51,9 @@ pub(crate) struct Dispatch {
     pub(crate) ready: Notify,
     /// A queued wake left.
     pub(crate) room: Notify,
-    /// How many workers share the bus's wakes (from their heartbeats; 1 until known).
-    workers: AtomicUsize,
+    /// How many workers share the bus's wakes (from their heartbeats; 1 until known), shared
+    /// with the scheduler and the webhook dispatcher, which split their shards by it.
+    workers: Arc<AtomicUsize>,
 }
 
 impl Dispatch {
@@ -65,7 +66,7 @@ impl Dispatch {
             share,
             ready: Notify::new(),
             room: Notify::new(),
-            workers: AtomicUsize::new(1),
+            workers: Arc::new(AtomicUsize::new(1)),
         }
     }
 
@@ -223,6 +224,11 @@ impl Dispatch {
     /// How many workers share the wakes.
     pub(crate) fn set_workers(&self, n: usize) {
         self.workers.store(n.max(1), Ordering::Relaxed);
+    }
+
+    /// The count [`Dispatch::set_workers`] keeps, for the parts that share it.
+    pub(crate) fn workers(&self) -> Arc<AtomicUsize> {
+        self.workers.clone()
     }
 }
 

@@ -195,12 +195,12 @@ impl Worker {
         keep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let sweeping = Arc::new(AtomicBool::new(false));
         // How many workers share the bus (their heartbeats): the scheduler's fair part.
-        let peers = Arc::new(std::sync::atomic::AtomicUsize::new(1));
+        let peers = self.inner.dispatch.workers();
         // Aborted when this function returns or is dropped (a crash aborts the worker's task:
         // nothing it started may go on).
         let companions = AbortOnDrop(vec![
             tokio::spawn(self.clone().dispatch_loop()),
-            tokio::spawn(self.clone().count_workers(peers.clone(), beat_now.clone())),
+            tokio::spawn(self.clone().count_workers(beat_now.clone())),
         ]);
         let (stop_scheduler, scheduler_stop) = tokio::sync::watch::channel(false);
         let mut scheduler_task = AbortOnDrop(Vec::new());
@@ -460,11 +460,7 @@ impl Worker {
     /// every second (a silent worker is counted out within a second of its time). A watch
     /// that cannot be had within a second, or ends, is asked for again after a pause; this
     /// worker beats meanwhile, so that a listing sees it.
-    async fn count_workers(
-        self,
-        peers: Arc<std::sync::atomic::AtomicUsize>,
-        beat_now: Arc<Notify>,
-    ) {
+    async fn count_workers(self, beat_now: Arc<Notify>) {
         let every = self.inner.config.heartbeat_every;
         let pause = every.min(Duration::from_secs(1));
         let mut roster = crate::roster::Roster::new(self.inner.worker, every);
@@ -500,7 +496,6 @@ impl Worker {
                 }
                 let n = roster.count(std::time::Instant::now());
                 self.inner.dispatch.set_workers(n);
-                peers.store(n, Ordering::Relaxed);
                 metrics::gauge!("turnpike_worker_fleet_size").set(n as f64);
             }
             tokio::time::sleep(pause).await;

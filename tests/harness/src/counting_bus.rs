@@ -203,10 +203,6 @@ impl Bus for CountingBus {
         self.inner.heartbeat(beat).await
     }
 
-    async fn heartbeats(&self, window: Duration) -> Result<Vec<Heartbeat>> {
-        self.inner.heartbeats(window).await
-    }
-
     async fn watch_heartbeats(&self) -> Result<BoxStream<'static, Heartbeat>> {
         self.inner.watch_heartbeats().await
     }
