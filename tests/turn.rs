@@ -1290,3 +1290,64 @@ async fn a_message_sent_while_the_owner_lets_go_is_taken_by_its_re_read_after_th
     assert!(counted.heads >= 1, "{counted:?}");
     rig.stop().await;
 }
+
+/// What one turn costs the store, in writes: the cost model `book/src/operating/capacity.md`
+/// states. A turn in a conversation that has one turn behind it, the drain's only one.
+#[tokio::test]
+async fn a_turn_writes_its_batches_its_log_twice_and_one_snapshot() {
+    let rig = Rig::start("[[turn]]\n[[turn.step]]\ntext = \"hi\"\n", 3).await;
+    rig.say("one").await;
+    rig.wait_turns(1).await;
+    let (conv, tenant) = (rig.conv.to_string(), rig.prefix().tenant().to_string());
+    let home = format!("tenants/{tenant}/conversations/{conv}");
+    // A turn's clearing runs in the background: wait for a write that begins with `what`.
+    let wait_for = |what: String| {
+        let counting = rig.counting.clone();
+        async move {
+            let deadline = Instant::now() + LONG;
+            while !counting.written().iter().any(|w| w.starts_with(&what)) {
+                assert!(Instant::now() < deadline, "never written: {what}");
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+    };
+    wait_for(format!("delete open-turns/{tenant}/{conv}")).await;
+    wait_for(format!("delete {home}/attempts/turn_1/")).await;
+    rig.counting.reset();
+    rig.say("two").await;
+    rig.wait_turns(2).await;
+    wait_for(format!("delete {home}/turns/turn_1/context.json")).await;
+    wait_for(format!("delete open-turns/{tenant}/{conv}")).await;
+    wait_for(format!("delete {home}/attempts/turn_2/")).await;
+    let mut written: Vec<String> = rig
+        .counting
+        .written()
+        .iter()
+        .map(|w| {
+            // The attempt's id is random.
+            w.replace(&home, "~")
+                .split('/')
+                .map(|part| match part.strip_prefix('a') {
+                    Some(id) if id.len() > 8 && id.bytes().all(|b| b.is_ascii_digit()) => "A",
+                    _ => part,
+                })
+                .collect::<Vec<_>>()
+                .join("/")
+        })
+        .collect();
+    written.sort();
+    let mut expected = vec![
+        format!("put open-turns/{tenant}/{conv}"),
+        "put ~/record/00000000000000000003".to_string(),
+        "put ~/attempts/turn_2/A/log.json".to_string(),
+        "put ~/record/00000000000000000004".to_string(),
+        "put ~/turns/turn_2/log.json".to_string(),
+        "put ~/turns/turn_2/context.json".to_string(),
+        format!("delete open-turns/{tenant}/{conv}"),
+        "delete ~/attempts/turn_2/A/log.json".to_string(),
+        "delete ~/turns/turn_1/context.json".to_string(),
+    ];
+    expected.sort();
+    assert_eq!(written, expected);
+    rig.stop().await;
+}

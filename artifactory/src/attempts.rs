@@ -9,6 +9,11 @@
 //! the promotion unfinished (the next owner of the conversation, or a sweep). Promotion is
 //! idempotent: each object is copied create-only, so running it twice, or concurrently, writes
 //! each canonical object once, with the committed attempt's bytes.
+//!
+//! One object skips the attempt: the context snapshot, a cache (one missing means a rebuild
+//! from the turn logs). Its owner writes it at its canonical key, create-only, only after the
+//! commit — what only the committed attempt's owner ever reaches (see
+//! `TurnLogs::put_context`).
 
 use std::sync::Arc;
 
@@ -108,9 +113,9 @@ pub async fn promote(
 
 /// Deletes what attempt `attempt` at `turn` wrote, once its promotion is done: the canonical
 /// keys hold the same bytes, and an attempt's own keys are read only while its promotion is
-/// unfinished. Without this every turn would keep its log and its context snapshot twice, and
-/// the snapshots (each the size of the conversation's context) would grow a conversation's
-/// storage with the square of its length. `written`: the canonical keys the attempt wrote,
+/// unfinished. Without this every turn would keep its log twice (and, as earlier versions wrote
+/// it under the attempt too, its context snapshot: each the size of the conversation's context,
+/// growing a conversation's storage with the square of its length). `written`: the canonical keys the attempt wrote,
 /// when the caller knows them (no listing); `None` lists the attempt's folder. Gone already is
 /// fine. Returns how many objects it deleted or found gone.
 pub async fn clear(

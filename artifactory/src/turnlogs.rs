@@ -57,15 +57,10 @@ impl TurnLogs {
         Ok(digest)
     }
 
-    /// Promotes a committed attempt's log (and snapshot) to the canonical keys from the values
-    /// its owner still holds: the same bytes the attempt wrote, without reading them back.
-    /// Call only once the record's `turn_complete` names the attempt.
-    pub async fn promote(
-        &self,
-        prefix: &ConversationPrefix,
-        log: &TurnLog,
-        snapshot: Option<&ContextSnapshot>,
-    ) -> Result<()> {
+    /// Promotes a committed attempt's log to its canonical key from the value its owner still
+    /// holds: the same bytes the attempt wrote, without reading them back. Call only once the
+    /// record's `turn_complete` names the attempt.
+    pub async fn promote(&self, prefix: &ConversationPrefix, log: &TurnLog) -> Result<()> {
         let (bytes, _) = Self::encode_log(prefix, log)?;
         let what = format!("promoting the log of {}", log.turn);
         crate::attempts::create(
@@ -74,19 +69,31 @@ impl TurnLogs {
             bytes.into(),
             &what,
         )
-        .await?;
-        if let Some(snapshot) = snapshot {
-            let bytes = Self::encode_context(prefix, snapshot)?;
-            let path = prefix.context_snapshot(snapshot.through);
-            let put =
-                crate::attempts::create_reporting(self.store.as_ref(), &path, bytes.into(), &what)
-                    .await?;
-            // The next turn's rebuild — most often on this worker — needs no parse.
-            if let Some(written) =
-                put.and_then(|p| crate::context_cache::ObjectVersion::written(&path, &p))
-            {
-                self.contexts.put(written, Arc::new(snapshot.rows.clone()));
-            }
+        .await
+    }
+
+    /// Writes the context snapshot a committed turn leaves at its canonical key, created only
+    /// if absent. Unlike the log it goes under no attempt: it is a cache (a missing one means a
+    /// rebuild from the logs), written once the record's `turn_complete` names the turn's
+    /// attempt, by that attempt's owner — a superseded owner never commits, so never writes
+    /// it. That saves a turn an attempt copy and its removal, and its commit waits for one
+    /// write fewer.
+    pub async fn put_context(
+        &self,
+        prefix: &ConversationPrefix,
+        snapshot: &ContextSnapshot,
+    ) -> Result<()> {
+        let bytes = Self::encode_context(prefix, snapshot)?;
+        let path = prefix.context_snapshot(snapshot.through);
+        let what = format!("writing the context after {}", snapshot.through);
+        let put =
+            crate::attempts::create_reporting(self.store.as_ref(), &path, bytes.into(), &what)
+                .await?;
+        // The next turn's rebuild — most often on this worker — needs no parse.
+        if let Some(written) =
+            put.and_then(|p| crate::context_cache::ObjectVersion::written(&path, &p))
+        {
+            self.contexts.put(written, Arc::new(snapshot.rows.clone()));
         }
         Ok(())
     }
@@ -141,8 +148,8 @@ impl TurnLogs {
         Ok(log)
     }
 
-    /// Writes the context snapshot after a turn at its canonical key (for fixtures; a worker
-    /// writes through [`Self::write_context_attempt`]).
+    /// Writes the context snapshot after a turn at its canonical key, replacing what is there
+    /// (for fixtures; a worker writes through [`Self::put_context`]).
     pub async fn write_context(
         &self,
         prefix: &ConversationPrefix,
@@ -177,21 +184,6 @@ impl TurnLogs {
                 e,
             )),
         }
-    }
-
-    /// Writes the context snapshot after a turn as attempt `attempt` wrote it (created only if
-    /// absent, under the attempt's own key).
-    pub async fn write_context_attempt(
-        &self,
-        prefix: &ConversationPrefix,
-        snapshot: &ContextSnapshot,
-        attempt: u64,
-    ) -> Result<()> {
-        let bytes = Self::encode_context(prefix, snapshot)?;
-        let turn = snapshot.through;
-        let path = prefix.in_attempt(&prefix.context_snapshot(turn), turn, attempt);
-        let what = format!("writing the context after {turn} (attempt {attempt})");
-        crate::attempts::create(self.store.as_ref(), &path, bytes.into(), &what).await
     }
 
     fn encode_context(prefix: &ConversationPrefix, snapshot: &ContextSnapshot) -> Result<Vec<u8>> {
@@ -338,7 +330,7 @@ mod tests {
             logs.discard(&prefix, turn).await.unwrap();
             assert!(logs.read_context(&prefix, turn).await.unwrap().is_none());
 
-            // Promoted by this process: the next read shares the promoted rows, unparsed; a
+            // Written by this process: the next read shares the written rows, unparsed; a
             // fresh reader parses the same rows from the bytes.
             let log = TurnLog {
                 version: TURN_LOG_VERSION,
@@ -352,7 +344,8 @@ mod tests {
                 unindexed: false,
             };
             let promoted = snapshot(conversation, "promoted");
-            logs.promote(&prefix, &log, Some(&promoted)).await.unwrap();
+            logs.promote(&prefix, &log).await.unwrap();
+            logs.put_context(&prefix, &promoted).await.unwrap();
             let first = logs.read_context(&prefix, turn).await.unwrap().unwrap();
             let second = logs.read_context(&prefix, turn).await.unwrap().unwrap();
             assert!(Arc::ptr_eq(&first, &second), "promotion filled the memory");

@@ -11,11 +11,12 @@
 //! The places: `claim-won` (a wake's lease claim won, its owner not registered yet),
 //! `after-claim` (a lease taken, its owner running), `before-release` (an owner done, out of
 //! the owner map, its lease not released yet), `after-batch-one` (a turn's batch one committed),
-//! `before-batch-two` (the turn's log, snapshot and version written), `before-promotion` (batch
-//! two committed, the attempt's objects not promoted yet), `after-dead-letter` (a lane message
-//! kept as a dead letter, its `lane_parked` entry not committed yet), `schedule-claimed` (a
-//! schedule's firing claimed, nothing of it done yet), `schedule-conversation` (the firing's new
-//! conversation created, its message not published yet).
+//! `before-batch-two` (the turn's log and version written), `before-promotion` (batch two
+//! committed, the attempt's objects not promoted yet, its context snapshot not written),
+//! `after-dead-letter` (a lane message kept as a dead letter, its `lane_parked` entry not
+//! committed yet), `schedule-claimed` (a schedule's firing claimed, nothing of it done yet),
+//! `schedule-conversation` (the firing's new conversation created, its message not published
+//! yet).
 
 /// The failpoints a worker is configured with.
 #[derive(Debug, Clone, Default)]

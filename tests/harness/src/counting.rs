@@ -1,5 +1,5 @@
-//! An object store that counts reads, for tests of bounded cost. It forwards everything to a
-//! real store.
+//! An object store that counts reads and logs writes, for tests of bounded cost. It forwards
+//! everything to a real store.
 
 use std::ops::Range;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -14,13 +14,16 @@ use object_store::{
     PutMultipartOptions, PutOptions, PutPayload, PutResult, RenameOptions, Result,
 };
 
-/// Counts object reads (gets and range gets) and listings, and keeps each listing's prefix.
+/// Counts object reads (gets and range gets) and listings, and keeps each listing's prefix and
+/// every write.
 #[derive(Debug)]
 pub struct CountingStore {
     inner: Arc<dyn ObjectStore>,
     gets: AtomicUsize,
     lists: AtomicUsize,
     listed: Mutex<Vec<String>>,
+    /// Every put and delete since the last reset, in order: `put PATH`, `delete PATH`.
+    written: Arc<Mutex<Vec<String>>>,
 }
 
 impl CountingStore {
@@ -30,6 +33,7 @@ impl CountingStore {
             gets: AtomicUsize::new(0),
             lists: AtomicUsize::new(0),
             listed: Mutex::new(Vec::new()),
+            written: Arc::default(),
         })
     }
 
@@ -50,7 +54,24 @@ impl CountingStore {
         self.listed.lock().expect("listing log").clone()
     }
 
+    /// The puts and deletes since the last reset, in order (`put PATH`, `delete PATH`).
+    pub fn written(&self) -> Vec<String> {
+        self.written.lock().expect("write log").clone()
+    }
+
+    fn written_log(&self) -> Arc<Mutex<Vec<String>>> {
+        self.written.clone()
+    }
+
+    fn wrote(&self, what: &str, path: &Path) {
+        self.written
+            .lock()
+            .expect("write log")
+            .push(format!("{what} {path}"));
+    }
+
     pub fn reset(&self) {
+        self.written.lock().expect("write log").clear();
         self.gets.store(0, Ordering::SeqCst);
         self.lists.store(0, Ordering::SeqCst);
         self.listed.lock().expect("listing log").clear();
@@ -79,6 +100,7 @@ impl ObjectStore for CountingStore {
         payload: PutPayload,
         opts: PutOptions,
     ) -> Result<PutResult> {
+        self.wrote("put", location);
         self.inner.put_opts(location, payload, opts).await
     }
 
@@ -104,6 +126,15 @@ impl ObjectStore for CountingStore {
         &self,
         locations: BoxStream<'static, Result<Path>>,
     ) -> BoxStream<'static, Result<Path>> {
+        use futures::StreamExt as _;
+        let this = self.written_log();
+        let locations = locations
+            .inspect(move |p| {
+                if let Ok(p) = p {
+                    this.lock().expect("write log").push(format!("delete {p}"));
+                }
+            })
+            .boxed();
         self.inner.delete_stream(locations)
     }
 

@@ -24,8 +24,8 @@ use super::lane_watch::{LaneWatch, StopCause};
 use super::TurnEnv;
 /// A turn after its batch one, through its batch two (DESIGN's life of a turn, steps 6–9): the
 /// turn's context is opened, the app does the work, what the workspace holds is checked and
-/// published as the project's next version, the turn log and context snapshot are written under
-/// the attempt, batch two is committed, and the attempt's objects are promoted.
+/// published as the project's next version, the turn log is written under the attempt, batch two
+/// is committed, and the attempt's objects are promoted (the context snapshot written beside).
 pub(super) async fn finish_turn(
     env: &TurnEnv,
     head: Head,
@@ -330,8 +330,8 @@ impl Ended {
     }
 }
 
-/// Writes the turn log and the context snapshot under the attempt, commits batch two, counts
-/// the usage and promotes the attempt (DESIGN steps 7–9).
+/// Writes the turn log under the attempt, commits batch two, counts the usage and promotes the
+/// attempt, writing the context snapshot beside it (DESIGN steps 7–9).
 async fn commit(
     env: &TurnEnv,
     ended: Ended,
@@ -359,13 +359,6 @@ async fn commit(
         .turn_logs
         .write_attempt(env.record.prefix(), &log, attempt)
         .await?;
-    let snapshot = match &ended.timeline {
-        Some(before) => {
-            let spec = ended.spec.as_deref();
-            Some(write_snapshot(env, before, &log, attempt, spec).await?)
-        }
-        None => None,
-    };
     // What the model calls used, whatever became of the turn: they were made.
     let usage = crate::usage::entries(turn, &ended.calls, env.config.prices.as_deref());
     bodies.extend(usage.iter().cloned());
@@ -409,6 +402,10 @@ async fn commit(
     // promotion and the release below (this owner then starts no more turns).
     let gave_up = env.turn_slot.give_up_if_owed();
     tracing::debug!(target: crate::dispatch::WAKES, %conversation, gave_up, "turn committed");
+    let snapshot = ended
+        .timeline
+        .as_ref()
+        .map(|before| snapshot(env, before, &log, ended.spec.as_deref()));
     count_usage(env, &ended.app, &usage).await;
     env.config.failpoints.hit("before-promotion", &place).await;
     // Committed: this attempt's objects become the turn's. Should this fail (or the worker
@@ -471,23 +468,16 @@ fn done_entries(ended: &Ended) -> Vec<EntryBody> {
     bodies
 }
 
-/// Writes the snapshot the next turn's rebuild reads in one fetch: the timeline this turn was
-/// built on and its own blocks, bounded by what its agent could use.
-async fn write_snapshot(
+/// The snapshot the next turn's rebuild reads in one fetch: the timeline this turn was built
+/// on and its own blocks, bounded by what its agent could use. Written with the promotion.
+fn snapshot(
     env: &TurnEnv,
     before: &turnpike_agent::timeline::Timeline,
     log: &TurnLog,
-    attempt: u64,
     spec: Option<&turnpike_agent::AgentSpec>,
-) -> Result<turnpike_schemas::timeline::ContextSnapshot> {
+) -> turnpike_schemas::timeline::ContextSnapshot {
     let budget = spec.map_or(u64::MAX, |s| 2 * u64::from(s.context_length));
-    let after =
-        crate::timeline::snapshot_after(before, env.record.prefix(), log.turn, &log.blocks, budget);
-    env.fence.check()?;
-    env.turn_logs
-        .write_context_attempt(env.record.prefix(), &after, attempt)
-        .await?;
-    Ok(after)
+    crate::timeline::snapshot_after(before, env.record.prefix(), log.turn, &log.blocks, budget)
 }
 
 /// Adds a committed turn's usage to the ledger's counters (its tenant's, its app's in the
@@ -559,11 +549,9 @@ fn clear_after_promotion(env: &TurnEnv, turn: TurnId, attempt: u64, snapshot: bo
     let store = env.files.store().clone();
     tokio::spawn(async move {
         let conversation = prefix.conversation();
-        // The log and the snapshot are the attempt's only objects unless it hosted files.
-        let mut written = vec![prefix.turn_log(turn)];
-        if snapshot {
-            written.push(prefix.context_snapshot(turn));
-        }
+        // The log is the attempt's only object unless it hosted files (the snapshot goes under
+        // no attempt: see `TurnLogs::put_context`).
+        let written = [prefix.turn_log(turn)];
         let named = (!hosted).then_some(written.as_slice());
         if let Err(e) =
             turnpike_artifactory::attempts::clear(&store, &prefix, turn, attempt, named).await
@@ -594,9 +582,19 @@ async fn promote(
     hosted: bool,
 ) -> Result<()> {
     let prefix = env.record.prefix();
-    // The log and snapshot are still in hand: promote them without reading them back. Only a
-    // turn that hosted files needs the listing of what its attempt wrote.
-    env.turn_logs.promote(prefix, log, snapshot).await?;
+    // The log and snapshot are still in hand: written without reading them back, at once (one
+    // group commit where the store has them). The snapshot is a cache: one not written means
+    // a rebuild from the logs, not an unfinished promotion. Only a turn that hosted files
+    // needs the listing of what its attempt wrote.
+    let cached = async {
+        let Some(snapshot) = snapshot else { return };
+        if let Err(e) = env.turn_logs.put_context(prefix, snapshot).await {
+            warn!(conversation = %prefix.conversation(), %turn, error = %e,
+                "the context snapshot was not written; the next turn rebuilds from the logs");
+        }
+    };
+    let (promoted, ()) = tokio::join!(env.turn_logs.promote(prefix, log), cached);
+    promoted?;
     if hosted {
         turnpike_artifactory::attempts::promote(env.files.store(), prefix, turn, attempt).await?;
     }
