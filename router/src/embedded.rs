@@ -143,7 +143,7 @@ pub struct EmbeddedBus {
     config: EmbeddedConfig,
     /// Publishes go to one writer thread, which commits whatever is waiting in one transaction
     /// (group commit): one disk sync for many events, and no sync on the async runtime.
-    writer: Option<std::sync::mpsc::Sender<PublishRequest>>,
+    writer: Option<std::sync::mpsc::Sender<WriteRequest>>,
     /// The writer thread, joined on drop so the database is closed when the bus is gone.
     writer_thread: Option<std::thread::JoinHandle<()>>,
     /// Advisory live messages, one channel per conversation someone listens to.
@@ -259,14 +259,35 @@ struct PublishRequest {
     reply: tokio::sync::oneshot::Sender<Result<Published>>,
 }
 
+/// An addition to a usage counter waiting to be committed by the writer thread.
+struct UsageRequest {
+    key: String,
+    delta: UsageTotals,
+    reply: tokio::sync::oneshot::Sender<Result<()>>,
+}
+
+/// What the writer thread commits: lanes' events and the usage ledger's additions, in groups.
+/// A turn adds to two counters; as transactions of their own those were two more syncs per
+/// turn, each holding redb's one write lock while events waited to be accepted.
+enum WriteRequest {
+    Publish(PublishRequest),
+    Usage(UsageRequest),
+}
+
+/// What became of one request in a committed group.
+enum Written {
+    Published(Published),
+    Added,
+}
+
 /// The most events one group commit takes.
 const MAX_GROUP: usize = 512;
 
-/// The writer thread: commits waiting publishes in groups until the bus is dropped.
+/// The writer thread: commits waiting requests in groups until the bus is dropped.
 fn write_loop(
     db: Arc<Database>,
     wakes: Arc<Wakes>,
-    requests: std::sync::mpsc::Receiver<PublishRequest>,
+    requests: std::sync::mpsc::Receiver<WriteRequest>,
 ) {
     while let Ok(first) = requests.recv() {
         let mut group = vec![first];
@@ -278,40 +299,66 @@ fn write_loop(
         }
         match commit_group(&db, &group) {
             Ok(outcomes) => {
-                for (request, published) in group.into_iter().zip(outcomes) {
-                    if let (false, Some(tp)) = (published.duplicate, &request.traceparent) {
-                        let mut traces = wakes.traces.lock().expect("trace memory lock");
-                        if traces.len() >= MAX_TRACES {
-                            traces.clear();
+                for (request, written) in group.into_iter().zip(outcomes) {
+                    match (request, written) {
+                        (WriteRequest::Publish(request), Written::Published(published)) => {
+                            published_one(&wakes, request, published);
                         }
-                        traces.insert((request.conversation, published.seq), tp.clone());
+                        (WriteRequest::Usage(request), _) => {
+                            let _ = request.reply.send(Ok(()));
+                        }
+                        (WriteRequest::Publish(request), Written::Added) => {
+                            let _ = request
+                                .reply
+                                .send(Err(storage("publishing", "no outcome for the event")));
+                        }
                     }
-                    if !published.duplicate {
-                        push_wake(
-                            &wakes,
-                            Pending {
-                                conversation: request.conversation,
-                                tenant: request.tenant.clone(),
-                                seq: published.seq,
-                                deliveries: 0,
-                                published_ms: crate::clock::now_ms(),
-                            },
-                        );
-                    }
-                    let _ = request.reply.send(Ok(published));
                 }
             }
             Err(e) => {
                 for request in group {
-                    let _ = request.reply.send(Err(Error::new(e.kind(), e.to_string())));
+                    let e = Error::new(e.kind(), e.to_string());
+                    match request {
+                        WriteRequest::Publish(r) => {
+                            let _ = r.reply.send(Err(e));
+                        }
+                        WriteRequest::Usage(r) => {
+                            let _ = r.reply.send(Err(e));
+                        }
+                    }
                 }
             }
         }
     }
 }
 
-/// Applies a group of publishes in one transaction; nothing is stored if the commit fails.
-fn commit_group(db: &Database, group: &[PublishRequest]) -> Result<Vec<Published>> {
+/// Queues the wake of an event just committed (not of a duplicate) and answers its publisher.
+fn published_one(wakes: &Wakes, request: PublishRequest, published: Published) {
+    if let (false, Some(tp)) = (published.duplicate, &request.traceparent) {
+        let mut traces = wakes.traces.lock().expect("trace memory lock");
+        if traces.len() >= MAX_TRACES {
+            traces.clear();
+        }
+        traces.insert((request.conversation, published.seq), tp.clone());
+    }
+    if !published.duplicate {
+        push_wake(
+            wakes,
+            Pending {
+                conversation: request.conversation,
+                tenant: request.tenant.clone(),
+                seq: published.seq,
+                deliveries: 0,
+                published_ms: crate::clock::now_ms(),
+            },
+        );
+    }
+    let _ = request.reply.send(Ok(published));
+}
+
+/// Applies a group of requests in one transaction, in order; nothing is stored if the commit
+/// fails.
+fn commit_group(db: &Database, group: &[WriteRequest]) -> Result<Vec<Written>> {
     let txn = db.begin_write().map_err(|e| storage("publishing", e))?;
     let mut out = Vec::with_capacity(group.len());
     {
@@ -327,7 +374,20 @@ fn commit_group(db: &Database, group: &[PublishRequest]) -> Result<Vec<Published
         let mut expiring = txn
             .open_table(DEDUPE_AT)
             .map_err(|e| storage("publishing", e))?;
-        for r in group {
+        let mut usage = txn
+            .open_table(USAGE)
+            .map_err(|e| storage("adding usage", e))?;
+        let mut oldest: Option<&PublishRequest> = None;
+        for request in group {
+            let r = match request {
+                WriteRequest::Publish(r) => r,
+                WriteRequest::Usage(u) => {
+                    add_to_counter(&mut usage, &u.key, u.delta)?;
+                    out.push(Written::Added);
+                    continue;
+                }
+            };
+            oldest.get_or_insert(r);
             let conv = r.conversation.to_string();
             let earlier = seen
                 .get(r.dedupe.as_str())
@@ -362,9 +422,9 @@ fn commit_group(db: &Database, group: &[PublishRequest]) -> Result<Vec<Published
                     }
                 }
             };
-            out.push(published);
+            out.push(Written::Published(published));
         }
-        if let Some(first) = group.first() {
+        if let Some(first) = oldest {
             let horizon = first.now_ms.saturating_sub(first.window_ms);
             forget_expired(&mut seen, &mut expiring, horizon, DEDUPE_PRUNE_PER_COMMIT)
                 .map_err(|e| storage("publishing", e))?;
@@ -372,6 +432,29 @@ fn commit_group(db: &Database, group: &[PublishRequest]) -> Result<Vec<Published
     }
     txn.commit().map_err(|e| storage("publishing", e))?;
     Ok(out)
+}
+
+/// Adds `delta` to the usage counter `key` within a write transaction.
+fn add_to_counter(
+    table: &mut redb::Table<&str, &[u8]>,
+    key: &str,
+    delta: UsageTotals,
+) -> Result<()> {
+    let current: UsageTotals = match table.get(key).map_err(|e| storage("adding usage", e))? {
+        Some(v) => serde_json::from_slice(v.value()).map_err(|e| {
+            Error::with_source(
+                ErrorKind::Corrupt,
+                format!("the usage counter {key} is unreadable"),
+                e,
+            )
+        })?,
+        None => UsageTotals::default(),
+    };
+    let bytes = serde_json::to_vec(&current.plus(delta)).expect("totals serialise");
+    table
+        .insert(key, bytes.as_slice())
+        .map_err(|e| storage("adding usage", e))?;
+    Ok(())
 }
 
 /// Drops up to `limit` dedupe ids accepted before `horizon` (ms). An id accepted again since
@@ -413,6 +496,15 @@ fn storage(what: &str, e: impl std::fmt::Display) -> Error {
 }
 
 impl EmbeddedBus {
+    /// Hands a request to the writer thread.
+    fn send(&self, request: WriteRequest) -> Result<()> {
+        self.writer
+            .as_ref()
+            .ok_or_else(|| storage("writing", "the bus is closing"))?
+            .send(request)
+            .map_err(|_| storage("writing", "the writer thread is gone"))
+    }
+
     /// Hands one message to the writer thread and waits until it is durable.
     async fn write(
         &self,
@@ -423,7 +515,7 @@ impl EmbeddedBus {
         traceparent: Option<String>,
     ) -> Result<Published> {
         let (reply, outcome) = tokio::sync::oneshot::channel();
-        let request = PublishRequest {
+        self.send(WriteRequest::Publish(PublishRequest {
             conversation,
             tenant,
             dedupe,
@@ -432,12 +524,7 @@ impl EmbeddedBus {
             now_ms: now_ms(),
             window_ms: self.config.duplicate_window.as_millis() as u64,
             reply,
-        };
-        self.writer
-            .as_ref()
-            .ok_or_else(|| storage("publishing", "the bus is closing"))?
-            .send(request)
-            .map_err(|_| storage("publishing", "the writer thread is gone"))?;
+        }))?;
         let published = outcome
             .await
             .map_err(|_| storage("publishing", "the writer thread is gone"))??;
@@ -713,38 +800,17 @@ impl Bus for EmbeddedBus {
     }
 
     async fn add_usage(&self, scope: &UsageScope, day: Day, delta: &UsageTotals) -> Result<()> {
-        let db = self.db.clone();
-        let key = scope.key(day);
-        let delta = *delta;
-        // One write transaction: redb serialises writers, so read-add-write is atomic.
-        tokio::task::spawn_blocking(move || {
-            let txn = db.begin_write().map_err(|e| storage("adding usage", e))?;
-            {
-                let mut table = txn
-                    .open_table(USAGE)
-                    .map_err(|e| storage("adding usage", e))?;
-                let current: UsageTotals = match table
-                    .get(key.as_str())
-                    .map_err(|e| storage("adding usage", e))?
-                {
-                    Some(v) => serde_json::from_slice(v.value()).map_err(|e| {
-                        Error::with_source(
-                            ErrorKind::Corrupt,
-                            format!("the usage counter {key} is unreadable"),
-                            e,
-                        )
-                    })?,
-                    None => UsageTotals::default(),
-                };
-                let bytes = serde_json::to_vec(&current.plus(delta)).expect("totals serialise");
-                table
-                    .insert(key.as_str(), bytes.as_slice())
-                    .map_err(|e| storage("adding usage", e))?;
-            }
-            txn.commit().map_err(|e| storage("adding usage", e))
-        })
-        .await
-        .map_err(|e| storage("adding usage", e))?
+        // Through the writer thread: committed in the group of whatever waits with it (one
+        // transaction is one writer at a time, so read-add-write is atomic), not on its own.
+        let (reply, outcome) = tokio::sync::oneshot::channel();
+        self.send(WriteRequest::Usage(UsageRequest {
+            key: scope.key(day),
+            delta: *delta,
+            reply,
+        }))?;
+        outcome
+            .await
+            .map_err(|_| storage("adding usage", "the writer thread is gone"))?
     }
 
     async fn usage(&self, scope: &UsageScope, day: Day) -> Result<UsageTotals> {
@@ -967,6 +1033,48 @@ mod tests {
         let bus = EmbeddedBus::open(&path, config).unwrap();
         assert!(bus.publish(&keyed(conv, "fresh")).await.unwrap().duplicate);
         assert_eq!(remembered(&bus).0, 2);
+    }
+
+    /// Usage additions go through the writer with the events: a group that mixes both commits
+    /// each in order (every event its own sequence, every addition counted once), and what
+    /// was answered is there after a reopening. Before, each addition was a transaction of
+    /// its own, and events waited behind its sync.
+    #[tokio::test]
+    async fn usage_additions_commit_in_the_events_groups() {
+        use crate::usage::{Day, UsageScope, UsageTotals};
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("bus.redb");
+        let bus = EmbeddedBus::open(&path, Default::default()).unwrap();
+        let conv = ConversationId::new();
+        let scope = UsageScope::Tenant("acme".parse().unwrap());
+        let today = Day(20_000);
+        let one = UsageTotals {
+            turns: 1,
+            input_tokens: 10,
+            ..Default::default()
+        };
+        let tasks: Vec<_> = (0..200)
+            .map(|i| {
+                let (bus, scope) = (bus.clone(), scope.clone());
+                tokio::spawn(async move {
+                    let published = bus.publish(&keyed(conv, &format!("k{i}"))).await.unwrap();
+                    bus.add_usage(&scope, today, &one).await.unwrap();
+                    published.seq
+                })
+            })
+            .collect();
+        let mut seqs = Vec::new();
+        for t in tasks {
+            seqs.push(t.await.unwrap());
+        }
+        seqs.sort_unstable();
+        assert_eq!(seqs, (1..=200).collect::<Vec<u64>>());
+        let all = (0..200).fold(UsageTotals::default(), |acc, _| acc.plus(one));
+        assert_eq!(bus.usage(&scope, today).await.unwrap(), all);
+        drop(bus);
+        let bus = EmbeddedBus::open(&path, Default::default()).unwrap();
+        assert_eq!(bus.usage(&scope, today).await.unwrap(), all);
+        assert_eq!(bus.lane_last(conv).await.unwrap(), 200);
     }
 
     /// Item 7 of the third adversarial look, in a soak: a conversation's channel stayed after
