@@ -10,7 +10,7 @@ use turnpike_bench::edge::{EdgeStack, Plan};
 use turnpike_bench::search::{Scale, SearchConfig};
 use turnpike_index::eval::{Files, Grades, JudgmentsFormat, QueryNumbering};
 use turnpike_router::Ingress;
-use turnpike_worker::{WorkerConfig, WorkerPool};
+use turnpike_worker::WorkerConfig;
 
 use crate::cli::{
     BenchCommand, EdgeArgs, Global, GradesArg, JudgmentsFormatArg, QueryNumberingArg,
@@ -358,7 +358,7 @@ async fn edge_stack(global: &Global, data_dir: PathBuf) -> Result<EdgeStack> {
         slots: 512,
         ..WorkerConfig::default()
     };
-    let pool = WorkerPool::start(workers(&env, &bus, &apps, 1, &config, None).await);
+    let pool = super::runtime::start_pool(&g, workers(&env, &bus, &apps, 1, &config, None).await)?;
     let args = EdgeArgs {
         listen: "127.0.0.1:0".parse()?,
         tokens: None,

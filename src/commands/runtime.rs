@@ -330,6 +330,39 @@ fn workers_on(
         .collect()
 }
 
+/// Starts `workers` on the process's turn runtime (see [`turn_runtime`]).
+pub(crate) fn start_pool(global: &Global, workers: Vec<Worker>) -> Result<WorkerPool> {
+    let threads = global.blocking_threads.map_or(64, usize::from);
+    let _entered = turn_runtime(threads)?.enter();
+    Ok(WorkerPool::start(workers))
+}
+
+/// The runtime a process's workers run their turns on, apart from the one its edge and admin
+/// listener answer on. In one run queue, a request waits behind a poll of every owner runnable
+/// at once: with a backlog, hundreds of them, and `bench edge` saw a message's 202 take
+/// 35–52 ms at p50 with turns running. Apart, the OS shares the cores between the two
+/// runtimes' threads, and the edge's — asleep until a request comes — get one at once. Built
+/// on first use with a thread per core and `blocking_threads` for blocking work (cells, git),
+/// then kept for the life of the process (a runtime is never dropped from async code).
+pub(crate) fn turn_runtime(blocking_threads: usize) -> Result<&'static tokio::runtime::Handle> {
+    static TURNS: std::sync::Mutex<Option<&'static tokio::runtime::Runtime>> =
+        std::sync::Mutex::new(None);
+    let mut turns = TURNS.lock().expect("turn runtime lock");
+    let runtime = match *turns {
+        Some(runtime) => runtime,
+        None => {
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .thread_name("turnpike-turns")
+                .max_blocking_threads(blocking_threads.max(1))
+                .enable_all()
+                .build()
+                .context("starting the turns' runtime")?;
+            *turns.insert(&*Box::leak(Box::new(runtime)))
+        }
+    };
+    Ok(runtime.handle())
+}
+
 /// Workers running, with their admin listener.
 struct Running {
     pool: WorkerPool,
@@ -367,7 +400,8 @@ async fn run_workers(
     let draining = probes.draining.clone();
     let admin = crate::commands::admin::start(&global.admin_listen, probes).await?;
     metrics::gauge!("turnpike_worker_slots").set((config.slots * count.max(1)) as f64);
-    let mut pool = WorkerPool::start(workers_on(cell, env, &bus, &apps, count, &config, indexing));
+    let workers = workers_on(cell, env, &bus, &apps, count, &config, indexing);
+    let mut pool = start_pool(global, workers)?;
 
     if args.apps_poll_ms > 0 {
         pool.keep(apps.watch(std::time::Duration::from_millis(args.apps_poll_ms)));
@@ -588,4 +622,36 @@ pub async fn router(global: &Global, args: RouterArgs) -> Result<ExitCode> {
         admin.abort();
     }
     Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::turn_runtime;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+    async fn turns_run_on_their_own_runtime_built_once() {
+        let first = turn_runtime(4).unwrap();
+        let again = turn_runtime(4).unwrap();
+        assert_eq!(first.id(), again.id(), "one turn runtime per process");
+        assert_ne!(
+            first.id(),
+            tokio::runtime::Handle::current().id(),
+            "not the caller's runtime"
+        );
+        // What the pool spawns there runs on the turn runtime's threads, and tasks those spawn
+        // stay there.
+        let on = first
+            .spawn(async {
+                let inner =
+                    tokio::spawn(async { std::thread::current().name().map(str::to_owned) });
+                (
+                    std::thread::current().name().map(str::to_owned),
+                    inner.await.unwrap(),
+                )
+            })
+            .await
+            .unwrap();
+        assert_eq!(on.0.as_deref(), Some("turnpike-turns"));
+        assert_eq!(on.1.as_deref(), Some("turnpike-turns"));
+    }
 }
