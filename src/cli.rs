@@ -72,7 +72,9 @@ pub struct Global {
     /// thread keeps its stack and its own allocator pages (the async runtime's default of 512
     /// let a worker on a slow disk reach 468 threads), so a process that does little blocking
     /// work needs few. Default: 8 for `turnpike router` (it reads records and writes accepted
-    /// events, no workspaces), 64 for every other command.
+    /// events, no workspaces), 64 for every other command. Per async runtime: a process that
+    /// runs workers (`serve`, `worker`) has two, the turns' and the rest's (the API, the admin
+    /// listener), and the turns' does nearly all of its blocking work.
     #[arg(long, global = true, env = "TURNPIKE_BLOCKING_THREADS",
           value_parser = clap::value_parser!(u16).range(1..=1024))]
     pub blocking_threads: Option<u16>,

@@ -77,7 +77,10 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    match runtime.block_on(commands::run(cli)) {
+    let outcome = runtime.block_on(commands::run(cli));
+    // Turns still running on their own runtime (past their grace) end before this one.
+    commands::shutdown_turns();
+    match outcome {
         Ok(code) => code,
         Err(e) => {
             eprintln!("error: {e:#}");

@@ -8,7 +8,7 @@
 //! same key gets another ETag and misses — except on the plain file system, whose ETags are
 //! made of inode, modification time and size: an object deleted and written again at the same
 //! size within one tick of the file system's clock, on a reused inode, keeps its ETag. Workers
-//! write snapshots once per key and attempt, so this needs a replacement no worker makes; the
+//! write a snapshot once per key (create-only), so this needs a replacement no worker makes; the
 //! SQLite store and S3 give every write a new ETag. Nothing here is needed for correctness: a miss reads
 //! and parses as before, and the memory is bounded: one snapshot per conversation (only the
 //! latest is ever read again), at most [`CAPACITY`] snapshots and [`MAX_ROWS`] rows in all, least

@@ -7,8 +7,9 @@
 //! tenants/{tenant}/conversations/{conv}/turns/turn_{n}/context.json   the timeline after turn n
 //! tenants/{tenant}/conversations/{conv}/turns/turn_{n}/files/{path}
 //! tenants/{tenant}/conversations/{conv}/attempts/turn_{n}/a{attempt:020}/…   what one attempt
-//!     wrote (log.json, context.json, files/…), create-only; promoted to turns/turn_{n}/… once
-//!     the record's turn_complete names that attempt
+//!     wrote (log.json, files/…; context.json from earlier versions), create-only; promoted to
+//!     turns/turn_{n}/… once the record's turn_complete names that attempt (the context
+//!     snapshot is written there directly, after that commit)
 //! tenants/{tenant}/conversations/{conv}/attachments/turn_{n}/{id}/{name}
 //! tenants/{tenant}/conversations/{conv}/forgotten/rows/{hash}     index rows the owner forgot
 //! tenants/{tenant}/conversations/{conv}/forgotten/through/{turn:020}

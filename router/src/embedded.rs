@@ -277,7 +277,9 @@ enum WriteRequest {
 /// What became of one request in a committed group.
 enum Written {
     Published(Published),
-    Added,
+    /// An addition, or why it was refused (its counter unreadable: that fails only the
+    /// addition, never the events and additions committed with it).
+    Added(Result<()>),
 }
 
 /// The most events one group commit takes.
@@ -304,13 +306,18 @@ fn write_loop(
                         (WriteRequest::Publish(request), Written::Published(published)) => {
                             published_one(&wakes, request, published);
                         }
-                        (WriteRequest::Usage(request), _) => {
-                            let _ = request.reply.send(Ok(()));
+                        (WriteRequest::Usage(request), Written::Added(added)) => {
+                            let _ = request.reply.send(added);
                         }
-                        (WriteRequest::Publish(request), Written::Added) => {
+                        (WriteRequest::Publish(request), Written::Added(_)) => {
                             let _ = request
                                 .reply
                                 .send(Err(storage("publishing", "no outcome for the event")));
+                        }
+                        (WriteRequest::Usage(request), Written::Published(_)) => {
+                            let _ = request
+                                .reply
+                                .send(Err(storage("adding usage", "no outcome for the addition")));
                         }
                     }
                 }
@@ -382,8 +389,7 @@ fn commit_group(db: &Database, group: &[WriteRequest]) -> Result<Vec<Written>> {
             let r = match request {
                 WriteRequest::Publish(r) => r,
                 WriteRequest::Usage(u) => {
-                    add_to_counter(&mut usage, &u.key, u.delta)?;
-                    out.push(Written::Added);
+                    out.push(Written::Added(add_to_counter(&mut usage, &u.key, u.delta)?));
                     continue;
                 }
             };
@@ -434,27 +440,32 @@ fn commit_group(db: &Database, group: &[WriteRequest]) -> Result<Vec<Written>> {
     Ok(out)
 }
 
-/// Adds `delta` to the usage counter `key` within a write transaction.
+/// Adds `delta` to the usage counter `key` within a write transaction. The outer error is the
+/// database's (it fails the group); the inner one refuses this addition alone (a counter that
+/// does not parse: nothing is written, the transaction goes on).
 fn add_to_counter(
     table: &mut redb::Table<&str, &[u8]>,
     key: &str,
     delta: UsageTotals,
-) -> Result<()> {
+) -> Result<Result<()>> {
     let current: UsageTotals = match table.get(key).map_err(|e| storage("adding usage", e))? {
-        Some(v) => serde_json::from_slice(v.value()).map_err(|e| {
-            Error::with_source(
-                ErrorKind::Corrupt,
-                format!("the usage counter {key} is unreadable"),
-                e,
-            )
-        })?,
+        Some(v) => match serde_json::from_slice(v.value()) {
+            Ok(totals) => totals,
+            Err(e) => {
+                return Ok(Err(Error::with_source(
+                    ErrorKind::Corrupt,
+                    format!("the usage counter {key} is unreadable"),
+                    e,
+                )))
+            }
+        },
         None => UsageTotals::default(),
     };
     let bytes = serde_json::to_vec(&current.plus(delta)).expect("totals serialise");
     table
         .insert(key, bytes.as_slice())
         .map_err(|e| storage("adding usage", e))?;
-    Ok(())
+    Ok(Ok(()))
 }
 
 /// Drops up to `limit` dedupe ids accepted before `horizon` (ms). An id accepted again since
@@ -1075,6 +1086,52 @@ mod tests {
         let bus = EmbeddedBus::open(&path, Default::default()).unwrap();
         assert_eq!(bus.usage(&scope, today).await.unwrap(), all);
         assert_eq!(bus.lane_last(conv).await.unwrap(), 200);
+    }
+
+    /// A counter that does not parse refuses its own additions and nothing else: the events and
+    /// other additions committed in the same groups are accepted.
+    #[tokio::test]
+    async fn an_unreadable_counter_fails_only_its_own_additions() {
+        use crate::usage::{Day, UsageScope, UsageTotals};
+        let dir = tempfile::tempdir().unwrap();
+        let bus = EmbeddedBus::open(&dir.path().join("bus.redb"), Default::default()).unwrap();
+        let today = Day(20_000);
+        let broken = UsageScope::Tenant("acme".parse().unwrap());
+        let fine = UsageScope::Tenant("globex".parse().unwrap());
+        {
+            let txn = bus.db.begin_write().unwrap();
+            txn.open_table(USAGE)
+                .unwrap()
+                .insert(broken.key(today).as_str(), b"not json".as_slice())
+                .unwrap();
+            txn.commit().unwrap();
+        }
+        let one = UsageTotals {
+            turns: 1,
+            ..Default::default()
+        };
+        let conv = ConversationId::new();
+        let tasks: Vec<_> = (0..100)
+            .map(|i| {
+                let (bus, broken, fine) = (bus.clone(), broken.clone(), fine.clone());
+                tokio::spawn(async move {
+                    let event = keyed(conv, &format!("k{i}"));
+                    let (published, refused, counted) = tokio::join!(
+                        bus.publish(&event),
+                        bus.add_usage(&broken, today, &one),
+                        bus.add_usage(&fine, today, &one),
+                    );
+                    published.unwrap();
+                    counted.unwrap();
+                    refused.unwrap_err().kind()
+                })
+            })
+            .collect();
+        for t in tasks {
+            assert_eq!(t.await.unwrap(), ErrorKind::Corrupt);
+        }
+        assert_eq!(bus.lane_last(conv).await.unwrap(), 100);
+        assert_eq!(bus.usage(&fine, today).await.unwrap().turns, 100);
     }
 
     /// Item 7 of the third adversarial look, in a soak: a conversation's channel stayed after

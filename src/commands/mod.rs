@@ -12,6 +12,8 @@ mod lanes;
 mod record;
 pub(crate) mod reference;
 mod runtime;
+
+pub use runtime::shutdown_turns;
 mod schedule;
 mod search;
 mod webhook;

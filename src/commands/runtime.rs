@@ -259,15 +259,20 @@ pub async fn detect_cell() -> Result<Arc<Cell>, String> {
 /// why and how to turn it on). `catch_up`: index whatever the records hold that the index lacks
 /// (the embedded default does this at start).
 pub async fn indexing(global: &Global, env: &Env, catch_up: bool) -> Option<IndexQueue> {
-    indexing_with(open_index(global).await, env, catch_up)
+    indexing_with(global, open_index(global).await, env, catch_up)
 }
 
-/// [`indexing`] over an index already opened (or the reason there is none).
+/// [`indexing`] over an index already opened (or the reason there is none). Its work (what
+/// finished turns add to the index, and the catch-up) runs on the turn runtime, beside the
+/// turns that make it, not beside the edge.
 pub fn indexing_with(
+    global: &Global,
     index: Result<turnpike_index::Index, String>,
     env: &Env,
     catch_up: bool,
 ) -> Option<IndexQueue> {
+    let turns = turns_for(global);
+    let _entered = turns.as_ref().ok().map(tokio::runtime::Handle::enter);
     match index {
         Ok(index) => {
             let indexer = Indexer::new(index, env.conversations.store().clone());
@@ -332,35 +337,48 @@ fn workers_on(
 
 /// Starts `workers` on the process's turn runtime (see [`turn_runtime`]).
 pub(crate) fn start_pool(global: &Global, workers: Vec<Worker>) -> Result<WorkerPool> {
-    let threads = global.blocking_threads.map_or(64, usize::from);
-    let _entered = turn_runtime(threads)?.enter();
+    let _entered = turns_for(global)?.enter();
     Ok(WorkerPool::start(workers))
 }
 
+/// The turn runtime, with the process's setting of blocking threads (64 unless set).
+fn turns_for(global: &Global) -> Result<tokio::runtime::Handle> {
+    turn_runtime(global.blocking_threads.map_or(64, usize::from))
+}
+
+/// The turn runtime, once built (see [`turn_runtime`]).
+static TURNS: std::sync::Mutex<Option<tokio::runtime::Runtime>> = std::sync::Mutex::new(None);
+
 /// The runtime a process's workers run their turns on, apart from the one its edge and admin
 /// listener answer on. In one run queue, a request waits behind a poll of every owner runnable
-/// at once: with a backlog, hundreds of them, and `bench edge` saw a message's 202 take
-/// 35–52 ms at p50 with turns running. Apart, the OS shares the cores between the two
-/// runtimes' threads, and the edge's — asleep until a request comes — get one at once. Built
-/// on first use with a thread per core and `blocking_threads` for blocking work (cells, git),
-/// then kept for the life of the process (a runtime is never dropped from async code).
-pub(crate) fn turn_runtime(blocking_threads: usize) -> Result<&'static tokio::runtime::Handle> {
-    static TURNS: std::sync::Mutex<Option<&'static tokio::runtime::Runtime>> =
-        std::sync::Mutex::new(None);
+/// at once: with a backlog, hundreds of them. Apart, the OS shares the cores between the two
+/// runtimes' threads, and the edge's — asleep until a request comes — get one at once
+/// (`bench edge` over the API with turns running: about 9,000 messages accepted per second,
+/// against about 5,900 in one runtime). Built on first use with a thread per core and
+/// `blocking_threads` for blocking work (cells, git); [`shutdown_turns`] ends it.
+pub(crate) fn turn_runtime(blocking_threads: usize) -> Result<tokio::runtime::Handle> {
     let mut turns = TURNS.lock().expect("turn runtime lock");
-    let runtime = match *turns {
-        Some(runtime) => runtime,
-        None => {
-            let runtime = tokio::runtime::Builder::new_multi_thread()
-                .thread_name("turnpike-turns")
-                .max_blocking_threads(blocking_threads.max(1))
-                .enable_all()
-                .build()
-                .context("starting the turns' runtime")?;
-            *turns.insert(&*Box::leak(Box::new(runtime)))
-        }
-    };
-    Ok(runtime.handle())
+    if let Some(runtime) = turns.as_ref() {
+        return Ok(runtime.handle().clone());
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .thread_name("turnpike-turns")
+        .max_blocking_threads(blocking_threads.max(1))
+        .enable_all()
+        .build()
+        .context("starting the turns' runtime")?;
+    Ok(turns.insert(runtime).handle().clone())
+}
+
+/// Ends the turn runtime, if one was built: what still runs there (a turn past its grace
+/// period) is dropped, so its workspace and cell are cleaned up as they would be at the end of
+/// a single runtime. Call it from outside async code (the end of `main`): a runtime may not be
+/// dropped from within one.
+pub fn shutdown_turns() {
+    let runtime = TURNS.lock().expect("turn runtime lock").take();
+    if let Some(runtime) = runtime {
+        runtime.shutdown_timeout(Duration::from_secs(5));
+    }
 }
 
 /// Workers running, with their admin listener.
@@ -483,7 +501,7 @@ pub async fn serve(global: &Global, args: ServeArgs) -> Result<ExitCode> {
     let apps = env.apps(false)?;
     let index = open_index(global).await;
     let search = index.as_ref().ok().cloned();
-    let indexing = indexing_with(index, &env, true);
+    let indexing = indexing_with(global, index, &env, true);
     let edge =
         crate::commands::edge::build(global, &env, bus.clone(), &apps, search, &args.edge, true)
             .await?;
