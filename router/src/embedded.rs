@@ -141,8 +141,9 @@ pub struct EmbeddedBus {
     leases: Mutex<HashMap<ConversationId, (LeaseValue, u64)>>,
     lease_revisions: std::sync::atomic::AtomicU64,
     config: EmbeddedConfig,
-    /// Publishes go to one writer thread, which commits whatever is waiting in one transaction
-    /// (group commit): one disk sync for many events, and no sync on the async runtime.
+    /// Publishes and usage additions go to one writer thread, which commits whatever is
+    /// waiting in one transaction (group commit): one disk sync for many of them, and no sync
+    /// on the async runtime.
     writer: Option<std::sync::mpsc::Sender<WriteRequest>>,
     /// The writer thread, joined on drop so the database is closed when the bus is gone.
     writer_thread: Option<std::thread::JoinHandle<()>>,

@@ -12,11 +12,11 @@ mod lanes;
 mod record;
 pub(crate) mod reference;
 mod runtime;
-
-pub use runtime::shutdown_turns;
 mod schedule;
 mod search;
 mod webhook;
+
+pub use runtime::shutdown_turns;
 
 use std::process::ExitCode;
 
