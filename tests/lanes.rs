@@ -126,23 +126,16 @@ async fn beats_from(
 /// Waits until the worker whose admin listener is `admin` counts `n` workers in its fleet.
 async fn fleet_size_reaches(admin: &turnpike_edge::client::Client, n: usize) {
     let series = "turnpike_worker_fleet_size ";
-    let deadline = std::time::Instant::now() + LONG;
-    loop {
+    turnpike_tests::wait::until(LONG, &format!("a fleet size of {n}"), || async {
         let (status, body) = admin.bytes("/metrics", false).await.unwrap();
         assert_eq!(status, 200);
         let text = String::from_utf8(body).unwrap();
         let size = text
             .lines()
             .find_map(|l| l.strip_prefix(series)?.trim().parse::<f64>().ok());
-        if size == Some(n as f64) {
-            return;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the fleet size stayed {size:?}, not {n}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+        (size == Some(n as f64)).then_some(())
+    })
+    .await;
 }
 
 /// A starting worker learns its fleet's size within a round trip, not after a heartbeat

@@ -1304,11 +1304,14 @@ async fn a_turn_writes_its_batches_its_log_twice_and_one_snapshot() {
     let wait_for = |what: String| {
         let counting = rig.counting.clone();
         async move {
-            let deadline = Instant::now() + LONG;
-            while !counting.written().iter().any(|w| w.starts_with(&what)) {
-                assert!(Instant::now() < deadline, "never written: {what}");
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
+            turnpike_tests::wait::until(LONG, &format!("written: {what}"), || async {
+                counting
+                    .written()
+                    .iter()
+                    .any(|w| w.starts_with(&what))
+                    .then_some(())
+            })
+            .await
         }
     };
     wait_for(format!("delete open-turns/{tenant}/{conv}")).await;
