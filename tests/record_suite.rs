@@ -1,5 +1,6 @@
 //! The record suite: one set of cases, run against every object store backend
-//! (in-memory, local filesystem, and S3 on a real S3-compatible server).
+//! (in-memory, local filesystem, the local SQLite store, and S3 on a real S3-compatible
+//! server).
 
 use std::sync::Arc;
 
@@ -814,6 +815,48 @@ macro_rules! record_suite {
                 );
             }
 
+            /// A committed attempt's log is promoted to its key: moved where the store
+            /// renames create-only, copied (its attempt copy left for the clearing after)
+            /// where it cannot (S3 without copy-if-not-exists). Either way the key holds the
+            /// committed bytes, promoting again is success, and other bytes are never put there.
+            #[tokio::test]
+            async fn a_promoted_log_is_at_its_key_moved_or_copied_never_overwritten() {
+                use turnpike_schemas::{Block, TurnLog};
+                let (_keep, store) = store();
+                let (record, _) = record_with_turns(store.clone(), 1).await;
+                let prefix = record.prefix();
+                let logs = turnpike_artifactory::TurnLogs::new(store.clone());
+                let log = TurnLog {
+                    version: 1,
+                    conversation: prefix.conversation(),
+                    turn: TurnId::FIRST,
+                    agent: "helper".parse().unwrap(),
+                    outcome: turnpike_schemas::entry::TurnOutcome::Replied,
+                    usage: None,
+                    exchange: None,
+                    unindexed: false,
+                    blocks: vec![Block::AssistantMessage { text: "a".into() }],
+                };
+                let canonical = prefix.turn_log(TurnId::FIRST);
+                let attempt = |a| prefix.in_attempt(&canonical, TurnId::FIRST, a);
+                logs.write_attempt(prefix, &log, 7).await.unwrap();
+                let moved = logs.promote(prefix, &log, 7).await.unwrap();
+                assert_eq!(moved, stringify!($backend) != "s3", "moved by the store");
+                assert_eq!(store.head(&attempt(7)).await.is_ok(), !moved);
+                assert_eq!(logs.read(prefix, TurnId::FIRST).await.unwrap(), log);
+                // Whoever finishes a promotion it found unfinished: success, the same bytes.
+                assert!(!logs.promote(prefix, &log, 7).await.unwrap());
+                assert_eq!(logs.read(prefix, TurnId::FIRST).await.unwrap(), log);
+                // Another attempt's bytes are refused, and its copy is not moved over.
+                let mut other = log.clone();
+                other.blocks = vec![Block::AssistantMessage { text: "b".into() }];
+                logs.write_attempt(prefix, &other, 8).await.unwrap();
+                let refused = logs.promote(prefix, &other, 8).await.unwrap_err();
+                assert_eq!(refused.kind(), ErrorKind::AlreadyExists);
+                assert!(store.head(&attempt(8)).await.is_ok());
+                assert_eq!(logs.read(prefix, TurnId::FIRST).await.unwrap(), log);
+            }
+
             #[tokio::test]
             async fn turn_logs_are_one_object_per_turn() {
                 use turnpike_schemas::{Block, TurnLog};
@@ -851,4 +894,5 @@ macro_rules! record_suite {
 
 record_suite!(memory, turnpike_tests::stores::memory());
 record_suite!(local_fs, turnpike_tests::stores::local());
+record_suite!(sqlite, turnpike_tests::stores::sqlite());
 record_suite!(s3, turnpike_tests::stores::s3());

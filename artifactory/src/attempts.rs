@@ -10,6 +10,10 @@
 //! idempotent: each object is copied create-only, so running it twice, or concurrently, writes
 //! each canonical object once, with the committed attempt's bytes.
 //!
+//! A log is moved, not copied, where the store renames create-only (`TurnLogs::promote`): one
+//! write, or a copy before the removal, so it is never at neither key, and a reader that looks
+//! at the canonical key, then the attempt's, then the canonical key again cannot miss it.
+//!
 //! One object skips the attempt: the context snapshot, a cache (one missing means a rebuild
 //! from the turn logs). Its owner writes it at its canonical key, create-only, only after the
 //! commit — what only the committed attempt's owner ever reaches (see
@@ -229,7 +233,16 @@ pub async fn open_committed(
             object,
             unpromoted: true,
         })),
-        Err(object_store::Error::NotFound { .. }) => Ok(None),
+        // Promoted since the first read: a log is moved out of its attempt (see
+        // `TurnLogs::promote`), other objects' attempt copies are cleared after theirs.
+        Err(object_store::Error::NotFound { .. }) => match store.get(canonical).await {
+            Ok(object) => Ok(Some(Committed {
+                object,
+                unpromoted: false,
+            })),
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(e) => Err(Error::store(&what, e)),
+        },
         Err(e) => Err(Error::store(&what, e)),
     }
 }

@@ -28,14 +28,19 @@ use turnpike_schemas::{ConversationId, RefPath, TenantId, TurnId};
 pub struct ConversationPrefix {
     tenant: TenantId,
     conversation: ConversationId,
+    /// `tenants/{tenant}/conversations/{conv}`, made once: every key of the conversation
+    /// starts with it, and a turn makes a dozen.
+    base: std::sync::Arc<str>,
 }
 
 impl ConversationPrefix {
     /// The prefix of `conversation`, owned by `tenant`.
     pub fn new(tenant: TenantId, conversation: ConversationId) -> Self {
+        let base = format!("tenants/{tenant}/conversations/{conversation}").into();
         Self {
             tenant,
             conversation,
+            base,
         }
     }
 
@@ -54,26 +59,23 @@ impl ConversationPrefix {
         format!("conv-{}", self.conversation)
     }
 
-    fn base(&self) -> String {
-        format!(
-            "tenants/{}/conversations/{}",
-            self.tenant, self.conversation
-        )
+    fn base(&self) -> &str {
+        &self.base
     }
 
     /// The folder holding everything of the conversation (what a deletion removes).
     pub fn dir(&self) -> Path {
-        Path::from(self.base())
+        key(self.base().to_owned())
     }
 
     /// The folder holding the record's batches.
     pub fn record_dir(&self) -> Path {
-        Path::from(format!("{}/record", self.base()))
+        key(format!("{}/record", self.base()))
     }
 
     /// The object of batch `seq`, zero-padded so that listing order is numeric order.
     pub fn record_batch(&self, seq: u64) -> Path {
-        Path::from(format!("{}/record/{seq:020}", self.base()))
+        key(format!("{}/record/{seq:020}", self.base()))
     }
 
     /// The batch number of a key inside [`Self::record_dir`], if it is one.
@@ -90,12 +92,12 @@ impl ConversationPrefix {
 
     /// The head hint: the number of a recent batch, written after appends. Never authoritative.
     pub fn record_hint(&self) -> Path {
-        Path::from(format!("{}/record-head", self.base()))
+        key(format!("{}/record-head", self.base()))
     }
 
     /// Where repaired batches' originals are kept.
     pub fn repaired_batch(&self, stamp_ms: u64, seq: u64) -> Path {
-        Path::from(format!(
+        key(format!(
             "{}/record-repaired/{stamp_ms}/{seq:020}",
             self.base()
         ))
@@ -103,17 +105,17 @@ impl ConversationPrefix {
 
     /// Where the lane message at `lane_seq` is kept when it was parked as a dead letter.
     pub fn dead_letter(&self, lane_seq: u64) -> Path {
-        Path::from(format!("{}/dead-letters/{lane_seq:020}", self.base()))
+        key(format!("{}/dead-letters/{lane_seq:020}", self.base()))
     }
 
     /// The folder of the conversation's dead letters.
     pub fn dead_letter_dir(&self) -> Path {
-        Path::from(format!("{}/dead-letters", self.base()))
+        key(format!("{}/dead-letters", self.base()))
     }
 
     /// A repair's rewritten batches, before they replace the record's.
     pub fn repair_staged(&self, stamp_ms: u64, seq: u64) -> Path {
-        Path::from(format!(
+        key(format!(
             "{}/record-repair-staged/{stamp_ms}/{seq:020}",
             self.base()
         ))
@@ -122,17 +124,17 @@ impl ConversationPrefix {
     /// The journal of a repair under way: present from the moment the rewritten record is
     /// staged until it has replaced the old one.
     pub fn repair_journal(&self) -> Path {
-        Path::from(format!("{}/record-repair-journal", self.base()))
+        key(format!("{}/record-repair-journal", self.base()))
     }
 
     /// The log of one turn.
     pub fn turn_log(&self, turn: TurnId) -> Path {
-        Path::from(format!("{}/turns/{turn}/log.json", self.base()))
+        key(format!("{}/turns/{turn}/log.json", self.base()))
     }
 
     /// The context snapshot after a turn.
     pub fn context_snapshot(&self, turn: TurnId) -> Path {
-        Path::from(format!("{}/turns/{turn}/context.json", self.base()))
+        key(format!("{}/turns/{turn}/context.json", self.base()))
     }
 
     /// A file hosted by a turn. The path was validated by the reference grammar.
@@ -150,11 +152,11 @@ impl ConversationPrefix {
     /// `turns/turn_{n}/…`. Only the attempt the record's `turn_complete` names is promoted to
     /// the canonical keys; no other attempt's objects are ever read.
     pub fn attempt_dir(&self, turn: TurnId, attempt: u64) -> Path {
-        Path::from(format!("{}/attempts/{turn}/a{attempt:020}", self.base()))
+        key(format!("{}/attempts/{turn}/a{attempt:020}", self.base()))
     }
 
     fn turn_dir(&self, turn: TurnId) -> Path {
-        Path::from(format!("{}/turns/{turn}", self.base()))
+        key(format!("{}/turns/{turn}", self.base()))
     }
 
     /// `canonical` (a key under `turns/turn_{n}/`) as attempt `attempt` writes it. Works on
@@ -185,23 +187,23 @@ impl ConversationPrefix {
 
     /// The folder of the conversation's git lineage (`…/git/objects/…`, `…/git/refs/…`).
     pub fn git_dir(&self) -> String {
-        self.base()
+        self.base().to_owned()
     }
 
     /// What the owner asked the index to forget of this conversation: `forgotten/rows/{hash
     /// of a row id}` and `forgotten/through/{turn:020}` (every row up to that turn).
     pub fn forgotten_dir(&self) -> Path {
-        Path::from(format!("{}/forgotten", self.base()))
+        key(format!("{}/forgotten", self.base()))
     }
 
     /// The marker that forgets one row (named by a hash of its id: ids are references).
     pub fn forgotten_row(&self, row_hash: &str) -> Path {
-        Path::from(format!("{}/forgotten/rows/{row_hash}", self.base()))
+        key(format!("{}/forgotten/rows/{row_hash}", self.base()))
     }
 
     /// The marker that forgets every row up to `turn`.
     pub fn forgotten_through(&self, turn: TurnId) -> Path {
-        Path::from(format!(
+        key(format!(
             "{}/forgotten/through/{:020}",
             self.base(),
             turn.number()
@@ -219,6 +221,21 @@ impl ConversationPrefix {
     }
 }
 
+/// A key made of parts this module builds from ids and numbers (slugs, minted ids, hex,
+/// digits, `_`, `-`, `.`), taken as it is: `Path::from` would split it and percent-encode each
+/// part, which changes none of these characters. Anything else — a `.` or `..` part, an empty
+/// one, another character — goes through `Path::from`, so the key is always the one
+/// `Path::from` makes.
+fn key(s: String) -> Path {
+    let plain = s
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'/' | b'_' | b'-' | b'.'));
+    match plain.then(|| Path::parse(&s)) {
+        Some(Ok(path)) => path,
+        _ => Path::from(s),
+    }
+}
+
 /// A short, path-safe key for an identity (identities may hold any printable characters).
 pub fn identity_key(identity: &turnpike_schemas::Identity) -> String {
     use sha2::Digest as _;
@@ -227,7 +244,7 @@ pub fn identity_key(identity: &turnpike_schemas::Identity) -> String {
 
 /// The marker that lists a conversation under its owner.
 pub fn owned_marker(owner: &turnpike_schemas::Identity, conversation: ConversationId) -> Path {
-    Path::from(format!(
+    key(format!(
         "directory/owners/{}/{conversation}",
         identity_key(owner)
     ))
@@ -235,7 +252,7 @@ pub fn owned_marker(owner: &turnpike_schemas::Identity, conversation: Conversati
 
 /// The folder of an owner's markers.
 pub fn owned_dir(owner: &turnpike_schemas::Identity) -> Path {
-    Path::from(format!("directory/owners/{}", identity_key(owner)))
+    key(format!("directory/owners/{}", identity_key(owner)))
 }
 
 /// The folder of the closed markers.
@@ -245,17 +262,17 @@ pub fn closed_dir() -> Path {
 
 /// The folder of a conversation's grants.
 pub fn grants_dir(conversation: ConversationId) -> Path {
-    Path::from(format!("directory/grants/{conversation}"))
+    key(format!("directory/grants/{conversation}"))
 }
 
 /// The tombstone of a deleted conversation.
 pub fn tombstone(tenant: &TenantId, conversation: ConversationId) -> Path {
-    Path::from(format!("tombstones/{tenant}/{conversation}.json"))
+    key(format!("tombstones/{tenant}/{conversation}.json"))
 }
 
 /// The marker of a deletion that has not finished.
 pub fn tombstone_pending(tenant: &TenantId, conversation: ConversationId) -> Path {
-    Path::from(format!("tombstones-pending/{tenant}/{conversation}"))
+    key(format!("tombstones-pending/{tenant}/{conversation}"))
 }
 
 /// The folder of the pending-deletion markers.
@@ -275,17 +292,17 @@ pub fn idle_dir() -> Path {
 
 /// The idle watch of a conversation: its write time is (about) its last activity.
 pub fn idle_watch(conversation: ConversationId) -> Path {
-    Path::from(format!("directory/idle/{conversation}"))
+    key(format!("directory/idle/{conversation}"))
 }
 
 /// The marker that says a conversation is closed.
 pub fn closed_marker(conversation: ConversationId) -> Path {
-    Path::from(format!("directory/closed/{conversation}"))
+    key(format!("directory/closed/{conversation}"))
 }
 
 /// The grant that lets `grantee` see a conversation it does not own.
 pub fn grant_marker(conversation: ConversationId, grantee: &turnpike_schemas::Identity) -> Path {
-    Path::from(format!(
+    key(format!(
         "directory/grants/{conversation}/{}",
         identity_key(grantee)
     ))
@@ -293,7 +310,7 @@ pub fn grant_marker(conversation: ConversationId, grantee: &turnpike_schemas::Id
 
 /// Where the directory entry of a conversation lives.
 pub fn directory_entry(conversation: ConversationId) -> Path {
-    Path::from(format!("directory/conversations/{conversation}.json"))
+    key(format!("directory/conversations/{conversation}.json"))
 }
 
 #[cfg(test)]
@@ -315,6 +332,30 @@ mod tests {
             assert_eq!(p.promoted(&written, turn, 42), Some(canonical.clone()));
             // Another attempt's object never promotes as this one's.
             assert_eq!(p.promoted(&written, turn, 43), None);
+        }
+    }
+
+    #[test]
+    fn a_key_is_the_one_path_from_makes() {
+        for s in [
+            "tenants/acme/conversations/conv_01J/turns/turn_3/log.json",
+            "tombstones/a-b_c/conv_X.json",
+            "a/./b",
+            "a/../b",
+            "a//b/",
+            "/lead",
+            "a/b c/%20/~/#/é",
+            "..",
+            "",
+        ] {
+            assert_eq!(key(s.to_owned()), Path::from(s), "{s:?}");
+        }
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn any_key_is_the_one_path_from_makes(s in "[a-z0-9_./%~ -]{0,24}") {
+            proptest::prop_assert_eq!(key(s.clone()), Path::from(s));
         }
     }
 

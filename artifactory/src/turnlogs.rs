@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use object_store::{ObjectStore, ObjectStoreExt as _, PutPayload};
+use object_store::{ObjectStore, ObjectStoreExt as _, PutPayload, RenameOptions, RenameTargetMode};
 use turnpike_schemas::timeline::{ContextSnapshot, CONTEXT_VERSION};
 use turnpike_schemas::turnlog::TURN_LOG_VERSION;
 use turnpike_schemas::{TurnId, TurnLog};
@@ -57,19 +57,36 @@ impl TurnLogs {
         Ok(digest)
     }
 
-    /// Promotes a committed attempt's log to its canonical key from the value its owner still
-    /// holds: the same bytes the attempt wrote, without reading them back. Call only once the
-    /// record's `turn_complete` names the attempt.
-    pub async fn promote(&self, prefix: &ConversationPrefix, log: &TurnLog) -> Result<()> {
+    /// Promotes a committed attempt's log to its canonical key. Call only once the record's
+    /// `turn_complete` names the attempt. Where the store renames create-only, the attempt's
+    /// object is moved there: one write, and no copy left to clear. Otherwise (a store that
+    /// cannot, or the key filled already by whoever else finished the promotion) the log is
+    /// written create-only from the value its owner still holds — the same bytes the attempt
+    /// wrote, not read back — and the same bytes already there are success. Returns whether
+    /// the attempt's copy is gone.
+    pub async fn promote(
+        &self,
+        prefix: &ConversationPrefix,
+        log: &TurnLog,
+        attempt: u64,
+    ) -> Result<bool> {
+        let canonical = prefix.turn_log(log.turn);
+        let written = prefix.in_attempt(&canonical, log.turn, attempt);
+        let moved = self
+            .store
+            .rename_opts(
+                &written,
+                &canonical,
+                RenameOptions::new().with_target_mode(RenameTargetMode::Create),
+            )
+            .await;
+        if moved.is_ok() {
+            return Ok(true);
+        }
         let (bytes, _) = Self::encode_log(prefix, log)?;
         let what = format!("promoting the log of {}", log.turn);
-        crate::attempts::create(
-            self.store.as_ref(),
-            &prefix.turn_log(log.turn),
-            bytes.into(),
-            &what,
-        )
-        .await
+        crate::attempts::create(self.store.as_ref(), &canonical, bytes.into(), &what).await?;
+        Ok(false)
     }
 
     /// Writes the context snapshot a committed turn leaves at its canonical key, created only
@@ -344,7 +361,7 @@ mod tests {
                 unindexed: false,
             };
             let promoted = snapshot(conversation, "promoted");
-            logs.promote(&prefix, &log).await.unwrap();
+            logs.promote(&prefix, &log, 1).await.unwrap();
             logs.put_context(&prefix, &promoted).await.unwrap();
             let first = logs.read_context(&prefix, turn).await.unwrap().unwrap();
             let second = logs.read_context(&prefix, turn).await.unwrap().unwrap();

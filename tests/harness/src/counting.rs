@@ -22,7 +22,8 @@ pub struct CountingStore {
     gets: AtomicUsize,
     lists: AtomicUsize,
     listed: Mutex<Vec<String>>,
-    /// Every put and delete since the last reset, in order: `put PATH`, `delete PATH`.
+    /// Every write since the last reset, in order: `put PATH`, `delete PATH`, `copy FROM TO`,
+    /// `rename FROM TO`.
     written: Arc<Mutex<Vec<String>>>,
 }
 
@@ -54,7 +55,8 @@ impl CountingStore {
         self.listed.lock().expect("listing log").clone()
     }
 
-    /// The puts and deletes since the last reset, in order (`put PATH`, `delete PATH`).
+    /// The writes since the last reset, in order (`put PATH`, `delete PATH`, `copy FROM TO`,
+    /// `rename FROM TO`).
     pub fn written(&self) -> Vec<String> {
         self.written.lock().expect("write log").clone()
     }
@@ -63,7 +65,7 @@ impl CountingStore {
         self.written.clone()
     }
 
-    fn wrote(&self, what: &str, path: &Path) {
+    fn wrote(&self, what: &str, path: &dyn std::fmt::Display) {
         self.written
             .lock()
             .expect("write log")
@@ -100,7 +102,7 @@ impl ObjectStore for CountingStore {
         payload: PutPayload,
         opts: PutOptions,
     ) -> Result<PutResult> {
-        self.wrote("put", location);
+        self.wrote("put", &location);
         self.inner.put_opts(location, payload, opts).await
     }
 
@@ -158,10 +160,12 @@ impl ObjectStore for CountingStore {
     }
 
     async fn copy_opts(&self, from: &Path, to: &Path, options: CopyOptions) -> Result<()> {
+        self.wrote("copy", &format!("{from} {to}"));
         self.inner.copy_opts(from, to, options).await
     }
 
     async fn rename_opts(&self, from: &Path, to: &Path, options: RenameOptions) -> Result<()> {
+        self.wrote("rename", &format!("{from} {to}"));
         self.inner.rename_opts(from, to, options).await
     }
 }

@@ -38,6 +38,18 @@ pub fn local() -> TestStore {
     }
 }
 
+/// The local SQLite store (the embedded default) in a fresh temporary directory, without
+/// fsync (what is tested here is what it keeps, not what survives a power cut).
+pub fn sqlite() -> TestStore {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let store = turnpike_artifactory::sqlite_store::SqliteStore::open(dir.path(), false)
+        .expect("a SQLite store");
+    TestStore {
+        store: Arc::new(store),
+        _dir: Some(dir),
+    }
+}
+
 /// A fresh bucket on a real S3-compatible server (moto) on loopback, shared by the process.
 pub fn s3() -> TestStore {
     let moto = moto().expect("the S3-compatible test server (moto_server)");

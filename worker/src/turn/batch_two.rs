@@ -412,7 +412,8 @@ async fn commit(
     // die first), the mark stays and whoever next owns the conversation finishes it.
     let hosted = ended.hosted;
     let promoted = async {
-        promote(env, turn, attempt, version, &log, snapshot.as_ref(), hosted).await?;
+        let log_moved =
+            promote(env, turn, attempt, version, &log, snapshot.as_ref(), hosted).await?;
         // Part of the promotion: its subscribers are told (again, by whoever finishes it).
         let facts = crate::webhooks::TurnFacts {
             record: &env.record,
@@ -427,15 +428,25 @@ async fn commit(
             at_ms: completed_ms,
         };
         env.notifier.turn_ended(&facts).await?;
-        Ok::<(), Error>(())
+        Ok::<bool, Error>(log_moved)
     };
-    if let Err(e) = promoted.await {
-        // Committed but not promoted: stop here, mark kept, so that whoever owns the
-        // conversation next finishes this promotion before any other turn runs.
-        warn!(%conversation, %turn, error = %e, "promotion unfinished; the next owner finishes it");
-        return Err(e);
-    }
-    clear_after_promotion(env, turn, attempt, snapshot.is_some(), hosted);
+    let log_moved = match promoted.await {
+        Ok(moved) => moved,
+        Err(e) => {
+            // Committed but not promoted: stop here, mark kept, so that whoever owns the
+            // conversation next finishes this promotion before any other turn runs.
+            warn!(%conversation, %turn, error = %e, "promotion unfinished; the next owner finishes it");
+            return Err(e);
+        }
+    };
+    let left = Promoted {
+        turn,
+        attempt,
+        snapshot: snapshot.is_some(),
+        hosted,
+        log_moved,
+    };
+    clear_after_promotion(env, left);
     if let Some(queue) = &env.indexing {
         queue.push(conversation);
     }
@@ -541,20 +552,47 @@ async fn publish_version(
         .map_err(Into::into)
 }
 
-/// Once `turn` is promoted, in the background, off the turn's path: deletes the attempt's own
+/// What a promoted turn may have left to clear (see [`clear_after_promotion`]).
+struct Promoted {
+    turn: TurnId,
+    attempt: u64,
+    /// It wrote a context snapshot: the one before it is no longer read.
+    snapshot: bool,
+    /// It hosted files: its attempt holds more than its log.
+    hosted: bool,
+    /// Its log was moved out of the attempt, not copied.
+    log_moved: bool,
+}
+
+/// Once a turn is promoted, in the background, off the turn's path: deletes the attempt's own
 /// copies of what was promoted (see `attempts::clear`) and the snapshot the turn before left
 /// (only the latest is read; keeping each would store a conversation's context once per turn,
 /// its storage growing with the square of its length). A delete that fails (or a worker that
-/// dies first) leaves a dead object, never a wrong context.
-fn clear_after_promotion(env: &TurnEnv, turn: TurnId, attempt: u64, snapshot: bool, hosted: bool) {
+/// dies first) leaves a dead object, never a wrong context. A turn whose log was moved and
+/// that hosted nothing and wrote no snapshot leaves nothing: no task at all.
+fn clear_after_promotion(env: &TurnEnv, left: Promoted) {
+    let Promoted {
+        turn,
+        attempt,
+        snapshot,
+        hosted,
+        log_moved,
+    } = left;
+    if log_moved && !hosted && !snapshot {
+        return;
+    }
     let (logs, prefix) = (env.turn_logs.clone(), env.record.prefix().clone());
     let store = env.files.store().clone();
     tokio::spawn(async move {
         let conversation = prefix.conversation();
         // The log is the attempt's only object unless it hosted files (the snapshot goes under
-        // no attempt: see `TurnLogs::put_context`).
+        // no attempt: see `TurnLogs::put_context`); moved, it is not there either.
         let written = [prefix.turn_log(turn)];
-        let named = (!hosted).then_some(written.as_slice());
+        let named = match (hosted, log_moved) {
+            (true, _) => None,
+            (false, false) => Some(written.as_slice()),
+            (false, true) => Some(&[][..]),
+        };
         if let Err(e) =
             turnpike_artifactory::attempts::clear(&store, &prefix, turn, attempt, named).await
         {
@@ -573,7 +611,8 @@ fn clear_after_promotion(env: &TurnEnv, turn: TurnId, attempt: u64, snapshot: bo
 }
 
 /// Promotes a committed attempt: its side objects to the turn's canonical keys, its version
-/// to the turn's git ref (and the mirror, when configured).
+/// to the turn's git ref (and the mirror, when configured). Returns whether the log was moved
+/// out of the attempt (see `TurnLogs::promote`).
 async fn promote(
     env: &TurnEnv,
     turn: TurnId,
@@ -582,7 +621,7 @@ async fn promote(
     log: &TurnLog,
     snapshot: Option<&turnpike_schemas::timeline::ContextSnapshot>,
     hosted: bool,
-) -> Result<()> {
+) -> Result<bool> {
     let prefix = env.record.prefix();
     // The log and snapshot are still in hand: written without reading them back, at once (one
     // group commit where the store has them). The snapshot is a cache: one not written means
@@ -595,13 +634,13 @@ async fn promote(
                 "the context snapshot was not written; the next turn rebuilds from the logs");
         }
     };
-    let (promoted, ()) = tokio::join!(env.turn_logs.promote(prefix, log), cached);
-    promoted?;
+    let (promoted, ()) = tokio::join!(env.turn_logs.promote(prefix, log, attempt), cached);
+    let log_moved = promoted?;
     if hosted {
         turnpike_artifactory::attempts::promote(env.files.store(), prefix, turn, attempt).await?;
     }
     let Some(version) = version else {
-        return Ok(());
+        return Ok(log_moved);
     };
     let lineage = Lineage::new(env.files.store().clone(), prefix.clone());
     lineage.publish_ref_once(turn, version).await?;
@@ -610,7 +649,7 @@ async fn promote(
             warn!(%turn, remote = %url, error = %e, "could not push the version to the git remote");
         }
     }
-    Ok(())
+    Ok(log_moved)
 }
 
 /// Takes over what a previous owner left marked, before anything else in a drain: its mark
