@@ -597,3 +597,80 @@ async fn a_lanes_later_wakes_ride_with_its_first_and_are_taken_off_the_bus_once(
     );
     pool.stop().await;
 }
+
+/// A lone worker of two slots (it hears no other) keeps a burst of 30 conversations waiting —
+/// fifteen times its slots, within the sixteen times it keeps — and puts none of them off:
+/// each of the 31 wakes is taken off the bus once, though the last wait longer than the bus's
+/// ack wait (kept in progress meanwhile, not redelivered). Another tenant's message, sent after
+/// the burst, still starts in the next free slot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lone_worker_keeps_a_burst_waiting_without_putting_it_off_and_another_tenant_goes_next() {
+    let dir = tempfile::tempdir().unwrap();
+    let embedded = EmbeddedBus::open(
+        &dir.path().join("bus.redb"),
+        EmbeddedConfig {
+            ack_wait: Duration::from_millis(1500),
+            ..EmbeddedConfig::default()
+        },
+    )
+    .unwrap();
+    let counting = turnpike_tests::counting_bus::CountingBus::new(embedded);
+    let bus: Arc<dyn Bus> = counting.clone();
+    let conversations = Conversations::new(
+        turnpike_artifactory::open_store(dir.path().join("store").to_str().unwrap()).unwrap(),
+    );
+    let a = conversations_of(&conversations, "alpha", 30).await;
+    let b = conversations_of(&conversations, "beta", 1).await;
+    let agent = Arc::new(Timed {
+        delay: Duration::from_millis(150),
+        ran: Mutex::new(Vec::new()),
+    });
+    let worker = Worker::new(
+        bus.clone(),
+        conversations.clone(),
+        signer(),
+        Arc::new(Apps::new().with_fallback(agent.clone())),
+        WorkerConfig {
+            slots: 2,
+            workspace_root: dir.path().join("workspaces"),
+            ..WorkerConfig::default()
+        },
+    );
+    let pool = WorkerPool::start([worker.clone()]);
+    until("the worker counted itself alone", || worker.alone()).await;
+    burst(&bus, &conversations, "alpha", &a).await;
+    burst(&bus, &conversations, "beta", &b).await;
+    let b_accepted = Instant::now();
+    until("every turn ran", || agent.ran.lock().unwrap().len() == 31).await;
+    let deadline = Instant::now() + LONG;
+    while bus.unsettled().await.unwrap() != Some(0) {
+        assert!(Instant::now() < deadline, "wakes left unsettled");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    pool.stop().await;
+    let ran = agent.ran.lock().unwrap().clone();
+    // 30 turns of 150 ms on 2 slots: the last of A's started past the bus's ack wait.
+    let last_start = ran.iter().map(|(_, start, _)| *start).max().unwrap();
+    assert!(last_start.duration_since(b_accepted) > Duration::from_millis(1500));
+    assert_eq!(
+        counting.wakes(),
+        31,
+        "a wake was put off, given back or redelivered"
+    );
+    let b_start = ran.iter().find(|(c, _, _)| *c == b[0]).unwrap().1;
+    let a_before_b = ran
+        .iter()
+        .filter(|(c, start, _)| *c != b[0] && *start > b_accepted && *start < b_start)
+        .count();
+    // At most two turn times' worth (first come, first served: all 28 still waiting).
+    assert!(
+        a_before_b <= 4,
+        "{a_before_b} of A's turns started after B's message was accepted and before B's turn"
+    );
+    let mut runs: HashMap<ConversationId, usize> = HashMap::new();
+    for (c, _, _) in &ran {
+        *runs.entry(*c).or_default() += 1;
+    }
+    assert_eq!(runs.len(), 31);
+    assert!(runs.values().all(|n| *n == 1), "{runs:?}");
+}

@@ -7,6 +7,13 @@
 //!   leaves with it: [`Dispatch::next`] returns both), or is handed back with the delay after
 //!   which the bus should deliver it again; a stopping worker hands every queued wake back at
 //!   once, riders included.
+//! - A worker in a fleet keeps up to its slot count of a tenant's wakes waiting here, and
+//!   gives back those that waited long ([`Dispatch::waited`]): another worker may have a slot
+//!   for them. A lone worker (its heartbeats hear no other) keeps [`LONE_PER_TENANT`] times as
+//!   many, and keeps those that wait long in progress instead: a wake it put off or gave back
+//!   could only come back to it, at the cost of a nak, its advisory, a redelivery and a read
+//!   of the record — for every wake of a burst wider than its slots. It still puts off what is
+//!   past that bound, so it keeps taking wakes and sees past any burst to other tenants'.
 //! - A [`Running`] counts one of its tenant's owners from the moment its wake is taken for a
 //!   slot until it is dropped (the owner ended, or the wake needed no owner): a tenant's cap is
 //!   checked against that count, so two wakes taken at once cannot both pass a cap of one.
@@ -14,12 +21,12 @@
 //!   owner ended); `room` whenever a queued wake left.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
-use turnpike_router::bus::Wake;
+use turnpike_router::bus::{Wake, WakeKeeper};
 use turnpike_schemas::TenantId;
 
 use crate::fair::{Admit, FairQueue, FairShare};
@@ -42,9 +49,13 @@ pub(crate) const YIELD_AFTER: Duration = Duration::from_millis(50);
 /// long, while cheap turns still run many to a claim (each claim re-reads the record).
 pub(crate) const YIELD_WITHIN_TENANT: Duration = Duration::from_millis(250);
 
+/// How many times its slot count of a tenant's wakes a lone worker keeps waiting.
+pub(crate) const LONE_PER_TENANT: usize = 16;
+
 /// See the module docs.
 pub(crate) struct Dispatch {
     queue: Mutex<FairQueue<Wake>>,
+    slots: usize,
     running: Mutex<HashMap<TenantId, usize>>,
     share: FairShare,
     /// Something may have become startable.
@@ -54,6 +65,8 @@ pub(crate) struct Dispatch {
     /// How many workers share the bus's wakes (from their heartbeats; 1 until known), shared
     /// with the scheduler and the webhook dispatcher, which split their shards by it.
     workers: Arc<AtomicUsize>,
+    /// It counted itself alone (not before the first count).
+    lone: AtomicBool,
 }
 
 impl Dispatch {
@@ -62,11 +75,13 @@ impl Dispatch {
     pub(crate) fn new(slots: usize, share: FairShare, hold: Duration) -> Self {
         Self {
             queue: Mutex::new(FairQueue::new(slots, slots, hold)),
+            slots,
             running: Mutex::new(HashMap::new()),
             share,
             ready: Notify::new(),
             room: Notify::new(),
             workers: Arc::new(AtomicUsize::new(1)),
+            lone: AtomicBool::new(false),
         }
     }
 
@@ -192,20 +207,28 @@ impl Dispatch {
         }
     }
 
-    /// The wakes that waited here longer than twice the time a start holds a slot, but at
-    /// least `least` and at most `most` (taken out: the worker gives them back to the bus, for
-    /// a worker with room). A wake that waits about a turn for a slot here stays.
-    pub(crate) fn older(&self, least: Duration, most: Duration) -> Vec<Wake> {
-        let now = Instant::now();
+    /// The wakes that waited here long, at `now`. In a fleet: those that waited longer than twice the
+    /// time a start holds a slot, but at least `least` and at most `most`, taken out (the
+    /// worker gives them back to the bus, for a worker with room); a wake that waits about a
+    /// turn for a slot here stays. A lone worker keeps every wake: those that waited longer
+    /// than `most` since they came or were last kept are to be kept in progress (see the
+    /// module docs).
+    pub(crate) fn waited(&self, now: Instant, least: Duration, most: Duration) -> Waited {
+        let lone = self.is_lone();
         let mut queue = self.queue();
-        let older = (queue.hold() * 2).clamp(least, most.max(least));
-        let wakes = queue.take_older(now, older);
+        let mut waited = Waited::default();
+        if lone {
+            queue.keep_older(now, most.max(least), |w| waited.keep.push(w.keeper()));
+        } else {
+            let older = (queue.hold() * 2).clamp(least, most.max(least));
+            waited.back = queue.take_older(now, older);
+        }
         queue.forget_idle(now);
         drop(queue);
-        if !wakes.is_empty() {
+        if !waited.back.is_empty() {
             self.room.notify_one();
         }
-        wakes
+        waited
     }
 
     /// Every queued wake (a stopping worker gives them back).
@@ -221,15 +244,38 @@ impl Dispatch {
         queue.len() + queue.followers()
     }
 
-    /// How many workers share the wakes.
+    /// How many workers share the wakes; one alone keeps more of a tenant's (see the module
+    /// docs).
     pub(crate) fn set_workers(&self, n: usize) {
-        self.workers.store(n.max(1), Ordering::Relaxed);
+        let n = n.max(1);
+        self.workers.store(n, Ordering::Relaxed);
+        self.lone.store(n == 1, Ordering::Relaxed);
+        let per_tenant = if n == 1 {
+            self.slots.saturating_mul(LONE_PER_TENANT)
+        } else {
+            self.slots
+        };
+        self.queue().set_per_tenant(per_tenant);
+    }
+
+    /// Whether the worker counted itself alone (false until it first counted).
+    pub(crate) fn is_lone(&self) -> bool {
+        self.lone.load(Ordering::Relaxed)
     }
 
     /// The count [`Dispatch::set_workers`] keeps, for the parts that share it.
     pub(crate) fn workers(&self) -> Arc<AtomicUsize> {
         self.workers.clone()
     }
+}
+
+/// What [`Dispatch::waited`] found.
+#[derive(Default)]
+pub(crate) struct Waited {
+    /// To give back to the bus.
+    pub(crate) back: Vec<Wake>,
+    /// To keep in progress: they stay here.
+    pub(crate) keep: Vec<WakeKeeper>,
 }
 
 /// A turn slot taken for a wake, counted as one of its tenant's running owners.
@@ -344,5 +390,87 @@ impl Drop for Running {
             self.dispatch.queue().finished(self.since.elapsed());
         }
         self.dispatch.ready.notify_one();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use turnpike_schemas::ConversationId;
+
+    /// Says what became of a wake.
+    #[derive(Clone, Default)]
+    struct Seen(Arc<Mutex<Vec<&'static str>>>);
+
+    #[async_trait::async_trait]
+    impl turnpike_router::bus::WakeAck for Seen {
+        async fn ack(&self) -> turnpike_router::Result<()> {
+            self.0.lock().unwrap().push("ack");
+            Ok(())
+        }
+        async fn nak(&self, _delay: Duration) -> turnpike_router::Result<()> {
+            self.0.lock().unwrap().push("nak");
+            Ok(())
+        }
+        async fn progress(&self) -> turnpike_router::Result<()> {
+            self.0.lock().unwrap().push("progress");
+            Ok(())
+        }
+    }
+
+    fn wake(seen: &Seen) -> Wake {
+        Wake::new(
+            ConversationId::new(),
+            "acme".parse().unwrap(),
+            1,
+            1,
+            Box::new(seen.clone()),
+        )
+    }
+
+    #[tokio::test]
+    async fn a_lone_worker_keeps_a_wide_burst_and_keeps_it_in_progress_a_fleet_gives_back() {
+        let slots = 2;
+        let dispatch = Dispatch::new(slots, FairShare::default(), Duration::from_millis(10));
+        let (least, most) = (Duration::from_millis(250), Duration::from_secs(1));
+        let seen = Seen::default();
+        // Until it knows, a worker keeps what one in a fleet keeps: its slot count.
+        assert!(!dispatch.is_lone());
+        for _ in 0..slots {
+            assert!(dispatch.admit(wake(&seen)).is_none());
+        }
+        assert!(
+            dispatch.admit(wake(&seen)).is_some(),
+            "put off past its slots"
+        );
+        // Alone: sixteen times as many wait, and the one after is put off.
+        dispatch.set_workers(1);
+        for _ in slots..slots * LONE_PER_TENANT {
+            assert!(dispatch.admit(wake(&seen)).is_none());
+        }
+        assert_eq!(dispatch.len(), slots * LONE_PER_TENANT);
+        assert!(
+            dispatch.admit(wake(&seen)).is_some(),
+            "put off past its bound"
+        );
+        // Long waits: kept in progress, every one, and still here.
+        let later = Instant::now() + 2 * most;
+        let waited = dispatch.waited(later, least, most);
+        assert!(waited.back.is_empty());
+        assert_eq!(waited.keep.len(), slots * LONE_PER_TENANT);
+        for keeper in waited.keep {
+            keeper.progress().await.unwrap();
+        }
+        assert_eq!(seen.0.lock().unwrap().len(), slots * LONE_PER_TENANT);
+        assert_eq!(dispatch.len(), slots * LONE_PER_TENANT);
+        // Kept just now: nothing waited long since.
+        assert_eq!(dispatch.waited(later, least, most).keep.len(), 0);
+        // In a fleet: no more are taken past its slots, and the long waits go back.
+        dispatch.set_workers(2);
+        assert!(dispatch.admit(wake(&seen)).is_some());
+        let waited = dispatch.waited(later + 2 * most, least, most);
+        assert!(waited.keep.is_empty());
+        assert_eq!(waited.back.len(), slots * LONE_PER_TENANT);
+        assert_eq!(dispatch.len(), 0);
     }
 }

@@ -265,6 +265,12 @@ impl<T> FairQueue<T> {
         self.len < self.total
     }
 
+    /// How many of a tenant's items wait here at most from now on (at least 1, at most the
+    /// queue's bound on all waiting items). Items waiting already stay.
+    pub fn set_per_tenant(&mut self, per_tenant: usize) {
+        self.per_tenant = per_tenant.clamp(1, self.total);
+    }
+
     /// Offers `item` of `tenant`, which arrived on the bus at `arrived` (ms; its place in the
     /// tenant's order, kept however often it was put off). A tenant's queue holds its
     /// `per_tenant` earliest arrivals seen: a later one is put off, or, when an earlier one
@@ -513,6 +519,20 @@ impl<T> FairQueue<T> {
         out
     }
 
+    /// Calls `keep` on every item that has waited here longer than `older` (and on each that
+    /// rides with one), and counts their wait from `now` again: they stay, in their places.
+    pub fn keep_older(&mut self, now: Instant, older: Duration, mut keep: impl FnMut(&T)) {
+        for t in self.tenants.values_mut() {
+            for w in t.waiting.iter_mut() {
+                if now.saturating_duration_since(w.since) > older {
+                    w.since = now;
+                    keep(&w.item);
+                    w.followers.iter().for_each(&mut keep);
+                }
+            }
+        }
+    }
+
     /// Takes every waiting item and every item riding with one (a stopping worker gives
     /// them back).
     pub fn drain(&mut self) -> Vec<T> {
@@ -640,6 +660,60 @@ mod tests {
         assert_eq!(q.admit_in(&a, Some(7), 1, 1, now, 1, None), Admit::Follows);
         assert_eq!(q.drain(), vec![0, 1]);
         assert_eq!((q.len(), q.followers()), (0, 0));
+    }
+
+    #[test]
+    fn a_larger_bound_keeps_what_a_smaller_puts_off_and_a_smaller_evicts_nothing() {
+        let a = tenant("a");
+        let now = Instant::now();
+        let mut q = FairQueue::new(2, 2, Duration::from_millis(100));
+        let offer = |q: &mut FairQueue<u32>, i: u32| q.admit(&a, i, u64::from(i), now, 1, None);
+        assert_eq!(offer(&mut q, 0), Admit::Queued);
+        assert_eq!(offer(&mut q, 1), Admit::Queued);
+        assert!(matches!(offer(&mut q, 2), Admit::Defer(2, _)));
+        q.set_per_tenant(5);
+        for i in 2..5 {
+            assert_eq!(offer(&mut q, i), Admit::Queued, "item {i}");
+        }
+        assert!(matches!(offer(&mut q, 5), Admit::Defer(5, _)));
+        // Smaller again: what waits stays, in order; the next is put off.
+        q.set_per_tenant(2);
+        assert_eq!(q.len(), 5);
+        assert!(matches!(offer(&mut q, 6), Admit::Defer(6, _)));
+        let order: Vec<u32> = std::iter::from_fn(|| q.next(|_| 0, &FairShare::default()))
+            .map(|(_, item, _)| item)
+            .collect();
+        assert_eq!(order, [0, 1, 2, 3, 4]);
+        // Never past the bound on all waiting items.
+        q.set_per_tenant(usize::MAX);
+        assert_eq!(q.per_tenant, q.total);
+    }
+
+    #[test]
+    fn kept_items_stay_in_their_places_and_wait_again() {
+        let a = tenant("a");
+        let t0 = Instant::now();
+        let mut q = FairQueue::new(1, 4, Duration::from_millis(100));
+        assert_eq!(q.admit_in(&a, Some(1), 10, 10, t0, 1, None), Admit::Queued);
+        assert_eq!(q.admit_in(&a, Some(1), 11, 11, t0, 1, None), Admit::Follows);
+        let later = t0 + Duration::from_millis(600);
+        assert_eq!(
+            q.admit_in(&a, Some(2), 20, 20, later, 1, None),
+            Admit::Queued
+        );
+        // At 1.2 s, only lane 1's waited over a second: it and its rider are kept.
+        let mut kept = Vec::new();
+        let at = t0 + Duration::from_millis(1200);
+        q.keep_older(at, Duration::from_secs(1), |i| kept.push(*i));
+        assert_eq!(kept, [10, 11]);
+        // Kept, they wait from then: nothing is older than a second at 1.7 s but lane 2's.
+        let at = t0 + Duration::from_millis(1700);
+        assert!(q.take_older(at, Duration::from_secs(1)) == [20]);
+        assert_eq!(
+            q.next(|_| 0, &FairShare::default()),
+            Some((a.clone(), 10, vec![11]))
+        );
+        assert!(q.is_empty());
     }
 
     #[test]

@@ -259,15 +259,18 @@ impl Worker {
                     }
                 }
                 _ = keep.tick() => {
-                    let older = dispatch.older(hand_back, MAX_WAITING);
-                    for w in &older {
+                    let waited = dispatch.waited(std::time::Instant::now(), hand_back, MAX_WAITING);
+                    for w in &waited.back {
                         debug!(target: WAKES, conversation = %w.conversation, seq = w.seq, "handed back");
                     }
-                    if !older.is_empty() {
-                        metrics::counter!("turnpike_wakes_handed_back_total").increment(older.len() as u64);
+                    if !waited.back.is_empty() || !waited.keep.is_empty() {
+                        metrics::counter!("turnpike_wakes_handed_back_total").increment(waited.back.len() as u64);
                         tokio::spawn(async move {
-                            for wake in older {
+                            for wake in waited.back {
                                 wake.settle(Settlement::Handover, Duration::ZERO).await;
+                            }
+                            for keeper in waited.keep {
+                                let _ = keeper.progress().await;
                             }
                         });
                     }
@@ -500,6 +503,13 @@ impl Worker {
             }
             tokio::time::sleep(pause).await;
         }
+    }
+
+    /// Whether this worker counted itself alone on the bus (by the heartbeats it hears; false
+    /// until it first counted). A lone worker keeps more of a tenant's wakes waiting for its
+    /// slots (see `crate::dispatch`).
+    pub fn alone(&self) -> bool {
+        self.inner.dispatch.is_lone()
     }
 
     /// Waits until no conversation is owned.
