@@ -1353,3 +1353,144 @@ async fn a_turn_writes_its_batches_its_log_twice_and_one_snapshot() {
     assert_eq!(written, expected);
     rig.stop().await;
 }
+
+/// The record's batches, each as the kinds of its entries (signed roots left out).
+async fn batch_kinds(rig: &Rig) -> Vec<Vec<EntryKind>> {
+    let entries = rig.record().entries().await.unwrap();
+    let mut batches: Vec<Vec<EntryKind>> = vec![Vec::new()];
+    for e in entries {
+        match e.body.kind() {
+            EntryKind::SignedRoot => batches.push(Vec::new()),
+            kind => batches.last_mut().unwrap().push(kind),
+        }
+    }
+    batches.pop();
+    batches
+}
+
+/// Four messages wait on the lane when the worker starts: each turn whose successor's inputs
+/// the drain holds whole commits that turn's batch one with its own batch two — one batch, one
+/// signature and one write, not two. The last message may yet have events joining it (the
+/// drain reads on before it starts that turn), so it is opened on its own. Each turn still
+/// runs once, under its own id, and its log is promoted.
+#[tokio::test]
+async fn a_waiting_turns_batch_one_commits_with_the_batch_two_before_it() {
+    let mut options = RigOptions::new("[[turn]]\n[[turn.step]]\ntext = \"ok {last_user}\"\n");
+    options.paused = true;
+    let mut rig = Rig::with(options).await;
+    for text in ["one", "two", "three", "four"] {
+        rig.say(text).await;
+    }
+    rig.run();
+    rig.wait_turns(4).await;
+    use EntryKind::{TurnComplete, TurnDispatched, UserMessage};
+    let closing = |kinds: &[EntryKind]| kinds.ends_with(&[TurnComplete]);
+    let batches = batch_kinds(&rig).await;
+    // The opening, turn 1's batch one, then turns 1 and 2, 2 and 3 closed and opened at once,
+    // turn 3 closed on its own, turn 4 opened and closed.
+    assert_eq!(batches.len(), 7, "{batches:?}");
+    for (i, opened_with) in [(2, true), (3, true), (4, false)] {
+        let b = &batches[i];
+        assert_eq!(
+            b.ends_with(&[UserMessage, TurnDispatched]),
+            opened_with,
+            "{i}: {b:?}"
+        );
+        assert!(b.contains(&TurnComplete), "{i}: {b:?}");
+    }
+    assert!(closing(&batches[6]));
+    for (n, text) in (1..=4).zip(["one", "two", "three", "four"]) {
+        assert_eq!(replies(&rig.log(n).await), [format!("ok {text}")]);
+    }
+    let dispatched = rig
+        .record()
+        .entries()
+        .await
+        .unwrap()
+        .iter()
+        .filter(|e| matches!(e.body, EntryBody::TurnDispatched(_)))
+        .count();
+    assert_eq!(dispatched, 4);
+    rig.wait_settled().await;
+    rig.stop().await;
+}
+
+/// A worker killed after a commit that closed turn 1 and opened turn 2, before turn 1's
+/// promotion, with nothing else sent: once its lease lapses, the next worker finishes turn 1's
+/// promotion (its version's ref, its hosted file) as well as recovering turn 2, then runs
+/// turn 3; each turn is dispatched once and the sweep's mark goes.
+#[tokio::test]
+async fn a_worker_killed_after_a_commit_that_opened_the_next_turn_leaves_both_finished() {
+    use turnpike_artifactory::git::Lineage;
+    let mut options = RigOptions::new(PUBLISHER);
+    options.paused = true;
+    options.lease_ttl = std::time::Duration::from_millis(600);
+    let mut rig = Rig::with(options).await;
+    for text in ["one", "two", "three"] {
+        rig.say(text).await;
+    }
+    rig.run_hanging_at("before-promotion");
+    let record = rig.record();
+    turnpike_tests::wait::until(LONG, "turn 2 opened with turn 1's commit", || async {
+        let state = record.head().await.unwrap().state().clone();
+        (state.last_turn == 2 && state.turn_open).then_some(())
+    })
+    .await;
+    rig.crash().await;
+    let store = rig.conversations.store().clone();
+    let lineage = Lineage::new(store.clone(), rig.prefix());
+    assert_eq!(lineage.ref_of(TurnId::FIRST).await.unwrap(), None);
+    let marks = rig.conversations.open_turns();
+    assert_eq!(marks.list().await.unwrap(), vec![rig.prefix()]);
+    turnpike_tests::wait::until(LONG, "the dead owner's lease to lapse", || async {
+        let lease = rig
+            .bus
+            .claim(rig.conv, turnpike_schemas::WorkerId::new(), LONG)
+            .await
+            .unwrap()?;
+        rig.bus.release(&lease).await.unwrap();
+        Some(())
+    })
+    .await;
+    rig.run();
+    rig.wait_turns(3).await;
+    turnpike_tests::wait::until(LONG, "the mark to go", || async {
+        marks.list().await.unwrap().is_empty().then_some(())
+    })
+    .await;
+    let head = record.head().await.unwrap();
+    for n in 1..=3 {
+        let turn = TurnId::new(n).unwrap();
+        let complete = record.completion(&head, turn).await.unwrap().unwrap();
+        assert!(complete.version.is_some(), "turn {n} published");
+        assert_eq!(
+            lineage.ref_of(turn).await.unwrap(),
+            complete.version,
+            "turn {n}"
+        );
+        let file = rig
+            .prefix()
+            .hosted_file(turn, &turnpike_schemas::RefPath::parse("out.md").unwrap());
+        let there = object_store::ObjectStoreExt::get(store.as_ref(), &file)
+            .await
+            .unwrap()
+            .bytes()
+            .await
+            .unwrap();
+        let text = ["one", "two", "three"][n as usize - 1];
+        assert_eq!(&there[..], format!("# Out for {text}\n").as_bytes());
+    }
+    let mut dispatched: Vec<u64> = record
+        .entries()
+        .await
+        .unwrap()
+        .iter()
+        .filter_map(|e| match &e.body {
+            EntryBody::TurnDispatched(d) => Some(d.turn.number()),
+            _ => None,
+        })
+        .collect();
+    dispatched.sort_unstable();
+    assert_eq!(dispatched, [1, 2, 3], "each turn dispatched once");
+    rig.stop().await;
+}

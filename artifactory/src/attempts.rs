@@ -209,15 +209,10 @@ pub async fn open_committed(
     }
     let record = crate::Record::new(store.clone(), prefix.clone());
     let head = record.head().await?;
-    // Only the latest completed turn can still be waiting for its promotion (an owner finishes
-    // it before running another turn): any other miss is a plain miss, at no extra cost.
-    let state = head.state();
-    let latest = if state.turn_open {
-        state.last_turn.saturating_sub(1)
-    } else {
-        state.last_turn
-    };
-    if turn.number() != latest {
+    // Only the latest complete turn can still be waiting for its promotion (an owner finishes
+    // it before it runs another turn, even one opened with its commit): any other miss is a
+    // plain miss, at no extra cost.
+    if latest_complete(&head) != Some(turn) {
         return Ok(None);
     }
     let Some(attempt) = record
@@ -247,15 +242,28 @@ pub async fn open_committed(
     }
 }
 
-/// Finishes the promotion of the record's latest turn if it is complete (its owner may have
-/// died between the commit and the promotion): the attempt's objects, and its project version
-/// as the turn's git ref. Nothing to do for an open, quarantined or pre-attempt turn.
+/// The record's latest complete turn: its last, or the one before while the last is open
+/// (opened with that one's batch two, or on its own). `None`: none is.
+pub fn latest_complete(head: &crate::Head) -> Option<TurnId> {
+    let state = head.state();
+    let last = if state.turn_open {
+        state.last_turn.saturating_sub(1)
+    } else {
+        state.last_turn
+    };
+    TurnId::new(last)
+}
+
+/// Finishes the promotion of the record's latest complete turn (its owner may have died
+/// between the commit and the promotion — also with the next turn opened by the same commit):
+/// the attempt's objects, and its project version as the turn's git ref. Nothing to do for a
+/// quarantined or pre-attempt turn, or none.
 pub async fn finish_latest(
     store: &Arc<dyn ObjectStore>,
     record: &crate::Record,
     head: &crate::Head,
 ) -> Result<()> {
-    let Some(turn) = TurnId::new(head.state().last_turn) else {
+    let Some(turn) = latest_complete(head) else {
         return Ok(());
     };
     let Some(complete) = record.completion(head, turn).await? else {

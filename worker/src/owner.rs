@@ -15,7 +15,9 @@ use turnpike_schemas::{ConversationId, EntryBody, EventBody, TenantId};
 
 use crate::error::{Error, Result};
 use crate::owners::{Inner, OwnerSlot};
-use crate::turn::{finish_promotion, recover_turn, run_new_turn, TurnEnv, LANE_READ};
+use crate::turn::{
+    finish_promotion, recover_turn, run_new_turn, run_opened, Opening, TurnEnv, Upcoming, LANE_READ,
+};
 use turnpike_lifecycle::fence::Fence;
 
 /// Splits the pending lane messages into the next unit of work: a run of stops with no turn to
@@ -66,7 +68,21 @@ async fn drain(
     let mut ahead: Vec<LaneMessage> = Vec::new();
     *env.lane.lock().expect("lane lock") = Default::default();
     let mut first = true;
+    // A turn opened with the batch two of the one before it (see `Upcoming`).
+    let mut opened: Option<Opening> = None;
     loop {
+        if let Some(opening) = opened.take() {
+            // The turns before it are complete: their wakes are done.
+            slot.settle_through(opening.through).await;
+            let mut next = Next {
+                ahead: &mut ahead,
+                worker,
+                owned_since,
+                epoch,
+            };
+            (head, opened) = run_opened(env, head, opening, &mut next).await?;
+            continue;
+        }
         slot.settle(head.state()).await;
         if head.state().turn_open {
             head = recover_turn(env, head, epoch).await?;
@@ -144,7 +160,57 @@ async fn drain(
             continue;
         }
         env.lane.lock().expect("lane lock").after_inputs = ahead.clone();
-        head = run_new_turn(env, head, inputs, epoch).await?;
+        let mut next = Next {
+            ahead: &mut ahead,
+            worker,
+            owned_since,
+            epoch,
+        };
+        (head, opened) = run_new_turn(env, head, inputs, epoch, &mut next).await?;
+    }
+}
+
+/// The drain's answer to a turn about to commit its batch two: the next turn's batch one, when
+/// the drain would start that turn right after (by the same rules: the worker is not stopping,
+/// the owner keeps its slot, the lane read so far holds the next turn's inputs whole, and they
+/// are not stops alone), so that both commit at once.
+struct Next<'a> {
+    ahead: &'a mut Vec<LaneMessage>,
+    worker: &'a Inner,
+    owned_since: Instant,
+    epoch: turnpike_schemas::Epoch,
+}
+
+impl Upcoming for Next<'_> {
+    fn take(&mut self, env: &TurnEnv, after: &RecordState) -> Option<Opening> {
+        let tenant = env.record.prefix().tenant();
+        if after.turn_open
+            || after.idle_closed
+            || self.worker.is_stopping()
+            || env.turn_slot.given_up()
+            || self
+                .worker
+                .dispatch
+                .owes_slot(tenant, self.owned_since.elapsed())
+        {
+            return None;
+        }
+        self.ahead.retain(|m| m.seq > after.lane_through);
+        // What is read may be only the start of the next turn's inputs: the drain reads on.
+        let (stops_only, taken) = match self.ahead.as_slice() {
+            [] => return None,
+            ahead => next_inputs(ahead),
+        };
+        if stops_only || (taken == self.ahead.len() && self.ahead.len() < LANE_READ) {
+            return None;
+        }
+        let inputs: Vec<LaneMessage> = self.ahead.drain(..taken).collect();
+        env.lane.lock().expect("lane lock").after_inputs = self.ahead.clone();
+        Some(Opening::new(env, after, inputs, self.epoch))
+    }
+
+    fn give_back(&mut self, opening: Opening) {
+        self.ahead.splice(0..0, opening.inputs);
     }
 }
 

@@ -191,9 +191,15 @@ impl OwnerSlot {
         if state.turn_open {
             return;
         }
+        self.settle_through(state.lane_through).await
+    }
+
+    /// Settles the held wakes up to lane sequence `through`, all taken by turns the record holds
+    /// complete (though a later turn may be open: one opened with the last one's batch two).
+    pub(crate) async fn settle_through(&self, through: u64) {
         let record = Settlement::Record {
-            lane_through: state.lane_through,
-            turn_open: state.turn_open,
+            lane_through: through,
+            turn_open: false,
         };
         let mut held = self.held.lock().await;
         let (done, waiting): (Vec<Wake>, Vec<Wake>) = std::mem::take(&mut held.wakes)

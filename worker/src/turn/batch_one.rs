@@ -4,7 +4,7 @@
 use tracing::{info, warn, Instrument as _};
 use turnpike_artifactory::Head;
 use turnpike_router::bus::{now_ms, LaneMessage};
-use turnpike_schemas::entry::{TurnAmbiguous, TurnDispatched};
+use turnpike_schemas::entry::{RecordState, TurnAmbiguous, TurnDispatched};
 use turnpike_schemas::{AgentId, EntryBody, Event, TurnId};
 
 use crate::error::Result;
@@ -12,61 +12,135 @@ use crate::error::Result;
 use super::batch_two::finish_turn;
 use super::TurnEnv;
 
-/// Opens a new turn over `inputs` (batch one), then runs it to completion.
+/// A new turn's batch one, not committed yet: its inputs, and the entries that open it.
+pub struct Opening {
+    pub turn: TurnId,
+    pub agent: AgentId,
+    pub inputs: Vec<LaneMessage>,
+    pub bodies: Vec<EntryBody>,
+    /// The record's lane sequence before its inputs: every wake up to here was taken by a turn
+    /// that is complete once this batch one commits.
+    pub through: u64,
+    /// When the parked turn it may answer ended (ms), if the record was waiting on people.
+    waiting_since: Option<u64>,
+}
+
+impl Opening {
+    /// Batch one over `inputs` on a record in `state` (no turn open): the inputs, any ingress
+    /// directive, and `turn_dispatched` for the next turn, under `epoch`.
+    pub fn new(
+        env: &TurnEnv,
+        state: &RecordState,
+        inputs: Vec<LaneMessage>,
+        epoch: turnpike_schemas::Epoch,
+    ) -> Opening {
+        let turn = TurnId::new(state.last_turn + 1).expect("turn numbers start at 1");
+        // The agent the conversation was last switched to, else the one it was opened with.
+        let agent: AgentId = state.active_agent.clone().unwrap_or_else(|| {
+            inputs
+                .first()
+                .map(|m| m.event.address.agent.clone())
+                .expect("a turn has at least one input")
+        });
+        let mut bodies: Vec<EntryBody> = inputs
+            .iter()
+            .map(|m| EntryBody::input(m.event.clone(), Some(m.seq)))
+            .collect();
+        if let Some(directive) = inputs.iter().find_map(|m| m.event.directive.clone()) {
+            bodies.push(EntryBody::IngressDirective(directive));
+        }
+        bodies.push(EntryBody::TurnDispatched(TurnDispatched {
+            turn,
+            worker: env.worker,
+            agent: agent.clone(),
+            epoch,
+            at_ms: now_ms(),
+        }));
+        Opening {
+            turn,
+            agent,
+            inputs,
+            bodies,
+            through: state.lane_through,
+            waiting_since: state.waiting.then_some(state.active_ms),
+        }
+    }
+}
+
+/// Where a turn may find the next one's inputs, to commit that turn's batch one with its own
+/// batch two: one commit, one signature and one write fewer for a lane with messages waiting.
+/// The owner's drain answers, by the same rules it starts a turn by.
+pub trait Upcoming: Send {
+    /// The next turn's batch one on a record in `after` (the state once this turn's batch two
+    /// is in), or `None`: the next turn, if any, starts on its own.
+    fn take(&mut self, env: &TurnEnv, after: &RecordState) -> Option<Opening>;
+    /// A batch one that was not committed (the record refused it with the batch two): its
+    /// inputs go back, first in line.
+    fn give_back(&mut self, opening: Opening);
+}
+
+/// No next turn: each starts on its own.
+pub struct NoUpcoming;
+
+impl Upcoming for NoUpcoming {
+    fn take(&mut self, _: &TurnEnv, _: &RecordState) -> Option<Opening> {
+        None
+    }
+    fn give_back(&mut self, _: Opening) {}
+}
+
+/// Opens a new turn over `inputs` (batch one), then runs it to completion. Returns the head,
+/// and the next turn when its batch one was committed with this one's batch two (see
+/// [`Upcoming`]): [`run_opened`] runs it.
 pub async fn run_new_turn(
     env: &TurnEnv,
     head: Head,
     inputs: Vec<LaneMessage>,
     epoch: turnpike_schemas::Epoch,
-) -> Result<Head> {
-    let turn = TurnId::new(head.state().last_turn + 1).expect("turn numbers start at 1");
-    // The agent the conversation was last switched to, else the one it was opened with.
-    let agent: AgentId = head.state().active_agent.clone().unwrap_or_else(|| {
-        inputs
-            .first()
-            .map(|m| m.event.address.agent.clone())
-            .expect("a turn has at least one input")
-    });
-    let mut bodies: Vec<EntryBody> = inputs
-        .iter()
-        .map(|m| EntryBody::input(m.event.clone(), Some(m.seq)))
-        .collect();
-    if let Some(directive) = inputs.iter().find_map(|m| m.event.directive.clone()) {
-        bodies.push(EntryBody::IngressDirective(directive));
-    }
-    bodies.push(EntryBody::TurnDispatched(TurnDispatched {
+    upcoming: &mut dyn Upcoming,
+) -> Result<(Head, Option<Opening>)> {
+    let opening = Opening::new(env, head.state(), inputs, epoch);
+    // The mark goes first: a record that ends in an open turn always has one for the sweep.
+    env.ensure_marked().await?;
+    let head = match env.append(&head, &opening.bodies).await {
+        Ok(head) => head,
+        // Inputs the record refuses can never be taken: set them aside, visibly, once.
+        Err(e) if e.kind() == crate::error::ErrorKind::Refused => {
+            let head = crate::parking::park_refused(env, &head, &opening.inputs, &e).await?;
+            return Ok((head, None));
+        }
+        Err(e) => return Err(e),
+    };
+    run_opened(env, head, opening, upcoming).await
+}
+
+/// Runs a turn whose batch one `head` holds to completion (see [`run_new_turn`]).
+pub async fn run_opened(
+    env: &TurnEnv,
+    head: Head,
+    opening: Opening,
+    upcoming: &mut dyn Upcoming,
+) -> Result<(Head, Option<Opening>)> {
+    let Opening {
         turn,
-        worker: env.worker,
-        agent: agent.clone(),
-        epoch,
-        at_ms: now_ms(),
-    }));
+        agent,
+        inputs,
+        bodies,
+        waiting_since,
+        ..
+    } = opening;
     // An answer to a parked turn's approval request: how long the people took (from the
     // parked turn's end, the record's last activity, to the answer's acceptance).
-    if head.state().waiting {
+    if let Some(since) = waiting_since {
         for m in &inputs {
             if matches!(
                 m.event.body,
                 turnpike_schemas::EventBody::ApprovalResponse { .. }
             ) {
-                crate::metrics::approval_wait(
-                    m.event
-                        .accepted_at_ms
-                        .saturating_sub(head.state().active_ms),
-                );
+                crate::metrics::approval_wait(m.event.accepted_at_ms.saturating_sub(since));
             }
         }
     }
-    // The mark goes first: a record that ends in an open turn always has one for the sweep.
-    env.ensure_marked().await?;
-    let head = match env.append(&head, &bodies).await {
-        Ok(head) => head,
-        // Inputs the record refuses can never be taken: set them aside, visibly, once.
-        Err(e) if e.kind() == crate::error::ErrorKind::Refused => {
-            return crate::parking::park_refused(env, &head, &inputs, &e).await;
-        }
-        Err(e) => return Err(e),
-    };
     info!(conversation = %env.record.prefix().conversation(), %turn, worker = %env.worker, "turn dispatched");
     let place = format!("{} {turn}", env.record.prefix().conversation());
     env.config.failpoints.hit("after-batch-one", &place).await;
@@ -77,13 +151,22 @@ pub async fn run_new_turn(
         inputs.first().and_then(|m| m.event.traceparent.as_deref()),
     );
     let events = inputs.into_iter().map(|m| m.event).collect();
-    let directive = bodies.iter().find_map(|b| match b {
-        EntryBody::IngressDirective(d) => Some(d.clone()),
+    let directive = bodies.into_iter().find_map(|b| match b {
+        EntryBody::IngressDirective(d) => Some(d),
         _ => None,
     });
-    finish_turn(env, head, turn, agent, events, directive, new_attempt())
-        .instrument(span)
-        .await
+    finish_turn(
+        env,
+        head,
+        turn,
+        agent,
+        events,
+        directive,
+        new_attempt(),
+        upcoming,
+    )
+    .instrument(span)
+    .await
 }
 
 /// The span a turn's work runs in (its model calls, tools and cells are its children).
@@ -159,7 +242,17 @@ pub async fn recover_turn(
     }
     warn!(conversation = %env.record.prefix().conversation(), %turn, epoch = epoch.0, "recovering a turn left open");
     let span = turn_span(env, turn, &agent);
-    finish_turn(env, head, turn, agent, events, directive, new_attempt())
-        .instrument(span)
-        .await
+    let (head, _) = finish_turn(
+        env,
+        head,
+        turn,
+        agent,
+        events,
+        directive,
+        new_attempt(),
+        &mut NoUpcoming,
+    )
+    .instrument(span)
+    .await?;
+    Ok(head)
 }

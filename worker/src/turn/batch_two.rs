@@ -19,13 +19,17 @@ use crate::workspace::Workspace;
 use turnpike_agent::apps::OnNewMessage;
 use turnpike_artifactory::git::{Lineage, Project};
 
+use super::batch_one::{Opening, Upcoming};
 use super::context::TurnContext;
 use super::lane_watch::{LaneWatch, StopCause};
 use super::TurnEnv;
 /// A turn after its batch one, through its batch two (DESIGN's life of a turn, steps 6–9): the
 /// turn's context is opened, the app does the work, what the workspace holds is checked and
 /// published as the project's next version, the turn log is written under the attempt, batch two
-/// is committed, and the attempt's objects are promoted (the context snapshot written beside).
+/// is committed — with the next turn's batch one when `upcoming` has it ready — and the
+/// attempt's objects are promoted (the context snapshot written beside). Returns the head and
+/// that next turn, opened.
+#[allow(clippy::too_many_arguments)]
 pub(super) async fn finish_turn(
     env: &TurnEnv,
     head: Head,
@@ -34,7 +38,8 @@ pub(super) async fn finish_turn(
     inputs: Vec<Event>,
     directive: Option<IngressDirective>,
     attempt: u64,
-) -> Result<Head> {
+    upcoming: &mut dyn Upcoming,
+) -> Result<(Head, Option<Opening>)> {
     let app = inputs
         .first()
         .expect("a turn has at least one input")
@@ -47,7 +52,7 @@ pub(super) async fn finish_turn(
     let (outcome, failure) = work(env, &opened.ctx, &route).await?;
     let (outcome, failure, version) = keep_workspace(&opened.ctx, outcome, failure).await?;
     let ended = Ended::take(opened).await;
-    commit(env, ended, outcome, failure, version).await
+    commit(env, ended, outcome, failure, version, upcoming).await
 }
 
 /// A turn's context, open.
@@ -330,15 +335,17 @@ impl Ended {
     }
 }
 
-/// Writes the turn log under the attempt, commits batch two, counts the usage and promotes the
-/// attempt, writing the context snapshot beside it (DESIGN steps 7–9).
+/// Writes the turn log under the attempt, commits batch two (with the next turn's batch one,
+/// when `upcoming` has it), counts the usage and promotes the attempt, writing the context
+/// snapshot beside it (DESIGN steps 7–9).
 async fn commit(
     env: &TurnEnv,
     ended: Ended,
     outcome: TurnOutcome,
     failure: Option<String>,
     version: Option<turnpike_schemas::ProjectVersion>,
-) -> Result<Head> {
+    upcoming: &mut dyn Upcoming,
+) -> Result<(Head, Option<Opening>)> {
     let conversation = env.record.prefix().conversation();
     let (turn, attempt) = (ended.turn, ended.attempt);
     let mut bodies = done_entries(&ended);
@@ -396,11 +403,12 @@ async fn commit(
     }
     let place = format!("{conversation} {turn}");
     env.config.failpoints.hit("before-batch-two", &place).await;
-    let head = env.append(&ended.head, &bodies).await?;
+    let (head, next) = append_closing(env, &ended.head, &bodies, upcoming).await?;
     info!(%conversation, %turn, ?outcome, "turn complete");
     // The turn is over: a slot this owner owes goes to the next wake now, not after the
-    // promotion and the release below (this owner then starts no more turns).
-    let gave_up = env.turn_slot.give_up_if_owed();
+    // promotion and the release below (this owner then starts no more turns) — unless the
+    // next turn, opened with this batch two, holds it already.
+    let gave_up = next.is_none() && env.turn_slot.give_up_if_owed();
     tracing::debug!(target: crate::dispatch::WAKES, %conversation, gave_up, "turn committed");
     let snapshot = ended
         .timeline
@@ -450,7 +458,35 @@ async fn commit(
     if let Some(queue) = &env.indexing {
         queue.push(conversation);
     }
-    Ok(head)
+    Ok((head, next))
+}
+
+/// Appends a turn's batch two at `head`, with the next turn's batch one after it when
+/// `upcoming` has one ready for the state the batch two leaves. Should the record refuse the
+/// two together, the batch one's inputs go back and the batch two is appended alone (a turn
+/// is never left open for its successor's sake).
+async fn append_closing(
+    env: &TurnEnv,
+    head: &Head,
+    bodies: &[EntryBody],
+    upcoming: &mut dyn Upcoming,
+) -> Result<(Head, Option<Opening>)> {
+    let mut after = head.state().clone();
+    let applies = bodies
+        .iter()
+        .all(|b| turnpike_artifactory::record::state::apply(&mut after, b).is_ok());
+    let Some(opening) = applies.then(|| upcoming.take(env, &after)).flatten() else {
+        return Ok((env.append(head, bodies).await?, None));
+    };
+    let both: Vec<EntryBody> = bodies.iter().chain(&opening.bodies).cloned().collect();
+    match env.append(head, &both).await {
+        Ok(head) => Ok((head, Some(opening))),
+        Err(e) if e.kind() == crate::error::ErrorKind::Refused => {
+            upcoming.give_back(opening);
+            Ok((env.append(head, bodies).await?, None))
+        }
+        Err(e) => Err(e),
+    }
 }
 
 /// What the turn did, as record entries: the compaction it made, then its blocks past its
@@ -654,29 +690,29 @@ async fn promote(
 
 /// Takes over what a previous owner left marked, before anything else in a drain: its mark
 /// becomes this owner's (cleared when this drain ends), and a committed turn whose promotion
-/// it left undone (it died between the commit and the promotion) is promoted now.
+/// it left undone (it died between the commit and the promotion) is promoted now — also when
+/// a turn is open after it (opened with its batch two), before that one is recovered.
 pub async fn finish_promotion(env: &TurnEnv, head: &Head) -> Result<()> {
     if !env.open_turns.is_marked(env.record.prefix()).await? {
         return Ok(());
     }
     env.marked.store(true, std::sync::atomic::Ordering::Release);
-    if head.state().turn_open {
-        // Recovered first; the mark stays until this drain ends.
-        return Ok(());
-    }
     finish_committed(env, &env.record, head).await?;
-    env.clear_open_mark().await;
+    if !head.state().turn_open {
+        // With a turn open, the mark stays until this drain ends (it recovers that turn).
+        env.clear_open_mark().await;
+    }
     Ok(())
 }
 
-/// Finishes the promotion of the latest turn of `record`, committed (its owner died between
+/// Finishes the promotion of the latest complete turn of `record` (its owner died between
 /// the commit and the end of the promotion): its objects, its version's ref, and its
 /// subscribers told, as the promotion would have — the same message (its id and time from
 /// the record), enqueued create-only. What only the dead owner had in hand (the failure's
-/// text, the input's origin) is read back from the record.
+/// text, the input's origin) is read back from the record. Done already, it changes nothing.
 pub async fn finish_committed(shared: &super::Shared, record: &Record, head: &Head) -> Result<()> {
     turnpike_artifactory::attempts::finish_latest(shared.files.store(), record, head).await?;
-    let Some(turn) = TurnId::new(head.state().last_turn) else {
+    let Some(turn) = turnpike_artifactory::attempts::latest_complete(head) else {
         return Ok(());
     };
     let Some(end) = record.turn_end(head, turn).await? else {

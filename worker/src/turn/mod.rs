@@ -16,7 +16,7 @@ mod batch_two;
 mod context;
 mod lane_watch;
 
-pub use batch_one::{recover_turn, run_new_turn};
+pub use batch_one::{recover_turn, run_new_turn, run_opened, NoUpcoming, Opening, Upcoming};
 pub use batch_two::{finish_committed, finish_promotion};
 pub use context::TurnContext;
 pub use lane_watch::{folds_into, StopCause};
