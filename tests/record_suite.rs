@@ -815,6 +815,57 @@ macro_rules! record_suite {
                 );
             }
 
+            /// A turn's batch one committed with the batch two of the turn before: the open
+            /// turn's entries start after that turn's close (a side-effecting call the turn
+            /// before left unanswered, parked for approval, is not the open turn's), and the
+            /// record says which kind of opening it was.
+            #[tokio::test]
+            async fn an_open_turn_opened_with_the_close_before_it_holds_only_its_own_entries() {
+                use turnpike_schemas::entry::ToolCall;
+                let (_keep, store) = store();
+                let (record, head) = record_with_turns(store.clone(), 0).await;
+                let conversation = record.prefix().conversation();
+                let head = record
+                    .append(&signer(), &head, &batch_one(conversation, 1, "send it"))
+                    .await
+                    .unwrap();
+                assert!(!record.opened_with_close(&head).await.unwrap());
+                let mut closing_and_opening = vec![EntryBody::ToolCall(ToolCall {
+                    turn: TurnId::FIRST,
+                    call_id: "c1".into(),
+                    tool: "send".into(),
+                    arguments: serde_json::json!({}),
+                    side_effects: true,
+                })];
+                closing_and_opening.extend(batch_two(1, "waiting for approval"));
+                closing_and_opening.extend(batch_one(conversation, 2, "and this"));
+                let head = record
+                    .append(&signer(), &head, &closing_and_opening)
+                    .await
+                    .unwrap();
+                let (turn, entries) = record.open_turn(&head).await.unwrap().unwrap();
+                assert_eq!(turn, TurnId::new(2).unwrap());
+                let kinds: Vec<_> = entries.iter().map(|e| e.body.kind()).collect();
+                use turnpike_schemas::EntryKind::{SignedRoot, TurnDispatched, UserMessage};
+                assert_eq!(kinds, [UserMessage, TurnDispatched, SignedRoot]);
+                assert!(record.opened_with_close(&head).await.unwrap());
+                // Later entries of the open turn follow, from the batches after.
+                let head = record
+                    .append(&signer(), &head, &[batch_two(2, "x")[0].clone()])
+                    .await
+                    .unwrap();
+                let (_, entries) = record.open_turn(&head).await.unwrap().unwrap();
+                assert_eq!(entries.len(), 5);
+                assert!(record.opened_with_close(&head).await.unwrap());
+                // Closed: no open turn, nothing opened.
+                let head = record
+                    .append(&signer(), &head, &[batch_two(2, "x")[1].clone()])
+                    .await
+                    .unwrap();
+                assert!(record.open_turn(&head).await.unwrap().is_none());
+                assert!(!record.opened_with_close(&head).await.unwrap());
+            }
+
             /// A committed attempt's log is promoted to its key: moved where the store
             /// renames create-only, copied (its attempt copy left for the clearing after)
             /// where it cannot (S3 without copy-if-not-exists). Either way the key holds the

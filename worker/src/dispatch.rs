@@ -314,17 +314,30 @@ impl TurnSlot {
         self.0.lock().expect("turn slot lock")
     }
 
-    /// Gives the slot up when its owner owes it (other wakes may start and it had its
-    /// share); whether the slot is given up, now or before.
-    pub(crate) fn give_up_if_owed(&self) -> bool {
-        let mut held = self.held();
-        let owed = match &*held {
+    /// Whether its owner owes the slot (other wakes may start and it had its share), or gave
+    /// it up already: by the rule [`TurnSlot::give_up_if_owed`] applies.
+    pub(crate) fn owes(&self) -> bool {
+        Self::owed(&self.held())
+    }
+
+    fn owed(held: &Held) -> bool {
+        match held {
             Held::Slot((_, running)) => running
                 .dispatch
                 .owes_slot(&running.tenant, running.since.elapsed()),
             Held::Nothing => false,
-            Held::GivenUp => return true,
-        };
+            Held::GivenUp => true,
+        }
+    }
+
+    /// Gives the slot up when its owner owes it (other wakes may start and it had its
+    /// share); whether the slot is given up, now or before.
+    pub(crate) fn give_up_if_owed(&self) -> bool {
+        let mut held = self.held();
+        if matches!(*held, Held::GivenUp) {
+            return true;
+        }
+        let owed = Self::owed(&held);
         if owed {
             let slot = std::mem::replace(&mut *held, Held::GivenUp);
             // Outside the lock: dropping the count takes the dispatch's locks.

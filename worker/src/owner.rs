@@ -77,7 +77,6 @@ async fn drain(
             let mut next = Next {
                 ahead: &mut ahead,
                 worker,
-                owned_since,
                 epoch,
             };
             (head, opened) = run_opened(env, head, opening, &mut next).await?;
@@ -163,7 +162,6 @@ async fn drain(
         let mut next = Next {
             ahead: &mut ahead,
             worker,
-            owned_since,
             epoch,
         };
         (head, opened) = run_new_turn(env, head, inputs, epoch, &mut next).await?;
@@ -177,21 +175,14 @@ async fn drain(
 struct Next<'a> {
     ahead: &'a mut Vec<LaneMessage>,
     worker: &'a Inner,
-    owned_since: Instant,
     epoch: turnpike_schemas::Epoch,
 }
 
 impl Upcoming for Next<'_> {
     fn take(&mut self, env: &TurnEnv, after: &RecordState) -> Option<Opening> {
-        let tenant = env.record.prefix().tenant();
-        if after.turn_open
-            || after.idle_closed
-            || self.worker.is_stopping()
-            || env.turn_slot.given_up()
-            || self
-                .worker
-                .dispatch
-                .owes_slot(tenant, self.owned_since.elapsed())
+        // The slot by the rule its give-up after a commit applies (this commit opens the next
+        // turn only if that would keep it).
+        if after.turn_open || after.idle_closed || self.worker.is_stopping() || env.turn_slot.owes()
         {
             return None;
         }

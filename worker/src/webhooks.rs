@@ -108,14 +108,19 @@ pub struct TurnFacts<'a> {
     pub at_ms: u64,
 }
 
-/// The message about a turn's end.
-pub fn turn_message(t: &TurnFacts<'_>) -> Message {
-    let kind = match t.log.outcome {
+/// The kind of message a turn that ended with `outcome` is.
+fn turn_kind(outcome: TurnOutcome) -> EventKind {
+    match outcome {
         TurnOutcome::Replied => EventKind::TurnCompleted,
         TurnOutcome::Failed => EventKind::TurnFailed,
         TurnOutcome::Cancelled => EventKind::TurnCancelled,
         TurnOutcome::Parked => EventKind::TurnParked,
-    };
+    }
+}
+
+/// The message about a turn's end.
+pub fn turn_message(t: &TurnFacts<'_>) -> Message {
+    let kind = turn_kind(t.log.outcome);
     let id = turnpike_artifactory::webhooks::turn_message_id(t.tenant, t.conversation, t.log.turn);
     let reply = t.log.blocks.iter().rev().find_map(|b| match b {
         Block::AssistantMessage { text } => Some(truncated(text, MAX_REPLY_BYTES)),
@@ -228,14 +233,14 @@ impl Notifier {
     /// Enqueues a turn's outcome for its subscribers. Errors are the store's: the caller
     /// keeps the promotion unfinished so that it is done again.
     pub async fn turn_ended(&self, t: &TurnFacts<'_>) -> turnpike_artifactory::Result<usize> {
-        let message = turn_message(t);
+        let kind = turn_kind(t.log.outcome);
         let mut subscribers: Vec<Subscriber> = self
             .apps
             .webhooks(t.app)
             .into_iter()
             .filter(|w| &w.tenant == t.tenant)
             .filter(|w| w.agent.as_ref().is_none_or(|a| a == t.agent))
-            .filter(|w| wants(&w.events, message.kind))
+            .filter(|w| wants(&w.events, kind))
             .map(|w| Subscriber::App {
                 app: t.app.clone(),
                 name: w.name,
@@ -253,7 +258,7 @@ impl Notifier {
                 for s in theirs
                     .iter()
                     .filter(|s| s.conversation.is_none_or(|c| c == t.conversation))
-                    .filter(|s| wants(&s.events, message.kind))
+                    .filter(|s| wants(&s.events, kind))
                 {
                     if let Some(push) = &s.a2a {
                         // Only the turns of its task, from the record (a parked task goes on
@@ -261,7 +266,7 @@ impl Notifier {
                         if push.ended || !in_task(t, push).await? {
                             continue;
                         }
-                        if message.kind != EventKind::TurnParked {
+                        if kind != EventKind::TurnParked {
                             ended.push((owner.clone(), s.id.clone()));
                         }
                     }
@@ -272,7 +277,11 @@ impl Notifier {
                 }
             }
         }
-        let count = self.enqueue(t.tenant, subscribers, message).await?;
+        if subscribers.is_empty() {
+            // Nobody to tell (most turns): the message is not even made.
+            return Ok(0);
+        }
+        let count = self.enqueue(t.tenant, subscribers, turn_message(t)).await?;
         for (owner, id) in ended {
             // Enqueued first: a crash between the two leaves the subscription open (it hears of
             // its own task's turns only, and none come after the end); the end is delivered.

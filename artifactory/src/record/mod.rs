@@ -576,8 +576,30 @@ impl Record {
 
     /// The entries of the open turn — its batch one (inputs and `turn_dispatched`) and
     /// everything after — read backwards from the head, so the cost is the turn's length, not
-    /// the record's. `None` when no turn is open.
+    /// the record's. `None` when no turn is open. A batch one committed with the batch two of
+    /// the turn before (see [`Record::opened_with_close`]) starts after that turn's close:
+    /// nothing of that turn is the open one's.
     pub async fn open_turn(&self, head: &Head) -> Result<Option<(TurnId, Vec<RecordEntry>)>> {
+        Ok(self
+            .open_turn_batch(head)
+            .await?
+            .map(|(turn, entries, _)| (turn, entries)))
+    }
+
+    /// Whether the open turn's batch one was committed in one batch with the batch two of the
+    /// turn before it (its owner opened it with that commit). `false` when no turn is open.
+    pub async fn opened_with_close(&self, head: &Head) -> Result<bool> {
+        Ok(self
+            .open_turn_batch(head)
+            .await?
+            .is_some_and(|(_, _, with_close)| with_close))
+    }
+
+    /// [`Record::open_turn`], and whether its batch one shares a batch with a turn's close.
+    async fn open_turn_batch(
+        &self,
+        head: &Head,
+    ) -> Result<Option<(TurnId, Vec<RecordEntry>, bool)>> {
         if !head.state.turn_open {
             return Ok(None);
         }
@@ -588,19 +610,32 @@ impl Record {
             let batch = self.read_stored(seq).await?;
             let mut entries = Vec::with_capacity(batch.entries.len());
             let mut dispatched = false;
+            // Where the turn's own entries start in this batch: after any turn's close before
+            // its dispatch.
+            let mut starts = 0;
             for entry in batch.entries {
                 let body = entry.decode()?;
+                let closes = matches!(
+                    &body,
+                    EntryBody::TurnComplete(_) | EntryBody::TurnAmbiguous(_)
+                );
+                if closes && !dispatched {
+                    starts = entries.len() + 1;
+                }
                 dispatched |= matches!(&body, EntryBody::TurnDispatched(d) if d.turn == turn);
                 entries.push(RecordEntry {
                     position: entry.position,
                     body,
                 });
             }
-            entries.append(&mut collected);
-            collected = entries;
-            if dispatched {
-                return Ok(Some((turn, collected)));
+            if !dispatched {
+                entries.append(&mut collected);
+                collected = entries;
+                continue;
             }
+            let mut own = entries.split_off(starts);
+            own.append(&mut collected);
+            return Ok(Some((turn, own, starts > 0)));
         }
         Err(Error::new(
             ErrorKind::Corrupt,

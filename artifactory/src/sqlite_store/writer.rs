@@ -208,6 +208,36 @@ fn apply(tx: &Connection, op: &Op, etags: &Etags) -> Reply {
             to,
             create,
             remove_source,
+        } if *remove_source && from != to => {
+            // A rename: the row takes its new key where it is (its bytes are not copied),
+            // over what the key held unless only where nothing is.
+            let etag = etags.next();
+            if !*create {
+                tx.prepare_cached("DELETE FROM objects WHERE path = ?1")
+                    .and_then(|mut s| s.execute(params![to.as_ref()]))
+                    .map_err(|e| generic(e.to_string()))?;
+            }
+            let moved = tx
+                .prepare_cached(
+                    "UPDATE objects SET path = ?2, etag = ?3, modified_ms = ?4 WHERE path = ?1",
+                )
+                .and_then(|mut s| s.execute(params![from.as_ref(), to.as_ref(), etag, now]));
+            match moved {
+                Ok(0) => Err(Error::NotFound {
+                    path: from.to_string(),
+                    source: "no object to rename".into(),
+                }),
+                Ok(_) => Ok(Some(etag)),
+                Err(e) if is_unique_violation(&e) => Err(Error::AlreadyExists {
+                    path: to.to_string(),
+                    source: Box::new(e),
+                }),
+                Err(e) => Err(generic(e.to_string())),
+            }
+        }
+        // A copy (or a rename onto its own key, which is one).
+        Op::Copy {
+            from, to, create, ..
         } => {
             let etag = etags.next();
             let sql = if *create {
@@ -228,14 +258,7 @@ fn apply(tx: &Connection, op: &Op, etags: &Etags) -> Reply {
                     path: from.to_string(),
                     source: "no object to copy".into(),
                 }),
-                Ok(_) => {
-                    if *remove_source && from != to {
-                        tx.prepare_cached("DELETE FROM objects WHERE path = ?1")
-                            .and_then(|mut s| s.execute(params![from.as_ref()]))
-                            .map_err(|e| generic(e.to_string()))?;
-                    }
-                    Ok(Some(etag))
-                }
+                Ok(_) => Ok(Some(etag)),
                 Err(e) if is_unique_violation(&e) => Err(Error::AlreadyExists {
                     path: to.to_string(),
                     source: Box::new(e),

@@ -215,7 +215,8 @@ pub async fn recover_turn(
     // Quarantine the turn; never run the call again.
     let unanswered = entries.iter().find_map(|e| match &e.body {
         EntryBody::ToolCall(c)
-            if c.side_effects
+            if c.turn == turn
+                && c.side_effects
                 && !entries.iter().any(
                     |r| matches!(&r.body, EntryBody::ToolResult(res) if res.call_id == c.call_id),
                 ) =>

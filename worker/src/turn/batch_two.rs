@@ -697,10 +697,16 @@ pub async fn finish_promotion(env: &TurnEnv, head: &Head) -> Result<()> {
         return Ok(());
     }
     env.marked.store(true, std::sync::atomic::Ordering::Release);
-    finish_committed(env, &env.record, head).await?;
     if !head.state().turn_open {
-        // With a turn open, the mark stays until this drain ends (it recovers that turn).
+        finish_committed(env, &env.record, head).await?;
         env.clear_open_mark().await;
+        return Ok(());
+    }
+    // A turn is open: recovered first, and the mark stays until this drain ends. An owner
+    // finishes a turn's promotion before it opens the next on its own, but one opened with
+    // that turn's commit may have lost its owner in between.
+    if env.record.opened_with_close(head).await? {
+        finish_committed(env, &env.record, head).await?;
     }
     Ok(())
 }
