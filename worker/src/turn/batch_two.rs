@@ -19,9 +19,9 @@ use crate::workspace::Workspace;
 use turnpike_agent::apps::OnNewMessage;
 use turnpike_artifactory::git::{Lineage, Project};
 
-use super::batch_one::{Opening, Upcoming};
 use super::context::TurnContext;
 use super::lane_watch::{LaneWatch, StopCause};
+use super::opening::{Opening, Upcoming};
 use super::TurnEnv;
 /// A turn after its batch one, through its batch two (DESIGN's life of a turn, steps 6–9): the
 /// turn's context is opened, the app does the work, what the workspace holds is checked and

@@ -9,17 +9,20 @@
 //! - `batch_one`: a new turn's batch one, and recovering a turn left open
 //! - `context`: [`TurnContext`], the turn as an app's callback sees it
 //! - `lane_watch`: what arrives on the lane while a turn runs (follow-ups, stops)
+//! - `opening`: a batch one before its commit, and the next turn's, committed with a batch two
 //! - `batch_two`: the end of a turn: its entries, its version, the commit, the promotion
 
 mod batch_one;
 mod batch_two;
 mod context;
 mod lane_watch;
+mod opening;
 
-pub use batch_one::{recover_turn, run_new_turn, run_opened, NoUpcoming, Opening, Upcoming};
+pub use batch_one::{recover_turn, run_new_turn, run_opened};
 pub use batch_two::{finish_committed, finish_promotion};
 pub use context::TurnContext;
 pub use lane_watch::{folds_into, StopCause};
+pub use opening::{NoUpcoming, Opening, Upcoming};
 
 use std::sync::Arc;
 
