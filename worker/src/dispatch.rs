@@ -207,10 +207,10 @@ impl Dispatch {
         }
     }
 
-    /// The wakes that waited here long, at `now`. In a fleet: those that waited longer than twice the
-    /// time a start holds a slot, but at least `least` and at most `most`, taken out (the
-    /// worker gives them back to the bus, for a worker with room); a wake that waits about a
-    /// turn for a slot here stays. A lone worker keeps every wake: those that waited longer
+    /// The wakes that waited here long, at `now`. In a fleet: those that waited longer than
+    /// twice the time a start holds a slot, but at least `least` and at most `most`, taken out
+    /// (the worker gives them back to the bus, for a worker with room); a wake that waits about
+    /// a turn for a slot here stays. A lone worker keeps every wake: those that waited longer
     /// than `most` since they came or were last kept are to be kept in progress (see the
     /// module docs).
     pub(crate) fn waited(&self, now: Instant, least: Duration, most: Duration) -> Waited {
