@@ -208,55 +208,44 @@ fn apply(tx: &Connection, op: &Op, etags: &Etags) -> Reply {
             to,
             create,
             remove_source,
-        } if *remove_source && from != to => {
-            // A rename: the row takes its new key where it is (its bytes are not copied),
-            // over what the key held unless only where nothing is.
+        } => {
             let etag = etags.next();
-            if !*create {
+            // A rename onto another key moves the row: its key changes where it is, and its
+            // bytes are not copied (a rename onto its own key is a copy).
+            let rename = *remove_source && from != to;
+            let sql = match (rename, *create) {
+                (true, _) => {
+                    "UPDATE objects SET path = ?2, etag = ?3, modified_ms = ?4 WHERE path = ?1"
+                }
+                (false, true) => {
+                    "INSERT INTO objects (path, data, etag, modified_ms, size)
+                     SELECT ?2, data, ?3, ?4, size FROM objects WHERE path = ?1"
+                }
+                (false, false) => {
+                    "INSERT INTO objects (path, data, etag, modified_ms, size)
+                     SELECT ?2, data, ?3, ?4, size FROM objects WHERE path = ?1
+                     ON CONFLICT (path) DO UPDATE SET data = excluded.data,
+                       size = excluded.size, etag = excluded.etag,
+                       modified_ms = excluded.modified_ms"
+                }
+            };
+            if rename && !*create {
+                // Over what the key held.
                 tx.prepare_cached("DELETE FROM objects WHERE path = ?1")
                     .and_then(|mut s| s.execute(params![to.as_ref()]))
                     .map_err(|e| generic(e.to_string()))?;
             }
-            let moved = tx
-                .prepare_cached(
-                    "UPDATE objects SET path = ?2, etag = ?3, modified_ms = ?4 WHERE path = ?1",
-                )
-                .and_then(|mut s| s.execute(params![from.as_ref(), to.as_ref(), etag, now]));
-            match moved {
-                Ok(0) => Err(Error::NotFound {
-                    path: from.to_string(),
-                    source: "no object to rename".into(),
-                }),
-                Ok(_) => Ok(Some(etag)),
-                Err(e) if is_unique_violation(&e) => Err(Error::AlreadyExists {
-                    path: to.to_string(),
-                    source: Box::new(e),
-                }),
-                Err(e) => Err(generic(e.to_string())),
-            }
-        }
-        // A copy (or a rename onto its own key, which is one).
-        Op::Copy {
-            from, to, create, ..
-        } => {
-            let etag = etags.next();
-            let sql = if *create {
-                "INSERT INTO objects (path, data, etag, modified_ms, size)
-                 SELECT ?2, data, ?3, ?4, size FROM objects WHERE path = ?1"
-            } else {
-                "INSERT INTO objects (path, data, etag, modified_ms, size)
-                 SELECT ?2, data, ?3, ?4, size FROM objects WHERE path = ?1
-                 ON CONFLICT (path) DO UPDATE SET data = excluded.data,
-                   size = excluded.size, etag = excluded.etag,
-                   modified_ms = excluded.modified_ms"
-            };
-            let copied = tx
+            let done = tx
                 .prepare_cached(sql)
                 .and_then(|mut s| s.execute(params![from.as_ref(), to.as_ref(), etag, now]));
-            match copied {
+            match done {
                 Ok(0) => Err(Error::NotFound {
                     path: from.to_string(),
-                    source: "no object to copy".into(),
+                    source: if rename {
+                        "no object to rename".into()
+                    } else {
+                        "no object to copy".into()
+                    },
                 }),
                 Ok(_) => Ok(Some(etag)),
                 Err(e) if is_unique_violation(&e) => Err(Error::AlreadyExists {
