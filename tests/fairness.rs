@@ -89,7 +89,7 @@ async fn burst(
 /// An agent that takes `delay` per turn and notes when each turn ran.
 struct Timed {
     delay: Duration,
-    ran: Mutex<Vec<(ConversationId, Instant, Instant)>>,
+    ran: Mutex<Vec<Ran>>,
 }
 
 #[async_trait]
@@ -151,6 +151,36 @@ fn workers(
     }))
 }
 
+/// A turn that ran: its conversation, when it started and when it ended.
+type Ran = (ConversationId, Instant, Instant);
+
+/// How many turns of conversations other than `b` started after `accepted` (B's message
+/// accepted) and before `b`'s turn.
+fn started_before(ran: &[Ran], b: ConversationId, accepted: Instant) -> usize {
+    let b_start = ran.iter().find(|(c, _, _)| *c == b).unwrap().1;
+    ran.iter()
+        .filter(|(c, start, _)| *c != b && *start > accepted && *start < b_start)
+        .count()
+}
+
+/// Each of `conversations` conversations had exactly one turn: nothing lost or run twice.
+fn each_ran_once(ran: &[Ran], conversations: usize) {
+    let mut runs: HashMap<ConversationId, usize> = HashMap::new();
+    for (c, _, _) in ran {
+        *runs.entry(*c).or_default() += 1;
+    }
+    assert_eq!(runs.len(), conversations);
+    assert!(runs.values().all(|n| *n == 1), "{runs:?}");
+}
+
+/// Waits until the bus has no wake left unsettled.
+async fn until_settled(bus: &Arc<dyn Bus>) {
+    turnpike_tests::wait::until(LONG, "every wake settled", || async {
+        (bus.unsettled().await.unwrap() == Some(0)).then_some(())
+    })
+    .await
+}
+
 async fn until(what: &str, mut check: impl FnMut() -> bool) {
     let deadline = Instant::now() + LONG;
     while !check() {
@@ -179,22 +209,13 @@ async fn a_burst_of_one_tenant_does_not_hold_back_another_tenants_turn_on_the_em
     until("every turn ran", || agent.ran.lock().unwrap().len() == 61).await;
     pool.stop().await;
     let ran = agent.ran.lock().unwrap().clone();
-    let b_start = ran.iter().find(|(c, _, _)| *c == b[0]).unwrap().1;
-    let a_before_b = ran
-        .iter()
-        .filter(|(c, start, _)| *c != b[0] && *start > b_accepted && *start < b_start)
-        .count();
+    let a_before_b = started_before(&ran, b[0], b_accepted);
     assert!(
         a_before_b <= 8,
         "{a_before_b} of A's turns started after B's message was accepted and before B's turn"
     );
     // Nothing was lost or run twice.
-    let mut runs: HashMap<ConversationId, usize> = HashMap::new();
-    for (c, _, _) in &ran {
-        *runs.entry(*c).or_default() += 1;
-    }
-    assert_eq!(runs.len(), 61);
-    assert!(runs.values().all(|n| *n == 1), "{runs:?}");
+    each_ran_once(&ran, 61);
 }
 
 /// A cap of 2 running turns for tenant A on a worker of 8 slots: never more than 2 of A's turns
@@ -585,10 +606,7 @@ async fn a_lanes_later_wakes_ride_with_its_first_and_are_taken_off_the_bus_once(
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     // Every wake settled (one put off would be delivered again, and counted, first).
-    while bus.unsettled().await.unwrap() != Some(0) {
-        assert!(Instant::now() < deadline, "wakes left unsettled");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    until_settled(&bus).await;
     assert_eq!(
         counting.wakes(),
         11,
@@ -642,11 +660,7 @@ async fn a_lone_worker_keeps_a_burst_waiting_without_putting_it_off_and_another_
     burst(&bus, &conversations, "beta", &b).await;
     let b_accepted = Instant::now();
     until("every turn ran", || agent.ran.lock().unwrap().len() == 31).await;
-    let deadline = Instant::now() + LONG;
-    while bus.unsettled().await.unwrap() != Some(0) {
-        assert!(Instant::now() < deadline, "wakes left unsettled");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    until_settled(&bus).await;
     pool.stop().await;
     let ran = agent.ran.lock().unwrap().clone();
     // 30 turns of 150 ms on 2 slots: the last of A's started past the bus's ack wait.
@@ -657,20 +671,11 @@ async fn a_lone_worker_keeps_a_burst_waiting_without_putting_it_off_and_another_
         31,
         "a wake was put off, given back or redelivered"
     );
-    let b_start = ran.iter().find(|(c, _, _)| *c == b[0]).unwrap().1;
-    let a_before_b = ran
-        .iter()
-        .filter(|(c, start, _)| *c != b[0] && *start > b_accepted && *start < b_start)
-        .count();
+    let a_before_b = started_before(&ran, b[0], b_accepted);
     // At most two turn times' worth (first come, first served: all 28 still waiting).
     assert!(
         a_before_b <= 4,
         "{a_before_b} of A's turns started after B's message was accepted and before B's turn"
     );
-    let mut runs: HashMap<ConversationId, usize> = HashMap::new();
-    for (c, _, _) in &ran {
-        *runs.entry(*c).or_default() += 1;
-    }
-    assert_eq!(runs.len(), 31);
-    assert!(runs.values().all(|n| *n == 1), "{runs:?}");
+    each_ran_once(&ran, 31);
 }

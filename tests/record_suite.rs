@@ -872,22 +872,16 @@ macro_rules! record_suite {
             /// committed bytes, promoting again is success, and other bytes are never put there.
             #[tokio::test]
             async fn a_promoted_log_is_at_its_key_moved_or_copied_never_overwritten() {
-                use turnpike_schemas::{Block, TurnLog};
+                use turnpike_schemas::Block;
                 let (_keep, store) = store();
                 let (record, _) = record_with_turns(store.clone(), 1).await;
                 let prefix = record.prefix();
                 let logs = turnpike_artifactory::TurnLogs::new(store.clone());
-                let log = TurnLog {
-                    version: 1,
-                    conversation: prefix.conversation(),
-                    turn: TurnId::FIRST,
-                    agent: "helper".parse().unwrap(),
-                    outcome: turnpike_schemas::entry::TurnOutcome::Replied,
-                    usage: None,
-                    exchange: None,
-                    unindexed: false,
-                    blocks: vec![Block::AssistantMessage { text: "a".into() }],
-                };
+                let log = fixtures::turn_log(
+                    prefix.conversation(),
+                    TurnId::FIRST,
+                    vec![Block::AssistantMessage { text: "a".into() }],
+                );
                 let canonical = prefix.turn_log(TurnId::FIRST);
                 let attempt = |a| prefix.in_attempt(&canonical, TurnId::FIRST, a);
                 logs.write_attempt(prefix, &log, 7).await.unwrap();
@@ -910,24 +904,18 @@ macro_rules! record_suite {
 
             #[tokio::test]
             async fn turn_logs_are_one_object_per_turn() {
-                use turnpike_schemas::{Block, TurnLog};
+                use turnpike_schemas::Block;
                 let (_keep, store) = store();
                 let (record, _) = record_with_turns(store.clone(), 1).await;
                 let logs = turnpike_artifactory::TurnLogs::new(store.clone());
-                let log = TurnLog {
-                    version: 1,
-                    conversation: record.prefix().conversation(),
-                    turn: TurnId::FIRST,
-                    agent: "helper".parse().unwrap(),
-                    outcome: turnpike_schemas::entry::TurnOutcome::Replied,
-                    usage: None,
-                    exchange: None,
-                    unindexed: false,
-                    blocks: vec![
+                let log = fixtures::turn_log(
+                    record.prefix().conversation(),
+                    TurnId::FIRST,
+                    vec![
                         Block::UserMessage { text: "q".into() },
                         Block::AssistantMessage { text: "a".into() },
                     ],
-                };
+                );
                 logs.write(record.prefix(), &log).await.unwrap();
                 assert_eq!(
                     logs.read(record.prefix(), TurnId::FIRST).await.unwrap(),

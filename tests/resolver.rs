@@ -8,7 +8,7 @@ use object_store::{ObjectStore, ObjectStoreExt as _, PutPayload};
 use turnpike_artifactory::{Conversations, NewConversation, TurnLogs};
 use turnpike_resolver::families::{HostedFiles, TurnLogBlocks};
 use turnpike_resolver::{ResolveError, Resolver};
-use turnpike_schemas::{Block, ConversationId, Identity, RefPath, TurnId, TurnLog};
+use turnpike_schemas::{Block, ConversationId, Identity, RefPath, TurnId};
 use turnpike_tests::fixtures::signer;
 
 fn alice() -> Identity {
@@ -49,19 +49,13 @@ async fn setup(store: Arc<dyn ObjectStore>) -> (Resolver, ConversationId) {
     let logs = TurnLogs::new(store.clone());
     logs.write(
         &prefix,
-        &TurnLog {
-            version: 1,
-            conversation: entry.conversation,
-            turn: TurnId::FIRST,
-            agent: "helper".parse().unwrap(),
-            outcome: turnpike_schemas::entry::TurnOutcome::Replied,
-            usage: None,
-            exchange: None,
-            unindexed: false,
-            blocks: vec![Block::UserMessage {
+        &turnpike_tests::fixtures::turn_log(
+            entry.conversation,
+            TurnId::FIRST,
+            vec![Block::UserMessage {
                 text: "secret question".into(),
             }],
-        },
+        ),
     )
     .await
     .unwrap();

@@ -1733,16 +1733,7 @@ async fn a_turns_event_is_enqueued_once_by_whoever_finishes_its_promotion() {
     rig.crash().await;
     assert!(waiting(&webhooks).await.is_empty(), "nobody told yet");
     // The dead owner's lease lapses; a new worker's sweep finishes what it left.
-    turnpike_tests::wait::until(LONG, "the dead owner's lease to lapse", || async {
-        let lease = rig
-            .bus
-            .claim(rig.conv, turnpike_schemas::WorkerId::new(), LONG)
-            .await
-            .unwrap()?;
-        rig.bus.release(&lease).await.unwrap();
-        Some(())
-    })
-    .await;
+    rig.wait_lease_free().await;
     rig.run();
     let marks = rig.conversations.open_turns();
     turnpike_tests::wait::until(LONG, "the sweep to finish the promotion", || async {

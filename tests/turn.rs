@@ -16,8 +16,7 @@ use turnpike_agent::model::ToolSpec;
 use turnpike_artifactory::{ConversationPrefix, Files, Record, TurnLogs};
 use turnpike_schemas::entry::{CompactionMarker, IngressDirective, TurnOutcome};
 use turnpike_schemas::live::LiveFrame;
-use turnpike_schemas::turnlog::TURN_LOG_VERSION;
-use turnpike_schemas::{Block, ConversationId, EntryBody, EntryKind, EventBody, TurnId, TurnLog};
+use turnpike_schemas::{Block, ConversationId, EntryBody, EntryKind, EventBody, TurnId};
 use turnpike_tests::counting::CountingStore;
 use turnpike_tests::fixtures::{batch_one, batch_two, opened, owner, signer, tenant};
 use turnpike_tests::turns::{replies, tool_calls, Rig, RigOptions, LONG};
@@ -524,17 +523,7 @@ async fn build_conversation(
         });
         logs.write(
             &prefix,
-            &TurnLog {
-                version: TURN_LOG_VERSION,
-                conversation: conv,
-                turn,
-                agent: "helper".parse().unwrap(),
-                outcome: TurnOutcome::Replied,
-                usage: None,
-                exchange: None,
-                unindexed: false,
-                blocks,
-            },
+            &turnpike_tests::fixtures::turn_log(conv, turn, blocks),
         )
         .await
         .unwrap();
@@ -985,23 +974,7 @@ async fn a_worker_killed_between_the_commit_and_the_promotion_leaves_nothing_unr
     assert_eq!(&bytes[..], b"# Out for the launch\n");
     // Once the dead owner's lease lapses, a new worker's sweep finishes the promotion by
     // itself: canonical objects, the version's ref, and the mark gone.
-    let deadline = Instant::now() + LONG;
-    loop {
-        if let Some(lease) = rig
-            .bus
-            .claim(rig.conv, turnpike_schemas::WorkerId::new(), LONG)
-            .await
-            .unwrap()
-        {
-            rig.bus.release(&lease).await.unwrap();
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the dead owner's lease never lapsed"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
+    rig.wait_lease_free().await;
     rig.run();
     let deadline = Instant::now() + LONG;
     while !marks.list().await.unwrap().is_empty() {
@@ -1442,16 +1415,7 @@ async fn a_worker_killed_after_a_commit_that_opened_the_next_turn_leaves_both_fi
     assert_eq!(lineage.ref_of(TurnId::FIRST).await.unwrap(), None);
     let marks = rig.conversations.open_turns();
     assert_eq!(marks.list().await.unwrap(), vec![rig.prefix()]);
-    turnpike_tests::wait::until(LONG, "the dead owner's lease to lapse", || async {
-        let lease = rig
-            .bus
-            .claim(rig.conv, turnpike_schemas::WorkerId::new(), LONG)
-            .await
-            .unwrap()?;
-        rig.bus.release(&lease).await.unwrap();
-        Some(())
-    })
-    .await;
+    rig.wait_lease_free().await;
     rig.run();
     rig.wait_turns(3).await;
     turnpike_tests::wait::until(LONG, "the mark to go", || async {

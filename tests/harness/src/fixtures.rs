@@ -91,6 +91,25 @@ pub fn batch_two(n: u64, reply: &str) -> Vec<EntryBody> {
     ]
 }
 
+/// The log of `turn` (the `helper` agent, replied) in `conversation`, holding `blocks`.
+pub fn turn_log(
+    conversation: ConversationId,
+    turn: TurnId,
+    blocks: Vec<turnpike_schemas::Block>,
+) -> turnpike_schemas::TurnLog {
+    turnpike_schemas::TurnLog {
+        version: turnpike_schemas::turnlog::TURN_LOG_VERSION,
+        conversation,
+        turn,
+        agent: "helper".parse().unwrap(),
+        outcome: TurnOutcome::Replied,
+        usage: None,
+        exchange: None,
+        unindexed: false,
+        blocks,
+    }
+}
+
 /// A record with an opening batch and `turns` complete turns (2 batches each).
 pub async fn record_with_turns(store: Arc<dyn ObjectStore>, turns: u64) -> (Record, Head) {
     let conversation = ConversationId::new();

@@ -321,6 +321,21 @@ impl Rig {
         }
     }
 
+    /// Waits until the conversation's lease is free — a dead owner's has lapsed: a probe claim
+    /// wins, and lets go at once.
+    pub async fn wait_lease_free(&self) {
+        crate::wait::until(LONG, "the conversation's lease to be free", || async {
+            let lease = self
+                .bus
+                .claim(self.conv, turnpike_schemas::WorkerId::new(), LONG)
+                .await
+                .unwrap()?;
+            self.bus.release(&lease).await.unwrap();
+            Some(())
+        })
+        .await
+    }
+
     pub fn prefix(&self) -> ConversationPrefix {
         ConversationPrefix::new(tenant(), self.conv)
     }
