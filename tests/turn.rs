@@ -1458,3 +1458,92 @@ async fn a_worker_killed_after_a_commit_that_opened_the_next_turn_leaves_both_fi
     assert_eq!(dispatched, [1, 2, 3], "each turn dispatched once");
     rig.stop().await;
 }
+
+/// `block_once`: its first call runs until its worker dies; later calls return at once.
+struct BlockOnce(Arc<Probe>);
+
+#[async_trait]
+impl Tool for BlockOnce {
+    fn spec(&self) -> ToolSpec {
+        ToolSpec {
+            name: "block_once".into(),
+            description: "blocks the first time".into(),
+            parameters: json!({"type": "object"}),
+        }
+    }
+
+    async fn call(&self, _cx: &ToolContext<'_>, _args: Value) -> Result<ToolOutput, String> {
+        if !self.0.running.swap(true, Ordering::SeqCst) {
+            self.0.started.notify_waiters();
+            std::future::pending::<()>().await;
+        }
+        Ok(ToolOutput {
+            output: json!("done"),
+            blocks: Vec::new(),
+        })
+    }
+}
+
+/// A worker killed while it runs a turn opened with its predecessor's commit — after that
+/// predecessor's promotion, before the turn's own batch two — with nothing sent afterwards:
+/// the turn is neither acked away nor lost (only its predecessor's wake was acked when it
+/// opened). Once the lease lapses, the next worker recovers it
+/// under its id (by its mark and its unacked wakes), then runs the turn still waiting behind
+/// it; each turn is dispatched once and the mark goes.
+#[tokio::test]
+async fn a_worker_killed_inside_a_turn_opened_with_the_commit_before_leaves_it_finished() {
+    let probe = Arc::new(Probe::default());
+    let mut options = RigOptions::new(
+        "[[turn]]\nwhen = \"two\"\n[[turn.step]]\ntool_calls = [{ name = \"block_once\" }]\n\
+         [[turn.step]]\ntext = \"ok {last_user}\"\n\
+         [[turn]]\n[[turn.step]]\ntext = \"ok {last_user}\"\n",
+    );
+    options.tools.push("block_once".into());
+    options.native.push(Arc::new(BlockOnce(probe.clone())));
+    options.paused = true;
+    options.lease_ttl = std::time::Duration::from_millis(600);
+    let mut rig = Rig::with(options).await;
+    for text in ["one", "two", "three"] {
+        rig.say(text).await;
+    }
+    let started = probe.started.notified();
+    rig.run();
+    tokio::time::timeout(LONG, started).await.unwrap();
+    let record = rig.record();
+    let head = record.head().await.unwrap();
+    assert_eq!((head.state().last_turn, head.state().turn_open), (2, true));
+    assert!(
+        record.opened_with_close(&head).await.unwrap(),
+        "turn 2 was opened with turn 1's commit"
+    );
+    // Turn 1's wake is done; turn 2's and 3's are not (turn 2 may still die, as it will).
+    assert_eq!(rig.bus.unsettled().await.unwrap(), Some(2));
+    rig.crash().await;
+    rig.wait_lease_free().await;
+    rig.run();
+    rig.wait_turns(3).await;
+    rig.wait_settled().await;
+    assert!(rig
+        .conversations
+        .open_turns()
+        .list()
+        .await
+        .unwrap()
+        .is_empty());
+    for (n, text) in (1..=3).zip(["one", "two", "three"]) {
+        assert_eq!(replies(&rig.log(n).await), [format!("ok {text}")]);
+    }
+    let mut dispatched: Vec<u64> = record
+        .entries()
+        .await
+        .unwrap()
+        .iter()
+        .filter_map(|e| match &e.body {
+            EntryBody::TurnDispatched(d) => Some(d.turn.number()),
+            _ => None,
+        })
+        .collect();
+    dispatched.sort_unstable();
+    assert_eq!(dispatched, [1, 2, 3], "each turn dispatched once");
+    rig.stop().await;
+}
