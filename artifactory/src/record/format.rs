@@ -47,15 +47,21 @@ pub struct StoredEntry {
 impl StoredEntry {
     /// Encodes a body at a position.
     pub fn encode(position: u64, body: &EntryBody) -> Self {
+        Self::encode_hashed(position, body).0
+    }
+
+    /// [`Self::encode`], with the leaf hash it stores as its digest (computed once).
+    pub fn encode_hashed(position: u64, body: &EntryBody) -> (Self, Hash) {
         let kind = body.kind();
         let payload = String::from_utf8(body.encode()).expect("JSON is UTF-8");
-        let digest = hex::encode(leaf_hash(position, kind.as_str(), payload.as_bytes()));
-        StoredEntry {
+        let hash = leaf_hash(position, kind.as_str(), payload.as_bytes());
+        let entry = StoredEntry {
             position,
             kind: kind.as_str().to_owned(),
-            digest,
+            digest: hex::encode(hash),
             payload: RawValue::from_string(payload).expect("encoded payloads are JSON"),
-        }
+        };
+        (entry, hash)
     }
 
     /// The leaf hash of what is stored (not the stored digest).

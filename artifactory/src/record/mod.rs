@@ -42,7 +42,7 @@ pub use verify::{Checkpoint, Problem, Verdict, VerifyFailure, VerifyReport};
 use crate::error::{Error, ErrorKind, Result};
 use crate::keys::{RecordSigner, SignatureCheck, TrustedKeys};
 use crate::layout::ConversationPrefix;
-use crate::mmr::{leaf_hash, Mmr};
+use crate::mmr::Mmr;
 
 /// How many batch objects are fetched at once when reading a record.
 const READ_CONCURRENCY: usize = 16;
@@ -402,8 +402,8 @@ impl Record {
         for body in bodies {
             // Callers check the rules first (`check_bodies`); repair seals what it checked.
             let _ = state::apply(&mut state, body);
-            let entry = StoredEntry::encode(mmr.leaves(), body);
-            mmr.push(entry.computed_hash());
+            let (entry, hash) = StoredEntry::encode_hashed(mmr.leaves(), body);
+            mmr.push(hash);
             entries.push(entry);
         }
         if format < 3 {
@@ -425,12 +425,8 @@ impl Record {
                 Some(&crate::keys::state_digest(&state)),
             )),
         });
-        let closing = StoredEntry::encode(mmr.leaves(), &signed);
-        mmr.push(leaf_hash(
-            closing.position,
-            &closing.kind,
-            closing.payload.get().as_bytes(),
-        ));
+        let (closing, hash) = StoredEntry::encode_hashed(mmr.leaves(), &signed);
+        mmr.push(hash);
         entries.push(closing);
         let batch = StoredBatch {
             format,
