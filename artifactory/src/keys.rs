@@ -93,9 +93,15 @@ impl RecordSigner {
     pub fn from_seed(seed: [u8; 32]) -> Self {
         let key = SigningKey::from_bytes(&seed);
         let id = key_id(&key.verifying_key());
-        let fast = aws_lc_rs::signature::Ed25519KeyPair::from_seed_unchecked(&seed)
-            .ok()
-            .map(Arc::new);
+        // AWS-LC derives the public key again and must arrive at dalek's (checked in constant
+        // time): the signatures this key makes are remembered as valid for dalek's key.
+        let fast = aws_lc_rs::signature::Ed25519KeyPair::from_seed_and_public_key(
+            &seed,
+            key.verifying_key().as_bytes(),
+        )
+        .inspect_err(|e| tracing::warn!(error = %e, "AWS-LC refused the record key; signing with ed25519-dalek"))
+        .ok()
+        .map(Arc::new);
         Self { key, fast, id }
     }
 
@@ -103,7 +109,8 @@ impl RecordSigner {
     fn sign_bytes(&self, message: &[u8]) -> [u8; 64] {
         self.fast
             .as_ref()
-            .and_then(|k| <[u8; 64]>::try_from(k.sign(message).as_ref()).ok())
+            .and_then(|k| k.try_sign(message).ok())
+            .and_then(|signature| <[u8; 64]>::try_from(signature.as_ref()).ok())
             .unwrap_or_else(|| self.key.sign(message).to_bytes())
     }
 
@@ -336,6 +343,24 @@ pub(crate) fn write_private(path: &Path, text: &str) -> std::io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// RFC 8032, section 7.1, test 1: the key, an empty message, and its signature.
+    #[test]
+    fn signs_the_standards_test_vector() {
+        let hex32 = |h: &str| -> [u8; 32] { hex::decode(h).unwrap().try_into().unwrap() };
+        let signer = RecordSigner::from_seed(hex32(
+            "9d61b19deffd5a60ba844af492ec2cc44449c5697b326919703bac031cae7f60",
+        ));
+        assert!(signer.fast.is_some(), "AWS-LC took the key");
+        assert_eq!(
+            hex::encode(signer.verifying_key().as_bytes()),
+            "d75a980182b10ab7d54bfed3c964073a0ee172f3daa62325af021a68f707511a"
+        );
+        assert_eq!(
+            hex::encode(signer.sign_bytes(b"")),
+            "e5564300c360ac729086e2cc806e828a84877f1eb8e5d974d873e065224901555fb8821590a33bacc61e39701cf9b46bd25bf5f0595bbe24655141438e7a100b"
+        );
+    }
 
     proptest::proptest! {
         /// AWS-LC, which signs, makes the signature ed25519-dalek makes, and it verifies.

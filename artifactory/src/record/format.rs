@@ -45,12 +45,8 @@ pub struct StoredEntry {
 }
 
 impl StoredEntry {
-    /// Encodes a body at a position.
-    pub fn encode(position: u64, body: &EntryBody) -> Self {
-        Self::encode_hashed(position, body).0
-    }
-
-    /// [`Self::encode`], with the leaf hash it stores as its digest (computed once).
+    /// Encodes a body at a position; returns it with its leaf hash (the one its digest holds,
+    /// computed once).
     pub fn encode_hashed(position: u64, body: &EntryBody) -> (Self, Hash) {
         let kind = body.kind();
         let payload = String::from_utf8(body.encode()).expect("JSON is UTF-8");
