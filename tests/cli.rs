@@ -698,8 +698,15 @@ fn the_benchmarks_run() {
         "2",
     ]);
     assert!(lanes.status.success(), "{}", text(&lanes));
+    let out = String::from_utf8_lossy(&lanes.stdout);
     assert!(
-        String::from_utf8_lossy(&lanes.stdout).contains("turnpike embedded accept -> turn start")
+        out.contains("turnpike embedded accept -> turn start"),
+        "{out}"
+    );
+    // The floor is measured twice, before the turns and after them.
+    assert!(
+        out.contains("before the turns") && out.contains("raw JetStream messages"),
+        "{out}"
     );
     // The edge benchmark over the stack the binary wires (turnpike-bench measures, the binary
     // starts the edge and its worker).

@@ -40,6 +40,14 @@ impl CpuTime {
 }
 
 impl CpuUsed {
+    /// Both spans together (the other process's only when both know it).
+    pub(crate) fn plus(&self, more: &CpuUsed) -> CpuUsed {
+        CpuUsed {
+            own: self.own + more.own,
+            other: self.other.zip(more.other).map(|(a, b)| a + b),
+        }
+    }
+
     /// Microseconds per operation: this process's, and the other's when known.
     pub(crate) fn per(&self, operations: usize) -> (f64, Option<f64>) {
         let n = operations.max(1) as f64;

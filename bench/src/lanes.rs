@@ -95,19 +95,22 @@ pub(crate) async fn start_nats() -> Result<Nats> {
     })
 }
 
-/// The floor: raw JetStream publish → pull-consume.
+/// The floor: raw JetStream publish → pull-consume, on a stream of its own named after `name`
+/// (each measurement starts from an empty stream and a consumer no one pulled from before).
 async fn raw_jetstream(
     url: &str,
+    name: &str,
     nats_pid: Option<u32>,
     samples: usize,
     burst: usize,
 ) -> Result<(Vec<Duration>, f64, CpuUsed)> {
     let client = async_nats::connect(url).await?;
     let js = jetstream::new(client);
+    let subject = format!("bench.{name}");
     let stream = js
         .get_or_create_stream(stream::Config {
-            name: "BENCH_RAW".into(),
-            subjects: vec!["bench.raw".into()],
+            name: format!("BENCH_{}", name.to_uppercase()),
+            subjects: vec![subject.clone()],
             ..Default::default()
         })
         .await?;
@@ -124,7 +127,7 @@ async fn raw_jetstream(
     let mut latencies = Vec::with_capacity(samples);
     for _ in 0..samples {
         let start = Instant::now();
-        js.publish("bench.raw", "x".into()).await?.await?;
+        js.publish(subject.clone(), "x".into()).await?.await?;
         let m = messages.next().await.context("consumer ended")??;
         m.ack().await.map_err(|e| anyhow::anyhow!("{e}"))?;
         latencies.push(start.elapsed());
@@ -142,7 +145,7 @@ async fn raw_jetstream(
                         acks.pop_front().expect("a pending ack");
                     ack.await?;
                 }
-                acks.push_back(js.publish("bench.raw", "x".into()).await?);
+                acks.push_back(js.publish(subject.clone(), "x".into()).await?);
             }
             for a in acks {
                 a.await?;
@@ -329,7 +332,7 @@ pub async fn run(
     };
     println!("turnpike bench lanes: {workers} workers in-process, {conversations} conversations x {turns} turns, {samples} latency samples, NATS at {url}, fsync {} (local stores), store: {store_name}", if fsync { "on" } else { "off" });
     let (mut floor, floor_rate, floor_cpu) =
-        raw_jetstream(&url, nats_pid, samples, conversations * turns).await?;
+        raw_jetstream(&url, "raw", nats_pid, samples, conversations * turns).await?;
 
     let dir = tempfile::tempdir()?;
     let js_bus = JetStreamBus::connect(JetStreamConfig {
@@ -372,6 +375,10 @@ pub async fn run(
         turns,
     )
     .await?;
+    // The floor's CPU once more, after the turns: a raw message's CPU moves from run to run
+    // about as much as a turn's, so the ratio below divides by both measurements together.
+    let (_, _, floor_cpu_after) =
+        raw_jetstream(&url, "raw_after", nats_pid, 0, conversations * turns).await?;
 
     println!(
         "\n{:<44} {:>10} {:>10} {:>14}",
@@ -408,35 +415,55 @@ pub async fn run(
         100.0 * js.settled_per_second / floor_rate,
         emb.settled_per_second
     );
-    print_cpu(conversations * turns, &floor_cpu, &js.cpu, &emb.cpu);
+    print_cpu(
+        conversations * turns,
+        [&floor_cpu, &floor_cpu_after],
+        &js.cpu,
+        &emb.cpu,
+    );
     Ok(ExitCode::SUCCESS)
 }
 
 /// CPU per raw message and per turn: what the rates above come from. Other load on a shared
 /// machine moves it less than the rates, though not to nothing (runs vary by about a tenth).
-/// The nats-server's share is known when this run started it.
-fn print_cpu(operations: usize, raw: &CpuUsed, js: &CpuUsed, embedded: &CpuUsed) {
+/// The nats-server's share is known when this run started it. `raw`: the floor measured
+/// before the turns and after them, each over `operations` messages; a raw message's CPU is
+/// their mean.
+fn print_cpu(operations: usize, raw: [&CpuUsed; 2], js: &CpuUsed, embedded: &CpuUsed) {
     println!(
         "\n{:<44} {:>10} {:>12} {:>10}",
         "CPU per operation, microseconds", "turnpike", "nats-server", "total"
     );
-    let total = |used: &CpuUsed| {
+    let total = |used: &CpuUsed, operations: usize| {
         let (own, other) = used.per(operations);
         own + other.unwrap_or(0.0)
     };
-    for (name, used) in [
-        ("raw JetStream message (bench client)", raw),
-        ("turn on JetStream", js),
-        ("turn embedded (no NATS)", embedded),
+    let floor = raw[0].plus(raw[1]);
+    for (name, used, operations) in [
+        (
+            "raw JetStream message (bench client)",
+            &floor,
+            2 * operations,
+        ),
+        ("turn on JetStream", js, operations),
+        ("turn embedded (no NATS)", embedded, operations),
     ] {
         let (own, other) = used.per(operations);
         let other = other.map_or_else(|| "-".to_owned(), |o| format!("{o:.1}"));
-        println!("{name:<44} {own:>10.1} {other:>12} {:>10.1}", total(used));
+        println!(
+            "{name:<44} {own:>10.1} {other:>12} {:>10.1}",
+            total(used, operations)
+        );
     }
-    if raw.other.is_some() && js.other.is_some() {
+    println!(
+        "(a raw message's CPU, in total: {:.1} before the turns, {:.1} after them)",
+        total(raw[0], operations),
+        total(raw[1], operations)
+    );
+    if floor.other.is_some() && js.other.is_some() {
         println!(
             "a turn on JetStream costs the CPU of {:.1} raw JetStream messages (at equal CPU use, 10% of its rate means at most 10)",
-            total(js) / total(raw).max(f64::EPSILON)
+            total(js, operations) / total(&floor, 2 * operations).max(f64::EPSILON)
         );
     }
 }
