@@ -96,7 +96,8 @@ pub(crate) async fn start_nats() -> Result<Nats> {
 }
 
 /// The floor: raw JetStream publish → pull-consume, on a stream of its own named after `name`
-/// (each measurement starts from an empty stream and a consumer no one pulled from before).
+/// (on the server a run starts, each measurement begins with an empty stream and a consumer
+/// no one pulled from before).
 async fn raw_jetstream(
     url: &str,
     name: &str,
