@@ -898,13 +898,7 @@ async fn an_open_turn_is_never_acked_by_a_bystander_and_a_sweep_recovers_it_with
     check_conversation(&fleet.conversations, &signer(), convs[0], 0, 1)
         .await
         .unwrap();
-    let dispatches = rec
-        .entries()
-        .await
-        .unwrap()
-        .into_iter()
-        .filter(|e| matches!(e.body, EntryBody::TurnDispatched(_)))
-        .count();
+    let dispatches = fixtures::dispatched_turns(&rec.entries().await.unwrap()).len();
     assert_eq!(dispatches, 1, "recovered under the same turn id");
     // The mark went with the turn.
     assert!(fleet

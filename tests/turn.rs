@@ -18,7 +18,9 @@ use turnpike_schemas::entry::{CompactionMarker, IngressDirective, TurnOutcome};
 use turnpike_schemas::live::LiveFrame;
 use turnpike_schemas::{Block, ConversationId, EntryBody, EntryKind, EventBody, TurnId};
 use turnpike_tests::counting::CountingStore;
-use turnpike_tests::fixtures::{batch_one, batch_two, opened, owner, signer, tenant};
+use turnpike_tests::fixtures::{
+    batch_one, batch_two, dispatched_turns, opened, owner, signer, tenant,
+};
 use turnpike_tests::turns::{replies, tool_calls, Rig, RigOptions, LONG};
 use turnpike_worker::tools::{Tool, ToolContext, ToolOutput};
 
@@ -768,11 +770,7 @@ async fn a_reply_with_more_tool_calls_than_a_turn_may_record_fails_once_and_is_n
     rig.wait_turns(2).await;
     assert_eq!(replies(&rig.log(2).await), ["fine: after"]);
     let entries = rig.record().entries().await.unwrap();
-    let dispatched = entries
-        .iter()
-        .filter(|e| matches!(e.body, EntryBody::TurnDispatched(_)))
-        .count();
-    assert_eq!(dispatched, 2, "turn 1 ran once");
+    assert_eq!(dispatched_turns(&entries).len(), 2, "turn 1 ran once");
     assert!(entries.iter().any(|e| matches!(&e.body,
         EntryBody::Error(err) if err.message.contains("100 tool calls"))));
     rig.stop().await;
@@ -1375,15 +1373,8 @@ async fn a_waiting_turns_batch_one_commits_with_the_batch_two_before_it() {
     for (n, text) in (1..=4).zip(["one", "two", "three", "four"]) {
         assert_eq!(replies(&rig.log(n).await), [format!("ok {text}")]);
     }
-    let dispatched = rig
-        .record()
-        .entries()
-        .await
-        .unwrap()
-        .iter()
-        .filter(|e| matches!(e.body, EntryBody::TurnDispatched(_)))
-        .count();
-    assert_eq!(dispatched, 4);
+    let entries = rig.record().entries().await.unwrap();
+    assert_eq!(dispatched_turns(&entries).len(), 4);
     rig.wait_settled().await;
     rig.stop().await;
 }
@@ -1444,18 +1435,12 @@ async fn a_worker_killed_after_a_commit_that_opened_the_next_turn_leaves_both_fi
         let text = ["one", "two", "three"][n as usize - 1];
         assert_eq!(&there[..], format!("# Out for {text}\n").as_bytes());
     }
-    let mut dispatched: Vec<u64> = record
-        .entries()
-        .await
-        .unwrap()
-        .iter()
-        .filter_map(|e| match &e.body {
-            EntryBody::TurnDispatched(d) => Some(d.turn.number()),
-            _ => None,
-        })
-        .collect();
-    dispatched.sort_unstable();
-    assert_eq!(dispatched, [1, 2, 3], "each turn dispatched once");
+    let entries = record.entries().await.unwrap();
+    assert_eq!(
+        dispatched_turns(&entries),
+        [1, 2, 3],
+        "each turn dispatched once"
+    );
     rig.stop().await;
 }
 
@@ -1533,17 +1518,11 @@ async fn a_worker_killed_inside_a_turn_opened_with_the_commit_before_leaves_it_f
     for (n, text) in (1..=3).zip(["one", "two", "three"]) {
         assert_eq!(replies(&rig.log(n).await), [format!("ok {text}")]);
     }
-    let mut dispatched: Vec<u64> = record
-        .entries()
-        .await
-        .unwrap()
-        .iter()
-        .filter_map(|e| match &e.body {
-            EntryBody::TurnDispatched(d) => Some(d.turn.number()),
-            _ => None,
-        })
-        .collect();
-    dispatched.sort_unstable();
-    assert_eq!(dispatched, [1, 2, 3], "each turn dispatched once");
+    let entries = record.entries().await.unwrap();
+    assert_eq!(
+        dispatched_turns(&entries),
+        [1, 2, 3],
+        "each turn dispatched once"
+    );
     rig.stop().await;
 }

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use object_store::ObjectStore;
-use turnpike_artifactory::{ConversationPrefix, Head, Record, RecordSigner};
+use turnpike_artifactory::{ConversationPrefix, Head, Record, RecordEntry, RecordSigner};
 use turnpike_schemas::entry::{
     AssistantMessage, ConversationOpened, TurnComplete, TurnDispatched, TurnOutcome,
 };
@@ -24,6 +24,19 @@ pub fn owner() -> Identity {
 /// A fixed signing key, so tests can sign like the runtime does.
 pub fn signer() -> RecordSigner {
     RecordSigner::from_seed([42; 32])
+}
+
+/// The turns `entries` dispatch, by number, in order (a turn dispatched twice shows twice).
+pub fn dispatched_turns(entries: &[RecordEntry]) -> Vec<u64> {
+    let mut turns: Vec<u64> = entries
+        .iter()
+        .filter_map(|e| match &e.body {
+            EntryBody::TurnDispatched(d) => Some(d.turn.number()),
+            _ => None,
+        })
+        .collect();
+    turns.sort_unstable();
+    turns
 }
 
 /// The opening entry of a fresh conversation.

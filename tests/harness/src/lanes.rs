@@ -193,11 +193,7 @@ pub async fn check_conversation(
             "{conv} {}: replies {replies:?}",
             view.turn
         );
-        let dispatches = view
-            .entries
-            .iter()
-            .filter(|e| matches!(e.body, EntryBody::TurnDispatched(_)))
-            .count();
+        let dispatches = crate::fixtures::dispatched_turns(&view.entries).len();
         ensure!(
             dispatches == 1,
             "{conv} {}: {dispatches} dispatches",
