@@ -1836,3 +1836,290 @@ async fn a_worker_with_no_slot_for_a_takeover_still_closes_idle_conversations() 
     other.stop().await;
     sweeper.stop().await;
 }
+
+/// Leases a lone worker keeps between drains (`turnpike_worker::kept`'s contract).
+mod kept_leases {
+    use super::*;
+    use turnpike_schemas::{Epoch, WorkerId};
+    use turnpike_tests::counting_bus::CountingBus;
+
+    /// A worker on `bus` that keeps leases for `keep`, with leases of `ttl`.
+    fn keeper(
+        dir: &tempfile::TempDir,
+        bus: Arc<dyn Bus>,
+        conversations: &Conversations,
+        keep: Duration,
+        ttl: Duration,
+    ) -> Worker {
+        Worker::new(
+            bus,
+            conversations.clone(),
+            signer(),
+            Arc::new(Apps::new().with_fallback(Arc::new(EchoAgent))),
+            WorkerConfig {
+                keep_lease_for: keep,
+                lease_ttl: ttl,
+                renew_every: ttl / 3,
+                workspace_root: dir.path().join("workspaces"),
+                ..WorkerConfig::default()
+            },
+        )
+    }
+
+    async fn alone(worker: &Worker) {
+        until(LONG, "the worker counts itself alone", || async {
+            worker.alone()
+        })
+        .await;
+    }
+
+    /// Whether a probe claim of `conv` wins (it lets go at once).
+    async fn lease_free(bus: &dyn Bus, conv: ConversationId) -> bool {
+        match bus
+            .claim(conv, WorkerId::new(), Duration::from_secs(60))
+            .await
+            .unwrap()
+        {
+            Some(lease) => {
+                bus.release(&lease).await.unwrap();
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Sends message `i` (0-based) to `conv` and waits for its turn.
+    async fn turn(
+        bus: Arc<dyn Bus>,
+        conversations: &Conversations,
+        conv: ConversationId,
+        i: usize,
+    ) {
+        publish(bus, conversations, &[conv], i, i + 1, LONG)
+            .await
+            .unwrap();
+        wait_for_turns(conversations, &[conv], i as u64 + 1, LONG)
+            .await
+            .unwrap();
+    }
+
+    /// The epochs the record's turns were opened under, in order.
+    async fn epochs(conversations: &Conversations, conv: ConversationId) -> Vec<Epoch> {
+        record(conversations, conv)
+            .entries()
+            .await
+            .unwrap()
+            .into_iter()
+            .filter_map(|e| match e.body {
+                EntryBody::TurnDispatched(d) => Some(d.epoch),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Leases never lapse in this test (10 minutes), so only a release frees one.
+    const FOREVER: Duration = Duration::from_secs(600);
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_lone_worker_takes_each_next_message_on_its_kept_lease_and_lets_it_go_when_another_joins(
+    ) {
+        let (dir, bus, conversations) = embedded_in_process();
+        let conv = create_conversations(&conversations, &signer(), 1).await[0];
+        let counting = CountingBus::new(bus.clone());
+        let worker = keeper(&dir, counting.clone(), &conversations, FOREVER, FOREVER);
+        let pool = WorkerPool::start([worker.clone()]);
+        alone(&worker).await;
+        for i in 0..4 {
+            turn(bus.clone(), &conversations, conv, i).await;
+            // Its owner is gone (so the next message cannot reach it), and the lease stays
+            // with the worker.
+            worker.idle().await;
+            assert!(
+                !lease_free(&*bus, conv).await,
+                "the lease was let go after turn {}",
+                i + 1
+            );
+        }
+        // One claim for four drains, nothing released, no lane end read after a drain; and
+        // every turn under the one epoch.
+        let calls = counting.lease_calls(conv);
+        assert_eq!((calls.claims, calls.releases), (1, 0), "{calls:?}");
+        assert_eq!(counting.counted().heads, 0);
+        let opened = epochs(&conversations, conv).await;
+        assert_eq!(opened.len(), 4);
+        assert!(opened.iter().all(|e| *e == opened[0]), "{opened:?}");
+        check_conversation(&conversations, &signer(), conv, 0, 4)
+            .await
+            .unwrap();
+
+        // A second worker joins: the first is no longer alone and lets its kept lease go (it
+        // would never lapse by itself here).
+        let joined =
+            WorkerPool::start([keeper(&dir, bus.clone(), &conversations, FOREVER, FOREVER)]);
+        until(LONG, "the kept lease is released", || async {
+            lease_free(&*bus, conv).await
+        })
+        .await;
+        assert!(!worker.alone());
+        assert_eq!(counting.lease_calls(conv).releases, 1);
+        // The conversation goes on, whoever takes it.
+        turn(bus.clone(), &conversations, conv, 4).await;
+        joined.stop().await;
+        pool.stop().await;
+        check_conversation(&conversations, &signer(), conv, 0, 5)
+            .await
+            .unwrap();
+        let opened = epochs(&conversations, conv).await;
+        assert!(opened[4] > opened[3], "{opened:?}");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_kept_lease_goes_once_unused_for_its_time_and_when_the_worker_stops() {
+        let (dir, bus, conversations) = embedded_in_process();
+        let convs = create_conversations(&conversations, &signer(), 2).await;
+        let counting = CountingBus::new(bus.clone());
+        let conv = convs[0];
+        // Unused for 300 ms: released, while the worker runs on alone.
+        let worker = keeper(
+            &dir,
+            counting.clone(),
+            &conversations,
+            Duration::from_millis(300),
+            FOREVER,
+        );
+        let pool = WorkerPool::start([worker.clone()]);
+        alone(&worker).await;
+        turn(bus.clone(), &conversations, convs[0], 0).await;
+        until(LONG, "the unused kept lease is released", || async {
+            lease_free(&*bus, convs[0]).await
+        })
+        .await;
+        assert!(worker.alone());
+        assert_eq!(counting.lease_calls(conv).releases, 1);
+        // The next message claims afresh.
+        turn(bus.clone(), &conversations, convs[0], 1).await;
+        assert_eq!(counting.lease_calls(conv).claims, 2);
+        pool.stop().await;
+        check_conversation(&conversations, &signer(), convs[0], 0, 2)
+            .await
+            .unwrap();
+
+        // Kept for ever: a stopping worker lets it go before `stop` returns.
+        let worker = keeper(&dir, bus.clone(), &conversations, FOREVER, FOREVER);
+        let pool = WorkerPool::start([worker.clone()]);
+        alone(&worker).await;
+        turn(bus.clone(), &conversations, convs[1], 0).await;
+        worker.idle().await;
+        assert!(!lease_free(&*bus, convs[1]).await, "the lease was not kept");
+        pool.stop().await;
+        assert!(
+            lease_free(&*bus, convs[1]).await,
+            "the stopped worker left its lease held"
+        );
+    }
+
+    /// A kept lease that lapsed and was taken by someone else is never resumed under its old
+    /// epoch: the worker tries to renew it, loses, claims, finds it held, and runs nothing
+    /// until the other holder lets go; then the turn runs under a newer epoch.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_kept_lease_taken_over_after_it_lapsed_is_not_resumed() {
+        let (dir, bus, conversations) = embedded_in_process();
+        let conv = create_conversations(&conversations, &signer(), 1).await[0];
+        let counting = CountingBus::new(bus.clone());
+        let worker = keeper(
+            &dir,
+            counting.clone(),
+            &conversations,
+            FOREVER,
+            Duration::from_millis(1500),
+        );
+        let pool = WorkerPool::start([worker.clone()]);
+        alone(&worker).await;
+        turn(bus.clone(), &conversations, conv, 0).await;
+        // Another holder takes the lease once it lapses, and keeps it.
+        let deadline = std::time::Instant::now() + LONG;
+        let taken = loop {
+            if let Some(lease) = bus.claim(conv, WorkerId::new(), FOREVER).await.unwrap() {
+                break lease;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the kept lease never lapsed"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        let before = counting.lease_calls(conv);
+        publish(bus.clone(), &conversations, &[conv], 1, 2, LONG)
+            .await
+            .unwrap();
+        // The wake came: a renewal of the kept lease was tried and lost, then a claim found
+        // the lease held.
+        until(LONG, "the worker tries the lease", || async {
+            let now = counting.lease_calls(conv);
+            now.renewals > before.renewals && now.claims > before.claims
+        })
+        .await;
+        let head = record(&conversations, conv).head().await.unwrap();
+        assert_eq!(head.state().last_turn, 1, "a turn ran under a lapsed lease");
+        assert!(
+            !head.state().turn_open,
+            "a turn opened under a lapsed lease"
+        );
+        bus.release(&taken).await.unwrap();
+        wait_for_turns(&conversations, &[conv], 2, LONG)
+            .await
+            .unwrap();
+        pool.stop().await;
+        check_conversation(&conversations, &signer(), conv, 0, 2)
+            .await
+            .unwrap();
+        let opened = epochs(&conversations, conv).await;
+        assert!(
+            opened[1] > taken.epoch(),
+            "{opened:?} vs {:?}",
+            taken.epoch()
+        );
+    }
+
+    /// SIGKILL while a lone worker process keeps a lease, and the next message is the last
+    /// event: nothing rescues it but the lease's lapse, and then another worker runs it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_lone_worker_killed_while_it_keeps_a_lease_loses_nothing() {
+        let fleet = Fleet::start(&binary()).await;
+        let conv = create_conversations(&fleet.conversations, &signer(), 1).await[0];
+        let listen = format!(
+            "127.0.0.1:{}",
+            turnpike_tests::services::free_port().unwrap()
+        );
+        let (mut doomed, doomed_id) = fleet.worker(&[
+            "--keep-lease-ms",
+            "600000",
+            "--lease-ttl-ms",
+            "3000",
+            "--admin-listen",
+            &listen,
+        ]);
+        let admin = turnpike_edge::client::Client::new(&format!("http://{listen}"), "");
+        fleet_size_reaches(&admin, 1).await;
+        turn(fleet.bus.clone(), &fleet.conversations, conv, 0).await;
+        assert!(
+            !lease_free(&*fleet.bus, conv).await,
+            "the lease was not kept"
+        );
+        doomed.kill();
+        publish(fleet.bus.clone(), &fleet.conversations, &[conv], 1, 2, LONG)
+            .await
+            .unwrap();
+        let (_rescuer, rescuer_id) = fleet.worker(&[]);
+        wait_for_turns(&fleet.conversations, &[conv], 2, LONG)
+            .await
+            .unwrap();
+        check_conversation(&fleet.conversations, &signer(), conv, 0, 2)
+            .await
+            .unwrap();
+        assert_eq!(
+            dispatchers(&fleet.conversations, conv).await,
+            [doomed_id, rescuer_id]
+        );
+    }
+}

@@ -152,6 +152,7 @@ fn worker_config(global: &Global, args: &WorkerArgs) -> Result<(WorkerConfig, Ve
         slots: args.slots.max(1),
         lease_ttl: ttl,
         renew_every: ttl / 3,
+        keep_lease_for: Duration::from_millis(args.keep_lease_ms),
         sweep_every: Duration::from_millis(args.sweep_every_ms.max(100)),
         retention: match turnpike_worker::config::parse_retention(&args.retention) {
             Ok(retention) => retention,

@@ -17,6 +17,9 @@ pub struct WorkerConfig {
     pub busy_delay: Duration,
     /// Model and tool rounds per turn.
     pub max_rounds: u32,
+    /// How long a worker alone on the bus keeps a conversation's lease after a drain, for the
+    /// next message to resume (see `crate::kept`); zero: released at once, as in a fleet.
+    pub keep_lease_for: Duration,
     /// How long a shutdown waits for running turns before leaving them to recovery.
     pub grace: Duration,
     /// How often the worker announces itself (owned conversations) on the bus.
@@ -70,6 +73,7 @@ impl Default for WorkerConfig {
             renew_every: Duration::from_secs(5),
             busy_delay: Duration::from_millis(250),
             max_rounds: 8,
+            keep_lease_for: Duration::from_secs(1),
             grace: Duration::from_secs(20),
             heartbeat_every: Duration::from_secs(5),
             lane_poll: Duration::from_secs(1),

@@ -37,6 +37,7 @@ mod dispatch;
 pub mod error;
 pub mod fair;
 mod idle;
+mod kept;
 pub mod mcp;
 mod metrics;
 pub mod owner;

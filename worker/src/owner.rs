@@ -59,10 +59,18 @@ async fn drain(
     known_last: u64,
     worker: &Inner,
     owned_since: Instant,
+    resumed: Option<Head>,
 ) -> Result<Head> {
     let conversation = env.record.prefix().conversation();
-    let known = worker.heads.lock().expect("heads lock").pop(&conversation);
-    let mut head = open_drain(env, known).await?;
+    let mut head = match resumed {
+        // A kept lease resumed: held throughout since this head, so nobody wrote a tombstone,
+        // a repair or a batch meanwhile (see `crate::kept`).
+        Some(head) => head,
+        None => {
+            let known = worker.heads.lock().expect("heads lock").pop(&conversation);
+            open_drain(env, known).await?
+        }
+    };
     // Lane messages read past the record, in lane order (a lane message never changes): each is
     // read once per drain, not again for every turn ahead of it.
     let mut ahead: Vec<LaneMessage> = Vec::new();
@@ -210,6 +218,8 @@ pub(crate) async fn own(
     worker: Arc<Inner>,
     tenant: TenantId,
     mut lease: Lease,
+    // The head a kept lease's last drain left, when this owner resumes one (`crate::kept`).
+    mut resumed: Option<Head>,
     slot: Arc<OwnerSlot>,
     // Its turn slot, and its count among its tenant's owners: held until the owner ends, or
     // given up after a turn's commit when the owner owes it (see `TurnSlot`).
@@ -253,6 +263,7 @@ pub(crate) async fn own(
             &guard.slot,
             known_last,
             owned_since,
+            resumed.take(),
         )
         .await;
         let state = match &outcome {
@@ -278,12 +289,24 @@ pub(crate) async fn own(
         let lane_through = state.as_ref().map_or(0, |s| s.lane_through);
         let leftovers = guard.slot.close(state.as_ref()).await;
         worker.forget_owner(conversation, &guard.slot);
-        settle_leftovers(&worker, leftovers, &outcome).await;
         worker
             .config
             .failpoints
             .hit("before-release", conversation)
             .await;
+        if let Ok(head) = &outcome {
+            if keeps(&worker, &env, head) {
+                // Kept before the leftovers go back, so that their wakes resume it; marked
+                // drained like after a release. No read of the lane's end: whatever came past
+                // this drain brings its own wake.
+                worker.drained(conversation, lane_through);
+                worker.kept.keep(lease, head.clone());
+                tracing::debug!(target: crate::dispatch::WAKES, %conversation, "lease kept");
+                settle_leftovers(&worker, leftovers, &outcome).await;
+                return;
+            }
+        }
+        settle_leftovers(&worker, leftovers, &outcome).await;
         let _ = worker.bus.release(&lease).await;
         tracing::debug!(target: crate::dispatch::WAKES, %conversation, given_up = env.turn_slot.given_up(), "lease released");
         if outcome.is_err() {
@@ -322,6 +345,17 @@ pub(crate) async fn own(
             _ => return,
         }
     }
+}
+
+/// Whether an owner whose drain left `head` keeps its lease for the next message instead of
+/// releasing it (see `crate::kept`): the worker is alone on the bus and not stopping, keeping
+/// is on, the record has no turn open, and the lease holds beyond the fence's margin.
+fn keeps(worker: &Inner, env: &TurnEnv, head: &Head) -> bool {
+    !worker.config.keep_lease_for.is_zero()
+        && worker.dispatch.is_lone()
+        && !worker.is_stopping()
+        && !head.state().turn_open
+        && env.fence.check().is_ok()
 }
 
 /// Forgets the owner's current slot when the owner's task ends, however it ends (a slot that
@@ -432,12 +466,24 @@ async fn drain_renewing(
     slot: &OwnerSlot,
     known_last: u64,
     owned_since: Instant,
+    resumed: Option<Head>,
 ) -> Result<Head> {
     let conversation = lease.conversation;
-    let work = drain(env, slot, lease.epoch(), known_last, worker, owned_since);
+    let work = drain(
+        env,
+        slot,
+        lease.epoch(),
+        known_last,
+        worker,
+        owned_since,
+        resumed,
+    );
     tokio::pin!(work);
     let every = worker.config.renew_every;
-    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+    // Every `renew_every` after the lease's last renewal (a kept lease resumed was renewed
+    // before this drain began).
+    let first = crate::kept::renewal_due_in(lease, worker.config.lease_ttl, every);
+    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + first, every);
     loop {
         tokio::select! {
             biased;

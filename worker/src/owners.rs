@@ -48,6 +48,11 @@ pub(crate) struct Inner {
     /// head is still that one (two metadata probes, see `Record::head_from_known`) instead of
     /// reading it again. Only a hint: anything appended or rewritten since is read afresh.
     pub(crate) heads: Mutex<Recent<ConversationId, turnpike_artifactory::Head>>,
+    /// Leases kept after clean drains while this worker is alone on the bus (see
+    /// [`crate::kept`]).
+    pub(crate) kept: crate::kept::KeptLeases,
+    /// Held by whoever releases kept leases now (one at a time; a stop waits for the other).
+    pub(crate) releasing_kept: Arc<tokio::sync::Mutex<()>>,
     pub(crate) stopping: AtomicBool,
 }
 

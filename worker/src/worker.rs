@@ -114,6 +114,8 @@ impl Worker {
                 owner_gone: Notify::new(),
                 drained: Mutex::new(Recent::new(RECENT, RECENT_IDLE)),
                 heads: Mutex::new(Recent::new(RECENT, RECENT_IDLE)),
+                kept: Default::default(),
+                releasing_kept: Default::default(),
                 stopping: AtomicBool::new(false),
             }),
         }
@@ -170,6 +172,7 @@ impl Worker {
         {
             task.abort();
         }
+        self.inner.kept.forget();
     }
 
     /// Claims and runs until `shutdown` resolves; then stops claiming, lets running turns
@@ -259,6 +262,7 @@ impl Worker {
                     }
                 }
                 _ = keep.tick() => {
+                    self.release_kept_in_background();
                     let waited = dispatch.waited(std::time::Instant::now(), hand_back, MAX_WAITING);
                     for w in &waited.back {
                         debug!(target: WAKES, conversation = %w.conversation, seq = w.seq, "handed back");
@@ -328,6 +332,10 @@ impl Worker {
         })
         .await
         .is_ok();
+        // Every owner has kept or released its lease (or the grace ran out): the kept ones go
+        // (after any release already under way, so that none is left held when this returns).
+        let _releasing = self.inner.releasing_kept.lock().await;
+        self.release_kept(Duration::ZERO).await;
         // And what was queued after that, or while the grace ran out.
         for wake in dispatch.drain() {
             wake.settle(Settlement::Handover, Duration::ZERO).await;
@@ -441,6 +449,28 @@ impl Worker {
         }
     }
 
+    /// Releases, in a task of their own, the kept leases unused for `keep_lease_for`, or all
+    /// of them once this worker is not alone on the bus (one such task at a time).
+    fn release_kept_in_background(&self) {
+        let inner = &self.inner;
+        if inner.kept.len() == 0 {
+            return;
+        }
+        let Ok(releasing) = inner.releasing_kept.clone().try_lock_owned() else {
+            return;
+        };
+        let unused = if inner.dispatch.is_lone() {
+            inner.config.keep_lease_for
+        } else {
+            Duration::ZERO
+        };
+        let worker = self.clone();
+        tokio::spawn(async move {
+            worker.release_kept(unused).await;
+            drop(releasing);
+        });
+    }
+
     /// Sends this worker's heartbeat: alive, and how much it owns.
     async fn beat(&self) {
         let owned = self.inner.owners.lock().expect("owner map lock").len();
@@ -526,7 +556,7 @@ impl Worker {
     fn spawn_owner(
         &self,
         tenant: turnpike_schemas::TenantId,
-        lease: turnpike_router::bus::Lease,
+        Claimed { lease, resumed }: Claimed,
         slot: Arc<OwnerSlot>,
         permit: tokio::sync::OwnedSemaphorePermit,
         running: crate::dispatch::Running,
@@ -539,6 +569,7 @@ impl Worker {
             inner.clone(),
             tenant,
             lease,
+            resumed,
             slot,
             (permit, running.owning()),
             holder,
@@ -625,7 +656,10 @@ impl Worker {
                     let running = inner.dispatch.running(prefix.tenant().clone());
                     self.spawn_owner(
                         prefix.tenant().clone(),
-                        lease,
+                        Claimed {
+                            lease,
+                            resumed: None,
+                        },
                         slot,
                         permit,
                         running,
@@ -749,13 +783,8 @@ impl Worker {
     /// retries are lost: at most [`BETWEEN_TURNS_RETRIES`] claims and their waits, with the slot
     /// and the tenant's running count held. Returns the lease, or, when it stayed held, the
     /// settlement the record gave (read once, before the retries) to settle the wake by.
-    async fn claim_for(&self, wake: &Wake) -> turnpike_router::Result<Result<Lease, Settlement>> {
-        let inner = &self.inner;
-        let claim = || {
-            inner
-                .bus
-                .claim(wake.conversation, inner.worker, inner.config.lease_ttl)
-        };
+    async fn claim_for(&self, wake: &Wake) -> turnpike_router::Result<Result<Claimed, Settlement>> {
+        let claim = || self.claim_or_resume(wake.conversation);
         if let Some(lease) = claim().await? {
             return Ok(Ok(lease));
         }
@@ -773,6 +802,65 @@ impl Worker {
             }
         }
         Ok(Err(settlement))
+    }
+
+    /// The lease of `conversation`: a lease kept here resumed (see [`crate::kept`]), else a
+    /// claim's (`None` when someone holds it).
+    async fn claim_or_resume(
+        &self,
+        conversation: turnpike_schemas::ConversationId,
+    ) -> turnpike_router::Result<Option<Claimed>> {
+        let inner = &self.inner;
+        if let Some(kept) = inner.kept.take(conversation) {
+            if let Some(lease) = self.resume(kept.lease).await {
+                return Ok(Some(Claimed {
+                    lease,
+                    resumed: Some(kept.head),
+                }));
+            }
+        }
+        let claimed = inner
+            .bus
+            .claim(conversation, inner.worker, inner.config.lease_ttl)
+            .await?;
+        Ok(claimed.map(|lease| Claimed {
+            lease,
+            resumed: None,
+        }))
+    }
+
+    /// A kept lease, ready for a drain: as it is while its next renewal is not due, else
+    /// renewed first (a compare-and-set at its revision). `None` when someone took it over, or
+    /// the renewal failed (then it is released, in case it is still ours).
+    async fn resume(&self, lease: Lease) -> Option<Lease> {
+        let inner = &self.inner;
+        let (ttl, every) = (inner.config.lease_ttl, inner.config.renew_every);
+        if crate::kept::renewal_due_in(&lease, ttl, every) > RESUME_SLACK {
+            return Some(lease);
+        }
+        match inner.bus.renew(&lease, ttl).await {
+            Ok(renewed) => Some(renewed),
+            Err(e) if e.kind() == turnpike_router::ErrorKind::LeaseLost => {
+                debug!(target: WAKES, conversation = %lease.conversation, "a kept lease was taken over");
+                None
+            }
+            Err(e) => {
+                warn!(conversation = %lease.conversation, error = %e, "cannot renew a kept lease; releasing it");
+                let _ = inner.bus.release(&lease).await;
+                None
+            }
+        }
+    }
+
+    /// Releases the leases kept unused for `unused` (all of them with `Duration::ZERO`).
+    async fn release_kept(&self, unused: Duration) {
+        let inner = &self.inner;
+        for lease in inner.kept.take_unused(unused, std::time::Instant::now()) {
+            debug!(target: WAKES, conversation = %lease.conversation, "kept lease released");
+            if let Err(e) = inner.bus.release(&lease).await {
+                warn!(conversation = %lease.conversation, error = %e, "cannot release a kept lease; it lapses");
+            }
+        }
     }
 
     /// How the record settles a wake nobody here owns: done only when the turn that consumed
@@ -850,14 +938,17 @@ impl Worker {
         };
         let claimed = self.claim_for(&wake).await;
         let result = match &claimed {
+            Ok(Ok(Claimed {
+                resumed: Some(_), ..
+            })) => "kept",
             Ok(Ok(_)) => "won",
             Ok(Err(_)) => "held",
             Err(_) => "failed",
         };
         metrics::counter!("turnpike_lease_claims_total", "result" => result).increment(1);
         match claimed {
-            Ok(Ok(lease)) => {
-                debug!(target: WAKES, conversation = %wake.conversation, seq = wake.seq, epoch = lease.revision, "claim won");
+            Ok(Ok(Claimed { lease, resumed })) => {
+                debug!(target: WAKES, conversation = %wake.conversation, seq = wake.seq, epoch = lease.revision, resumed = resumed.is_some(), "claim won");
                 inner
                     .config
                     .failpoints
@@ -866,6 +957,8 @@ impl Worker {
                 let slot = Arc::new(OwnerSlot::default());
                 if !inner.register_owner(wake.conversation, slot.clone()) {
                     debug!(target: WAKES, conversation = %wake.conversation, seq = wake.seq, "claim won while an owner here was closing: released");
+                    // (A kept lease resumed is released too: the closing owner is another
+                    // holding of it, and keeps or releases its own.)
                     let _ = inner.bus.release(&lease).await;
                     wake.settle(Settlement::Busy, busy).await;
                     return;
@@ -873,7 +966,14 @@ impl Worker {
                 let tenant = wake.tenant.clone();
                 debug!(conversation = %wake.conversation, worker = %inner.worker, epoch = lease.revision, "lease taken");
                 let _ = slot.offer(wake).await;
-                self.spawn_owner(tenant, lease, slot, permit, running, None);
+                self.spawn_owner(
+                    tenant,
+                    Claimed { lease, resumed },
+                    slot,
+                    permit,
+                    running,
+                    None,
+                );
             }
             Ok(Err(settlement)) => {
                 drop((permit, running));
@@ -893,6 +993,15 @@ impl Worker {
 /// `bench fleet`: 5–51 ms), so 3 × 15 ms covers most hand-overs.
 const BETWEEN_TURNS_RETRIES: usize = 3;
 const BETWEEN_TURNS_RETRY: Duration = Duration::from_millis(15);
+
+/// A kept lease whose renewal is due within this is renewed before it is resumed.
+const RESUME_SLACK: Duration = Duration::from_millis(500);
+
+/// A claim won: its lease, and when it is a kept lease resumed, the head its last drain left.
+struct Claimed {
+    lease: Lease,
+    resumed: Option<turnpike_artifactory::Head>,
+}
 
 /// The longest a wake waits in the fair intake for a slot before it goes back to the bus:
 /// well within any ack wait, so a waiting wake is never redelivered under it.

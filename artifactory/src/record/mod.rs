@@ -81,7 +81,8 @@ impl PartialEq for Head {
 impl Eq for Head {}
 
 impl Head {
-    fn empty() -> Self {
+    /// The head of a record that holds nothing yet (what `Record::head` returns for one).
+    pub fn empty() -> Self {
         Head {
             batches: 0,
             mmr: Mmr::new(),

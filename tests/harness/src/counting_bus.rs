@@ -27,6 +27,16 @@ pub struct CountingBus {
     held_claims: std::sync::Mutex<Option<(ConversationId, Arc<tokio::sync::Semaphore>)>>,
     claims_held: AtomicUsize,
     held_claims_done: AtomicUsize,
+    lease_calls: std::sync::Mutex<std::collections::HashMap<ConversationId, LeaseCalls>>,
+}
+
+/// The lease calls a [`CountingBus`] counted for one conversation (each call, whatever it
+/// returned).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LeaseCalls {
+    pub claims: usize,
+    pub renewals: usize,
+    pub releases: usize,
 }
 
 /// What a [`CountingBus`] counted.
@@ -52,6 +62,7 @@ impl CountingBus {
             held_claims: std::sync::Mutex::new(None),
             claims_held: AtomicUsize::new(0),
             held_claims_done: AtomicUsize::new(0),
+            lease_calls: Default::default(),
         })
     }
 
@@ -87,6 +98,26 @@ impl CountingBus {
     /// Wakes delivered through this bus ([`Bus::next_wake`]) so far.
     pub fn wakes(&self) -> usize {
         self.wakes.load(Ordering::SeqCst)
+    }
+
+    /// The lease calls made through this bus for `conversation` so far.
+    pub fn lease_calls(&self, conversation: ConversationId) -> LeaseCalls {
+        self.lease_calls
+            .lock()
+            .expect("lease calls lock")
+            .get(&conversation)
+            .copied()
+            .unwrap_or_default()
+    }
+
+    fn count_lease_call(&self, conversation: ConversationId, count: impl FnOnce(&mut LeaseCalls)) {
+        count(
+            self.lease_calls
+                .lock()
+                .expect("lease calls lock")
+                .entry(conversation)
+                .or_default(),
+        );
     }
 
     /// What was counted so far.
@@ -163,6 +194,7 @@ impl Bus for CountingBus {
         worker: WorkerId,
         ttl: Duration,
     ) -> Result<Option<Lease>> {
+        self.count_lease_call(conversation, |c| c.claims += 1);
         let gate = match &*self.held_claims.lock().expect("held claims lock") {
             Some((held, gate)) if *held == conversation => Some(gate.clone()),
             _ => None,
@@ -178,6 +210,7 @@ impl Bus for CountingBus {
     }
 
     async fn renew(&self, lease: &Lease, ttl: Duration) -> Result<Lease> {
+        self.count_lease_call(lease.conversation, |c| c.renewals += 1);
         let failing = self
             .failing_renewals
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| match n {
@@ -196,6 +229,7 @@ impl Bus for CountingBus {
     }
 
     async fn release(&self, lease: &Lease) -> Result<()> {
+        self.count_lease_call(lease.conversation, |c| c.releases += 1);
         self.inner.release(lease).await
     }
 
