@@ -607,8 +607,9 @@ pub struct WorkerArgs {
     pub lease_ttl_ms: u64,
     /// How long a worker alone on the bus keeps a conversation's lease after its lane is
     /// drained, for the next message to take it up without a claim, in milliseconds (0: let it
-    /// go at once, as workers of a fleet do). A deletion of the conversation waits for it; after
-    /// a crash, the conversation's next message waits out the lease's time-to-live.
+    /// go at once, as workers of a fleet do; at most 3 s and a third of the lease's time-to-live).
+    /// A deletion of the conversation waits for it; after a crash, the conversation's next
+    /// message waits out the lease's time-to-live.
     #[arg(long, default_value_t = 1_000)]
     pub keep_lease_ms: u64,
     /// How often to sweep for turns left open by dead owners, in milliseconds (also once at

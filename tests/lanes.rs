@@ -1979,17 +1979,22 @@ mod kept_leases {
         let convs = create_conversations(&conversations, &signer(), 2).await;
         let counting = CountingBus::new(bus.clone());
         let conv = convs[0];
-        // Unused for 300 ms: released, while the worker runs on alone.
+        // Unused for 2 s: released, while the worker runs on alone.
         let worker = keeper(
             &dir,
             counting.clone(),
             &conversations,
-            Duration::from_millis(300),
+            Duration::from_secs(2),
             FOREVER,
         );
         let pool = WorkerPool::start([worker.clone()]);
         alone(&worker).await;
         turn(bus.clone(), &conversations, convs[0], 0).await;
+        worker.idle().await;
+        // Kept first: held, never released, the lane's end not read.
+        assert!(!lease_free(&*bus, conv).await, "the lease was not kept");
+        assert_eq!(counting.lease_calls(conv).releases, 0);
+        assert_eq!(counting.counted().heads, 0);
         until(LONG, "the unused kept lease is released", || async {
             lease_free(&*bus, convs[0]).await
         })
@@ -2093,9 +2098,9 @@ mod kept_leases {
         );
         let (mut doomed, doomed_id) = fleet.worker(&[
             "--keep-lease-ms",
-            "600000",
-            "--lease-ttl-ms",
             "3000",
+            "--lease-ttl-ms",
+            "9000",
             "--admin-listen",
             &listen,
         ]);

@@ -144,6 +144,31 @@ fn webhook_config(
     Ok(config)
 }
 
+/// How long a lone worker keeps a lease (`--keep-lease-ms`): at most a third of the lease's
+/// time to live (so a kept lease never lapses while kept) and [`MAX_KEEP_LEASE`] (within what
+/// a deletion waits for a held lease); a longer setting is cut down, and said so.
+fn keep_lease_for(ms: u64, ttl: Duration) -> Duration {
+    let asked = Duration::from_millis(ms);
+    let most = (ttl / 3).min(MAX_KEEP_LEASE);
+    if asked > most {
+        eprintln!(
+            "--keep-lease-ms {ms} is cut down to {}: at most a third of the lease's time to live and {} s",
+            most.as_millis(),
+            MAX_KEEP_LEASE.as_secs()
+        );
+        tracing::warn!(
+            asked_ms = ms,
+            kept_ms = most.as_millis() as u64,
+            "--keep-lease-ms cut down"
+        );
+    }
+    asked.min(most)
+}
+
+/// The longest `--keep-lease-ms` honoured: well within the 5 s a deletion through the API
+/// waits for a held lease.
+const MAX_KEEP_LEASE: Duration = Duration::from_secs(3);
+
 /// The workers' settings, and what was refused (said at start and in `/readyz`).
 fn worker_config(global: &Global, args: &WorkerArgs) -> Result<(WorkerConfig, Vec<String>)> {
     let ttl = Duration::from_millis(args.lease_ttl_ms.max(300));
@@ -152,7 +177,7 @@ fn worker_config(global: &Global, args: &WorkerArgs) -> Result<(WorkerConfig, Ve
         slots: args.slots.max(1),
         lease_ttl: ttl,
         renew_every: ttl / 3,
-        keep_lease_for: Duration::from_millis(args.keep_lease_ms),
+        keep_lease_for: keep_lease_for(args.keep_lease_ms, ttl),
         sweep_every: Duration::from_millis(args.sweep_every_ms.max(100)),
         retention: match turnpike_worker::config::parse_retention(&args.retention) {
             Ok(retention) => retention,
@@ -645,7 +670,18 @@ pub async fn router(global: &Global, args: RouterArgs) -> Result<ExitCode> {
 
 #[cfg(test)]
 mod tests {
-    use super::turn_runtime;
+    use super::{keep_lease_for, turn_runtime};
+    use std::time::Duration;
+
+    #[test]
+    fn a_kept_lease_never_outlives_a_third_of_its_ttl_or_three_seconds() {
+        let secs = Duration::from_secs;
+        assert_eq!(keep_lease_for(1_000, secs(15)), secs(1));
+        assert_eq!(keep_lease_for(0, secs(15)), Duration::ZERO);
+        assert_eq!(keep_lease_for(600_000, secs(15)), secs(3));
+        assert_eq!(keep_lease_for(2_500, secs(3)), secs(1));
+        assert_eq!(keep_lease_for(u64::MAX, secs(9)), secs(3));
+    }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
     async fn turns_run_on_their_own_runtime_built_once() {

@@ -295,6 +295,9 @@ impl Worker {
         }
         self.inner.stopping.store(true, Ordering::Relaxed);
         drop(companions);
+        // Kept leases go first (no owner keeps one once this worker is stopping), so that a
+        // worker replacing this one finds their conversations free at once.
+        self.release_kept_now().await;
         // The scheduler and the webhook dispatcher let their shards go (another worker takes
         // them at once), briefly.
         let _ = stop_scheduler.send(true);
@@ -332,10 +335,8 @@ impl Worker {
         })
         .await
         .is_ok();
-        // Every owner has kept or released its lease (or the grace ran out): the kept ones go
-        // (after any release already under way, so that none is left held when this returns).
-        let _releasing = self.inner.releasing_kept.lock().await;
-        self.release_kept(Duration::ZERO).await;
+        // And any an owner kept just before this worker began stopping.
+        self.release_kept_now().await;
         // And what was queued after that, or while the grace ran out.
         for wake in dispatch.drain() {
             wake.settle(Settlement::Handover, Duration::ZERO).await;
@@ -853,14 +854,30 @@ impl Worker {
     }
 
     /// Releases the leases kept unused for `unused` (all of them with `Duration::ZERO`).
+    /// A few at a time (each is a round trip to the bus).
     async fn release_kept(&self, unused: Duration) {
+        use futures::StreamExt as _;
         let inner = &self.inner;
-        for lease in inner.kept.take_unused(unused, std::time::Instant::now()) {
-            debug!(target: WAKES, conversation = %lease.conversation, "kept lease released");
-            if let Err(e) = inner.bus.release(&lease).await {
-                warn!(conversation = %lease.conversation, error = %e, "cannot release a kept lease; it lapses");
-            }
-        }
+        let leases = inner.kept.take_unused(unused, std::time::Instant::now());
+        futures::stream::iter(leases)
+            .for_each_concurrent(KEPT_RELEASES_AT_ONCE, |lease| async move {
+                debug!(target: WAKES, conversation = %lease.conversation, "kept lease released");
+                if let Err(e) = inner.bus.release(&lease).await {
+                    warn!(conversation = %lease.conversation, error = %e, "cannot release a kept lease; it lapses");
+                }
+            })
+            .await;
+    }
+
+    /// Releases every kept lease, after any release already under way (so that none is left
+    /// held when this returns), within [`KEPT_RELEASE_WAIT`]: a bus that does not answer
+    /// leaves the rest to lapse, as a crash would.
+    async fn release_kept_now(&self) {
+        let _ = tokio::time::timeout(KEPT_RELEASE_WAIT, async {
+            let _releasing = self.inner.releasing_kept.lock().await;
+            self.release_kept(Duration::ZERO).await;
+        })
+        .await;
     }
 
     /// How the record settles a wake nobody here owns: done only when the turn that consumed
@@ -957,8 +974,6 @@ impl Worker {
                 let slot = Arc::new(OwnerSlot::default());
                 if !inner.register_owner(wake.conversation, slot.clone()) {
                     debug!(target: WAKES, conversation = %wake.conversation, seq = wake.seq, "claim won while an owner here was closing: released");
-                    // (A kept lease resumed is released too: the closing owner is another
-                    // holding of it, and keeps or releases its own.)
                     let _ = inner.bus.release(&lease).await;
                     wake.settle(Settlement::Busy, busy).await;
                     return;
@@ -993,6 +1008,10 @@ impl Worker {
 /// `bench fleet`: 5–51 ms), so 3 × 15 ms covers most hand-overs.
 const BETWEEN_TURNS_RETRIES: usize = 3;
 const BETWEEN_TURNS_RETRY: Duration = Duration::from_millis(15);
+
+/// How many kept leases are released at once, and how long a stopping worker waits for them.
+const KEPT_RELEASES_AT_ONCE: usize = 32;
+const KEPT_RELEASE_WAIT: Duration = Duration::from_secs(5);
 
 /// A kept lease whose renewal is due within this is renewed before it is resumed.
 const RESUME_SLACK: Duration = Duration::from_millis(500);
