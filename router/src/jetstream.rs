@@ -937,10 +937,20 @@ impl Bus for JetStreamBus {
     }
 
     async fn watch_heartbeats(&self) -> Result<futures::stream::BoxStream<'static, Heartbeat>> {
-        // Flushed before it returns: the server has the watch before any later beat.
         let subscriber = self
             .subscribed(crate::subject::HEARTBEATS.into(), "watching heartbeats")
             .await?;
+        // A flush only puts the watch on the wire; beats come from other connections, which
+        // the server does not order with this one. A round trip on this connection does: a
+        // request to an inbox nobody answers, which the server refuses at once ("no
+        // responders") after it has taken the watch. (Bounded: a server that stays silent
+        // leaves the flush's weaker promise.)
+        let inbox = self.client.new_inbox();
+        let _ = tokio::time::timeout(
+            Duration::from_millis(500),
+            self.client.request(inbox, bytes::Bytes::new()),
+        )
+        .await;
         // Anything else on the subject (an older or foreign sender) is skipped.
         Ok(subscriber
             .filter_map(|message| {
