@@ -2,11 +2,12 @@
 //!
 //! When a drain ends cleanly and the worker counts itself alone on the bus, its owner keeps the
 //! conversation's lease, with the head the drain left, for up to `keep_lease_for`, instead of
-//! releasing it and reading the lane's end. The next wake of the conversation resumes it: no
-//! claim, no release, no read of the lane's end, and none of a drain's opening reads
+//! releasing it (it still reads the lane's end, and drains again under the lease when more
+//! came). The next wake of the conversation resumes it: no claim, no release, and none of a
+//! drain's opening reads
 //! (tombstone, repair journal, head probe, unfinished promotion), because only a holder of the
 //! lease writes those and this worker held it throughout. Under a steady stream of messages
-//! that is a claim, a release and four to five reads saved per drain.
+//! that is a claim, a release and four store reads saved per drain.
 //!
 //! # Contract
 //! - A kept lease is resumed as it is only while its next renewal is not due (the owner then
@@ -16,8 +17,9 @@
 //! - Kept leases are released after `keep_lease_for` unused, all of them as soon as the worker
 //!   stops counting itself alone (a joining worker would otherwise find them held), and when the
 //!   worker stops. A crash releases nothing: they lapse after their TTL, like an owner's.
-//! - Nothing waits on a kept lease but other claimers: every message that comes after the
-//!   drain's last read brings a wake, and the wake resumes the lease. A deletion waits for a
+//! - Nothing waits on a kept lease but other claimers: a message that came while the owner let
+//!   go is found by its read of the lane's end, and every later one brings a wake that resumes
+//!   the lease. A deletion waits for a
 //!   held lease longer than `keep_lease_for`.
 
 use std::collections::HashMap;

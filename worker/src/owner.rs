@@ -294,19 +294,39 @@ pub(crate) async fn own(
             .failpoints
             .hit("before-release", conversation)
             .await;
+        settle_leftovers(&worker, leftovers, &outcome).await;
         if let Ok(head) = &outcome {
             if keeps(&worker, &env, head) {
-                // Kept before the leftovers go back, so that their wakes resume it; marked
-                // drained like after a release. No read of the lane's end: whatever came past
-                // this drain brings its own wake.
-                worker.drained(conversation, lane_through);
-                worker.kept.keep(lease, head.clone());
-                tracing::debug!(target: crate::dispatch::WAKES, %conversation, "lease kept");
-                settle_leftovers(&worker, leftovers, &outcome).await;
-                return;
+                // Step 9 without the release: unless this owner owes its slot, read the lane's
+                // end (a message whose wake found the lease held while this owner let go is
+                // taken now, not when its wake comes back), and drain again under the lease
+                // it still holds when more came; else keep it for the next wake.
+                let owes = env.turn_slot.given_up()
+                    || worker
+                        .dispatch
+                        .owes_slot(env.record.prefix().tenant(), owned_since.elapsed());
+                let more = if owes {
+                    worker.drained(conversation, lane_through);
+                    None
+                } else {
+                    lane_past(&worker, conversation, lane_through, state.as_ref()).await
+                };
+                let Some(last) = more else {
+                    worker.kept.keep(lease, head.clone());
+                    tracing::debug!(target: crate::dispatch::WAKES, %conversation, "lease kept");
+                    return;
+                };
+                known_last = last;
+                resumed = Some(head.clone());
+                guard.slot = Arc::new(OwnerSlot::default());
+                if !worker.register_owner(conversation, guard.slot.clone()) {
+                    let _ = worker.bus.release(&lease).await;
+                    return;
+                }
+                tracing::debug!(target: crate::dispatch::WAKES, %conversation, epoch = lease.revision, "drains again under the lease it kept");
+                continue;
             }
         }
-        settle_leftovers(&worker, leftovers, &outcome).await;
         let _ = worker.bus.release(&lease).await;
         tracing::debug!(target: crate::dispatch::WAKES, %conversation, given_up = env.turn_slot.given_up(), "lease released");
         if outcome.is_err() {
