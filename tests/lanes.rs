@@ -10,6 +10,7 @@ use async_trait::async_trait;
 use turnpike_artifactory::{Conversations, RecordSigner};
 use turnpike_router::bus::{Bus, Wake, WakeAck};
 use turnpike_router::embedded::{EmbeddedBus, EmbeddedConfig};
+use turnpike_schemas::entry::TurnDispatched;
 use turnpike_schemas::{ConversationId, EntryBody};
 use turnpike_tests::fixtures::{self, signer};
 use turnpike_tests::fleet::Fleet;
@@ -44,11 +45,8 @@ async fn many_conversations_on_four_worker_processes_keep_order_and_lose_nothing
     // Work was spread: more than one worker dispatched turns.
     let mut dispatchers = std::collections::HashSet::new();
     for conv in convs.iter().take(50) {
-        let record = record(&fleet.conversations, *conv);
-        for e in record.entries().await.unwrap() {
-            if let EntryBody::TurnDispatched(d) = e.body {
-                dispatchers.insert(d.worker.to_string());
-            }
+        for d in dispatched(&fleet.conversations, *conv).await {
+            dispatchers.insert(d.worker.to_string());
         }
     }
     assert!(
@@ -252,14 +250,10 @@ async fn a_worker_killed_between_the_batches_is_recovered_under_the_same_turn_id
         .await
         .unwrap();
     // Turn 1 was dispatched by the killed worker and completed by the other.
-    let record = record(&fleet.conversations, convs[0]);
-    let entries = record.entries().await.unwrap();
-    let first_dispatch = entries
-        .iter()
-        .find_map(|e| match &e.body {
-            EntryBody::TurnDispatched(d) => Some(d.clone()),
-            _ => None,
-        })
+    let first_dispatch = dispatched(&fleet.conversations, convs[0])
+        .await
+        .into_iter()
+        .next()
         .unwrap();
     assert_eq!(first_dispatch.turn.number(), 1);
     assert_eq!(first_dispatch.worker.to_string(), doomed_id);
@@ -345,21 +339,30 @@ async fn the_same_idempotency_key_sent_three_times_is_one_event() {
         .unwrap();
 }
 
-/// The workers that dispatched `conversation`'s turns, in order.
-async fn dispatchers(
+/// The record's `turn_dispatched` entries for `conversation`, in record order.
+async fn dispatched(
     conversations: &Conversations,
     conversation: turnpike_schemas::ConversationId,
-) -> Vec<String> {
+) -> Vec<TurnDispatched> {
     record(conversations, conversation)
         .entries()
         .await
         .unwrap()
         .into_iter()
         .filter_map(|e| match e.body {
-            EntryBody::TurnDispatched(d) => Some(d.worker.to_string()),
+            EntryBody::TurnDispatched(d) => Some(d),
             _ => None,
         })
         .collect()
+}
+
+/// The workers that opened the conversation's turns, in record order.
+async fn dispatchers(
+    conversations: &Conversations,
+    conversation: turnpike_schemas::ConversationId,
+) -> Vec<String> {
+    let opened = dispatched(conversations, conversation).await;
+    opened.iter().map(|d| d.worker.to_string()).collect()
 }
 
 /// An embedded bus and a local store in a temporary directory, for workers in this process.
@@ -1905,16 +1908,8 @@ mod kept_leases {
 
     /// The epochs the record's turns were opened under, in order.
     async fn epochs(conversations: &Conversations, conv: ConversationId) -> Vec<Epoch> {
-        record(conversations, conv)
-            .entries()
-            .await
-            .unwrap()
-            .into_iter()
-            .filter_map(|e| match e.body {
-                EntryBody::TurnDispatched(d) => Some(d.epoch),
-                _ => None,
-            })
-            .collect()
+        let opened = dispatched(conversations, conv).await;
+        opened.iter().map(|d| d.epoch).collect()
     }
 
     /// Leases never lapse in this test (10 minutes), so only a release frees one.
