@@ -661,6 +661,85 @@ async fn a_zombie_owner_that_wakes_up_after_a_takeover_is_fenced() {
         .unwrap();
 }
 
+/// An owner frozen at the end of its drain, past its lease, cannot clear its open-turn mark;
+/// a sweep clears it meanwhile (the turns are closed). When the owner wakes up and claims the
+/// lease again for a message that came, it must mark the conversation before that turn's batch
+/// one: a record that ends in an open turn always has a mark, or a crash now would leave the
+/// turn to no one (no later event, and no mark for the sweep). Whether the owner's re-read or
+/// the message's wake claims the lease first is a race (the wake wins most often): the
+/// scenario runs on fresh conversations until the owner's re-claim was seen, and each round
+/// checks the mark.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_owner_whose_mark_was_swept_while_it_was_frozen_marks_again_before_its_next_turn() {
+    const PAUSE: Duration = Duration::from_millis(1500);
+    let fleet = Fleet::start(&binary()).await;
+    let marks = fleet.conversations.open_turns();
+    let (mut frozen, _) = fleet.worker_with(
+        &["--log", "warn,turnpike_wakes=debug"],
+        Some("drain-end=pause(1500),after-batch-one=pause(1000)"),
+    );
+    let sweeper = Worker::new(
+        fleet.bus.clone(),
+        fleet.conversations.clone(),
+        signer(),
+        Arc::new(Apps::new().with_fallback(Arc::new(EchoAgent))),
+        short_leases(),
+    );
+    for round in 1..=30 {
+        let conv = create_conversations(&fleet.conversations, &signer(), 1).await[0];
+        let prefix = turnpike_artifactory::ConversationPrefix::new(fixtures::tenant(), conv);
+        publish(fleet.bus.clone(), &fleet.conversations, &[conv], 0, 1, LONG)
+            .await
+            .unwrap();
+        frozen
+            .wait_for_line(&format!("drain-end: Pause(1.5s) at {conv}"), LONG)
+            .unwrap();
+        frozen.freeze();
+        // The pause began before its line was read: it is over by this instant.
+        let pause_over = tokio::time::Instant::now() + PAUSE;
+        assert!(marks.is_marked(&prefix).await.unwrap());
+        // Its lease lapses; a sweep takes it, finds every turn closed and clears the mark.
+        until(LONG, "the sweep clears the mark", || async {
+            sweeper.sweep().await;
+            !marks.is_marked(&prefix).await.unwrap()
+        })
+        .await;
+        publish(fleet.bus.clone(), &fleet.conversations, &[conv], 1, 2, LONG)
+            .await
+            .unwrap();
+        // Frozen until its pause is over, so that the owner wakes up with its drain's end due
+        // at once (not its lease's renewal first, which would find the lease taken and stop
+        // it).
+        tokio::time::sleep_until(pause_over).await;
+        frozen.thaw();
+        // Turn 2 is open (paused after its batch one), by whichever path it was claimed.
+        frozen
+            .wait_for_line(
+                &format!("after-batch-one: Pause(1s) at {conv} turn_2"),
+                LONG,
+            )
+            .unwrap();
+        assert!(
+            marks.is_marked(&prefix).await.unwrap(),
+            "turn 2 is open with no mark for the sweep (round {round})"
+        );
+        wait_for_turns(&fleet.conversations, &[conv], 2, LONG)
+            .await
+            .unwrap();
+        check_conversation(&fleet.conversations, &signer(), conv, 0, 2)
+            .await
+            .unwrap();
+        // Only this round's conversation has an owner: a re-claim seen now is its own.
+        if frozen
+            .wait_for_line("claimed again", Duration::from_millis(1))
+            .is_ok()
+        {
+            return;
+        }
+    }
+    panic!("in 30 rounds, the owner never claimed the lease again before the wake did");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn any_router_of_a_fleet_serves_any_conversation_and_streams_from_any_worker() {
     use turnpike_edge::client::{Client, Cursor};

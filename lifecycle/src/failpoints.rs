@@ -13,6 +13,7 @@
 //! the owner map, its lease not released yet), `after-batch-one` (a turn's batch one committed),
 //! `before-batch-two` (the turn's log and version written), `before-promotion` (batch two
 //! committed, the attempt's objects not promoted yet, its context snapshot not written),
+//! `drain-end` (a drain over with every turn closed, its open-turn mark not cleared yet),
 //! `after-dead-letter` (a lane message kept as a dead letter, its `lane_parked` entry not
 //! committed yet), `schedule-claimed` (a schedule's firing claimed, nothing of it done yet),
 //! `schedule-conversation` (the firing's new conversation created, its message not published

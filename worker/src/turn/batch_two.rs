@@ -694,6 +694,10 @@ async fn promote(
 /// a turn is open after it (opened with its batch two), before that one is recovered.
 pub async fn finish_promotion(env: &TurnEnv, head: &Head) -> Result<()> {
     if !env.open_turns.is_marked(env.record.prefix()).await? {
+        // Not there, whatever this owner last knew (a drain again after a claim of its own):
+        // its next batch one marks first.
+        env.marked
+            .store(false, std::sync::atomic::Ordering::Release);
         return Ok(());
     }
     env.marked.store(true, std::sync::atomic::Ordering::Release);

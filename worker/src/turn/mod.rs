@@ -141,18 +141,23 @@ impl TurnEnv {
 
     /// Clears the mark at the end of a drain that left every turn closed and promoted.
     pub async fn end_drain(&self) {
+        let conversation = self.record.prefix().conversation();
+        self.config.failpoints.hit("drain-end", conversation).await;
         if self.marked.load(std::sync::atomic::Ordering::Acquire) {
             self.clear_open_mark().await;
         }
     }
 
     async fn clear_open_mark(&self) {
+        // Forgotten even when it cannot be cleared: with the lease lapsed, whoever takes it
+        // may clear the mark (a sweep finding the turns closed), so this owner, should it
+        // claim the lease again, marks afresh before its next batch one.
+        self.marked
+            .store(false, std::sync::atomic::Ordering::Release);
         // A superseded owner must not clear the mark the new owner set for its own turn.
         if self.fence.check().is_err() {
             return;
         }
-        self.marked
-            .store(false, std::sync::atomic::Ordering::Release);
         if let Err(e) = self.open_turns.clear(self.record.prefix()).await {
             warn!(conversation = %self.record.prefix().conversation(), error = %e, "could not clear the open-turn mark");
         }
