@@ -301,11 +301,7 @@ pub(crate) async fn own(
                 // end (a message whose wake found the lease held while this owner let go is
                 // taken now, not when its wake comes back), and drain again under the lease
                 // it still holds when more came; else keep it for the next wake.
-                let owes = env.turn_slot.given_up()
-                    || worker
-                        .dispatch
-                        .owes_slot(env.record.prefix().tenant(), owned_since.elapsed());
-                let more = if owes {
+                let more = if owes_slot(&worker, &env, owned_since) {
                     worker.drained(conversation, lane_through);
                     None
                 } else {
@@ -318,9 +314,7 @@ pub(crate) async fn own(
                 };
                 known_last = last;
                 resumed = Some(head.clone());
-                guard.slot = Arc::new(OwnerSlot::default());
-                if !worker.register_owner(conversation, guard.slot.clone()) {
-                    let _ = worker.bus.release(&lease).await;
+                if !own_again(&worker, &mut guard, &lease).await {
                     return;
                 }
                 tracing::debug!(target: crate::dispatch::WAKES, %conversation, epoch = lease.revision, "drains again under the lease it kept");
@@ -335,11 +329,7 @@ pub(crate) async fn own(
         // Others wait for a slot here (or one took the slot this owner gave up): whatever
         // the lane holds now waits its turn among them (its wakes are on the bus or in the
         // intake; none was acked undone).
-        if env.turn_slot.given_up()
-            || worker
-                .dispatch
-                .owes_slot(env.record.prefix().tenant(), owned_since.elapsed())
-        {
+        if owes_slot(&worker, &env, owned_since) {
             return;
         }
         let Some(last) = lane_past(&worker, conversation, lane_through, state.as_ref()).await
@@ -356,15 +346,34 @@ pub(crate) async fn own(
                 lease = again;
                 tracing::debug!(target: crate::dispatch::WAKES, %conversation, epoch = lease.revision, "claimed again");
                 env.fence.renewed(lease.expires_ms);
-                guard.slot = Arc::new(OwnerSlot::default());
-                if !worker.register_owner(conversation, guard.slot.clone()) {
-                    let _ = worker.bus.release(&lease).await;
+                if !own_again(&worker, &mut guard, &lease).await {
                     return;
                 }
             }
             _ => return,
         }
     }
+}
+
+/// Whether the owner owes its turn slot now: it gave the slot up after a commit, or other
+/// wakes wait for one here and it had its share.
+fn owes_slot(worker: &Inner, env: &TurnEnv, owned_since: Instant) -> bool {
+    env.turn_slot.given_up()
+        || worker
+            .dispatch
+            .owes_slot(env.record.prefix().tenant(), owned_since.elapsed())
+}
+
+/// Takes the conversation's wakes again, in a fresh slot, under `lease` (still held, or
+/// claimed again) for another drain. False, with the lease released, when another owner of
+/// the conversation registered here meanwhile.
+async fn own_again(worker: &Inner, guard: &mut ForgetOnDrop, lease: &Lease) -> bool {
+    guard.slot = Arc::new(OwnerSlot::default());
+    if worker.register_owner(guard.conversation, guard.slot.clone()) {
+        return true;
+    }
+    let _ = worker.bus.release(lease).await;
+    false
 }
 
 /// Whether an owner whose drain left `head` keeps its lease for the next message instead of
