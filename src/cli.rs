@@ -1079,6 +1079,11 @@ pub enum BenchCommand {
         /// measure their cost against a run without.
         #[arg(long)]
         metrics: bool,
+        /// Rounds, each the whole measurement on fresh streams, stores and conversations (one
+        /// nats-server): every round's figures and their medians, steadier on a noisy machine
+        /// than one run's.
+        #[arg(long, default_value_t = 1)]
+        repeat: usize,
     },
     /// A fleet on this machine (nats-server, routers and worker processes) driven through the
     /// API with a model that takes a fixed time: turns/s and schedule-to-start for each worker

@@ -696,6 +696,8 @@ fn the_benchmarks_run() {
         "4",
         "--workers",
         "2",
+        "--repeat",
+        "2",
     ]);
     assert!(lanes.status.success(), "{}", text(&lanes));
     let out = String::from_utf8_lossy(&lanes.stdout);
@@ -706,6 +708,16 @@ fn the_benchmarks_run() {
     // The floor is measured twice, before the turns and after them.
     assert!(
         out.contains("before the turns") && out.contains("raw JetStream messages"),
+        "{out}"
+    );
+    // Each round on its own streams and stores, then the medians of the goals' figures.
+    let rounds = out
+        .lines()
+        .filter(|l| l.starts_with("1 ") || l.starts_with("2 "))
+        .count();
+    assert_eq!(rounds, 2, "{out}");
+    assert!(
+        out.contains("median of 2 rounds: a turn on JetStream costs the CPU of"),
         "{out}"
     );
     // The edge benchmark over the stack the binary wires (turnpike-bench measures, the binary

@@ -305,21 +305,23 @@ pub async fn run(global: &Global, command: BenchCommand) -> Result<ExitCode> {
             samples,
             workers,
             metrics,
+            repeat,
         } => {
             if metrics {
                 crate::commands::admin::metrics();
             }
-            turnpike_bench::lanes::run(
-                !global.no_fsync,
+            turnpike_bench::lanes::run(turnpike_bench::lanes::Options {
+                fsync: !global.no_fsync,
                 // The workers' store: the embedded default's database unless `--local-store files`.
-                global.local_store != Some(crate::cli::LocalStore::Files),
-                global.store.clone(),
+                sqlite: global.local_store != Some(crate::cli::LocalStore::Files),
+                store: global.store.clone(),
                 nats,
-                conversations.max(1),
-                turns.max(1),
-                samples.max(1),
-                workers.max(1),
-            )
+                conversations: conversations.max(1),
+                turns: turns.max(1),
+                samples: samples.max(1),
+                workers: workers.max(1),
+                repeat: repeat.max(1),
+            })
             .await
         }
     }
