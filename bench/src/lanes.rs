@@ -439,17 +439,24 @@ pub async fn run(o: Options) -> Result<ExitCode> {
         if o.repeat > 1 {
             if n == 0 {
                 println!(
-                    "\n{:<8} {:>16} {:>18} {:>16}",
-                    "round", "adds ms at p50", "CPU in raw msgs", "turns/s on JS"
+                    "\n{:<8} {:>16} {:>14} {:>14} {:>18} {:>16}",
+                    "round",
+                    "adds ms at p50",
+                    "turn CPU µs",
+                    "raw msg CPU µs",
+                    "CPU in raw msgs",
+                    "turns/s on JS"
                 );
             }
             let ratio = r
                 .cpu_ratio(operations)
                 .map_or_else(|| "-".to_owned(), |x| format!("{x:.1}"));
             println!(
-                "{:<8} {:>16.3} {ratio:>18} {:>16.0}",
+                "{:<8} {:>16.3} {:>14.1} {:>14.1} {ratio:>18} {:>16.0}",
                 n + 1,
                 r.added_ms(),
+                total_per(&r.js.cpu, operations),
+                total_per(&r.floor_cpu[0].plus(&r.floor_cpu[1]), 2 * operations),
                 r.js.turns_per_second
             );
         }
