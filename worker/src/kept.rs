@@ -2,8 +2,9 @@
 //!
 //! When a drain ends cleanly and the worker counts itself alone on the bus, its owner keeps the
 //! conversation's lease, with the head the drain left, for up to `keep_lease_for`, instead of
-//! releasing it (it still reads the lane's end, and drains again under the lease when more
-//! came). The next wake of the conversation resumes it: no claim, no release, and none of a
+//! releasing it (it still reads the lane's end once it stops taking wakes, and drains again
+//! under the lease when more came; that read is its drain's last, as the drain ends without
+//! one of its own when nothing is ahead and no wake it holds is past the record). The next wake of the conversation resumes it: no claim, no release, and none of a
 //! drain's opening reads
 //! (tombstone, repair journal, head probe, unfinished promotion), because only a holder of the
 //! lease writes those and this worker held it throughout. Under a steady stream of messages

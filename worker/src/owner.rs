@@ -125,6 +125,17 @@ async fn drain(
             env.end_drain().await;
             return Ok(head);
         }
+        // An owner that will keep its lease reads the lane's end once more after it stops
+        // taking wakes (step 9), and drains again under the lease if more came: with nothing
+        // ahead and no wake past the record, a read here would only ask the same first.
+        if !first
+            && ahead.is_empty()
+            && slot.max_seq().await.max(known_last) <= lane_through
+            && keeps(worker, env, &head)
+        {
+            env.end_drain().await;
+            return Ok(head);
+        }
         // Read (once a pass) when nothing is ahead, or when what is ahead may be only the start
         // of the next turn's inputs (events behind them would join it).
         if ahead.is_empty() || (ahead.len() < LANE_READ && next_inputs(&ahead).1 == ahead.len()) {
