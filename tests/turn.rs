@@ -255,6 +255,43 @@ async fn a_stop_cancels_the_model_stream_and_the_turn_is_committed_cancelled() {
     rig.stop().await;
 }
 
+/// An owner writes the open-turn mark while it reads the lane for a wake past the record (a
+/// turn's batch one waits for it). A drain that then opens no turn — a stop with no turn to
+/// stop — clears it as it ends: no mark is left for the sweep, and the next message runs.
+#[tokio::test]
+async fn a_drain_that_opens_no_turn_leaves_no_open_turn_mark() {
+    let rig = Rig::start(ANSWER, 3).await;
+    rig.send(EventBody::Stop { reason: None }).await;
+    turnpike_tests::wait::until(LONG, "the stop in the record", || async {
+        let entries = rig.record().entries().await.unwrap();
+        entries
+            .iter()
+            .any(|e| e.body.kind() == EntryKind::Stop)
+            .then_some(())
+    })
+    .await;
+    rig.wait_settled().await;
+    let entries = rig.record().entries().await.unwrap();
+    assert!(
+        !entries
+            .iter()
+            .any(|e| e.body.kind() == EntryKind::TurnDispatched),
+        "a stop alone opens no turn"
+    );
+    assert!(!rig
+        .conversations
+        .open_turns()
+        .list()
+        .await
+        .unwrap()
+        .contains(&rig.prefix()));
+    rig.say("after the stop").await;
+    rig.wait_turns(1).await;
+    assert_eq!(replies(&rig.log(1).await), ["answer to after the stop"]);
+    rig.wait_settled().await;
+    rig.stop().await;
+}
+
 #[tokio::test]
 async fn stops_and_steers_reach_a_running_turn_by_the_lanes_signal_without_polling() {
     // Polling once an hour: only the bus's signal can bring the steer and the stop in.

@@ -145,11 +145,21 @@ async fn drain(
             let known = slot.max_seq().await.max(known_last);
             let until = (first && ahead.is_empty() && known > lane_through).then_some(known);
             first = false;
-            match env
+            let read = env
                 .bus
-                .read_lane(conversation, after, until, LANE_READ - ahead.len())
-                .await
-            {
+                .read_lane(conversation, after, until, LANE_READ - ahead.len());
+            // A wake past the record: a turn follows all but surely, and its batch one waits
+            // for the open-turn mark. The mark is written while the lane is read, not after
+            // (a mark with every turn closed is harmless, and cleared as the drain ends).
+            let read = match until {
+                Some(_) => {
+                    let (marked, read) = tokio::join!(env.ensure_marked(), read);
+                    marked?;
+                    read
+                }
+                None => read.await,
+            };
+            match read {
                 Ok(more) => ahead.extend(more),
                 // A message this binary cannot read (a newer kind, mid-upgrade): set it aside
                 // once it is the next one.

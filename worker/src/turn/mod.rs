@@ -129,8 +129,9 @@ impl TurnEnv {
         Ok(head)
     }
 
-    /// Marks the conversation for the sweep, once per drain (before its first batch one).
-    async fn ensure_marked(&self) -> Result<()> {
+    /// Marks the conversation for the sweep, once per drain (before its first batch one; the
+    /// drain writes it while it reads the lane for a wake past the record).
+    pub async fn ensure_marked(&self) -> Result<()> {
         use std::sync::atomic::Ordering;
         if !self.marked.load(Ordering::Acquire) {
             self.open_turns.mark(self.record.prefix()).await?;
