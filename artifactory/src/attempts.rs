@@ -36,21 +36,39 @@ pub(crate) async fn create(
     bytes: bytes::Bytes,
     what: &str,
 ) -> Result<()> {
-    create_reporting(store, path, bytes, what).await.map(|_| ())
+    let opts = PutOptions {
+        mode: PutMode::Create,
+        ..Default::default()
+    };
+    create_reporting(store, path, bytes, what, opts)
+        .await
+        .map(|_| ())
 }
 
-/// [`create`], saying what the store said of the object when this call wrote it (`None` when
-/// it was there already with the same bytes).
+/// [`create`] for an object that only the record's next batch makes count (an attempt's,
+/// before the batch two naming it): on stable storage no later than that batch
+/// ([`crate::SyncedWithNext`]).
+pub(crate) async fn create_before_commit(
+    store: &dyn ObjectStore,
+    path: &object_store::path::Path,
+    bytes: bytes::Bytes,
+    what: &str,
+) -> Result<()> {
+    let opts = crate::store::synced_with_next(PutMode::Create);
+    create_reporting(store, path, bytes, what, opts)
+        .await
+        .map(|_| ())
+}
+
+/// [`create`] with `opts` (its mode `Create`), saying what the store said of the object when
+/// this call wrote it (`None` when it was there already with the same bytes).
 pub(crate) async fn create_reporting(
     store: &dyn ObjectStore,
     path: &object_store::path::Path,
     bytes: bytes::Bytes,
     what: &str,
+    opts: PutOptions,
 ) -> Result<Option<object_store::PutResult>> {
-    let opts = PutOptions {
-        mode: PutMode::Create,
-        ..Default::default()
-    };
     match store
         .put_opts(path, PutPayload::from(bytes.clone()), opts)
         .await

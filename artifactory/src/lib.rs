@@ -64,7 +64,7 @@ pub use layout::ConversationPrefix;
 pub use open_turns::OpenTurns;
 pub use record::{Checkpoint, Head, Record, RecordEntry, Transcript, TurnEnd, Verdict};
 pub use schedules::Schedules;
-pub use store::{open_local, open_store, open_store_with, LocalLayout};
+pub use store::{open_local, open_store, open_store_with, LocalLayout, SyncedWithNext};
 pub use tombstones::{Tombstone, Tombstones};
 pub use turnlogs::TurnLogs;
 pub use webhooks::Webhooks;

@@ -46,10 +46,13 @@ impl OpenTurns {
         ))
     }
 
-    /// Marks the conversation as possibly holding an open turn (idempotent).
+    /// Marks the conversation as possibly holding an open turn (idempotent). On stable storage
+    /// no later than the next write that is ([`crate::SyncedWithNext`]): the batch one it
+    /// precedes, which is what makes it count.
     pub async fn mark(&self, prefix: &ConversationPrefix) -> Result<()> {
+        let opts = crate::store::synced_with_next(object_store::PutMode::Overwrite);
         self.store
-            .put(&Self::path(prefix), PutPayload::new())
+            .put_opts(&Self::path(prefix), PutPayload::new(), opts)
             .await
             .map_err(|e| {
                 Error::store(

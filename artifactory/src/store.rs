@@ -23,6 +23,27 @@ use object_store::{ObjectStore, ObjectStoreExt as _};
 
 use crate::error::{Error, ErrorKind, Result};
 
+/// A put's option ([`object_store::PutOptions::extensions`]): the write need not be on stable
+/// storage when it returns, only no later than the next write of the same store that is. For a
+/// write that matters after a power cut only once the write that follows it is there: the
+/// open-turn mark before a drain's first batch one, a turn's log under its attempt before the
+/// batch two that names it. The SQLite store commits such a write without flushing its log
+/// when nothing else in the commit needs a flush: its log is one sequence, so the next flushed
+/// commit (or checkpoint) takes it to disk first. Other stores ignore it and write as durably
+/// as ever; a killed process loses nothing either way (the write is in the OS).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SyncedWithNext;
+
+/// [`object_store::PutOptions`] for `mode`, asking for [`SyncedWithNext`].
+pub(crate) fn synced_with_next(mode: object_store::PutMode) -> object_store::PutOptions {
+    let mut opts = object_store::PutOptions {
+        mode,
+        ..Default::default()
+    };
+    opts.extensions.insert(SyncedWithNext);
+    opts
+}
+
 /// Whether an object exists at `path` (one HEAD request); `what` names the read in errors.
 pub(crate) async fn exists(
     store: &dyn ObjectStore,

@@ -53,7 +53,8 @@ impl TurnLogs {
         let (bytes, digest) = Self::encode_log(prefix, log)?;
         let path = prefix.in_attempt(&prefix.turn_log(log.turn), log.turn, attempt);
         let what = format!("writing the log of {} (attempt {attempt})", log.turn);
-        crate::attempts::create(self.store.as_ref(), &path, bytes.into(), &what).await?;
+        crate::attempts::create_before_commit(self.store.as_ref(), &path, bytes.into(), &what)
+            .await?;
         Ok(digest)
     }
 
@@ -103,9 +104,18 @@ impl TurnLogs {
         let bytes = Self::encode_context(prefix, snapshot)?;
         let path = prefix.context_snapshot(snapshot.through);
         let what = format!("writing the context after {}", snapshot.through);
-        let put =
-            crate::attempts::create_reporting(self.store.as_ref(), &path, bytes.into(), &what)
-                .await?;
+        let opts = object_store::PutOptions {
+            mode: object_store::PutMode::Create,
+            ..Default::default()
+        };
+        let put = crate::attempts::create_reporting(
+            self.store.as_ref(),
+            &path,
+            bytes.into(),
+            &what,
+            opts,
+        )
+        .await?;
         // The next turn's rebuild — most often on this worker — needs no parse.
         if let Some(written) =
             put.and_then(|p| crate::context_cache::ObjectVersion::written(&path, &p))

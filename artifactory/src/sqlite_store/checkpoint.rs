@@ -14,7 +14,7 @@
 //! current reads, holding new writes back meanwhile, copies everything and cuts the log to
 //! nothing. A rare short pause of writes, for a log whose size is bounded.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::Arc;
 use std::time::Duration;
@@ -29,7 +29,8 @@ const INTERVAL: Duration = Duration::from_millis(200);
 const RESTART_FRAMES: i64 = 16_384;
 
 /// Runs until `stop` is closed (its sender dropped with the store).
-pub(super) fn run(conn: Connection, stop: Receiver<()>, commits: Arc<AtomicU64>) {
+pub(super) fn run(conn: Connection, stop: Receiver<()>, counts: Arc<super::writer::Counts>) {
+    let commits = &counts.commits;
     let mut seen = commits.load(Ordering::Relaxed);
     loop {
         match stop.recv_timeout(INTERVAL) {

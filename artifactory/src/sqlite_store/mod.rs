@@ -13,7 +13,10 @@
 //! - a write that returned is visible to every later read, from this process or another one
 //!   opening the same directory;
 //! - it survives the process being killed at any moment (the log is in the OS before the write
-//!   returns); with `fsync` it survives a power cut too (the log is flushed before it returns);
+//!   returns); with `fsync` it survives a power cut too (the log is flushed before it returns),
+//!   except a put that asks for [`crate::SyncedWithNext`]: that one is flushed with the next
+//!   commit that flushes, or the next checkpoint (the log is one sequence: a power cut keeps a
+//!   prefix of it, never a later commit without an earlier one);
 //! - `PutMode::Create` and copy/rename to a `Create` target refuse, atomically, where an object
 //!   is; `PutMode::Update` writes only over the e-tag given; a rename is one transaction;
 //! - listings come in key order. Attributes and tags are not kept.
@@ -25,7 +28,7 @@ mod writer;
 
 use std::ops::Range;
 use std::path::{Path as FsPath, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
@@ -78,7 +81,7 @@ struct Shared {
     fsync: bool,
     readers: Mutex<Vec<Connection>>,
     writer: std::sync::mpsc::Sender<Job>,
-    commits: Arc<AtomicU64>,
+    counts: Arc<writer::Counts>,
     /// Dropped with the store: the checkpointer then ends.
     _stop_checkpoints: std::sync::mpsc::Sender<()>,
 }
@@ -165,10 +168,10 @@ impl SqliteStore {
         let checkpointer = open_connection(&file, fsync)
             .map_err(|e| generic(format!("cannot open {}: {e}", file.display())))?;
         let etags = Arc::new(Etags::new()?);
-        let commits = Arc::new(AtomicU64::new(0));
+        let counts = Arc::new(writer::Counts::default());
         let (send, receive) = std::sync::mpsc::channel();
         {
-            let commits = commits.clone();
+            let counts = counts.clone();
             let reopen = {
                 let file = file.clone();
                 move || {
@@ -179,15 +182,15 @@ impl SqliteStore {
             };
             std::thread::Builder::new()
                 .name("turnpike-store-writer".into())
-                .spawn(move || writer::run(conn, reopen, receive, etags, commits))
+                .spawn(move || writer::run(conn, reopen, receive, etags, fsync, counts))
                 .map_err(|e| generic(format!("cannot start the store's writer: {e}")))?;
         }
         let (stop_checkpoints, checkpoints_stop) = std::sync::mpsc::channel();
         {
-            let commits = commits.clone();
+            let counts = counts.clone();
             std::thread::Builder::new()
                 .name("turnpike-store-checkpoint".into())
-                .spawn(move || checkpoint::run(checkpointer, checkpoints_stop, commits))
+                .spawn(move || checkpoint::run(checkpointer, checkpoints_stop, counts))
                 .map_err(|e| generic(format!("cannot start the store's checkpointer: {e}")))?;
         }
         Ok(Self {
@@ -196,7 +199,7 @@ impl SqliteStore {
                 fsync,
                 readers: Mutex::new(Vec::new()),
                 writer: send,
-                commits,
+                counts,
                 _stop_checkpoints: stop_checkpoints,
             }),
         })
@@ -204,15 +207,26 @@ impl SqliteStore {
 
     /// How many transactions the writer committed (each holds one or more writes).
     pub fn commits(&self) -> u64 {
-        self.shared.commits.load(Ordering::Relaxed)
+        self.shared.counts.commits.load(Ordering::Relaxed)
+    }
+
+    /// How many of those flushed the log (none without `fsync`).
+    pub fn flushed_commits(&self) -> u64 {
+        self.shared.counts.flushes.load(Ordering::Relaxed)
     }
 
     /// Sends `op` to the writer and waits for its commit.
     async fn write(&self, op: Op) -> writer::Reply {
+        self.write_flushing(op, true).await
+    }
+
+    /// [`Self::write`], its commit flushing the log only with `flush` (or with another job of
+    /// its group that does).
+    async fn write_flushing(&self, op: Op, flush: bool) -> writer::Reply {
         let (reply, answer) = tokio::sync::oneshot::channel();
         self.shared
             .writer
-            .send(Job { op, reply })
+            .send(Job { op, flush, reply })
             .map_err(|_| generic("the store's writer has stopped"))?;
         answer
             .await
@@ -538,12 +552,16 @@ impl ObjectStore for SqliteStore {
                 })?)
             }
         };
+        let flush = opts.extensions.get::<crate::SyncedWithNext>().is_none();
         let e_tag = self
-            .write(Op::Put {
-                path: location.clone(),
-                data: payload.into(),
-                mode,
-            })
+            .write_flushing(
+                Op::Put {
+                    path: location.clone(),
+                    data: payload.into(),
+                    mode,
+                },
+                flush,
+            )
             .await?;
         Ok(PutResult {
             e_tag,

@@ -301,16 +301,22 @@ fn child_writer() {
     let (dir, mode) = spec.split_once(':').unwrap();
     let runtime = tokio::runtime::Runtime::new().unwrap();
     runtime.block_on(async {
-        let store = SqliteStore::open(dir, mode.ends_with("-fsync")).unwrap();
+        let store = SqliteStore::open(dir, mode.contains("-fsync")).unwrap();
         match mode {
-            // Writes forever; each acknowledged key is printed.
-            "endless" | "endless-fsync" => {
+            // Writes forever; each acknowledged key is printed. With `-next`, every other write
+            // asks to be flushed only with the next one that is.
+            "endless" | "endless-fsync" | "endless-fsync-next" => {
                 for i in 0u64.. {
+                    let opts = if mode.ends_with("-next") && i % 2 == 0 {
+                        crate::store::synced_with_next(PutMode::Create)
+                    } else {
+                        PutMode::Create.into()
+                    };
                     store
                         .put_opts(
                             &Path::from(format!("k/{i:08}")),
                             PutPayload::from(format!("value {i}")),
-                            PutMode::Create.into(),
+                            opts,
                         )
                         .await
                         .unwrap();
@@ -367,8 +373,46 @@ fn start_child(dir: &FsPath, mode: &str) -> std::process::Child {
 
 #[tokio::test]
 async fn every_acknowledged_write_survives_a_kill_9_of_the_writing_process() {
-    for mode in ["endless", "endless-fsync"] {
+    for mode in ["endless", "endless-fsync", "endless-fsync-next"] {
         killed_mid_stream(mode).await;
+    }
+}
+
+/// A write that asks to be flushed only with the next one that is ([`crate::SyncedWithNext`])
+/// commits without a flush of the log when nothing else in its commit needs one; the next
+/// write flushes again (and takes it along: the log is one sequence). Without `fsync` nothing
+/// flushes. Each write reads back, and is there after the store is opened again.
+#[tokio::test]
+async fn a_write_synced_with_the_next_commits_without_a_flush_and_the_next_flushes() {
+    for fsync in [true, false] {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SqliteStore::open(dir.path(), fsync).unwrap();
+        let put = |key: &'static str, next: bool| {
+            let store = &store;
+            async move {
+                let opts = if next {
+                    crate::store::synced_with_next(PutMode::Overwrite)
+                } else {
+                    PutOptions::default()
+                };
+                store
+                    .put_opts(&Path::from(key), PutPayload::from_static(b"v"), opts)
+                    .await
+                    .unwrap();
+                (store.commits(), store.flushed_commits())
+            }
+        };
+        let (commits, flushes) = put("a", false).await;
+        assert_eq!(flushes, if fsync { commits } else { 0 });
+        // Alone in its commit: no flush.
+        assert_eq!(put("mark", true).await, (commits + 1, flushes));
+        assert_eq!(put("mark-2", true).await, (commits + 2, flushes));
+        // The next plain write flushes again.
+        let flushed = flushes + u64::from(fsync);
+        assert_eq!(put("batch", false).await, (commits + 3, flushed));
+        drop(store);
+        let store = SqliteStore::open(dir.path(), fsync).unwrap();
+        assert_eq!(keys(&store, None).await, ["a", "batch", "mark", "mark-2"]);
     }
 }
 

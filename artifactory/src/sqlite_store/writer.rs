@@ -52,24 +52,67 @@ pub(super) type Reply = Result<Option<String>>;
 
 pub(super) struct Job {
     pub op: Op,
+    /// Whether its commit must flush the log (with `fsync`); false for a write that may wait
+    /// for the next commit that does ([`crate::SyncedWithNext`]).
+    pub flush: bool,
     pub reply: tokio::sync::oneshot::Sender<Reply>,
 }
 
+/// What the writer counts: transactions committed, and those of them that flushed the log.
+#[derive(Debug, Default)]
+pub(super) struct Counts {
+    pub commits: AtomicU64,
+    pub flushes: AtomicU64,
+}
+
 /// Runs the writer until every sender is gone. `reopen` gives a fresh connection when the one
-/// in hand is left in an unknown state (a failed rollback, a panic).
+/// in hand is left in an unknown state (a failed rollback, a panic). With `fsync`, `conn` and
+/// every reopened connection flush the log at each commit (`synchronous = FULL`); a group
+/// whose every job may wait for a later flush ([`Job::flush`]) commits without one
+/// (`synchronous = NORMAL` for that commit). The log is one sequence, so whatever commits
+/// next with a flush, or the next checkpoint, takes it to disk before itself.
 pub(super) fn run(
     mut conn: Connection,
     reopen: impl Fn() -> rusqlite::Result<Connection>,
     jobs: Receiver<Job>,
     etags: Arc<Etags>,
-    commits: Arc<AtomicU64>,
+    fsync: bool,
+    counts: Arc<Counts>,
 ) {
+    // Whether `conn` commits without flushing now (it starts flushing, with `fsync`).
+    let mut unflushed = false;
     while let Ok(first) = jobs.recv() {
         let mut group = vec![first];
         while group.len() < MAX_GROUP {
             match jobs.try_recv() {
                 Ok(job) => group.push(job),
                 Err(TryRecvError::Empty | TryRecvError::Disconnected) => break,
+            }
+        }
+        let flush = fsync && group.iter().any(|j| j.flush);
+        let skip_flush = fsync && !flush;
+        if unflushed != skip_flush {
+            let mode = if flush { "FULL" } else { "NORMAL" };
+            match conn.pragma_update(None, "synchronous", mode) {
+                Ok(()) => unflushed = skip_flush,
+                // Still flushing: this group flushes too, which is only more than it asked.
+                Err(_) if !flush => {}
+                // Not flushing, and cannot go back: a fresh connection flushes.
+                Err(e) => match reopen() {
+                    Ok(fresh) => {
+                        conn = fresh;
+                        unflushed = false;
+                    }
+                    Err(_) => {
+                        tracing::error!(error = %e, "the local store's writer cannot flush its log again; this group is not written");
+                        for job in group {
+                            let _ = job
+                                .reply
+                                .send(Err(generic("not written: the store cannot flush its log")));
+                        }
+                        continue;
+                    }
+                },
             }
         }
         let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
@@ -89,13 +132,19 @@ pub(super) fn run(
         // with a new connection.
         if !conn.is_autocommit() && conn.execute_batch("ROLLBACK").is_err() {
             match reopen() {
-                Ok(fresh) => conn = fresh,
+                Ok(fresh) => {
+                    conn = fresh;
+                    unflushed = false;
+                }
                 Err(e) => {
                     tracing::error!(error = %e, "the local store's writer cannot reopen its database");
                 }
             }
         }
-        commits.fetch_add(1, Ordering::Relaxed);
+        counts.commits.fetch_add(1, Ordering::Relaxed);
+        if flush {
+            counts.flushes.fetch_add(1, Ordering::Relaxed);
+        }
         for (job, reply) in group.into_iter().zip(replies) {
             // The caller may have gone (a dropped future): the write stands anyway.
             let _ = job.reply.send(reply);
