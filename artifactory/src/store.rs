@@ -28,9 +28,10 @@ use crate::error::{Error, ErrorKind, Result};
 /// write that matters after a power cut only once the write that follows it is there: the
 /// open-turn mark before a drain's first batch one, a turn's log under its attempt before the
 /// batch two that names it. The SQLite store commits such a write without flushing its log
-/// when nothing else in the commit needs a flush: its log is one sequence, so the next flushed
-/// commit (or checkpoint) takes it to disk first. Other stores ignore it and write as durably
-/// as ever; a killed process loses nothing either way (the write is in the OS).
+/// when nothing else in the commit needs a flush: its log is one sequence, so the next commit
+/// that writes to the log and flushes it (or a checkpoint that copies the log) takes it to disk
+/// first. Other stores ignore it and write as durably as ever; a killed process loses nothing
+/// either way (the write is in the OS).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct SyncedWithNext;
 

@@ -15,8 +15,11 @@
 //! - it survives the process being killed at any moment (the log is in the OS before the write
 //!   returns); with `fsync` it survives a power cut too (the log is flushed before it returns),
 //!   except a put that asks for [`crate::SyncedWithNext`]: that one is flushed with the next
-//!   commit that flushes, or the next checkpoint (the log is one sequence: a power cut keeps a
-//!   prefix of it, never a later commit without an earlier one);
+//!   commit that writes to the log and flushes it, or a checkpoint that copies the log (the log
+//!   is one sequence: a power cut keeps a prefix of it, never a later commit without an
+//!   earlier one). A flush that fails while such writes wait for it stops the store's writes
+//!   until the process starts again (the kernel may have dropped their pages, and a later
+//!   flush would not say so);
 //! - `PutMode::Create` and copy/rename to a `Create` target refuse, atomically, where an object
 //!   is; `PutMode::Update` writes only over the e-tag given; a rename is one transaction;
 //! - listings come in key order. Attributes and tags are not kept.

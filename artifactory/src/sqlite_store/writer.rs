@@ -79,8 +79,16 @@ pub(super) fn run(
     fsync: bool,
     counts: Arc<Counts>,
 ) {
-    // Whether `conn` commits without flushing now (it starts flushing, with `fsync`).
+    // Whether `conn` may commit without flushing now (it starts flushing, with `fsync`): true
+    // also when that is unknown (a failed switch), so that a group needing a flush sets it.
     let mut unflushed = false;
+    // Commits in the log not flushed yet (with `fsync`).
+    let mut waiting = false;
+    // Set when a flush failed with commits waiting for it: the kernel may have dropped their
+    // frames, and a later flush would not say so (the pages count as written), leaving a hole
+    // a power cut turns into lost acknowledged writes. Nothing more is written until the
+    // process starts again (SQLite then recovers the log as it is on disk).
+    let mut broken: Option<String> = None;
     while let Ok(first) = jobs.recv() {
         let mut group = vec![first];
         while group.len() < MAX_GROUP {
@@ -89,14 +97,21 @@ pub(super) fn run(
                 Err(TryRecvError::Empty | TryRecvError::Disconnected) => break,
             }
         }
+        if let Some(why) = &broken {
+            for job in group {
+                let _ = job.reply.send(Err(generic(format!("not written: {why}"))));
+            }
+            continue;
+        }
         let flush = fsync && group.iter().any(|j| j.flush);
         let skip_flush = fsync && !flush;
         if unflushed != skip_flush {
             let mode = if flush { "FULL" } else { "NORMAL" };
             match conn.pragma_update(None, "synchronous", mode) {
                 Ok(()) => unflushed = skip_flush,
-                // Still flushing: this group flushes too, which is only more than it asked.
-                Err(_) if !flush => {}
+                // This group may flush, which is only more than it asked; the mode is not
+                // known now, so the next group that needs a flush sets it again.
+                Err(_) if !flush => unflushed = true,
                 // Not flushing, and cannot go back: a fresh connection flushes.
                 Err(e) => match reopen() {
                     Ok(fresh) => {
@@ -115,19 +130,36 @@ pub(super) fn run(
                 },
             }
         }
+        let changes = conn.total_changes();
         let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             commit(&mut conn, &group, &etags)
         }));
-        let replies = match outcome {
-            Ok(replies) => replies,
+        let applied = match outcome {
+            Ok(applied) => applied,
             Err(_) => {
                 tracing::error!("the local store's writer panicked; its group is not written");
-                group
-                    .iter()
-                    .map(|_| Err(generic("not written: the store's writer failed")))
-                    .collect()
+                Applied {
+                    replies: group
+                        .iter()
+                        .map(|_| Err(generic("not written: the store's writer failed")))
+                        .collect(),
+                    committed: false,
+                    io_failed: false,
+                }
             }
         };
+        if applied.committed {
+            // A commit that changed nothing writes no log, and flushes nothing.
+            if skip_flush {
+                waiting = true;
+            } else if conn.total_changes() != changes {
+                waiting = false;
+            }
+        } else if applied.io_failed && waiting {
+            let why = "the store's log could not be flushed after writes that waited for that flush; restart the process";
+            tracing::error!("{why}");
+            broken = Some(why.to_owned());
+        }
         // Never go on inside a transaction nobody will finish: roll it back, or start over
         // with a new connection.
         if !conn.is_autocommit() && conn.execute_batch("ROLLBACK").is_err() {
@@ -142,10 +174,10 @@ pub(super) fn run(
             }
         }
         counts.commits.fetch_add(1, Ordering::Relaxed);
-        if flush {
+        if flush && applied.committed {
             counts.flushes.fetch_add(1, Ordering::Relaxed);
         }
-        for (job, reply) in group.into_iter().zip(replies) {
+        for (job, reply) in group.into_iter().zip(applied.replies) {
             // The caller may have gone (a dropped future): the write stands anyway.
             let _ = job.reply.send(reply);
         }
@@ -158,12 +190,16 @@ pub(super) fn run(
 /// savepoint, so it is never half done.
 /// Where SQLite itself ended the transaction (a full disk, an I/O error), every job of the
 /// group, those before included, is reported not written, and the rest are not run.
-fn commit(conn: &mut Connection, group: &[Job], etags: &Etags) -> Vec<Reply> {
-    let not_written = |why: &str| -> Vec<Reply> {
-        group
-            .iter()
-            .map(|_| Err(generic(format!("not written: {why}"))))
-            .collect()
+fn commit(conn: &mut Connection, group: &[Job], etags: &Etags) -> Applied {
+    let not_written = |why: &str| -> Applied {
+        Applied {
+            replies: group
+                .iter()
+                .map(|_| Err(generic(format!("not written: {why}"))))
+                .collect(),
+            committed: false,
+            io_failed: false,
+        }
     };
     if let Err(e) = conn.execute_batch("BEGIN IMMEDIATE") {
         return not_written(&e.to_string());
@@ -199,9 +235,27 @@ fn commit(conn: &mut Connection, group: &[Job], etags: &Etags) -> Vec<Reply> {
         replies.push(reply);
     }
     if let Err(e) = conn.execute_batch("COMMIT") {
-        return not_written(&format!("the commit failed: {e}"));
+        let io_failed = matches!(&e, rusqlite::Error::SqliteFailure(f, _) if f.code == ErrorCode::SystemIoFailure);
+        return Applied {
+            io_failed,
+            ..not_written(&format!("the commit failed: {e}"))
+        };
     }
-    replies
+    Applied {
+        replies,
+        committed: true,
+        io_failed: false,
+    }
+}
+
+/// What [`commit`] did with a group.
+struct Applied {
+    /// One per job.
+    replies: Vec<Reply>,
+    /// Whether the transaction committed (its jobs' own failures aside).
+    committed: bool,
+    /// Whether its commit failed with an I/O error (writing or flushing the log).
+    io_failed: bool,
 }
 
 fn apply(tx: &Connection, op: &Op, etags: &Etags) -> Reply {
