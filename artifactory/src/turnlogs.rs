@@ -73,14 +73,12 @@ impl TurnLogs {
     ) -> Result<bool> {
         let canonical = prefix.turn_log(log.turn);
         let written = prefix.in_attempt(&canonical, log.turn, attempt);
-        let moved = self
-            .store
-            .rename_opts(
-                &written,
-                &canonical,
-                RenameOptions::new().with_target_mode(RenameTargetMode::Create),
-            )
-            .await;
+        // Synced with the next write: after a power cut that lost it, the promotion is
+        // unfinished, as after a crash before it, and the open-turn mark (cleared only after
+        // it, so never lost without it) leads the next owner or a sweep to finish it.
+        let mut options = RenameOptions::new().with_target_mode(RenameTargetMode::Create);
+        options.extensions.insert(crate::SyncedWithNext);
+        let moved = self.store.rename_opts(&written, &canonical, options).await;
         if moved.is_ok() {
             return Ok(true);
         }
@@ -104,10 +102,8 @@ impl TurnLogs {
         let bytes = Self::encode_context(prefix, snapshot)?;
         let path = prefix.context_snapshot(snapshot.through);
         let what = format!("writing the context after {}", snapshot.through);
-        let opts = object_store::PutOptions {
-            mode: object_store::PutMode::Create,
-            ..Default::default()
-        };
+        // A cache: one a power cut lost means a rebuild from the logs.
+        let opts = crate::store::synced_with_next(object_store::PutMode::Create);
         let put = crate::attempts::create_reporting(
             self.store.as_ref(),
             &path,

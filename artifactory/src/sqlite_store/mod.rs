@@ -237,16 +237,23 @@ impl SqliteStore {
     }
 
     /// Copies `from` to `to` in one write (only if `to` is absent, with `create`), removing
-    /// `from` in the same transaction with `remove_source` (a rename).
-    async fn copy(&self, from: &Path, to: &Path, create: bool, remove_source: bool) -> Result<()> {
-        self.write(Op::Copy {
+    /// `from` in the same transaction with `remove_source` (a rename); its commit flushes the
+    /// log with `flush` (see [`Self::write_flushing`]).
+    async fn copy(
+        &self,
+        from: &Path,
+        to: &Path,
+        create: bool,
+        remove_source: bool,
+        flush: bool,
+    ) -> Result<()> {
+        let op = Op::Copy {
             from: from.clone(),
             to: to.clone(),
             create,
             remove_source,
-        })
-        .await
-        .map(|_| ())
+        };
+        self.write_flushing(op, flush).await.map(|_| ())
     }
 
     /// Runs `read` on a pooled read connection, off the async threads.
@@ -719,12 +726,13 @@ impl ObjectStore for SqliteStore {
 
     async fn copy_opts(&self, from: &Path, to: &Path, options: CopyOptions) -> Result<()> {
         let create = matches!(options.mode, CopyMode::Create);
-        self.copy(from, to, create, false).await
+        self.copy(from, to, create, false, true).await
     }
 
     async fn rename_opts(&self, from: &Path, to: &Path, options: RenameOptions) -> Result<()> {
         let create = matches!(options.target_mode, RenameTargetMode::Create);
-        self.copy(from, to, create, true).await
+        let flush = options.extensions.get::<crate::SyncedWithNext>().is_none();
+        self.copy(from, to, create, true, flush).await
     }
 }
 
