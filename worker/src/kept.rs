@@ -4,11 +4,11 @@
 //! conversation's lease, with the head the drain left, for up to `keep_lease_for`, instead of
 //! releasing it (it still reads the lane's end once it stops taking wakes, and drains again
 //! under the lease when more came; that read is its drain's last, as the drain ends without
-//! one of its own when nothing is ahead and no wake it holds is past the record). The next wake of the conversation resumes it: no claim, no release, and none of a
-//! drain's opening reads
-//! (tombstone, repair journal, head probe, unfinished promotion), because only a holder of the
-//! lease writes those and this worker held it throughout. Under a steady stream of messages
-//! that is a claim, a release and four store reads saved per drain.
+//! one of its own when nothing is ahead and no wake it holds is past the record). The next
+//! wake of the conversation resumes it: no claim, no release, and none of a drain's opening
+//! reads (tombstone, repair journal, head probe, unfinished promotion), because only a holder
+//! of the lease writes those and this worker held it throughout. Under a steady stream of
+//! messages that is a claim, a release and four store reads saved per drain.
 //!
 //! # Contract
 //! - A kept lease is resumed as it is only while its next renewal is not due (the owner then
