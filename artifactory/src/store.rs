@@ -23,16 +23,17 @@ use object_store::{ObjectStore, ObjectStoreExt as _};
 
 use crate::error::{Error, ErrorKind, Result};
 
-/// A put's option ([`object_store::PutOptions::extensions`]): the write need not be on stable
-/// storage when it returns, only no later than the next write of the same store that is. For a
-/// write that matters after a power cut only once the write that follows it is there (the
-/// open-turn mark before a drain's first batch one, a turn's log under its attempt before the
-/// batch two that names it), or whose loss is mended like a crash's (a log's promotion, which
-/// the mark cleared after it leads a sweep to finish; a context snapshot, a cache). The SQLite store commits such a write without flushing its log
-/// when nothing else in the commit needs a flush: its log is one sequence, so the next commit
-/// that writes to the log and flushes it (or a checkpoint that copies the log) takes it to disk
-/// first. Other stores ignore it and write as durably as ever; a killed process loses nothing
-/// either way (the write is in the OS).
+/// A put's or a rename's option (in [`object_store::PutOptions::extensions`] or
+/// [`object_store::RenameOptions::extensions`]): the write need not be on stable storage when
+/// it returns, only no later than the next write of the same store that is. For a write that
+/// matters after a power cut only once the write that follows it is there (the open-turn mark
+/// before a drain's first batch one, a turn's log under its attempt before the batch two that
+/// names it), or whose loss is mended like a crash's (a log's promotion, which the mark cleared
+/// after it leads a sweep to finish; a context snapshot, a cache). The SQLite store commits
+/// such a write without flushing its log when nothing else in the commit needs a flush: its
+/// log is one sequence, so the next commit that writes to the log and flushes it (or a
+/// checkpoint that copies the log) takes it to disk first. Other stores ignore it and write as
+/// durably as ever; a killed process loses nothing either way (the write is in the OS).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct SyncedWithNext;
 
