@@ -36,11 +36,7 @@ pub(crate) async fn create(
     bytes: bytes::Bytes,
     what: &str,
 ) -> Result<()> {
-    let opts = PutOptions {
-        mode: PutMode::Create,
-        ..Default::default()
-    };
-    create_reporting(store, path, bytes, what, opts)
+    create_reporting(store, path, bytes, what, PutMode::Create.into())
         .await
         .map(|_| ())
 }

@@ -113,25 +113,18 @@ async fn drain(
         }
         let lane_through = head.state().lane_through;
         ahead.retain(|m| m.seq > lane_through);
-        // The last turn's lane watch saw the lane end right after what the record took, with
-        // nothing signalled since, and no wake says more: drained, without asking the bus once
-        // more. (Its view is from before batch two, and a signal can be missed: the re-read
-        // after the release, step 9, takes the lane again then.)
+        // Drained, without asking the bus once more, when nothing is ahead, no wake says more,
+        // and either
+        // - the last turn's lane watch saw the lane end right after what the record took, with
+        //   nothing signalled since (its view is from before batch two, and a signal can be
+        //   missed: the re-read after the release, step 9, takes the lane again then), or
+        // - the owner will keep its lease: it reads the lane's end once more after it stops
+        //   taking wakes (step 9), and drains again under the lease if more came, so a read
+        //   here would only ask the same first.
         let quiet = env.lane.lock().expect("lane lock").quiet_through.take();
         if ahead.is_empty()
-            && quiet == Some(lane_through)
+            && (quiet == Some(lane_through) || (!first && keeps(worker, env, &head)))
             && slot.max_seq().await.max(known_last) <= lane_through
-        {
-            env.end_drain().await;
-            return Ok(head);
-        }
-        // An owner that will keep its lease reads the lane's end once more after it stops
-        // taking wakes (step 9), and drains again under the lease if more came: with nothing
-        // ahead and no wake past the record, a read here would only ask the same first.
-        if !first
-            && ahead.is_empty()
-            && slot.max_seq().await.max(known_last) <= lane_through
-            && keeps(worker, env, &head)
         {
             env.end_drain().await;
             return Ok(head);
